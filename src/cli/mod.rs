@@ -1,0 +1,202 @@
+//! The `suffixd` command line: argument parsing and output, the last stage of the data
+//! flow. Library errors become `anyhow` errors here, and only here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+
+use crate::corpus::read_examples;
+use crate::simulate::{SimulateConfig, simulate};
+use crate::speculate::{SpecMode, SpecParams};
+use crate::tree::GlobalTree;
+
+/// suffixd: a persistent SuffixDecoding speculation store and the LLM server that uses it.
+#[derive(Parser, Debug)]
+#[command(name = "suffixd", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Measure speculation with a simulated verifier that replays recorded responses.
+    Simulate(SimulateArgs),
+    /// Average next-token entropy of a tree built from responses: low means large gains.
+    Entropy(EntropyArgs),
+}
+
+/// Speculation flags shared by every command that speculates.
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Draft single paths (the default).
+    #[arg(long, conflicts_with = "tree")]
+    linear: bool,
+    /// Draft trees.
+    #[arg(long)]
+    tree: bool,
+    /// Depth limit of the suffix trees.
+    #[arg(long, default_value_t = 24)]
+    max_depth: usize,
+    /// Most tokens in one draft.
+    #[arg(long, default_value_t = 24)]
+    max_spec: usize,
+    /// α: draft tokens allowed per matched context token.
+    #[arg(long, default_value_t = 1.0)]
+    spec_factor: f32,
+    /// Draft tokens allowed on top of α × match length.
+    #[arg(long, default_value_t = 0.0)]
+    spec_offset: f32,
+    /// Stop a branch once its estimated probability falls below this.
+    #[arg(long, default_value_t = 0.1)]
+    min_prob: f32,
+    /// `paper`: the paper's algorithm as the reference runs it; `extended`: also use
+    /// context beyond the depth limit.
+    #[arg(long, value_enum, default_value_t = SpecMode::Extended)]
+    mode: SpecMode,
+}
+
+impl SpecArgs {
+    fn params(&self) -> anyhow::Result<SpecParams> {
+        if !(0.0..=1.0).contains(&self.min_prob) {
+            bail!("--min-prob must be between 0 and 1, got {}", self.min_prob);
+        }
+        if self.max_depth == 0 || self.max_depth > crate::tree::MAX_SUPPORTED_DEPTH {
+            bail!("--max-depth must be between 1 and {}", crate::tree::MAX_SUPPORTED_DEPTH);
+        }
+        Ok(SpecParams {
+            max_depth: self.max_depth,
+            max_spec: self.max_spec,
+            spec_factor: self.spec_factor,
+            spec_offset: self.spec_offset,
+            min_prob: self.min_prob,
+            tree: self.tree,
+            mode: self.mode,
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+struct SimulateArgs {
+    /// Token-stream file (.jsonl or .jsonl.zst) whose responses warm the global tree.
+    #[arg(long)]
+    warm: PathBuf,
+    /// Use only the first N warm examples.
+    #[arg(long)]
+    warm_limit: Option<usize>,
+    /// Token-stream file of test examples.
+    #[arg(long)]
+    test: PathBuf,
+    /// Use only the first M test examples.
+    #[arg(long)]
+    test_limit: Option<usize>,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Responses kept in the global tree (FIFO); 0 disables it.
+    #[arg(long, default_value_t = 10000)]
+    max_cached_requests: usize,
+    /// Keep finished test responses in the global tree.
+    #[arg(long)]
+    online: bool,
+    /// Do not index prompts in the per-request tree.
+    #[arg(long)]
+    no_prompt_tree: bool,
+    /// Open the global tree from this snapshot directory instead of building it.
+    #[arg(long)]
+    snapshot: Option<PathBuf>,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct EntropyArgs {
+    /// Token-stream file whose responses build the tree.
+    #[arg(long)]
+    logs: PathBuf,
+    /// Use only the first N responses (the paper uses about 100).
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    /// Depth limit of the tree.
+    #[arg(long, default_value_t = 24)]
+    max_depth: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn run_simulate(a: SimulateArgs) -> anyhow::Result<()> {
+    if a.snapshot.is_some() {
+        bail!(
+            "--snapshot needs the persistent store, which this build does not have yet; \
+             run without it to build the tree from --warm"
+        );
+    }
+    let cfg = SimulateConfig {
+        warm: a.warm,
+        warm_limit: a.warm_limit,
+        test: a.test,
+        test_limit: a.test_limit,
+        params: a.spec.params()?,
+        max_cached_requests: a.max_cached_requests,
+        online: a.online,
+        prompt_tree: !a.no_prompt_tree,
+    };
+    let r = simulate(&cfg, |line| eprintln!("{line}")).context("simulation failed")?;
+    println!(
+        "tokens/step {:.4}  acceptance {:.4}  mean draft {:.2}  steps {}",
+        r.tokens_per_step, r.acceptance_rate, r.mean_draft_size, r.steps
+    );
+    println!(
+        "speculate {:.3} us/call  update {:.3} us/token  warm-up {:.3} s  cached {} tokens  {:.1} B/token resident ({:.1} heap)",
+        r.spec_us_per_call,
+        r.update_us_per_token,
+        r.warmup_s,
+        r.cached_tokens,
+        r.store_bytes_per_token,
+        r.store_heap_bytes_per_token
+    );
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    }
+    Ok(())
+}
+
+fn run_entropy(a: EntropyArgs) -> anyhow::Result<()> {
+    let mut tree = GlobalTree::new(a.max_depth)?;
+    for (i, ex) in read_examples(&a.logs, Some(a.limit))?.enumerate() {
+        tree.insert(i as u64, &ex?.response)?;
+    }
+    let h = tree.next_token_entropy();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"entropy_bits": h, "responses": tree.len(), "tokens": tree.cached_tokens()})
+        );
+    } else {
+        println!(
+            "average next-token entropy: {h:.4} bits over {} responses ({} tokens)",
+            tree.len(),
+            tree.cached_tokens()
+        );
+    }
+    Ok(())
+}
+
+/// Parse the command line and run it; errors are printed with their causes.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Simulate(a) => run_simulate(a),
+        Command::Entropy(a) => run_entropy(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

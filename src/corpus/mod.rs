@@ -1,0 +1,139 @@
+//! Token-stream files: JSON Lines, optionally zstd-compressed, one example a line:
+//! `{"prompt": [u32…], "response": [u32…]}`. Extra keys are ignored.
+//!
+//! Files are streamed line by line and never loaded whole. Compression is recognised
+//! by the zstd magic number, not the file name.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// One example of a token-stream file.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct TokenExample {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Response token ids.
+    pub response: Vec<u32>,
+}
+
+/// Errors from reading a token-stream file.
+#[derive(Debug, thiserror::Error)]
+pub enum CorpusError {
+    /// The file could not be opened or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A line is not a token example.
+    #[error(
+        "{path}:{line}: not a token example ({source}); each line must be \
+         {{\"prompt\": [ids], \"response\": [ids]}} with ids in 0..2^32"
+    )]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What the parser said.
+        source: serde_json::Error,
+    },
+}
+
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// Open a file for line reading, decompressing zstd transparently.
+pub fn open_lines(path: &Path) -> Result<Box<dyn BufRead + Send>, std::io::Error> {
+    let mut file = File::open(path)?;
+    let mut magic = [0u8; 4];
+    let n = read_up_to(&mut file, &mut magic)?;
+    let head = std::io::Cursor::new(magic[..n].to_vec());
+    let chained = head.chain(file);
+    if n == 4 && magic == ZSTD_MAGIC {
+        Ok(Box::new(BufReader::with_capacity(1 << 16, zstd::Decoder::new(chained)?)))
+    } else {
+        Ok(Box::new(BufReader::with_capacity(1 << 16, chained)))
+    }
+}
+
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Stream the examples of a token-stream file, at most `limit` of them.
+pub fn read_examples(
+    path: &Path,
+    limit: Option<usize>,
+) -> Result<impl Iterator<Item = Result<TokenExample, CorpusError>>, CorpusError> {
+    let io_err = |source| CorpusError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let reader = open_lines(path).map_err(io_err)?;
+    let path = path.to_path_buf();
+    let iter = reader
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.as_ref().map_or(true, |s| !s.trim().is_empty()))
+        .map(move |(i, line)| {
+            let line = line.map_err(|source| CorpusError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            serde_json::from_str::<TokenExample>(&line).map_err(|source| CorpusError::Parse {
+                path: path.clone(),
+                line: i + 1,
+                source,
+            })
+        })
+        .take(limit.unwrap_or(usize::MAX));
+    Ok(iter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn reads_plain_and_zstd_and_ignores_extra_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "{\"id\": 3, \"prompt\": [1, 2], \"response\": [3]}\n\n{\"prompt\": [], \"response\": [4294967295]}\n";
+        let plain = dir.path().join("a.jsonl");
+        std::fs::write(&plain, text).unwrap();
+        let zst = dir.path().join("a.bin");
+        let mut enc = zstd::Encoder::new(File::create(&zst).unwrap(), 3).unwrap();
+        enc.write_all(text.as_bytes()).unwrap();
+        enc.finish().unwrap();
+        for p in [&plain, &zst] {
+            let ex: Vec<_> = read_examples(p, None).unwrap().collect::<Result<_, _>>().unwrap();
+            assert_eq!(ex.len(), 2);
+            assert_eq!(ex[0].prompt, vec![1, 2]);
+            assert_eq!(ex[1].response, vec![u32::MAX]);
+        }
+        assert_eq!(read_examples(&plain, Some(1)).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn bad_lines_and_missing_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.jsonl");
+        std::fs::write(&p, "{\"prompt\": [1], \"response\": [2]}\n{\"prompt\": [-1], \"response\": []}\n").unwrap();
+        let err = read_examples(&p, None).unwrap().nth(1).unwrap().unwrap_err();
+        assert!(err.to_string().contains("bad.jsonl:2"), "{err}");
+        let missing = read_examples(&dir.path().join("nope"), None).err().unwrap();
+        assert!(missing.to_string().contains("cannot read"), "{missing}");
+    }
+}

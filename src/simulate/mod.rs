@@ -1,0 +1,305 @@
+//! The simulated verifier: replays recorded responses as the model's choices and measures
+//! what speculation would have gained, without a model. The protocol is that of the
+//! reference benchmark (`shared/peer/run_arctic.py`), so figures compare one to one:
+//!
+//! - Warm-up: each warm response goes into the global tree (FIFO-evicted beyond
+//!   `max_cached_requests`). Prompts go only to per-request trees, which are discarded.
+//! - Test: for each example, a request tree over its prompt; then repeatedly speculate,
+//!   accept the longest draft path equal to the next true tokens plus one bonus true
+//!   token, and feed those back. The finished response enters the global tree and, without
+//!   `online`, leaves it again, so every test request sees the same warm cache.
+//!
+//! One difference of design, not of protocol: the reference adds a response to its global
+//! tree token by token while it is generated; suffixd adds completed requests, as its
+//! store does, and the request tree covers the response in progress. Both the append and
+//! the removal are timed as update cost.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::corpus::{CorpusError, read_examples};
+use crate::speculate::{DraftSource, SpecParams, Speculator};
+use crate::tree::{GlobalTree, RequestTree, TreeError};
+
+/// When removed tokens pass this fraction of the pool, the simulator compacts the tree,
+/// as the store would.
+pub const COMPACT_DEAD_FRACTION: f64 = 0.5;
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct SimulateConfig {
+    /// Token-stream file whose responses warm the global tree.
+    pub warm: PathBuf,
+    /// Use only the first N warm examples.
+    pub warm_limit: Option<usize>,
+    /// Token-stream file of test examples.
+    pub test: PathBuf,
+    /// Use only the first M test examples.
+    pub test_limit: Option<usize>,
+    /// Speculation parameters.
+    pub params: SpecParams,
+    /// Global tree capacity in responses (FIFO); 0 disables the global tree.
+    pub max_cached_requests: usize,
+    /// Keep finished test responses in the global tree.
+    pub online: bool,
+    /// Index the prompt in the request tree.
+    pub prompt_tree: bool,
+}
+
+/// Errors from a simulation run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    /// A token file could not be read.
+    #[error(transparent)]
+    Corpus(#[from] CorpusError),
+    /// The global tree refused an append.
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+}
+
+/// Results, with the keys of the fixed `simulate --json` contract first.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SimulateReport {
+    /// Generated tokens ÷ verification steps, counting the bonus token.
+    pub tokens_per_step: f64,
+    /// Accepted ÷ drafted tokens.
+    pub acceptance_rate: f64,
+    /// Drafted tokens ÷ steps.
+    pub mean_draft_size: f64,
+    /// Verification steps.
+    pub steps: u64,
+    /// Tokens produced (accepted plus bonus).
+    pub generated_tokens: u64,
+    /// Draft tokens accepted.
+    pub accepted_tokens: u64,
+    /// Draft tokens proposed.
+    pub drafted_tokens: u64,
+    /// Wall time inside speculation, per call.
+    pub spec_us_per_call: f64,
+    /// Wall time updating the trees (request tree extension, global append and removal),
+    /// per generated token.
+    pub update_us_per_token: f64,
+    /// Wall time to build the warm global tree (reading the file not included).
+    pub warmup_s: f64,
+    /// Tokens in the global tree after warm-up.
+    pub cached_tokens: u64,
+    /// Resident bytes the global tree added (RSS growth over warm-up) ÷ cached tokens.
+    pub store_bytes_per_token: f64,
+    /// Heap capacity held by the global tree ÷ cached tokens.
+    pub store_heap_bytes_per_token: f64,
+    /// Tree nodes after warm-up.
+    pub store_nodes: usize,
+    /// Responses in the global tree after warm-up.
+    pub cached_requests: usize,
+    /// Warm examples read.
+    pub warm_examples: usize,
+    /// Test examples run.
+    pub test_examples: usize,
+    /// Steps with a non-empty draft ÷ steps.
+    pub nonempty_draft_frac: f64,
+    /// Steps whose draft came from the request tree ÷ steps with a draft.
+    pub request_tree_chosen_frac: f64,
+    /// Mean over requests of response tokens ÷ steps.
+    pub mean_req_tokens_per_step: f64,
+    /// Wall time of the test phase.
+    pub test_wall_s: f64,
+    /// The speculation parameters used.
+    pub params: SpecParams,
+    /// Responses kept after each test request.
+    pub online: bool,
+    /// Prompts indexed in request trees.
+    pub prompt_tree: bool,
+    /// Compactions run (warm-up and test).
+    pub compactions: usize,
+}
+
+/// The global tree plus its FIFO order of responses.
+struct Cache {
+    tree: GlobalTree,
+    order: VecDeque<u64>,
+    capacity: usize,
+    compactions: usize,
+}
+
+impl Cache {
+    fn make_room(&mut self, slots: usize) {
+        while self.order.len() + slots > self.capacity {
+            let Some(old) = self.order.pop_front() else { break };
+            self.tree.remove(old);
+        }
+        self.maybe_compact();
+    }
+
+    fn add(&mut self, id: u64, tokens: &[u32]) -> Result<(), TreeError> {
+        if self.capacity == 0 {
+            return Ok(());
+        }
+        self.make_room(1);
+        self.tree.insert(id, tokens)?;
+        self.order.push_back(id);
+        Ok(())
+    }
+
+    fn remove(&mut self, id: u64) {
+        if self.tree.remove(id) {
+            self.order.retain(|x| *x != id);
+        }
+        self.maybe_compact();
+    }
+
+    fn maybe_compact(&mut self) {
+        if self.tree.dead_fraction() > COMPACT_DEAD_FRACTION {
+            self.tree.compact();
+            self.compactions += 1;
+        }
+    }
+}
+
+/// Run the simulation. `progress` is called now and then with a line for a human.
+pub fn simulate(cfg: &SimulateConfig, mut progress: impl FnMut(&str)) -> Result<SimulateReport, SimulateError> {
+    let params = cfg.params;
+    let mut cache = Cache {
+        tree: GlobalTree::new(params.max_depth)?,
+        order: VecDeque::new(),
+        capacity: cfg.max_cached_requests,
+        compactions: 0,
+    };
+    let mut report = SimulateReport {
+        params,
+        online: cfg.online,
+        prompt_tree: cfg.prompt_tree,
+        ..Default::default()
+    };
+
+    memory::trim();
+    let rss0 = memory::rss_bytes();
+    let mut warm_ns = 0u128;
+    let mut next_id = 0u64;
+    for ex in read_examples(&cfg.warm, cfg.warm_limit)? {
+        let ex = ex?;
+        let t = Instant::now();
+        cache.add(next_id, &ex.response)?;
+        warm_ns += t.elapsed().as_nanos();
+        next_id += 1;
+        report.warm_examples += 1;
+    }
+    memory::trim();
+    let rss1 = memory::rss_bytes();
+    report.warmup_s = warm_ns as f64 / 1e9;
+    report.cached_tokens = cache.tree.cached_tokens();
+    report.cached_requests = cache.tree.len();
+    report.store_nodes = cache.tree.stats().nodes;
+    if report.cached_tokens > 0 {
+        let cached = report.cached_tokens as f64;
+        report.store_bytes_per_token = rss1.saturating_sub(rss0) as f64 / cached;
+        report.store_heap_bytes_per_token = cache.tree.heap_bytes() as f64 / cached;
+    }
+    progress(&format!(
+        "warm-up: {} examples, {} cached tokens in {:.2}s, {} nodes, {:.1} heap B/token",
+        report.warm_examples,
+        report.cached_tokens,
+        report.warmup_s,
+        report.store_nodes,
+        report.store_heap_bytes_per_token
+    ));
+
+    let mut spec = Speculator::new();
+    let (mut spec_ns, mut upd_ns) = (0u128, 0u128);
+    let (mut nonempty, mut from_request) = (0u64, 0u64);
+    let mut per_req = 0.0f64;
+    let test_start = Instant::now();
+    for ex in read_examples(&cfg.test, cfg.test_limit)? {
+        let ex = ex?;
+        let (prompt, truth) = (ex.prompt, ex.response);
+        if truth.is_empty() {
+            continue;
+        }
+        let mut request = RequestTree::new(if cfg.prompt_tree { &prompt } else { &[] }, params.request_depth());
+        let mut context = prompt;
+        context.reserve(truth.len());
+        let mut pos = 0;
+        let mut steps = 0u64;
+        while pos < truth.len() {
+            let t = Instant::now();
+            let draft = spec.speculate(Some(&request), &cache.tree, &context, &params);
+            spec_ns += t.elapsed().as_nanos();
+            let mut new = draft.accept(&truth[pos..]);
+            report.accepted_tokens += new.len() as u64;
+            report.drafted_tokens += draft.len() as u64;
+            nonempty += !draft.is_empty() as u64;
+            from_request += (draft.source == DraftSource::Request) as u64;
+            if pos + new.len() < truth.len() {
+                new.push(truth[pos + new.len()]);
+            }
+            pos += new.len();
+            let t = Instant::now();
+            request.extend(&new);
+            upd_ns += t.elapsed().as_nanos();
+            context.extend_from_slice(&new);
+            report.generated_tokens += new.len() as u64;
+            steps += 1;
+        }
+        let t = Instant::now();
+        let id = next_id;
+        next_id += 1;
+        cache.add(id, &truth)?;
+        if !cfg.online {
+            cache.remove(id);
+        }
+        upd_ns += t.elapsed().as_nanos();
+        report.steps += steps;
+        per_req += truth.len() as f64 / steps as f64;
+        report.test_examples += 1;
+        if report.test_examples % 200 == 0 {
+            progress(&format!(
+                "test {}: {:.3} tokens/step",
+                report.test_examples,
+                report.generated_tokens as f64 / report.steps as f64
+            ));
+        }
+    }
+    report.test_wall_s = test_start.elapsed().as_secs_f64();
+    report.compactions = cache.compactions;
+    let steps = report.steps.max(1) as f64;
+    report.tokens_per_step = report.generated_tokens as f64 / steps;
+    report.acceptance_rate = if report.drafted_tokens > 0 {
+        report.accepted_tokens as f64 / report.drafted_tokens as f64
+    } else {
+        0.0
+    };
+    report.mean_draft_size = report.drafted_tokens as f64 / steps;
+    report.spec_us_per_call = spec_ns as f64 / 1e3 / steps;
+    report.update_us_per_token = upd_ns as f64 / 1e3 / report.generated_tokens.max(1) as f64;
+    report.nonempty_draft_frac = nonempty as f64 / steps;
+    report.request_tree_chosen_frac = from_request as f64 / nonempty.max(1) as f64;
+    report.mean_req_tokens_per_step = per_req / report.test_examples.max(1) as f64;
+    Ok(report)
+}
+
+/// Resident-memory readings for the bytes-per-token figure, measured as the reference
+/// benchmark measures them (RSS after returning freed heap to the OS).
+mod memory {
+    /// Resident set size of this process, in bytes (0 where /proc is absent).
+    pub fn rss_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        pages * 4096
+    }
+
+    /// Give freed heap pages back to the OS so that they do not hide growth.
+    pub fn trim() {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            unsafe extern "C" {
+                fn malloc_trim(pad: usize) -> i32;
+            }
+            // SAFETY: malloc_trim only releases free memory held by glibc's allocator.
+            unsafe {
+                malloc_trim(0);
+            }
+        }
+    }
+}

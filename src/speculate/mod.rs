@@ -1,0 +1,468 @@
+//! Speculation: from a context and two suffix trees to one draft tree (paper §3).
+//!
+//! For each pattern length p the last p context tokens are matched in a tree, reaching
+//! N_p. A draft is grown greedily from N_p by D(N) = D(parent) × COUNT(N) / COUNT(parent),
+//! up to MAX_SPEC = min(max_spec, α·p + offset) tokens, and never below `min_prob`. The
+//! candidate with the largest SCORE = Σ D(N) wins, across both trees and all p.
+//!
+//! Two modes, selectable so that changes can be measured against the paper:
+//! - [`SpecMode::Paper`] is the paper's algorithm with the reference implementation's
+//!   details (context cut to `max_depth`, p < context length, the request tree wins ties,
+//!   f32 probabilities), so that drafts compare one to one with ArcticInference.
+//! - [`SpecMode::Extended`] (the default) uses context beyond the depth limit: the
+//!   request tree has no depth limit and matches up to [`EXTENDED_WINDOW`] tokens, and
+//!   where a global path occurs once its occurrence is matched further back and read on
+//!   past the depth limit. A long match earns a long draft, as MAX_SPEC intends.
+//!
+//! Candidates are tried from the longest p down, and a p whose best possible score
+//! cannot beat the best so far is skipped. This returns exactly the draft the
+//! exhaustive loop would (largest score, ties to the longer match) at a fraction of the
+//! work.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use serde::Serialize;
+
+use crate::tree::{Child, Expand, GlobalTree, RequestTree};
+
+/// How many context tokens extended mode matches against the request tree, and how far
+/// back it follows a unique global occurrence.
+pub const EXTENDED_WINDOW: usize = 64;
+
+/// Which algorithm to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecMode {
+    /// The paper's algorithm, as the reference implementation runs it.
+    Paper,
+    /// Longer context and reading past the depth limit (see the module docs).
+    Extended,
+}
+
+/// Speculation parameters; the defaults are vLLM's for `method: "suffix"`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct SpecParams {
+    /// Depth limit of the trees, and the context window in paper mode.
+    pub max_depth: usize,
+    /// Upper bound on draft tokens.
+    pub max_spec: usize,
+    /// α: draft tokens allowed per matched token.
+    pub spec_factor: f32,
+    /// Draft tokens allowed on top of α·p.
+    pub spec_offset: f32,
+    /// Stop a branch once its estimated probability falls below this.
+    pub min_prob: f32,
+    /// Draft trees (true) or single paths (false).
+    pub tree: bool,
+    /// The algorithm.
+    pub mode: SpecMode,
+}
+
+impl Default for SpecParams {
+    fn default() -> Self {
+        Self {
+            max_depth: 24,
+            max_spec: 24,
+            spec_factor: 1.0,
+            spec_offset: 0.0,
+            min_prob: 0.1,
+            tree: false,
+            mode: SpecMode::Extended,
+        }
+    }
+}
+
+impl SpecParams {
+    /// The depth limit a [`RequestTree`] should be built with for these parameters.
+    pub fn request_depth(&self) -> usize {
+        match self.mode {
+            SpecMode::Paper => self.max_depth,
+            SpecMode::Extended => usize::MAX,
+        }
+    }
+
+    /// MAX_SPEC for a match of `p` tokens.
+    fn budget(&self, p: usize) -> usize {
+        let b = (p as f32 * self.spec_factor + self.spec_offset + 1e-6) as i64;
+        b.clamp(0, self.max_spec as i64) as usize
+    }
+}
+
+/// Which tree a draft came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftSource {
+    /// No draft.
+    #[default]
+    None,
+    /// The per-request tree (prompt and generated tokens).
+    Request,
+    /// The global tree of earlier responses.
+    Global,
+}
+
+/// A draft tree in topological order: `parents[i] < i`, or -1 for a child of the context.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Draft {
+    /// Draft token ids.
+    pub tokens: Vec<u32>,
+    /// Index of each token's parent in `tokens`, or -1.
+    pub parents: Vec<i32>,
+    /// D(N) of each token: its estimated probability of being accepted.
+    pub probs: Vec<f32>,
+    /// SCORE = Σ D(N): the expected number of accepted tokens.
+    pub score: f32,
+    /// The pattern length p the draft was grown from.
+    pub match_len: usize,
+    /// The tree it came from.
+    pub source: DraftSource,
+}
+
+impl Draft {
+    /// Number of draft tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True for an empty draft.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    fn push(&mut self, token: u32, parent: i32, prob: f32) -> i32 {
+        self.tokens.push(token);
+        self.parents.push(parent);
+        self.probs.push(prob);
+        self.score += prob;
+        (self.tokens.len() - 1) as i32
+    }
+
+    /// The longest path of the draft that `truth` follows token by token.
+    pub fn accept(&self, truth: &[u32]) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut node = -1i32;
+        'walk: while out.len() < truth.len() {
+            let want = truth[out.len()];
+            for i in (node + 1).max(0) as usize..self.tokens.len() {
+                if self.parents[i] == node && self.tokens[i] == want {
+                    out.push(want);
+                    node = i as i32;
+                    continue 'walk;
+                }
+            }
+            break;
+        }
+        out
+    }
+}
+
+/// Reusable speculation state: scratch buffers, so that a call does not allocate.
+#[derive(Default)]
+pub struct Speculator {
+    matches: Vec<(u32, u32)>,
+}
+
+struct HeapItem<C> {
+    prob: f32,
+    order: u32,
+    parent: i32,
+    token: u32,
+    cursor: C,
+}
+
+impl<C> PartialEq for HeapItem<C> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl<C> Eq for HeapItem<C> {}
+impl<C> PartialOrd for HeapItem<C> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<C> Ord for HeapItem<C> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Highest probability first; among equals, the one pushed first.
+        self.prob
+            .total_cmp(&other.prob)
+            .then_with(|| other.order.cmp(&self.order))
+    }
+}
+
+/// Grow a single-path draft from `start`.
+fn expand_path<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params: &SpecParams) -> Draft {
+    let mut d = Draft::default();
+    let mut prob = 1.0f32;
+    let mut cur = start.clone();
+    let extended = params.mode == SpecMode::Extended;
+    while d.len() < max_tokens {
+        let count = tree.count(&cur);
+        if extended && count == 1 {
+            let rest = tree.continuation_beyond_depth(&cur, max_tokens - d.len());
+            if !rest.is_empty() {
+                for &t in rest {
+                    let parent = d.len() as i32 - 1;
+                    d.push(t, parent, prob);
+                }
+                break;
+            }
+        }
+        let Some(child) = tree.best_child(&cur, 1) else { break };
+        let next = prob * (child.count as f32 / count as f32);
+        if next < params.min_prob {
+            break;
+        }
+        prob = next;
+        let parent = d.len() as i32 - 1;
+        d.push(child.token, parent, prob);
+        cur = child.cursor;
+    }
+    d
+}
+
+/// Grow a draft tree from `start`, best D(N) first.
+fn expand_tree<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params: &SpecParams) -> Draft {
+    let mut d = Draft::default();
+    let mut heap = BinaryHeap::new();
+    let mut order = 0u32;
+    let mut kids: Vec<Child<T::Cursor>> = Vec::new();
+    let extended = params.mode == SpecMode::Extended;
+    let mut push_children = |heap: &mut BinaryHeap<HeapItem<T::Cursor>>, cur: &T::Cursor, prob: f32, parent: i32| {
+        let count = tree.count(cur);
+        // Children below this count cannot reach min_prob.
+        let min_count = ((params.min_prob / prob) * count as f32).floor().max(1.0) as u32;
+        tree.children(cur, min_count, &mut kids);
+        for k in kids.drain(..) {
+            let p = prob * (k.count as f32 / count as f32);
+            if p < params.min_prob {
+                break;
+            }
+            heap.push(HeapItem {
+                prob: p,
+                order,
+                parent,
+                token: k.token,
+                cursor: k.cursor,
+            });
+            order += 1;
+        }
+    };
+    push_children(&mut heap, start, 1.0, -1);
+    while d.len() < max_tokens {
+        let Some(item) = heap.pop() else { break };
+        let idx = d.push(item.token, item.parent, item.prob);
+        if extended && tree.count(&item.cursor) == 1 {
+            // A unique path has one continuation, as likely as this token: take it now.
+            let rest = tree.continuation_beyond_depth(&item.cursor, max_tokens - d.len());
+            if !rest.is_empty() {
+                let mut parent = idx;
+                for &t in rest {
+                    parent = d.push(t, parent, item.prob);
+                }
+                continue;
+            }
+        }
+        push_children(&mut heap, &item.cursor, item.prob, idx);
+    }
+    d
+}
+
+fn expand<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params: &SpecParams) -> Draft {
+    if params.tree {
+        expand_tree(tree, start, max_tokens, params)
+    } else {
+        expand_path(tree, start, max_tokens, params)
+    }
+}
+
+impl Speculator {
+    /// A speculator with empty scratch space.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The best draft for `context` from both trees. `context` is the request's prompt
+    /// followed by the tokens generated so far.
+    pub fn speculate(
+        &mut self,
+        request: Option<&RequestTree>,
+        global: &GlobalTree,
+        context: &[u32],
+        params: &SpecParams,
+    ) -> Draft {
+        let local = match request {
+            Some(r) => self.speculate_request(r, context, params),
+            None => Draft::default(),
+        };
+        let global = self.speculate_global(global, context, params);
+        // The request tree wins ties, as in the reference implementation.
+        if local.score >= global.score { local } else { global }
+    }
+
+    /// The best draft from the per-request tree alone.
+    pub fn speculate_request(&mut self, tree: &RequestTree, context: &[u32], params: &SpecParams) -> Draft {
+        let (window, max_p) = match params.mode {
+            SpecMode::Paper => {
+                let w = &context[context.len().saturating_sub(params.max_depth)..];
+                (w, w.len().saturating_sub(1))
+            }
+            SpecMode::Extended => {
+                let w = &context[context.len().saturating_sub(EXTENDED_WINDOW)..];
+                (w, w.len())
+            }
+        };
+        tree.match_lengths(window, max_p, &mut self.matches);
+        let p_max = self.matches.iter().map(|m| m.1 as usize).max().unwrap_or(0).min(max_p);
+        let mut best = Draft::default();
+        for p in (1..=p_max).rev() {
+            let budget = params.budget(p);
+            let bound = match params.mode {
+                SpecMode::Paper => budget.min(tree.max_depth().saturating_sub(p)),
+                SpecMode::Extended => budget,
+            };
+            if bound as f32 <= best.score {
+                continue;
+            }
+            let Some(cursor) = tree.cursor_at(&self.matches, p) else { continue };
+            let d = expand(tree, &cursor, budget, params);
+            if d.score > best.score {
+                best = d;
+                best.match_len = p;
+            }
+        }
+        best.source = if best.is_empty() { DraftSource::None } else { DraftSource::Request };
+        best
+    }
+
+    /// The best draft from the global tree alone.
+    pub fn speculate_global(&mut self, tree: &GlobalTree, context: &[u32], params: &SpecParams) -> Draft {
+        let depth = tree.max_depth();
+        let window = &context[context.len().saturating_sub(depth)..];
+        let max_p = match params.mode {
+            SpecMode::Paper => window.len().saturating_sub(1),
+            SpecMode::Extended => window.len(),
+        };
+        let p_max = longest_match(tree, window, max_p);
+        let mut best = Draft::default();
+        for p in (1..=p_max).rev() {
+            let Some(cursor) = tree.walk(&window[window.len() - p..]) else { continue };
+            let mut matched = p;
+            if params.mode == SpecMode::Extended && p == p_max {
+                matched += tree.extend_match_back(&cursor, context, EXTENDED_WINDOW.saturating_sub(p));
+            }
+            let budget = params.budget(matched);
+            let bound = match params.mode {
+                SpecMode::Paper => budget.min(depth - p),
+                SpecMode::Extended => budget,
+            };
+            if bound as f32 <= best.score {
+                continue;
+            }
+            let d = expand(tree, &cursor, budget, params);
+            if d.score > best.score {
+                best = d;
+                best.match_len = matched;
+            }
+        }
+        best.source = if best.is_empty() { DraftSource::None } else { DraftSource::Global };
+        best
+    }
+}
+
+/// Largest p ≤ `max_p` such that the last p tokens of `window` are a path of `tree`.
+/// Matches are nested (a suffix of a path is a path), so binary search applies.
+fn longest_match(tree: &GlobalTree, window: &[u32], max_p: usize) -> usize {
+    let (mut lo, mut hi) = (0, max_p);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if tree.walk(&window[window.len() - mid..]).is_some() {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paper(tree: bool) -> SpecParams {
+        SpecParams {
+            mode: SpecMode::Paper,
+            tree,
+            ..SpecParams::default()
+        }
+    }
+
+    #[test]
+    fn global_draft_follows_the_most_common_continuation() {
+        let mut g = GlobalTree::new(24).unwrap();
+        g.insert(1, &[1, 2, 3, 4, 5]).unwrap();
+        g.insert(2, &[1, 2, 3, 4, 6]).unwrap();
+        g.insert(3, &[1, 2, 3, 4, 6]).unwrap();
+        let mut s = Speculator::new();
+        let d = s.speculate(None, &g, &[9, 1, 2, 3], &paper(false));
+        assert_eq!(d.tokens, vec![4, 6]);
+        assert_eq!(d.parents, vec![-1, 0]);
+        assert_eq!(d.source, DraftSource::Global);
+        assert!((d.score - (1.0 + 2.0 / 3.0)).abs() < 1e-6);
+        assert_eq!(d.match_len, 3);
+    }
+
+    #[test]
+    fn tree_draft_keeps_both_branches_above_min_prob() {
+        let mut g = GlobalTree::new(24).unwrap();
+        g.insert(1, &[1, 2, 3, 4, 5]).unwrap();
+        g.insert(2, &[1, 2, 3, 4, 6]).unwrap();
+        let mut s = Speculator::new();
+        let d = s.speculate(None, &g, &[1, 2, 3], &paper(true));
+        assert_eq!(d.tokens[0], 4);
+        let mut rest = d.tokens[1..].to_vec();
+        rest.sort();
+        assert_eq!(rest, vec![5, 6]);
+        assert_eq!(&d.parents[1..], &[0, 0]);
+        assert_eq!(d.accept(&[4, 6, 7]), vec![4, 6]);
+    }
+
+    #[test]
+    fn empty_inputs_give_empty_drafts() {
+        let g = GlobalTree::new(24).unwrap();
+        let r = RequestTree::new(&[], 24);
+        let mut s = Speculator::new();
+        for params in [paper(false), SpecParams::default()] {
+            assert!(s.speculate(Some(&r), &g, &[], &params).is_empty());
+            assert!(s.speculate(Some(&r), &g, &[1, 2], &params).is_empty());
+        }
+    }
+
+    #[test]
+    fn request_tree_drafts_from_the_prompt() {
+        let g = GlobalTree::new(24).unwrap();
+        let prompt = [5, 6, 7, 8, 9, 5, 6];
+        let r = RequestTree::new(&prompt, 24);
+        let mut s = Speculator::new();
+        let d = s.speculate(Some(&r), &g, &prompt, &paper(false));
+        assert_eq!(d.source, DraftSource::Request);
+        assert_eq!(d.tokens, vec![7, 8]);
+    }
+
+    #[test]
+    fn extended_mode_reads_past_the_depth_limit() {
+        let seq: Vec<u32> = (100..160).collect();
+        let mut g = GlobalTree::new(8).unwrap();
+        g.insert(1, &seq).unwrap();
+        let ctx = &seq[..30];
+        let mut s = Speculator::new();
+        let p = s.speculate(None, &g, ctx, &paper(false));
+        let e = s.speculate(None, &g, ctx, &SpecParams::default());
+        // Paper: the tree is 8 deep, so at most 4 tokens from the best p.
+        assert_eq!(p.tokens, (130..134).collect::<Vec<_>>());
+        // Extended: 30 matched tokens earn the full 24-token budget.
+        assert_eq!(e.tokens, (130..154).collect::<Vec<_>>());
+        assert_eq!(e.match_len, 30);
+    }
+}

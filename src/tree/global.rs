@@ -1,0 +1,964 @@
+//! The global suffix tree: a depth-limited, path-compressed suffix trie in a flat arena.
+//!
+//! Layout (all links are `u32` indices, no allocation per node):
+//! - `pool`: every stored token, once. Sequences are contiguous ranges of it.
+//! - `nodes`: 16-byte records `{start, count, first_child, next_sibling}`. An edge is the
+//!   token range `pool[start .. start + len]`; `len` lives in the parallel byte array
+//!   `lens` (7 bits of length, 1 bit "children indexed").
+//! - `child_index`: a hash from `(node, token)` to child, only for nodes with many
+//!   children (the root always), so that lookups stay O(1) where lists would be long.
+//!
+//! Invariants (checked by [`GlobalTree::check_integrity`]):
+//! - Every suffix of every stored sequence, cut at `max_depth`, ends exactly at a node
+//!   end, and COUNT(node) is the number of such suffixes passing through the node.
+//! - A node's `start` points at a real occurrence of its whole path:
+//!   `pool[start - depth(parent) .. start + len]` spells the path from the root. This lets
+//!   extended speculation read on past the depth limit from a unique occurrence.
+//! - Children lists are self-organising: a child that catches up with the head moves to
+//!   the front, so the most likely continuation is found after a short scan.
+//!
+//! Removal decrements counts and frees nodes whose count reaches zero. The removed
+//! tokens stay in the pool until [`GlobalTree::compact`] rebuilds the arena.
+
+use rustc_hash::FxHashMap;
+
+use super::{Child, Expand, MAX_SUPPORTED_DEPTH, NIL};
+
+const ROOT: u32 = 0;
+const INDEXED: u8 = 0x80;
+const LEN_MASK: u8 = 0x7f;
+/// Children lists longer than this get a hash index.
+const INDEX_FANOUT: usize = 12;
+
+/// Errors from changing a [`GlobalTree`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TreeError {
+    /// The sequence id is already stored.
+    #[error("sequence id {0} is already in the tree; remove it first or use a new id")]
+    DuplicateId(u64),
+    /// The token pool would pass 2^32 tokens.
+    #[error("the token pool is full (2^32 tokens); compact the tree or raise the eviction budget")]
+    PoolFull,
+    /// The depth limit is outside what the arena supports.
+    #[error("max_depth must be between 1 and {MAX_SUPPORTED_DEPTH}, got {0}")]
+    BadDepth(usize),
+}
+
+/// One arena node. `repr(C)` so that the same bytes can be archived for snapshots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Node {
+    pub(crate) start: u32,
+    pub(crate) count: u32,
+    pub(crate) first_child: u32,
+    pub(crate) next_sibling: u32,
+}
+
+/// One stored sequence, in pool order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SeqEntry {
+    pub(crate) id: u64,
+    pub(crate) offset: u32,
+    pub(crate) len: u32,
+    pub(crate) live: bool,
+}
+
+/// Sizes and occupancy of a [`GlobalTree`].
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TreeStats {
+    /// Live sequences.
+    pub sequences: usize,
+    /// Tokens of live sequences.
+    pub live_tokens: u64,
+    /// Tokens of removed sequences still in the pool (reclaimed by compaction).
+    pub dead_tokens: u64,
+    /// Nodes in use, the root included.
+    pub nodes: usize,
+    /// Nodes whose children are hash-indexed.
+    pub indexed_children: usize,
+    /// Heap bytes held by the tree (allocated capacity, not just what is in use).
+    pub heap_bytes: usize,
+}
+
+/// A position in the global tree: `off` tokens into the edge of `node`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalCursor {
+    node: u32,
+    off: u8,
+    depth: u8,
+}
+
+impl GlobalCursor {
+    /// Length of the path from the root.
+    pub fn depth(&self) -> usize {
+        self.depth as usize
+    }
+}
+
+enum Lookup {
+    Found { child: u32, pred: u32 },
+    Missing { last: u32, fanout: usize },
+}
+
+/// Depth-limited suffix trie over whole sequences, with counts, in a flat arena.
+#[derive(Clone, Debug)]
+pub struct GlobalTree {
+    max_depth: usize,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) lens: Vec<u8>,
+    free_head: u32,
+    free_nodes: usize,
+    child_index: FxHashMap<u64, u32>,
+    pub(crate) pool: Vec<u32>,
+    pub(crate) seqs: Vec<SeqEntry>,
+    seq_by_id: FxHashMap<u64, u32>,
+    live_tokens: u64,
+    dead_tokens: u64,
+}
+
+#[inline]
+fn key(node: u32, token: u32) -> u64 {
+    ((node as u64) << 32) | token as u64
+}
+
+impl GlobalTree {
+    /// An empty tree that keeps suffixes up to `max_depth` tokens.
+    pub fn new(max_depth: usize) -> Result<Self, TreeError> {
+        if max_depth == 0 || max_depth > MAX_SUPPORTED_DEPTH {
+            return Err(TreeError::BadDepth(max_depth));
+        }
+        Ok(Self {
+            max_depth,
+            nodes: vec![Node {
+                start: 0,
+                count: 0,
+                first_child: NIL,
+                next_sibling: NIL,
+            }],
+            lens: vec![INDEXED],
+            free_head: NIL,
+            free_nodes: 0,
+            child_index: FxHashMap::default(),
+            pool: Vec::new(),
+            seqs: Vec::new(),
+            seq_by_id: FxHashMap::default(),
+            live_tokens: 0,
+            dead_tokens: 0,
+        })
+    }
+
+    /// The depth limit.
+    pub fn max_depth(&self) -> usize {
+        self.max_depth
+    }
+
+    /// Number of live sequences.
+    pub fn len(&self) -> usize {
+        self.seq_by_id.len()
+    }
+
+    /// True when no sequence is stored.
+    pub fn is_empty(&self) -> bool {
+        self.seq_by_id.is_empty()
+    }
+
+    /// Tokens in live sequences.
+    pub fn cached_tokens(&self) -> u64 {
+        self.live_tokens
+    }
+
+    /// Whether a sequence with this id is stored.
+    pub fn contains(&self, id: u64) -> bool {
+        self.seq_by_id.contains_key(&id)
+    }
+
+    /// The tokens of a stored sequence.
+    pub fn sequence(&self, id: u64) -> Option<&[u32]> {
+        let e = self.seqs[*self.seq_by_id.get(&id)? as usize];
+        Some(&self.pool[e.offset as usize..(e.offset + e.len) as usize])
+    }
+
+    /// Ids of the live sequences, oldest first.
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.seqs.iter().filter(|e| e.live).map(|e| e.id)
+    }
+
+    /// Fraction of the pool held by removed sequences.
+    pub fn dead_fraction(&self) -> f64 {
+        let total = self.live_tokens + self.dead_tokens;
+        if total == 0 {
+            0.0
+        } else {
+            self.dead_tokens as f64 / total as f64
+        }
+    }
+
+    /// Sizes and occupancy.
+    pub fn stats(&self) -> TreeStats {
+        TreeStats {
+            sequences: self.len(),
+            live_tokens: self.live_tokens,
+            dead_tokens: self.dead_tokens,
+            nodes: self.nodes.len() - self.free_nodes,
+            indexed_children: self.lens.iter().filter(|l| **l & INDEXED != 0).count(),
+            heap_bytes: self.heap_bytes(),
+        }
+    }
+
+    /// Heap bytes held: allocated capacity of every table.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.nodes.capacity() * size_of::<Node>()
+            + self.lens.capacity()
+            + self.pool.capacity() * 4
+            + self.seqs.capacity() * size_of::<SeqEntry>()
+            // hashbrown: one control byte per bucket plus the entry.
+            + self.child_index.capacity() * (size_of::<(u64, u32)>() + 1)
+            + self.seq_by_id.capacity() * (size_of::<(u64, u32)>() + 1)
+    }
+
+    /// Store `tokens` as sequence `id`: every suffix, cut at the depth limit, is counted.
+    pub fn insert(&mut self, id: u64, tokens: &[u32]) -> Result<(), TreeError> {
+        if self.seq_by_id.contains_key(&id) {
+            return Err(TreeError::DuplicateId(id));
+        }
+        let base = self.pool.len();
+        if base + tokens.len() >= u32::MAX as usize {
+            return Err(TreeError::PoolFull);
+        }
+        self.pool.extend_from_slice(tokens);
+        self.seq_by_id.insert(id, self.seqs.len() as u32);
+        self.seqs.push(SeqEntry {
+            id,
+            offset: base as u32,
+            len: tokens.len() as u32,
+            live: true,
+        });
+        self.live_tokens += tokens.len() as u64;
+        let n = tokens.len();
+        for i in 0..n {
+            self.insert_suffix((base + i) as u32, (n - i).min(self.max_depth));
+        }
+        Ok(())
+    }
+
+    /// Remove sequence `id`; returns false when it was not stored.
+    pub fn remove(&mut self, id: u64) -> bool {
+        let Some(idx) = self.seq_by_id.remove(&id) else {
+            return false;
+        };
+        let e = self.seqs[idx as usize];
+        self.seqs[idx as usize].live = false;
+        self.live_tokens -= e.len as u64;
+        self.dead_tokens += e.len as u64;
+        let dead = e.offset..e.offset + e.len;
+        let mut path = Vec::with_capacity(self.max_depth);
+        for i in 0..e.len {
+            let rem = ((e.len - i) as usize).min(self.max_depth);
+            self.remove_suffix(e.offset + i, rem, &dead, &mut path);
+        }
+        true
+    }
+
+    /// Rebuild the arena from the live sequences, in their order: reclaims removed tokens
+    /// and freed nodes, and restores the canonical (fully merged) shape.
+    pub fn compact(&mut self) {
+        let mut fresh = GlobalTree::new(self.max_depth).expect("depth was validated");
+        let live_tokens = self.live_tokens as usize;
+        fresh.pool.reserve_exact(live_tokens);
+        fresh.seqs.reserve_exact(self.len());
+        for e in self.seqs.iter().filter(|e| e.live) {
+            let s = &self.pool[e.offset as usize..(e.offset + e.len) as usize];
+            fresh.insert(e.id, s).expect("a live tree fits its own compaction");
+        }
+        *self = fresh;
+    }
+
+    #[inline]
+    fn len_of(&self, n: u32) -> usize {
+        (self.lens[n as usize] & LEN_MASK) as usize
+    }
+
+    #[inline]
+    fn first_token(&self, n: u32) -> u32 {
+        self.pool[self.nodes[n as usize].start as usize]
+    }
+
+    fn alloc(&mut self, start: u32, len: usize, count: u32) -> u32 {
+        let node = Node {
+            start,
+            count,
+            first_child: NIL,
+            next_sibling: NIL,
+        };
+        if self.free_head != NIL {
+            let n = self.free_head;
+            self.free_head = self.nodes[n as usize].next_sibling;
+            self.free_nodes -= 1;
+            self.nodes[n as usize] = node;
+            self.lens[n as usize] = len as u8;
+            n
+        } else {
+            self.nodes.push(node);
+            self.lens.push(len as u8);
+            (self.nodes.len() - 1) as u32
+        }
+    }
+
+    fn find_child(&self, node: u32, token: u32) -> Lookup {
+        if self.lens[node as usize] & INDEXED != 0 {
+            return match self.child_index.get(&key(node, token)) {
+                Some(&child) => Lookup::Found { child, pred: NIL },
+                None => Lookup::Missing {
+                    last: NIL,
+                    fanout: 0,
+                },
+            };
+        }
+        let mut pred = NIL;
+        let mut c = self.nodes[node as usize].first_child;
+        let mut fanout = 0;
+        while c != NIL {
+            if self.first_token(c) == token {
+                return Lookup::Found { child: c, pred };
+            }
+            pred = c;
+            c = self.nodes[c as usize].next_sibling;
+            fanout += 1;
+        }
+        Lookup::Missing { last: pred, fanout }
+    }
+
+    /// Child of `node` for `token`, if any.
+    #[inline]
+    fn child(&self, node: u32, token: u32) -> Option<u32> {
+        match self.find_child(node, token) {
+            Lookup::Found { child, .. } => Some(child),
+            Lookup::Missing { .. } => None,
+        }
+    }
+
+    fn predecessor(&self, parent: u32, child: u32) -> u32 {
+        let mut pred = NIL;
+        let mut c = self.nodes[parent as usize].first_child;
+        while c != child {
+            pred = c;
+            c = self.nodes[c as usize].next_sibling;
+        }
+        pred
+    }
+
+    fn unlink(&mut self, parent: u32, child: u32, pred: u32) {
+        let next = self.nodes[child as usize].next_sibling;
+        if pred == NIL {
+            self.nodes[parent as usize].first_child = next;
+        } else {
+            self.nodes[pred as usize].next_sibling = next;
+        }
+        self.nodes[child as usize].next_sibling = NIL;
+    }
+
+    /// Move `child` to the front when it has caught up with the head.
+    fn promote(&mut self, parent: u32, child: u32, pred: u32) {
+        let head = self.nodes[parent as usize].first_child;
+        if head == child || self.nodes[child as usize].count < self.nodes[head as usize].count {
+            return;
+        }
+        let pred = if pred == NIL {
+            self.predecessor(parent, child)
+        } else {
+            pred
+        };
+        self.unlink(parent, child, pred);
+        self.nodes[child as usize].next_sibling = head;
+        self.nodes[parent as usize].first_child = child;
+    }
+
+    /// Add a new child at the end of the list (or second, where the list is indexed).
+    fn attach(&mut self, parent: u32, child: u32, token: u32, last: u32, fanout: usize) {
+        let indexed = self.lens[parent as usize] & INDEXED != 0;
+        let head = self.nodes[parent as usize].first_child;
+        if head == NIL {
+            self.nodes[parent as usize].first_child = child;
+        } else if indexed || last == NIL {
+            self.nodes[child as usize].next_sibling = self.nodes[head as usize].next_sibling;
+            self.nodes[head as usize].next_sibling = child;
+        } else {
+            self.nodes[last as usize].next_sibling = child;
+        }
+        if indexed {
+            self.child_index.insert(key(parent, token), child);
+        } else if fanout + 1 > INDEX_FANOUT {
+            self.lens[parent as usize] |= INDEXED;
+            let mut c = self.nodes[parent as usize].first_child;
+            while c != NIL {
+                self.child_index.insert(key(parent, self.first_token(c)), c);
+                c = self.nodes[c as usize].next_sibling;
+            }
+        }
+    }
+
+    fn insert_suffix(&mut self, mut pos: u32, mut rem: usize) {
+        let mut node = ROOT;
+        self.nodes[ROOT as usize].count += 1;
+        while rem > 0 {
+            let token = self.pool[pos as usize];
+            match self.find_child(node, token) {
+                Lookup::Missing { last, fanout } => {
+                    let leaf = self.alloc(pos, rem, 1);
+                    self.attach(node, leaf, token, last, fanout);
+                    return;
+                }
+                Lookup::Found { child, pred } => {
+                    let clen = self.len_of(child);
+                    let cstart = self.nodes[child as usize].start as usize;
+                    let lim = clen.min(rem);
+                    let p = pos as usize;
+                    let mut k = 1;
+                    while k < lim && self.pool[cstart + k] == self.pool[p + k] {
+                        k += 1;
+                    }
+                    if k == clen {
+                        self.nodes[child as usize].count += 1;
+                        self.promote(node, child, pred);
+                        node = child;
+                        pos += k as u32;
+                        rem -= k;
+                        continue;
+                    }
+                    // The suffix leaves (or ends inside) the child's edge after k tokens:
+                    // split the edge. `top` takes the child's place and keeps its old
+                    // occurrence, so every node still points at a real occurrence.
+                    let count = self.nodes[child as usize].count;
+                    let top = self.alloc(cstart as u32, k, count + 1);
+                    let next = self.nodes[child as usize].next_sibling;
+                    self.nodes[top as usize].next_sibling = next;
+                    self.nodes[top as usize].first_child = child;
+                    if pred == NIL && self.nodes[node as usize].first_child != child {
+                        let pred = self.predecessor(node, child);
+                        self.nodes[pred as usize].next_sibling = top;
+                    } else if pred == NIL {
+                        self.nodes[node as usize].first_child = top;
+                    } else {
+                        self.nodes[pred as usize].next_sibling = top;
+                    }
+                    if self.lens[node as usize] & INDEXED != 0 {
+                        self.child_index.insert(key(node, token), top);
+                    }
+                    self.nodes[child as usize].next_sibling = NIL;
+                    self.nodes[child as usize].start = (cstart + k) as u32;
+                    self.lens[child as usize] = (clen - k) as u8;
+                    self.promote(node, top, NIL);
+                    if k < rem {
+                        let leaf = self.alloc(pos + k as u32, rem - k, 1);
+                        self.nodes[child as usize].next_sibling = leaf;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn remove_suffix(
+        &mut self,
+        mut pos: u32,
+        mut rem: usize,
+        dead: &std::ops::Range<u32>,
+        path: &mut Vec<u32>,
+    ) {
+        path.clear();
+        let mut node = ROOT;
+        self.nodes[ROOT as usize].count -= 1;
+        while rem > 0 {
+            let token = self.pool[pos as usize];
+            let (child, pred) = match self.find_child(node, token) {
+                Lookup::Found { child, pred } => (child, pred),
+                Lookup::Missing { .. } => {
+                    debug_assert!(false, "a stored suffix is missing from the tree");
+                    return;
+                }
+            };
+            self.nodes[child as usize].count -= 1;
+            if self.nodes[child as usize].count == 0 {
+                let pred = if pred == NIL {
+                    self.predecessor(node, child)
+                } else {
+                    pred
+                };
+                self.unlink(node, child, pred);
+                if self.lens[node as usize] & INDEXED != 0 {
+                    self.child_index.remove(&key(node, token));
+                }
+                self.free_subtree(child);
+                break;
+            }
+            path.push(child);
+            let len = self.len_of(child);
+            node = child;
+            pos += len as u32;
+            rem -= len;
+        }
+        // Nodes that still count other suffixes but point into the removed sequence
+        // borrow an occurrence from a child, deepest first.
+        for &n in path.iter().rev() {
+            if !dead.contains(&self.nodes[n as usize].start) {
+                continue;
+            }
+            let len = self.len_of(n) as u32;
+            let mut c = self.nodes[n as usize].first_child;
+            while c != NIL {
+                let s = self.nodes[c as usize].start;
+                if !dead.contains(&s) {
+                    self.nodes[n as usize].start = s - len;
+                    break;
+                }
+                c = self.nodes[c as usize].next_sibling;
+            }
+        }
+    }
+
+    fn free_subtree(&mut self, root: u32) {
+        let mut stack = vec![root];
+        while let Some(n) = stack.pop() {
+            let mut c = self.nodes[n as usize].first_child;
+            let indexed = self.lens[n as usize] & INDEXED != 0;
+            while c != NIL {
+                if indexed {
+                    self.child_index.remove(&key(n, self.first_token(c)));
+                }
+                stack.push(c);
+                c = self.nodes[c as usize].next_sibling;
+            }
+            self.nodes[n as usize] = Node {
+                start: 0,
+                count: 0,
+                first_child: NIL,
+                next_sibling: self.free_head,
+            };
+            self.lens[n as usize] = 0;
+            self.free_head = n;
+            self.free_nodes += 1;
+        }
+    }
+
+    /// The root position.
+    pub fn root(&self) -> GlobalCursor {
+        GlobalCursor {
+            node: ROOT,
+            off: 0,
+            depth: 0,
+        }
+    }
+
+    /// Walk `path` from the root; `None` when it is not in the tree.
+    pub fn walk(&self, path: &[u32]) -> Option<GlobalCursor> {
+        if path.len() > self.max_depth {
+            return None;
+        }
+        let mut c = self.root();
+        for &t in path {
+            c = self.step(c, t)?;
+        }
+        Some(c)
+    }
+
+    /// Follow one token down from `c`.
+    #[inline]
+    pub fn step(&self, c: GlobalCursor, token: u32) -> Option<GlobalCursor> {
+        if (c.off as usize) < self.len_of(c.node) {
+            let s = self.nodes[c.node as usize].start as usize + c.off as usize;
+            return (self.pool[s] == token).then_some(GlobalCursor {
+                node: c.node,
+                off: c.off + 1,
+                depth: c.depth + 1,
+            });
+        }
+        let child = self.child(c.node, token)?;
+        Some(GlobalCursor {
+            node: child,
+            off: 1,
+            depth: c.depth + 1,
+        })
+    }
+
+    /// COUNT of the path spelled by `path` (0 when absent).
+    pub fn count_of(&self, path: &[u32]) -> u32 {
+        self.walk(path).map_or(0, |c| self.nodes[c.node as usize].count)
+    }
+
+    /// For a path that occurs once, where its occurrence lies: the pool index just past
+    /// the path, and the pool range of the live sequence that holds it.
+    pub(crate) fn unique_occurrence(&self, c: &GlobalCursor) -> Option<(usize, std::ops::Range<usize>)> {
+        let n = &self.nodes[c.node as usize];
+        if n.count != 1 || c.node == ROOT {
+            return None;
+        }
+        let after = n.start as usize + c.off as usize;
+        let i = self.seqs.partition_point(|e| e.offset as usize + e.len as usize <= after - 1);
+        let e = self.seqs.get(i)?;
+        let range = e.offset as usize..(e.offset + e.len) as usize;
+        (e.live && range.contains(&(after - 1))).then_some((after, range))
+    }
+
+    /// How far the unique occurrence at `c` keeps matching `context` backwards, beyond the
+    /// `c.depth()` tokens the tree already matched (at most `limit` tokens more).
+    pub(crate) fn extend_match_back(&self, c: &GlobalCursor, context: &[u32], limit: usize) -> usize {
+        let Some((after, range)) = self.unique_occurrence(c) else {
+            return 0;
+        };
+        let d = c.depth as usize;
+        if context.len() < d {
+            return 0;
+        }
+        let occ_start = after - d;
+        let ctx_start = context.len() - d;
+        let mut k = 0;
+        while k < limit
+            && k < ctx_start
+            && occ_start > range.start + k
+            && self.pool[occ_start - 1 - k] == context[ctx_start - 1 - k]
+        {
+            k += 1;
+        }
+        k
+    }
+
+    /// Average entropy, in bits, of the next-token distribution over every tree position
+    /// that has a continuation, weighted by how many stored suffixes continue from it.
+    /// Positions inside a compressed edge have one continuation and entropy 0. Low values
+    /// mean predictable outputs and large speculation gains (the paper's predictor).
+    pub fn next_token_entropy(&self) -> f64 {
+        let mut weighted = 0.0f64;
+        let mut weight = 0.0f64;
+        for n in 0..self.nodes.len() as u32 {
+            let node = &self.nodes[n as usize];
+            if node.count == 0 && n != ROOT {
+                continue;
+            }
+            if n != ROOT {
+                // Inside the edge: one continuation for every suffix passing through.
+                weight += (self.len_of(n).saturating_sub(1)) as f64 * node.count as f64;
+            }
+            let mut total = 0u64;
+            let mut c = node.first_child;
+            while c != NIL {
+                total += self.nodes[c as usize].count as u64;
+                c = self.nodes[c as usize].next_sibling;
+            }
+            if total == 0 {
+                continue;
+            }
+            let mut h = 0.0f64;
+            let mut c = node.first_child;
+            while c != NIL {
+                let q = self.nodes[c as usize].count as f64 / total as f64;
+                h -= q * q.log2();
+                c = self.nodes[c as usize].next_sibling;
+            }
+            weighted += h * total as f64;
+            weight += total as f64;
+        }
+        if weight == 0.0 { 0.0 } else { weighted / weight }
+    }
+
+    /// Checks every invariant of the arena against the stored sequences; returns the first
+    /// problem found. Costs O(tokens × depth): a tool for tests and `verify`, not serving.
+    pub fn check_integrity(&self) -> Result<(), String> {
+        // Counts: walk every suffix and tally.
+        let mut visits: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut root_visits = 0u32;
+        for e in self.seqs.iter().filter(|e| e.live) {
+            let s = &self.pool[e.offset as usize..(e.offset + e.len) as usize];
+            for i in 0..s.len() {
+                root_visits += 1;
+                let rem = (s.len() - i).min(self.max_depth);
+                let mut node = ROOT;
+                let mut j = 0;
+                while j < rem {
+                    let child = self
+                        .child(node, s[j + i])
+                        .ok_or_else(|| format!("sequence {} suffix {i}: no child at depth {j}", e.id))?;
+                    let len = self.len_of(child);
+                    let st = self.nodes[child as usize].start as usize;
+                    if j + len > rem {
+                        return Err(format!("sequence {} suffix {i} ends inside an edge", e.id));
+                    }
+                    if self.pool[st..st + len] != s[i + j..i + j + len] {
+                        return Err(format!("sequence {} suffix {i}: edge tokens differ", e.id));
+                    }
+                    *visits.entry(child).or_default() += 1;
+                    node = child;
+                    j += len;
+                }
+            }
+        }
+        if self.nodes[ROOT as usize].count != root_visits {
+            return Err(format!(
+                "root count {} but {} suffixes",
+                self.nodes[ROOT as usize].count, root_visits
+            ));
+        }
+        // Structure: every reachable node's count equals its visits, and children are
+        // consistent with the index.
+        let mut stack = vec![(ROOT, 0usize)];
+        let mut reachable = 1;
+        while let Some((n, depth)) = stack.pop() {
+            let indexed = self.lens[n as usize] & INDEXED != 0;
+            let mut c = self.nodes[n as usize].first_child;
+            let mut child_sum = 0u64;
+            let mut fanout = 0;
+            while c != NIL {
+                reachable += 1;
+                fanout += 1;
+                let cnt = self.nodes[c as usize].count;
+                let want = visits.get(&c).copied().unwrap_or(0);
+                if cnt != want || cnt == 0 {
+                    return Err(format!("node {c}: count {cnt}, {want} suffixes pass through"));
+                }
+                let len = self.len_of(c);
+                if len == 0 || depth + len > self.max_depth {
+                    return Err(format!("node {c}: bad edge length {len} at depth {depth}"));
+                }
+                let st = self.nodes[c as usize].start as usize;
+                if st < depth || st + len > self.pool.len() {
+                    return Err(format!("node {c}: occurrence out of the pool"));
+                }
+                if indexed && self.child_index.get(&key(n, self.first_token(c))) != Some(&c) {
+                    return Err(format!("node {n}: child {c} missing from the index"));
+                }
+                child_sum += cnt as u64;
+                stack.push((c, depth + len));
+                c = self.nodes[c as usize].next_sibling;
+            }
+            if child_sum > self.nodes[n as usize].count as u64 {
+                return Err(format!("node {n}: children count more than the node"));
+            }
+            if !indexed && fanout > INDEX_FANOUT {
+                return Err(format!("node {n}: {fanout} children but no index"));
+            }
+        }
+        if reachable + self.free_nodes != self.nodes.len() {
+            return Err(format!(
+                "{} nodes reachable, {} free, {} allocated",
+                reachable,
+                self.free_nodes,
+                self.nodes.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Expand for GlobalTree {
+    type Cursor = GlobalCursor;
+
+    #[inline]
+    fn count(&self, c: &GlobalCursor) -> u32 {
+        self.nodes[c.node as usize].count
+    }
+
+    fn children(&self, c: &GlobalCursor, min_count: u32, out: &mut Vec<Child<GlobalCursor>>) {
+        out.clear();
+        let n = &self.nodes[c.node as usize];
+        if (c.off as usize) < self.len_of(c.node) {
+            if n.count >= min_count {
+                out.push(Child {
+                    token: self.pool[n.start as usize + c.off as usize],
+                    count: n.count,
+                    cursor: GlobalCursor {
+                        node: c.node,
+                        off: c.off + 1,
+                        depth: c.depth + 1,
+                    },
+                });
+            }
+            return;
+        }
+        // Scan until what is left unseen could not reach min_count.
+        let mut unseen = n.count as u64;
+        let mut ch = n.first_child;
+        while ch != NIL && unseen >= min_count.max(1) as u64 {
+            let cn = &self.nodes[ch as usize];
+            unseen = unseen.saturating_sub(cn.count as u64);
+            if cn.count >= min_count {
+                out.push(Child {
+                    token: self.pool[cn.start as usize],
+                    count: cn.count,
+                    cursor: GlobalCursor {
+                        node: ch,
+                        off: 1,
+                        depth: c.depth + 1,
+                    },
+                });
+            }
+            ch = cn.next_sibling;
+        }
+        // Stable: equal counts keep list order.
+        out.sort_by(|a, b| b.count.cmp(&a.count));
+    }
+
+    fn best_child(&self, c: &GlobalCursor, min_count: u32) -> Option<Child<GlobalCursor>> {
+        let n = &self.nodes[c.node as usize];
+        if (c.off as usize) < self.len_of(c.node) {
+            return (n.count >= min_count).then(|| Child {
+                token: self.pool[n.start as usize + c.off as usize],
+                count: n.count,
+                cursor: GlobalCursor {
+                    node: c.node,
+                    off: c.off + 1,
+                    depth: c.depth + 1,
+                },
+            });
+        }
+        let mut best = NIL;
+        let mut best_count = 0u32;
+        let mut unseen = n.count as u64;
+        let mut ch = n.first_child;
+        // Stop once the mass not yet seen cannot beat the best so far.
+        while ch != NIL && unseen > best_count as u64 {
+            let cn = &self.nodes[ch as usize];
+            if cn.count > best_count {
+                best = ch;
+                best_count = cn.count;
+            }
+            unseen = unseen.saturating_sub(cn.count as u64);
+            ch = cn.next_sibling;
+        }
+        if best == NIL || best_count < min_count {
+            return None;
+        }
+        Some(Child {
+            token: self.first_token(best),
+            count: best_count,
+            cursor: GlobalCursor {
+                node: best,
+                off: 1,
+                depth: c.depth + 1,
+            },
+        })
+    }
+
+    fn continuation_beyond_depth(&self, c: &GlobalCursor, max: usize) -> &[u32] {
+        match self.unique_occurrence(c) {
+            Some((after, range)) => &self.pool[after..range.end.min(after + max)],
+            None => &[],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(depth: usize, seqs: &[&[u32]]) -> GlobalTree {
+        let mut t = GlobalTree::new(depth).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            t.insert(i as u64, s).unwrap();
+        }
+        t.check_integrity().unwrap();
+        t
+    }
+
+    #[test]
+    fn counts_match_occurrences() {
+        let t = tree(4, &[&[1, 2, 3, 1, 2, 4], &[2, 3, 1]]);
+        assert_eq!(t.count_of(&[1, 2]), 2);
+        assert_eq!(t.count_of(&[2, 3]), 2);
+        assert_eq!(t.count_of(&[2, 3, 1]), 2);
+        assert_eq!(t.count_of(&[1]), 3);
+        assert_eq!(t.count_of(&[5]), 0);
+        assert_eq!(t.count_of(&[]), 9);
+        // Deeper than the depth limit is not in the tree.
+        assert_eq!(t.count_of(&[1, 2, 3, 1, 2]), 0);
+    }
+
+    #[test]
+    fn empty_tree_and_empty_sequence() {
+        let mut t = GlobalTree::new(24).unwrap();
+        assert_eq!(t.count_of(&[1]), 0);
+        t.insert(7, &[]).unwrap();
+        assert!(t.contains(7));
+        assert_eq!(t.cached_tokens(), 0);
+        assert!(t.remove(7));
+        t.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn extreme_token_values() {
+        let t = tree(3, &[&[u32::MAX, 0, u32::MAX, u32::MAX - 1]]);
+        assert_eq!(t.count_of(&[u32::MAX]), 2);
+        assert_eq!(t.count_of(&[u32::MAX, 0]), 1);
+    }
+
+    #[test]
+    fn depth_one_counts_unigrams() {
+        let t = tree(1, &[&[5, 5, 6]]);
+        assert_eq!(t.count_of(&[5]), 2);
+        assert_eq!(t.count_of(&[5, 5]), 0);
+    }
+
+    #[test]
+    fn remove_restores_counts_and_absent_id_is_a_no_op() {
+        let mut t = tree(4, &[&[1, 2, 3, 4], &[1, 2, 5]]);
+        assert!(!t.remove(99));
+        assert!(t.remove(1));
+        t.check_integrity().unwrap();
+        assert_eq!(t.count_of(&[1, 2]), 1);
+        assert_eq!(t.count_of(&[2, 5]), 0);
+        assert!(!t.remove(1));
+        t.insert(1, &[1, 2, 5]).unwrap();
+        t.check_integrity().unwrap();
+        assert_eq!(t.count_of(&[1, 2]), 2);
+    }
+
+    #[test]
+    fn duplicate_id_and_bad_depth_are_errors() {
+        let mut t = tree(4, &[&[1]]);
+        assert_eq!(t.insert(0, &[2]), Err(TreeError::DuplicateId(0)));
+        assert_eq!(GlobalTree::new(0).unwrap_err(), TreeError::BadDepth(0));
+        assert!(GlobalTree::new(200).is_err());
+        assert!(GlobalTree::new(64).is_ok());
+    }
+
+    #[test]
+    fn wide_nodes_get_an_index() {
+        let seq: Vec<u32> = (0..100).flat_map(|i| [7, i]).collect();
+        let mut t = tree(3, &[&seq]);
+        assert_eq!(t.count_of(&[7, 42]), 1);
+        assert!(t.stats().indexed_children >= 2);
+        assert!(t.remove(0));
+        t.check_integrity().unwrap();
+        assert_eq!(t.stats().nodes, 1);
+    }
+
+    #[test]
+    fn compact_reclaims_and_keeps_counts() {
+        let mut t = tree(5, &[&[1, 2, 3], &[4, 5, 6], &[1, 2, 6]]);
+        t.remove(1);
+        assert!(t.dead_fraction() > 0.0);
+        let before = t.count_of(&[1, 2]);
+        t.compact();
+        t.check_integrity().unwrap();
+        assert_eq!(t.dead_fraction(), 0.0);
+        assert_eq!(t.count_of(&[1, 2]), before);
+        assert_eq!(t.ids().collect::<Vec<_>>(), vec![0, 2]);
+    }
+
+    #[test]
+    fn entropy_is_zero_for_one_repeated_sequence_and_positive_for_choices() {
+        let det = tree(4, &[&[1, 1, 1, 1]]);
+        assert_eq!(det.next_token_entropy(), 0.0);
+        let two = tree(2, &[&[1, 2], &[1, 3]]);
+        // Root: {1: 2, 2: 1, 3: 1} -> 1.5 bits over 4; after 1: {2, 3} -> 1 bit over 2.
+        assert!((two.next_token_entropy() - (1.5 * 4.0 + 1.0 * 2.0) / 6.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn unique_occurrence_reads_past_the_depth_limit() {
+        let t = tree(2, &[&[1, 2, 3, 4, 5, 6]]);
+        let c = t.walk(&[2, 3]).unwrap();
+        assert_eq!(t.continuation_beyond_depth(&c, 10), &[4, 5, 6]);
+        assert_eq!(t.continuation_beyond_depth(&c, 2), &[4, 5]);
+        assert_eq!(t.extend_match_back(&c, &[9, 1, 2, 3], 10), 1);
+    }
+}

@@ -1,0 +1,66 @@
+//! Suffix trees: the first stage of the data flow.
+//!
+//! Two trees feed speculation:
+//! - [`GlobalTree`]: a depth-limited, path-compressed suffix trie over the responses of
+//!   earlier requests, kept in a flat arena of `u32`-indexed nodes so that the store can
+//!   freeze it into a snapshot.
+//! - [`RequestTree`]: an index over the current request's prompt and generated tokens,
+//!   cheap to start over a long prompt and extended token by token.
+//!
+//! Both give the same counts: COUNT(path) is the number of places where `path` occurs in
+//! the stored sequences, with `path` no longer than the depth limit. That is the number of
+//! (depth-truncated) suffixes whose path passes through the node, as in the paper.
+//! Speculation reads both through the [`Expand`] trait.
+
+mod global;
+mod request;
+
+pub use global::{GlobalCursor, GlobalTree, TreeError, TreeStats};
+pub use request::{RequestCursor, RequestTree};
+
+/// The "no node" index in the arena's `u32` links.
+pub const NIL: u32 = u32::MAX;
+
+/// The largest supported depth limit; edge lengths are stored in 7 bits.
+pub const MAX_SUPPORTED_DEPTH: usize = 127;
+
+/// A child of a tree position, as speculation sees it.
+#[derive(Clone, Debug)]
+pub struct Child<C> {
+    /// The token on the edge into the child.
+    pub token: u32,
+    /// COUNT of the child: how many stored suffixes pass through it.
+    pub count: u32,
+    /// Where the child is.
+    pub cursor: C,
+}
+
+/// Read access to a suffix tree for draft expansion.
+///
+/// A cursor is a position in the tree, i.e. a path from the root. The expansion code in
+/// [`crate::speculate`] is written once against this trait.
+pub trait Expand {
+    /// A position in the tree.
+    type Cursor: Clone;
+
+    /// COUNT of the path at `cursor`.
+    fn count(&self, cursor: &Self::Cursor) -> u32;
+
+    /// Children of `cursor` whose count is at least `min_count`, most likely first; among
+    /// equal counts the tree's own order (most recently used first) decides.
+    fn children(&self, cursor: &Self::Cursor, min_count: u32, out: &mut Vec<Child<Self::Cursor>>);
+
+    /// The most likely child, if any has a count of at least `min_count`.
+    fn best_child(&self, cursor: &Self::Cursor, min_count: u32) -> Option<Child<Self::Cursor>> {
+        let mut out = Vec::new();
+        self.children(cursor, min_count, &mut out);
+        out.into_iter().next()
+    }
+
+    /// When the path at `cursor` occurs exactly once and the tree knows how that
+    /// occurrence continues past its depth limit, the tokens that follow (at most `max`).
+    /// Only extended speculation asks for this; the default is "unknown".
+    fn continuation_beyond_depth(&self, _cursor: &Self::Cursor, _max: usize) -> &[u32] {
+        &[]
+    }
+}

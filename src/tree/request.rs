@@ -1,0 +1,229 @@
+//! The per-request tree: an implicit suffix tree over the request's prompt and the
+//! tokens generated so far.
+//!
+//! Instead of materialising nodes, it keeps for each position the previous position with
+//! the same token (`prev`). A tree position is then the set of places where its path
+//! occurs, found by walking that chain from the end. Starting a request over a 10k-token
+//! prompt is one pass with one hash lookup per token, and appending is O(1).
+//!
+//! Counts are those of a suffix tree with depth limit `max_depth` over the one sequence:
+//! COUNT(path) is the number of occurrences of `path`, including the one that ends at the
+//! last token (which has no continuation), exactly as in the reference implementation.
+
+use rustc_hash::FxHashMap;
+
+use super::{Child, Expand, NIL};
+
+/// How many occurrences of the last context token are examined, most recent first.
+/// Bounds the cost of one speculation on pathological prompts (one token repeated
+/// thousands of times); ordinary prompts stay far below it.
+pub const MAX_OCCURRENCES: usize = 1024;
+
+/// Index over one request's tokens.
+#[derive(Clone, Debug, Default)]
+pub struct RequestTree {
+    tokens: Vec<u32>,
+    prev: Vec<u32>,
+    last: FxHashMap<u32, u32>,
+    max_depth: usize,
+}
+
+/// A position in a [`RequestTree`]: the end positions of every occurrence of its path.
+#[derive(Clone, Debug)]
+pub struct RequestCursor {
+    ends: Vec<u32>,
+    depth: usize,
+}
+
+impl RequestCursor {
+    /// Length of the path.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+}
+
+impl RequestTree {
+    /// An index over `prompt` whose paths are at most `max_depth` tokens long
+    /// (`usize::MAX` for no limit).
+    pub fn new(prompt: &[u32], max_depth: usize) -> Self {
+        let mut t = Self {
+            tokens: Vec::with_capacity(prompt.len() + 256),
+            prev: Vec::with_capacity(prompt.len() + 256),
+            last: FxHashMap::default(),
+            max_depth,
+        };
+        t.extend(prompt);
+        t
+    }
+
+    /// Append generated tokens.
+    pub fn extend(&mut self, tokens: &[u32]) {
+        for &tok in tokens {
+            let i = self.tokens.len() as u32;
+            let p = self.last.insert(tok, i).unwrap_or(NIL);
+            self.prev.push(p);
+            self.tokens.push(tok);
+        }
+    }
+
+    /// Everything indexed so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The depth limit.
+    pub fn max_depth(&self) -> usize {
+        self.max_depth
+    }
+
+    /// Occurrences of the last token of `context`, each with how many tokens of `context`
+    /// it matches backwards (at most `limit`), most recent first.
+    pub fn match_lengths(&self, context: &[u32], limit: usize, out: &mut Vec<(u32, u32)>) {
+        out.clear();
+        let Some(&lastc) = context.last() else { return };
+        let limit = limit.min(context.len()).min(self.max_depth);
+        let mut j = self.last.get(&lastc).copied().unwrap_or(NIL);
+        let n = context.len();
+        while j != NIL && out.len() < MAX_OCCURRENCES {
+            let ju = j as usize;
+            let mut l = 1;
+            while l < limit && l <= ju && self.tokens[ju - l] == context[n - 1 - l] {
+                l += 1;
+            }
+            out.push((j, l as u32));
+            j = self.prev[ju];
+        }
+    }
+
+    /// The cursor of the path made of the last `p` tokens of the context, given the
+    /// output of [`RequestTree::match_lengths`].
+    pub fn cursor_at(&self, matches: &[(u32, u32)], p: usize) -> Option<RequestCursor> {
+        let ends: Vec<u32> = matches
+            .iter()
+            .filter(|(_, l)| *l as usize >= p)
+            .map(|(j, _)| *j)
+            .collect();
+        (!ends.is_empty() && p <= self.max_depth).then_some(RequestCursor { ends, depth: p })
+    }
+
+    /// COUNT of `path` (brute force over the chain; for tests and tools).
+    pub fn count_of(&self, path: &[u32]) -> u32 {
+        if path.is_empty() {
+            return self.tokens.len() as u32;
+        }
+        if path.len() > self.max_depth {
+            return 0;
+        }
+        let mut m = Vec::new();
+        self.match_lengths(path, path.len(), &mut m);
+        m.iter().filter(|(_, l)| *l as usize >= path.len()).count() as u32
+    }
+}
+
+impl Expand for RequestTree {
+    type Cursor = RequestCursor;
+
+    fn count(&self, c: &RequestCursor) -> u32 {
+        c.ends.len() as u32
+    }
+
+    fn children(&self, c: &RequestCursor, min_count: u32, out: &mut Vec<Child<RequestCursor>>) {
+        out.clear();
+        if c.depth >= self.max_depth {
+            return;
+        }
+        // Group the next tokens; `ends` is most recent first, so first-seen order is
+        // recency order, which breaks ties.
+        let mut order: Vec<(u32, Vec<u32>)> = Vec::new();
+        for &j in &c.ends {
+            let next = j as usize + 1;
+            if next >= self.tokens.len() {
+                continue;
+            }
+            let tok = self.tokens[next];
+            match order.iter_mut().find(|(t, _)| *t == tok) {
+                Some((_, v)) => v.push(next as u32),
+                None => order.push((tok, vec![next as u32])),
+            }
+        }
+        out.extend(
+            order
+                .into_iter()
+                .filter(|(_, v)| v.len() as u32 >= min_count)
+                .map(|(token, ends)| Child {
+                    token,
+                    count: ends.len() as u32,
+                    cursor: RequestCursor {
+                        ends,
+                        depth: c.depth + 1,
+                    },
+                }),
+        );
+        out.sort_by(|a, b| b.count.cmp(&a.count));
+    }
+
+    fn best_child(&self, c: &RequestCursor, min_count: u32) -> Option<Child<RequestCursor>> {
+        if c.depth >= self.max_depth {
+            return None;
+        }
+        if let [j] = c.ends[..] {
+            // One occurrence: its continuation is certain.
+            let next = j as usize + 1;
+            return (next < self.tokens.len() && min_count <= 1).then(|| Child {
+                token: self.tokens[next],
+                count: 1,
+                cursor: RequestCursor {
+                    ends: vec![next as u32],
+                    depth: c.depth + 1,
+                },
+            });
+        }
+        let mut out = Vec::new();
+        self.children(c, min_count, &mut out);
+        out.into_iter().next()
+    }
+
+    fn continuation_beyond_depth(&self, c: &RequestCursor, max: usize) -> &[u32] {
+        // No depth limit to go beyond when the tree has none; with a limit, a unique
+        // occurrence still knows its continuation.
+        match c.ends[..] {
+            [j] => {
+                let from = j as usize + 1;
+                &self.tokens[from..self.tokens.len().min(from + max)]
+            }
+            _ => &[],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_include_the_final_occurrence() {
+        let t = RequestTree::new(&[1, 2, 3, 1, 2], 24);
+        assert_eq!(t.count_of(&[1, 2]), 2);
+        assert_eq!(t.count_of(&[2, 3]), 1);
+        assert_eq!(t.count_of(&[9]), 0);
+        let mut m = Vec::new();
+        t.match_lengths(&[1, 2], 24, &mut m);
+        let c = t.cursor_at(&m, 2).unwrap();
+        assert_eq!(t.count(&c), 2);
+        let best = t.best_child(&c, 1).unwrap();
+        assert_eq!((best.token, best.count), (3, 1));
+    }
+
+    #[test]
+    fn empty_prompt_and_depth_limit() {
+        let mut t = RequestTree::new(&[], 2);
+        let mut m = Vec::new();
+        t.match_lengths(&[1], 2, &mut m);
+        assert!(m.is_empty());
+        t.extend(&[1, 2, 3]);
+        assert_eq!(t.count_of(&[1, 2]), 1);
+        assert_eq!(t.count_of(&[1, 2, 3]), 0);
+        let c = t.cursor_at(&[(1, 2)], 2).unwrap();
+        assert!(t.best_child(&c, 1).is_none());
+    }
+}
