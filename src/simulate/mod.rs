@@ -90,8 +90,8 @@ pub struct SimulateReport {
     pub store_bytes_per_token: f64,
     /// Heap capacity held by the global tree ÷ cached tokens.
     pub store_heap_bytes_per_token: f64,
-    /// Tree nodes after warm-up.
-    pub store_nodes: usize,
+    /// Tree sizes after warm-up.
+    pub store: crate::tree::TreeStats,
     /// Responses in the global tree after warm-up.
     pub cached_requests: usize,
     /// Warm examples read.
@@ -191,19 +191,18 @@ pub fn simulate(cfg: &SimulateConfig, mut progress: impl FnMut(&str)) -> Result<
     report.warmup_s = warm_ns as f64 / 1e9;
     report.cached_tokens = cache.tree.cached_tokens();
     report.cached_requests = cache.tree.len();
-    report.store_nodes = cache.tree.stats().nodes;
+    report.store = cache.tree.stats();
     if report.cached_tokens > 0 {
         let cached = report.cached_tokens as f64;
         report.store_bytes_per_token = rss1.saturating_sub(rss0) as f64 / cached;
         report.store_heap_bytes_per_token = cache.tree.heap_bytes() as f64 / cached;
     }
     progress(&format!(
-        "warm-up: {} examples, {} cached tokens in {:.2}s, {} nodes, {:.1} heap B/token",
+        "warm-up: {} examples, {} cached tokens in {:.2}s, {:?}",
         report.warm_examples,
         report.cached_tokens,
         report.warmup_s,
-        report.store_nodes,
-        report.store_heap_bytes_per_token
+        report.store,
     ));
 
     let mut spec = Speculator::new();

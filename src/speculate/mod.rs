@@ -419,7 +419,7 @@ mod tests {
         g.insert(1, &[1, 2, 3, 4, 5]).unwrap();
         g.insert(2, &[1, 2, 3, 4, 6]).unwrap();
         let mut s = Speculator::new();
-        let d = s.speculate(None, &g, &[1, 2, 3], &paper(true));
+        let d = s.speculate(None, &g, &[0, 1, 2, 3], &paper(true));
         assert_eq!(d.tokens[0], 4);
         let mut rest = d.tokens[1..].to_vec();
         rest.sort();

@@ -78,6 +78,14 @@ pub struct TreeStats {
     pub indexed_children: usize,
     /// Heap bytes held by the tree (allocated capacity, not just what is in use).
     pub heap_bytes: usize,
+    /// Of which: node records and edge lengths.
+    pub node_bytes: usize,
+    /// Of which: the token pool.
+    pub pool_bytes: usize,
+    /// Of which: the child index of wide nodes.
+    pub index_bytes: usize,
+    /// Of which: the sequence table.
+    pub sequence_bytes: usize,
 }
 
 /// A position in the global tree: `off` tokens into the edge of `node`.
@@ -108,7 +116,7 @@ pub struct GlobalTree {
     pub(crate) lens: Vec<u8>,
     free_head: u32,
     free_nodes: usize,
-    child_index: FxHashMap<u64, u32>,
+    child_index: FxHashMap<(u32, u32), u32>,
     pub(crate) pool: Vec<u32>,
     pub(crate) seqs: Vec<SeqEntry>,
     seq_by_id: FxHashMap<u64, u32>,
@@ -117,8 +125,8 @@ pub struct GlobalTree {
 }
 
 #[inline]
-fn key(node: u32, token: u32) -> u64 {
-    ((node as u64) << 32) | token as u64
+fn key(node: u32, token: u32) -> (u32, u32) {
+    (node, token)
 }
 
 impl GlobalTree {
@@ -202,19 +210,30 @@ impl GlobalTree {
             nodes: self.nodes.len() - self.free_nodes,
             indexed_children: self.lens.iter().filter(|l| **l & INDEXED != 0).count(),
             heap_bytes: self.heap_bytes(),
+            node_bytes: self.node_bytes(),
+            pool_bytes: self.pool.capacity() * 4,
+            index_bytes: self.index_bytes(),
+            sequence_bytes: self.sequence_bytes(),
         }
+    }
+
+    fn node_bytes(&self) -> usize {
+        self.nodes.capacity() * std::mem::size_of::<Node>() + self.lens.capacity()
+    }
+
+    fn index_bytes(&self) -> usize {
+        // hashbrown: one control byte per bucket plus the entry.
+        self.child_index.capacity() * (std::mem::size_of::<((u32, u32), u32)>() + 1)
+    }
+
+    fn sequence_bytes(&self) -> usize {
+        self.seqs.capacity() * std::mem::size_of::<SeqEntry>()
+            + self.seq_by_id.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
     }
 
     /// Heap bytes held: allocated capacity of every table.
     pub fn heap_bytes(&self) -> usize {
-        use std::mem::size_of;
-        self.nodes.capacity() * size_of::<Node>()
-            + self.lens.capacity()
-            + self.pool.capacity() * 4
-            + self.seqs.capacity() * size_of::<SeqEntry>()
-            // hashbrown: one control byte per bucket plus the entry.
-            + self.child_index.capacity() * (size_of::<(u64, u32)>() + 1)
-            + self.seq_by_id.capacity() * (size_of::<(u64, u32)>() + 1)
+        self.node_bytes() + self.pool.capacity() * 4 + self.index_bytes() + self.sequence_bytes()
     }
 
     /// Store `tokens` as sequence `id`: every suffix, cut at the depth limit, is counted.
@@ -361,7 +380,8 @@ impl GlobalTree {
     /// Move `child` to the front when it has caught up with the head.
     fn promote(&mut self, parent: u32, child: u32, pred: u32) {
         let head = self.nodes[parent as usize].first_child;
-        if head == child || self.nodes[child as usize].count < self.nodes[head as usize].count {
+        // The root's order is never read: drafts start below it.
+        if parent == ROOT || head == child || self.nodes[child as usize].count < self.nodes[head as usize].count {
             return;
         }
         let pred = if pred == NIL {
@@ -372,6 +392,44 @@ impl GlobalTree {
         self.unlink(parent, child, pred);
         self.nodes[child as usize].next_sibling = head;
         self.nodes[parent as usize].first_child = child;
+    }
+
+    /// Move the child index entries of `from` to `to`, which took over its children.
+    fn rekey_children(&mut self, from: u32, to: u32) {
+        let mut c = self.nodes[to as usize].first_child;
+        while c != NIL {
+            let t = self.first_token(c);
+            self.child_index.remove(&key(from, t));
+            self.child_index.insert(key(to, t), c);
+            c = self.nodes[c as usize].next_sibling;
+        }
+    }
+
+    /// After the head lost a count, move the largest child to the front again. The scan
+    /// stops once the children not yet seen cannot hold more than the best found.
+    fn restore_head(&mut self, parent: u32) {
+        let head = self.nodes[parent as usize].first_child;
+        let mut best = head;
+        let mut best_count = self.nodes[head as usize].count;
+        let mut unseen = (self.nodes[parent as usize].count as u64).saturating_sub(best_count as u64);
+        let (mut pred, mut best_pred) = (head, NIL);
+        let mut c = self.nodes[head as usize].next_sibling;
+        while c != NIL && unseen > best_count as u64 {
+            let cnt = self.nodes[c as usize].count;
+            if cnt > best_count {
+                best = c;
+                best_count = cnt;
+                best_pred = pred;
+            }
+            unseen = unseen.saturating_sub(cnt as u64);
+            pred = c;
+            c = self.nodes[c as usize].next_sibling;
+        }
+        if best != head {
+            self.unlink(parent, best, best_pred);
+            self.nodes[best as usize].next_sibling = head;
+            self.nodes[parent as usize].first_child = best;
+        }
     }
 
     /// Add a new child at the end of the list (or second, where the list is indexed).
@@ -427,31 +485,25 @@ impl GlobalTree {
                         continue;
                     }
                     // The suffix leaves (or ends inside) the child's edge after k tokens:
-                    // split the edge. `top` takes the child's place and keeps its old
-                    // occurrence, so every node still points at a real occurrence.
-                    let count = self.nodes[child as usize].count;
-                    let top = self.alloc(cstart as u32, k, count + 1);
-                    let next = self.nodes[child as usize].next_sibling;
-                    self.nodes[top as usize].next_sibling = next;
-                    self.nodes[top as usize].first_child = child;
-                    if pred == NIL && self.nodes[node as usize].first_child != child {
-                        let pred = self.predecessor(node, child);
-                        self.nodes[pred as usize].next_sibling = top;
-                    } else if pred == NIL {
-                        self.nodes[node as usize].first_child = top;
-                    } else {
-                        self.nodes[pred as usize].next_sibling = top;
+                    // split the edge. The child keeps its place in the parent's list and
+                    // becomes the first k tokens; a new node below it takes the rest of
+                    // the edge and the child's children. Both keep the old occurrence, so
+                    // every node still points at a real one.
+                    let old = self.nodes[child as usize];
+                    let flags = self.lens[child as usize] & INDEXED;
+                    let bottom = self.alloc(old.start + k as u32, clen - k, old.count);
+                    self.nodes[bottom as usize].first_child = old.first_child;
+                    self.lens[bottom as usize] |= flags;
+                    if flags != 0 {
+                        self.rekey_children(child, bottom);
                     }
-                    if self.lens[node as usize] & INDEXED != 0 {
-                        self.child_index.insert(key(node, token), top);
-                    }
-                    self.nodes[child as usize].next_sibling = NIL;
-                    self.nodes[child as usize].start = (cstart + k) as u32;
-                    self.lens[child as usize] = (clen - k) as u8;
-                    self.promote(node, top, NIL);
+                    self.nodes[child as usize].first_child = bottom;
+                    self.nodes[child as usize].count = old.count + 1;
+                    self.lens[child as usize] = k as u8;
+                    self.promote(node, child, pred);
                     if k < rem {
                         let leaf = self.alloc(pos + k as u32, rem - k, 1);
-                        self.nodes[child as usize].next_sibling = leaf;
+                        self.nodes[bottom as usize].next_sibling = leaf;
                     }
                     return;
                 }
@@ -479,6 +531,9 @@ impl GlobalTree {
                 }
             };
             self.nodes[child as usize].count -= 1;
+            if node != ROOT && self.nodes[node as usize].first_child == child {
+                self.restore_head(node);
+            }
             if self.nodes[child as usize].count == 0 {
                 let pred = if pred == NIL {
                     self.predecessor(node, child)
@@ -730,6 +785,16 @@ impl GlobalTree {
                 stack.push((c, depth + len));
                 c = self.nodes[c as usize].next_sibling;
             }
+            let head = self.nodes[n as usize].first_child;
+            if n != ROOT && head != NIL {
+                let mut c = head;
+                while c != NIL {
+                    if self.nodes[c as usize].count > self.nodes[head as usize].count {
+                        return Err(format!("node {n}: head child {head} is not the largest"));
+                    }
+                    c = self.nodes[c as usize].next_sibling;
+                }
+            }
             if child_sum > self.nodes[n as usize].count as u64 {
                 return Err(format!("node {n}: children count more than the node"));
             }
@@ -810,21 +875,18 @@ impl Expand for GlobalTree {
                 },
             });
         }
-        let mut best = NIL;
-        let mut best_count = 0u32;
-        let mut unseen = n.count as u64;
-        let mut ch = n.first_child;
-        // Stop once the mass not yet seen cannot beat the best so far.
-        while ch != NIL && unseen > best_count as u64 {
-            let cn = &self.nodes[ch as usize];
-            if cn.count > best_count {
-                best = ch;
-                best_count = cn.count;
-            }
-            unseen = unseen.saturating_sub(cn.count as u64);
-            ch = cn.next_sibling;
+        if c.node == ROOT {
+            let mut all = Vec::new();
+            self.children(c, min_count, &mut all);
+            return all.into_iter().next();
         }
-        if best == NIL || best_count < min_count {
+        // The head of every list below the root is its largest child.
+        let best = n.first_child;
+        if best == NIL {
+            return None;
+        }
+        let best_count = self.nodes[best as usize].count;
+        if best_count < min_count {
             return None;
         }
         Some(Child {

@@ -178,9 +178,41 @@ impl Expand for RequestTree {
                 },
             });
         }
-        let mut out = Vec::new();
-        self.children(c, min_count, &mut out);
-        out.into_iter().next()
+        // Tally next tokens in recency order; the first to reach the top count wins ties.
+        let mut tally: Vec<(u32, u32)> = Vec::with_capacity(8);
+        for &j in &c.ends {
+            let next = j as usize + 1;
+            if next >= self.tokens.len() {
+                continue;
+            }
+            let tok = self.tokens[next];
+            match tally.iter_mut().find(|(t, _)| *t == tok) {
+                Some((_, n)) => *n += 1,
+                None => tally.push((tok, 1)),
+            }
+        }
+        let mut best: Option<(u32, u32)> = None;
+        for &(t, n) in &tally {
+            if best.is_none_or(|(_, b)| n > b) {
+                best = Some((t, n));
+            }
+        }
+        let (token, count) = best.filter(|(_, n)| *n >= min_count)?;
+        let ends = c
+            .ends
+            .iter()
+            .map(|&j| j as usize + 1)
+            .filter(|&n| n < self.tokens.len() && self.tokens[n] == token)
+            .map(|n| n as u32)
+            .collect();
+        Some(Child {
+            token,
+            count,
+            cursor: RequestCursor {
+                ends,
+                depth: c.depth + 1,
+            },
+        })
     }
 
     fn continuation_beyond_depth(&self, c: &RequestCursor, max: usize) -> &[u32] {
