@@ -9,10 +9,15 @@
 //! - [`SpecMode::Paper`] is the paper's algorithm with the reference implementation's
 //!   details (context cut to `max_depth`, p < context length, the request tree wins ties,
 //!   f32 probabilities), so that drafts compare one to one with ArcticInference.
-//! - [`SpecMode::Extended`] (the default) uses context beyond the depth limit: the
-//!   request tree has no depth limit and matches up to [`EXTENDED_WINDOW`] tokens, and
-//!   where a global path occurs once its occurrence is matched further back and read on
-//!   past the depth limit. A long match earns a long draft, as MAX_SPEC intends.
+//! - [`SpecMode::Extended`] (the default) adds two things:
+//!   - context beyond the depth limit: the request tree has no depth limit and matches up
+//!     to [`EXTENDED_WINDOW`] tokens, and where a global path occurs once its occurrence
+//!     is matched further back and read on past the depth limit. A long match earns a
+//!     long draft, as MAX_SPEC intends;
+//!   - the response so far as global evidence: the global candidate reads the global
+//!     tree and the generated part of the request tree as one, with summed counts (see
+//!     `merged`). The reference implementation gets the same by adding responses to its
+//!     global tree token by token; suffixd keeps the shared store for completed requests.
 //!
 //! Candidates are tried from the longest p down, and a p whose best possible score
 //! cannot beat the best so far is skipped. This returns exactly the draft the
@@ -25,6 +30,9 @@ use std::collections::BinaryHeap;
 use serde::Serialize;
 
 use crate::tree::{Child, Expand, GlobalTree, RequestTree};
+
+mod merged;
+use merged::Merged;
 
 /// How many context tokens extended mode matches against the request tree, and how far
 /// back it follows a unique global occurrence.
@@ -100,6 +108,8 @@ pub enum DraftSource {
     Request,
     /// The global tree of earlier responses.
     Global,
+    /// The global tree and the response generated so far, their counts summed.
+    Both,
 }
 
 /// A draft tree in topological order: `parents[i] < i`, or -1 for a child of the context.
@@ -292,17 +302,37 @@ impl Speculator {
         context: &[u32],
         params: &SpecParams,
     ) -> Draft {
+        let local_pmax = match request {
+            Some(r) => self.match_request(r, context, params),
+            None => 0,
+        };
         let local = match request {
-            Some(r) => self.speculate_request(r, context, params),
+            Some(r) => self.best_from_request(r, local_pmax, params),
             None => Draft::default(),
         };
-        let global = self.speculate_global(global, context, params);
+        let global_pmax = self.match_global(global, context, params);
+        let global_best = match (params.mode, request) {
+            (SpecMode::Extended, Some(r)) => self.best_from_both(r, local_pmax, global, context, global_pmax, params),
+            _ => self.best_from_global(global, context, global_pmax, params),
+        };
         // The request tree wins ties, as in the reference implementation.
-        if local.score >= global.score { local } else { global }
+        if local.score >= global_best.score { local } else { global_best }
     }
 
     /// The best draft from the per-request tree alone.
     pub fn speculate_request(&mut self, tree: &RequestTree, context: &[u32], params: &SpecParams) -> Draft {
+        let p_max = self.match_request(tree, context, params);
+        self.best_from_request(tree, p_max, params)
+    }
+
+    /// The best draft from the global tree alone.
+    pub fn speculate_global(&mut self, tree: &GlobalTree, context: &[u32], params: &SpecParams) -> Draft {
+        let p_max = self.match_global(tree, context, params);
+        self.best_from_global(tree, context, p_max, params)
+    }
+
+    /// Match the context in the request tree; returns the longest usable p.
+    fn match_request(&mut self, tree: &RequestTree, context: &[u32], params: &SpecParams) -> usize {
         let (window, max_p) = match params.mode {
             SpecMode::Paper => {
                 let w = &context[context.len().saturating_sub(params.max_depth)..];
@@ -314,61 +344,140 @@ impl Speculator {
             }
         };
         tree.match_lengths(window, max_p, &mut self.matches);
-        let p_max = self.matches.iter().map(|m| m.1 as usize).max().unwrap_or(0).min(max_p);
-        let mut best = Draft::default();
-        for p in (1..=p_max).rev() {
-            let budget = params.budget(p);
-            let bound = match params.mode {
-                SpecMode::Paper => budget.min(tree.max_depth().saturating_sub(p)),
-                SpecMode::Extended => budget,
-            };
-            if bound as f32 <= best.score {
-                continue;
-            }
-            let Some(cursor) = tree.cursor_at(&self.matches, p) else { continue };
-            let d = expand(tree, &cursor, budget, params);
-            if d.score > best.score {
-                best = d;
-                best.match_len = p;
-            }
-        }
+        // The occurrence at the very end (the context itself, usually) has nothing after
+        // it: it counts in every COUNT but cannot start a draft, so it does not make a
+        // longer p worth trying.
+        let end = (tree.tokens().len() as u32).wrapping_sub(1);
+        self.matches
+            .iter()
+            .filter(|m| m.0 != end)
+            .map(|m| m.1 as usize)
+            .max()
+            .unwrap_or(0)
+            .min(max_p)
+    }
+
+    fn best_from_request(&mut self, tree: &RequestTree, p_max: usize, params: &SpecParams) -> Draft {
+        let matches = &self.matches;
+        let bound = |p: usize| match params.mode {
+            SpecMode::Paper => params.budget(p).min(tree.max_depth().saturating_sub(p)),
+            SpecMode::Extended => params.budget(p),
+        };
+        let mut best = best_over_p(p_max, bound, |p, _| {
+            let cursor = tree.cursor_at(matches, p)?;
+            let mut d = expand(tree, &cursor, params.budget(p), params);
+            d.match_len = p;
+            Some(d)
+        });
         best.source = if best.is_empty() { DraftSource::None } else { DraftSource::Request };
         best
     }
 
-    /// The best draft from the global tree alone.
-    pub fn speculate_global(&mut self, tree: &GlobalTree, context: &[u32], params: &SpecParams) -> Draft {
-        let depth = tree.max_depth();
-        let window = &context[context.len().saturating_sub(depth)..];
+    /// Match the context in the global tree; returns the longest p that matches.
+    fn match_global(&mut self, tree: &GlobalTree, context: &[u32], params: &SpecParams) -> usize {
+        let window = &context[context.len().saturating_sub(tree.max_depth())..];
         let max_p = match params.mode {
             SpecMode::Paper => window.len().saturating_sub(1),
             SpecMode::Extended => window.len(),
         };
-        let p_max = longest_match(tree, window, max_p);
-        let mut best = Draft::default();
-        for p in (1..=p_max).rev() {
-            let Some(cursor) = tree.walk(&window[window.len() - p..]) else { continue };
+        longest_match(tree, window, max_p)
+    }
+
+    fn best_from_global(&mut self, tree: &GlobalTree, context: &[u32], p_max: usize, params: &SpecParams) -> Draft {
+        let depth = tree.max_depth();
+        let window = &context[context.len().saturating_sub(depth)..];
+        let extended = params.mode == SpecMode::Extended;
+        // In extended mode the longest match may be followed further back, which can
+        // raise its budget up to the full window.
+        let bound = |p: usize| match params.mode {
+            SpecMode::Paper => params.budget(p).min(depth - p),
+            SpecMode::Extended if p == p_max => params.budget(EXTENDED_WINDOW.max(p)),
+            SpecMode::Extended => params.budget(p),
+        };
+        let mut best = best_over_p(p_max, bound, |p, _| {
+            let cursor = tree.walk(&window[window.len() - p..])?;
             let mut matched = p;
-            if params.mode == SpecMode::Extended && p == p_max {
+            if extended && p == p_max {
                 matched += tree.extend_match_back(&cursor, context, EXTENDED_WINDOW.saturating_sub(p));
             }
-            let budget = params.budget(matched);
-            let bound = match params.mode {
-                SpecMode::Paper => budget.min(depth - p),
-                SpecMode::Extended => budget,
-            };
-            if bound as f32 <= best.score {
-                continue;
-            }
-            let d = expand(tree, &cursor, budget, params);
-            if d.score > best.score {
-                best = d;
-                best.match_len = matched;
-            }
-        }
+            let mut d = expand(tree, &cursor, params.budget(matched), params);
+            d.match_len = matched;
+            Some(d)
+        });
         best.source = if best.is_empty() { DraftSource::None } else { DraftSource::Global };
         best
     }
+
+    /// The global candidate of extended mode: the global tree read together with the
+    /// response generated so far (counts summed), so that what this response repeats
+    /// and what earlier responses did count as one body of evidence.
+    fn best_from_both(
+        &mut self,
+        request: &RequestTree,
+        local_pmax: usize,
+        global: &GlobalTree,
+        context: &[u32],
+        global_pmax: usize,
+        params: &SpecParams,
+    ) -> Draft {
+        let merged = Merged { a: global, b: request };
+        let window = &context[context.len().saturating_sub(global.max_depth())..];
+        let matches = &self.matches;
+        let p_max = local_pmax.max(global_pmax);
+        let bound = |p: usize| {
+            if p == global_pmax {
+                params.budget(EXTENDED_WINDOW.max(p))
+            } else {
+                params.budget(p)
+            }
+        };
+        best_over_p(p_max, bound, |p, _| {
+            let g = if p <= global_pmax { global.walk(&window[window.len() - p..]) } else { None };
+            let r = request.response_cursor_at(matches, p);
+            let mut matched = p;
+            if r.is_none() && p == global_pmax {
+                if let Some(g) = &g {
+                    matched += global.extend_match_back(g, context, EXTENDED_WINDOW.saturating_sub(p));
+                }
+            }
+            if g.is_none() && r.is_none() {
+                return None;
+            }
+            let source = if r.is_some() { DraftSource::Both } else { DraftSource::Global };
+            let mut d = expand(&merged, &(g, r), params.budget(matched), params);
+            d.match_len = matched;
+            d.source = if d.is_empty() { DraftSource::None } else { source };
+            Some(d)
+        })
+    }
+}
+
+/// Finds the best candidate over p = 1..=p_max exactly as the exhaustive loop would
+/// (largest score, ties to the larger p), visiting p from the largest upper bound down
+/// and skipping any p whose bound cannot beat the best so far. `bound(p)` must be at
+/// least the score `eval(p)` can return.
+fn best_over_p(
+    p_max: usize,
+    bound: impl Fn(usize) -> usize,
+    mut eval: impl FnMut(usize, f32) -> Option<Draft>,
+) -> Draft {
+    let mut order: smallvec::SmallVec<[(usize, usize); 64]> = (1..=p_max).map(|p| (bound(p), p)).collect();
+    order.sort_unstable_by(|a, b| b.cmp(a));
+    let mut best = Draft::default();
+    let mut best_p = 0;
+    for (b, p) in order {
+        let b = b as f32;
+        if b < best.score || (b == best.score && p < best_p) || b == 0.0 {
+            continue;
+        }
+        if let Some(d) = eval(p, best.score) {
+            if d.score > best.score || (d.score == best.score && p > best_p && !d.is_empty()) {
+                best = d;
+                best_p = p;
+            }
+        }
+    }
+    best
 }
 
 /// Largest p ≤ `max_p` such that the last p tokens of `window` are a path of `tree`.

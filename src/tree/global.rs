@@ -272,9 +272,18 @@ impl GlobalTree {
         self.dead_tokens += e.len as u64;
         let dead = e.offset..e.offset + e.len;
         let mut path = Vec::with_capacity(self.max_depth);
+        let mut lost_head = Vec::new();
         for i in 0..e.len {
             let rem = ((e.len - i) as usize).min(self.max_depth);
-            self.remove_suffix(e.offset + i, rem, &dead, &mut path);
+            self.remove_suffix(e.offset + i, rem, &dead, &mut path, &mut lost_head);
+        }
+        // Heads that lost counts are put right once per node, not once per count.
+        lost_head.sort_unstable();
+        lost_head.dedup();
+        for n in lost_head {
+            if self.nodes[n as usize].count > 0 {
+                self.restore_head(n);
+            }
         }
         true
     }
@@ -405,10 +414,13 @@ impl GlobalTree {
         }
     }
 
-    /// After the head lost a count, move the largest child to the front again. The scan
-    /// stops once the children not yet seen cannot hold more than the best found.
+    /// Move the largest child of `parent` to the front, after its head lost counts. The
+    /// scan stops once the children not yet seen hold no more than the best found.
     fn restore_head(&mut self, parent: u32) {
         let head = self.nodes[parent as usize].first_child;
+        if head == NIL {
+            return;
+        }
         let mut best = head;
         let mut best_count = self.nodes[head as usize].count;
         let mut unseen = (self.nodes[parent as usize].count as u64).saturating_sub(best_count as u64);
@@ -517,6 +529,7 @@ impl GlobalTree {
         mut rem: usize,
         dead: &std::ops::Range<u32>,
         path: &mut Vec<u32>,
+        lost_head: &mut Vec<u32>,
     ) {
         path.clear();
         let mut node = ROOT;
@@ -532,7 +545,7 @@ impl GlobalTree {
             };
             self.nodes[child as usize].count -= 1;
             if node != ROOT && self.nodes[node as usize].first_child == child {
-                self.restore_head(node);
+                lost_head.push(node);
             }
             if self.nodes[child as usize].count == 0 {
                 let pred = if pred == NIL {
@@ -897,6 +910,15 @@ impl Expand for GlobalTree {
                 off: 1,
                 depth: c.depth + 1,
             },
+        })
+    }
+
+    fn child(&self, c: &GlobalCursor, token: u32) -> Option<Child<GlobalCursor>> {
+        let next = self.step(*c, token)?;
+        Some(Child {
+            token,
+            count: self.nodes[next.node as usize].count,
+            cursor: next,
         })
     }
 

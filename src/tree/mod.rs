@@ -57,6 +57,13 @@ pub trait Expand {
         out.into_iter().next()
     }
 
+    /// The child of `cursor` for `token`, if there is one.
+    fn child(&self, cursor: &Self::Cursor, token: u32) -> Option<Child<Self::Cursor>> {
+        let mut out = Vec::new();
+        self.children(cursor, 1, &mut out);
+        out.into_iter().find(|k| k.token == token)
+    }
+
     /// When the path at `cursor` occurs exactly once and the tree knows how that
     /// occurrence continues past its depth limit, the tokens that follow (at most `max`).
     /// Only extended speculation asks for this; the default is "unknown".

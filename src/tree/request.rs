@@ -26,6 +26,7 @@ pub struct RequestTree {
     prev: Vec<u32>,
     last: FxHashMap<u32, u32>,
     max_depth: usize,
+    prompt_len: usize,
 }
 
 /// A position in a [`RequestTree`]: the end positions of every occurrence of its path.
@@ -51,6 +52,7 @@ impl RequestTree {
             prev: Vec::with_capacity(prompt.len() + 256),
             last: FxHashMap::default(),
             max_depth,
+            prompt_len: prompt.len(),
         };
         t.extend(prompt);
         t
@@ -104,6 +106,23 @@ impl RequestTree {
             .map(|(j, _)| *j)
             .collect();
         (!ends.is_empty() && p <= self.max_depth).then_some(RequestCursor { ends, depth: p })
+    }
+
+    /// Like [`RequestTree::cursor_at`], but only occurrences that lie wholly in the
+    /// generated tokens: the view of the response alone, as a global tree that learns
+    /// the response while it is generated would hold it.
+    pub fn response_cursor_at(&self, matches: &[(u32, u32)], p: usize) -> Option<RequestCursor> {
+        let ends: Vec<u32> = matches
+            .iter()
+            .filter(|(j, l)| *l as usize >= p && (*j as usize + 1) >= self.prompt_len + p)
+            .map(|(j, _)| *j)
+            .collect();
+        (!ends.is_empty() && p <= self.max_depth).then_some(RequestCursor { ends, depth: p })
+    }
+
+    /// Tokens of the prompt (the rest was generated).
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
     }
 
     /// COUNT of `path` (brute force over the chain; for tests and tools).
@@ -208,6 +227,27 @@ impl Expand for RequestTree {
         Some(Child {
             token,
             count,
+            cursor: RequestCursor {
+                ends,
+                depth: c.depth + 1,
+            },
+        })
+    }
+
+    fn child(&self, c: &RequestCursor, token: u32) -> Option<Child<RequestCursor>> {
+        if c.depth >= self.max_depth {
+            return None;
+        }
+        let ends: Vec<u32> = c
+            .ends
+            .iter()
+            .map(|&j| j as usize + 1)
+            .filter(|&n| n < self.tokens.len() && self.tokens[n] == token)
+            .map(|n| n as u32)
+            .collect();
+        (!ends.is_empty()).then(|| Child {
+            token,
+            count: ends.len() as u32,
             cursor: RequestCursor {
                 ends,
                 depth: c.depth + 1,
