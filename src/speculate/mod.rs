@@ -171,6 +171,7 @@ impl Draft {
 #[derive(Default)]
 pub struct Speculator {
     matches: Vec<(u32, u32)>,
+    exhaustive: bool,
 }
 
 struct HeapItem<C> {
@@ -293,6 +294,16 @@ impl Speculator {
         Self::default()
     }
 
+    /// A speculator that tries every p instead of skipping those that cannot win. It
+    /// returns the same drafts, slower: tests use it to check the pruning.
+    #[doc(hidden)]
+    pub fn exhaustive() -> Self {
+        Self {
+            exhaustive: true,
+            ..Self::default()
+        }
+    }
+
     /// The best draft for `context` from both trees. `context` is the request's prompt
     /// followed by the tokens generated so far.
     pub fn speculate(
@@ -363,7 +374,7 @@ impl Speculator {
             SpecMode::Paper => params.budget(p).min(tree.max_depth().saturating_sub(p)),
             SpecMode::Extended => params.budget(p),
         };
-        let mut best = best_over_p(p_max, bound, |p, _| {
+        let mut best = best_over_p(p_max, self.exhaustive, bound, |p, _| {
             let cursor = tree.cursor_at(matches, p)?;
             let mut d = expand(tree, &cursor, params.budget(p), params);
             d.match_len = p;
@@ -394,7 +405,7 @@ impl Speculator {
             SpecMode::Extended if p == p_max => params.budget(EXTENDED_WINDOW.max(p)),
             SpecMode::Extended => params.budget(p),
         };
-        let mut best = best_over_p(p_max, bound, |p, _| {
+        let mut best = best_over_p(p_max, self.exhaustive, bound, |p, _| {
             let cursor = tree.walk(&window[window.len() - p..])?;
             let mut matched = p;
             if extended && p == p_max {
@@ -431,7 +442,7 @@ impl Speculator {
                 params.budget(p)
             }
         };
-        best_over_p(p_max, bound, |p, _| {
+        best_over_p(p_max, self.exhaustive, bound, |p, _| {
             let g = if p <= global_pmax { global.walk(&window[window.len() - p..]) } else { None };
             let r = request.response_cursor_at(matches, p);
             let mut matched = p;
@@ -458,9 +469,22 @@ impl Speculator {
 /// least the score `eval(p)` can return.
 fn best_over_p(
     p_max: usize,
+    exhaustive: bool,
     bound: impl Fn(usize) -> usize,
     mut eval: impl FnMut(usize, f32) -> Option<Draft>,
 ) -> Draft {
+    if exhaustive {
+        // The reference loop: every p, ties to the larger.
+        let mut best = Draft::default();
+        for p in 1..=p_max {
+            if let Some(d) = eval(p, 0.0) {
+                if d.score >= best.score && !d.is_empty() {
+                    best = d;
+                }
+            }
+        }
+        return best;
+    }
     let mut order: smallvec::SmallVec<[(usize, usize); 64]> = (1..=p_max).map(|p| (bound(p), p)).collect();
     order.sort_unstable_by(|a, b| b.cmp(a));
     let mut best = Draft::default();

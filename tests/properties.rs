@@ -1,0 +1,332 @@
+//! Property tests of the speculation core against naive references:
+//! - counts by brute force over the stored sequences;
+//! - the arena's invariants under appends interleaved with removals;
+//! - drafts against a literal implementation of the paper's Algorithm 1;
+//! - the pruned search over p against the exhaustive loop.
+
+use proptest::prelude::*;
+use suffixd::speculate::{Draft, SpecMode, SpecParams, Speculator};
+use suffixd::tree::{GlobalTree, RequestTree};
+
+const VOCAB: u32 = 5;
+
+/// COUNT(path) by brute force: occurrences of `path` in `seqs`, paths of at most `depth`.
+fn naive_count(seqs: &[Vec<u32>], path: &[u32], depth: usize) -> u32 {
+    if path.len() > depth {
+        return 0;
+    }
+    seqs.iter()
+        .map(|s| {
+            if path.is_empty() {
+                return s.len() as u32;
+            }
+            s.windows(path.len()).filter(|w| *w == path).count() as u32
+        })
+        .sum()
+}
+
+fn seqs_strategy() -> impl Strategy<Value = Vec<Vec<u32>>> {
+    prop::collection::vec(prop::collection::vec(0..VOCAB, 0..30), 1..7)
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(Vec<u32>),
+    Remove(usize),
+}
+
+fn ops_strategy() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => prop::collection::vec(0..VOCAB, 0..25).prop_map(Op::Insert),
+            2 => (0usize..8).prop_map(Op::Remove),
+        ],
+        1..25,
+    )
+}
+
+/// Every path of length 0..=depth+1 over the vocabulary that occurs, plus some that do not.
+fn probe_paths(seqs: &[Vec<u32>], depth: usize) -> Vec<Vec<u32>> {
+    let mut out = vec![vec![], vec![VOCAB + 1]];
+    for s in seqs {
+        for i in 0..s.len() {
+            for l in 1..=(depth + 1).min(s.len() - i) {
+                out.push(s[i..i + l].to_vec());
+            }
+        }
+    }
+    out
+}
+
+/// The min and max SCORE that Algorithm 1 can give for pattern length `p` over every way
+/// of breaking ties between equally frequent children, and whether `draft` is one of the
+/// greedy paths (each token a most frequent child, each probability exact).
+struct Naive<'a> {
+    count: &'a dyn Fn(&[u32]) -> u32,
+    params: SpecParams,
+    depth: usize,
+}
+
+impl Naive<'_> {
+    fn children(&self, path: &[u32]) -> Vec<(u32, u32)> {
+        if path.len() >= self.depth {
+            return vec![];
+        }
+        (0..VOCAB)
+            .filter_map(|v| {
+                let mut q = path.to_vec();
+                q.push(v);
+                let c = (self.count)(&q);
+                (c > 0).then_some((v, c))
+            })
+            .collect()
+    }
+
+    fn budget(&self, p: usize) -> usize {
+        ((p as f32 * self.params.spec_factor + self.params.spec_offset + 1e-6) as usize).min(self.params.max_spec)
+    }
+
+    /// All scores reachable by greedy linear expansion from `path`.
+    fn scores(&self, path: &mut Vec<u32>, prob: f32, left: usize, acc: f32, out: &mut Vec<f32>) {
+        let kids = self.children(path);
+        let total = (self.count)(path);
+        let Some(max) = kids.iter().map(|k| k.1).max() else {
+            out.push(acc);
+            return;
+        };
+        let next = prob * (max as f32 / total as f32);
+        if left == 0 || next < self.params.min_prob {
+            out.push(acc);
+            return;
+        }
+        for (v, c) in kids.into_iter().filter(|k| k.1 == max) {
+            let _ = c;
+            path.push(v);
+            self.scores(path, next, left - 1, acc + next, out);
+            path.pop();
+        }
+    }
+
+    fn score_range(&self, window: &[u32], p: usize) -> Option<(f32, f32)> {
+        let mut path = window[window.len() - p..].to_vec();
+        if (self.count)(&path) == 0 {
+            return None;
+        }
+        let mut out = Vec::new();
+        self.scores(&mut path, 1.0, self.budget(p), 0.0, &mut out);
+        Some((
+            out.iter().cloned().fold(f32::INFINITY, f32::min),
+            out.iter().cloned().fold(f32::NEG_INFINITY, f32::max),
+        ))
+    }
+
+    /// Checks that `d` is a greedy path from its match and ends where Algorithm 1 ends.
+    fn check_path(&self, window: &[u32], d: &Draft) -> Result<(), String> {
+        let p = d.match_len;
+        let mut path = window[window.len() - p..].to_vec();
+        let mut prob = 1.0f32;
+        for (i, &t) in d.tokens.iter().enumerate() {
+            let kids = self.children(&path);
+            let total = (self.count)(&path);
+            let max = kids.iter().map(|k| k.1).max().ok_or("token past a leaf")?;
+            let c = kids.iter().find(|k| k.0 == t).map(|k| k.1).ok_or("token not a child")?;
+            if c != max {
+                return Err(format!("token {i} has count {c}, the best child {max}"));
+            }
+            prob *= c as f32 / total as f32;
+            if prob != d.probs[i] || d.parents[i] != i as i32 - 1 {
+                return Err(format!("token {i}: prob {} parent {}, want {prob}", d.probs[i], d.parents[i]));
+            }
+            path.push(t);
+        }
+        if d.tokens.len() < self.budget(p) {
+            let kids = self.children(&path);
+            if let Some(max) = kids.iter().map(|k| k.1).max() {
+                if prob * (max as f32 / (self.count)(&path) as f32) >= self.params.min_prob {
+                    return Err("draft stopped early".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a whole paper-mode linear draft for `window` (the last `depth` tokens).
+    fn check(&self, window: &[u32], d: &Draft) -> Result<(), String> {
+        let (mut lo, mut hi) = (0.0f32, 0.0f32);
+        for p in 1..window.len() {
+            match self.score_range(window, p) {
+                Some((a, b)) => {
+                    lo = lo.max(a);
+                    hi = hi.max(b);
+                }
+                None => break,
+            }
+        }
+        if d.is_empty() {
+            return if hi == 0.0 { Ok(()) } else { Err(format!("empty draft, but {hi} was possible")) };
+        }
+        self.check_path(window, d)?;
+        if d.score < lo || d.score > hi {
+            return Err(format!("score {} outside what Algorithm 1 gives, {lo}..={hi}", d.score));
+        }
+        Ok(())
+    }
+}
+
+fn paper(depth: usize, max_spec: usize, min_prob: f32, tree: bool) -> SpecParams {
+    SpecParams {
+        max_depth: depth,
+        max_spec,
+        spec_factor: 1.0,
+        spec_offset: 0.0,
+        min_prob,
+        tree,
+        mode: SpecMode::Paper,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn global_counts_equal_brute_force(seqs in seqs_strategy(), depth in 1usize..8) {
+        let mut t = GlobalTree::new(depth).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            t.insert(i as u64, s).unwrap();
+        }
+        t.check_integrity().map_err(TestCaseError::fail)?;
+        for path in probe_paths(&seqs, depth) {
+            prop_assert_eq!(t.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
+        }
+    }
+
+    #[test]
+    fn appends_interleaved_with_removals_keep_counts(ops in ops_strategy(), depth in 1usize..8, compact_at in 0usize..30) {
+        let mut t = GlobalTree::new(depth).unwrap();
+        let mut live: Vec<(u64, Vec<u32>)> = Vec::new();
+        let mut next = 0u64;
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Insert(s) => {
+                    t.insert(next, &s).unwrap();
+                    live.push((next, s));
+                    next += 1;
+                }
+                Op::Remove(k) => {
+                    if live.is_empty() {
+                        prop_assert!(!t.remove(next + 100));
+                    } else {
+                        let (id, _) = live.remove(k % live.len());
+                        prop_assert!(t.remove(id));
+                    }
+                }
+            }
+            if step == compact_at {
+                t.compact();
+            }
+            t.check_integrity().map_err(TestCaseError::fail)?;
+        }
+        let seqs: Vec<Vec<u32>> = live.iter().map(|x| x.1.clone()).collect();
+        prop_assert_eq!(t.cached_tokens(), seqs.iter().map(|s| s.len() as u64).sum::<u64>());
+        for path in probe_paths(&seqs, depth) {
+            prop_assert_eq!(t.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
+        }
+    }
+
+    #[test]
+    fn request_counts_equal_brute_force(prompt in prop::collection::vec(0..VOCAB, 0..40), more in prop::collection::vec(0..VOCAB, 0..20), depth in 1usize..8) {
+        let mut r = RequestTree::new(&prompt, depth);
+        r.extend(&more);
+        let all: Vec<u32> = prompt.iter().chain(&more).copied().collect();
+        let seqs = vec![all];
+        for path in probe_paths(&seqs, depth) {
+            prop_assert_eq!(r.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
+        }
+    }
+
+    #[test]
+    fn global_drafts_follow_algorithm_1(
+        seqs in seqs_strategy(),
+        ctx in prop::collection::vec(0..VOCAB, 1..16),
+        depth in 2usize..9,
+        max_spec in 1usize..10,
+        min_prob in 0.0f32..0.6,
+    ) {
+        let mut t = GlobalTree::new(depth).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            t.insert(i as u64, s).unwrap();
+        }
+        let params = paper(depth, max_spec, min_prob, false);
+        let d = Speculator::new().speculate_global(&t, &ctx, &params);
+        let count = |p: &[u32]| naive_count(&seqs, p, depth);
+        let naive = Naive { count: &count, params, depth };
+        let window = &ctx[ctx.len().saturating_sub(depth)..];
+        naive.check(window, &d).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn request_drafts_follow_algorithm_1(
+        prompt in prop::collection::vec(0..VOCAB, 1..50),
+        depth in 2usize..9,
+        max_spec in 1usize..10,
+        min_prob in 0.0f32..0.6,
+    ) {
+        let r = RequestTree::new(&prompt, depth);
+        let params = paper(depth, max_spec, min_prob, false);
+        let d = Speculator::new().speculate_request(&r, &prompt, &params);
+        let seqs = vec![prompt.clone()];
+        let count = |p: &[u32]| naive_count(&seqs, p, depth);
+        let naive = Naive { count: &count, params, depth };
+        let window = &prompt[prompt.len().saturating_sub(depth)..];
+        naive.check(window, &d).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn pruned_search_equals_exhaustive(
+        seqs in seqs_strategy(),
+        prompt in prop::collection::vec(0..VOCAB, 0..40),
+        depth in 2usize..9,
+        max_spec in 1usize..12,
+        min_prob in 0.0f32..0.5,
+        tree in any::<bool>(),
+        extended in any::<bool>(),
+    ) {
+        let mut t = GlobalTree::new(depth).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            t.insert(i as u64, s).unwrap();
+        }
+        let mut params = paper(depth, max_spec, min_prob, tree);
+        if extended {
+            params.mode = SpecMode::Extended;
+        }
+        let split = prompt.len() / 2;
+        let mut r = RequestTree::new(&prompt[..split], params.request_depth());
+        r.extend(&prompt[split..]);
+        let fast = Speculator::new().speculate(Some(&r), &t, &prompt, &params);
+        let slow = Speculator::exhaustive().speculate(Some(&r), &t, &prompt, &params);
+        prop_assert_eq!(fast, slow);
+    }
+
+    #[test]
+    fn drafts_are_topologically_ordered(
+        seqs in seqs_strategy(),
+        prompt in prop::collection::vec(0..VOCAB, 0..40),
+        tree in any::<bool>(),
+    ) {
+        let mut t = GlobalTree::new(6).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            t.insert(i as u64, s).unwrap();
+        }
+        let params = SpecParams { max_depth: 6, tree, ..SpecParams::default() };
+        let r = RequestTree::new(&prompt, params.request_depth());
+        let d = Speculator::new().speculate(Some(&r), &t, &prompt, &params);
+        prop_assert!(d.len() <= params.max_spec);
+        prop_assert_eq!(d.parents.len(), d.len());
+        prop_assert_eq!(d.probs.len(), d.len());
+        for (i, &p) in d.parents.iter().enumerate() {
+            prop_assert!(p < i as i32 && p >= -1);
+        }
+        let sum: f32 = d.probs.iter().sum();
+        prop_assert!((sum - d.score).abs() < 1e-4);
+    }
+}
