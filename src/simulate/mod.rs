@@ -91,7 +91,8 @@ pub struct SimulateReport {
     pub append_us_per_token: f64,
     /// Removing finished test responses again (without `online`), per generated token.
     pub evict_us_per_token: f64,
-    /// Wall time to build the warm global tree (reading the file not included).
+    /// Wall time to build the warm global tree (reading the file not included). Only the
+    /// responses that FIFO eviction would keep are inserted.
     pub warmup_s: f64,
     /// Tokens in the global tree after warm-up.
     pub cached_tokens: u64,
@@ -186,18 +187,30 @@ pub fn simulate(cfg: &SimulateConfig, mut progress: impl FnMut(&str)) -> Result<
         ..Default::default()
     };
 
-    memory::trim();
-    let rss0 = memory::rss_bytes();
-    let mut warm_ns = 0u128;
+    // FIFO eviction during warm-up only decides which responses remain, and nothing
+    // speculates in between: build the tree from the responses FIFO would keep, as
+    // `suffixd build` does, instead of inserting and evicting the rest.
+    let mut kept: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
     let mut next_id = 0u64;
     for ex in read_examples(&cfg.warm, cfg.warm_limit)? {
         let ex = ex?;
-        let t = Instant::now();
-        cache.add(next_id, &ex.response)?;
-        warm_ns += t.elapsed().as_nanos();
+        if cfg.max_cached_requests > 0 {
+            if kept.len() == cfg.max_cached_requests {
+                kept.pop_front();
+            }
+            kept.push_back((next_id, ex.response));
+        }
         next_id += 1;
         report.warm_examples += 1;
     }
+    memory::trim();
+    let rss0 = memory::rss_bytes();
+    let t = Instant::now();
+    for (id, response) in &kept {
+        cache.add(*id, response)?;
+    }
+    let warm_ns = t.elapsed().as_nanos();
+    drop(kept);
     memory::trim();
     let rss1 = memory::rss_bytes();
     report.warmup_s = warm_ns as f64 / 1e9;

@@ -272,18 +272,9 @@ impl GlobalTree {
         self.dead_tokens += e.len as u64;
         let dead = e.offset..e.offset + e.len;
         let mut path = Vec::with_capacity(self.max_depth);
-        let mut lost_head = Vec::new();
         for i in 0..e.len {
             let rem = ((e.len - i) as usize).min(self.max_depth);
-            self.remove_suffix(e.offset + i, rem, &dead, &mut path, &mut lost_head);
-        }
-        // Heads that lost counts are put right once per node, not once per count.
-        lost_head.sort_unstable();
-        lost_head.dedup();
-        for n in lost_head {
-            if self.nodes[n as usize].count > 0 {
-                self.restore_head(n);
-            }
+            self.remove_suffix(e.offset + i, rem, &dead, &mut path);
         }
         true
     }
@@ -414,33 +405,25 @@ impl GlobalTree {
         }
     }
 
-    /// Move the largest child of `parent` to the front, after its head lost counts. The
-    /// scan stops once the children not yet seen hold no more than the best found.
-    fn restore_head(&mut self, parent: u32) {
+    /// After the head of `parent` lost one count (it had `old`), move a largest child to
+    /// the front again. No sibling can have more than `old`, so the scan stops at the
+    /// first one that has it, or once the children not yet seen hold less than `old`.
+    fn restore_head(&mut self, parent: u32, old: u32) {
         let head = self.nodes[parent as usize].first_child;
-        if head == NIL {
-            return;
-        }
-        let mut best = head;
-        let mut best_count = self.nodes[head as usize].count;
-        let mut unseen = (self.nodes[parent as usize].count as u64).saturating_sub(best_count as u64);
-        let (mut pred, mut best_pred) = (head, NIL);
+        let mut unseen = (self.nodes[parent as usize].count as u64).saturating_sub(self.nodes[head as usize].count as u64);
+        let mut pred = head;
         let mut c = self.nodes[head as usize].next_sibling;
-        while c != NIL && unseen > best_count as u64 {
+        while c != NIL && unseen >= old as u64 {
             let cnt = self.nodes[c as usize].count;
-            if cnt > best_count {
-                best = c;
-                best_count = cnt;
-                best_pred = pred;
+            if cnt == old {
+                self.unlink(parent, c, pred);
+                self.nodes[c as usize].next_sibling = head;
+                self.nodes[parent as usize].first_child = c;
+                return;
             }
             unseen = unseen.saturating_sub(cnt as u64);
             pred = c;
             c = self.nodes[c as usize].next_sibling;
-        }
-        if best != head {
-            self.unlink(parent, best, best_pred);
-            self.nodes[best as usize].next_sibling = head;
-            self.nodes[parent as usize].first_child = best;
         }
     }
 
@@ -529,7 +512,6 @@ impl GlobalTree {
         mut rem: usize,
         dead: &std::ops::Range<u32>,
         path: &mut Vec<u32>,
-        lost_head: &mut Vec<u32>,
     ) {
         path.clear();
         let mut node = ROOT;
@@ -544,9 +526,8 @@ impl GlobalTree {
                 }
             };
             self.nodes[child as usize].count -= 1;
-            if node != ROOT && self.nodes[node as usize].first_child == child {
-                lost_head.push(node);
-            }
+            let old = self.nodes[child as usize].count + 1;
+            let was_head = self.nodes[node as usize].first_child == child;
             if self.nodes[child as usize].count == 0 {
                 let pred = if pred == NIL {
                     self.predecessor(node, child)
@@ -557,8 +538,13 @@ impl GlobalTree {
                 if self.lens[node as usize] & INDEXED != 0 {
                     self.child_index.remove(&key(node, token));
                 }
+                // A head that had count 1 was no larger than any sibling, so whichever
+                // sibling is now first is a largest.
                 self.free_subtree(child);
                 break;
+            }
+            if was_head && node != ROOT {
+                self.restore_head(node, old);
             }
             path.push(child);
             let len = self.len_of(child);
