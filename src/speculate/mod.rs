@@ -14,6 +14,8 @@
 //!     to [`EXTENDED_WINDOW`] tokens, and where a global path occurs once its occurrence
 //!     is matched further back and read on past the depth limit. A long match earns a
 //!     long draft, as MAX_SPEC intends;
+//!   - the context's own occurrence at the end of the request tree is left out of its
+//!     counts: it has no continuation yet, so it is not evidence;
 //!   - the response so far as global evidence: the global candidate reads the global
 //!     tree and the generated part of the request tree as one, with summed counts (see
 //!     `merged`). The reference implementation gets the same by adding responses to its
@@ -359,6 +361,11 @@ impl Speculator {
         // it: it counts in every COUNT but cannot start a draft, so it does not make a
         // longer p worth trying.
         let end = (tree.tokens().len() as u32).wrapping_sub(1);
+        if params.mode == SpecMode::Extended {
+            // The context's own occurrence is not evidence of what follows it; the
+            // reference counts it, diluting every request-tree probability.
+            self.matches.retain(|m| m.0 != end);
+        }
         self.matches
             .iter()
             .filter(|m| m.0 != end)
