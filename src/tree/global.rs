@@ -677,21 +677,19 @@ impl GlobalTree {
         k
     }
 
-    /// Average entropy, in bits, of the next-token distribution over every tree position
-    /// that has a continuation, weighted by how many stored suffixes continue from it.
-    /// Positions inside a compressed edge have one continuation and entropy 0. Low values
-    /// mean predictable outputs and large speculation gains (the paper's predictor).
+    /// Average entropy, in bits, of the next-token distribution at every node below the
+    /// root that has children, weighted by how many stored suffixes continue from it (the paper's
+    /// predictor: low values mean predictable outputs and large speculation gains).
+    /// Nodes, not token positions: a path seen once is one node without children, so the
+    /// many unique paths of open-ended text do not pass for certainty. The root is left
+    /// out: it is the unigram distribution, and every draft starts below it.
     pub fn next_token_entropy(&self) -> f64 {
         let mut weighted = 0.0f64;
         let mut weight = 0.0f64;
-        for n in 0..self.nodes.len() as u32 {
+        for n in 1..self.nodes.len() as u32 {
             let node = &self.nodes[n as usize];
-            if node.count == 0 && n != ROOT {
+            if node.count == 0 {
                 continue;
-            }
-            if n != ROOT {
-                // Inside the edge: one continuation for every suffix passing through.
-                weight += (self.len_of(n).saturating_sub(1)) as f64 * node.count as f64;
             }
             let mut total = 0u64;
             let mut c = node.first_child;
@@ -1015,12 +1013,19 @@ mod tests {
     }
 
     #[test]
-    fn entropy_is_zero_for_one_repeated_sequence_and_positive_for_choices() {
+    fn entropy_weighs_branching_nodes() {
         let det = tree(4, &[&[1, 1, 1, 1]]);
         assert_eq!(det.next_token_entropy(), 0.0);
+        // After 1: {2, 3}, one bit; nothing else below the root branches.
         let two = tree(2, &[&[1, 2], &[1, 3]]);
-        // Root: {1: 2, 2: 1, 3: 1} -> 1.5 bits over 4; after 1: {2, 3} -> 1 bit over 2.
-        assert!((two.next_token_entropy() - (1.5 * 4.0 + 1.0 * 2.0) / 6.0).abs() < 1e-12);
+        assert_eq!(two.next_token_entropy(), 1.0);
+        // After 1: {2: 2, 3: 1, 4: 1} -> 1.5 bits over 4; after 1 2 and after 2: {5, 6}
+        // -> 1 bit over 2 each.
+        let mixed = tree(3, &[&[1, 2, 5], &[1, 2, 6], &[1, 3], &[1, 4]]);
+        assert!((mixed.next_token_entropy() - (1.5 * 4.0 + 2.0 + 2.0) / 8.0).abs() < 1e-12);
+        // The same sequence many times: nothing below the root branches.
+        let rep: Vec<&[u32]> = vec![&[1, 2, 3, 4]; 10];
+        assert_eq!(tree(4, &rep).next_token_entropy(), 0.0);
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! The `suffixd` binary as a user runs it: real files, a real process, its exit code,
+//! stdout and stderr.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_suffixd"))
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data").join(name)
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("the binary runs")
+}
+
+fn last_json(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().expect("some output");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
+}
+
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked instead of reporting: {stderr}");
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}
+
+fn total_response_tokens(path: &Path) -> u64 {
+    suffixd::corpus::read_examples(path, None)
+        .unwrap()
+        .map(|e| e.unwrap().response.len() as u64)
+        .sum()
+}
+
+#[test]
+fn simulate_json_has_the_contract_keys_and_consistent_figures() {
+    let warm = example("warm.jsonl.zst");
+    let test = example("test.jsonl.zst");
+    for mode in ["paper", "extended"] {
+        for shape in ["--linear", "--tree"] {
+            let out = run(&[
+                "simulate",
+                "--warm",
+                warm.to_str().unwrap(),
+                "--test",
+                test.to_str().unwrap(),
+                "--test-limit",
+                "40",
+                "--mode",
+                mode,
+                shape,
+                "--json",
+            ]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let r = last_json(&out);
+            for key in [
+                "tokens_per_step",
+                "acceptance_rate",
+                "mean_draft_size",
+                "steps",
+                "generated_tokens",
+                "accepted_tokens",
+                "drafted_tokens",
+                "spec_us_per_call",
+                "update_us_per_token",
+                "warmup_s",
+                "cached_tokens",
+                "store_bytes_per_token",
+            ] {
+                assert!(r.get(key).is_some(), "{mode} {shape}: missing {key}");
+            }
+            let steps = r["steps"].as_u64().unwrap();
+            let generated = r["generated_tokens"].as_u64().unwrap();
+            let accepted = r["accepted_tokens"].as_u64().unwrap();
+            let drafted = r["drafted_tokens"].as_u64().unwrap();
+            // Every step yields one bonus token except where the draft finished the response.
+            assert!(generated >= steps && generated <= steps + accepted);
+            assert!(accepted <= drafted);
+            let tps = r["tokens_per_step"].as_f64().unwrap();
+            assert!((tps - generated as f64 / steps as f64).abs() < 1e-9);
+            assert!(tps > 1.0, "{mode} {shape}: speculation accepted nothing");
+            assert_eq!(r["test_examples"].as_u64(), Some(40));
+            assert_eq!(r["warm_examples"].as_u64(), Some(300));
+        }
+    }
+}
+
+#[test]
+fn simulate_replays_every_response_token() {
+    let warm = example("warm.jsonl.zst");
+    let test = example("test.jsonl.zst");
+    let out = run(&["simulate", "--warm", warm.to_str().unwrap(), "--test", test.to_str().unwrap(), "--json"]);
+    assert!(out.status.success());
+    let r = last_json(&out);
+    assert_eq!(r["generated_tokens"].as_u64().unwrap(), total_response_tokens(&test));
+    assert_eq!(r["cached_tokens"].as_u64().unwrap(), total_response_tokens(&warm));
+}
+
+#[test]
+fn max_cached_requests_limits_the_global_tree() {
+    let warm = example("warm.jsonl.zst");
+    let test = example("test.jsonl.zst");
+    let args = |cap: &'static str| {
+        run(&[
+            "simulate",
+            "--warm",
+            warm.to_str().unwrap(),
+            "--test",
+            test.to_str().unwrap(),
+            "--test-limit",
+            "5",
+            "--max-cached-requests",
+            cap,
+            "--json",
+        ])
+    };
+    let r = last_json(&args("10"));
+    assert_eq!(r["cached_requests"].as_u64(), Some(10));
+    let r = last_json(&args("0"));
+    assert_eq!(r["cached_tokens"].as_u64(), Some(0));
+}
+
+#[test]
+fn entropy_is_lower_for_repetitive_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let repetitive = dir.path().join("rep.jsonl");
+    let mut f = std::fs::File::create(&repetitive).unwrap();
+    for _ in 0..50 {
+        writeln!(f, "{{\"prompt\": [], \"response\": [10, 11, 12, 13, 14, 15, 16, 17]}}").unwrap();
+    }
+    let out = run(&["entropy", "--logs", repetitive.to_str().unwrap(), "--json"]);
+    assert!(out.status.success());
+    let low = last_json(&out)["entropy_bits"].as_f64().unwrap();
+    let out = run(&["entropy", "--logs", example("warm.jsonl.zst").to_str().unwrap(), "--json"]);
+    let chat = last_json(&out)["entropy_bits"].as_f64().unwrap();
+    assert!(low < 0.5 && chat > 1.0 && low < chat, "repetitive {low}, chat {chat}");
+}
+
+#[test]
+fn bad_inputs_are_clear_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let test = example("test.jsonl.zst");
+    let missing = dir.path().join("missing.jsonl");
+    let out = run(&["simulate", "--warm", missing.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+    assert_clean_failure(&out, "cannot read");
+
+    let garbage = dir.path().join("garbage.jsonl");
+    std::fs::write(&garbage, "this is not json\n").unwrap();
+    let out = run(&["simulate", "--warm", garbage.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+    assert_clean_failure(&out, "garbage.jsonl:1");
+
+    let negative = dir.path().join("neg.jsonl");
+    std::fs::write(&negative, "{\"prompt\": [1], \"response\": [-3]}\n").unwrap();
+    let out = run(&["simulate", "--warm", negative.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+    assert_clean_failure(&out, "not a token example");
+
+    // A truncated zstd stream.
+    let bytes = std::fs::read(example("warm.jsonl.zst")).unwrap();
+    let truncated = dir.path().join("truncated.jsonl.zst");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let out = run(&["simulate", "--warm", truncated.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+    assert_clean_failure(&out, "cannot read");
+
+    let out = run(&["simulate", "--warm", test.to_str().unwrap(), "--test", test.to_str().unwrap(), "--min-prob", "2"]);
+    assert_clean_failure(&out, "--min-prob");
+
+    let out = run(&["simulate", "--warm", test.to_str().unwrap(), "--test", test.to_str().unwrap(), "--max-depth", "0"]);
+    assert_clean_failure(&out, "--max-depth");
+
+    let out = run(&[
+        "simulate",
+        "--warm",
+        test.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+        "--snapshot",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_clean_failure(&out, "--snapshot");
+}
