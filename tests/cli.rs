@@ -10,7 +10,9 @@ fn bin() -> Command {
 }
 
 fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/data")
+        .join(name)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -25,8 +27,14 @@ fn last_json(out: &Output) -> serde_json::Value {
 
 fn assert_clean_failure(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "panicked instead of reporting: {stderr}");
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "panicked instead of reporting: {stderr}"
+    );
     assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
 }
 
@@ -56,7 +64,11 @@ fn simulate_json_has_the_contract_keys_and_consistent_figures() {
                 shape,
                 "--json",
             ]);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let r = last_json(&out);
             for key in [
                 "tokens_per_step",
@@ -94,11 +106,24 @@ fn simulate_json_has_the_contract_keys_and_consistent_figures() {
 fn simulate_replays_every_response_token() {
     let warm = example("warm.jsonl.zst");
     let test = example("test.jsonl.zst");
-    let out = run(&["simulate", "--warm", warm.to_str().unwrap(), "--test", test.to_str().unwrap(), "--json"]);
+    let out = run(&[
+        "simulate",
+        "--warm",
+        warm.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+        "--json",
+    ]);
     assert!(out.status.success());
     let r = last_json(&out);
-    assert_eq!(r["generated_tokens"].as_u64().unwrap(), total_response_tokens(&test));
-    assert_eq!(r["cached_tokens"].as_u64().unwrap(), total_response_tokens(&warm));
+    assert_eq!(
+        r["generated_tokens"].as_u64().unwrap(),
+        total_response_tokens(&test)
+    );
+    assert_eq!(
+        r["cached_tokens"].as_u64().unwrap(),
+        total_response_tokens(&warm)
+    );
 }
 
 #[test]
@@ -131,14 +156,26 @@ fn entropy_is_lower_for_repetitive_outputs() {
     let repetitive = dir.path().join("rep.jsonl");
     let mut f = std::fs::File::create(&repetitive).unwrap();
     for _ in 0..50 {
-        writeln!(f, "{{\"prompt\": [], \"response\": [10, 11, 12, 13, 14, 15, 16, 17]}}").unwrap();
+        writeln!(
+            f,
+            "{{\"prompt\": [], \"response\": [10, 11, 12, 13, 14, 15, 16, 17]}}"
+        )
+        .unwrap();
     }
     let out = run(&["entropy", "--logs", repetitive.to_str().unwrap(), "--json"]);
     assert!(out.status.success());
     let low = last_json(&out)["entropy_bits"].as_f64().unwrap();
-    let out = run(&["entropy", "--logs", example("warm.jsonl.zst").to_str().unwrap(), "--json"]);
+    let out = run(&[
+        "entropy",
+        "--logs",
+        example("warm.jsonl.zst").to_str().unwrap(),
+        "--json",
+    ]);
     let chat = last_json(&out)["entropy_bits"].as_f64().unwrap();
-    assert!(low < 0.5 && chat > 1.0 && low < chat, "repetitive {low}, chat {chat}");
+    assert!(
+        low < 0.5 && chat > 1.0 && low < chat,
+        "repetitive {low}, chat {chat}"
+    );
 }
 
 #[test]
@@ -146,30 +183,70 @@ fn bad_inputs_are_clear_errors_not_panics() {
     let dir = tempfile::tempdir().unwrap();
     let test = example("test.jsonl.zst");
     let missing = dir.path().join("missing.jsonl");
-    let out = run(&["simulate", "--warm", missing.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+    let out = run(&[
+        "simulate",
+        "--warm",
+        missing.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+    ]);
     assert_clean_failure(&out, "cannot read");
 
     let garbage = dir.path().join("garbage.jsonl");
     std::fs::write(&garbage, "this is not json\n").unwrap();
-    let out = run(&["simulate", "--warm", garbage.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+    let out = run(&[
+        "simulate",
+        "--warm",
+        garbage.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+    ]);
     assert_clean_failure(&out, "garbage.jsonl:1");
 
     let negative = dir.path().join("neg.jsonl");
     std::fs::write(&negative, "{\"prompt\": [1], \"response\": [-3]}\n").unwrap();
-    let out = run(&["simulate", "--warm", negative.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+    let out = run(&[
+        "simulate",
+        "--warm",
+        negative.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+    ]);
     assert_clean_failure(&out, "not a token example");
 
     // A truncated zstd stream.
     let bytes = std::fs::read(example("warm.jsonl.zst")).unwrap();
     let truncated = dir.path().join("truncated.jsonl.zst");
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
-    let out = run(&["simulate", "--warm", truncated.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+    let out = run(&[
+        "simulate",
+        "--warm",
+        truncated.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+    ]);
     assert_clean_failure(&out, "cannot read");
 
-    let out = run(&["simulate", "--warm", test.to_str().unwrap(), "--test", test.to_str().unwrap(), "--min-prob", "2"]);
+    let out = run(&[
+        "simulate",
+        "--warm",
+        test.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+        "--min-prob",
+        "2",
+    ]);
     assert_clean_failure(&out, "--min-prob");
 
-    let out = run(&["simulate", "--warm", test.to_str().unwrap(), "--test", test.to_str().unwrap(), "--max-depth", "0"]);
+    let out = run(&[
+        "simulate",
+        "--warm",
+        test.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+        "--max-depth",
+        "0",
+    ]);
     assert_clean_failure(&out, "--max-depth");
 
     let out = run(&[

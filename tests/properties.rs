@@ -83,7 +83,8 @@ impl Naive<'_> {
     }
 
     fn budget(&self, p: usize) -> usize {
-        ((p as f32 * self.params.spec_factor + self.params.spec_offset + 1e-6) as usize).min(self.params.max_spec)
+        ((p as f32 * self.params.spec_factor + self.params.spec_offset + 1e-6) as usize)
+            .min(self.params.max_spec)
     }
 
     /// All scores reachable by greedy linear expansion from `path`.
@@ -129,22 +130,29 @@ impl Naive<'_> {
             let kids = self.children(&path);
             let total = (self.count)(&path);
             let max = kids.iter().map(|k| k.1).max().ok_or("token past a leaf")?;
-            let c = kids.iter().find(|k| k.0 == t).map(|k| k.1).ok_or("token not a child")?;
+            let c = kids
+                .iter()
+                .find(|k| k.0 == t)
+                .map(|k| k.1)
+                .ok_or("token not a child")?;
             if c != max {
                 return Err(format!("token {i} has count {c}, the best child {max}"));
             }
             prob *= c as f32 / total as f32;
             if prob != d.probs[i] || d.parents[i] != i as i32 - 1 {
-                return Err(format!("token {i}: prob {} parent {}, want {prob}", d.probs[i], d.parents[i]));
+                return Err(format!(
+                    "token {i}: prob {} parent {}, want {prob}",
+                    d.probs[i], d.parents[i]
+                ));
             }
             path.push(t);
         }
         if d.tokens.len() < self.budget(p) {
             let kids = self.children(&path);
-            if let Some(max) = kids.iter().map(|k| k.1).max() {
-                if prob * (max as f32 / (self.count)(&path) as f32) >= self.params.min_prob {
-                    return Err("draft stopped early".into());
-                }
+            if let Some(max) = kids.iter().map(|k| k.1).max()
+                && prob * (max as f32 / (self.count)(&path) as f32) >= self.params.min_prob
+            {
+                return Err("draft stopped early".into());
             }
         }
         Ok(())
@@ -163,11 +171,18 @@ impl Naive<'_> {
             }
         }
         if d.is_empty() {
-            return if hi == 0.0 { Ok(()) } else { Err(format!("empty draft, but {hi} was possible")) };
+            return if hi == 0.0 {
+                Ok(())
+            } else {
+                Err(format!("empty draft, but {hi} was possible"))
+            };
         }
         self.check_path(window, d)?;
         if d.score < lo || d.score > hi {
-            return Err(format!("score {} outside what Algorithm 1 gives, {lo}..={hi}", d.score));
+            return Err(format!(
+                "score {} outside what Algorithm 1 gives, {lo}..={hi}",
+                d.score
+            ));
         }
         Ok(())
     }

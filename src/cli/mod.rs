@@ -64,7 +64,10 @@ impl SpecArgs {
             bail!("--min-prob must be between 0 and 1, got {}", self.min_prob);
         }
         if self.max_depth == 0 || self.max_depth > crate::tree::MAX_SUPPORTED_DEPTH {
-            bail!("--max-depth must be between 1 and {}", crate::tree::MAX_SUPPORTED_DEPTH);
+            bail!(
+                "--max-depth must be between 1 and {}",
+                crate::tree::MAX_SUPPORTED_DEPTH
+            );
         }
         Ok(SpecParams {
             max_depth: self.max_depth,

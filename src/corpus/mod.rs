@@ -55,7 +55,10 @@ pub fn open_lines(path: &Path) -> Result<Box<dyn BufRead + Send>, std::io::Error
     let head = std::io::Cursor::new(magic[..n].to_vec());
     let chained = head.chain(file);
     if n == 4 && magic == ZSTD_MAGIC {
-        Ok(Box::new(BufReader::with_capacity(1 << 16, zstd::Decoder::new(chained)?)))
+        Ok(Box::new(BufReader::with_capacity(
+            1 << 16,
+            zstd::Decoder::new(chained)?,
+        )))
     } else {
         Ok(Box::new(BufReader::with_capacity(1 << 16, chained)))
     }
@@ -118,7 +121,10 @@ mod tests {
         enc.write_all(text.as_bytes()).unwrap();
         enc.finish().unwrap();
         for p in [&plain, &zst] {
-            let ex: Vec<_> = read_examples(p, None).unwrap().collect::<Result<_, _>>().unwrap();
+            let ex: Vec<_> = read_examples(p, None)
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
             assert_eq!(ex.len(), 2);
             assert_eq!(ex[0].prompt, vec![1, 2]);
             assert_eq!(ex[1].response, vec![u32::MAX]);
@@ -130,8 +136,16 @@ mod tests {
     fn bad_lines_and_missing_files_are_clear_errors() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.jsonl");
-        std::fs::write(&p, "{\"prompt\": [1], \"response\": [2]}\n{\"prompt\": [-1], \"response\": []}\n").unwrap();
-        let err = read_examples(&p, None).unwrap().nth(1).unwrap().unwrap_err();
+        std::fs::write(
+            &p,
+            "{\"prompt\": [1], \"response\": [2]}\n{\"prompt\": [-1], \"response\": []}\n",
+        )
+        .unwrap();
+        let err = read_examples(&p, None)
+            .unwrap()
+            .nth(1)
+            .unwrap()
+            .unwrap_err();
         assert!(err.to_string().contains("bad.jsonl:2"), "{err}");
         let missing = read_examples(&dir.path().join("nope"), None).err().unwrap();
         assert!(missing.to_string().contains("cannot read"), "{missing}");

@@ -140,7 +140,9 @@ struct Cache {
 impl Cache {
     fn make_room(&mut self, slots: usize) {
         while self.order.len() + slots > self.capacity {
-            let Some(old) = self.order.pop_front() else { break };
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
             self.tree.remove(old);
         }
         self.maybe_compact();
@@ -172,7 +174,10 @@ impl Cache {
 }
 
 /// Run the simulation. `progress` is called now and then with a line for a human.
-pub fn simulate(cfg: &SimulateConfig, mut progress: impl FnMut(&str)) -> Result<SimulateReport, SimulateError> {
+pub fn simulate(
+    cfg: &SimulateConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<SimulateReport, SimulateError> {
     let params = cfg.params;
     let mut cache = Cache {
         tree: GlobalTree::new(params.max_depth)?,
@@ -224,10 +229,7 @@ pub fn simulate(cfg: &SimulateConfig, mut progress: impl FnMut(&str)) -> Result<
     }
     progress(&format!(
         "warm-up: {} examples, {} cached tokens in {:.2}s, {:?}",
-        report.warm_examples,
-        report.cached_tokens,
-        report.warmup_s,
-        report.store,
+        report.warm_examples, report.cached_tokens, report.warmup_s, report.store,
     ));
 
     let mut spec = Speculator::new();
@@ -241,7 +243,10 @@ pub fn simulate(cfg: &SimulateConfig, mut progress: impl FnMut(&str)) -> Result<
         if truth.is_empty() {
             continue;
         }
-        let mut request = RequestTree::new(if cfg.prompt_tree { &prompt } else { &[] }, params.request_depth());
+        let mut request = RequestTree::new(
+            if cfg.prompt_tree { &prompt } else { &[] },
+            params.request_depth(),
+        );
         let mut context = prompt;
         context.reserve(truth.len());
         let mut pos = 0;
@@ -280,7 +285,7 @@ pub fn simulate(cfg: &SimulateConfig, mut progress: impl FnMut(&str)) -> Result<
         report.steps += steps;
         per_req += truth.len() as f64 / steps as f64;
         report.test_examples += 1;
-        if report.test_examples % 200 == 0 {
+        if report.test_examples.is_multiple_of(200) {
             progress(&format!(
                 "test {}: {:.3} tokens/step",
                 report.test_examples,
@@ -317,7 +322,11 @@ mod memory {
     /// Resident set size of this process, in bytes (0 where /proc is absent).
     pub fn rss_bytes() -> u64 {
         let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-        let pages: u64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         pages * 4096
     }
 

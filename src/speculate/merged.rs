@@ -41,13 +41,18 @@ impl<A: Expand, B: Expand> Expand for Merged<'_, A, B> {
         // A child needs min_count in total, so at least min_count - (the other tree's whole
         // count) in each tree.
         if let Some(x) = &c.0 {
-            self.a.children(x, min_count.saturating_sub(cb).max(1), &mut ka);
+            self.a
+                .children(x, min_count.saturating_sub(cb).max(1), &mut ka);
         }
         if let Some(y) = &c.1 {
-            self.b.children(y, min_count.saturating_sub(ca).max(1), &mut kb);
+            self.b
+                .children(y, min_count.saturating_sub(ca).max(1), &mut kb);
         }
         for k in ka {
-            let other = kb.iter().position(|m| m.token == k.token).map(|i| kb.swap_remove(i));
+            let other = kb
+                .iter()
+                .position(|m| m.token == k.token)
+                .map(|i| kb.swap_remove(i));
             let count = k.count + other.as_ref().map_or(0, |m| m.count);
             out.push(Child {
                 token: k.token,
@@ -61,7 +66,7 @@ impl<A: Expand, B: Expand> Expand for Merged<'_, A, B> {
             cursor: (None, Some(m.cursor)),
         }));
         out.retain(|k| k.count >= min_count);
-        out.sort_by(|x, y| y.count.cmp(&x.count));
+        out.sort_by_key(|k| std::cmp::Reverse(k.count));
     }
 
     fn best_child(&self, c: &Self::Cursor, min_count: u32) -> Option<Child<Self::Cursor>> {

@@ -205,7 +205,12 @@ impl<C> Ord for HeapItem<C> {
 }
 
 /// Grow a single-path draft from `start`.
-fn expand_path<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params: &SpecParams) -> Draft {
+fn expand_path<T: Expand>(
+    tree: &T,
+    start: &T::Cursor,
+    max_tokens: usize,
+    params: &SpecParams,
+) -> Draft {
     let mut d = Draft::default();
     let mut prob = 1.0f32;
     let mut cur = start.clone();
@@ -222,7 +227,9 @@ fn expand_path<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params
                 break;
             }
         }
-        let Some(child) = tree.best_child(&cur, 1) else { break };
+        let Some(child) = tree.best_child(&cur, 1) else {
+            break;
+        };
         let next = prob * (child.count as f32 / count as f32);
         if next < params.min_prob {
             break;
@@ -236,32 +243,38 @@ fn expand_path<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params
 }
 
 /// Grow a draft tree from `start`, best D(N) first.
-fn expand_tree<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params: &SpecParams) -> Draft {
+fn expand_tree<T: Expand>(
+    tree: &T,
+    start: &T::Cursor,
+    max_tokens: usize,
+    params: &SpecParams,
+) -> Draft {
     let mut d = Draft::default();
     let mut heap = BinaryHeap::new();
     let mut order = 0u32;
     let mut kids: Vec<Child<T::Cursor>> = Vec::new();
     let extended = params.mode == SpecMode::Extended;
-    let mut push_children = |heap: &mut BinaryHeap<HeapItem<T::Cursor>>, cur: &T::Cursor, prob: f32, parent: i32| {
-        let count = tree.count(cur);
-        // Children below this count cannot reach min_prob.
-        let min_count = ((params.min_prob / prob) * count as f32).floor().max(1.0) as u32;
-        tree.children(cur, min_count, &mut kids);
-        for k in kids.drain(..) {
-            let p = prob * (k.count as f32 / count as f32);
-            if p < params.min_prob {
-                break;
+    let mut push_children =
+        |heap: &mut BinaryHeap<HeapItem<T::Cursor>>, cur: &T::Cursor, prob: f32, parent: i32| {
+            let count = tree.count(cur);
+            // Children below this count cannot reach min_prob.
+            let min_count = ((params.min_prob / prob) * count as f32).floor().max(1.0) as u32;
+            tree.children(cur, min_count, &mut kids);
+            for k in kids.drain(..) {
+                let p = prob * (k.count as f32 / count as f32);
+                if p < params.min_prob {
+                    break;
+                }
+                heap.push(HeapItem {
+                    prob: p,
+                    order,
+                    parent,
+                    token: k.token,
+                    cursor: k.cursor,
+                });
+                order += 1;
             }
-            heap.push(HeapItem {
-                prob: p,
-                order,
-                parent,
-                token: k.token,
-                cursor: k.cursor,
-            });
-            order += 1;
-        }
-    };
+        };
     push_children(&mut heap, start, 1.0, -1);
     while d.len() < max_tokens {
         let Some(item) = heap.pop() else { break };
@@ -325,21 +338,37 @@ impl Speculator {
         };
         let global_pmax = self.match_global(global, context, params);
         let global_best = match (params.mode, request) {
-            (SpecMode::Extended, Some(r)) => self.best_from_both(r, local_pmax, global, context, global_pmax, params),
+            (SpecMode::Extended, Some(r)) => {
+                self.best_from_both(r, local_pmax, global, context, global_pmax, params)
+            }
             _ => self.best_from_global(global, context, global_pmax, params),
         };
         // The request tree wins ties, as in the reference implementation.
-        if local.score >= global_best.score { local } else { global_best }
+        if local.score >= global_best.score {
+            local
+        } else {
+            global_best
+        }
     }
 
     /// The best draft from the per-request tree alone.
-    pub fn speculate_request(&mut self, tree: &RequestTree, context: &[u32], params: &SpecParams) -> Draft {
+    pub fn speculate_request(
+        &mut self,
+        tree: &RequestTree,
+        context: &[u32],
+        params: &SpecParams,
+    ) -> Draft {
         let p_max = self.match_request(tree, context, params);
         self.best_from_request(tree, p_max, params)
     }
 
     /// The best draft from the global tree alone.
-    pub fn speculate_global(&mut self, tree: &GlobalTree, context: &[u32], params: &SpecParams) -> Draft {
+    pub fn speculate_global(
+        &mut self,
+        tree: &GlobalTree,
+        context: &[u32],
+        params: &SpecParams,
+    ) -> Draft {
         let p_max = self.match_global(tree, context, params);
         self.best_from_global(tree, context, p_max, params)
     }
@@ -375,19 +404,28 @@ impl Speculator {
             .min(max_p)
     }
 
-    fn best_from_request(&mut self, tree: &RequestTree, p_max: usize, params: &SpecParams) -> Draft {
+    fn best_from_request(
+        &mut self,
+        tree: &RequestTree,
+        p_max: usize,
+        params: &SpecParams,
+    ) -> Draft {
         let matches = &self.matches;
         let bound = |p: usize| match params.mode {
             SpecMode::Paper => params.budget(p).min(tree.max_depth().saturating_sub(p)),
             SpecMode::Extended => params.budget(p),
         };
-        let mut best = best_over_p(p_max, self.exhaustive, bound, |p, _| {
+        let mut best = best_over_p(p_max, self.exhaustive, bound, |p| {
             let cursor = tree.cursor_at(matches, p)?;
             let mut d = expand(tree, &cursor, params.budget(p), params);
             d.match_len = p;
             Some(d)
         });
-        best.source = if best.is_empty() { DraftSource::None } else { DraftSource::Request };
+        best.source = if best.is_empty() {
+            DraftSource::None
+        } else {
+            DraftSource::Request
+        };
         best
     }
 
@@ -401,7 +439,13 @@ impl Speculator {
         longest_match(tree, window, max_p)
     }
 
-    fn best_from_global(&mut self, tree: &GlobalTree, context: &[u32], p_max: usize, params: &SpecParams) -> Draft {
+    fn best_from_global(
+        &mut self,
+        tree: &GlobalTree,
+        context: &[u32],
+        p_max: usize,
+        params: &SpecParams,
+    ) -> Draft {
         let depth = tree.max_depth();
         let window = &context[context.len().saturating_sub(depth)..];
         let extended = params.mode == SpecMode::Extended;
@@ -412,17 +456,22 @@ impl Speculator {
             SpecMode::Extended if p == p_max => params.budget(EXTENDED_WINDOW.max(p)),
             SpecMode::Extended => params.budget(p),
         };
-        let mut best = best_over_p(p_max, self.exhaustive, bound, |p, _| {
+        let mut best = best_over_p(p_max, self.exhaustive, bound, |p| {
             let cursor = tree.walk(&window[window.len() - p..])?;
             let mut matched = p;
             if extended && p == p_max {
-                matched += tree.extend_match_back(&cursor, context, EXTENDED_WINDOW.saturating_sub(p));
+                matched +=
+                    tree.extend_match_back(&cursor, context, EXTENDED_WINDOW.saturating_sub(p));
             }
             let mut d = expand(tree, &cursor, params.budget(matched), params);
             d.match_len = matched;
             Some(d)
         });
-        best.source = if best.is_empty() { DraftSource::None } else { DraftSource::Global };
+        best.source = if best.is_empty() {
+            DraftSource::None
+        } else {
+            DraftSource::Global
+        };
         best
     }
 
@@ -438,7 +487,10 @@ impl Speculator {
         global_pmax: usize,
         params: &SpecParams,
     ) -> Draft {
-        let merged = Merged { a: global, b: request };
+        let merged = Merged {
+            a: global,
+            b: request,
+        };
         let window = &context[context.len().saturating_sub(global.max_depth())..];
         let matches = &self.matches;
         let p_max = local_pmax.max(global_pmax);
@@ -449,22 +501,35 @@ impl Speculator {
                 params.budget(p)
             }
         };
-        best_over_p(p_max, self.exhaustive, bound, |p, _| {
-            let g = if p <= global_pmax { global.walk(&window[window.len() - p..]) } else { None };
+        best_over_p(p_max, self.exhaustive, bound, |p| {
+            let g = if p <= global_pmax {
+                global.walk(&window[window.len() - p..])
+            } else {
+                None
+            };
             let r = request.response_cursor_at(matches, p);
             let mut matched = p;
-            if r.is_none() && p == global_pmax {
-                if let Some(g) = &g {
-                    matched += global.extend_match_back(g, context, EXTENDED_WINDOW.saturating_sub(p));
-                }
+            if r.is_none()
+                && p == global_pmax
+                && let Some(g) = &g
+            {
+                matched += global.extend_match_back(g, context, EXTENDED_WINDOW.saturating_sub(p));
             }
             if g.is_none() && r.is_none() {
                 return None;
             }
-            let source = if r.is_some() { DraftSource::Both } else { DraftSource::Global };
+            let source = if r.is_some() {
+                DraftSource::Both
+            } else {
+                DraftSource::Global
+            };
             let mut d = expand(&merged, &(g, r), params.budget(matched), params);
             d.match_len = matched;
-            d.source = if d.is_empty() { DraftSource::None } else { source };
+            d.source = if d.is_empty() {
+                DraftSource::None
+            } else {
+                source
+            };
             Some(d)
         })
     }
@@ -478,21 +543,23 @@ fn best_over_p(
     p_max: usize,
     exhaustive: bool,
     bound: impl Fn(usize) -> usize,
-    mut eval: impl FnMut(usize, f32) -> Option<Draft>,
+    mut eval: impl FnMut(usize) -> Option<Draft>,
 ) -> Draft {
     if exhaustive {
         // The reference loop: every p, ties to the larger.
         let mut best = Draft::default();
         for p in 1..=p_max {
-            if let Some(d) = eval(p, 0.0) {
-                if d.score >= best.score && !d.is_empty() {
-                    best = d;
-                }
+            if let Some(d) = eval(p)
+                && d.score >= best.score
+                && !d.is_empty()
+            {
+                best = d;
             }
         }
         return best;
     }
-    let mut order: smallvec::SmallVec<[(usize, usize); 64]> = (1..=p_max).map(|p| (bound(p), p)).collect();
+    let mut order: smallvec::SmallVec<[(usize, usize); 64]> =
+        (1..=p_max).map(|p| (bound(p), p)).collect();
     order.sort_unstable_by(|a, b| b.cmp(a));
     let mut best = Draft::default();
     let mut best_p = 0;
@@ -501,11 +568,11 @@ fn best_over_p(
         if b < best.score || (b == best.score && p < best_p) || b == 0.0 {
             continue;
         }
-        if let Some(d) = eval(p, best.score) {
-            if d.score > best.score || (d.score == best.score && p > best_p && !d.is_empty()) {
-                best = d;
-                best_p = p;
-            }
+        if let Some(d) = eval(p)
+            && (d.score > best.score || (d.score == best.score && p > best_p && !d.is_empty()))
+        {
+            best = d;
+            best_p = p;
         }
     }
     best

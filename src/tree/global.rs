@@ -288,7 +288,9 @@ impl GlobalTree {
         fresh.seqs.reserve_exact(self.len());
         for e in self.seqs.iter().filter(|e| e.live) {
             let s = &self.pool[e.offset as usize..(e.offset + e.len) as usize];
-            fresh.insert(e.id, s).expect("a live tree fits its own compaction");
+            fresh
+                .insert(e.id, s)
+                .expect("a live tree fits its own compaction");
         }
         *self = fresh;
     }
@@ -381,7 +383,10 @@ impl GlobalTree {
     fn promote(&mut self, parent: u32, child: u32, pred: u32) {
         let head = self.nodes[parent as usize].first_child;
         // The root's order is never read: drafts start below it.
-        if parent == ROOT || head == child || self.nodes[child as usize].count < self.nodes[head as usize].count {
+        if parent == ROOT
+            || head == child
+            || self.nodes[child as usize].count < self.nodes[head as usize].count
+        {
             return;
         }
         let pred = if pred == NIL {
@@ -410,7 +415,8 @@ impl GlobalTree {
     /// first one that has it, or once the children not yet seen hold less than `old`.
     fn restore_head(&mut self, parent: u32, old: u32) {
         let head = self.nodes[parent as usize].first_child;
-        let mut unseen = (self.nodes[parent as usize].count as u64).saturating_sub(self.nodes[head as usize].count as u64);
+        let mut unseen = (self.nodes[parent as usize].count as u64)
+            .saturating_sub(self.nodes[head as usize].count as u64);
         let mut pred = head;
         let mut c = self.nodes[head as usize].next_sibling;
         while c != NIL && unseen >= old as u64 {
@@ -637,18 +643,24 @@ impl GlobalTree {
 
     /// COUNT of the path spelled by `path` (0 when absent).
     pub fn count_of(&self, path: &[u32]) -> u32 {
-        self.walk(path).map_or(0, |c| self.nodes[c.node as usize].count)
+        self.walk(path)
+            .map_or(0, |c| self.nodes[c.node as usize].count)
     }
 
     /// For a path that occurs once, where its occurrence lies: the pool index just past
     /// the path, and the pool range of the live sequence that holds it.
-    pub(crate) fn unique_occurrence(&self, c: &GlobalCursor) -> Option<(usize, std::ops::Range<usize>)> {
+    pub(crate) fn unique_occurrence(
+        &self,
+        c: &GlobalCursor,
+    ) -> Option<(usize, std::ops::Range<usize>)> {
         let n = &self.nodes[c.node as usize];
         if n.count != 1 || c.node == ROOT {
             return None;
         }
         let after = n.start as usize + c.off as usize;
-        let i = self.seqs.partition_point(|e| e.offset as usize + e.len as usize <= after - 1);
+        let i = self
+            .seqs
+            .partition_point(|e| (e.offset as usize + e.len as usize) < after);
         let e = self.seqs.get(i)?;
         let range = e.offset as usize..(e.offset + e.len) as usize;
         (e.live && range.contains(&(after - 1))).then_some((after, range))
@@ -656,7 +668,12 @@ impl GlobalTree {
 
     /// How far the unique occurrence at `c` keeps matching `context` backwards, beyond the
     /// `c.depth()` tokens the tree already matched (at most `limit` tokens more).
-    pub(crate) fn extend_match_back(&self, c: &GlobalCursor, context: &[u32], limit: usize) -> usize {
+    pub(crate) fn extend_match_back(
+        &self,
+        c: &GlobalCursor,
+        context: &[u32],
+        limit: usize,
+    ) -> usize {
         let Some((after, range)) = self.unique_occurrence(c) else {
             return 0;
         };
@@ -710,7 +727,11 @@ impl GlobalTree {
             weighted += h * total as f64;
             weight += total as f64;
         }
-        if weight == 0.0 { 0.0 } else { weighted / weight }
+        if weight == 0.0 {
+            0.0
+        } else {
+            weighted / weight
+        }
     }
 
     /// Checks every invariant of the arena against the stored sequences; returns the first
@@ -727,9 +748,9 @@ impl GlobalTree {
                 let mut node = ROOT;
                 let mut j = 0;
                 while j < rem {
-                    let child = self
-                        .child(node, s[j + i])
-                        .ok_or_else(|| format!("sequence {} suffix {i}: no child at depth {j}", e.id))?;
+                    let child = self.child(node, s[j + i]).ok_or_else(|| {
+                        format!("sequence {} suffix {i}: no child at depth {j}", e.id)
+                    })?;
                     let len = self.len_of(child);
                     let st = self.nodes[child as usize].start as usize;
                     if j + len > rem {
@@ -765,7 +786,9 @@ impl GlobalTree {
                 let cnt = self.nodes[c as usize].count;
                 let want = visits.get(&c).copied().unwrap_or(0);
                 if cnt != want || cnt == 0 {
-                    return Err(format!("node {c}: count {cnt}, {want} suffixes pass through"));
+                    return Err(format!(
+                        "node {c}: count {cnt}, {want} suffixes pass through"
+                    ));
                 }
                 let len = self.len_of(c);
                 if len == 0 || depth + len > self.max_depth {
@@ -856,7 +879,7 @@ impl Expand for GlobalTree {
             ch = cn.next_sibling;
         }
         // Stable: equal counts keep list order.
-        out.sort_by(|a, b| b.count.cmp(&a.count));
+        out.sort_by_key(|k| std::cmp::Reverse(k.count));
     }
 
     fn best_child(&self, c: &GlobalCursor, min_count: u32) -> Option<Child<GlobalCursor>> {

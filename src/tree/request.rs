@@ -178,7 +178,7 @@ impl Expand for RequestTree {
                     },
                 }),
         );
-        out.sort_by(|a, b| b.count.cmp(&a.count));
+        out.sort_by_key(|k| std::cmp::Reverse(k.count));
     }
 
     fn best_child(&self, c: &RequestCursor, min_count: u32) -> Option<Child<RequestCursor>> {

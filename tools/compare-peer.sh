@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Side-by-side with the reference implementation (ArcticInference 0.3.0's suffix
+# decoding core), in one run on this machine, on the same token streams.
+#
+#   tools/compare-peer.sh [WARM_SIZES...]        (default: 4000 15266)
+#
+# Environment: SHARED (default ../shared), TEST (default 1000 test requests),
+# SHAPES (default "linear tree"), MODES (default "paper extended").
+# It builds the peer with $SHARED/peer/build_arctic.sh (once; about a minute), builds
+# suffixd in release mode, runs both with vLLM's defaults, and prints one table of
+# figures and ratios. Raw JSON lines go to target/compare-peer/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED="${SHARED:-../shared}"
+TEST="${TEST:-1000}"
+SHAPES="${SHAPES:-linear tree}"
+MODES="${MODES:-paper extended}"
+SIZES=("$@")
+[ ${#SIZES[@]} -gt 0 ] || SIZES=(4000 15266)
+DATA="$SHARED/data/sharegpt"
+PEER_HOME="${PEER_HOME:-$HOME/.cache/suffixd-peer}"
+PEER_PY="$PEER_HOME/.venv/bin/python"
+OUT=target/compare-peer
+mkdir -p "$OUT"
+
+if ! "$PEER_PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+    echo "== building the peer" >&2
+    PEER_HOME="$PEER_HOME" bash "$SHARED/peer/build_arctic.sh" >&2
+fi
+echo "== building suffixd" >&2
+cargo build --release --quiet
+BIN=target/release/suffixd
+
+for n in "${SIZES[@]}"; do
+    for shape in $SHAPES; do
+        echo "== peer: warm $n, $shape" >&2
+        "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$DATA/train.jsonl.zst" \
+            --test-file "$DATA/test.jsonl.zst" --train "$n" --test "$TEST" "--$shape" \
+            --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$n-$shape.json"
+        for mode in $MODES; do
+            echo "== suffixd ($mode): warm $n, $shape" >&2
+            "$BIN" simulate --warm "$DATA/train.jsonl.zst" --warm-limit "$n" \
+                --test "$DATA/test.jsonl.zst" --test-limit "$TEST" "--$shape" --mode "$mode" \
+                --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$n-$shape-$mode.json"
+        done
+    done
+done
+
+python3 - "$OUT" "$SHAPES" "$MODES" "${SIZES[@]}" <<'PY'
+import json, sys
+out, shapes, modes, sizes = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4:]
+load = lambda f: json.load(open(f"{out}/{f}.json"))
+print("warm   shape  mode      tok/step (peer)   ratio | spec us (peer native) ratio | update us/tok (peer) ratio | warm-up s (peer) speedup | B/token (peer)")
+for n in sizes:
+    for shape in shapes:
+        p = load(f"peer-{n}-{shape}")
+        for mode in modes:
+            s = load(f"suffixd-{n}-{shape}-{mode}")
+            print(f"{n:>6} {shape:<6} {mode:<8} "
+                  f"{s['tokens_per_step']:.4f} ({p['tokens_per_step']:.4f}) {s['tokens_per_step']/p['tokens_per_step']:6.4f} | "
+                  f"{s['spec_us_per_call']:6.2f} ({p['native_spec_us_per_call']:6.2f}) {s['spec_us_per_call']/p['native_spec_us_per_call']:5.2f} | "
+                  f"{s['update_us_per_token']:6.3f} ({p['update_us_per_token']:6.3f}) {s['update_us_per_token']/p['update_us_per_token']:5.3f} | "
+                  f"{s['warmup_s']:6.2f} ({p['warmup_s']:6.2f}) {p['warmup_s']/max(s['warmup_s'],1e-9):5.1f}x | "
+                  f"{s['store_bytes_per_token']:5.1f} ({p['rss_bytes_per_cached_token']:5.1f})")
+PY
