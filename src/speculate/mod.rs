@@ -30,6 +30,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use crate::tree::{Child, Expand, GlobalTree, RequestTree};
 
@@ -140,6 +141,12 @@ impl Draft {
     /// True for an empty draft.
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
+    }
+
+    /// This draft, marked as coming from `source` (or from nowhere when empty).
+    fn from_source(mut self, source: DraftSource) -> Self {
+        self.source = if self.is_empty() { DraftSource::None } else { source };
+        self
     }
 
     fn push(&mut self, token: u32, parent: i32, prob: f32) -> i32 {
@@ -404,29 +411,40 @@ impl Speculator {
             .min(max_p)
     }
 
-    fn best_from_request(
-        &mut self,
-        tree: &RequestTree,
-        p_max: usize,
-        params: &SpecParams,
-    ) -> Draft {
+    fn best_from_request(&mut self, tree: &RequestTree, p_max: usize, params: &SpecParams) -> Draft {
         let matches = &self.matches;
-        let bound = |p: usize| match params.mode {
-            SpecMode::Paper => params.budget(p).min(tree.max_depth().saturating_sub(p)),
-            SpecMode::Extended => params.budget(p),
+        let room = |p: usize| match params.mode {
+            SpecMode::Paper => tree.max_depth().saturating_sub(p),
+            SpecMode::Extended => usize::MAX,
         };
-        let mut best = best_over_p(p_max, self.exhaustive, bound, |p| {
+        let limit = |p: usize| params.budget(p).min(room(p));
+        // The occurrences of the last p context tokens only change where p passes a
+        // match length. Within a range of equal occurrence sets every p grows the same
+        // path, cut at limit(p) tokens, so only the p with the largest limit (the
+        // longest on ties) can win in each range.
+        let mut cuts: SmallVec<[usize; 32]> = matches
+            .iter()
+            .map(|m| (m.1 as usize).min(p_max))
+            .chain(std::iter::once(p_max))
+            .filter(|&l| l > 0)
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut candidates: SmallVec<[usize; 32]> = SmallVec::new();
+        let mut lo = 1;
+        for &hi in &cuts {
+            if let Some(p) = (lo..=hi).max_by_key(|&p| (limit(p), p)) {
+                candidates.push(p);
+            }
+            lo = hi + 1;
+        }
+        let best = best_over_p(&candidates, p_max, self.exhaustive, limit, |p| {
             let cursor = tree.cursor_at(matches, p)?;
             let mut d = expand(tree, &cursor, params.budget(p), params);
             d.match_len = p;
             Some(d)
         });
-        best.source = if best.is_empty() {
-            DraftSource::None
-        } else {
-            DraftSource::Request
-        };
-        best
+        best.from_source(DraftSource::Request)
     }
 
     /// Match the context in the global tree; returns the longest p that matches.
@@ -456,7 +474,8 @@ impl Speculator {
             SpecMode::Extended if p == p_max => params.budget(EXTENDED_WINDOW.max(p)),
             SpecMode::Extended => params.budget(p),
         };
-        let mut best = best_over_p(p_max, self.exhaustive, bound, |p| {
+        let all: SmallVec<[usize; 64]> = (1..=p_max).collect();
+        let best = best_over_p(&all, p_max, self.exhaustive, bound, |p| {
             let cursor = tree.walk(&window[window.len() - p..])?;
             let mut matched = p;
             if extended && p == p_max {
@@ -467,12 +486,7 @@ impl Speculator {
             d.match_len = matched;
             Some(d)
         });
-        best.source = if best.is_empty() {
-            DraftSource::None
-        } else {
-            DraftSource::Global
-        };
-        best
+        best.from_source(DraftSource::Global)
     }
 
     /// The global candidate of extended mode: the global tree read together with the
@@ -501,7 +515,8 @@ impl Speculator {
                 params.budget(p)
             }
         };
-        best_over_p(p_max, self.exhaustive, bound, |p| {
+        let all: SmallVec<[usize; 64]> = (1..=p_max).collect();
+        best_over_p(&all, p_max, self.exhaustive, bound, |p| {
             let g = if p <= global_pmax {
                 global.walk(&window[window.len() - p..])
             } else {
@@ -525,21 +540,18 @@ impl Speculator {
             };
             let mut d = expand(&merged, &(g, r), params.budget(matched), params);
             d.match_len = matched;
-            d.source = if d.is_empty() {
-                DraftSource::None
-            } else {
-                source
-            };
-            Some(d)
+            Some(d.from_source(source))
         })
     }
 }
 
-/// Finds the best candidate over p = 1..=p_max exactly as the exhaustive loop would
-/// (largest score, ties to the larger p), visiting p from the largest upper bound down
-/// and skipping any p whose bound cannot beat the best so far. `bound(p)` must be at
-/// least the score `eval(p)` can return.
+/// Finds the best draft over p = 1..=p_max exactly as the exhaustive loop would (largest
+/// score, ties to the larger p). Only `candidates` are tried (the caller knows the other
+/// p cannot win), from the largest upper bound down, skipping any p whose bound cannot
+/// beat the best so far. `bound(p)` must be at least the score `eval(p)` can return.
+/// With `exhaustive`, every p is tried, as the reference loop does.
 fn best_over_p(
+    candidates: &[usize],
     p_max: usize,
     exhaustive: bool,
     bound: impl Fn(usize) -> usize,
@@ -558,8 +570,7 @@ fn best_over_p(
         }
         return best;
     }
-    let mut order: smallvec::SmallVec<[(usize, usize); 64]> =
-        (1..=p_max).map(|p| (bound(p), p)).collect();
+    let mut order: SmallVec<[(usize, usize); 64]> = candidates.iter().map(|&p| (bound(p), p)).collect();
     order.sort_unstable_by(|a, b| b.cmp(a));
     let mut best = Draft::default();
     let mut best_p = 0;

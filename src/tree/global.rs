@@ -834,6 +834,22 @@ impl GlobalTree {
     }
 }
 
+impl GlobalTree {
+    /// Inside an edge the only child is the edge's next token, with the same count.
+    fn within_edge(&self, c: &GlobalCursor) -> Option<Child<GlobalCursor>> {
+        let n = &self.nodes[c.node as usize];
+        ((c.off as usize) < self.len_of(c.node)).then(|| Child {
+            token: self.pool[n.start as usize + c.off as usize],
+            count: n.count,
+            cursor: GlobalCursor {
+                node: c.node,
+                off: c.off + 1,
+                depth: c.depth + 1,
+            },
+        })
+    }
+}
+
 impl Expand for GlobalTree {
     type Cursor = GlobalCursor;
 
@@ -846,17 +862,11 @@ impl Expand for GlobalTree {
         out.clear();
         let n = &self.nodes[c.node as usize];
         if (c.off as usize) < self.len_of(c.node) {
-            if n.count >= min_count {
-                out.push(Child {
-                    token: self.pool[n.start as usize + c.off as usize],
-                    count: n.count,
-                    cursor: GlobalCursor {
-                        node: c.node,
-                        off: c.off + 1,
-                        depth: c.depth + 1,
-                    },
-                });
-            }
+            out.extend(self.within_edge(c).filter(|k| k.count >= min_count));
+            return;
+        }
+        // Below the root the head is the largest child: if it falls short, all do.
+        if c.node != ROOT && (n.first_child == NIL || self.nodes[n.first_child as usize].count < min_count) {
             return;
         }
         // Scan until what is left unseen could not reach min_count.
@@ -885,15 +895,7 @@ impl Expand for GlobalTree {
     fn best_child(&self, c: &GlobalCursor, min_count: u32) -> Option<Child<GlobalCursor>> {
         let n = &self.nodes[c.node as usize];
         if (c.off as usize) < self.len_of(c.node) {
-            return (n.count >= min_count).then(|| Child {
-                token: self.pool[n.start as usize + c.off as usize],
-                count: n.count,
-                cursor: GlobalCursor {
-                    node: c.node,
-                    off: c.off + 1,
-                    depth: c.depth + 1,
-                },
-            });
+            return self.within_edge(c).filter(|k| k.count >= min_count);
         }
         if c.node == ROOT {
             let mut all = Vec::new();

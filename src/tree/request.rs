@@ -139,6 +139,17 @@ impl RequestTree {
     }
 }
 
+impl RequestTree {
+    /// For each occurrence in `c` that has a continuation: (next token, its position),
+    /// most recent first.
+    fn next_tokens<'a>(&'a self, c: &'a RequestCursor) -> impl Iterator<Item = (u32, u32)> + 'a {
+        c.ends.iter().filter_map(move |&j| {
+            let next = j as usize + 1;
+            (next < self.tokens.len()).then(|| (self.tokens[next], next as u32))
+        })
+    }
+}
+
 impl Expand for RequestTree {
     type Cursor = RequestCursor;
 
@@ -154,15 +165,10 @@ impl Expand for RequestTree {
         // Group the next tokens; `ends` is most recent first, so first-seen order is
         // recency order, which breaks ties.
         let mut order: Vec<(u32, Vec<u32>)> = Vec::new();
-        for &j in &c.ends {
-            let next = j as usize + 1;
-            if next >= self.tokens.len() {
-                continue;
-            }
-            let tok = self.tokens[next];
+        for (tok, next) in self.next_tokens(c) {
             match order.iter_mut().find(|(t, _)| *t == tok) {
-                Some((_, v)) => v.push(next as u32),
-                None => order.push((tok, vec![next as u32])),
+                Some((_, v)) => v.push(next),
+                None => order.push((tok, vec![next])),
             }
         }
         out.extend(
@@ -199,12 +205,7 @@ impl Expand for RequestTree {
         }
         // Tally next tokens in recency order; the first to reach the top count wins ties.
         let mut tally: Vec<(u32, u32)> = Vec::with_capacity(8);
-        for &j in &c.ends {
-            let next = j as usize + 1;
-            if next >= self.tokens.len() {
-                continue;
-            }
-            let tok = self.tokens[next];
+        for (tok, _) in self.next_tokens(c) {
             match tally.iter_mut().find(|(t, _)| *t == tok) {
                 Some((_, n)) => *n += 1,
                 None => tally.push((tok, 1)),
@@ -216,35 +217,15 @@ impl Expand for RequestTree {
                 best = Some((t, n));
             }
         }
-        let (token, count) = best.filter(|(_, n)| *n >= min_count)?;
-        let ends = c
-            .ends
-            .iter()
-            .map(|&j| j as usize + 1)
-            .filter(|&n| n < self.tokens.len() && self.tokens[n] == token)
-            .map(|n| n as u32)
-            .collect();
-        Some(Child {
-            token,
-            count,
-            cursor: RequestCursor {
-                ends,
-                depth: c.depth + 1,
-            },
-        })
+        let (token, _) = best.filter(|(_, n)| *n >= min_count)?;
+        self.child(c, token)
     }
 
     fn child(&self, c: &RequestCursor, token: u32) -> Option<Child<RequestCursor>> {
         if c.depth >= self.max_depth {
             return None;
         }
-        let ends: Vec<u32> = c
-            .ends
-            .iter()
-            .map(|&j| j as usize + 1)
-            .filter(|&n| n < self.tokens.len() && self.tokens[n] == token)
-            .map(|n| n as u32)
-            .collect();
+        let ends: Vec<u32> = self.next_tokens(c).filter(|&(t, _)| t == token).map(|(_, n)| n).collect();
         (!ends.is_empty()).then(|| Child {
             token,
             count: ends.len() as u32,
