@@ -160,7 +160,12 @@ impl Cache {
 
     fn remove(&mut self, id: u64) {
         if self.tree.remove(id) {
-            self.order.retain(|x| *x != id);
+            // Usually the newest, removed right after its request.
+            if self.order.back() == Some(&id) {
+                self.order.pop_back();
+            } else {
+                self.order.retain(|x| *x != id);
+            }
         }
         self.maybe_compact();
     }

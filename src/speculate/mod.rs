@@ -398,8 +398,9 @@ impl Speculator {
         // longer p worth trying.
         let end = (tree.tokens().len() as u32).wrapping_sub(1);
         if params.mode == SpecMode::Extended {
-            // The context's own occurrence is not evidence of what follows it; the
-            // reference counts it, diluting every request-tree probability.
+            // An occurrence with nothing after it (usually the context's own) says
+            // nothing about the next token; the reference counts it anyway, diluting
+            // every request-tree probability.
             self.matches.retain(|m| m.0 != end);
         }
         self.matches
