@@ -323,6 +323,48 @@ proptest! {
     }
 
     #[test]
+    fn cursors_carried_between_calls_give_the_same_drafts(
+        seqs in seqs_strategy(),
+        prompt in prop::collection::vec(0..VOCAB, 0..30),
+        generated in prop::collection::vec(0..VOCAB, 0..40),
+        chunk in 1usize..4,
+        depth in 2usize..9,
+        change_at in 0usize..15,
+        other in prop::collection::vec(0..VOCAB, 0..20),
+        extended in any::<bool>(),
+    ) {
+        let mut t = GlobalTree::new(depth).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            t.insert(i as u64, s).unwrap();
+        }
+        let mut params = paper(depth, 8, 0.1, false);
+        if extended {
+            params.mode = SpecMode::Extended;
+        }
+        let mut carried = Speculator::new();
+        let mut r = RequestTree::new(&prompt, params.request_depth());
+        let mut ctx = prompt.clone();
+        for (step, piece) in generated.chunks(chunk).enumerate() {
+            let a = carried.speculate(Some(&r), &t, &ctx, &params);
+            let b = Speculator::new().speculate(Some(&r), &t, &ctx, &params);
+            prop_assert_eq!(a, b, "step {}", step);
+            if step == change_at {
+                // The tree changes between two calls of the same request.
+                t.insert(1000, &other).unwrap();
+            }
+            if step % 3 == 2 {
+                // Another request's context in between.
+                let o = RequestTree::new(&other, params.request_depth());
+                let a = carried.speculate(Some(&o), &t, &other, &params);
+                let b = Speculator::new().speculate(Some(&o), &t, &other, &params);
+                prop_assert_eq!(a, b);
+            }
+            r.extend(piece);
+            ctx.extend_from_slice(piece);
+        }
+    }
+
+    #[test]
     fn drafts_are_topologically_ordered(
         seqs in seqs_strategy(),
         prompt in prop::collection::vec(0..VOCAB, 0..40),

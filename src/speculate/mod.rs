@@ -32,7 +32,7 @@ use std::collections::BinaryHeap;
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use crate::tree::{Child, Expand, GlobalTree, RequestTree};
+use crate::tree::{Child, Expand, GlobalCursor, GlobalTree, RequestTree};
 
 mod merged;
 use merged::Merged;
@@ -145,7 +145,11 @@ impl Draft {
 
     /// This draft, marked as coming from `source` (or from nowhere when empty).
     fn from_source(mut self, source: DraftSource) -> Self {
-        self.source = if self.is_empty() { DraftSource::None } else { source };
+        self.source = if self.is_empty() {
+            DraftSource::None
+        } else {
+            source
+        };
         self
     }
 
@@ -176,11 +180,62 @@ impl Draft {
     }
 }
 
-/// Reusable speculation state: scratch buffers, so that a call does not allocate.
+/// Reusable speculation state: scratch buffers, so that a call does not allocate, and
+/// the global-tree cursors of the previous call, so that the next call on a longer
+/// context only steps them over the new tokens.
 #[derive(Default)]
 pub struct Speculator {
     matches: Vec<(u32, u32)>,
     exhaustive: bool,
+    global: GlobalMatches,
+}
+
+/// The global-tree positions N_1, N_2, … of the last p context tokens, for one context.
+#[derive(Default)]
+struct GlobalMatches {
+    version: u64,
+    context_len: usize,
+    /// The last `max_depth` tokens of that context: the cursors depend on these alone.
+    tail: Vec<u32>,
+    /// `cursors[p - 1]` is N_p, for every p that matches.
+    cursors: Vec<GlobalCursor>,
+}
+
+impl GlobalMatches {
+    /// Bring the cursors up to date for `context`. When `context` extends the previous
+    /// one (same tree version, same tokens where the old tail was), N_p is N_{p-k} of
+    /// the previous call stepped over the k new tokens, O(p·k) instead of a walk from
+    /// the root for every p. A suffix of a path is a path, so the first p that fails
+    /// ends the list.
+    fn update(&mut self, tree: &GlobalTree, context: &[u32]) {
+        let depth = tree.max_depth();
+        let n = context.len();
+        let old_len = self.context_len;
+        let extends = self.version == tree.version()
+            && n >= old_len
+            && old_len >= self.tail.len()
+            && self.tail.len() == depth.min(old_len)
+            && context[old_len - self.tail.len()..old_len] == self.tail[..];
+        let old = std::mem::take(&mut self.cursors);
+        let k = n - old_len.min(n);
+        let new = &context[n - k..];
+        for p in 1..=depth.min(n) {
+            let cursor = if extends && p > k {
+                old.get(p - k - 1)
+                    .and_then(|&c| new.iter().try_fold(c, |c, &t| tree.step(c, t)))
+            } else {
+                tree.walk(&context[n - p..])
+            };
+            match cursor {
+                Some(c) => self.cursors.push(c),
+                None => break,
+            }
+        }
+        self.version = tree.version();
+        self.context_len = n;
+        self.tail.clear();
+        self.tail.extend_from_slice(&context[n - depth.min(n)..]);
+    }
 }
 
 struct HeapItem<C> {
@@ -412,7 +467,12 @@ impl Speculator {
             .min(max_p)
     }
 
-    fn best_from_request(&mut self, tree: &RequestTree, p_max: usize, params: &SpecParams) -> Draft {
+    fn best_from_request(
+        &mut self,
+        tree: &RequestTree,
+        p_max: usize,
+        params: &SpecParams,
+    ) -> Draft {
         let matches = &self.matches;
         let room = |p: usize| match params.mode {
             SpecMode::Paper => tree.max_depth().saturating_sub(p),
@@ -450,12 +510,13 @@ impl Speculator {
 
     /// Match the context in the global tree; returns the longest p that matches.
     fn match_global(&mut self, tree: &GlobalTree, context: &[u32], params: &SpecParams) -> usize {
-        let window = &context[context.len().saturating_sub(tree.max_depth())..];
+        let window = context.len().min(tree.max_depth());
         let max_p = match params.mode {
-            SpecMode::Paper => window.len().saturating_sub(1),
-            SpecMode::Extended => window.len(),
+            SpecMode::Paper => window.saturating_sub(1),
+            SpecMode::Extended => window,
         };
-        longest_match(tree, window, max_p)
+        self.global.update(tree, context);
+        self.global.cursors.len().min(max_p)
     }
 
     fn best_from_global(
@@ -466,7 +527,7 @@ impl Speculator {
         params: &SpecParams,
     ) -> Draft {
         let depth = tree.max_depth();
-        let window = &context[context.len().saturating_sub(depth)..];
+        let cursors = &self.global.cursors;
         let extended = params.mode == SpecMode::Extended;
         // In extended mode the longest match may be followed further back, which can
         // raise its budget up to the full window.
@@ -477,7 +538,7 @@ impl Speculator {
         };
         let all: SmallVec<[usize; 64]> = (1..=p_max).collect();
         let best = best_over_p(&all, p_max, self.exhaustive, bound, |p| {
-            let cursor = tree.walk(&window[window.len() - p..])?;
+            let cursor = *cursors.get(p - 1)?;
             let mut matched = p;
             if extended && p == p_max {
                 matched +=
@@ -506,7 +567,7 @@ impl Speculator {
             a: global,
             b: request,
         };
-        let window = &context[context.len().saturating_sub(global.max_depth())..];
+        let cursors = &self.global.cursors;
         let matches = &self.matches;
         let p_max = local_pmax.max(global_pmax);
         let bound = |p: usize| {
@@ -519,7 +580,7 @@ impl Speculator {
         let all: SmallVec<[usize; 64]> = (1..=p_max).collect();
         best_over_p(&all, p_max, self.exhaustive, bound, |p| {
             let g = if p <= global_pmax {
-                global.walk(&window[window.len() - p..])
+                cursors.get(p - 1).copied()
             } else {
                 None
             };
@@ -571,7 +632,8 @@ fn best_over_p(
         }
         return best;
     }
-    let mut order: SmallVec<[(usize, usize); 64]> = candidates.iter().map(|&p| (bound(p), p)).collect();
+    let mut order: SmallVec<[(usize, usize); 64]> =
+        candidates.iter().map(|&p| (bound(p), p)).collect();
     order.sort_unstable_by(|a, b| b.cmp(a));
     let mut best = Draft::default();
     let mut best_p = 0;
@@ -588,21 +650,6 @@ fn best_over_p(
         }
     }
     best
-}
-
-/// Largest p ≤ `max_p` such that the last p tokens of `window` are a path of `tree`.
-/// Matches are nested (a suffix of a path is a path), so binary search applies.
-fn longest_match(tree: &GlobalTree, window: &[u32], max_p: usize) -> usize {
-    let (mut lo, mut hi) = (0, max_p);
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        if tree.walk(&window[window.len() - mid..]).is_some() {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    lo
 }
 
 #[cfg(test)]

@@ -123,6 +123,14 @@ pub struct GlobalTree {
     seq_by_id: FxHashMap<u64, u32>,
     live_tokens: u64,
     dead_tokens: u64,
+    version: u64,
+}
+
+/// Source of [`GlobalTree::version`] values: unique across every tree of the process.
+static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_version() -> u64 {
+    VERSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Make room for `more` elements, growing by a quarter rather than doubling: the big
@@ -162,12 +170,19 @@ impl GlobalTree {
             seq_by_id: FxHashMap::default(),
             live_tokens: 0,
             dead_tokens: 0,
+            version: next_version(),
         })
     }
 
     /// The depth limit.
     pub fn max_depth(&self) -> usize {
         self.max_depth
+    }
+
+    /// Changes whenever the tree changes, and differs between trees with different
+    /// contents: a cursor taken at one version stays valid while the version is the same.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// Number of live sequences.
@@ -265,6 +280,7 @@ impl GlobalTree {
             live: true,
         });
         self.live_tokens += tokens.len() as u64;
+        self.version = next_version();
         let n = tokens.len();
         for i in 0..n {
             self.insert_suffix((base + i) as u32, (n - i).min(self.max_depth));
@@ -278,6 +294,7 @@ impl GlobalTree {
             return false;
         };
         let e = self.seqs[idx as usize];
+        self.version = next_version();
         self.seqs[idx as usize].live = false;
         self.live_tokens -= e.len as u64;
         self.dead_tokens += e.len as u64;
@@ -879,7 +896,9 @@ impl Expand for GlobalTree {
             return;
         }
         // Below the root the head is the largest child: if it falls short, all do.
-        if c.node != ROOT && (n.first_child == NIL || self.nodes[n.first_child as usize].count < min_count) {
+        if c.node != ROOT
+            && (n.first_child == NIL || self.nodes[n.first_child as usize].count < min_count)
+        {
             return;
         }
         // Scan until what is left unseen could not reach min_count.

@@ -225,7 +225,11 @@ impl Expand for RequestTree {
         if c.depth >= self.max_depth {
             return None;
         }
-        let ends: Vec<u32> = self.next_tokens(c).filter(|&(t, _)| t == token).map(|(_, n)| n).collect();
+        let ends: Vec<u32> = self
+            .next_tokens(c)
+            .filter(|&(t, _)| t == token)
+            .map(|(_, n)| n)
+            .collect();
         (!ends.is_empty()).then(|| Child {
             token,
             count: ends.len() as u32,
