@@ -144,7 +144,7 @@ impl Draft {
     }
 
     /// This draft, marked as coming from `source` (or from nowhere when empty).
-    fn from_source(mut self, source: DraftSource) -> Self {
+    fn with_source(mut self, source: DraftSource) -> Self {
         self.source = if self.is_empty() {
             DraftSource::None
         } else {
@@ -505,7 +505,7 @@ impl Speculator {
             d.match_len = p;
             Some(d)
         });
-        best.from_source(DraftSource::Request)
+        best.with_source(DraftSource::Request)
     }
 
     /// Match the context in the global tree; returns the longest p that matches.
@@ -548,7 +548,7 @@ impl Speculator {
             d.match_len = matched;
             Some(d)
         });
-        best.from_source(DraftSource::Global)
+        best.with_source(DraftSource::Global)
     }
 
     /// The global candidate of extended mode: the global tree read together with the
@@ -602,7 +602,7 @@ impl Speculator {
             };
             let mut d = expand(&merged, &(g, r), params.budget(matched), params);
             d.match_len = matched;
-            Some(d.from_source(source))
+            Some(d.with_source(source))
         })
     }
 }
