@@ -74,6 +74,18 @@ impl<A: Expand, B: Expand> Expand for Merged<'_, A, B> {
         // favourites with their counts in the other tree.
         let fa = c.0.as_ref().and_then(|x| self.a.best_child(x, 1));
         let fb = c.1.as_ref().and_then(|y| self.b.best_child(y, 1));
+        if let (Some(k), Some(m)) = (&fa, &fb)
+            && k.token == m.token
+        {
+            // Both trees favour the same token: no lookups needed.
+            let (k, m) = (fa.unwrap(), fb.unwrap());
+            let count = k.count + m.count;
+            return (count >= min_count).then(|| Child {
+                token: k.token,
+                count,
+                cursor: (Some(k.cursor), Some(m.cursor)),
+            });
+        }
         let mut best: Option<Child<Self::Cursor>> = None;
         let from_a = fa.map(|k| {
             let m = child_for(self.b, &c.1, k.token);
