@@ -16,6 +16,11 @@
 //!     long draft, as MAX_SPEC intends;
 //!   - the context's own occurrence at the end of the request tree is left out of its
 //!     counts: it has no continuation yet, so it is not evidence;
+//!   - a context that occurs exactly once earlier in the request (a copy in progress)
+//!     earns the full `max_spec` budget rather than α·p: copying a span of the prompt
+//!     then takes one step instead of a geometric ramp of 1, 2, 4… tokens. Drafts get
+//!     longer and acceptance per drafted token lower; the verifier's cost-aware cap is
+//!     what bounds draft size where verification is not free;
 //!   - the response so far as global evidence: the global candidate reads the global
 //!     tree and the generated part of the request tree as one, with summed counts (see
 //!     `merged`). The reference implementation gets the same by adding responses to its
@@ -478,7 +483,26 @@ impl Speculator {
             SpecMode::Paper => tree.max_depth().saturating_sub(p),
             SpecMode::Extended => usize::MAX,
         };
-        let limit = |p: usize| params.budget(p).min(room(p));
+        // Extended mode: when the context occurs exactly once earlier in the request's own
+        // text, the response is most likely copying from there (a quoted field, a code
+        // block, an earlier step's output), and a short match already identifies the
+        // place. Such a draft gets the full budget instead of α·p.
+        let copying = |p: usize| {
+            params.mode == SpecMode::Extended
+                && matches
+                    .iter()
+                    .filter(|m| m.1 as usize >= p)
+                    .nth(1)
+                    .is_none()
+        };
+        let budget = |p: usize| {
+            if copying(p) {
+                params.max_spec
+            } else {
+                params.budget(p)
+            }
+        };
+        let limit = |p: usize| budget(p).min(room(p));
         // The occurrences of the last p context tokens only change where p passes a
         // match length. Within a range of equal occurrence sets every p grows the same
         // path, cut at limit(p) tokens, so only the p with the largest limit (the
@@ -501,7 +525,7 @@ impl Speculator {
         }
         let best = best_over_p(&candidates, p_max, self.exhaustive, limit, |p| {
             let cursor = tree.cursor_at(matches, p)?;
-            let mut d = expand(tree, &cursor, params.budget(p), params);
+            let mut d = expand(tree, &cursor, budget(p), params);
             d.match_len = p;
             Some(d)
         });
@@ -714,6 +738,26 @@ mod tests {
         let d = s.speculate(Some(&r), &g, &prompt, &paper(false));
         assert_eq!(d.source, DraftSource::Request);
         assert_eq!(d.tokens, vec![7, 8]);
+    }
+
+    #[test]
+    fn a_copy_in_progress_earns_the_full_budget_in_extended_mode() {
+        let g = GlobalTree::new(24).unwrap();
+        // The prompt holds a span after a token (7) seen once; the response has just
+        // started copying it.
+        let span: Vec<u32> = (100..130).collect();
+        let mut prompt = vec![1, 2, 3, 7];
+        prompt.extend(&span);
+        prompt.extend([4, 5, 7]);
+        let mut s = Speculator::new();
+        let r = RequestTree::new(&prompt, 24);
+        let p = s.speculate(Some(&r), &g, &prompt, &paper(false));
+        assert_eq!(p.tokens, vec![100], "α·p with p = 1 allows one token");
+        let params = SpecParams::default();
+        let r = RequestTree::new(&prompt, params.request_depth());
+        let e = s.speculate(Some(&r), &g, &prompt, &params);
+        assert_eq!(e.tokens, span[..24].to_vec());
+        assert_eq!(e.source, DraftSource::Request);
     }
 
     #[test]
