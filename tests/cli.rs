@@ -178,85 +178,48 @@ fn entropy_is_lower_for_repetitive_outputs() {
     );
 }
 
+/// `suffixd simulate --warm WARM --test TEST EXTRA...`
+fn simulate(warm: &Path, test: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "simulate",
+        "--warm",
+        warm.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 #[test]
 fn bad_inputs_are_clear_errors_not_panics() {
     let dir = tempfile::tempdir().unwrap();
     let test = example("test.jsonl.zst");
-    let missing = dir.path().join("missing.jsonl");
-    let out = run(&[
-        "simulate",
-        "--warm",
-        missing.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
-    ]);
+    let out = simulate(&dir.path().join("missing.jsonl"), &test, &[]);
     assert_clean_failure(&out, "cannot read");
 
     let garbage = dir.path().join("garbage.jsonl");
     std::fs::write(&garbage, "this is not json\n").unwrap();
-    let out = run(&[
-        "simulate",
-        "--warm",
-        garbage.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
-    ]);
-    assert_clean_failure(&out, "garbage.jsonl:1");
+    assert_clean_failure(&simulate(&garbage, &test, &[]), "garbage.jsonl:1");
 
     let negative = dir.path().join("neg.jsonl");
     std::fs::write(&negative, "{\"prompt\": [1], \"response\": [-3]}\n").unwrap();
-    let out = run(&[
-        "simulate",
-        "--warm",
-        negative.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
-    ]);
-    assert_clean_failure(&out, "not a token example");
+    assert_clean_failure(&simulate(&negative, &test, &[]), "not a token example");
 
     // A truncated zstd stream.
     let bytes = std::fs::read(example("warm.jsonl.zst")).unwrap();
     let truncated = dir.path().join("truncated.jsonl.zst");
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
-    let out = run(&[
-        "simulate",
-        "--warm",
-        truncated.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
-    ]);
-    assert_clean_failure(&out, "cannot read");
+    assert_clean_failure(&simulate(&truncated, &test, &[]), "cannot read");
 
-    let out = run(&[
-        "simulate",
-        "--warm",
-        test.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
-        "--min-prob",
-        "2",
-    ]);
-    assert_clean_failure(&out, "--min-prob");
-
-    let out = run(&[
-        "simulate",
-        "--warm",
-        test.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
+    assert_clean_failure(&simulate(&test, &test, &["--min-prob", "2"]), "--min-prob");
+    assert_clean_failure(
+        &simulate(&test, &test, &["--max-depth", "0"]),
         "--max-depth",
-        "0",
-    ]);
-    assert_clean_failure(&out, "--max-depth");
-
-    let out = run(&[
-        "simulate",
-        "--warm",
-        test.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
+    );
+    let snapshot = dir.path().to_str().unwrap();
+    assert_clean_failure(
+        &simulate(&test, &test, &["--snapshot", snapshot]),
         "--snapshot",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert_clean_failure(&out, "--snapshot");
+    );
 }
