@@ -19,6 +19,19 @@ fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("the binary runs")
 }
 
+/// `suffixd simulate --warm WARM --test TEST EXTRA...`
+fn simulate(warm: &Path, test: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "simulate",
+        "--warm",
+        warm.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 fn last_json(out: &Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().expect("some output");
@@ -51,19 +64,11 @@ fn simulate_json_has_the_contract_keys_and_consistent_figures() {
     let test = example("test.jsonl.zst");
     for mode in ["paper", "extended"] {
         for shape in ["--linear", "--tree"] {
-            let out = run(&[
-                "simulate",
-                "--warm",
-                warm.to_str().unwrap(),
-                "--test",
-                test.to_str().unwrap(),
-                "--test-limit",
-                "40",
-                "--mode",
-                mode,
-                shape,
-                "--json",
-            ]);
+            let out = simulate(
+                &warm,
+                &test,
+                &["--test-limit", "40", "--mode", mode, shape, "--json"],
+            );
             assert!(
                 out.status.success(),
                 "{}",
@@ -130,19 +135,12 @@ fn simulate_replays_every_response_token() {
 fn max_cached_requests_limits_the_global_tree() {
     let warm = example("warm.jsonl.zst");
     let test = example("test.jsonl.zst");
-    let args = |cap: &'static str| {
-        run(&[
-            "simulate",
-            "--warm",
-            warm.to_str().unwrap(),
-            "--test",
-            test.to_str().unwrap(),
-            "--test-limit",
-            "5",
-            "--max-cached-requests",
-            cap,
-            "--json",
-        ])
+    let args = |cap: &str| {
+        simulate(
+            &warm,
+            &test,
+            &["--test-limit", "5", "--max-cached-requests", cap, "--json"],
+        )
     };
     let r = last_json(&args("10"));
     assert_eq!(r["cached_requests"].as_u64(), Some(10));
@@ -176,19 +174,6 @@ fn entropy_is_lower_for_repetitive_outputs() {
         low < 0.5 && chat > 1.0 && low < chat,
         "repetitive {low}, chat {chat}"
     );
-}
-
-/// `suffixd simulate --warm WARM --test TEST EXTRA...`
-fn simulate(warm: &Path, test: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "simulate",
-        "--warm",
-        warm.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    run(&args)
 }
 
 #[test]

@@ -188,6 +188,32 @@ impl Naive<'_> {
     }
 }
 
+/// A global tree holding `seqs` as sequences 0, 1, …
+fn global_tree(seqs: &[Vec<u32>], depth: usize) -> GlobalTree {
+    let mut t = GlobalTree::new(depth).unwrap();
+    for (i, s) in seqs.iter().enumerate() {
+        t.insert(i as u64, s).unwrap();
+    }
+    t
+}
+
+/// Checks a paper-mode linear draft for `context` against Algorithm 1 over `seqs`.
+fn check_algorithm_1(
+    seqs: &[Vec<u32>],
+    context: &[u32],
+    d: &Draft,
+    params: SpecParams,
+) -> Result<(), String> {
+    let depth = params.max_depth;
+    let count = |p: &[u32]| naive_count(seqs, p, depth);
+    let naive = Naive {
+        count: &count,
+        params,
+        depth,
+    };
+    naive.check(&context[context.len().saturating_sub(depth)..], d)
+}
+
 fn paper(depth: usize, max_spec: usize, min_prob: f32, tree: bool) -> SpecParams {
     SpecParams {
         max_depth: depth,
@@ -205,10 +231,7 @@ proptest! {
 
     #[test]
     fn global_counts_equal_brute_force(seqs in seqs_strategy(), depth in 1usize..8) {
-        let mut t = GlobalTree::new(depth).unwrap();
-        for (i, s) in seqs.iter().enumerate() {
-            t.insert(i as u64, s).unwrap();
-        }
+        let t = global_tree(&seqs, depth);
         t.check_integrity().map_err(TestCaseError::fail)?;
         for path in probe_paths(&seqs, depth) {
             prop_assert_eq!(t.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
@@ -267,16 +290,10 @@ proptest! {
         max_spec in 1usize..10,
         min_prob in 0.0f32..0.6,
     ) {
-        let mut t = GlobalTree::new(depth).unwrap();
-        for (i, s) in seqs.iter().enumerate() {
-            t.insert(i as u64, s).unwrap();
-        }
+        let t = global_tree(&seqs, depth);
         let params = paper(depth, max_spec, min_prob, false);
         let d = Speculator::new().speculate_global(&t, &ctx, &params);
-        let count = |p: &[u32]| naive_count(&seqs, p, depth);
-        let naive = Naive { count: &count, params, depth };
-        let window = &ctx[ctx.len().saturating_sub(depth)..];
-        naive.check(window, &d).map_err(TestCaseError::fail)?;
+        check_algorithm_1(&seqs, &ctx, &d, params).map_err(TestCaseError::fail)?;
     }
 
     #[test]
@@ -289,11 +306,7 @@ proptest! {
         let r = RequestTree::new(&prompt, depth);
         let params = paper(depth, max_spec, min_prob, false);
         let d = Speculator::new().speculate_request(&r, &prompt, &params);
-        let seqs = vec![prompt.clone()];
-        let count = |p: &[u32]| naive_count(&seqs, p, depth);
-        let naive = Naive { count: &count, params, depth };
-        let window = &prompt[prompt.len().saturating_sub(depth)..];
-        naive.check(window, &d).map_err(TestCaseError::fail)?;
+        check_algorithm_1(std::slice::from_ref(&prompt), &prompt, &d, params).map_err(TestCaseError::fail)?;
     }
 
     #[test]
@@ -306,10 +319,7 @@ proptest! {
         tree in any::<bool>(),
         extended in any::<bool>(),
     ) {
-        let mut t = GlobalTree::new(depth).unwrap();
-        for (i, s) in seqs.iter().enumerate() {
-            t.insert(i as u64, s).unwrap();
-        }
+        let t = global_tree(&seqs, depth);
         let mut params = paper(depth, max_spec, min_prob, tree);
         if extended {
             params.mode = SpecMode::Extended;
@@ -333,10 +343,7 @@ proptest! {
         other in prop::collection::vec(0..VOCAB, 0..20),
         extended in any::<bool>(),
     ) {
-        let mut t = GlobalTree::new(depth).unwrap();
-        for (i, s) in seqs.iter().enumerate() {
-            t.insert(i as u64, s).unwrap();
-        }
+        let mut t = global_tree(&seqs, depth);
         let mut params = paper(depth, 8, 0.1, false);
         if extended {
             params.mode = SpecMode::Extended;
