@@ -37,7 +37,7 @@ use std::collections::BinaryHeap;
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use crate::tree::{Child, Expand, GlobalCursor, GlobalTree, RequestTree};
+use crate::tree::{Child, Expand, GlobalCursor, GlobalIndex, RequestTree};
 
 mod merged;
 use merged::Merged;
@@ -188,31 +188,52 @@ impl Draft {
 /// Reusable speculation state: scratch buffers, so that a call does not allocate, and
 /// the global-tree cursors of the previous call, so that the next call on a longer
 /// context only steps them over the new tokens.
-#[derive(Default)]
-pub struct Speculator {
+///
+/// `C` is the cursor type of the global index it is used with.
+pub struct Speculator<C = GlobalCursor> {
     matches: Vec<(u32, u32)>,
     exhaustive: bool,
-    global: GlobalMatches,
+    global: GlobalMatches<C>,
+}
+
+impl<C> Default for Speculator<C> {
+    fn default() -> Self {
+        Self {
+            matches: Vec::new(),
+            exhaustive: false,
+            global: GlobalMatches::default(),
+        }
+    }
 }
 
 /// The global-tree positions N_1, N_2, … of the last p context tokens, for one context.
-#[derive(Default)]
-struct GlobalMatches {
+struct GlobalMatches<C> {
     version: u64,
     context_len: usize,
     /// The last `max_depth` tokens of that context: the cursors depend on these alone.
     tail: Vec<u32>,
     /// `cursors[p - 1]` is N_p, for every p that matches.
-    cursors: Vec<GlobalCursor>,
+    cursors: Vec<C>,
 }
 
-impl GlobalMatches {
+impl<C> Default for GlobalMatches<C> {
+    fn default() -> Self {
+        Self {
+            version: 0,
+            context_len: 0,
+            tail: Vec::new(),
+            cursors: Vec::new(),
+        }
+    }
+}
+
+impl<C: Clone> GlobalMatches<C> {
     /// Bring the cursors up to date for `context`. When `context` extends the previous
     /// one (same tree version, same tokens where the old tail was), N_p is N_{p-k} of
     /// the previous call stepped over the k new tokens, O(p·k) instead of a walk from
     /// the root for every p. A suffix of a path is a path, so the first p that fails
     /// ends the list.
-    fn update(&mut self, tree: &GlobalTree, context: &[u32]) {
+    fn update<G: GlobalIndex<Cursor = C>>(&mut self, tree: &G, context: &[u32]) {
         let depth = tree.max_depth();
         let n = context.len();
         let old_len = self.context_len;
@@ -227,7 +248,7 @@ impl GlobalMatches {
         for p in 1..=depth.min(n) {
             let cursor = if extends && p > k {
                 old.get(p - k - 1)
-                    .and_then(|&c| new.iter().try_fold(c, |c, &t| tree.step(c, t)))
+                    .and_then(|c| new.iter().try_fold(c.clone(), |c, &t| tree.step(&c, t)))
             } else {
                 tree.walk(&context[n - p..])
             };
@@ -371,7 +392,7 @@ fn expand<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params: &Sp
 }
 
 impl Speculator {
-    /// A speculator with empty scratch space.
+    /// A speculator for the global tree's cursors, with empty scratch space.
     pub fn new() -> Self {
         Self::default()
     }
@@ -380,18 +401,24 @@ impl Speculator {
     /// returns the same drafts, slower: tests use it to check the pruning.
     #[doc(hidden)]
     pub fn exhaustive() -> Self {
-        Self {
-            exhaustive: true,
-            ..Self::default()
-        }
+        Self::default().exhaustively()
+    }
+}
+
+impl<C: Clone> Speculator<C> {
+    /// This speculator, made to try every p (see [`Speculator::exhaustive`]).
+    #[doc(hidden)]
+    pub fn exhaustively(mut self) -> Self {
+        self.exhaustive = true;
+        self
     }
 
     /// The best draft for `context` from both trees. `context` is the request's prompt
     /// followed by the tokens generated so far.
-    pub fn speculate(
+    pub fn speculate<G: GlobalIndex<Cursor = C>>(
         &mut self,
         request: Option<&RequestTree>,
-        global: &GlobalTree,
+        global: &G,
         context: &[u32],
         params: &SpecParams,
     ) -> Draft {
@@ -430,9 +457,9 @@ impl Speculator {
     }
 
     /// The best draft from the global tree alone.
-    pub fn speculate_global(
+    pub fn speculate_global<G: GlobalIndex<Cursor = C>>(
         &mut self,
-        tree: &GlobalTree,
+        tree: &G,
         context: &[u32],
         params: &SpecParams,
     ) -> Draft {
@@ -533,7 +560,7 @@ impl Speculator {
     }
 
     /// Match the context in the global tree; returns the longest p that matches.
-    fn match_global(&mut self, tree: &GlobalTree, context: &[u32], params: &SpecParams) -> usize {
+    fn match_global<G: GlobalIndex<Cursor = C>>(&mut self, tree: &G, context: &[u32], params: &SpecParams) -> usize {
         let window = context.len().min(tree.max_depth());
         let max_p = match params.mode {
             SpecMode::Paper => window.saturating_sub(1),
@@ -543,9 +570,9 @@ impl Speculator {
         self.global.cursors.len().min(max_p)
     }
 
-    fn best_from_global(
+    fn best_from_global<G: GlobalIndex<Cursor = C>>(
         &mut self,
-        tree: &GlobalTree,
+        tree: &G,
         context: &[u32],
         p_max: usize,
         params: &SpecParams,
@@ -562,7 +589,7 @@ impl Speculator {
         };
         let all: SmallVec<[usize; 64]> = (1..=p_max).collect();
         let best = best_over_p(&all, p_max, self.exhaustive, bound, |p| {
-            let cursor = *cursors.get(p - 1)?;
+            let cursor = cursors.get(p - 1)?.clone();
             let mut matched = p;
             if extended && p == p_max {
                 matched +=
@@ -578,11 +605,11 @@ impl Speculator {
     /// The global candidate of extended mode: the global tree read together with the
     /// response generated so far (counts summed), so that what this response repeats
     /// and what earlier responses did count as one body of evidence.
-    fn best_from_both(
+    fn best_from_both<G: GlobalIndex<Cursor = C>>(
         &mut self,
         request: &RequestTree,
         local_pmax: usize,
-        global: &GlobalTree,
+        global: &G,
         context: &[u32],
         global_pmax: usize,
         params: &SpecParams,
@@ -604,7 +631,7 @@ impl Speculator {
         let all: SmallVec<[usize; 64]> = (1..=p_max).collect();
         best_over_p(&all, p_max, self.exhaustive, bound, |p| {
             let g = if p <= global_pmax {
-                cursors.get(p - 1).copied()
+                cursors.get(p - 1).cloned()
             } else {
                 None
             };
@@ -679,6 +706,7 @@ fn best_over_p(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tree::GlobalTree;
 
     fn paper(tree: bool) -> SpecParams {
         SpecParams {

@@ -22,7 +22,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{Child, Expand, MAX_SUPPORTED_DEPTH, NIL};
+use super::{Child, Expand, GlobalIndex, MAX_SUPPORTED_DEPTH, NIL};
 
 const ROOT: u32 = 0;
 const INDEXED: u8 = 0x80;
@@ -48,20 +48,97 @@ pub enum TreeError {
 /// One arena node. `repr(C)` so that the same bytes can be archived for snapshots.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Node {
+pub struct Node {
     pub(crate) start: u32,
     pub(crate) count: u32,
     pub(crate) first_child: u32,
     pub(crate) next_sibling: u32,
 }
 
-/// One stored sequence, in pool order.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SeqEntry {
+impl Node {
+    /// What a read of a node index outside the arena sees: an empty leaf, so that a
+    /// damaged snapshot ends a walk instead of panicking or reading out of bounds.
+    const OUTSIDE: Node = Node {
+        start: 0,
+        count: 0,
+        first_child: NIL,
+        next_sibling: NIL,
+    };
+}
+
+/// One stored sequence, in pool order. Plain integers only (`live` is 0 or 1), so that
+/// any bit pattern read from a snapshot is a valid value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeqEntry {
     pub(crate) id: u64,
     pub(crate) offset: u32,
     pub(crate) len: u32,
-    pub(crate) live: bool,
+    pub(crate) live: u32,
+    pub(crate) reserved: u32,
+}
+
+/// A `(node, token) → child` entry of the child index of wide nodes, as frozen into a
+/// snapshot: sorted by `(node, token)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WideChild {
+    pub(crate) node: u32,
+    pub(crate) token: u32,
+    pub(crate) child: u32,
+}
+
+/// Lookup of the child of an indexed (wide) node.
+pub trait ChildIndex {
+    /// The child of `node` whose edge starts with `token`.
+    fn child_of(&self, node: u32, token: u32) -> Option<u32>;
+}
+
+impl ChildIndex for FxHashMap<(u32, u32), u32> {
+    #[inline]
+    fn child_of(&self, node: u32, token: u32) -> Option<u32> {
+        self.get(&(node, token)).copied()
+    }
+}
+
+impl ChildIndex for [WideChild] {
+    #[inline]
+    fn child_of(&self, node: u32, token: u32) -> Option<u32> {
+        self.binary_search_by(|w| (w.node, w.token).cmp(&(node, token)))
+            .ok()
+            .map(|i| self[i].child)
+    }
+}
+
+/// Where the tables of a [`GlobalTree`] live: growable vectors ([`Owned`], the only
+/// storage that can be changed), or read-only slices of a snapshot (see
+/// [`crate::store::snapshot`]).
+pub trait Storage {
+    /// Node records.
+    type Nodes: std::ops::Deref<Target = [Node]>;
+    /// Edge lengths and flags, parallel to the nodes.
+    type Lens: std::ops::Deref<Target = [u8]>;
+    /// The token pool.
+    type Pool: std::ops::Deref<Target = [u32]>;
+    /// The sequence table, in pool order.
+    type Seqs: std::ops::Deref<Target = [SeqEntry]>;
+    /// The child index of wide nodes.
+    type Index: ChildIndex + ?Sized;
+    /// How the index is held.
+    type IndexRef: std::ops::Deref<Target = Self::Index>;
+}
+
+/// In-memory, growable storage: the only kind that accepts inserts and removals.
+#[derive(Clone, Debug)]
+pub struct Owned;
+
+impl Storage for Owned {
+    type Nodes = Vec<Node>;
+    type Lens = Vec<u8>;
+    type Pool = Vec<u32>;
+    type Seqs = Vec<SeqEntry>;
+    type Index = FxHashMap<(u32, u32), u32>;
+    type IndexRef = Box<FxHashMap<(u32, u32), u32>>;
 }
 
 /// Sizes and occupancy of a [`GlobalTree`].
@@ -110,26 +187,58 @@ enum Lookup {
 }
 
 /// Depth-limited suffix trie over whole sequences, with counts, in a flat arena.
-#[derive(Clone, Debug)]
-pub struct GlobalTree {
-    max_depth: usize,
-    pub(crate) nodes: Vec<Node>,
-    pub(crate) lens: Vec<u8>,
-    free_head: u32,
-    free_nodes: usize,
-    child_index: FxHashMap<(u32, u32), u32>,
-    pub(crate) pool: Vec<u32>,
-    pub(crate) seqs: Vec<SeqEntry>,
-    seq_by_id: FxHashMap<u64, u32>,
-    live_tokens: u64,
-    dead_tokens: u64,
-    version: u64,
+///
+/// Generic over where its tables live (see [`Storage`]); reading works the same on
+/// both, changing only on [`Owned`] storage.
+pub struct GlobalTree<S: Storage = Owned> {
+    pub(crate) max_depth: usize,
+    pub(crate) nodes: S::Nodes,
+    pub(crate) lens: S::Lens,
+    pub(crate) free_head: u32,
+    pub(crate) free_nodes: usize,
+    pub(crate) child_index: S::IndexRef,
+    pub(crate) pool: S::Pool,
+    pub(crate) seqs: S::Seqs,
+    pub(crate) seq_by_id: FxHashMap<u64, u32>,
+    pub(crate) live_tokens: u64,
+    pub(crate) dead_tokens: u64,
+    pub(crate) version: u64,
+}
+
+impl Clone for GlobalTree {
+    fn clone(&self) -> Self {
+        Self {
+            max_depth: self.max_depth,
+            nodes: self.nodes.clone(),
+            lens: self.lens.clone(),
+            free_head: self.free_head,
+            free_nodes: self.free_nodes,
+            child_index: self.child_index.clone(),
+            pool: self.pool.clone(),
+            seqs: self.seqs.clone(),
+            seq_by_id: self.seq_by_id.clone(),
+            live_tokens: self.live_tokens,
+            dead_tokens: self.dead_tokens,
+            version: next_version(),
+        }
+    }
+}
+
+impl<S: Storage> std::fmt::Debug for GlobalTree<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GlobalTree")
+            .field("max_depth", &self.max_depth)
+            .field("nodes", &self.nodes.len())
+            .field("pool", &self.pool.len())
+            .field("sequences", &self.seqs.len())
+            .finish()
+    }
 }
 
 /// Source of [`GlobalTree::version`] values: unique across every tree of the process.
 static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-fn next_version() -> u64 {
+pub(crate) fn next_version() -> u64 {
     VERSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
@@ -164,7 +273,7 @@ impl GlobalTree {
             lens: vec![INDEXED],
             free_head: NIL,
             free_nodes: 0,
-            child_index: FxHashMap::default(),
+            child_index: Box::default(),
             pool: Vec::new(),
             seqs: Vec::new(),
             seq_by_id: FxHashMap::default(),
@@ -174,6 +283,9 @@ impl GlobalTree {
         })
     }
 
+}
+
+impl<S: Storage> GlobalTree<S> {
     /// The depth limit.
     pub fn max_depth(&self) -> usize {
         self.max_depth
@@ -208,12 +320,12 @@ impl GlobalTree {
     /// The tokens of a stored sequence.
     pub fn sequence(&self, id: u64) -> Option<&[u32]> {
         let e = self.seqs[*self.seq_by_id.get(&id)? as usize];
-        Some(&self.pool[e.offset as usize..(e.offset + e.len) as usize])
+        self.pool.get(e.offset as usize..(e.offset as usize + e.len as usize))
     }
 
     /// Ids of the live sequences, oldest first.
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
-        self.seqs.iter().filter(|e| e.live).map(|e| e.id)
+        self.seqs.iter().filter(|e| e.live != 0).map(|e| e.id)
     }
 
     /// Fraction of the pool held by removed sequences.
@@ -226,6 +338,9 @@ impl GlobalTree {
         }
     }
 
+}
+
+impl GlobalTree {
     /// Sizes and occupancy.
     pub fn stats(&self) -> TreeStats {
         TreeStats {
@@ -277,7 +392,8 @@ impl GlobalTree {
             id,
             offset: base as u32,
             len: tokens.len() as u32,
-            live: true,
+            live: 1,
+            reserved: 0,
         });
         self.live_tokens += tokens.len() as u64;
         self.version = next_version();
@@ -295,7 +411,7 @@ impl GlobalTree {
         };
         let e = self.seqs[idx as usize];
         self.version = next_version();
-        self.seqs[idx as usize].live = false;
+        self.seqs[idx as usize].live = 0;
         self.live_tokens -= e.len as u64;
         self.dead_tokens += e.len as u64;
         let dead = e.offset..e.offset + e.len;
@@ -314,7 +430,7 @@ impl GlobalTree {
         let live_tokens = self.live_tokens as usize;
         fresh.pool.reserve_exact(live_tokens);
         fresh.seqs.reserve_exact(self.len());
-        for e in self.seqs.iter().filter(|e| e.live) {
+        for e in self.seqs.iter().filter(|e| e.live != 0) {
             let s = &self.pool[e.offset as usize..(e.offset + e.len) as usize];
             fresh
                 .insert(e.id, s)
@@ -323,16 +439,39 @@ impl GlobalTree {
         *self = fresh;
     }
 
+}
+
+impl<S: Storage> GlobalTree<S> {
+    /// Node `n`; outside the arena (only in a damaged snapshot), an empty leaf.
+    #[inline]
+    fn node(&self, n: u32) -> &Node {
+        self.nodes.get(n as usize).unwrap_or(&Node::OUTSIDE)
+    }
+
+    #[inline]
+    fn len_byte(&self, n: u32) -> u8 {
+        self.lens.get(n as usize).copied().unwrap_or(0)
+    }
+
+    /// The pool token at `pos`; `NIL` outside the pool (only in a damaged snapshot).
+    #[inline]
+    fn token_at(&self, pos: usize) -> u32 {
+        self.pool.get(pos).copied().unwrap_or(NIL)
+    }
+
     #[inline]
     fn len_of(&self, n: u32) -> usize {
-        (self.lens[n as usize] & LEN_MASK) as usize
+        (self.len_byte(n) & LEN_MASK) as usize
     }
 
     #[inline]
     fn first_token(&self, n: u32) -> u32 {
-        self.pool[self.nodes[n as usize].start as usize]
+        self.token_at(self.node(n).start as usize)
     }
 
+}
+
+impl GlobalTree {
     fn alloc(&mut self, start: u32, len: usize, count: u32) -> u32 {
         let node = Node {
             start,
@@ -356,10 +495,13 @@ impl GlobalTree {
         }
     }
 
+}
+
+impl<S: Storage> GlobalTree<S> {
     fn find_child(&self, node: u32, token: u32) -> Lookup {
-        if self.lens[node as usize] & INDEXED != 0 {
-            return match self.child_index.get(&key(node, token)) {
-                Some(&child) => Lookup::Found { child, pred: NIL },
+        if self.len_byte(node) & INDEXED != 0 {
+            return match self.child_index.child_of(node, token) {
+                Some(child) => Lookup::Found { child, pred: NIL },
                 None => Lookup::Missing {
                     last: NIL,
                     fanout: 0,
@@ -367,14 +509,16 @@ impl GlobalTree {
             };
         }
         let mut pred = NIL;
-        let mut c = self.nodes[node as usize].first_child;
+        let mut c = self.node(node).first_child;
         let mut fanout = 0;
-        while c != NIL {
+        let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
+        while c != NIL && guard > 0 {
+            guard -= 1;
             if self.first_token(c) == token {
                 return Lookup::Found { child: c, pred };
             }
             pred = c;
-            c = self.nodes[c as usize].next_sibling;
+            c = self.node(c).next_sibling;
             fanout += 1;
         }
         Lookup::Missing { last: pred, fanout }
@@ -391,14 +535,19 @@ impl GlobalTree {
 
     fn predecessor(&self, parent: u32, child: u32) -> u32 {
         let mut pred = NIL;
-        let mut c = self.nodes[parent as usize].first_child;
-        while c != child {
+        let mut c = self.node(parent).first_child;
+        let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
+        while c != child && guard > 0 {
+            guard -= 1;
             pred = c;
-            c = self.nodes[c as usize].next_sibling;
+            c = self.node(c).next_sibling;
         }
         pred
     }
 
+}
+
+impl GlobalTree {
     fn unlink(&mut self, parent: u32, child: u32, pred: u32) {
         let next = self.nodes[child as usize].next_sibling;
         if pred == NIL {
@@ -631,6 +780,9 @@ impl GlobalTree {
         }
     }
 
+}
+
+impl<S: Storage> GlobalTree<S> {
     /// The root position.
     pub fn root(&self) -> GlobalCursor {
         GlobalCursor {
@@ -656,8 +808,8 @@ impl GlobalTree {
     #[inline]
     pub fn step(&self, c: GlobalCursor, token: u32) -> Option<GlobalCursor> {
         if (c.off as usize) < self.len_of(c.node) {
-            let s = self.nodes[c.node as usize].start as usize + c.off as usize;
-            return (self.pool[s] == token).then_some(GlobalCursor {
+            let s = self.node(c.node).start as usize + c.off as usize;
+            return (self.token_at(s) == token).then_some(GlobalCursor {
                 node: c.node,
                 off: c.off + 1,
                 depth: c.depth + 1,
@@ -674,7 +826,7 @@ impl GlobalTree {
     /// COUNT of the path spelled by `path` (0 when absent).
     pub fn count_of(&self, path: &[u32]) -> u32 {
         self.walk(path)
-            .map_or(0, |c| self.nodes[c.node as usize].count)
+            .map_or(0, |c| self.node(c.node).count)
     }
 
     /// For a path that occurs once, where its occurrence lies: the pool index just past
@@ -683,7 +835,7 @@ impl GlobalTree {
         &self,
         c: &GlobalCursor,
     ) -> Option<(usize, std::ops::Range<usize>)> {
-        let n = &self.nodes[c.node as usize];
+        let n = &self.node(c.node);
         if n.count != 1 || c.node == ROOT {
             return None;
         }
@@ -693,7 +845,7 @@ impl GlobalTree {
             .partition_point(|e| (e.offset as usize + e.len as usize) < after);
         let e = self.seqs.get(i)?;
         let range = e.offset as usize..(e.offset + e.len) as usize;
-        (e.live && range.contains(&(after - 1))).then_some((after, range))
+        (e.live != 0 && range.contains(&(after - 1))).then_some((after, range))
     }
 
     /// How far the unique occurrence at `c` keeps matching `context` backwards, beyond the
@@ -717,7 +869,7 @@ impl GlobalTree {
         while k < limit
             && k < ctx_start
             && occ_start > range.start + k
-            && self.pool[occ_start - 1 - k] == context[ctx_start - 1 - k]
+            && self.token_at(occ_start - 1 - k) == context[ctx_start - 1 - k]
         {
             k += 1;
         }
@@ -734,25 +886,29 @@ impl GlobalTree {
         let mut weighted = 0.0f64;
         let mut weight = 0.0f64;
         for n in 1..self.nodes.len() as u32 {
-            let node = &self.nodes[n as usize];
+            let node = &self.node(n);
             if node.count == 0 {
                 continue;
             }
             let mut total = 0u64;
             let mut c = node.first_child;
-            while c != NIL {
-                total += self.nodes[c as usize].count as u64;
-                c = self.nodes[c as usize].next_sibling;
+            let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
+            while c != NIL && guard > 0 {
+                guard -= 1;
+                total += self.node(c).count as u64;
+                c = self.node(c).next_sibling;
             }
             if total == 0 {
                 continue;
             }
             let mut h = 0.0f64;
             let mut c = node.first_child;
-            while c != NIL {
-                let q = self.nodes[c as usize].count as f64 / total as f64;
+            let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
+            while c != NIL && guard > 0 {
+                guard -= 1;
+                let q = self.node(c).count as f64 / total as f64;
                 h -= q * q.log2();
-                c = self.nodes[c as usize].next_sibling;
+                c = self.node(c).next_sibling;
             }
             weighted += h * total as f64;
             weight += total as f64;
@@ -770,8 +926,11 @@ impl GlobalTree {
         // Counts: walk every suffix and tally.
         let mut visits: FxHashMap<u32, u32> = FxHashMap::default();
         let mut root_visits = 0u32;
-        for e in self.seqs.iter().filter(|e| e.live) {
-            let s = &self.pool[e.offset as usize..(e.offset + e.len) as usize];
+        for e in self.seqs.iter().filter(|e| e.live != 0) {
+            let s = self
+                .pool
+                .get(e.offset as usize..e.offset as usize + e.len as usize)
+                .ok_or_else(|| format!("sequence {} lies outside the token pool", e.id))?;
             for i in 0..s.len() {
                 root_visits += 1;
                 let rem = (s.len() - i).min(self.max_depth);
@@ -782,11 +941,11 @@ impl GlobalTree {
                         format!("sequence {} suffix {i}: no child at depth {j}", e.id)
                     })?;
                     let len = self.len_of(child);
-                    let st = self.nodes[child as usize].start as usize;
+                    let st = self.node(child).start as usize;
                     if j + len > rem {
                         return Err(format!("sequence {} suffix {i} ends inside an edge", e.id));
                     }
-                    if self.pool[st..st + len] != s[i + j..i + j + len] {
+                    if self.pool.get(st..st + len) != Some(&s[i + j..i + j + len]) {
                         return Err(format!("sequence {} suffix {i}: edge tokens differ", e.id));
                     }
                     *visits.entry(child).or_default() += 1;
@@ -795,10 +954,10 @@ impl GlobalTree {
                 }
             }
         }
-        if self.nodes[ROOT as usize].count != root_visits {
+        if self.node(ROOT).count != root_visits {
             return Err(format!(
                 "root count {} but {} suffixes",
-                self.nodes[ROOT as usize].count, root_visits
+                self.node(ROOT).count, root_visits
             ));
         }
         // Structure: every reachable node's count equals its visits, and children are
@@ -806,14 +965,19 @@ impl GlobalTree {
         let mut stack = vec![(ROOT, 0usize)];
         let mut reachable = 1;
         while let Some((n, depth)) = stack.pop() {
-            let indexed = self.lens[n as usize] & INDEXED != 0;
-            let mut c = self.nodes[n as usize].first_child;
+            let indexed = self.len_byte(n) & INDEXED != 0;
+            let mut c = self.node(n).first_child;
             let mut child_sum = 0u64;
             let mut fanout = 0;
-            while c != NIL {
+            let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
+            while c != NIL && guard > 0 {
+                guard -= 1;
                 reachable += 1;
+                if reachable > self.nodes.len() {
+                    return Err("a node is reachable twice: the links form a cycle".into());
+                }
                 fanout += 1;
-                let cnt = self.nodes[c as usize].count;
+                let cnt = self.node(c).count;
                 let want = visits.get(&c).copied().unwrap_or(0);
                 if cnt != want || cnt == 0 {
                     return Err(format!(
@@ -824,28 +988,30 @@ impl GlobalTree {
                 if len == 0 || depth + len > self.max_depth {
                     return Err(format!("node {c}: bad edge length {len} at depth {depth}"));
                 }
-                let st = self.nodes[c as usize].start as usize;
+                let st = self.node(c).start as usize;
                 if st < depth || st + len > self.pool.len() {
                     return Err(format!("node {c}: occurrence out of the pool"));
                 }
-                if indexed && self.child_index.get(&key(n, self.first_token(c))) != Some(&c) {
+                if indexed && self.child_index.child_of(n, self.first_token(c)) != Some(c) {
                     return Err(format!("node {n}: child {c} missing from the index"));
                 }
                 child_sum += cnt as u64;
                 stack.push((c, depth + len));
-                c = self.nodes[c as usize].next_sibling;
+                c = self.node(c).next_sibling;
             }
-            let head = self.nodes[n as usize].first_child;
+            let head = self.node(n).first_child;
             if n != ROOT && head != NIL {
                 let mut c = head;
-                while c != NIL {
-                    if self.nodes[c as usize].count > self.nodes[head as usize].count {
+                let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
+                while c != NIL && guard > 0 {
+                    guard -= 1;
+                    if self.node(c).count > self.node(head).count {
                         return Err(format!("node {n}: head child {head} is not the largest"));
                     }
-                    c = self.nodes[c as usize].next_sibling;
+                    c = self.node(c).next_sibling;
                 }
             }
-            if child_sum > self.nodes[n as usize].count as u64 {
+            if child_sum > self.node(n).count as u64 {
                 return Err(format!("node {n}: children count more than the node"));
             }
             if !indexed && fanout > INDEX_FANOUT {
@@ -864,12 +1030,12 @@ impl GlobalTree {
     }
 }
 
-impl GlobalTree {
+impl<S: Storage> GlobalTree<S> {
     /// Inside an edge the only child is the edge's next token, with the same count.
     fn within_edge(&self, c: &GlobalCursor) -> Option<Child<GlobalCursor>> {
-        let n = &self.nodes[c.node as usize];
+        let n = &self.node(c.node);
         ((c.off as usize) < self.len_of(c.node)).then(|| Child {
-            token: self.pool[n.start as usize + c.off as usize],
+            token: self.token_at(n.start as usize + c.off as usize),
             count: n.count,
             cursor: GlobalCursor {
                 node: c.node,
@@ -880,36 +1046,38 @@ impl GlobalTree {
     }
 }
 
-impl Expand for GlobalTree {
+impl<S: Storage> Expand for GlobalTree<S> {
     type Cursor = GlobalCursor;
 
     #[inline]
     fn count(&self, c: &GlobalCursor) -> u32 {
-        self.nodes[c.node as usize].count
+        self.node(c.node).count
     }
 
     fn children(&self, c: &GlobalCursor, min_count: u32, out: &mut Vec<Child<GlobalCursor>>) {
         out.clear();
-        let n = &self.nodes[c.node as usize];
+        let n = &self.node(c.node);
         if (c.off as usize) < self.len_of(c.node) {
             out.extend(self.within_edge(c).filter(|k| k.count >= min_count));
             return;
         }
         // Below the root the head is the largest child: if it falls short, all do.
         if c.node != ROOT
-            && (n.first_child == NIL || self.nodes[n.first_child as usize].count < min_count)
+            && (n.first_child == NIL || self.node(n.first_child).count < min_count)
         {
             return;
         }
         // Scan until what is left unseen could not reach min_count.
         let mut unseen = n.count as u64;
         let mut ch = n.first_child;
-        while ch != NIL && unseen >= min_count.max(1) as u64 {
-            let cn = &self.nodes[ch as usize];
+        let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
+        while ch != NIL && guard > 0 && unseen >= min_count.max(1) as u64 {
+            guard -= 1;
+            let cn = &self.node(ch);
             unseen = unseen.saturating_sub(cn.count as u64);
             if cn.count >= min_count {
                 out.push(Child {
-                    token: self.pool[cn.start as usize],
+                    token: self.token_at(cn.start as usize),
                     count: cn.count,
                     cursor: GlobalCursor {
                         node: ch,
@@ -925,7 +1093,7 @@ impl Expand for GlobalTree {
     }
 
     fn best_child(&self, c: &GlobalCursor, min_count: u32) -> Option<Child<GlobalCursor>> {
-        let n = &self.nodes[c.node as usize];
+        let n = &self.node(c.node);
         if (c.off as usize) < self.len_of(c.node) {
             return self.within_edge(c).filter(|k| k.count >= min_count);
         }
@@ -939,7 +1107,7 @@ impl Expand for GlobalTree {
         if best == NIL {
             return None;
         }
-        let best_count = self.nodes[best as usize].count;
+        let best_count = self.node(best).count;
         if best_count < min_count {
             return None;
         }
@@ -958,16 +1126,42 @@ impl Expand for GlobalTree {
         let next = self.step(*c, token)?;
         Some(Child {
             token,
-            count: self.nodes[next.node as usize].count,
+            count: self.node(next.node).count,
             cursor: next,
         })
     }
 
     fn continuation_beyond_depth(&self, c: &GlobalCursor, max: usize) -> &[u32] {
         match self.unique_occurrence(c) {
-            Some((after, range)) => &self.pool[after..range.end.min(after + max)],
+            Some((after, range)) => self
+                .pool
+                .get(after..range.end.min(after + max))
+                .unwrap_or(&[]),
             None => &[],
         }
+    }
+}
+
+impl<S: Storage> GlobalIndex for GlobalTree<S> {
+    fn max_depth(&self) -> usize {
+        self.max_depth
+    }
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+
+    fn root(&self) -> GlobalCursor {
+        GlobalTree::root(self)
+    }
+
+    #[inline]
+    fn step(&self, cursor: &GlobalCursor, token: u32) -> Option<GlobalCursor> {
+        GlobalTree::step(self, *cursor, token)
+    }
+
+    fn extend_match_back(&self, cursor: &GlobalCursor, context: &[u32], limit: usize) -> usize {
+        GlobalTree::extend_match_back(self, cursor, context, limit)
     }
 }
 

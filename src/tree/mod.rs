@@ -15,7 +15,9 @@
 mod global;
 mod request;
 
-pub use global::{GlobalCursor, GlobalTree, TreeError, TreeStats};
+pub use global::{
+    ChildIndex, GlobalCursor, GlobalTree, Node, Owned, SeqEntry, Storage, TreeError, TreeStats, WideChild,
+};
 pub use request::{RequestCursor, RequestTree};
 
 /// The "no node" index in the arena's `u32` links.
@@ -69,5 +71,36 @@ pub trait Expand {
     /// Only extended speculation asks for this; the default is "unknown".
     fn continuation_beyond_depth(&self, _cursor: &Self::Cursor, _max: usize) -> &[u32] {
         &[]
+    }
+}
+
+/// A tree that speculation can match contexts in: the global tree, a snapshot of it, or
+/// the store's layered view of both. Its cursors can be stepped token by token.
+pub trait GlobalIndex: Expand {
+    /// The depth limit: no path is longer.
+    fn max_depth(&self) -> usize;
+
+    /// Changes whenever the contents change: a cursor stays valid while it is the same.
+    fn version(&self) -> u64;
+
+    /// The root position.
+    fn root(&self) -> Self::Cursor;
+
+    /// Follow one token down from `cursor`.
+    fn step(&self, cursor: &Self::Cursor, token: u32) -> Option<Self::Cursor>;
+
+    /// Walk `path` from the root; `None` when it is not in the tree.
+    fn walk(&self, path: &[u32]) -> Option<Self::Cursor> {
+        if path.len() > self.max_depth() {
+            return None;
+        }
+        path.iter()
+            .try_fold(self.root(), |c, &t| self.step(&c, t))
+    }
+
+    /// When the path at `cursor` occurs once, how far that occurrence keeps matching
+    /// `context` backwards beyond the path itself (at most `limit` more tokens).
+    fn extend_match_back(&self, _cursor: &Self::Cursor, _context: &[u32], _limit: usize) -> usize {
+        0
     }
 }
