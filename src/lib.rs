@@ -8,4 +8,6 @@ pub mod cli;
 pub mod corpus;
 pub mod simulate;
 pub mod speculate;
+pub mod store;
 pub mod tree;
+pub mod verify;

@@ -205,6 +205,6 @@ fn bad_inputs_are_clear_errors_not_panics() {
     let snapshot = dir.path().to_str().unwrap();
     assert_clean_failure(
         &simulate(&test, &test, &["--snapshot", snapshot]),
-        "--snapshot",
+        "holds no snapshot",
     );
 }

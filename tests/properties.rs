@@ -2,11 +2,15 @@
 //! - counts by brute force over the stored sequences;
 //! - the arena's invariants under appends interleaved with removals;
 //! - drafts against a literal implementation of the paper's Algorithm 1;
-//! - the pruned search over p against the exhaustive loop.
+//! - the pruned search over p against the exhaustive loop;
+//! - snapshots: a frozen tree gives exactly the drafts of the tree it was written from,
+//!   and base + delta − evicted gives the counts of one tree of what is left.
 
 use proptest::prelude::*;
 use suffixd::speculate::{Draft, SpecMode, SpecParams, Speculator};
-use suffixd::tree::{GlobalTree, RequestTree};
+use suffixd::store::snapshot::{NamespaceInput, Snapshot, TokenizerId, write_snapshot};
+use suffixd::store::{Layered, LayeredCursor};
+use suffixd::tree::{GlobalIndex, GlobalTree, RequestTree};
 
 const VOCAB: u32 = 5;
 
@@ -392,5 +396,95 @@ proptest! {
         }
         let sum: f32 = d.probs.iter().sum();
         prop_assert!((sum - d.score).abs() < 1e-4);
+    }
+}
+
+/// Write `tree` as a one-namespace snapshot and open it again from the file.
+fn frozen_copy(tree: &GlobalTree, dir: &std::path::Path) -> Snapshot {
+    let path = dir.join("snap-000001.sfxd");
+    let meta = tree
+        .ids()
+        .map(|id| suffixd::store::snapshot::SeqMeta { id, ..Default::default() })
+        .collect();
+    write_snapshot(
+        &path,
+        TokenizerId::UNKNOWN,
+        0,
+        &[NamespaceInput { name: "default", tree, meta }],
+    )
+    .unwrap();
+    Snapshot::open(&path, None).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn snapshot_drafts_equal_in_memory_drafts(
+        seqs in seqs_strategy(),
+        removed in prop::collection::vec(0usize..7, 0..3),
+        context in prop::collection::vec(0..VOCAB, 1..12),
+        depth in 2usize..8,
+        tree_shape in any::<bool>(),
+        extended in any::<bool>(),
+    ) {
+        let mut mem = global_tree(&seqs, depth);
+        for r in removed {
+            mem.remove(r as u64);
+        }
+        mem.compact();
+        let dir = tempfile::tempdir().unwrap();
+        let snap = frozen_copy(&mem, dir.path());
+        snap.verify().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let frozen = snap.namespaces().unwrap().pop().unwrap().tree;
+        for path in probe_paths(&seqs, depth) {
+            prop_assert_eq!(frozen.count_of(&path), mem.count_of(&path));
+        }
+        let mut params = paper(depth, 8, 0.1, tree_shape);
+        if extended {
+            params.mode = SpecMode::Extended;
+        }
+        let request = RequestTree::new(&context, params.request_depth());
+        let a = Speculator::new().speculate(Some(&request), &mem, &context, &params);
+        let b = Speculator::new().speculate(Some(&request), &frozen, &context, &params);
+        prop_assert_eq!(&a.tokens, &b.tokens);
+        prop_assert_eq!(&a.parents, &b.parents);
+        prop_assert_eq!(a.score, b.score);
+    }
+
+    #[test]
+    fn base_plus_delta_minus_evicted_counts_as_one_tree(
+        base_seqs in seqs_strategy(),
+        delta_seqs in seqs_strategy(),
+        evict in prop::collection::vec(any::<bool>(), 7),
+        depth in 1usize..7,
+    ) {
+        let base_mem = global_tree(&base_seqs, depth);
+        let dir = tempfile::tempdir().unwrap();
+        let snap = frozen_copy(&base_mem, dir.path());
+        let base = snap.namespaces().unwrap().pop().unwrap().tree;
+        let mut delta = GlobalTree::new(depth).unwrap();
+        for (i, s) in delta_seqs.iter().enumerate() {
+            delta.insert(100 + i as u64, s).unwrap();
+        }
+        let mut evicted = GlobalTree::new(depth).unwrap();
+        let mut left: Vec<Vec<u32>> = delta_seqs.clone();
+        for (i, s) in base_seqs.iter().enumerate() {
+            if evict[i] {
+                evicted.insert(i as u64, s).unwrap();
+            } else {
+                left.push(s.clone());
+            }
+        }
+        let view = Layered::new(Some(&base), &delta, &evicted);
+        let mut probes = probe_paths(&base_seqs, depth);
+        probes.extend(probe_paths(&delta_seqs, depth));
+        for path in probes {
+            let want = naive_count(&left, &path, depth);
+            let got = view.walk(&path).map_or(0, |c: LayeredCursor| {
+                suffixd::tree::Expand::count(&view, &c)
+            });
+            prop_assert_eq!(got, want, "path {:?}", path);
+        }
     }
 }

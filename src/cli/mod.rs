@@ -12,6 +12,8 @@ use crate::simulate::{SimulateConfig, simulate};
 use crate::speculate::{SpecMode, SpecParams};
 use crate::tree::GlobalTree;
 
+mod store;
+
 /// suffixd: a persistent SuffixDecoding speculation store and the LLM server that uses it.
 #[derive(Parser, Debug)]
 #[command(name = "suffixd", version, about)]
@@ -26,6 +28,10 @@ enum Command {
     Simulate(SimulateArgs),
     /// Average next-token entropy of a tree built from responses: low means large gains.
     Entropy(EntropyArgs),
+    /// Build a snapshot from request logs (token ids, text or chat records).
+    Build(store::BuildArgs),
+    /// Print a snapshot's header and sizes; with --verify, check all of it.
+    Inspect(store::InspectArgs),
 }
 
 /// Speculation flags shared by every command that speculates.
@@ -84,8 +90,8 @@ impl SpecArgs {
 #[derive(Args, Debug)]
 struct SimulateArgs {
     /// Token-stream file (.jsonl or .jsonl.zst) whose responses warm the global tree.
-    #[arg(long)]
-    warm: PathBuf,
+    #[arg(long, required_unless_present = "snapshot")]
+    warm: Option<PathBuf>,
     /// Use only the first N warm examples.
     #[arg(long)]
     warm_limit: Option<usize>,
@@ -106,7 +112,8 @@ struct SimulateArgs {
     /// Do not index prompts in the per-request tree.
     #[arg(long)]
     no_prompt_tree: bool,
-    /// Open the global tree from this snapshot directory instead of building it.
+    /// Open the global tree from this snapshot (a store directory or a snapshot file)
+    /// instead of building it from --warm.
     #[arg(long)]
     snapshot: Option<PathBuf>,
     /// Print one JSON object as the last line of stdout.
@@ -131,13 +138,9 @@ struct EntropyArgs {
 }
 
 fn run_simulate(a: SimulateArgs) -> anyhow::Result<()> {
-    if a.snapshot.is_some() {
-        bail!(
-            "--snapshot needs the persistent store, which this build does not have yet; \
-             run without it to build the tree from --warm"
-        );
-    }
+    let snapshot = a.snapshot.as_deref().map(store::resolve_snapshot).transpose()?;
     let cfg = SimulateConfig {
+        snapshot,
         warm: a.warm,
         warm_limit: a.warm_limit,
         test: a.test,
@@ -197,6 +200,8 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(a) => run_simulate(a),
         Command::Entropy(a) => run_entropy(a),
+        Command::Build(a) => store::run_build(a),
+        Command::Inspect(a) => store::run_inspect(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

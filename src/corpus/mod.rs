@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod logs;
+
 /// One example of a token-stream file.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct TokenExample {
@@ -36,6 +38,20 @@ pub enum CorpusError {
          {{\"prompt\": [ids], \"response\": [ids]}} with ids in 0..2^32"
     )]
     Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What the parser said.
+        source: serde_json::Error,
+    },
+    /// A line of a log is none of the three log shapes.
+    #[error(
+        "{path}:{line}: not a log record ({source}); each line must hold token ids \
+         {{\"prompt\": [ids], \"response\": [ids]}}, text {{\"prompt\": \"…\", \"response\": \"…\"}} \
+         or a chat record {{\"messages\": [...]}}"
+    )]
+    Log {
         /// The file.
         path: PathBuf,
         /// 1-based line number.

@@ -21,7 +21,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::corpus::{CorpusError, read_examples};
-use crate::speculate::{DraftSource, SpecParams, Speculator};
+use crate::speculate::{Draft, DraftSource, SpecParams, Speculator};
+use crate::store::{FrozenTree, Layered, LayeredCursor, OpenError, Snapshot};
 use crate::tree::{GlobalTree, RequestTree, TreeError};
 
 /// When removed tokens pass this fraction of the pool, the simulator compacts the tree,
@@ -31,8 +32,8 @@ pub const COMPACT_DEAD_FRACTION: f64 = 0.5;
 /// What to simulate.
 #[derive(Clone, Debug)]
 pub struct SimulateConfig {
-    /// Token-stream file whose responses warm the global tree.
-    pub warm: PathBuf,
+    /// Token-stream file whose responses warm the global tree (unless `snapshot`).
+    pub warm: Option<PathBuf>,
     /// Use only the first N warm examples.
     pub warm_limit: Option<usize>,
     /// Token-stream file of test examples.
@@ -47,6 +48,8 @@ pub struct SimulateConfig {
     pub online: bool,
     /// Index the prompt in the request tree.
     pub prompt_tree: bool,
+    /// Open this snapshot file as the warm cache instead of building from `warm`.
+    pub snapshot: Option<PathBuf>,
 }
 
 /// Errors from a simulation run.
@@ -58,6 +61,12 @@ pub enum SimulateError {
     /// The global tree refused an append.
     #[error(transparent)]
     Tree(#[from] TreeError),
+    /// The snapshot could not be opened.
+    #[error(transparent)]
+    Snapshot(#[from] OpenError),
+    /// The snapshot holds more than one namespace, or another depth limit.
+    #[error("{0}")]
+    SnapshotShape(String),
 }
 
 /// Results, with the keys of the fixed `simulate --json` contract first.
@@ -127,38 +136,95 @@ pub struct SimulateReport {
     pub prompt_tree: bool,
     /// Compactions run (warm-up and test).
     pub compactions: usize,
+    /// Bytes of the snapshot file, when the cache was opened from one.
+    pub snapshot_file_bytes: u64,
 }
 
-/// The global tree plus its FIFO order of responses.
+/// The warm cache a test request speculates from: a snapshot's frozen tree, or the tree
+/// built in memory from the warm responses.
+enum Base {
+    Built(GlobalTree),
+    Frozen(FrozenTree),
+}
+
+/// The global cache, organised as the store organises it: the warm tree (base), what
+/// test requests appended (delta), and base sequences evicted since (evicted), read as
+/// one tree; plus the FIFO order of responses. Test responses never change the base, so
+/// an in-memory build and its snapshot give the same drafts.
 struct Cache {
+    base: Base,
     tree: GlobalTree,
+    evicted: GlobalTree,
     order: VecDeque<u64>,
     capacity: usize,
     compactions: usize,
 }
 
 impl Cache {
-    fn make_room(&mut self, slots: usize) {
+    fn new(max_depth: usize, capacity: usize) -> Result<Self, TreeError> {
+        Ok(Cache {
+            base: Base::Built(GlobalTree::new(max_depth)?),
+            tree: GlobalTree::new(max_depth)?,
+            evicted: GlobalTree::new(max_depth)?,
+            order: VecDeque::new(),
+            capacity,
+            compactions: 0,
+        })
+    }
+
+    fn base_sequence(&self, id: u64) -> Option<&[u32]> {
+        match &self.base {
+            Base::Built(t) => t.sequence(id),
+            Base::Frozen(t) => t.sequence(id),
+        }
+    }
+
+    fn base_tokens(&self) -> u64 {
+        match &self.base {
+            Base::Built(t) => t.cached_tokens(),
+            Base::Frozen(t) => t.cached_tokens(),
+        }
+    }
+
+    fn make_room(&mut self, slots: usize) -> Result<(), TreeError> {
         while self.order.len() + slots > self.capacity {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
-            self.tree.remove(old);
+            if !self.tree.remove(old)
+                && let Some(seq) = self.base_sequence(old)
+            {
+                let seq = seq.to_vec();
+                self.evicted.insert(old, &seq)?;
+            }
         }
-        self.maybe_compact();
+        self.maybe_compact()
+    }
+
+    fn cached_tokens(&self) -> u64 {
+        self.tree.cached_tokens() + self.base_tokens() - self.evicted.cached_tokens()
+    }
+
+    /// Warm-up: straight into the base.
+    fn warm(&mut self, id: u64, tokens: &[u32]) -> Result<(), TreeError> {
+        if let Base::Built(t) = &mut self.base {
+            t.insert(id, tokens)?;
+            self.order.push_back(id);
+        }
+        Ok(())
     }
 
     fn add(&mut self, id: u64, tokens: &[u32]) -> Result<(), TreeError> {
         if self.capacity == 0 {
             return Ok(());
         }
-        self.make_room(1);
+        self.make_room(1)?;
         self.tree.insert(id, tokens)?;
         self.order.push_back(id);
         Ok(())
     }
 
-    fn remove(&mut self, id: u64) {
+    fn remove(&mut self, id: u64) -> Result<(), TreeError> {
         if self.tree.remove(id) {
             // Usually the newest, removed right after its request.
             if self.order.back() == Some(&id) {
@@ -167,13 +233,49 @@ impl Cache {
                 self.order.retain(|x| *x != id);
             }
         }
-        self.maybe_compact();
+        self.maybe_compact()
     }
 
-    fn maybe_compact(&mut self) {
+    /// Reclaim removed space: compact the delta when half of it is dead, and fold
+    /// everything into a new base when evictions reach half of the base.
+    fn maybe_compact(&mut self) -> Result<(), TreeError> {
         if self.tree.dead_fraction() > COMPACT_DEAD_FRACTION {
             self.tree.compact();
             self.compactions += 1;
+        }
+        if self.evicted.cached_tokens() as f64 > COMPACT_DEAD_FRACTION * self.base_tokens() as f64 {
+            let mut fresh = GlobalTree::new(self.tree.max_depth())?;
+            let ids: Vec<u64> = self.order.iter().copied().collect();
+            for id in ids {
+                if let Some(seq) = self.tree.sequence(id).or_else(|| self.base_sequence(id)) {
+                    let seq = seq.to_vec();
+                    fresh.insert(id, &seq)?;
+                }
+            }
+            self.base = Base::Built(fresh);
+            self.tree = GlobalTree::new(self.tree.max_depth())?;
+            self.evicted = GlobalTree::new(self.tree.max_depth())?;
+            self.compactions += 1;
+        }
+        Ok(())
+    }
+
+    fn speculate(
+        &self,
+        spec: &mut Speculator<LayeredCursor>,
+        request: &RequestTree,
+        context: &[u32],
+        params: &SpecParams,
+    ) -> Draft {
+        match &self.base {
+            Base::Built(base) => {
+                let view = Layered::over(Some(base), &self.tree, &self.evicted);
+                spec.speculate(Some(request), &view, context, params)
+            }
+            Base::Frozen(base) => {
+                let view = Layered::over(Some(base), &self.tree, &self.evicted);
+                spec.speculate(Some(request), &view, context, params)
+            }
         }
     }
 }
@@ -184,12 +286,7 @@ pub fn simulate(
     mut progress: impl FnMut(&str),
 ) -> Result<SimulateReport, SimulateError> {
     let params = cfg.params;
-    let mut cache = Cache {
-        tree: GlobalTree::new(params.max_depth)?,
-        order: VecDeque::new(),
-        capacity: cfg.max_cached_requests,
-        compactions: 0,
-    };
+    let mut cache = Cache::new(params.max_depth, cfg.max_cached_requests)?;
     let mut report = SimulateReport {
         params,
         online: cfg.online,
@@ -202,7 +299,58 @@ pub fn simulate(
     // `suffixd build` does, instead of inserting and evicting the rest.
     let mut kept: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
     let mut next_id = 0u64;
-    for ex in read_examples(&cfg.warm, cfg.warm_limit)? {
+    if let Some(path) = &cfg.snapshot {
+        memory::trim();
+        let rss0 = memory::rss_bytes();
+        let t = Instant::now();
+        let snap = Snapshot::open(path, None)?;
+        let mut namespaces = snap.namespaces()?;
+        if namespaces.len() != 1 {
+            return Err(SimulateError::SnapshotShape(format!(
+                "{} holds {} namespaces; simulate reads single-namespace snapshots",
+                path.display(),
+                namespaces.len()
+            )));
+        }
+        let base = namespaces.pop().expect("one namespace").tree;
+        if base.max_depth() != params.max_depth {
+            return Err(SimulateError::SnapshotShape(format!(
+                "{} was built with max_depth {}; pass --max-depth {}",
+                path.display(),
+                base.max_depth(),
+                base.max_depth()
+            )));
+        }
+        report.warmup_s = t.elapsed().as_secs_f64();
+        let ids: Vec<u64> = base.ids().collect();
+        next_id = ids.iter().max().map_or(0, |m| m + 1);
+        report.warm_examples = ids.len();
+        cache.base = Base::Frozen(base);
+        cache.order.extend(ids);
+        cache.make_room(0)?;
+        let rss1 = memory::rss_bytes();
+        report.cached_tokens = cache.cached_tokens();
+        report.cached_requests = cache.order.len();
+        report.snapshot_file_bytes = snap.file_len();
+        if report.cached_tokens > 0 {
+            report.store_bytes_per_token =
+                rss1.saturating_sub(rss0) as f64 / report.cached_tokens as f64;
+        }
+        progress(&format!(
+            "snapshot: {} sequences, {} cached tokens, opened in {:.3} ms",
+            report.cached_requests,
+            report.cached_tokens,
+            report.warmup_s * 1e3
+        ));
+    }
+    let warm = match (&cfg.snapshot, &cfg.warm) {
+        (Some(_), _) => None,
+        (None, Some(w)) => Some(read_examples(w, cfg.warm_limit)?),
+        (None, None) => return Err(SimulateError::SnapshotShape(
+            "give --warm FILE or --snapshot DIR".into(),
+        )),
+    };
+    for ex in warm.into_iter().flatten() {
         let ex = ex?;
         if cfg.max_cached_requests > 0 {
             if kept.len() == cfg.max_cached_requests {
@@ -213,31 +361,11 @@ pub fn simulate(
         next_id += 1;
         report.warm_examples += 1;
     }
-    memory::trim();
-    let rss0 = memory::rss_bytes();
-    let t = Instant::now();
-    for (id, response) in &kept {
-        cache.add(*id, response)?;
+    if cfg.snapshot.is_none() {
+        warm_up(&mut cache, kept, &mut report, &mut progress)?;
     }
-    let warm_ns = t.elapsed().as_nanos();
-    drop(kept);
-    memory::trim();
-    let rss1 = memory::rss_bytes();
-    report.warmup_s = warm_ns as f64 / 1e9;
-    report.cached_tokens = cache.tree.cached_tokens();
-    report.cached_requests = cache.tree.len();
-    report.store = cache.tree.stats();
-    if report.cached_tokens > 0 {
-        let cached = report.cached_tokens as f64;
-        report.store_bytes_per_token = rss1.saturating_sub(rss0) as f64 / cached;
-        report.store_heap_bytes_per_token = cache.tree.heap_bytes() as f64 / cached;
-    }
-    progress(&format!(
-        "warm-up: {} examples, {} cached tokens in {:.2}s, {:?}",
-        report.warm_examples, report.cached_tokens, report.warmup_s, report.store,
-    ));
 
-    let mut spec = Speculator::new();
+    let mut spec = Speculator::<LayeredCursor>::default();
     let (mut spec_ns, mut step_ns, mut append_ns, mut evict_ns) = (0u128, 0u128, 0u128, 0u128);
     let (mut nonempty, mut from_request, mut from_both) = (0u64, 0u64, 0u64);
     let mut per_req = 0.0f64;
@@ -258,7 +386,7 @@ pub fn simulate(
         let mut steps = 0u64;
         while pos < truth.len() {
             let t = Instant::now();
-            let draft = spec.speculate(Some(&request), &cache.tree, &context, &params);
+            let draft = cache.speculate(&mut spec, &request, &context, &params);
             spec_ns += t.elapsed().as_nanos();
             let mut new = draft.accept(&truth[pos..]);
             report.accepted_tokens += new.len() as u64;
@@ -284,7 +412,7 @@ pub fn simulate(
         append_ns += t.elapsed().as_nanos();
         if !cfg.online {
             let t = Instant::now();
-            cache.remove(id);
+            cache.remove(id)?;
             evict_ns += t.elapsed().as_nanos();
         }
         report.steps += steps;
@@ -319,6 +447,43 @@ pub fn simulate(
     report.merged_chosen_frac = from_both as f64 / nonempty.max(1) as f64;
     report.mean_req_tokens_per_step = per_req / report.test_examples.max(1) as f64;
     Ok(report)
+}
+
+/// Build the in-memory tree from the warm responses FIFO keeps, and measure it.
+fn warm_up(
+    cache: &mut Cache,
+    kept: VecDeque<(u64, Vec<u32>)>,
+    report: &mut SimulateReport,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), SimulateError> {
+    memory::trim();
+    let rss0 = memory::rss_bytes();
+    let t = Instant::now();
+    for (id, response) in &kept {
+        cache.warm(*id, response)?;
+    }
+    let warm_ns = t.elapsed().as_nanos();
+    drop(kept);
+    memory::trim();
+    let rss1 = memory::rss_bytes();
+    report.warmup_s = warm_ns as f64 / 1e9;
+    report.cached_tokens = cache.cached_tokens();
+    let Base::Built(base) = &cache.base else {
+        unreachable!("warm_up builds in memory")
+    };
+    report.cached_requests = base.len();
+    report.store = base.stats();
+    if report.cached_tokens > 0 {
+        let cached = report.cached_tokens as f64;
+        report.store_bytes_per_token = rss1.saturating_sub(rss0) as f64 / cached;
+        report.store_heap_bytes_per_token = base.heap_bytes() as f64 / cached;
+    }
+    progress(&format!(
+        "warm-up: {} examples, {} cached tokens in {:.2}s, {:?}",
+        report.warm_examples, report.cached_tokens, report.warmup_s, report.store,
+    ));
+
+    Ok(())
 }
 
 /// Resident-memory readings for the bytes-per-token figure, measured as the reference

@@ -19,6 +19,7 @@ pub use global::{
     ChildIndex, GlobalCursor, GlobalTree, Node, Owned, SeqEntry, Storage, TreeError, TreeStats, WideChild,
 };
 pub use request::{RequestCursor, RequestTree};
+pub(crate) use global::next_version as global_next_version;
 
 /// The "no node" index in the arena's `u32` links.
 pub const NIL: u32 = u32::MAX;

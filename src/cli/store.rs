@@ -1,0 +1,183 @@
+//! `suffixd build` and `suffixd inspect`: making and examining snapshots.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::store::Snapshot;
+use crate::store::build::{BuildOptions, build_from_logs};
+use crate::store::dir::current_snapshot;
+use crate::verify::tokenizer::ModelTokenizer;
+
+#[derive(Args, Debug)]
+pub(super) struct BuildArgs {
+    /// Log files (.jsonl or .jsonl.zst): token ids, text, or OpenAI chat records.
+    #[arg(long, num_args = 1.., required = true)]
+    logs: Vec<PathBuf>,
+    /// Store directory to write the snapshot into (created if absent).
+    #[arg(long)]
+    out: PathBuf,
+    /// Depth limit of the trees.
+    #[arg(long, default_value_t = 24)]
+    max_depth: usize,
+    /// Namespace of records that do not name one.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// Keep only the newest N responses per namespace.
+    #[arg(long)]
+    keep_last: Option<usize>,
+    /// The model's tokenizer: a tokenizer.json or a GGUF model file. Needed for text
+    /// logs; for token-id logs it records which tokenizer made the ids.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+}
+
+/// Load a tokenizer from tokenizer.json or from a GGUF model's metadata.
+pub(super) fn load_tokenizer(path: &Path) -> anyhow::Result<ModelTokenizer> {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        let mut f = std::fs::File::open(path)
+            .with_context(|| format!("cannot open model {}", path.display()))?;
+        let content = candle_core::quantized::gguf_file::Content::read(&mut f)
+            .with_context(|| format!("{} is not a readable GGUF file", path.display()))?;
+        Ok(ModelTokenizer::from_gguf(&content)?)
+    } else {
+        Ok(ModelTokenizer::from_file(path)?)
+    }
+}
+
+pub(super) fn run_build(a: BuildArgs) -> anyhow::Result<()> {
+    let tokenizer = a.tokenizer.as_deref().map(load_tokenizer).transpose()?;
+    let opts = BuildOptions {
+        max_depth: a.max_depth,
+        namespace: a.namespace,
+        keep_last: a.keep_last,
+    };
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {pos} records read ({per_sec}) {elapsed}")
+            .expect("valid template"),
+    );
+    let t = Instant::now();
+    let report = build_from_logs(
+        &a.logs,
+        &a.out,
+        &opts,
+        tokenizer.as_ref().map(|t| t as _),
+        |n| {
+            if n % 256 == 0 {
+                bar.set_position(n);
+            }
+        },
+    )
+    .context("build failed")?;
+    bar.finish_and_clear();
+    println!(
+        "wrote {}: {} records, {} sequences, {} tokens in {} namespace(s), {:.2} s",
+        report.path.display(),
+        report.records,
+        report.header.sequences,
+        report.header.tokens,
+        report.header.namespaces,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub(super) struct InspectArgs {
+    /// A store directory (its current snapshot) or a snapshot file.
+    path: PathBuf,
+    /// Read and check the whole snapshot: checksum and every tree invariant.
+    #[arg(long)]
+    verify: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The snapshot file a path means: a file itself, or a directory's current snapshot.
+pub(super) fn resolve_snapshot(path: &Path) -> anyhow::Result<PathBuf> {
+    if path.is_dir() {
+        match current_snapshot(path)? {
+            Some(p) => Ok(p),
+            None => bail!(
+                "{} holds no snapshot (no CURRENT manifest); create one with `suffixd build --out {}`",
+                path.display(),
+                path.display()
+            ),
+        }
+    } else {
+        Ok(path.to_path_buf())
+    }
+}
+
+pub(super) fn run_inspect(a: InspectArgs) -> anyhow::Result<()> {
+    let file = resolve_snapshot(&a.path)?;
+    let t = Instant::now();
+    let snap = Snapshot::open(&file, None)?;
+    let open_ms = t.elapsed().as_secs_f64() * 1e3;
+    let namespaces = snap.namespaces()?;
+    let verified = if a.verify {
+        let t = Instant::now();
+        snap.verify()?;
+        Some(t.elapsed().as_secs_f64())
+    } else {
+        None
+    };
+    let per_ns: Vec<serde_json::Value> = namespaces
+        .iter()
+        .map(|ns| {
+            serde_json::json!({
+                "name": ns.name,
+                "sequences": ns.tree.len(),
+                "tokens": ns.tree.cached_tokens(),
+                "nodes": ns.tree.nodes.len(),
+            })
+        })
+        .collect();
+    let h = snap.header();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "path": file,
+                "header": h,
+                "file_bytes": snap.file_len(),
+                "bytes_per_token": snap.file_len() as f64 / h.tokens.max(1) as f64,
+                "namespaces": per_ns,
+                "open_ms": open_ms,
+                "verified": verified.is_some(),
+                "verify_s": verified,
+            })
+        );
+        return Ok(());
+    }
+    println!("snapshot {}", file.display());
+    println!(
+        "  format v{}, {}, max_depth {}, created {} ms since epoch, wal seq {}",
+        h.format_version, h.tokenizer, h.max_depth, h.created_unix_ms, h.wal_seq
+    );
+    println!(
+        "  {} sequences, {} tokens, {} bytes on disk ({:.1} B/token), opened in {:.3} ms",
+        h.sequences,
+        h.tokens,
+        snap.file_len(),
+        snap.file_len() as f64 / h.tokens.max(1) as f64,
+        open_ms
+    );
+    for ns in &namespaces {
+        println!(
+            "  namespace {:?}: {} sequences, {} tokens, {} nodes",
+            ns.name,
+            ns.tree.len(),
+            ns.tree.cached_tokens(),
+            ns.tree.nodes.len()
+        );
+    }
+    if let Some(s) = verified {
+        println!("  verified: checksum and tree invariants hold ({s:.2} s)");
+    }
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! A store directory: numbered snapshot files and the `CURRENT` manifest that names the
+//! live one, as tantivy's `meta.json` does. The manifest is replaced atomically, last, so
+//! a crash at any point leaves it naming a complete snapshot (or none).
+
+use std::path::{Path, PathBuf};
+
+use super::snapshot::sync_dir;
+
+/// Name of the manifest file in a store directory.
+pub const MANIFEST: &str = "CURRENT";
+
+/// Errors from reading or updating a store directory.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    /// The directory or its manifest could not be read or written.
+    #[error("store directory {path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The manifest names something that is not a snapshot file of this directory.
+    #[error("store directory {path}: the manifest names {name:?}, which is not a snapshot file here; restore the directory or remove CURRENT to start empty")]
+    BadManifest {
+        /// The directory.
+        path: PathBuf,
+        /// What it names.
+        name: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DirError + '_ {
+    move |source| DirError::Io {
+        path: path.into(),
+        source,
+    }
+}
+
+/// Number of a snapshot file name (`snap-000042.sfxd` → 42).
+fn snapshot_number(name: &str) -> Option<u64> {
+    name.strip_prefix("snap-")?.strip_suffix(".sfxd")?.parse().ok()
+}
+
+/// The snapshot file that the manifest of `dir` names, if any.
+pub fn current_snapshot(dir: &Path) -> Result<Option<PathBuf>, DirError> {
+    let manifest = dir.join(MANIFEST);
+    let name = match std::fs::read_to_string(&manifest) {
+        Ok(s) => s.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(&manifest)(e)),
+    };
+    if snapshot_number(&name).is_none() {
+        return Err(DirError::BadManifest {
+            path: dir.into(),
+            name,
+        });
+    }
+    Ok(Some(dir.join(name)))
+}
+
+/// A path for the next snapshot file of `dir` (one past the highest number present).
+pub fn next_snapshot_path(dir: &Path) -> Result<PathBuf, DirError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut highest = 0;
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        if let Some(n) = entry.file_name().to_str().and_then(snapshot_number) {
+            highest = highest.max(n);
+        }
+    }
+    Ok(dir.join(format!("snap-{:06}.sfxd", highest + 1)))
+}
+
+/// Make `snapshot` (a file in `dir`) the current one: write the manifest to a temporary
+/// file, fsync it, rename it over `CURRENT` and fsync the directory. Then delete the
+/// snapshot files that are no longer current. Processes that still map an old file keep
+/// reading it: on Unix its space returns when the last mapping goes.
+pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
+    let name = snapshot
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| snapshot_number(n).is_some())
+        .ok_or_else(|| DirError::BadManifest {
+            path: dir.into(),
+            name: snapshot.display().to_string(),
+        })?
+        .to_string();
+    let tmp = dir.join("CURRENT.tmp");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(format!("{name}\n").as_bytes()).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+    }
+    std::fs::rename(&tmp, dir.join(MANIFEST)).map_err(io(dir))?;
+    sync_dir(dir).map_err(io(dir))?;
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let stale_snapshot = snapshot_number(file).is_some() && file != name;
+        let stale_tmp = file.ends_with(".tmp");
+        if stale_snapshot || stale_tmp {
+            // Best effort: a leftover file costs disk space, not correctness.
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of every file in `dir` (snapshots and logs), for stats.
+pub fn disk_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}

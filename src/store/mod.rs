@@ -1,0 +1,14 @@
+//! The persistent store: the third stage of the data flow.
+//!
+//! - [`snapshot`]: the file format, an rkyv archive of every namespace's tree, mmapped
+//!   and read in place.
+//! - [`dir`]: a store directory, its numbered snapshots and the `CURRENT` manifest.
+//! - [`layered`]: base (snapshot) + delta (appended since) − evicted, read as one tree.
+
+pub mod build;
+pub mod dir;
+pub mod layered;
+pub mod snapshot;
+
+pub use layered::{Layered, LayeredCursor};
+pub use snapshot::{FrozenTree, OpenError, Snapshot, TokenizerId, WriteError};

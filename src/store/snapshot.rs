@@ -1,0 +1,679 @@
+//! Snapshot files: the global trees of every namespace, frozen into one rkyv archive that
+//! is read zero-copy from an mmap. The byte layout is in `docs/snapshot-format.md`.
+//!
+//! Shaped after fst: [`Snapshot`] is immutable and generic over where its bytes live
+//! (an mmap or a heap buffer); [`Snapshot::open`] checks only the header, the footer and
+//! the archive's structure, which costs the same for any size; [`Snapshot::verify`]
+//! reads everything (checksum, then every tree invariant); [`write_snapshot`] is the
+//! separate builder.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rkyv::rancor;
+use rustc_hash::FxHashMap;
+
+use crate::tree::{GlobalTree, Node, SeqEntry, Storage, WideChild};
+
+/// The first eight bytes of every snapshot file.
+pub const MAGIC: [u8; 8] = *b"SUFFIXD\0";
+/// The last eight bytes of every snapshot file.
+pub const FOOTER_MAGIC: [u8; 8] = *b"SFXDEND\0";
+/// The format version this build writes. It reads this version and every older one.
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes in the header; the archive starts here (a multiple of rkyv's alignment).
+pub const HEADER_LEN: usize = 128;
+/// Bytes in the footer.
+pub const FOOTER_LEN: usize = 32;
+
+/// Which tokenizer produced the token ids in a snapshot or WAL. Ids from another
+/// tokenizer would be silently wrong drafts, so a mismatch refuses to open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TokenizerId {
+    /// Vocabulary size; 0 when the ids came from token files without a tokenizer.
+    pub vocab_size: u32,
+    /// Hash of the vocabulary (every token string in id order); 0 when unknown.
+    pub vocab_hash: u64,
+}
+
+impl TokenizerId {
+    /// The identity of token ids whose tokenizer is not known (token-id logs).
+    pub const UNKNOWN: TokenizerId = TokenizerId {
+        vocab_size: 0,
+        vocab_hash: 0,
+    };
+
+    /// The identity of a vocabulary given as token strings in id order.
+    pub fn of_vocab<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Self {
+        // FNV-1a: stable across builds and platforms, unlike std's hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut n = 0u32;
+        for t in tokens {
+            for b in t.bytes().chain(std::iter::once(0xff)) {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            n += 1;
+        }
+        TokenizerId {
+            vocab_size: n,
+            vocab_hash: h,
+        }
+    }
+}
+
+impl std::fmt::Display for TokenizerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if *self == Self::UNKNOWN {
+            write!(f, "unknown tokenizer (token-id logs)")
+        } else {
+            write!(f, "vocab {} / hash {:016x}", self.vocab_size, self.vocab_hash)
+        }
+    }
+}
+
+/// Errors from opening or verifying a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The file could not be read.
+    #[error("cannot read snapshot {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is empty.
+    #[error("snapshot {0} is empty (zero bytes): it was never written completely; delete it")]
+    Empty(PathBuf),
+    /// The file does not start with the snapshot magic.
+    #[error("{0} is not a suffixd snapshot (wrong magic bytes)")]
+    ForeignFile(PathBuf),
+    /// The file is from a newer suffixd.
+    #[error(
+        "snapshot {path} has format version {found}; this suffixd reads up to {FORMAT_VERSION}: upgrade suffixd"
+    )]
+    NewerVersion {
+        /// The file.
+        path: PathBuf,
+        /// Its format version.
+        found: u32,
+    },
+    /// The file is shorter than its header says.
+    #[error("snapshot {path} is truncated: {actual} bytes, the header says {expected}; restore it or rebuild it with `suffixd build`")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        actual: u64,
+        /// The length the header gives.
+        expected: u64,
+    },
+    /// A checksum or structural check failed.
+    #[error("snapshot {path} is corrupt: {what}; restore it or rebuild it with `suffixd build`")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        what: String,
+    },
+    /// The snapshot was built with a different tokenizer than the model's.
+    #[error("snapshot {path} was built for {found}, but the model's tokenizer is {expected}; rebuild it with this model's tokenizer or point --snapshot-dir elsewhere")]
+    TokenizerMismatch {
+        /// The file.
+        path: PathBuf,
+        /// Its tokenizer.
+        found: TokenizerId,
+        /// The model's.
+        expected: TokenizerId,
+    },
+}
+
+/// Errors from writing a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The file or its directory could not be written.
+    #[error("cannot write snapshot {path}: {source}; check the directory exists and has free space")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// rkyv could not serialize the trees.
+    #[error("cannot serialize the snapshot: {0}")]
+    Serialize(String),
+}
+
+/// The fixed-size header, as decoded.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Header {
+    /// Format version of the file.
+    pub format_version: u32,
+    /// Tokenizer of the token ids.
+    pub tokenizer: TokenizerId,
+    /// Depth limit of every tree.
+    pub max_depth: u32,
+    /// Namespaces.
+    pub namespaces: u32,
+    /// Cached tokens, all namespaces.
+    pub tokens: u64,
+    /// Cached sequences, all namespaces.
+    pub sequences: u64,
+    /// When it was written, in ms since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// The last write-ahead-log record folded into this snapshot (0: none).
+    pub wal_seq: u64,
+    /// Bytes in the archive.
+    pub archive_len: u64,
+}
+
+/// Per-sequence data the store keeps beside the tree, in the tree's sequence order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize)]
+pub struct SeqMeta {
+    /// Sequence id.
+    pub id: u64,
+    /// When it was inserted, ms since the Unix epoch.
+    pub inserted_ms: u64,
+    /// When it last contributed to an accepted draft (or was inserted), ms since the epoch.
+    pub last_use_ms: u64,
+}
+
+/// One namespace's tree, as archived. Node and sequence tables are flat integer vectors
+/// so that their archived form has exactly the in-memory layout of the arena on a
+/// little-endian machine, and is used in place.
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct NamespaceImage {
+    name: String,
+    max_depth: u32,
+    live_tokens: u64,
+    /// `Node` records, 4 × u32 each.
+    nodes: Vec<u32>,
+    lens: Vec<u8>,
+    pool: Vec<u32>,
+    /// `WideChild` records, 3 × u32 each, sorted.
+    wide: Vec<u32>,
+    /// `SeqEntry` records, 3 × u64 each.
+    seqs: Vec<u64>,
+    meta: Vec<SeqMeta>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct SnapshotImage {
+    namespaces: Vec<NamespaceImage>,
+}
+
+/// One namespace to write: its tree and the metadata of its live sequences, in the
+/// tree's sequence order.
+pub struct NamespaceInput<'a> {
+    /// Namespace name.
+    pub name: &'a str,
+    /// Its tree. Compacted trees only: removed sequences are not written.
+    pub tree: &'a GlobalTree,
+    /// Metadata of the live sequences, in the order of `tree.ids()`.
+    pub meta: Vec<SeqMeta>,
+}
+
+fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
+    let t = ns.tree;
+    let mut wide: Vec<WideChild> = t
+        .child_index
+        .iter()
+        .map(|(&(node, token), &child)| WideChild { node, token, child })
+        .collect();
+    wide.sort_unstable_by_key(|w| (w.node, w.token));
+    NamespaceImage {
+        name: ns.name.to_string(),
+        max_depth: t.max_depth as u32,
+        live_tokens: t.live_tokens,
+        nodes: t
+            .nodes
+            .iter()
+            .flat_map(|n| [n.start, n.count, n.first_child, n.next_sibling])
+            .collect(),
+        lens: t.lens.clone(),
+        pool: t.pool.clone(),
+        wide: wide.iter().flat_map(|w| [w.node, w.token, w.child]).collect(),
+        seqs: t
+            .seqs
+            .iter()
+            .flat_map(|e| {
+                [
+                    e.id,
+                    e.offset as u64 | (e.len as u64) << 32,
+                    e.live as u64 | (e.reserved as u64) << 32,
+                ]
+            })
+            .collect(),
+        meta: ns.meta.clone(),
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn encode_header(h: &Header) -> [u8; HEADER_LEN] {
+    let mut b = [0u8; HEADER_LEN];
+    b[0..8].copy_from_slice(&MAGIC);
+    b[8..12].copy_from_slice(&h.format_version.to_le_bytes());
+    b[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+    b[16..20].copy_from_slice(&h.tokenizer.vocab_size.to_le_bytes());
+    b[20..24].copy_from_slice(&h.max_depth.to_le_bytes());
+    b[24..32].copy_from_slice(&h.tokenizer.vocab_hash.to_le_bytes());
+    b[32..40].copy_from_slice(&h.tokens.to_le_bytes());
+    b[40..48].copy_from_slice(&h.sequences.to_le_bytes());
+    b[48..56].copy_from_slice(&h.created_unix_ms.to_le_bytes());
+    b[56..64].copy_from_slice(&h.wal_seq.to_le_bytes());
+    b[64..72].copy_from_slice(&h.archive_len.to_le_bytes());
+    b[72..76].copy_from_slice(&h.namespaces.to_le_bytes());
+    let crc = crc32fast::hash(&b[..HEADER_LEN - 4]);
+    b[HEADER_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Decode and check the header and footer of a whole file's bytes.
+fn decode_frame(path: &Path, b: &[u8]) -> Result<Header, OpenError> {
+    if b.is_empty() {
+        return Err(OpenError::Empty(path.into()));
+    }
+    if b.len() < 8 || b[..8] != MAGIC {
+        return Err(OpenError::ForeignFile(path.into()));
+    }
+    let corrupt = |what: &str| OpenError::Corrupt {
+        path: path.into(),
+        what: what.into(),
+    };
+    if b.len() < HEADER_LEN {
+        return Err(OpenError::Truncated {
+            path: path.into(),
+            actual: b.len() as u64,
+            expected: HEADER_LEN as u64,
+        });
+    }
+    let version = u32_at(b, 8);
+    if version > FORMAT_VERSION {
+        return Err(OpenError::NewerVersion {
+            path: path.into(),
+            found: version,
+        });
+    }
+    if crc32fast::hash(&b[..HEADER_LEN - 4]) != u32_at(b, HEADER_LEN - 4) {
+        return Err(corrupt("header checksum mismatch"));
+    }
+    if version == 0 || u32_at(b, 12) as usize != HEADER_LEN {
+        return Err(corrupt("bad header version or length"));
+    }
+    let h = Header {
+        format_version: version,
+        tokenizer: TokenizerId {
+            vocab_size: u32_at(b, 16),
+            vocab_hash: u64_at(b, 24),
+        },
+        max_depth: u32_at(b, 20),
+        tokens: u64_at(b, 32),
+        sequences: u64_at(b, 40),
+        created_unix_ms: u64_at(b, 48),
+        wal_seq: u64_at(b, 56),
+        archive_len: u64_at(b, 64),
+        namespaces: u32_at(b, 72),
+    };
+    let expected = (HEADER_LEN as u64)
+        .checked_add(h.archive_len)
+        .and_then(|x| x.checked_add(FOOTER_LEN as u64))
+        .ok_or_else(|| corrupt("archive length overflows"))?;
+    if (b.len() as u64) < expected {
+        return Err(OpenError::Truncated {
+            path: path.into(),
+            actual: b.len() as u64,
+            expected,
+        });
+    }
+    if (b.len() as u64) > expected {
+        return Err(corrupt("trailing bytes after the footer"));
+    }
+    let f = &b[b.len() - FOOTER_LEN..];
+    if f[24..32] != FOOTER_MAGIC || u64_at(f, 8) != h.archive_len {
+        return Err(corrupt("bad footer"));
+    }
+    Ok(h)
+}
+
+/// Write `namespaces` as a snapshot file at `path`: into a temporary file beside it,
+/// fsynced, then renamed over `path`, then the directory fsynced. A crash leaves either
+/// the old file or the new one, never a torn one.
+pub fn write_snapshot(
+    path: &Path,
+    tokenizer: TokenizerId,
+    wal_seq: u64,
+    namespaces: &[NamespaceInput<'_>],
+) -> Result<Header, WriteError> {
+    let io = |source| WriteError::Io {
+        path: path.into(),
+        source,
+    };
+    let image = SnapshotImage {
+        namespaces: namespaces.iter().map(image_of).collect(),
+    };
+    let archive = rkyv::to_bytes::<rancor::Error>(&image)
+        .map_err(|e| WriteError::Serialize(e.to_string()))?;
+    drop(image);
+    let max_depth = namespaces
+        .first()
+        .map_or(crate::speculate::SpecParams::default().max_depth, |n| {
+            n.tree.max_depth()
+        });
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        tokenizer,
+        max_depth: max_depth as u32,
+        namespaces: namespaces.len() as u32,
+        tokens: namespaces.iter().map(|n| n.tree.cached_tokens()).sum(),
+        sequences: namespaces.iter().map(|n| n.tree.len() as u64).sum(),
+        created_unix_ms: unix_ms(),
+        wal_seq,
+        archive_len: archive.len() as u64,
+    };
+    let mut footer = [0u8; FOOTER_LEN];
+    footer[0..4].copy_from_slice(&crc32fast::hash(&archive).to_le_bytes());
+    footer[8..16].copy_from_slice(&(archive.len() as u64).to_le_bytes());
+    footer[24..32].copy_from_slice(&FOOTER_MAGIC);
+
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = File::create(&tmp).map_err(io)?;
+        f.write_all(&encode_header(&header)).map_err(io)?;
+        f.write_all(&archive).map_err(io)?;
+        f.write_all(&footer).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)?;
+    sync_dir(dir).map_err(io)?;
+    Ok(header)
+}
+
+/// fsync a directory, so that a rename in it is durable.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Where a snapshot's bytes live.
+pub enum SnapshotBytes {
+    /// A read-only memory map of the file.
+    Mapped(memmap2::Mmap),
+    /// A heap buffer (tests, fuzzing), aligned for rkyv.
+    Heap(rkyv::util::AlignedVec),
+}
+
+impl AsRef<[u8]> for SnapshotBytes {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            SnapshotBytes::Mapped(m) => m,
+            SnapshotBytes::Heap(v) => v,
+        }
+    }
+}
+
+/// A read-only slice of a snapshot's bytes, typed; keeps the bytes alive.
+pub struct Mapped<T> {
+    ptr: *const T,
+    len: usize,
+    _owner: Arc<SnapshotBytes>,
+}
+
+// SAFETY: the memory is immutable for the lifetime of `_owner`, which is Send + Sync.
+unsafe impl<T: Sync> Send for Mapped<T> {}
+unsafe impl<T: Sync> Sync for Mapped<T> {}
+
+impl<T> std::ops::Deref for Mapped<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr..ptr+len` was checked to lie inside `_owner`'s bytes, aligned
+        // for T, when the Mapped was made, and those bytes never move or change.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Tables read in place from a snapshot: the [`Storage`] of a frozen [`GlobalTree`].
+pub struct Frozen;
+
+impl Storage for Frozen {
+    type Nodes = Mapped<Node>;
+    type Lens = Mapped<u8>;
+    type Pool = Mapped<u32>;
+    type Seqs = Mapped<SeqEntry>;
+    type Index = [WideChild];
+    type IndexRef = Mapped<WideChild>;
+}
+
+/// A global tree read in place from a snapshot.
+pub type FrozenTree = GlobalTree<Frozen>;
+
+#[cfg(target_endian = "big")]
+compile_error!("snapshots are read in place and assume a little-endian machine");
+
+/// Marker for plain-integer records that any bit pattern makes valid.
+///
+/// # Safety
+/// Implementors are `repr(C)`, made only of the integer type `P` (no padding), with
+/// the size a multiple of `P`'s.
+unsafe trait PlainRecord<P>: Sized {}
+unsafe impl PlainRecord<u32> for Node {}
+unsafe impl PlainRecord<u32> for WideChild {}
+unsafe impl PlainRecord<u64> for SeqEntry {}
+unsafe impl PlainRecord<u32> for u32 {}
+unsafe impl PlainRecord<u8> for u8 {}
+
+/// View an archived vector of little-endian integers as records of `T`.
+fn cast<P, A, T: PlainRecord<P>>(
+    owner: &Arc<SnapshotBytes>,
+    archived: &rkyv::vec::ArchivedVec<A>,
+    what: &str,
+) -> Result<Mapped<T>, String> {
+    const { assert!(std::mem::size_of::<A>() == std::mem::size_of::<P>()) };
+    const { assert!(std::mem::align_of::<A>() == std::mem::align_of::<P>()) };
+    let per = std::mem::size_of::<T>() / std::mem::size_of::<P>();
+    if archived.len() % per != 0 {
+        return Err(format!("{what}: {} words is not whole records", archived.len()));
+    }
+    let ptr = archived.as_ptr() as *const T;
+    if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        return Err(format!("{what}: misaligned"));
+    }
+    Ok(Mapped {
+        ptr,
+        len: archived.len() / per,
+        _owner: owner.clone(),
+    })
+}
+
+/// One namespace of an open snapshot.
+pub struct FrozenNamespace {
+    /// Namespace name.
+    pub name: String,
+    /// Its tree, read in place.
+    pub tree: FrozenTree,
+    /// Metadata of its sequences, in the tree's sequence order.
+    pub meta: Vec<SeqMeta>,
+}
+
+/// An open snapshot.
+pub struct Snapshot {
+    path: PathBuf,
+    header: Header,
+    bytes: Arc<SnapshotBytes>,
+}
+
+impl Snapshot {
+    /// Map the file at `path` and check its header, footer and archive structure. Cost
+    /// does not grow with the file: token and node data are not read. When `expected`
+    /// is given, a snapshot of another tokenizer is refused.
+    pub fn open(path: &Path, expected: Option<TokenizerId>) -> Result<Self, OpenError> {
+        let io = |source| OpenError::Io {
+            path: path.into(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len == 0 {
+            return Err(OpenError::Empty(path.into()));
+        }
+        // SAFETY: snapshot files are never modified after the rename that publishes
+        // them (new snapshots are new files), so the mapping does not change under us.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::from_bytes(path, SnapshotBytes::Mapped(map), expected)
+    }
+
+    /// A snapshot from bytes already in memory (tests, fuzzing). `path` is only used in
+    /// error messages.
+    pub fn from_bytes(
+        path: &Path,
+        bytes: SnapshotBytes,
+        expected: Option<TokenizerId>,
+    ) -> Result<Self, OpenError> {
+        let header = decode_frame(path, bytes.as_ref())?;
+        if let Some(want) = expected
+            && want != header.tokenizer
+        {
+            return Err(OpenError::TokenizerMismatch {
+                path: path.into(),
+                found: header.tokenizer,
+                expected: want,
+            });
+        }
+        let s = Snapshot {
+            path: path.into(),
+            header,
+            bytes: Arc::new(bytes),
+        };
+        s.archive()?;
+        Ok(s)
+    }
+
+    /// The decoded header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The file this snapshot was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes of the file.
+    pub fn file_len(&self) -> u64 {
+        self.bytes.as_ref().as_ref().len() as u64
+    }
+
+    fn corrupt(&self, what: impl Into<String>) -> OpenError {
+        OpenError::Corrupt {
+            path: self.path.clone(),
+            what: what.into(),
+        }
+    }
+
+    fn archive_bytes(&self) -> &[u8] {
+        let b = self.bytes.as_ref().as_ref();
+        &b[HEADER_LEN..HEADER_LEN + self.header.archive_len as usize]
+    }
+
+    fn archive(&self) -> Result<&ArchivedSnapshotImage, OpenError> {
+        rkyv::access::<ArchivedSnapshotImage, rancor::Error>(self.archive_bytes())
+            .map_err(|e| self.corrupt(format!("archive structure: {e}")))
+    }
+
+    /// The trees of every namespace, read in place.
+    pub fn namespaces(&self) -> Result<Vec<FrozenNamespace>, OpenError> {
+        let archive = self.archive()?;
+        let mut out = Vec::with_capacity(archive.namespaces.len());
+        for ns in archive.namespaces.iter() {
+            let max_depth = ns.max_depth.to_native() as usize;
+            if max_depth == 0 || max_depth > crate::tree::MAX_SUPPORTED_DEPTH {
+                return Err(self.corrupt(format!("namespace {}: max_depth {max_depth}", ns.name)));
+            }
+            let c = |e: String| self.corrupt(format!("namespace {}: {e}", ns.name));
+            let nodes: Mapped<Node> = cast(&self.bytes, &ns.nodes, "nodes").map_err(c)?;
+            let lens: Mapped<u8> = cast(&self.bytes, &ns.lens, "lens").map_err(c)?;
+            let pool: Mapped<u32> = cast(&self.bytes, &ns.pool, "pool").map_err(c)?;
+            let wide: Mapped<WideChild> = cast(&self.bytes, &ns.wide, "index").map_err(c)?;
+            let seqs: Mapped<SeqEntry> = cast(&self.bytes, &ns.seqs, "sequences").map_err(c)?;
+            if nodes.is_empty() || lens.len() != nodes.len() {
+                return Err(c("node and length tables differ".into()));
+            }
+            if ns.meta.len() != seqs.len() {
+                return Err(c("sequence metadata does not match the sequence table".into()));
+            }
+            let mut seq_by_id = FxHashMap::default();
+            seq_by_id.reserve(seqs.len());
+            for (i, e) in seqs.iter().enumerate() {
+                if e.live != 0 && seq_by_id.insert(e.id, i as u32).is_some() {
+                    return Err(c(format!("sequence id {} appears twice", e.id)));
+                }
+            }
+            let meta = ns
+                .meta
+                .iter()
+                .map(|m| SeqMeta {
+                    id: m.id.to_native(),
+                    inserted_ms: m.inserted_ms.to_native(),
+                    last_use_ms: m.last_use_ms.to_native(),
+                })
+                .collect();
+            out.push(FrozenNamespace {
+                name: ns.name.to_string(),
+                tree: GlobalTree {
+                    max_depth,
+                    nodes,
+                    lens,
+                    free_head: crate::tree::NIL,
+                    free_nodes: 0,
+                    child_index: wide,
+                    pool,
+                    seqs,
+                    seq_by_id,
+                    live_tokens: ns.live_tokens.to_native(),
+                    dead_tokens: 0,
+                    version: crate::tree::global_next_version(),
+                },
+                meta,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Read everything: the archive checksum, then every tree invariant of every
+    /// namespace. O(tokens × depth); for `suffixd inspect --verify` and the admin API.
+    pub fn verify(&self) -> Result<(), OpenError> {
+        let b = self.bytes.as_ref().as_ref();
+        let footer = &b[b.len() - FOOTER_LEN..];
+        if crc32fast::hash(self.archive_bytes()) != u32_at(footer, 0) {
+            return Err(self.corrupt("archive checksum mismatch"));
+        }
+        let mut tokens = 0u64;
+        let mut sequences = 0u64;
+        for ns in self.namespaces()? {
+            ns.tree
+                .check_integrity()
+                .map_err(|e| self.corrupt(format!("namespace {}: {e}", ns.name)))?;
+            tokens += ns.tree.cached_tokens();
+            sequences += ns.tree.len() as u64;
+        }
+        if tokens != self.header.tokens || sequences != self.header.sequences {
+            return Err(self.corrupt("header counts differ from the trees"));
+        }
+        Ok(())
+    }
+}
