@@ -12,6 +12,7 @@ use crate::simulate::{SimulateConfig, simulate};
 use crate::speculate::{SpecMode, SpecParams};
 use crate::tree::GlobalTree;
 
+mod generate;
 mod store;
 
 /// suffixd: a persistent SuffixDecoding speculation store and the LLM server that uses it.
@@ -32,6 +33,8 @@ enum Command {
     Build(store::BuildArgs),
     /// Print a snapshot's header and sizes; with --verify, check all of it.
     Inspect(store::InspectArgs),
+    /// Generate one answer with the model, speculating (or not, with --no-spec).
+    Generate(generate::GenerateArgs),
 }
 
 /// Speculation flags shared by every command that speculates.
@@ -202,6 +205,7 @@ pub fn main() -> ExitCode {
         Command::Entropy(a) => run_entropy(a),
         Command::Build(a) => store::run_build(a),
         Command::Inspect(a) => store::run_inspect(a),
+        Command::Generate(a) => generate::run_generate(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,25 @@
 //! The verifier: the model that checks drafts. The fourth stage of the data flow.
 //!
 //! - [`tokenizer`]: the model's tokenizer, from GGUF metadata or tokenizer.json.
+//! - [`model`]: a llama forward pass over a draft tree, with a KV cache that keeps only
+//!   the accepted path.
+//! - [`engine`]: the generation loop, exact greedy and distribution-preserving sampling,
+//!   and cost-aware draft sizes.
+//! - [`chat`]: the model's chat template.
 
+pub mod chat;
+pub mod engine;
+pub mod model;
 pub mod tokenizer;
+
+/// The device models run on: the first CUDA GPU with the `cuda` feature, else the CPU.
+pub fn device() -> candle_core::Result<candle_core::Device> {
+    #[cfg(feature = "cuda")]
+    {
+        candle_core::Device::new_cuda(0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Ok(candle_core::Device::Cpu)
+    }
+}

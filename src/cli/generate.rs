@@ -1,0 +1,204 @@
+//! `suffixd generate`: one request through the verifier, for scripts and tests.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::corpus::logs::ChatMessage;
+use crate::speculate::SpecParams;
+use crate::store::{Layered, Snapshot};
+use crate::tree::GlobalTree;
+use crate::verify::engine::{
+    CostCurve, Drafter, Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling,
+};
+use crate::verify::model::WeightFormat;
+
+use super::SpecArgs;
+use super::store::resolve_snapshot;
+
+/// The default model's file name, as `tools/setup.sh` installs it.
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The model path to use: the flag, else `$SUFFIXD_MODEL`, else the default model under
+/// the working directory or the source checkout.
+pub fn model_path(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = flag {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("SUFFIXD_MODEL") {
+        return Ok(p.into());
+    }
+    let candidates = [
+        PathBuf::from(DEFAULT_MODEL),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_MODEL),
+    ];
+    match candidates.iter().find(|p| p.exists()) {
+        Some(p) => Ok(p.clone()),
+        None => bail!(
+            "no model given and the default model {DEFAULT_MODEL} is not installed; run tools/setup.sh or pass --model PATH"
+        ),
+    }
+}
+
+/// Flags that choose and load the model.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A llama-family GGUF file (default: the model tools/setup.sh installs).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// How weights are held: q8-0 (fast and exact on CPU), f32, or native.
+    #[arg(long, value_enum, default_value_t = WeightFormat::Q8_0)]
+    pub weights: WeightFormat,
+    /// KV cache capacity in tokens (capped by the model's context length).
+    #[arg(long, default_value_t = 4096)]
+    pub max_context: usize,
+    /// `measure`: time t(K)/t(1) at start and size drafts by it; `flat`: verify every
+    /// draft whole (as on a GPU).
+    #[arg(long, value_enum, default_value_t = CostMode::Measure)]
+    pub cost: CostMode,
+}
+
+/// How the engine learns its cost curve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CostMode {
+    /// Measure at start.
+    Measure,
+    /// Assume verification is free.
+    Flat,
+}
+
+impl ModelArgs {
+    /// Load the engine these flags describe.
+    pub fn load(&self) -> anyhow::Result<Engine> {
+        let path = model_path(self.model.as_deref())?;
+        let device = crate::verify::device()?;
+        let mut engine = Engine::load(&path, self.weights, self.max_context, &device)
+            .with_context(|| format!("cannot load model {}", path.display()))?;
+        match self.cost {
+            CostMode::Measure => {
+                engine.measure_cost_curve(32, 256, 3)?;
+            }
+            CostMode::Flat => engine.set_cost_curve(CostCurve::flat()),
+        }
+        Ok(engine)
+    }
+}
+
+#[derive(Args, Debug)]
+pub(super) struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Raw prompt text.
+    #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
+    prompt: Option<String>,
+    /// A user message, wrapped in the model's chat template.
+    #[arg(long)]
+    chat: Option<String>,
+    /// Most new tokens.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Plain decoding, no speculation.
+    #[arg(long)]
+    no_spec: bool,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling mass.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Draft from this snapshot (a store directory or file) as well as the prompt.
+    #[arg(long)]
+    snapshot: Option<PathBuf>,
+    /// Namespace of the snapshot to draft from.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
+    let params: SpecParams = a.spec.params()?;
+    let mut engine = a.model.load()?;
+    let text = match (&a.prompt, &a.chat) {
+        (Some(p), _) => p.clone(),
+        (None, Some(c)) => {
+            let template = engine
+                .template()
+                .context("the model has no chat template; use --prompt")?;
+            template
+                .render(&[ChatMessage {
+                    role: "user".into(),
+                    content: c.clone(),
+                }])
+                .map_err(anyhow::Error::msg)?
+        }
+        (None, None) => bail!("give --prompt or --chat"),
+    };
+    let prompt = engine
+        .tokenizer()
+        .encode_text(&text)
+        .map_err(anyhow::Error::msg)?;
+    let opts = GenerateOptions {
+        max_tokens: a.max_tokens,
+        sampling: Sampling {
+            temperature: a.temperature,
+            top_p: a.top_p,
+            top_k: a.top_k,
+            seed: a.seed,
+        },
+        stop: a.stop.clone(),
+        speculate: !a.no_spec,
+    };
+    let empty = GlobalTree::new(params.max_depth)?;
+    let snapshot = match &a.snapshot {
+        Some(p) => {
+            let file = resolve_snapshot(p)?;
+            Some(Snapshot::open(&file, Some(engine.tokenizer_identity()))?)
+        }
+        None => None,
+    };
+    let base = match &snapshot {
+        Some(s) => s
+            .namespaces()?
+            .into_iter()
+            .find(|n| n.name == a.namespace)
+            .map(|n| n.tree),
+        None => None,
+    };
+    let view = Layered::new(base.as_ref(), &empty, &empty);
+    let mut drafter: Box<dyn Drafter> = if a.no_spec {
+        Box::new(NoDrafts)
+    } else {
+        Box::new(IndexDrafter::new(&view, params))
+    };
+    let g = engine.generate(&prompt, &opts, drafter.as_mut(), &mut |_| true)?;
+    if a.json {
+        let mut v = serde_json::to_value(&g)?;
+        v["cost_curve"] = serde_json::to_value(engine.cost_curve())?;
+        println!("{v}");
+    } else {
+        println!("{}", g.text);
+        eprintln!(
+            "{} tokens in {} steps ({} drafted, {} accepted), {:.1} tokens/s",
+            g.tokens.len(),
+            g.steps,
+            g.drafted_tokens,
+            g.accepted_tokens,
+            g.tokens_per_s
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! The model's chat template (from its metadata), rendered with minijinja.
+
+use minijinja::{Environment, Error as JinjaError, ErrorKind, context};
+
+use crate::corpus::logs::ChatMessage;
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+fn raise_exception(msg: String) -> Result<String, JinjaError> {
+    Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    /// Compile `source` (a Hugging Face Jinja chat template).
+    pub fn new(source: &str, bos: &str, eos: &str) -> Result<Self, String> {
+        let mut env = Environment::new();
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| format!("chat template does not compile: {e}"))?;
+        Ok(Self {
+            env,
+            bos: bos.into(),
+            eos: eos.into(),
+        })
+    }
+
+    /// The prompt text for `messages`, ending where the assistant's answer begins.
+    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        let t = self.env.get_template("chat").map_err(|e| e.to_string())?;
+        t.render(context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| format!("chat template failed: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_chatml_with_a_generation_prompt() {
+        let src = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+        let t = ChatTemplate::new(src, "<|im_start|>", "<|im_end|>").unwrap();
+        let out = t
+            .render(&[ChatMessage {
+                role: "user".into(),
+                content: "hi".into(),
+            }])
+            .unwrap();
+        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        let bad = ChatTemplate::new("{{ raise_exception('no') }}", "", "").unwrap();
+        assert!(bad.render(&[]).unwrap_err().contains("no"));
+    }
+}

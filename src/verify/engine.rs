@@ -1,0 +1,658 @@
+//! The generation engine: prefill, then speculate → verify → accept → extend, until eos,
+//! a stop string or `max_tokens`.
+//!
+//! - Greedy decoding accepts the longest draft path that equals the model's own argmax
+//!   choices, plus the model's next token: exactly the output of plain decoding.
+//! - Sampling uses speculative sampling for deterministic drafts: at a node, child x is
+//!   accepted with probability p(x); on rejection p(x) is set to 0 and p renormalised
+//!   before the next child (the recursive rule for several children); when every child
+//!   is rejected the token is drawn from what is left. This preserves the model's
+//!   distribution exactly.
+//! - Draft size follows the device's measured cost curve: a draft is cut to the k nodes
+//!   that maximise (1 + expected accepted) / (t(1 + k) / t(1)), and dropped when plain
+//!   decoding is better. Expected accepted is SCORE of the kept nodes, scaled by how well
+//!   past SCOREs predicted acceptance.
+
+use std::path::Path;
+use std::time::Instant;
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+
+use crate::speculate::{Draft, SpecParams, Speculator};
+use crate::tree::{GlobalIndex, RequestTree};
+
+use super::chat::ChatTemplate;
+use super::model::{Model, ModelError, WeightFormat, argmax_rows};
+use super::tokenizer::ModelTokenizer;
+
+/// Where drafts come from.
+pub trait Drafter {
+    /// The draft for `context` (prompt + generated), given the request's own tree.
+    fn draft(&mut self, request: &RequestTree, context: &[u32]) -> Draft;
+
+    /// Called after each verified step with how many draft tokens were accepted.
+    fn accepted(&mut self, _draft: &Draft, _accepted: usize) {}
+}
+
+/// Drafts from nothing: plain decoding.
+pub struct NoDrafts;
+
+impl Drafter for NoDrafts {
+    fn draft(&mut self, _: &RequestTree, _: &[u32]) -> Draft {
+        Draft::default()
+    }
+}
+
+/// Drafts from a global index and the request tree.
+pub struct IndexDrafter<'a, G: GlobalIndex> {
+    /// The global tree (or layered view).
+    pub index: &'a G,
+    /// Speculation parameters.
+    pub params: SpecParams,
+    /// Reused speculation state.
+    pub speculator: Speculator<G::Cursor>,
+}
+
+impl<'a, G: GlobalIndex> IndexDrafter<'a, G> {
+    /// Drafts from `index` with `params`.
+    pub fn new(index: &'a G, params: SpecParams) -> Self
+    where
+        G::Cursor: Clone,
+    {
+        Self {
+            index,
+            params,
+            speculator: Speculator::default(),
+        }
+    }
+}
+
+impl<G: GlobalIndex> Drafter for IndexDrafter<'_, G> {
+    fn draft(&mut self, request: &RequestTree, context: &[u32]) -> Draft {
+        self.speculator
+            .speculate(Some(request), self.index, context, &self.params)
+    }
+}
+
+/// Sampling parameters; temperature 0 is greedy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// Temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus mass (1 keeps everything).
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (0 keeps everything).
+    pub top_k: usize,
+    /// Seed of the random stream.
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
+    }
+}
+
+impl Sampling {
+    /// The sampling distribution from one row of logits: temperature, then top-k, then
+    /// top-p, renormalised.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<f32> {
+        let t = self.temperature.max(1e-6);
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut p: Vec<f32> = logits.iter().map(|&l| ((l - max) / t).exp()).collect();
+        let keep_k = self.top_k > 0 && self.top_k < p.len();
+        if keep_k || self.top_p < 1.0 {
+            let mut order: Vec<usize> = (0..p.len()).collect();
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let total: f32 = p.iter().sum();
+            let mut mass = 0.0;
+            let mut cut = order.len();
+            for (rank, &i) in order.iter().enumerate() {
+                if keep_k && rank >= self.top_k {
+                    cut = rank;
+                    break;
+                }
+                mass += p[i] / total;
+                if mass >= self.top_p {
+                    cut = rank + 1;
+                    break;
+                }
+            }
+            for &i in &order[cut..] {
+                p[i] = 0.0;
+            }
+        }
+        let total: f32 = p.iter().sum();
+        p.iter_mut().for_each(|x| *x /= total);
+        p
+    }
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most new tokens.
+    pub max_tokens: usize,
+    /// Sampling; greedy by default.
+    pub sampling: Sampling,
+    /// Stop before any of these strings.
+    pub stop: Vec<String>,
+    /// Speculate (false: plain decoding).
+    pub speculate: bool,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// eos or a stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    /// The caller stopped it (a client went away).
+    Cancelled,
+}
+
+/// A finished generation.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Generation {
+    /// Generated token ids (eos and stop strings excluded).
+    pub tokens: Vec<u32>,
+    /// Their text.
+    pub text: String,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Verification steps (forward passes after prefill).
+    pub steps: usize,
+    /// Draft tokens sent to the model.
+    pub drafted_tokens: usize,
+    /// Draft tokens the model accepted.
+    pub accepted_tokens: usize,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Seconds spent in prefill.
+    pub prefill_s: f64,
+    /// Seconds from the end of prefill to the end.
+    pub decode_s: f64,
+    /// Generated tokens per second of decoding.
+    pub tokens_per_s: f64,
+}
+
+/// The measured cost of one forward pass of K new tokens relative to one, t(K)/t(1).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CostCurve {
+    /// `(K, t(K)/t(1))`, K ascending, starting at (1, 1).
+    pub points: Vec<(usize, f64)>,
+    /// Milliseconds of one single-token step when measured.
+    pub t1_ms: f64,
+}
+
+impl CostCurve {
+    /// A curve that says verification is free (every draft is worth verifying).
+    pub fn flat() -> Self {
+        CostCurve {
+            points: vec![(1, 1.0), (64, 1.0)],
+            t1_ms: 0.0,
+        }
+    }
+
+    /// A linear curve t(K)/t(1) = 1 + slope·(K − 1).
+    pub fn linear(slope: f64) -> Self {
+        CostCurve {
+            points: vec![(1, 1.0), (64, 1.0 + slope * 63.0)],
+            t1_ms: 0.0,
+        }
+    }
+
+    /// t(K)/t(1), interpolated linearly (and extrapolated from the last two points).
+    pub fn cost(&self, k: usize) -> f64 {
+        let pts = &self.points;
+        if k <= pts[0].0 {
+            return pts[0].1;
+        }
+        for w in pts.windows(2) {
+            let ((k0, c0), (k1, c1)) = (w[0], w[1]);
+            if k <= k1 {
+                return c0 + (c1 - c0) * (k - k0) as f64 / (k1 - k0) as f64;
+            }
+        }
+        let n = pts.len();
+        let ((k0, c0), (k1, c1)) = (pts[n - 2], pts[n - 1]);
+        c1 + (c1 - c0) / (k1 - k0) as f64 * (k - k1) as f64
+    }
+}
+
+/// The model, its tokenizer and template, and what the engine has learned of its costs.
+pub struct Engine {
+    model: Model,
+    tokenizer: ModelTokenizer,
+    template: Option<ChatTemplate>,
+    eos: Vec<u32>,
+    cost: CostCurve,
+    /// Accepted ÷ SCORE over past drafts, as running sums.
+    predicted: f64,
+    observed: f64,
+}
+
+impl Engine {
+    /// Load a GGUF model from `path`.
+    pub fn load(
+        path: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let fmt = |message: String| ModelError::Format {
+            path: path.into(),
+            message,
+        };
+        let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let content = gguf_file::Content::read(&mut f)
+            .map_err(|e| fmt(format!("not a readable GGUF file: {e}")))?;
+        let tokenizer = ModelTokenizer::from_gguf(&content).map_err(|e| fmt(e.to_string()))?;
+        let model = Model::load_gguf(path, &content, format, max_context, device)?;
+        let md_tok = |key: &str| content.metadata.get(key).and_then(|v| v.to_u32().ok());
+        let mut eos: Vec<u32> = md_tok("tokenizer.ggml.eos_token_id").into_iter().collect();
+        eos.extend(tokenizer.token_id("<|endoftext|>"));
+        eos.dedup();
+        let name = |id: Option<u32>| {
+            id.and_then(|i| tokenizer.decode(&[i], false).ok())
+                .unwrap_or_default()
+        };
+        let template = match content
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.to_string().ok())
+        {
+            Some(src) => Some(
+                ChatTemplate::new(
+                    src,
+                    &name(md_tok("tokenizer.ggml.bos_token_id")),
+                    &name(md_tok("tokenizer.ggml.eos_token_id")),
+                )
+                .map_err(fmt)?,
+            ),
+            None => None,
+        };
+        Ok(Engine {
+            model,
+            tokenizer,
+            template,
+            eos,
+            cost: CostCurve::flat(),
+            predicted: 0.0,
+            observed: 0.0,
+        })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &ModelTokenizer {
+        &self.tokenizer
+    }
+
+    /// Which tokenizer the model uses, to check snapshots and logs against.
+    pub fn tokenizer_identity(&self) -> crate::store::TokenizerId {
+        use crate::store::build::TextEncoder;
+        self.tokenizer.identity()
+    }
+
+    /// The chat template, if the model has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// The model's context length (KV capacity).
+    pub fn context_len(&self) -> usize {
+        self.model.config().context
+    }
+
+    /// The cost curve in use.
+    pub fn cost_curve(&self) -> &CostCurve {
+        &self.cost
+    }
+
+    /// Use `curve` instead of measuring.
+    pub fn set_cost_curve(&mut self, curve: CostCurve) {
+        self.cost = curve;
+    }
+
+    /// Measure t(K)/t(1) on this device for K up to `max_k`, after a `context`-token
+    /// prefix: the median of `repeats` runs for each K.
+    pub fn measure_cost_curve(
+        &mut self,
+        max_k: usize,
+        context: usize,
+        repeats: usize,
+    ) -> Result<&CostCurve, ModelError> {
+        self.model.reset();
+        let ctx = context.min(self.context_len().saturating_sub(max_k + 1));
+        let prefix: Vec<u32> = (0..ctx as u32).map(|i| 100 + i % 1000).collect();
+        self.prefill(&prefix)?;
+        let mut ks = vec![1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+        ks.retain(|&k| k <= max_k.max(1));
+        let mut times = Vec::new();
+        for &k in &ks {
+            let tokens: Vec<u32> = (0..k as u32).map(|i| 200 + i).collect();
+            let parents: Vec<i32> = (0..k as i32).map(|i| i - 1).collect();
+            let mut runs = Vec::new();
+            for _ in 0..repeats.max(1) {
+                let t = Instant::now();
+                let logits = self.model.forward(&tokens, &parents)?;
+                argmax_rows(&logits)?;
+                runs.push(t.elapsed().as_secs_f64());
+                self.model.commit(&[])?;
+            }
+            runs.sort_by(f64::total_cmp);
+            times.push(runs[runs.len() / 2]);
+        }
+        self.model.reset();
+        let t1 = times[0];
+        let mut points: Vec<(usize, f64)> = ks
+            .iter()
+            .zip(&times)
+            .map(|(&k, &t)| (k, t / t1))
+            .collect();
+        // Costs never fall with K; noise sometimes says otherwise.
+        for i in 1..points.len() {
+            points[i].1 = points[i].1.max(points[i - 1].1);
+        }
+        points[0].1 = 1.0;
+        self.cost = CostCurve {
+            points,
+            t1_ms: t1 * 1e3,
+        };
+        Ok(&self.cost)
+    }
+
+    fn calibration(&self) -> f64 {
+        // Start trusting SCORE; move to the observed ratio as evidence accumulates.
+        ((self.observed + 4.0) / (self.predicted + 4.0)).clamp(0.05, 2.0)
+    }
+
+    /// Cut `draft` to the prefix (in topological order, so a subtree) whose expected
+    /// gain per unit of cost is best; empty when plain decoding is better.
+    pub fn cap_draft(&self, draft: &mut Draft) {
+        let calib = self.calibration();
+        let mut best = (1.0 / self.cost.cost(1), 0usize);
+        let mut expected = 0.0f64;
+        for k in 1..=draft.len() {
+            expected += draft.probs[k - 1] as f64 * calib;
+            let gain = (1.0 + expected) / self.cost.cost(k + 1);
+            if gain > best.0 {
+                best = (gain, k);
+            }
+        }
+        let k = best.1;
+        draft.tokens.truncate(k);
+        draft.parents.truncate(k);
+        draft.probs.truncate(k);
+        draft.score = draft.probs.iter().sum();
+    }
+
+    /// Where to cut `out` when its text contains a stop string: the most tokens whose
+    /// text ends before the earliest one.
+    fn stop_at(&self, out: &[u32], stops: &[String]) -> Option<usize> {
+        if stops.is_empty() {
+            return None;
+        }
+        let text = self.tokenizer.decode(out, true).unwrap_or_default();
+        let cut = stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()))
+            .min()?;
+        let mut n = out.len();
+        while n > 0 && self.tokenizer.decode(&out[..n], true).unwrap_or_default().len() > cut {
+            n -= 1;
+        }
+        Some(n)
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
+        const CHUNK: usize = 256;
+        for chunk in tokens.chunks(CHUNK) {
+            let parents: Vec<i32> = (0..chunk.len() as i32).map(|i| i - 1).collect();
+            self.model.forward(chunk, &parents)?;
+            let all: Vec<usize> = (0..chunk.len()).collect();
+            self.model.commit(&all)?;
+        }
+        Ok(())
+    }
+
+    /// Generate from `prompt` (token ids). `on_tokens` gets each batch of new tokens as it
+    /// is accepted and returns false to cancel.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Generation, ModelError> {
+        if prompt.is_empty() {
+            return Err(ModelError::Format {
+                path: "prompt".into(),
+                message: "the prompt is empty".into(),
+            });
+        }
+        if prompt.len() >= self.context_len() {
+            return Err(ModelError::ContextFull {
+                needed: prompt.len() + 1,
+                capacity: self.context_len(),
+            });
+        }
+        let start = Instant::now();
+        self.model.reset();
+        self.prefill(&prompt[..prompt.len() - 1])?;
+        let prefill_s = start.elapsed().as_secs_f64();
+        let decode_start = Instant::now();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(opts.sampling.seed);
+        let greedy = opts.sampling.temperature <= 0.0;
+        let mut request = RequestTree::new(prompt, SpecParams::default().request_depth());
+        let mut context = prompt.to_vec();
+        let mut pending = prompt[prompt.len() - 1];
+        let mut out: Vec<u32> = Vec::new();
+        let mut emitted = 0;
+        let (mut steps, mut drafted, mut accepted_total) = (0usize, 0usize, 0usize);
+        let mut finish = FinishReason::Length;
+        while out.len() < opts.max_tokens {
+            let room = self.context_len() - self.model.len();
+            if room == 0 {
+                break;
+            }
+            let mut draft = if opts.speculate {
+                drafter.draft(&request, &context)
+            } else {
+                Draft::default()
+            };
+            self.cap_draft(&mut draft);
+            let keep = draft.len().min(room - 1).min(opts.max_tokens - out.len() - 1);
+            draft.tokens.truncate(keep);
+            draft.parents.truncate(keep);
+            draft.probs.truncate(keep);
+            let mut tokens = Vec::with_capacity(1 + draft.len());
+            tokens.push(pending);
+            tokens.extend_from_slice(&draft.tokens);
+            let mut parents = Vec::with_capacity(1 + draft.len());
+            parents.push(-1);
+            parents.extend(draft.parents.iter().map(|&p| p + 1));
+            let logits = self.model.forward(&tokens, &parents)?;
+            let (path, bonus) = if greedy {
+                walk_greedy(&tokens, &parents, &argmax_rows(&logits)?)
+            } else {
+                walk_sampled(&tokens, &parents, &logits, &opts.sampling, &mut rng)?
+            };
+            self.model.commit(&path)?;
+            let accepted = path.len() - 1;
+            steps += 1;
+            drafted += draft.len();
+            accepted_total += accepted;
+            if !draft.is_empty() {
+                self.predicted += draft.score as f64;
+                self.observed += accepted as f64;
+                drafter.accepted(&draft, accepted);
+            }
+            let mut new: Vec<u32> = path[1..].iter().map(|&i| tokens[i]).collect();
+            new.push(bonus);
+            pending = bonus;
+            let mut stop = false;
+            if let Some(i) = new.iter().position(|t| self.eos.contains(t)) {
+                new.truncate(i);
+                stop = true;
+            }
+            new.truncate(opts.max_tokens - out.len());
+            out.extend_from_slice(&new);
+            request.extend(&new);
+            context.extend_from_slice(&new);
+            if let Some(cut) = self.stop_at(&out, &opts.stop) {
+                out.truncate(cut);
+                stop = true;
+            }
+            if out.len() > emitted && !on_tokens(&out[emitted..]) {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            emitted = emitted.max(out.len());
+            if stop {
+                finish = FinishReason::Stop;
+                break;
+            }
+        }
+        let decode_s = decode_start.elapsed().as_secs_f64();
+        let text = self.tokenizer.decode(&out, true).unwrap_or_default();
+        Ok(Generation {
+            tokens_per_s: out.len() as f64 / decode_s.max(1e-9),
+            tokens: out,
+            text,
+            prompt_tokens: prompt.len(),
+            steps,
+            drafted_tokens: drafted,
+            accepted_tokens: accepted_total,
+            finish_reason: finish,
+            prefill_s,
+            decode_s,
+        })
+    }
+}
+
+/// Greedy acceptance: from the root, follow the child whose token is the model's argmax
+/// at its parent; the model's argmax at the last accepted node is the bonus token.
+/// Returns the accepted path (indices, root first) and the bonus.
+fn walk_greedy(tokens: &[u32], parents: &[i32], argmax: &[u32]) -> (Vec<usize>, u32) {
+    let mut path = vec![0usize];
+    let mut cur = 0usize;
+    loop {
+        let want = argmax[cur];
+        match (cur + 1..tokens.len()).find(|&j| parents[j] == cur as i32 && tokens[j] == want) {
+            Some(j) => {
+                path.push(j);
+                cur = j;
+            }
+            None => return (path, want),
+        }
+    }
+}
+
+/// Sampled acceptance (recursive rejection for deterministic drafts).
+fn walk_sampled(
+    tokens: &[u32],
+    parents: &[i32],
+    logits: &Tensor,
+    sampling: &Sampling,
+    rng: &mut impl Rng,
+) -> Result<(Vec<usize>, u32), ModelError> {
+    let mut path = vec![0usize];
+    let mut cur = 0usize;
+    'node: loop {
+        let row: Vec<f32> = logits.get(cur)?.to_vec1()?;
+        let mut p = sampling.distribution(&row);
+        for j in (cur + 1..tokens.len()).filter(|&j| parents[j] == cur as i32) {
+            let x = tokens[j] as usize;
+            let px = p.get(x).copied().unwrap_or(0.0);
+            if px > 0.0 && rng.random::<f32>() < px {
+                path.push(j);
+                cur = j;
+                continue 'node;
+            }
+            // Rejected: the residual distribution max(p − q, 0) for a point mass q at x
+            // is p without x, renormalised.
+            if px > 0.0 {
+                p[x] = 0.0;
+                let total: f32 = p.iter().sum();
+                if total <= 0.0 {
+                    break;
+                }
+                p.iter_mut().for_each(|v| *v /= total);
+            }
+        }
+        return Ok((path, sample(&p, rng)));
+    }
+}
+
+fn sample(p: &[f32], rng: &mut impl Rng) -> u32 {
+    let r: f32 = rng.random();
+    let mut acc = 0.0;
+    for (i, &x) in p.iter().enumerate() {
+        acc += x;
+        if r < acc {
+            return i as u32;
+        }
+    }
+    // Rounding left r above the total: the last token with mass.
+    p.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_walk_follows_the_argmax_and_adds_the_bonus() {
+        // root(0) -> a(1) -> b(2); root -> c(3)
+        let tokens = [9, 5, 6, 7];
+        let parents = [-1, 0, 1, 0];
+        let (path, bonus) = walk_greedy(&tokens, &parents, &[5, 6, 8, 0]);
+        assert_eq!(path, vec![0, 1, 2]);
+        assert_eq!(bonus, 8);
+        let (path, bonus) = walk_greedy(&tokens, &parents, &[7, 0, 0, 3]);
+        assert_eq!(path, vec![0, 3]);
+        assert_eq!(bonus, 3);
+    }
+
+    #[test]
+    fn top_k_and_top_p_cut_the_tail() {
+        let s = Sampling {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 2,
+            seed: 0,
+        };
+        let p = s.distribution(&[0.0, 1.0, 2.0, -5.0]);
+        assert_eq!(p[0], 0.0);
+        assert_eq!(p[3], 0.0);
+        assert!((p[1] + p[2] - 1.0).abs() < 1e-6);
+        let s = Sampling { top_k: 0, top_p: 0.5, ..s };
+        let p = s.distribution(&[0.0, 0.0, 10.0]);
+        assert_eq!(p, vec![0.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn cost_curve_interpolates_and_extrapolates() {
+        let c = CostCurve {
+            points: vec![(1, 1.0), (2, 1.5), (4, 3.0)],
+            t1_ms: 1.0,
+        };
+        assert_eq!(c.cost(1), 1.0);
+        assert_eq!(c.cost(3), 2.25);
+        assert_eq!(c.cost(6), 4.5);
+    }
+}

@@ -1,0 +1,430 @@
+//! A llama-family transformer over candle that verifies draft trees: it takes the tree
+//! flattened in topological order, each token's position (base + depth) and its
+//! ancestors, and returns logits for every token. Its KV cache is preallocated, keeps a
+//! logical length, and keeps only the accepted path after each step.
+//!
+//! The library's `quantized_llama` cannot do this: it builds its own causal mask, uses
+//! contiguous positions, returns the last row only and grows a cache it cannot cut.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
+use candle_core::{D, DType, Device, Module, Tensor};
+
+/// Errors from loading or running the model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The model file could not be read.
+    #[error("cannot read model {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not a usable llama GGUF.
+    #[error("model {path}: {message}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The context would pass the KV cache's capacity.
+    #[error("context too long: {needed} tokens, the model's context is {capacity}; shorten the prompt or lower max_tokens")]
+    ContextFull {
+        /// Tokens needed.
+        needed: usize,
+        /// Capacity.
+        capacity: usize,
+    },
+    /// A tensor operation failed.
+    #[error("model computation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// How the matrices are held in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightFormat {
+    /// As stored in the file.
+    Native,
+    /// Requantized to Q8_0: fast on CPU (Q4_1 has no SIMD path there) and exact across
+    /// batch sizes, which exact greedy verification relies on.
+    Q8_0,
+    /// Dequantized to f32: slowest to decode, cheapest to verify many tokens.
+    F32,
+}
+
+/// The architecture's sizes, from the GGUF metadata.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LlamaConfig {
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Model width.
+    pub width: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Context length (KV cache capacity).
+    pub context: usize,
+    /// RoPE base frequency.
+    pub rope_base: f32,
+    /// RMS norm epsilon.
+    pub rms_eps: f32,
+}
+
+struct Layer {
+    attn_norm: Tensor,
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    wo: QMatMul,
+    ffn_norm: Tensor,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+    /// `[kv_head][position][head_dim]` on the host; rows `0..len` are the committed
+    /// context, the rows after it the last forward pass.
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+}
+
+/// The model, with its KV cache for one sequence.
+pub struct Model {
+    cfg: LlamaConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    head: QMatMul,
+    cos: Tensor,
+    sin: Tensor,
+    device: Device,
+    /// Committed tokens in the cache.
+    len: usize,
+    /// Rows written by the last forward pass, after `len`.
+    pending: usize,
+}
+
+fn md_u32(c: &gguf_file::Content, key: &str) -> Result<u32, String> {
+    c.metadata
+        .get(key)
+        .ok_or_else(|| format!("missing metadata {key}"))?
+        .to_u32()
+        .map_err(|e| format!("{key}: {e}"))
+}
+
+fn md_f32(c: &gguf_file::Content, key: &str) -> Option<f32> {
+    c.metadata.get(key).and_then(|v| v.to_f32().ok())
+}
+
+impl Model {
+    /// Load a llama GGUF file. `max_context` caps the KV cache (and its memory).
+    pub fn load_gguf(
+        path: &Path,
+        content: &gguf_file::Content,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let fmt = |message: String| ModelError::Format {
+            path: path.into(),
+            message,
+        };
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_default();
+        if arch != "llama" {
+            return Err(fmt(format!("architecture {arch:?} is not llama")));
+        }
+        let heads = md_u32(content, "llama.attention.head_count").map_err(fmt)? as usize;
+        let kv_heads = md_u32(content, "llama.attention.head_count_kv").map_err(fmt)? as usize;
+        let width = md_u32(content, "llama.embedding_length").map_err(fmt)? as usize;
+        let layers_n = md_u32(content, "llama.block_count").map_err(fmt)? as usize;
+        let trained_context = md_u32(content, "llama.context_length").map_err(fmt)? as usize;
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || width % heads != 0 {
+            return Err(fmt(format!("bad head counts {heads}/{kv_heads} for width {width}")));
+        }
+        let mut file = std::fs::File::open(path).map_err(|source| ModelError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let mut tensor = |name: &str| -> Result<QTensor, ModelError> {
+            content
+                .tensor(&mut file, name, device)
+                .map_err(|e| fmt(format!("tensor {name}: {e}")))
+        };
+        let matrix = |qt: QTensor| -> Result<QMatMul, ModelError> {
+            let qt = match (format, qt.dtype()) {
+                (WeightFormat::Native, _) | (WeightFormat::Q8_0, GgmlDType::Q8_0) => qt,
+                (WeightFormat::Q8_0, _) => QTensor::quantize(&qt.dequantize(device)?, GgmlDType::Q8_0)?,
+                (WeightFormat::F32, _) => return Ok(QMatMul::Tensor(qt.dequantize(device)?)),
+            };
+            Ok(QMatMul::from_qtensor(qt)?)
+        };
+        let embed_q = tensor("token_embd.weight")?;
+        let embed = embed_q.dequantize(device)?;
+        let vocab = embed.dim(0)?;
+        let head = match tensor("output.weight") {
+            Ok(t) => matrix(t)?,
+            // Tied to the embedding, as in SmolLM2.
+            Err(_) => matrix(embed_q)?,
+        };
+        let norm = tensor("output_norm.weight")?.dequantize(device)?;
+        let head_dim = width / heads;
+        let context = max_context.min(trained_context).max(1);
+        let mut layers = Vec::with_capacity(layers_n);
+        for i in 0..layers_n {
+            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: tensor(&p("attn_norm"))?.dequantize(device)?,
+                wq: matrix(tensor(&p("attn_q"))?)?,
+                wk: matrix(tensor(&p("attn_k"))?)?,
+                wv: matrix(tensor(&p("attn_v"))?)?,
+                wo: matrix(tensor(&p("attn_output"))?)?,
+                ffn_norm: tensor(&p("ffn_norm"))?.dequantize(device)?,
+                gate: matrix(tensor(&p("ffn_gate"))?)?,
+                up: matrix(tensor(&p("ffn_up"))?)?,
+                down: matrix(tensor(&p("ffn_down"))?)?,
+                k_cache: vec![0.0; kv_heads * context * head_dim],
+                v_cache: vec![0.0; kv_heads * context * head_dim],
+            });
+        }
+        let rope_base = md_f32(content, "llama.rope.freq_base").unwrap_or(10000.0);
+        let inv: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 1.0 / rope_base.powf(2.0 * i as f32 / head_dim as f32))
+            .collect();
+        let inv = Tensor::new(inv, device)?.reshape((1, head_dim / 2))?;
+        let pos = Tensor::arange(0u32, context as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((context, 1))?;
+        let freqs = pos.broadcast_mul(&inv)?;
+        let cfg = LlamaConfig {
+            layers: layers_n,
+            heads,
+            kv_heads,
+            head_dim,
+            width,
+            vocab,
+            context,
+            rope_base,
+            rms_eps: md_f32(content, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        };
+        Ok(Model {
+            cfg,
+            embed,
+            layers,
+            norm,
+            head,
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+            device: device.clone(),
+            len: 0,
+            pending: 0,
+        })
+    }
+
+    /// The architecture's sizes.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// Committed tokens in the KV cache.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is committed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forget the sequence: the next forward pass starts at position 0.
+    pub fn reset(&mut self) {
+        self.len = 0;
+        self.pending = 0;
+    }
+
+    /// Run `tokens` after the committed context. `parents[i]` is the index in `tokens`
+    /// of token i's parent (parent < i), or -1 for a token that follows the context
+    /// directly. Token i sits at position `len + depth(i)` and attends to the context,
+    /// its ancestors and itself. Returns logits, one row per token, `(T, vocab)`.
+    /// Nothing is committed until [`Model::commit`].
+    pub fn forward(&mut self, tokens: &[u32], parents: &[i32]) -> Result<Tensor, ModelError> {
+        let t = tokens.len();
+        assert_eq!(parents.len(), t, "one parent per token");
+        if self.len + t > self.cfg.context {
+            return Err(ModelError::ContextFull {
+                needed: self.len + t,
+                capacity: self.cfg.context,
+            });
+        }
+        // Depths, positions, and each token's attention set: the committed context,
+        // then its ancestors from the root down, then itself. In plain decoding a token
+        // attends to exactly these keys in this order, which is what makes the result
+        // bit-identical (see `attend`).
+        let mut depth = vec![0usize; t];
+        let mut ancestors: Vec<Vec<usize>> = Vec::with_capacity(t);
+        for i in 0..t {
+            let p = parents[i];
+            assert!(p < i as i32, "parents come before their children");
+            let mut chain = if p < 0 {
+                Vec::new()
+            } else {
+                ancestors[p as usize].clone()
+            };
+            chain.push(i);
+            depth[i] = chain.len() - 1;
+            ancestors.push(chain);
+        }
+        let positions: Vec<u32> = depth.iter().map(|d| (self.len + d) as u32).collect();
+        let positions = Tensor::new(positions, &self.device)?;
+        let cos = self.cos.index_select(&positions, 0)?.contiguous()?;
+        let sin = self.sin.index_select(&positions, 0)?.contiguous()?;
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        let (h, kvh, hd) = (self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim);
+        let ctx = self.cfg.context;
+        let base = self.len;
+        for layer in &mut self.layers {
+            let a = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps)?;
+            let q = layer.wq.forward(&a)?.reshape((1, t, h, hd))?.transpose(1, 2)?.contiguous()?;
+            let k = layer.wk.forward(&a)?.reshape((1, t, kvh, hd))?.transpose(1, 2)?.contiguous()?;
+            let v = layer.wv.forward(&a)?.reshape((1, t, kvh, hd))?.transpose(1, 2)?.contiguous()?;
+            let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
+            let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
+            let q: Vec<f32> = q.flatten_all()?.to_vec1()?;
+            let k: Vec<f32> = k.flatten_all()?.to_vec1()?;
+            let v: Vec<f32> = v.flatten_all()?.to_vec1()?;
+            for g in 0..kvh {
+                let dst = (g * ctx + base) * hd;
+                let src = g * t * hd;
+                layer.k_cache[dst..dst + t * hd].copy_from_slice(&k[src..src + t * hd]);
+                layer.v_cache[dst..dst + t * hd].copy_from_slice(&v[src..src + t * hd]);
+            }
+            let out = attend(&q, layer, &ancestors, base, AttnShape { t, h, kvh, hd, ctx });
+            let out = Tensor::from_vec(out, (t, h * hd), &self.device)?;
+            x = (x + layer.wo.forward(&out)?)?;
+            let f = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.rms_eps)?;
+            let g = candle_nn::ops::silu(&layer.gate.forward(&f)?)?;
+            let u = layer.up.forward(&f)?;
+            x = (x + layer.down.forward(&(g * u)?)?)?;
+        }
+        self.pending = t;
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.cfg.rms_eps)?;
+        Ok(self.head.forward(&x)?.to_dtype(DType::F32)?)
+    }
+
+    /// Keep the tokens at `accepted` (indices into the last forward pass, a root-to-leaf
+    /// path in order) as the continuation of the context; drop the rest. Positions were
+    /// base + depth, so a path's rows move down unchanged.
+    pub fn commit(&mut self, accepted: &[usize]) -> Result<(), ModelError> {
+        let a = accepted.len();
+        assert!(accepted.iter().all(|&i| i < self.pending), "accepted rows were computed");
+        let is_prefix = accepted.iter().enumerate().all(|(k, &i)| k == i);
+        if !is_prefix {
+            let (kvh, hd, ctx) = (self.cfg.kv_heads, self.cfg.head_dim, self.cfg.context);
+            for layer in &mut self.layers {
+                for cache in [&mut layer.k_cache, &mut layer.v_cache] {
+                    for g in 0..kvh {
+                        // Accepted indices ascend, so moving rows down in order never
+                        // overwrites a row still to be moved.
+                        for (dst, &src) in accepted.iter().enumerate() {
+                            let from = (g * ctx + self.len + src) * hd;
+                            let to = (g * ctx + self.len + dst) * hd;
+                            cache.copy_within(from..from + hd, to);
+                        }
+                    }
+                }
+            }
+        }
+        self.len += a;
+        self.pending = 0;
+        Ok(())
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+/// Sizes for [`attend`].
+#[derive(Clone, Copy)]
+struct AttnShape {
+    t: usize,
+    h: usize,
+    kvh: usize,
+    hd: usize,
+    ctx: usize,
+}
+
+/// Dot product with a fixed summation order (8 lanes, then a fixed tree), so that the
+/// result never depends on how many rows are computed together.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        acc[l] += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// Attention of every new token over its attention set, computed on the host one query
+/// at a time with fixed summation orders. A batched matmul and softmax would sum in an
+/// order that depends on the batch and row length; with Q8_0 weights such 1e-6
+/// differences flip activation quantisation and grow to whole logits. This way a token
+/// verified in a tree gets bit-for-bit the logits plain decoding gives it.
+fn attend(q: &[f32], layer: &Layer, sets: &[Vec<usize>], base: usize, s: AttnShape) -> Vec<f32> {
+    let AttnShape { t, h, kvh, hd, ctx } = s;
+    let rep = h / kvh;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut out = vec![0f32; t * h * hd];
+    let mut scores: Vec<f32> = Vec::with_capacity(base + t);
+    for head in 0..h {
+        let g = head / rep;
+        let keys = &layer.k_cache[g * ctx * hd..(g + 1) * ctx * hd];
+        let values = &layer.v_cache[g * ctx * hd..(g + 1) * ctx * hd];
+        for (i, set) in sets.iter().enumerate() {
+            let qi = &q[(head * t + i) * hd..(head * t + i + 1) * hd];
+            let rows = (0..base).chain(set.iter().map(|&a| base + a));
+            scores.clear();
+            scores.extend(rows.clone().map(|r| dot(qi, &keys[r * hd..(r + 1) * hd]) * scale));
+            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for x in scores.iter_mut() {
+                *x = (*x - max).exp();
+                sum += *x;
+            }
+            let o = &mut out[(i * h + head) * hd..(i * h + head + 1) * hd];
+            for (w, r) in scores.iter().zip(rows) {
+                let w = w / sum;
+                let vr = &values[r * hd..(r + 1) * hd];
+                for d in 0..hd {
+                    o[d] += w * vr[d];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Index of the largest value of each row of `logits` `(T, vocab)`; ties go to the
+/// lowest index, as plain greedy decoding does.
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>, ModelError> {
+    Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+}

