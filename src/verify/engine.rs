@@ -645,6 +645,52 @@ mod tests {
         assert_eq!(p, vec![0.0, 0.0, 1.0]);
     }
 
+    /// Speculative sampling must leave the model's distribution unchanged, whatever the
+    /// draft proposes: chi-square of 200k sampled first tokens against p, for a draft
+    /// tree whose root has two children (the recursive rule) and one that proposes an
+    /// unlikely token.
+    #[test]
+    fn speculative_sampling_preserves_the_distribution() {
+        let logits = [2.0f32, 1.5, 1.0, 0.2, -1.0, 0.0];
+        let sampling = Sampling {
+            temperature: 0.8,
+            top_p: 0.95,
+            top_k: 5,
+            seed: 0,
+        };
+        let p = sampling.distribution(&logits);
+        // Rows: root, then draft nodes (their rows are never read for the first token).
+        let rows: Vec<f32> = logits.iter().cycle().take(logits.len() * 4).cloned().collect();
+        let t = Tensor::from_vec(rows, (4, logits.len()), &candle_core::Device::Cpu).unwrap();
+        for (tokens, parents) in [
+            (vec![9u32, 1, 0, 3], vec![-1i32, 0, 0, 1]),
+            (vec![9u32, 4, 2, 5], vec![-1i32, 0, 1, 0]),
+        ] {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+            let n = 200_000;
+            let mut hist = vec![0u64; logits.len()];
+            for _ in 0..n {
+                let (path, bonus) = walk_sampled(&tokens, &parents, &t, &sampling, &mut rng).unwrap();
+                let first = if path.len() > 1 { tokens[path[1]] } else { bonus };
+                hist[first as usize] += 1;
+            }
+            let mut chi2 = 0.0;
+            let mut dof = 0;
+            for (i, &pi) in p.iter().enumerate() {
+                if pi == 0.0 {
+                    assert_eq!(hist[i], 0, "token {i} is outside top-k/top-p");
+                    continue;
+                }
+                let e = pi as f64 * n as f64;
+                chi2 += (hist[i] as f64 - e).powi(2) / e;
+                dof += 1;
+            }
+            // 99.9th percentile of chi-square with 4 degrees of freedom is 18.47.
+            assert_eq!(dof, 5);
+            assert!(chi2 < 18.47, "chi2 {chi2} for {tokens:?}, hist {hist:?}, p {p:?}");
+        }
+    }
+
     #[test]
     fn cost_curve_interpolates_and_extrapolates() {
         let c = CostCurve {

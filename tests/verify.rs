@@ -1,0 +1,145 @@
+//! The verifier on the real default model (installed by tools/setup.sh): speculative
+//! greedy output equals plain greedy output, token for token, on 50 prompts, with tree
+//! drafts from both the prompt and a global tree of earlier outputs.
+//!
+//! Set `SUFFIXD_SKIP_MODEL_TESTS=1` to skip on a machine without the model.
+
+use std::path::{Path, PathBuf};
+
+use suffixd::speculate::{SpecMode, SpecParams};
+use suffixd::tree::GlobalTree;
+use suffixd::corpus::logs::ChatMessage;
+use suffixd::verify::engine::{CostCurve, Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling};
+use suffixd::verify::model::WeightFormat;
+
+fn model() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var_os("SUFFIXD_SKIP_MODEL_TESTS").is_some() {
+        eprintln!("skipped: no model and SUFFIXD_SKIP_MODEL_TESTS is set");
+        return None;
+    }
+    panic!("the default model is missing: run tools/setup.sh (or set SUFFIXD_SKIP_MODEL_TESTS=1)");
+}
+
+fn prompts() -> Vec<String> {
+    let mut v = Vec::new();
+    let names = ["Alice", "Bob", "Chen", "Dana", "Emeka"];
+    let cities = ["Paris", "Lima", "Oslo", "Pune", "Kyiv"];
+    // Agentic: extraction into JSON, twice over the same template.
+    for (i, n) in names.iter().enumerate() {
+        for c in &cities[..3] {
+            v.push(format!(
+                "Extract the fields as JSON with keys name, city, age.\nText: {n} lives in {c} and is {} years old.\nJSON:",
+                20 + i * 7
+            ));
+        }
+    }
+    // Agentic: a pipeline step that quotes an earlier output.
+    for c in cities {
+        v.push(format!(
+            "Previous step output: {{\"city\": \"{c}\", \"status\": \"ok\"}}\nRepeat the previous step output exactly, then add a field \"checked\": true.\nAnswer:"
+        ));
+    }
+    // Chat.
+    let questions = [
+        "What is the capital of France?",
+        "Give me three tips for sleeping better.",
+        "Write a haiku about rain.",
+        "Explain what a suffix tree is in one sentence.",
+        "List the days of the week.",
+        "How do I reverse a list in Python?",
+        "What is 12 times 12?",
+        "Name three primary colors.",
+        "Translate 'good morning' into Spanish.",
+        "Write a SQL query that counts rows in a table named users.",
+        "What does HTTP stand for?",
+        "Give a one-line summary of Romeo and Juliet.",
+        "Suggest a name for a pet turtle.",
+        "Write a short greeting for a birthday card.",
+        "What is the boiling point of water in Celsius?",
+        "List three fruits that are red.",
+        "Describe the color blue to someone.",
+        "Write a Python function that returns the square of a number.",
+        "What are the four seasons?",
+        "Count from one to ten.",
+        "Say hello in French.",
+        "What is a prime number?",
+        "Write a JSON object with keys a and b.",
+        "Repeat this sentence twice: the cat sat on the mat.",
+        "Name two planets.",
+        "What is the opposite of hot?",
+        "Write a to-do list with three items.",
+        "Spell the word 'cat' backwards.",
+        "What language is spoken in Brazil?",
+        "Give an example of a noun.",
+    ];
+    for q in questions {
+        v.push(format!("<chat>{q}"));
+    }
+    v
+}
+
+#[test]
+fn speculative_greedy_output_equals_plain_greedy_output() {
+    let Some(path) = model() else { return };
+    let mut engine = Engine::load(&path, WeightFormat::Q8_0, 1024, &candle_core::Device::Cpu).unwrap();
+    // Verify every draft whole: the most tree verification and KV compaction to check.
+    engine.set_cost_curve(CostCurve::flat());
+    let params = SpecParams {
+        tree: true,
+        max_spec: 8,
+        mode: SpecMode::Extended,
+        ..SpecParams::default()
+    };
+    let mut global = GlobalTree::new(params.max_depth).unwrap();
+    let opts = |speculate| GenerateOptions {
+        max_tokens: 24,
+        sampling: Sampling::default(),
+        stop: vec![],
+        speculate,
+    };
+    let prompts = prompts();
+    assert_eq!(prompts.len(), 50);
+    let (mut drafted, mut accepted) = (0, 0);
+    for (i, text) in prompts.iter().enumerate() {
+        let text = match text.strip_prefix("<chat>") {
+            Some(q) => engine
+                .template()
+                .expect("SmolLM2 has a chat template")
+                .render(&[ChatMessage { role: "user".into(), content: q.into() }])
+                .unwrap(),
+            None => text.clone(),
+        };
+        let prompt = engine.tokenizer().encode_text(&text).unwrap();
+        let plain = engine.generate(&prompt, &opts(false), &mut NoDrafts, &mut |_| true).unwrap();
+        let mut drafter = IndexDrafter::new(&global, params);
+        let spec = engine.generate(&prompt, &opts(true), &mut drafter, &mut |_| true).unwrap();
+        assert_eq!(spec.tokens, plain.tokens, "prompt {i}: {text:?}");
+        assert_eq!(spec.finish_reason, plain.finish_reason);
+        drafted += spec.drafted_tokens;
+        accepted += spec.accepted_tokens;
+        global.insert(i as u64, &plain.tokens).unwrap();
+    }
+    // The drafts really were verified, and many accepted.
+    eprintln!("drafted {drafted}, accepted {accepted}");
+    assert!(drafted > 200 && accepted > 50, "drafted {drafted}, accepted {accepted}");
+}
+
+#[test]
+fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
+    let Some(path) = model() else { return };
+    let mut engine = Engine::load(&path, WeightFormat::Q8_0, 64, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(
+        engine.tokenizer().encode_text("Hello, world! How are you today?").unwrap(),
+        vec![19556, 28, 905, 17, 1073, 359, 346, 1834, 47]
+    );
+    let long: Vec<u32> = (0..80).map(|i| 100 + i).collect();
+    let err = engine
+        .generate(&long, &GenerateOptions { max_tokens: 4, sampling: Sampling::default(), stop: vec![], speculate: true }, &mut NoDrafts, &mut |_| true)
+        .err()
+        .expect("an 80-token prompt does not fit a 64-token context");
+    assert!(err.to_string().contains("context too long"), "{err}");
+}
