@@ -8,7 +8,9 @@
 pub mod build;
 pub mod dir;
 pub mod layered;
+pub mod live;
 pub mod snapshot;
+pub mod wal;
 
 pub use layered::{Layered, LayeredCursor};
 pub use snapshot::{FrozenTree, OpenError, Snapshot, TokenizerId, WriteError};
