@@ -13,6 +13,7 @@ use crate::speculate::{SpecMode, SpecParams};
 use crate::tree::GlobalTree;
 
 mod generate;
+mod serve;
 mod store;
 
 /// suffixd: a persistent SuffixDecoding speculation store and the LLM server that uses it.
@@ -35,6 +36,8 @@ enum Command {
     Inspect(store::InspectArgs),
     /// Generate one answer with the model, speculating (or not, with --no-spec).
     Generate(generate::GenerateArgs),
+    /// Serve the OpenAI-compatible API, the admin API and /metrics.
+    Serve(serve::ServeArgs),
 }
 
 /// Speculation flags shared by every command that speculates.
@@ -206,6 +209,7 @@ pub fn main() -> ExitCode {
         Command::Build(a) => store::run_build(a),
         Command::Inspect(a) => store::run_inspect(a),
         Command::Generate(a) => generate::run_generate(a),
+        Command::Serve(a) => serve::run_serve(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,6 +5,7 @@ use minijinja::{Environment, Error as JinjaError, ErrorKind, context};
 use crate::corpus::logs::ChatMessage;
 
 /// A compiled chat template.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,

@@ -34,6 +34,7 @@ pub enum TokenizerError {
 }
 
 /// A tokenizer with its identity.
+#[derive(Clone)]
 pub struct ModelTokenizer {
     inner: tokenizers::Tokenizer,
     identity: TokenizerId,

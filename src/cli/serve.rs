@@ -1,0 +1,129 @@
+//! `suffixd serve`: settings from a TOML file, overridden by environment variables,
+//! overridden by flags; then the server.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use serde::Deserialize;
+
+use crate::serve::{ServeConfig, serve};
+use crate::store::wal::FsyncPolicy;
+
+use super::SpecArgs;
+use super::generate::{ModelArgs, model_path};
+
+/// The config file's keys (all optional). See the README for each.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    addr: Option<SocketAddr>,
+    snapshot_dir: Option<PathBuf>,
+    warm_logs: Option<Vec<PathBuf>>,
+    model: Option<PathBuf>,
+    max_body_bytes: Option<usize>,
+    default_max_tokens: Option<usize>,
+    max_tokens_limit: Option<usize>,
+    speculate: Option<bool>,
+    budget_tokens: Option<u64>,
+    max_age_s: Option<u64>,
+    fsync: Option<FsyncPolicy>,
+    snapshot_on_exit: Option<bool>,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ServeArgs {
+    /// TOML config file; flags and SUFFIXD_* variables override its keys.
+    #[arg(long, env = "SUFFIXD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Listen address [default: 127.0.0.1:8080].
+    #[arg(long, env = "SUFFIXD_ADDR")]
+    addr: Option<SocketAddr>,
+    /// Store directory for snapshots and the WAL [default: snapshots].
+    #[arg(long, env = "SUFFIXD_SNAPSHOT_DIR")]
+    snapshot_dir: Option<PathBuf>,
+    /// Logs to warm-start from when the store has no snapshot (repeatable).
+    #[arg(long)]
+    warm_logs: Vec<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Plain decoding, no speculation (for comparisons).
+    #[arg(long)]
+    no_spec: bool,
+    /// Most cached tokens; least recently used responses are evicted beyond it.
+    #[arg(long, env = "SUFFIXD_BUDGET_TOKENS")]
+    budget_tokens: Option<u64>,
+    /// Evict cached responses unused for this many seconds.
+    #[arg(long)]
+    max_age_s: Option<u64>,
+    /// WAL fsync policy [default: always].
+    #[arg(long, value_enum)]
+    fsync: Option<FsyncPolicy>,
+    /// Write a snapshot on graceful shutdown [default: true].
+    #[arg(long)]
+    snapshot_on_exit: Option<bool>,
+    /// `max_tokens` of requests that give none [default: 256].
+    #[arg(long)]
+    default_max_tokens: Option<usize>,
+    /// Largest `max_tokens` accepted [default: 2048].
+    #[arg(long)]
+    max_tokens_limit: Option<usize>,
+}
+
+fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
+    match path {
+        None => Ok(FileConfig::default()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read config {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("config {} is not valid", p.display()))
+        }
+    }
+}
+
+pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let file = read_config(a.config.as_deref())?;
+    let cfg = ServeConfig {
+        addr: a.addr.or(file.addr).unwrap_or(([127, 0, 0, 1], 8080).into()),
+        snapshot_dir: a.snapshot_dir.or(file.snapshot_dir).unwrap_or_else(|| "snapshots".into()),
+        warm_logs: if a.warm_logs.is_empty() { file.warm_logs.unwrap_or_default() } else { a.warm_logs },
+        admin_token: std::env::var("SUFFIXD_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()),
+        max_body_bytes: file.max_body_bytes.unwrap_or(1 << 20),
+        default_max_tokens: a.default_max_tokens.or(file.default_max_tokens).unwrap_or(256),
+        max_tokens_limit: a.max_tokens_limit.or(file.max_tokens_limit).unwrap_or(2048),
+        speculate: !a.no_spec && file.speculate.unwrap_or(true),
+        budget_tokens: a.budget_tokens.or(file.budget_tokens),
+        max_age_s: a.max_age_s.or(file.max_age_s),
+        fsync: a.fsync.or(file.fsync).unwrap_or(FsyncPolicy::Always),
+        snapshot_on_exit: a.snapshot_on_exit.or(file.snapshot_on_exit).unwrap_or(true),
+    };
+    let mut model_args = a.model.clone();
+    model_args.model = Some(model_path(a.model.model.as_deref().or(file.model.as_deref()))?);
+    let model_id = model_args
+        .model
+        .as_ref()
+        .and_then(|p| p.file_stem())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    tracing::info!("loading {} ({:?} weights)", model_id, model_args.weights);
+    let engine = model_args.load()?;
+    tracing::info!("verifier cost curve t(K)/t(1): {:?}", engine.cost_curve().points);
+    let tokenizer = engine.tokenizer().clone();
+    let template = engine.template().cloned();
+    let params = a.spec.params()?;
+    if cfg.admin_token.is_none() {
+        tracing::warn!("SUFFIXD_ADMIN_TOKEN is not set: the admin API is disabled");
+    }
+    serve(cfg, engine, tokenizer, template, model_id, params)?;
+    Ok(())
+}

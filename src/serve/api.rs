@@ -1,0 +1,469 @@
+//! The OpenAI-compatible API and the admin API.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::corpus::logs::ChatMessage;
+use crate::verify::engine::{GenerateOptions, Generation, Sampling};
+
+use super::AppState;
+use super::worker::Job;
+
+/// An OpenAI-style error answer.
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    code: Option<&'static str>,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.message, "type": self.kind, "param": null, "code": self.code}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// `stop` may be a string or a list of strings.
+#[derive(Deserialize, Debug, Default)]
+#[serde(untagged)]
+enum Stop {
+    #[default]
+    None,
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The fields both endpoints share. Unknown fields are refused, so that a typo is an
+/// error and not a silently ignored setting; the accepted no-op fields are those
+/// OpenAI clients commonly send.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct GenerationRequest {
+    model: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    max_tokens: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    #[serde(default)]
+    stop: Stop,
+    seed: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+    user: Option<String>,
+    n: Option<u32>,
+    #[allow(dead_code)]
+    stream_options: Option<serde_json::Value>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    #[allow(dead_code)]
+    logprobs: Option<serde_json::Value>,
+}
+
+fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(app): State<Arc<AppState>>) -> Response {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": app.model_id, "object": "model", "created": app.started, "owned_by": "suffixd"}],
+    }))
+    .into_response()
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    generate(app, headers, body, false).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    generate(app, headers, body, true).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
+    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("request body is larger than {limit} bytes"),
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// Validate a request, tokenize it and hand it to the model thread.
+async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
+    let req: GenerationRequest = read_json(body, app.cfg.max_body_bytes).await?;
+    if let Some(m) = &req.model
+        && *m != app.model_id
+    {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("model {m:?} is not served here; GET /v1/models lists {:?}", app.model_id),
+        )
+        .code("model_not_found"));
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("only n = 1 is supported"));
+    }
+    if req.presence_penalty.is_some_and(|p| p != 0.0) || req.frequency_penalty.is_some_and(|p| p != 0.0) {
+        return Err(ApiError::bad_request("presence and frequency penalties are not supported"));
+    }
+    let text = if chat {
+        let messages = req
+            .messages
+            .as_ref()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::bad_request("`messages` must be a non-empty list"))?;
+        app.template
+            .as_ref()
+            .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions"))?
+            .render(messages)
+            .map_err(ApiError::bad_request)?
+    } else {
+        if req.messages.is_some() {
+            return Err(ApiError::bad_request("`messages` belongs to /v1/chat/completions"));
+        }
+        req.prompt
+            .clone()
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| ApiError::bad_request("`prompt` must be a non-empty string"))?
+    };
+    let temperature = req.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad_request("temperature must be between 0 and 2"));
+    }
+    let top_p = req.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_request("top_p must be in (0, 1]"));
+    }
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(app.cfg.default_max_tokens);
+    if max_tokens == 0 || max_tokens > app.cfg.max_tokens_limit {
+        return Err(ApiError::bad_request(format!(
+            "max_tokens must be between 1 and {}",
+            app.cfg.max_tokens_limit
+        )));
+    }
+    let prompt = app.tokenizer.encode_text(&text).map_err(ApiError::bad_request)?;
+    if prompt.len() + max_tokens > app.context_len {
+        return Err(ApiError::bad_request(format!(
+            "this model's maximum context length is {} tokens; the prompt has {} and max_tokens asks for {}",
+            app.context_len,
+            prompt.len(),
+            max_tokens
+        ))
+        .code("context_length_exceeded"));
+    }
+    let namespace = headers
+        .get("x-suffixd-namespace")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or(req.user.clone())
+        .unwrap_or_else(|| "default".into());
+    if namespace.is_empty() || namespace.len() > 128 {
+        return Err(ApiError::bad_request("the namespace (user) must be 1 to 128 bytes"));
+    }
+    let stop = match req.stop {
+        Stop::None => vec![],
+        Stop::One(s) => vec![s],
+        Stop::Many(v) => v,
+    };
+    let opts = GenerateOptions {
+        max_tokens,
+        sampling: Sampling {
+            temperature,
+            top_p,
+            top_k: req.top_k.unwrap_or(0),
+            seed: req.seed.unwrap_or_else(rand::random),
+        },
+        stop,
+        speculate: app.cfg.speculate,
+    };
+    let (tok_tx, tok_rx) = mpsc::unbounded_channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    let job = Job {
+        prompt,
+        opts,
+        namespace,
+        tokens: tok_tx,
+        done: done_tx,
+    };
+    app.jobs.send(job).map_err(|_| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the model thread has stopped")
+    })?;
+    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, app.next_id());
+    if req.stream {
+        return Ok(stream_response(app, id, chat, tok_rx, done_rx).into_response());
+    }
+    drop(tok_rx);
+    let g = match done_rx.await {
+        Ok(Ok(g)) => g,
+        Ok(Err(e)) => {
+            app.metrics.record_error();
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e));
+        }
+        Err(_) => {
+            app.metrics.record_error();
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation was dropped"));
+        }
+    };
+    let choice = if chat {
+        json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "finish_reason": finish(&g)})
+    } else {
+        json!({"index": 0, "text": g.text, "finish_reason": finish(&g), "logprobs": null})
+    };
+    Ok(Json(json!({
+        "id": id,
+        "object": if chat { "chat.completion" } else { "text_completion" },
+        "created": unix_s(),
+        "model": app.model_id,
+        "choices": [choice],
+        "usage": usage(&g),
+        "suffixd": spec_stats(&g),
+    }))
+    .into_response())
+}
+
+fn finish(g: &Generation) -> &'static str {
+    match g.finish_reason {
+        crate::verify::engine::FinishReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+fn usage(g: &Generation) -> serde_json::Value {
+    json!({"prompt_tokens": g.prompt_tokens, "completion_tokens": g.tokens.len(), "total_tokens": g.prompt_tokens + g.tokens.len()})
+}
+
+fn spec_stats(g: &Generation) -> serde_json::Value {
+    json!({"steps": g.steps, "drafted_tokens": g.drafted_tokens, "accepted_tokens": g.accepted_tokens, "tokens_per_s": g.tokens_per_s})
+}
+
+/// Server-Sent Events in OpenAI's chunk format, ending with `data: [DONE]`. When the
+/// client goes away the stream is dropped, the token channel closes, and the model
+/// thread cancels the generation at its next step.
+fn stream_response(
+    app: Arc<AppState>,
+    id: String,
+    chat: bool,
+    mut tokens: mpsc::UnboundedReceiver<Vec<u32>>,
+    done: oneshot::Receiver<Result<Generation, String>>,
+) -> impl IntoResponse {
+    let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+    let stream = async_stream::stream! {
+        let created = unix_s();
+        let chunk = |delta: serde_json::Value, finish: Option<&str>| -> Event {
+            let choice = if chat {
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
+            } else {
+                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish, "logprobs": null})
+            };
+            Event::default().data(json!({"id": id, "object": object, "created": created, "model": app.model_id, "choices": [choice]}).to_string())
+        };
+        if chat {
+            yield Ok::<Event, Infallible>(chunk(json!({"role": "assistant", "content": ""}), None));
+        }
+        // Decode incrementally: the text of all tokens so far, minus what was sent, so
+        // that multi-byte characters split across tokens come out whole.
+        let mut all: Vec<u32> = Vec::new();
+        let mut sent = 0usize;
+        while let Some(new) = tokens.recv().await {
+            all.extend_from_slice(&new);
+            let text = app.tokenizer.decode(&all, true).unwrap_or_default();
+            if text.len() > sent && text.is_char_boundary(sent) && !text.ends_with('\u{fffd}') {
+                let piece = text[sent..].to_string();
+                sent = text.len();
+                yield Ok(chunk(json!({"content": piece}), None));
+            }
+        }
+        match done.await {
+            Ok(Ok(g)) => {
+                if g.text.len() > sent && g.text.is_char_boundary(sent) {
+                    yield Ok(chunk(json!({"content": g.text[sent..].to_string()}), None));
+                }
+                let choice = if chat {
+                    json!({"index": 0, "delta": {}, "finish_reason": finish(&g)})
+                } else {
+                    json!({"index": 0, "text": "", "finish_reason": finish(&g), "logprobs": null})
+                };
+                let last = json!({"id": id, "object": object, "created": created, "model": app.model_id,
+                    "choices": [choice], "usage": usage(&g), "suffixd": spec_stats(&g)});
+                yield Ok(Event::default().data(last.to_string()));
+            }
+            Ok(Err(e)) => {
+                app.metrics.record_error();
+                yield Ok(Event::default().data(json!({"error": {"message": e, "type": "server_error"}}).to_string()));
+            }
+            Err(_) => {}
+        }
+        yield Ok(Event::default().data("[DONE]"));
+    };
+    Sse::new(stream)
+}
+
+// ---------------------------------------------------------------------------------
+// Admin API
+
+fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &app.cfg.admin_token else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "the admin API is disabled: set SUFFIXD_ADMIN_TOKEN to enable it",
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given != Some(token.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "missing or wrong admin token: send Authorization: Bearer $SUFFIXD_ADMIN_TOKEN",
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /admin/snapshot` and `POST /admin/compact`: start in the background, answer 202
+/// with a job to poll.
+pub async fn admin_snapshot(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    let job = app.start_snapshot_job();
+    (StatusCode::ACCEPTED, Json(json!({"job": job, "status": "running", "poll": format!("/admin/jobs/{job}")}))).into_response()
+}
+
+/// `GET /admin/jobs/{id}`.
+pub async fn admin_job(State(app): State<Arc<AppState>>, headers: HeaderMap, UrlPath(id): UrlPath<u64>) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    match app.jobs_status.lock().expect("jobs").get(&id) {
+        Some(v) => Json(v.clone()).into_response(),
+        None => ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no job {id}")).into_response(),
+    }
+}
+
+/// `GET /admin/stats`.
+pub async fn admin_stats(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    let mut v = app.store.stats();
+    v["serving"] = app.metrics.summary();
+    v["cost_curve"] = serde_json::to_value(&*app.cost_curve).unwrap_or_default();
+    Json(v).into_response()
+}
+
+/// Body of `POST /admin/evict`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvictRequest {
+    namespace: Option<String>,
+    id: Option<u64>,
+    /// Evict everything not used for this many seconds.
+    older_than_s: Option<u64>,
+}
+
+/// `POST /admin/evict`: by id (with its namespace), a whole namespace, or by age.
+pub async fn admin_evict(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    let req: EvictRequest = match read_json(body, 64 << 10).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let store = app.store.clone();
+    let result = tokio::task::spawn_blocking(move || match (req.namespace, req.id, req.older_than_s) {
+        (Some(ns), Some(id), None) => store.evict(&ns, id).map(|b| b as usize),
+        (Some(ns), None, None) => store.evict_namespace(&ns),
+        (None, None, Some(s)) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            store.evict_unused_since(now.saturating_sub(s * 1000))
+        }
+        _ => Ok(usize::MAX),
+    })
+    .await;
+    match result {
+        Ok(Ok(usize::MAX)) => ApiError::bad_request("give {\"namespace\", \"id\"}, {\"namespace\"} or {\"older_than_s\"}").into_response(),
+        Ok(Ok(n)) => Json(json!({"evicted": n})).into_response(),
+        Ok(Err(e)) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
+    }
+}
+
+/// `GET /admin/verify`: check the current snapshot completely.
+pub async fn admin_verify(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    let store = app.store.clone();
+    match tokio::task::spawn_blocking(move || store.verify()).await {
+        Ok(Ok(path)) => Json(json!({"ok": true, "snapshot": path})).into_response(),
+        Ok(Err(e)) => (StatusCode::OK, Json(json!({"ok": false, "error": e.to_string()}))).into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
+    }
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    let stats = app.store.stats();
+    let c = app.store.counters();
+    let text = app.metrics.render(
+        stats["cached_tokens"].as_u64().unwrap_or(0),
+        stats["cached_sequences"].as_u64().unwrap_or(0),
+        c.evicted,
+        c.snapshots,
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Any other path.
+pub async fn not_found() -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint").into_response()
+}

@@ -1,0 +1,142 @@
+//! Counters and histograms for `/metrics` (Prometheus text format) and `/admin/stats`.
+
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use crate::verify::engine::Generation;
+
+/// Upper bounds of the accepted-tokens-per-step histogram.
+const ACCEPT_BUCKETS: [f64; 8] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0];
+/// Upper bounds (seconds) of the request-latency histogram.
+const LATENCY_BUCKETS: [f64; 9] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+#[derive(Default, Clone)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    n: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, bounds: &[f64], v: f64, times: u64) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; bounds.len()];
+        }
+        for (i, b) in bounds.iter().enumerate() {
+            if v <= *b {
+                self.counts[i] += times;
+            }
+        }
+        self.sum += v * times as f64;
+        self.n += times;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, bounds: &[f64]) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, b) in bounds.iter().enumerate() {
+            let c = self.counts.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", self.n, self.sum, self.n);
+    }
+}
+
+#[derive(Default, Clone)]
+struct Inner {
+    requests: u64,
+    errors: u64,
+    prompt_tokens: u64,
+    generated_tokens: u64,
+    steps: u64,
+    drafted: u64,
+    accepted: u64,
+    accepted_per_step: Histogram,
+    latency: Histogram,
+    /// The last 64 generations: (generated, steps, drafted, accepted).
+    recent: std::collections::VecDeque<(u64, u64, u64, u64)>,
+}
+
+/// Serving metrics, shared by the handlers and the model thread.
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+impl Metrics {
+    /// Count a finished generation.
+    pub fn record_generation(&self, g: &Generation) {
+        let mut m = self.inner.lock().expect("metrics");
+        m.requests += 1;
+        m.prompt_tokens += g.prompt_tokens as u64;
+        m.generated_tokens += g.tokens.len() as u64;
+        m.steps += g.steps as u64;
+        m.drafted += g.drafted_tokens as u64;
+        m.accepted += g.accepted_tokens as u64;
+        // Per-step acceptance is summarised per request: its mean, once per step.
+        if g.steps > 0 {
+            let mean = g.accepted_tokens as f64 / g.steps as f64;
+            m.accepted_per_step.observe(&ACCEPT_BUCKETS, mean, g.steps as u64);
+        }
+        m.latency.observe(&LATENCY_BUCKETS, g.prefill_s + g.decode_s, 1);
+        m.recent.push_back((
+            g.tokens.len() as u64,
+            g.steps as u64,
+            g.drafted_tokens as u64,
+            g.accepted_tokens as u64,
+        ));
+        if m.recent.len() > 64 {
+            m.recent.pop_front();
+        }
+    }
+
+    /// Count a request that failed.
+    pub fn record_error(&self) {
+        self.inner.lock().expect("metrics").errors += 1;
+    }
+
+    /// Acceptance figures, total and over the last 64 requests.
+    pub fn summary(&self) -> serde_json::Value {
+        let m = self.inner.lock().expect("metrics");
+        let (g, s, d, a) = m.recent.iter().fold((0, 0, 0, 0), |x, y| (x.0 + y.0, x.1 + y.1, x.2 + y.2, x.3 + y.3));
+        let ratio = |x: u64, y: u64| if y == 0 { 0.0 } else { x as f64 / y as f64 };
+        serde_json::json!({
+            "requests": m.requests,
+            "errors": m.errors,
+            "generated_tokens": m.generated_tokens,
+            "total": {
+                "acceptance_rate": ratio(m.accepted, m.drafted),
+                "tokens_per_step": ratio(m.generated_tokens, m.steps),
+            },
+            "recent": {
+                "requests": m.recent.len(),
+                "acceptance_rate": ratio(a, d),
+                "tokens_per_step": ratio(g, s),
+            },
+        })
+    }
+
+    /// The Prometheus text exposition; `store` adds gauges of the cache.
+    pub fn render(&self, cached_tokens: u64, cached_sequences: u64, evicted: u64, snapshots: u64) -> String {
+        let m = self.inner.lock().expect("metrics").clone();
+        let mut out = String::new();
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter("suffixd_requests_total", "Completed generation requests.", m.requests);
+        counter("suffixd_request_errors_total", "Requests that failed.", m.errors);
+        counter("suffixd_prompt_tokens_total", "Prompt tokens processed.", m.prompt_tokens);
+        counter("suffixd_generated_tokens_total", "Tokens generated.", m.generated_tokens);
+        counter("suffixd_steps_total", "Verification steps.", m.steps);
+        counter("suffixd_drafted_tokens_total", "Draft tokens verified.", m.drafted);
+        counter("suffixd_accepted_tokens_total", "Draft tokens accepted.", m.accepted);
+        counter("suffixd_evictions_total", "Cached sequences evicted.", evicted);
+        counter("suffixd_snapshots_total", "Snapshots and compactions written.", snapshots);
+        let rate = if m.drafted == 0 { 0.0 } else { m.accepted as f64 / m.drafted as f64 };
+        let _ = writeln!(out, "# HELP suffixd_acceptance_rate Accepted over drafted tokens.\n# TYPE suffixd_acceptance_rate gauge\nsuffixd_acceptance_rate {rate}");
+        let _ = writeln!(out, "# HELP suffixd_cached_tokens Tokens in the speculation cache.\n# TYPE suffixd_cached_tokens gauge\nsuffixd_cached_tokens {cached_tokens}");
+        let _ = writeln!(out, "# HELP suffixd_cached_sequences Sequences in the speculation cache.\n# TYPE suffixd_cached_sequences gauge\nsuffixd_cached_sequences {cached_sequences}");
+        m.accepted_per_step.render(&mut out, "suffixd_accepted_tokens_per_step", "Accepted draft tokens per verification step.", &ACCEPT_BUCKETS);
+        m.latency.render(&mut out, "suffixd_request_duration_seconds", "Time from prefill to the last token.", &LATENCY_BUCKETS);
+        out
+    }
+}

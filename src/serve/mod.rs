@@ -1,0 +1,280 @@
+//! `suffixd serve`: the last stage before the CLI. tokio and axum handle HTTP; one
+//! model thread runs generation ([`worker`]); the store is shared by the model thread
+//! (drafts and appends) and the admin endpoints.
+//!
+//! Boot order: open the newest snapshot of the store directory; if there is none and
+//! warm-start logs are configured, build one from them first; then replay the WAL.
+
+pub mod api;
+pub mod metrics;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::speculate::SpecParams;
+use crate::store::build::{BuildOptions, build_from_logs};
+use crate::store::dir::current_snapshot;
+use crate::store::live::{Store, StoreConfig};
+use crate::store::wal::FsyncPolicy;
+use crate::verify::chat::ChatTemplate;
+use crate::verify::engine::{CostCurve, Engine};
+use crate::verify::tokenizer::ModelTokenizer;
+
+/// Server settings after merging the config file, environment and flags.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ServeConfig {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Store directory.
+    pub snapshot_dir: PathBuf,
+    /// Logs to warm-start from when the store has no snapshot.
+    pub warm_logs: Vec<PathBuf>,
+    /// Admin bearer token; the admin API is disabled without one.
+    #[serde(skip)]
+    pub admin_token: Option<String>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: usize,
+    /// Largest `max_tokens` accepted.
+    pub max_tokens_limit: usize,
+    /// Speculate (false: plain decoding, for comparison).
+    pub speculate: bool,
+    /// Most cached tokens (LRU eviction beyond).
+    pub budget_tokens: Option<u64>,
+    /// Evict cached responses unused for this many seconds.
+    pub max_age_s: Option<u64>,
+    /// WAL fsync policy.
+    pub fsync: FsyncPolicy,
+    /// Write a snapshot on graceful shutdown.
+    pub snapshot_on_exit: bool,
+}
+
+/// Shared by every handler.
+pub struct AppState {
+    /// Settings.
+    pub cfg: ServeConfig,
+    /// The model's id in the API.
+    pub model_id: String,
+    /// When the server started (Unix seconds).
+    pub started: u64,
+    /// The tokenizer (a copy, so handlers never wait for the model thread).
+    pub tokenizer: ModelTokenizer,
+    /// The chat template.
+    pub template: Option<ChatTemplate>,
+    /// KV capacity of the model.
+    pub context_len: usize,
+    /// The verifier's measured cost curve.
+    pub cost_curve: Arc<CostCurve>,
+    /// Jobs for the model thread.
+    pub jobs: crossbeam::channel::Sender<worker::Job>,
+    /// The store.
+    pub store: Arc<Store>,
+    /// Serving metrics.
+    pub metrics: Arc<metrics::Metrics>,
+    /// Background admin jobs by id.
+    pub jobs_status: Mutex<HashMap<u64, serde_json::Value>>,
+    ids: AtomicU64,
+}
+
+impl AppState {
+    /// A fresh id for responses and jobs.
+    pub fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Start a snapshot (which also compacts) on its own thread; returns the job id.
+    pub fn start_snapshot_job(self: &Arc<Self>) -> u64 {
+        let job = self.next_id();
+        self.jobs_status
+            .lock()
+            .expect("jobs")
+            .insert(job, serde_json::json!({"job": job, "status": "running"}));
+        let app = self.clone();
+        std::thread::spawn(move || {
+            let result = match app.store.snapshot() {
+                Ok(info) => serde_json::json!({"job": job, "status": "done", "snapshot": info}),
+                Err(e) => serde_json::json!({"job": job, "status": "failed", "error": e.to_string()}),
+            };
+            tracing::info!("admin job {job}: {result}");
+            app.jobs_status.lock().expect("jobs").insert(job, result);
+        });
+        job
+    }
+}
+
+/// The router with every endpoint.
+pub fn router(app: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/models", get(api::models))
+        .route("/v1/completions", post(api::completions))
+        .route("/v1/chat/completions", post(api::chat_completions))
+        .route("/admin/snapshot", post(api::admin_snapshot))
+        .route("/admin/compact", post(api::admin_snapshot))
+        .route("/admin/jobs/{id}", get(api::admin_job))
+        .route("/admin/stats", get(api::admin_stats))
+        .route("/admin/evict", post(api::admin_evict))
+        .route("/admin/verify", get(api::admin_verify))
+        .route("/metrics", get(api::metrics))
+        .fallback(api::not_found)
+        .with_state(app)
+}
+
+/// Errors that stop the server from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] crate::store::live::StoreError),
+    /// Warm start failed.
+    #[error("warm start from logs failed: {0}")]
+    Warm(#[from] crate::store::build::BuildError),
+    /// The directory could not be read.
+    #[error(transparent)]
+    Dir(#[from] crate::store::dir::DirError),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The server failed.
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Run the server until SIGTERM or Ctrl-C. `engine` is loaded; `tokenizer` is a second
+/// copy of its tokenizer for the handlers.
+pub fn serve(
+    cfg: ServeConfig,
+    engine: Engine,
+    tokenizer: ModelTokenizer,
+    template: Option<ChatTemplate>,
+    model_id: String,
+    params: SpecParams,
+) -> Result<(), ServeError> {
+    let identity = engine.tokenizer_identity();
+    if current_snapshot(&cfg.snapshot_dir)?.is_none() && !cfg.warm_logs.is_empty() {
+        tracing::info!("no snapshot in {}: warm start from {:?}", cfg.snapshot_dir.display(), cfg.warm_logs);
+        let t = std::time::Instant::now();
+        let report = build_from_logs(
+            &cfg.warm_logs,
+            &cfg.snapshot_dir,
+            &BuildOptions {
+                max_depth: params.max_depth,
+                namespace: "default".into(),
+                keep_last: None,
+            },
+            Some(&tokenizer),
+            |n| {
+                if n % 10_000 == 0 {
+                    tracing::info!("warm start: {n} records read");
+                }
+            },
+        )?;
+        tracing::info!(
+            "warm start: {} sequences, {} tokens in {:.1} s",
+            report.header.sequences,
+            report.header.tokens,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    let t = std::time::Instant::now();
+    let store = Arc::new(Store::open(StoreConfig {
+        dir: cfg.snapshot_dir.clone(),
+        max_depth: params.max_depth,
+        tokenizer: identity,
+        fsync: cfg.fsync,
+        budget_tokens: cfg.budget_tokens,
+        max_age_ms: cfg.max_age_s.map(|s| s * 1000),
+    })?);
+    let stats = store.stats();
+    tracing::info!(
+        "store {} open in {:.1} ms: {} cached tokens, {} WAL records replayed",
+        cfg.snapshot_dir.display(),
+        t.elapsed().as_secs_f64() * 1e3,
+        stats["cached_tokens"],
+        store.counters().replayed
+    );
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (tx, rx) = crossbeam::channel::unbounded();
+    let cost_curve = Arc::new(engine.cost_curve().clone());
+    let context_len = engine.context_len();
+    let worker = {
+        let (store, metrics) = (store.clone(), metrics.clone());
+        std::thread::Builder::new()
+            .name("model".into())
+            .spawn(move || worker::run(engine, store, params, metrics, rx))?
+    };
+    let app = Arc::new(AppState {
+        cfg: cfg.clone(),
+        model_id,
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        tokenizer,
+        template,
+        context_len,
+        cost_curve,
+        jobs: tx,
+        store: store.clone(),
+        metrics,
+        jobs_status: Mutex::new(HashMap::new()),
+        ids: AtomicU64::new(1),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(cfg.addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr: cfg.addr, source })?;
+        tracing::info!("listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, router(app.clone()))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        Ok::<(), ServeError>(())
+    })?;
+    tracing::info!("shutting down: finishing the request in progress");
+    drop(app);
+    // The model thread ends when the last job sender (in the app state) is gone.
+    let _ = worker.join();
+    if cfg.snapshot_on_exit {
+        match store.snapshot() {
+            Ok(info) => tracing::info!("snapshot on exit: {}", info.path.display()),
+            Err(e) => tracing::error!("snapshot on exit failed: {e}"),
+        }
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
