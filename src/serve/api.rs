@@ -234,7 +234,9 @@ async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool
     if req.stream {
         return Ok(stream_response(app, id, chat, tok_rx, done_rx).into_response());
     }
-    drop(tok_rx);
+    // Held until the answer is ready: if the client goes away this handler is dropped
+    // with it, the channel closes, and the model thread cancels the generation.
+    let _cancel_on_drop = tok_rx;
     let g = match done_rx.await {
         Ok(Ok(g)) => g,
         Ok(Err(e)) => {
