@@ -13,6 +13,10 @@ use suffixd::verify::engine::{CostCurve, Engine, GenerateOptions, IndexDrafter, 
 use suffixd::verify::model::WeightFormat;
 
 fn model() -> Option<PathBuf> {
+    // One model thread per test, as the notes advise: the quantized matmul's spinning
+    // pool collapses when oversubscribed.
+    // SAFETY: set before any thread of this test reads the environment.
+    unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if p.exists() {
         return Some(p);
