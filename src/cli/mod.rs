@@ -12,6 +12,7 @@ use crate::simulate::{SimulateConfig, simulate};
 use crate::speculate::{SpecMode, SpecParams};
 use crate::tree::GlobalTree;
 
+mod bench;
 mod generate;
 mod serve;
 mod store;
@@ -34,8 +35,13 @@ enum Command {
     Build(store::BuildArgs),
     /// Print a snapshot's header and sizes; with --verify, check all of it.
     Inspect(store::InspectArgs),
+    /// Append logged responses to a live store through its write-ahead log.
+    Ingest(store::IngestArgs),
     /// Generate one answer with the model, speculating (or not, with --no-spec).
     Generate(generate::GenerateArgs),
+    /// Replay a workload through plain and speculative decoding and compare speed.
+    #[command(name = "e2e-bench")]
+    E2eBench(bench::BenchArgs),
     /// Serve the OpenAI-compatible API, the admin API and /metrics.
     Serve(serve::ServeArgs),
 }
@@ -208,8 +214,10 @@ pub fn main() -> ExitCode {
         Command::Entropy(a) => run_entropy(a),
         Command::Build(a) => store::run_build(a),
         Command::Inspect(a) => store::run_inspect(a),
+        Command::Ingest(a) => store::run_ingest(a),
         Command::Generate(a) => generate::run_generate(a),
         Command::Serve(a) => serve::run_serve(a),
+        Command::E2eBench(a) => bench::run_bench(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

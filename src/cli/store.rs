@@ -181,3 +181,78 @@ pub(super) fn run_inspect(a: InspectArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args, Debug)]
+pub(super) struct IngestArgs {
+    /// Store directory (created if absent).
+    #[arg(long)]
+    dir: PathBuf,
+    /// Logs whose responses to append, as completed requests would be.
+    #[arg(long, num_args = 1.., required = true)]
+    logs: Vec<PathBuf>,
+    /// Namespace of records that do not name one.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// The model's tokenizer (tokenizer.json or GGUF); needed for text logs.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Depth limit of new trees.
+    #[arg(long, default_value_t = 24)]
+    max_depth: usize,
+    /// Snapshot (and compact) after every N appends; 0 never.
+    #[arg(long, default_value_t = 0)]
+    snapshot_every: u64,
+    /// Evict least recently used responses beyond this many cached tokens.
+    #[arg(long)]
+    budget_tokens: Option<u64>,
+    /// Print `ack <id> <tokens>` to stdout after each append is durable.
+    #[arg(long)]
+    print_acks: bool,
+}
+
+/// Append logged responses to a live store through its WAL: a warm start for a store
+/// that already has data, and the writer of the crash tests.
+pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
+    use crate::corpus::logs::{Response, read_log};
+    use crate::store::build::TextEncoder;
+    use crate::store::live::{Store, StoreConfig};
+    use std::io::Write;
+    let tokenizer = a.tokenizer.as_deref().map(load_tokenizer).transpose()?;
+    let store = Store::open(StoreConfig {
+        dir: a.dir.clone(),
+        max_depth: a.max_depth,
+        tokenizer: tokenizer.as_ref().map_or(crate::store::TokenizerId::UNKNOWN, |t| t.identity()),
+        fsync: crate::store::wal::FsyncPolicy::Always,
+        budget_tokens: a.budget_tokens,
+        max_age_ms: None,
+    })?;
+    let mut out = std::io::stdout().lock();
+    let mut n = 0u64;
+    for path in &a.logs {
+        for rec in read_log(path)? {
+            let rec = rec?;
+            let ns = rec.namespace.clone().unwrap_or_else(|| a.namespace.clone());
+            for r in rec.responses() {
+                let ids = match r {
+                    Response::Tokens(t) => t.to_vec(),
+                    Response::Text(t) => tokenizer
+                        .as_ref()
+                        .context("text logs need --tokenizer")?
+                        .encode_text(t)
+                        .map_err(anyhow::Error::msg)?,
+                };
+                let id = store.append(&ns, &ids)?;
+                n += 1;
+                if a.print_acks {
+                    writeln!(out, "ack {id} {}", ids.len())?;
+                    out.flush()?;
+                }
+                if a.snapshot_every > 0 && n % a.snapshot_every == 0 {
+                    store.snapshot()?;
+                }
+            }
+        }
+    }
+    eprintln!("appended {n} responses to {}", a.dir.display());
+    Ok(())
+}

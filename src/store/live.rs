@@ -105,7 +105,13 @@ impl Namespace {
         self.seqs.len()
     }
 
-    fn tokens_of(&self, id: u64) -> Option<Vec<u32>> {
+    /// Ids of the cached sequences, in no particular order.
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.seqs.keys().copied()
+    }
+
+    /// The tokens of a cached sequence.
+    pub fn tokens_of(&self, id: u64) -> Option<Vec<u32>> {
         let info = self.seqs.get(&id)?;
         if info.in_base {
             self.base.as_ref()?.sequence(id).map(<[u32]>::to_vec)
