@@ -229,6 +229,57 @@ impl CostCurve {
     }
 }
 
+/// Accepted ÷ SCORE, as moving averages per draft source (the request's own text, the
+/// global tree, both): a copy from the prompt and a guess from other requests' answers
+/// are right at very different rates, and the recent past predicts the next step best.
+#[derive(Clone, Debug)]
+struct Calibration {
+    /// `(predicted, observed)` moving averages, indexed by [`DraftSource`] order.
+    buckets: [(f64, f64); 4],
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        // Start by trusting SCORE, with the weight of a few steps.
+        Calibration {
+            buckets: [(1.0, 1.0); 4],
+        }
+    }
+}
+
+impl Calibration {
+    /// Weight of the newest step in the moving averages.
+    const RATE: f64 = 0.15;
+
+    fn index(source: crate::speculate::DraftSource) -> usize {
+        use crate::speculate::DraftSource::*;
+        match source {
+            None => 0,
+            Request => 1,
+            Global => 2,
+            Both => 3,
+        }
+    }
+
+    fn factor(&self, source: crate::speculate::DraftSource) -> f64 {
+        let (p, o) = self.buckets[Self::index(source)];
+        (o / p.max(1e-6)).clamp(0.05, 1.5)
+    }
+
+    /// A draft of this source was not worth verifying: with no new evidence, drift back
+    /// towards trusting SCORE, so that one bad stretch does not stop drafting for good.
+    fn refused(&mut self, source: crate::speculate::DraftSource) {
+        let b = &mut self.buckets[Self::index(source)];
+        b.1 += Self::RATE * (b.0 - b.1).max(0.0);
+    }
+
+    fn observe(&mut self, source: crate::speculate::DraftSource, predicted: f64, observed: f64) {
+        let b = &mut self.buckets[Self::index(source)];
+        b.0 += Self::RATE * (predicted - b.0);
+        b.1 += Self::RATE * (observed - b.1);
+    }
+}
+
 /// The model, its tokenizer and template, and what the engine has learned of its costs.
 pub struct Engine {
     model: Model,
@@ -236,9 +287,8 @@ pub struct Engine {
     template: Option<ChatTemplate>,
     eos: Vec<u32>,
     cost: CostCurve,
-    /// Accepted ÷ SCORE over past drafts, as running sums.
-    predicted: f64,
-    observed: f64,
+    /// How well SCORE predicted acceptance, per draft source.
+    calibration: Calibration,
 }
 
 impl Engine {
@@ -290,8 +340,7 @@ impl Engine {
             template,
             eos,
             cost: CostCurve::flat(),
-            predicted: 0.0,
-            observed: 0.0,
+            calibration: Calibration::default(),
         })
     }
 
@@ -374,15 +423,11 @@ impl Engine {
         Ok(&self.cost)
     }
 
-    fn calibration(&self) -> f64 {
-        // Start trusting SCORE; move to the observed ratio as evidence accumulates.
-        ((self.observed + 4.0) / (self.predicted + 4.0)).clamp(0.05, 2.0)
-    }
 
     /// Cut `draft` to the prefix (in topological order, so a subtree) whose expected
     /// gain per unit of cost is best; empty when plain decoding is better.
     pub fn cap_draft(&self, draft: &mut Draft) {
-        let calib = self.calibration();
+        let calib = self.calibration.factor(draft.source);
         let mut best = (1.0 / self.cost.cost(1), 0usize);
         let mut expected = 0.0f64;
         for k in 1..=draft.len() {
@@ -474,7 +519,11 @@ impl Engine {
             } else {
                 Draft::default()
             };
+            let proposed = !draft.is_empty();
             self.cap_draft(&mut draft);
+            if proposed && draft.is_empty() {
+                self.calibration.refused(draft.source);
+            }
             let keep = draft.len().min(room - 1).min(opts.max_tokens - out.len() - 1);
             draft.tokens.truncate(keep);
             draft.parents.truncate(keep);
@@ -497,8 +546,7 @@ impl Engine {
             drafted += draft.len();
             accepted_total += accepted;
             if !draft.is_empty() {
-                self.predicted += draft.score as f64;
-                self.observed += accepted as f64;
+                self.calibration.observe(draft.source, draft.score as f64, accepted as f64);
                 drafter.accepted(&draft, accepted);
             }
             let mut new: Vec<u32> = path[1..].iter().map(|&i| tokens[i]).collect();
