@@ -104,6 +104,21 @@ for t in threads:
 wall = time.time() - start
 
 
+def poll(job):
+    for _ in range(600):
+        req = urllib.request.Request(args.base + job["poll"], headers={"authorization": "Bearer " + (args.admin_token or "")})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status = json.loads(r.read())
+        if status["status"] != "running":
+            return status
+        time.sleep(0.5)
+    return {"status": "timeout"}
+
+
+jobs = [poll(j) for j in jobs]
+failed_jobs = [j for j in jobs if j["status"] != "done"]
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
@@ -119,6 +134,6 @@ print(json.dumps({
     "latency_p50_s": round(pct(total, 50), 3), "latency_p99_s": round(pct(total, 99), 3),
     "maintenance_jobs": jobs,
 }))
-if errors:
-    print("errors:", errors[:5])
+if errors or failed_jobs:
+    print("errors:", errors[:5], "failed jobs:", failed_jobs)
     raise SystemExit(1)

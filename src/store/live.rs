@@ -58,9 +58,6 @@ pub enum StoreError {
     /// A tree refused a change.
     #[error(transparent)]
     Tree(#[from] TreeError),
-    /// A snapshot or compaction is already running.
-    #[error("a snapshot or compaction is already running; try again when it finishes")]
-    Busy,
 }
 
 /// Per-sequence bookkeeping.
@@ -452,7 +449,9 @@ impl Store {
     /// this is also compaction, since evicted data is not written. Speculation and
     /// appends go on while it runs; only the final swap takes the write lock.
     pub fn snapshot(&self) -> Result<SnapshotInfo, StoreError> {
-        let _one = self.snapshotting.try_lock().map_err(|_| StoreError::Busy)?;
+        // One at a time: a second request waits for the first, then writes what is live
+        // by then.
+        let _one = self.snapshotting.lock().expect("snapshot lock");
         let t = std::time::Instant::now();
         // 1. Cut: a new log segment, and a copy of every live sequence.
         let (cut, copy) = {
