@@ -6,12 +6,11 @@
 //!
 //! Any record may carry `"namespace": "…"` to cache it for one tenant and model.
 
-use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{CorpusError, open_lines};
+use super::{CorpusError, read_json_lines};
 
 /// One chat message.
 #[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -87,26 +86,7 @@ pub enum Response<'a> {
 
 /// Stream the records of a log file (`.jsonl`, or zstd-compressed).
 pub fn read_log(path: &Path) -> Result<impl Iterator<Item = Result<LogRecord, CorpusError>>, CorpusError> {
-    let reader = open_lines(path).map_err(|source| CorpusError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let path: PathBuf = path.to_path_buf();
-    Ok(reader
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| l.as_ref().map_or(true, |s| !s.trim().is_empty()))
-        .map(move |(i, line)| {
-            let line = line.map_err(|source| CorpusError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            serde_json::from_str::<LogRecord>(&line).map_err(|source| CorpusError::Log {
-                path: path.clone(),
-                line: i + 1,
-                source,
-            })
-        }))
+    read_json_lines(path, |path, line, source| CorpusError::Log { path, line, source })
 }
 
 #[cfg(test)]

@@ -91,18 +91,18 @@ fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Stream the examples of a token-stream file, at most `limit` of them.
-pub fn read_examples(
+/// Stream the non-blank lines of a JSON Lines file (plain or zstd) parsed as `T`;
+/// `parse_error` turns a bad line (1-based number) into the caller's error.
+pub(crate) fn read_json_lines<T: serde::de::DeserializeOwned>(
     path: &Path,
-    limit: Option<usize>,
-) -> Result<impl Iterator<Item = Result<TokenExample, CorpusError>>, CorpusError> {
-    let io_err = |source| CorpusError::Io {
+    parse_error: fn(PathBuf, usize, serde_json::Error) -> CorpusError,
+) -> Result<impl Iterator<Item = Result<T, CorpusError>>, CorpusError> {
+    let reader = open_lines(path).map_err(|source| CorpusError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    let reader = open_lines(path).map_err(io_err)?;
+    })?;
     let path = path.to_path_buf();
-    let iter = reader
+    Ok(reader
         .lines()
         .enumerate()
         .filter(|(_, l)| l.as_ref().map_or(true, |s| !s.trim().is_empty()))
@@ -111,14 +111,21 @@ pub fn read_examples(
                 path: path.clone(),
                 source,
             })?;
-            serde_json::from_str::<TokenExample>(&line).map_err(|source| CorpusError::Parse {
-                path: path.clone(),
-                line: i + 1,
-                source,
-            })
-        })
-        .take(limit.unwrap_or(usize::MAX));
-    Ok(iter)
+            serde_json::from_str::<T>(&line).map_err(|e| parse_error(path.clone(), i + 1, e))
+        }))
+}
+
+/// Stream the examples of a token-stream file, at most `limit` of them.
+pub fn read_examples(
+    path: &Path,
+    limit: Option<usize>,
+) -> Result<impl Iterator<Item = Result<TokenExample, CorpusError>>, CorpusError> {
+    let examples = read_json_lines(path, |path, line, source| CorpusError::Parse {
+        path,
+        line,
+        source,
+    })?;
+    Ok(examples.take(limit.unwrap_or(usize::MAX)))
 }
 
 #[cfg(test)]
