@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::speculate::{Draft, SpecParams, Speculator};
 use crate::store::LayeredCursor;
 use crate::store::live::Store;
-use crate::tree::{GlobalTree, RequestTree};
+use crate::tree::{GlobalIndex, GlobalTree, RequestTree};
 use crate::verify::engine::{Drafter, Engine, GenerateOptions, Generation};
 
 use super::metrics::Metrics;
@@ -50,6 +50,31 @@ impl Drafter for StoreDrafter<'_> {
                 self.speculator
                     .speculate(Some(request), &view, context, &self.params)
             }
+        }
+    }
+
+    /// A draft from the cache was (partly) accepted: mark a sequence that holds the
+    /// accepted continuation as used, for LRU eviction.
+    fn accepted(&mut self, context: &[u32], draft: &Draft, accepted: usize) {
+        use crate::speculate::DraftSource;
+        if accepted == 0 || !matches!(draft.source, DraftSource::Global | DraftSource::Both) {
+            return;
+        }
+        let id = {
+            let state = self.store.read();
+            let Some(ns) = state.namespaces.get(self.namespace) else {
+                return;
+            };
+            let view = ns.view();
+            // The longest tail of the context that the cache holds.
+            let longest = self.params.max_depth.min(context.len());
+            (1..=longest)
+                .rev()
+                .find_map(|p| view.walk(&context[context.len() - p..]))
+                .and_then(|c| view.sequence_at(&c))
+        };
+        if let Some(id) = id {
+            self.store.touch(self.namespace, &[id]);
         }
     }
 }

@@ -43,6 +43,20 @@ impl<'a, S: Storage> Layered<'a, S> {
 }
 
 impl<S: Storage> Layered<'_, S> {
+    /// A cached sequence that holds the path at `c`: from the delta if it has the path,
+    /// else from the base. Used to mark the sequences behind accepted drafts as used.
+    pub fn sequence_at(&self, c: &LayeredCursor) -> Option<u64> {
+        if let Some(y) = &c[1]
+            && let Some(id) = self.delta.sequence_at(y)
+        {
+            return Some(id);
+        }
+        match (self.base, &c[0]) {
+            (Some(b), Some(x)) => b.sequence_at(x),
+            _ => None,
+        }
+    }
+
     fn counts(&self, c: &LayeredCursor) -> (u32, u32, u32) {
         (
             match (self.base, &c[0]) {

@@ -829,6 +829,20 @@ impl<S: Storage> GlobalTree<S> {
             .map_or(0, |c| self.node(c.node).count)
     }
 
+    /// The id of a live sequence holding the path at `c` (the occurrence its node
+    /// records), if any.
+    pub fn sequence_at(&self, c: &GlobalCursor) -> Option<u64> {
+        if c.node == ROOT {
+            return None;
+        }
+        let pos = self.node(c.node).start as usize;
+        let i = self
+            .seqs
+            .partition_point(|e| (e.offset as usize + e.len as usize) <= pos);
+        let e = self.seqs.get(i)?;
+        (e.live != 0 && e.offset as usize <= pos).then_some(e.id)
+    }
+
     /// For a path that occurs once, where its occurrence lies: the pool index just past
     /// the path, and the pool range of the live sequence that holds it.
     pub(crate) fn unique_occurrence(
@@ -1176,6 +1190,20 @@ mod tests {
         }
         t.check_integrity().unwrap();
         t
+    }
+
+    #[test]
+    fn sequence_at_names_a_live_sequence_holding_the_path() {
+        let mut t = tree(4, &[&[1, 2, 3], &[7, 8, 9], &[1, 2, 5]]);
+        let c = t.walk(&[8, 9]).unwrap();
+        assert_eq!(t.sequence_at(&c), Some(1));
+        let c = t.walk(&[2, 5]).unwrap();
+        assert_eq!(t.sequence_at(&c), Some(2));
+        let c = t.walk(&[1, 2]).unwrap();
+        assert!(matches!(t.sequence_at(&c), Some(0) | Some(2)));
+        assert_eq!(t.sequence_at(&t.root()), None);
+        t.remove(1);
+        assert_eq!(t.walk(&[8, 9]), None);
     }
 
     #[test]

@@ -32,8 +32,9 @@ pub trait Drafter {
     /// The draft for `context` (prompt + generated), given the request's own tree.
     fn draft(&mut self, request: &RequestTree, context: &[u32]) -> Draft;
 
-    /// Called after each verified step with how many draft tokens were accepted.
-    fn accepted(&mut self, _draft: &Draft, _accepted: usize) {}
+    /// Called after a verified step whose draft had `accepted` tokens accepted;
+    /// `context` ends with those accepted tokens.
+    fn accepted(&mut self, _context: &[u32], _draft: &Draft, _accepted: usize) {}
 }
 
 /// Drafts from nothing: plain decoding.
@@ -547,7 +548,9 @@ impl Engine {
             accepted_total += accepted;
             if !draft.is_empty() {
                 self.calibration.observe(draft.source, draft.score as f64, accepted as f64);
-                drafter.accepted(&draft, accepted);
+                let mut upto = context.clone();
+                upto.extend(path[1..].iter().map(|&i| tokens[i]));
+                drafter.accepted(&upto, &draft, accepted);
             }
             let mut new: Vec<u32> = path[1..].iter().map(|&i| tokens[i]).collect();
             new.push(bonus);
