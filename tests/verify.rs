@@ -147,3 +147,74 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
         .expect("an 80-token prompt does not fit a 64-token context");
     assert!(err.to_string().contains("context too long"), "{err}");
 }
+
+/// Continuous batching changes nothing in greedy output: sequences that join a running
+/// batch at different steps, with prefill chunks beside decoding rows and tree drafts,
+/// give token for token what each gives alone with plain decoding.
+#[test]
+fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
+    use suffixd::verify::engine::{Drafter, Sequence};
+    let Some(path) = model() else { return };
+    let mut engine = Engine::load(&path, WeightFormat::Q8_0, 1024, &candle_core::Device::Cpu).unwrap();
+    engine.set_cost_curve(CostCurve::flat());
+    let params = SpecParams { tree: true, max_spec: 8, mode: SpecMode::Extended, ..SpecParams::default() };
+    let all = prompts();
+    let mut texts: Vec<String> = all.iter().step_by(4).cloned().collect();
+    // A prompt longer than one prefill chunk, so chunks run beside decoding rows.
+    texts.push(format!("{}\nSummarise the text above in one line:", "The pipeline stage parsed the record and wrote it to the table. ".repeat(30)));
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| {
+            let text = match t.strip_prefix("<chat>") {
+                Some(q) => engine.template().unwrap().render(&[ChatMessage { role: "user".into(), content: q.into() }]).unwrap(),
+                None => t.clone(),
+            };
+            engine.tokenizer().encode_text(&text).unwrap()
+        })
+        .collect();
+    assert!(prompts.last().unwrap().len() > 300);
+    let opts = |i: usize, speculate| GenerateOptions { max_tokens: 12 + 4 * (i % 4), sampling: Sampling::default(), stop: vec![], speculate };
+    let plain: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| engine.generate(p, &opts(i, false), &mut NoDrafts, &mut |_| true).unwrap().tokens)
+        .collect();
+    // Drafts from half of the answers, so some are accepted and some refused.
+    let mut global = GlobalTree::new(params.max_depth).unwrap();
+    for (i, out) in plain.iter().enumerate().step_by(2) {
+        global.insert(i as u64, out).unwrap();
+    }
+    let mut drafters: Vec<IndexDrafter<'_, GlobalTree>> = prompts.iter().map(|_| IndexDrafter::new(&global, params)).collect();
+    let mut seqs: Vec<Option<Sequence>> = prompts.iter().map(|_| None).collect();
+    let mut results: Vec<Option<Vec<u32>>> = prompts.iter().map(|_| None).collect();
+    let (mut step, mut widest, mut drafted) = (0, 0, 0);
+    while results.iter().any(|r| r.is_none()) {
+        // Four start together, then one more joins at each step.
+        for i in 0..prompts.len() {
+            if seqs[i].is_none() && results[i].is_none() && i <= 3 + step {
+                seqs[i] = Some(engine.start(&prompts[i], &opts(i, true)).unwrap());
+            }
+        }
+        let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = seqs
+            .iter_mut()
+            .zip(drafters.iter_mut())
+            .filter_map(|(s, d)| s.as_mut().map(|s| (s, d as &mut dyn Drafter)))
+            .collect();
+        widest = widest.max(batch.len());
+        engine.step(&mut batch).unwrap();
+        for i in 0..prompts.len() {
+            if seqs[i].as_ref().is_some_and(|s| s.is_finished()) {
+                let g = engine.finish(seqs[i].take().unwrap());
+                drafted += g.drafted_tokens;
+                results[i] = Some(g.tokens);
+            }
+        }
+        step += 1;
+    }
+    for (i, (got, want)) in results.iter().zip(&plain).enumerate() {
+        assert_eq!(got.as_ref().unwrap(), want, "prompt {i}: {:?}", texts[i]);
+    }
+    eprintln!("{} prompts, widest batch {widest}, {step} steps, {drafted} drafted", prompts.len());
+    assert!(widest >= 8, "the batch really ran {widest} sequences together");
+    assert!(drafted > 20, "drafts were verified in the batch: {drafted}");
+}

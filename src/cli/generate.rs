@@ -77,7 +77,7 @@ impl ModelArgs {
             .with_context(|| format!("cannot load model {}", path.display()))?;
         match self.cost {
             CostMode::Measure => {
-                engine.measure_cost_curve(32, 256, 3)?;
+                engine.measure_cost_curve(64, 256, 3)?;
             }
             CostMode::Flat => engine.set_cost_curve(CostCurve::flat()),
         }

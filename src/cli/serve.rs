@@ -26,6 +26,7 @@ struct FileConfig {
     default_max_tokens: Option<usize>,
     max_tokens_limit: Option<usize>,
     speculate: Option<bool>,
+    max_batch: Option<usize>,
     budget_tokens: Option<u64>,
     max_age_s: Option<u64>,
     fsync: Option<FsyncPolicy>,
@@ -53,6 +54,9 @@ pub(super) struct ServeArgs {
     /// Plain decoding, no speculation (for comparisons).
     #[arg(long)]
     no_spec: bool,
+    /// Most requests decoded together in one batch; more wait in the queue [default: 16].
+    #[arg(long, env = "SUFFIXD_MAX_BATCH")]
+    max_batch: Option<usize>,
     /// Most cached tokens; least recently used responses are evicted beyond it.
     #[arg(long, env = "SUFFIXD_BUDGET_TOKENS")]
     budget_tokens: Option<u64>,
@@ -102,6 +106,7 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         default_max_tokens: a.default_max_tokens.or(file.default_max_tokens).unwrap_or(256),
         max_tokens_limit: a.max_tokens_limit.or(file.max_tokens_limit).unwrap_or(2048),
         speculate: !a.no_spec && file.speculate.unwrap_or(true),
+        max_batch: a.max_batch.or(file.max_batch).unwrap_or(16).max(1),
         budget_tokens: a.budget_tokens.or(file.budget_tokens),
         max_age_s: a.max_age_s.or(file.max_age_s),
         fsync: a.fsync.or(file.fsync).unwrap_or(FsyncPolicy::Always),

@@ -47,6 +47,8 @@ pub struct ServeConfig {
     pub max_tokens_limit: usize,
     /// Speculate (false: plain decoding, for comparison).
     pub speculate: bool,
+    /// Most requests decoded together in one batch.
+    pub max_batch: usize,
     /// Most cached tokens (LRU eviction beyond).
     pub budget_tokens: Option<u64>,
     /// Evict cached responses unused for this many seconds.
@@ -209,11 +211,12 @@ pub fn serve(
     let (tx, rx) = crossbeam::channel::unbounded();
     let cost_curve = Arc::new(engine.cost_curve().clone());
     let context_len = engine.context_len();
+    let max_batch = cfg.max_batch;
     let worker = {
         let (store, metrics) = (store.clone(), metrics.clone());
         std::thread::Builder::new()
             .name("model".into())
-            .spawn(move || worker::run(engine, store, params, metrics, rx))?
+            .spawn(move || worker::run(engine, store, params, metrics, rx, max_batch))?
     };
     let app = Arc::new(AppState {
         cfg: cfg.clone(),

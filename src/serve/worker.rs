@@ -1,6 +1,10 @@
-//! The model thread: it owns the engine and runs one request at a time, drafting from
-//! the store's view of the request's namespace. tokio handles the I/O; the model never
-//! runs on tokio's workers (the quantized matmul spins its own thread pool).
+//! The model thread: it owns the engine and runs every request in flight together
+//! (continuous batching). Each step is one forward pass over all of them: prefill
+//! chunks for new requests, pending token + draft for the others, drafts cut to what the
+//! cost curve says the whole batch gains. Requests join and leave between steps; a
+//! client that goes away frees its slot at the next step. Each request drafts from the
+//! store's view of its namespace. tokio handles the I/O; the model never runs on tokio's
+//! workers (the quantized matmul spins its own thread pool).
 
 use std::sync::Arc;
 
@@ -10,7 +14,7 @@ use crate::speculate::{Draft, SpecParams, Speculator};
 use crate::store::LayeredCursor;
 use crate::store::live::Store;
 use crate::tree::{GlobalIndex, GlobalTree, RequestTree};
-use crate::verify::engine::{Drafter, Engine, GenerateOptions, Generation};
+use crate::verify::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence};
 
 use super::metrics::Metrics;
 
@@ -32,7 +36,7 @@ pub struct Job {
 /// store's read lock for the duration of one draft.
 struct StoreDrafter<'a> {
     store: &'a Store,
-    namespace: &'a str,
+    namespace: String,
     params: SpecParams,
     speculator: Speculator<LayeredCursor>,
     empty: GlobalTree,
@@ -41,7 +45,7 @@ struct StoreDrafter<'a> {
 impl Drafter for StoreDrafter<'_> {
     fn draft(&mut self, request: &RequestTree, context: &[u32]) -> Draft {
         let state = self.store.read();
-        match state.namespaces.get(self.namespace) {
+        match state.namespaces.get(&self.namespace) {
             Some(ns) => self
                 .speculator
                 .speculate(Some(request), &ns.view(), context, &self.params),
@@ -62,7 +66,7 @@ impl Drafter for StoreDrafter<'_> {
         }
         let id = {
             let state = self.store.read();
-            let Some(ns) = state.namespaces.get(self.namespace) else {
+            let Some(ns) = state.namespaces.get(&self.namespace) else {
                 return;
             };
             let view = ns.view();
@@ -74,43 +78,114 @@ impl Drafter for StoreDrafter<'_> {
                 .and_then(|c| view.sequence_at(&c))
         };
         if let Some(id) = id {
-            self.store.touch(self.namespace, &[id]);
+            self.store.touch(&self.namespace, &[id]);
         }
     }
 }
 
-/// Run jobs until the channel closes. Completed responses go to the store.
+/// A request in the batch.
+struct Slot<'a> {
+    seq: Sequence,
+    drafter: StoreDrafter<'a>,
+    job: Job,
+}
+
+/// Run jobs until the channel closes and the last request in flight is done, at most
+/// `max_batch` at a time. Completed responses go to the store.
 pub fn run(
     mut engine: Engine,
     store: Arc<Store>,
     params: SpecParams,
     metrics: Arc<Metrics>,
     jobs: crossbeam::channel::Receiver<Job>,
+    max_batch: usize,
 ) {
     let empty = GlobalTree::new(params.max_depth).expect("valid depth");
-    while let Ok(job) = jobs.recv() {
-        let mut drafter = StoreDrafter {
-            store: &store,
-            namespace: &job.namespace,
-            params,
-            speculator: Speculator::default(),
-            empty: empty.clone(),
-        };
-        let sender = job.tokens.clone();
-        let mut on_tokens = |new: &[u32]| sender.send(new.to_vec()).is_ok();
-        let result = engine.generate(&job.prompt, &job.opts, &mut drafter, &mut on_tokens);
-        let result = match result {
-            Ok(g) => {
-                metrics.record_generation(&g);
-                if !g.tokens.is_empty()
-                    && let Err(e) = store.append(&job.namespace, &g.tokens)
-                {
-                    tracing::error!("cannot cache a completed response: {e}");
-                }
-                Ok(g)
+    let mut slots: Vec<Slot<'_>> = Vec::new();
+    let mut open = true;
+    loop {
+        // Admit: wait for work when idle, otherwise take what is queued.
+        while open && slots.len() < max_batch.max(1) {
+            let next = if slots.is_empty() {
+                jobs.recv().map_err(|_| crossbeam::channel::TryRecvError::Disconnected)
+            } else {
+                jobs.try_recv()
+            };
+            match next {
+                Ok(job) => match engine.start(&job.prompt, &job.opts) {
+                    Ok(seq) => slots.push(Slot {
+                        seq,
+                        drafter: StoreDrafter {
+                            store: &store,
+                            namespace: job.namespace.clone(),
+                            params,
+                            speculator: Speculator::default(),
+                            empty: empty.clone(),
+                        },
+                        job,
+                    }),
+                    Err(e) => {
+                        let _ = job.done.send(Err(e.to_string()));
+                    }
+                },
+                Err(crossbeam::channel::TryRecvError::Empty) => break,
+                Err(crossbeam::channel::TryRecvError::Disconnected) => open = false,
             }
-            Err(e) => Err(e.to_string()),
+        }
+        if slots.is_empty() {
+            if open {
+                continue;
+            }
+            return;
+        }
+        for slot in &mut slots {
+            if slot.job.tokens.is_closed() {
+                slot.seq.cancel();
+            }
+        }
+        let result = {
+            let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = slots
+                .iter_mut()
+                .map(|s| (&mut s.seq, &mut s.drafter as &mut dyn Drafter))
+                .collect();
+            engine.step(&mut batch)
         };
-        let _ = job.done.send(result);
+        if let Err(e) = result {
+            // A failed pass fails every request in it; the next ones start afresh.
+            tracing::error!("generation step failed: {e}");
+            for slot in slots.drain(..) {
+                let _ = slot.job.done.send(Err(e.to_string()));
+            }
+            continue;
+        }
+        for slot in &mut slots {
+            let new = slot.seq.take_new_tokens();
+            if !new.is_empty() && slot.job.tokens.send(new.to_vec()).is_err() {
+                slot.seq.cancel();
+            }
+        }
+        let mut i = 0;
+        while i < slots.len() {
+            if !slots[i].seq.is_finished() {
+                i += 1;
+                continue;
+            }
+            let slot = slots.swap_remove(i);
+            let g = engine.finish(slot.seq);
+            finish(&store, &metrics, &slot.job.namespace, &g);
+            let _ = slot.job.done.send(Ok(g));
+        }
+    }
+}
+
+/// Record a finished generation and cache its response (unless it was cut short by a
+/// client that went away: half an answer would teach the cache a wrong ending).
+fn finish(store: &Store, metrics: &Metrics, namespace: &str, g: &Generation) {
+    metrics.record_generation(g);
+    if !g.tokens.is_empty()
+        && g.finish_reason != crate::verify::engine::FinishReason::Cancelled
+        && let Err(e) = store.append(namespace, &g.tokens)
+    {
+        tracing::error!("cannot cache a completed response: {e}");
     }
 }

@@ -148,6 +148,14 @@ impl Draft {
         self.tokens.is_empty()
     }
 
+    /// Keep the first `k` nodes (a subtree, as the order is topological).
+    pub fn truncate(&mut self, k: usize) {
+        self.tokens.truncate(k);
+        self.parents.truncate(k);
+        self.probs.truncate(k);
+        self.score = self.probs.iter().sum();
+    }
+
     /// This draft, marked as coming from `source` (or from nowhere when empty).
     fn with_source(mut self, source: DraftSource) -> Self {
         self.source = if self.is_empty() {

@@ -24,7 +24,7 @@ use crate::speculate::{Draft, SpecParams, Speculator};
 use crate::tree::{GlobalIndex, RequestTree};
 
 use super::chat::ChatTemplate;
-use super::model::{Model, ModelError, WeightFormat, argmax_rows};
+use super::model::{BatchEntry, KvCache, Model, ModelError, WeightFormat, argmax_rows};
 use super::tokenizer::ModelTokenizer;
 
 /// Where drafts come from.
@@ -384,28 +384,30 @@ impl Engine {
         context: usize,
         repeats: usize,
     ) -> Result<&CostCurve, ModelError> {
-        self.model.reset();
+        let mut cache = KvCache::default();
         let ctx = context.min(self.context_len().saturating_sub(max_k + 1));
         let prefix: Vec<u32> = (0..ctx as u32).map(|i| 100 + i % 1000).collect();
-        self.prefill(&prefix)?;
-        let mut ks = vec![1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+        for chunk in prefix.chunks(PREFILL_CHUNK) {
+            self.model.forward(&mut cache, chunk, &chain_parents(chunk.len()))?;
+            cache.commit(&(0..chunk.len()).collect::<Vec<_>>());
+        }
+        let mut ks = vec![1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128];
         ks.retain(|&k| k <= max_k.max(1));
         let mut times = Vec::new();
         for &k in &ks {
             let tokens: Vec<u32> = (0..k as u32).map(|i| 200 + i).collect();
-            let parents: Vec<i32> = (0..k as i32).map(|i| i - 1).collect();
+            let parents = chain_parents(k);
             let mut runs = Vec::new();
             for _ in 0..repeats.max(1) {
                 let t = Instant::now();
-                let logits = self.model.forward(&tokens, &parents)?;
+                let logits = self.model.forward(&mut cache, &tokens, &parents)?;
                 argmax_rows(&logits)?;
                 runs.push(t.elapsed().as_secs_f64());
-                self.model.commit(&[])?;
+                cache.commit(&[]);
             }
             runs.sort_by(f64::total_cmp);
             times.push(runs[runs.len() / 2]);
         }
-        self.model.reset();
         let t1 = times[0];
         let mut points: Vec<(usize, f64)> = ks
             .iter()
@@ -425,24 +427,40 @@ impl Engine {
     }
 
 
-    /// Cut `draft` to the prefix (in topological order, so a subtree) whose expected
-    /// gain per unit of cost is best; empty when plain decoding is better.
-    pub fn cap_draft(&self, draft: &mut Draft) {
-        let calib = self.calibration.factor(draft.source);
-        let mut best = (1.0 / self.cost.cost(1), 0usize);
-        let mut expected = 0.0f64;
-        for k in 1..=draft.len() {
-            expected += draft.probs[k - 1] as f64 * calib;
-            let gain = (1.0 + expected) / self.cost.cost(k + 1);
+    /// Cut the drafts of one batched step so that expected tokens per unit of cost is
+    /// best. `fixed_rows` rows run whatever is drafted (prefill chunks and each decoding
+    /// sequence's pending token), and each of the `drafts.len()` decoding sequences
+    /// gains one token for sure. Draft nodes are taken in topological order per draft
+    /// (so each kept draft is a subtree), the most likely next node across all drafts
+    /// first; the kept set is the one where (decoding + expected accepted) / t(rows) is
+    /// best. With nothing worth its cost every draft comes back empty: plain decoding.
+    /// For one sequence alone this is (1 + expected) / (t(1 + k) / t(1)).
+    pub fn allocate_drafts(&mut self, fixed_rows: usize, drafts: &mut [&mut Draft]) {
+        let factors: Vec<f64> = drafts.iter().map(|d| self.calibration.factor(d.source)).collect();
+        let mut taken = vec![0usize; drafts.len()];
+        let mut expected = drafts.len() as f64;
+        let mut rows = fixed_rows;
+        let mut best = (expected / self.cost.cost(rows), taken.clone());
+        loop {
+            let next = (0..drafts.len())
+                .filter(|&i| taken[i] < drafts[i].len())
+                .map(|i| (drafts[i].probs[taken[i]] as f64 * factors[i], i))
+                .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+            let Some((value, i)) = next else { break };
+            taken[i] += 1;
+            expected += value;
+            rows += 1;
+            let gain = expected / self.cost.cost(rows);
             if gain > best.0 {
-                best = (gain, k);
+                best = (gain, taken.clone());
             }
         }
-        let k = best.1;
-        draft.tokens.truncate(k);
-        draft.parents.truncate(k);
-        draft.probs.truncate(k);
-        draft.score = draft.probs.iter().sum();
+        for (draft, &k) in drafts.iter_mut().zip(&best.1) {
+            if k == 0 && !draft.is_empty() {
+                self.calibration.refused(draft.source);
+            }
+            draft.truncate(k);
+        }
     }
 
     /// Where to cut `out` when its text contains a stop string: the most tokens whose
@@ -464,26 +482,9 @@ impl Engine {
         Some(n)
     }
 
-    fn prefill(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
-        const CHUNK: usize = 256;
-        for chunk in tokens.chunks(CHUNK) {
-            let parents: Vec<i32> = (0..chunk.len() as i32).map(|i| i - 1).collect();
-            self.model.forward(chunk, &parents)?;
-            let all: Vec<usize> = (0..chunk.len()).collect();
-            self.model.commit(&all)?;
-        }
-        Ok(())
-    }
-
-    /// Generate from `prompt` (token ids). `on_tokens` gets each batch of new tokens as it
-    /// is accepted and returns false to cancel.
-    pub fn generate(
-        &mut self,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        drafter: &mut dyn Drafter,
-        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
-    ) -> Result<Generation, ModelError> {
+    /// Start a request: check it, and set up its cache and its own suffix tree. Run it
+    /// with [`Engine::step`] until [`Sequence::is_finished`], then [`Engine::finish`].
+    pub fn start(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<Sequence, ModelError> {
         if prompt.is_empty() {
             return Err(ModelError::Format {
                 path: "prompt".into(),
@@ -496,102 +497,251 @@ impl Engine {
                 capacity: self.context_len(),
             });
         }
-        let start = Instant::now();
-        self.model.reset();
-        self.prefill(&prompt[..prompt.len() - 1])?;
-        let prefill_s = start.elapsed().as_secs_f64();
-        let decode_start = Instant::now();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(opts.sampling.seed);
-        let greedy = opts.sampling.temperature <= 0.0;
-        let mut request = RequestTree::new(prompt, SpecParams::default().request_depth());
-        let mut context = prompt.to_vec();
-        let mut pending = prompt[prompt.len() - 1];
-        let mut out: Vec<u32> = Vec::new();
-        let mut emitted = 0;
-        let (mut steps, mut drafted, mut accepted_total) = (0usize, 0usize, 0usize);
-        let mut finish = FinishReason::Length;
-        while out.len() < opts.max_tokens {
-            let room = self.context_len() - self.model.len();
-            if room == 0 {
-                break;
+        Ok(Sequence {
+            opts: opts.clone(),
+            cache: KvCache::default(),
+            request: RequestTree::new(prompt, SpecParams::default().request_depth()),
+            context: prompt.to_vec(),
+            prompt_len: prompt.len(),
+            prefilled: 0,
+            pending: prompt[prompt.len() - 1],
+            out: Vec::new(),
+            emitted: 0,
+            rng: rand::rngs::StdRng::seed_from_u64(opts.sampling.seed),
+            steps: 0,
+            drafted: 0,
+            accepted: 0,
+            finish: if opts.max_tokens == 0 { Some(FinishReason::Length) } else { None },
+            started: Instant::now(),
+            prefill_s: 0.0,
+            decode_start: None,
+        })
+    }
+
+    /// One forward pass for every unfinished sequence in `batch`: a prefill chunk for
+    /// those still reading their prompt, and pending token + draft for the others, with
+    /// drafts cut to what the cost curve says the whole batch gains from.
+    pub fn step(&mut self, batch: &mut [(&mut Sequence, &mut dyn Drafter)]) -> Result<(), ModelError> {
+        let context_len = self.context_len();
+        // What each sequence runs: its tokens and parents, and its draft when decoding.
+        let mut prefill_rows = 0;
+        let mut plans: Vec<Option<(Vec<u32>, Vec<i32>, Option<Draft>)>> = Vec::with_capacity(batch.len());
+        for (seq, drafter) in batch.iter_mut() {
+            if seq.finish.is_none() && seq.cache.len() >= context_len {
+                seq.finish = Some(FinishReason::Length);
             }
-            let mut draft = if opts.speculate {
-                drafter.draft(&request, &context)
+            if seq.finish.is_some() {
+                plans.push(None);
+            } else if seq.in_prefill() {
+                let end = (seq.prefilled + PREFILL_CHUNK).min(seq.prompt_len - 1);
+                let chunk = seq.context[seq.prefilled..end].to_vec();
+                prefill_rows += chunk.len();
+                let parents = chain_parents(chunk.len());
+                plans.push(Some((chunk, parents, None)));
             } else {
-                Draft::default()
-            };
-            let proposed = !draft.is_empty();
-            self.cap_draft(&mut draft);
-            if proposed && draft.is_empty() {
-                self.calibration.refused(draft.source);
+                let draft = if seq.opts.speculate {
+                    drafter.draft(&seq.request, &seq.context)
+                } else {
+                    Draft::default()
+                };
+                plans.push(Some((Vec::new(), Vec::new(), Some(draft))));
             }
-            let keep = draft.len().min(room - 1).min(opts.max_tokens - out.len() - 1);
-            draft.tokens.truncate(keep);
-            draft.parents.truncate(keep);
-            draft.probs.truncate(keep);
-            let mut tokens = Vec::with_capacity(1 + draft.len());
-            tokens.push(pending);
+        }
+        let decoding = plans.iter().flatten().filter(|p| p.2.is_some()).count();
+        {
+            let mut drafts: Vec<&mut Draft> = plans.iter_mut().flatten().filter_map(|p| p.2.as_mut()).collect();
+            self.allocate_drafts(prefill_rows + decoding, &mut drafts);
+        }
+        for ((seq, _), plan) in batch.iter_mut().zip(plans.iter_mut()) {
+            let Some((tokens, parents, Some(draft))) = plan else { continue };
+            let room = context_len - seq.cache.len();
+            draft.truncate(draft.len().min(room - 1).min(seq.opts.max_tokens - seq.out.len() - 1));
+            tokens.push(seq.pending);
             tokens.extend_from_slice(&draft.tokens);
-            let mut parents = Vec::with_capacity(1 + draft.len());
             parents.push(-1);
             parents.extend(draft.parents.iter().map(|&p| p + 1));
-            let logits = self.model.forward(&tokens, &parents)?;
-            let (path, bonus) = if greedy {
-                walk_greedy(&tokens, &parents, &argmax_rows(&logits)?)
-            } else {
-                walk_sampled(&tokens, &parents, &logits, &opts.sampling, &mut rng)?
+        }
+        let logits = {
+            let mut entries: Vec<BatchEntry<'_>> = Vec::with_capacity(batch.len());
+            for ((seq, _), plan) in batch.iter_mut().zip(&plans) {
+                if let Some((tokens, parents, draft)) = plan {
+                    entries.push(BatchEntry {
+                        cache: &mut seq.cache,
+                        tokens,
+                        parents,
+                        logits: draft.is_some(),
+                    });
+                }
+            }
+            if entries.is_empty() {
+                return Ok(());
+            }
+            self.model.forward_batch(&mut entries)?
+        };
+        let greedy_rows = if batch.iter().zip(&plans).any(|((s, _), p)| {
+            matches!(p, Some((_, _, Some(_)))) && s.opts.sampling.temperature <= 0.0
+        }) {
+            argmax_rows(&logits)?
+        } else {
+            Vec::new()
+        };
+        let mut row = 0;
+        for ((seq, drafter), plan) in batch.iter_mut().zip(plans) {
+            let Some((tokens, parents, draft)) = plan else { continue };
+            let Some(draft) = draft else {
+                seq.cache.commit(&(0..tokens.len()).collect::<Vec<_>>());
+                seq.prefilled += tokens.len();
+                if !seq.in_prefill() {
+                    seq.prefill_s = seq.started.elapsed().as_secs_f64();
+                    seq.decode_start = Some(Instant::now());
+                }
+                continue;
             };
-            self.model.commit(&path)?;
+            let rows = row..row + tokens.len();
+            row = rows.end;
+            if seq.decode_start.is_none() {
+                seq.decode_start = Some(Instant::now());
+            }
+            let (path, bonus) = if seq.opts.sampling.temperature <= 0.0 {
+                walk_greedy(&tokens, &parents, &greedy_rows[rows])
+            } else {
+                let own = logits.narrow(0, rows.start, rows.len())?;
+                let sampling = seq.opts.sampling;
+                walk_sampled(&tokens, &parents, &own, &sampling, &mut seq.rng)?
+            };
+            seq.cache.commit(&path);
             let accepted = path.len() - 1;
-            steps += 1;
-            drafted += draft.len();
-            accepted_total += accepted;
+            seq.steps += 1;
+            seq.drafted += draft.len();
+            seq.accepted += accepted;
+            let mut new: Vec<u32> = path[1..].iter().map(|&i| tokens[i]).collect();
             if !draft.is_empty() {
                 self.calibration.observe(draft.source, draft.score as f64, accepted as f64);
-                let mut upto = context.clone();
-                upto.extend(path[1..].iter().map(|&i| tokens[i]));
+                let mut upto = seq.context.clone();
+                upto.extend_from_slice(&new);
                 drafter.accepted(&upto, &draft, accepted);
             }
-            let mut new: Vec<u32> = path[1..].iter().map(|&i| tokens[i]).collect();
             new.push(bonus);
-            pending = bonus;
+            seq.pending = bonus;
             let mut stop = false;
             if let Some(i) = new.iter().position(|t| self.eos.contains(t)) {
                 new.truncate(i);
                 stop = true;
             }
-            new.truncate(opts.max_tokens - out.len());
-            out.extend_from_slice(&new);
-            request.extend(&new);
-            context.extend_from_slice(&new);
-            if let Some(cut) = self.stop_at(&out, &opts.stop) {
-                out.truncate(cut);
+            new.truncate(seq.opts.max_tokens - seq.out.len());
+            seq.out.extend_from_slice(&new);
+            seq.request.extend(&new);
+            seq.context.extend_from_slice(&new);
+            if let Some(cut) = self.stop_at(&seq.out, &seq.opts.stop) {
+                seq.out.truncate(cut);
                 stop = true;
             }
-            if out.len() > emitted && !on_tokens(&out[emitted..]) {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            emitted = emitted.max(out.len());
             if stop {
-                finish = FinishReason::Stop;
-                break;
+                seq.finish = Some(FinishReason::Stop);
+            } else if seq.out.len() >= seq.opts.max_tokens {
+                seq.finish = Some(FinishReason::Length);
             }
         }
-        let decode_s = decode_start.elapsed().as_secs_f64();
-        let text = self.tokenizer.decode(&out, true).unwrap_or_default();
-        Ok(Generation {
-            tokens_per_s: out.len() as f64 / decode_s.max(1e-9),
-            tokens: out,
+        Ok(())
+    }
+
+    /// The result of a finished (or abandoned) sequence.
+    pub fn finish(&self, seq: Sequence) -> Generation {
+        let decode_s = seq.decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let text = self.tokenizer.decode(&seq.out, true).unwrap_or_default();
+        Generation {
+            tokens_per_s: seq.out.len() as f64 / decode_s.max(1e-9),
+            tokens: seq.out,
             text,
-            prompt_tokens: prompt.len(),
-            steps,
-            drafted_tokens: drafted,
-            accepted_tokens: accepted_total,
-            finish_reason: finish,
-            prefill_s,
+            prompt_tokens: seq.prompt_len,
+            steps: seq.steps,
+            drafted_tokens: seq.drafted,
+            accepted_tokens: seq.accepted,
+            finish_reason: seq.finish.unwrap_or(FinishReason::Cancelled),
+            prefill_s: seq.prefill_s,
             decode_s,
-        })
+        }
+    }
+
+    /// Generate from `prompt` (token ids) alone. `on_tokens` gets each batch of new
+    /// tokens as it is accepted and returns false to cancel.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Generation, ModelError> {
+        let mut seq = self.start(prompt, opts)?;
+        while !seq.is_finished() {
+            self.step(&mut [(&mut seq, &mut *drafter)])?;
+            let new = seq.take_new_tokens();
+            if !new.is_empty() && !on_tokens(new) {
+                seq.cancel();
+            }
+        }
+        Ok(self.finish(seq))
+    }
+}
+
+/// Prompt tokens per prefill pass.
+const PREFILL_CHUNK: usize = 256;
+
+/// Parents of a plain chain of `n` tokens: each follows the one before.
+fn chain_parents(n: usize) -> Vec<i32> {
+    (0..n as i32).map(|i| i - 1).collect()
+}
+
+/// A request in flight: its KV cache, its own suffix tree, what it has generated.
+pub struct Sequence {
+    opts: GenerateOptions,
+    cache: KvCache,
+    request: RequestTree,
+    /// Prompt + generated tokens.
+    context: Vec<u32>,
+    prompt_len: usize,
+    /// Prompt tokens (all but the last, which decoding starts from) in the cache.
+    prefilled: usize,
+    /// The newest token, not yet in the cache.
+    pending: u32,
+    out: Vec<u32>,
+    /// Tokens of `out` already handed out by [`Sequence::take_new_tokens`].
+    emitted: usize,
+    rng: rand::rngs::StdRng,
+    steps: usize,
+    drafted: usize,
+    accepted: usize,
+    finish: Option<FinishReason>,
+    started: Instant,
+    prefill_s: f64,
+    decode_start: Option<Instant>,
+}
+
+impl Sequence {
+    fn in_prefill(&self) -> bool {
+        self.prefilled + 1 < self.prompt_len
+    }
+
+    /// True once it hit eos, a stop string, its limits, or was cancelled.
+    pub fn is_finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Generated tokens so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.out
+    }
+
+    /// Tokens generated since the last call.
+    pub fn take_new_tokens(&mut self) -> &[u32] {
+        let from = self.emitted.min(self.out.len());
+        self.emitted = self.emitted.max(self.out.len());
+        &self.out[from..]
+    }
+
+    /// Stop it: the caller went away.
+    pub fn cancel(&mut self) {
+        self.finish = Some(FinishReason::Cancelled);
     }
 }
 

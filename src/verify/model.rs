@@ -89,13 +89,92 @@ struct Layer {
     gate: QMatMul,
     up: QMatMul,
     down: QMatMul,
-    /// `[kv_head][position][head_dim]` on the host; rows `0..len` are the committed
-    /// context, the rows after it the last forward pass.
-    k_cache: Vec<f32>,
-    v_cache: Vec<f32>,
 }
 
-/// The model, with its KV cache for one sequence.
+/// The KV cache of one sequence, on the host: per layer, keys and values laid out
+/// `[position][kv_head][head_dim]`. Rows `0..len` are the committed context, the rows
+/// after it the last forward pass. It grows with the sequence, up to the model's context.
+#[derive(Default)]
+pub struct KvCache {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    /// Floats per position in one layer: kv_heads × head_dim.
+    row: usize,
+    /// Committed tokens.
+    len: usize,
+    /// Rows written by the last forward pass, after `len`.
+    pending: usize,
+}
+
+impl KvCache {
+    /// Committed tokens in the cache.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is committed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forget the sequence (keeping the memory): the next pass starts at position 0.
+    pub fn reset(&mut self) {
+        self.len = 0;
+        self.pending = 0;
+    }
+
+    /// Make room for `t` new rows after the committed ones, in `layers` layers.
+    fn prepare(&mut self, layers: usize, row: usize, t: usize) {
+        if self.keys.len() != layers || self.row != row {
+            self.keys = vec![Vec::new(); layers];
+            self.values = vec![Vec::new(); layers];
+            self.row = row;
+            self.len = 0;
+        }
+        let need = (self.len + t) * row;
+        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            cache.resize(need, 0.0);
+        }
+        self.pending = t;
+    }
+
+    /// Keep the rows at `accepted` (indices into the last forward pass, a root-to-leaf
+    /// path in order) as the continuation of the context; drop the rest. Positions were
+    /// base + depth, so a path's rows move down unchanged.
+    pub fn commit(&mut self, accepted: &[usize]) {
+        assert!(accepted.iter().all(|&i| i < self.pending), "accepted rows were computed");
+        let row = self.row;
+        let is_prefix = accepted.iter().enumerate().all(|(k, &i)| k == i);
+        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            if !is_prefix {
+                // Accepted indices ascend, so moving rows down in order never
+                // overwrites a row still to be moved.
+                for (dst, &src) in accepted.iter().enumerate() {
+                    let from = (self.len + src) * row;
+                    cache.copy_within(from..from + row, (self.len + dst) * row);
+                }
+            }
+            cache.truncate((self.len + accepted.len()) * row);
+        }
+        self.len += accepted.len();
+        self.pending = 0;
+    }
+}
+
+/// One sequence's part of a batched forward pass: its cache, its new tokens and their
+/// parents (see [`Model::forward`]).
+pub struct BatchEntry<'a> {
+    /// The sequence's KV cache.
+    pub cache: &'a mut KvCache,
+    /// New tokens, in topological order.
+    pub tokens: &'a [u32],
+    /// Each token's parent index in `tokens`, or -1.
+    pub parents: &'a [i32],
+    /// Return this entry's logits (prefill chunks need none, which saves the head).
+    pub logits: bool,
+}
+
+/// The model's weights; sequences bring their own [`KvCache`].
 pub struct Model {
     cfg: LlamaConfig,
     embed: Tensor,
@@ -105,10 +184,6 @@ pub struct Model {
     cos: Tensor,
     sin: Tensor,
     device: Device,
-    /// Committed tokens in the cache.
-    len: usize,
-    /// Rows written by the last forward pass, after `len`.
-    pending: usize,
 }
 
 fn md_u32(c: &gguf_file::Content, key: &str) -> Result<u32, String> {
@@ -193,8 +268,6 @@ impl Model {
                 gate: matrix(tensor(&p("ffn_gate"))?)?,
                 up: matrix(tensor(&p("ffn_up"))?)?,
                 down: matrix(tensor(&p("ffn_down"))?)?,
-                k_cache: vec![0.0; kv_heads * context * head_dim],
-                v_cache: vec![0.0; kv_heads * context * head_dim],
             });
         }
         let rope_base = md_f32(content, "llama.rope.freq_base").unwrap_or(10000.0);
@@ -226,8 +299,6 @@ impl Model {
             cos: freqs.cos()?,
             sin: freqs.sin()?,
             device: device.clone(),
-            len: 0,
-            pending: 0,
         })
     }
 
@@ -236,118 +307,110 @@ impl Model {
         &self.cfg
     }
 
-    /// Committed tokens in the KV cache.
-    pub fn len(&self) -> usize {
-        self.len
+    /// Run `tokens` after the committed context in `cache`. `parents[i]` is the index in
+    /// `tokens` of token i's parent (parent < i), or -1 for a token that follows the
+    /// context directly. Token i sits at position `len + depth(i)` and attends to the
+    /// context, its ancestors and itself. Returns logits, one row per token, `(T, vocab)`.
+    /// Nothing is committed until [`KvCache::commit`].
+    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], parents: &[i32]) -> Result<Tensor, ModelError> {
+        self.forward_batch(&mut [BatchEntry { cache, tokens, parents, logits: true }])
     }
 
-    /// True when nothing is committed.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Forget the sequence: the next forward pass starts at position 0.
-    pub fn reset(&mut self) {
-        self.len = 0;
-        self.pending = 0;
-    }
-
-    /// Run `tokens` after the committed context. `parents[i]` is the index in `tokens`
-    /// of token i's parent (parent < i), or -1 for a token that follows the context
-    /// directly. Token i sits at position `len + depth(i)` and attends to the context,
-    /// its ancestors and itself. Returns logits, one row per token, `(T, vocab)`.
-    /// Nothing is committed until [`Model::commit`].
-    pub fn forward(&mut self, tokens: &[u32], parents: &[i32]) -> Result<Tensor, ModelError> {
-        let t = tokens.len();
-        assert_eq!(parents.len(), t, "one parent per token");
-        if self.len + t > self.cfg.context {
-            return Err(ModelError::ContextFull {
-                needed: self.len + t,
-                capacity: self.cfg.context,
-            });
+    /// One forward pass over several sequences at once: their rows share every matrix
+    /// product, and each attends only within its own sequence (a block-diagonal mask).
+    /// Returns the logits of the rows of every entry that wants them, entry after
+    /// entry, `(ΣT, vocab)`.
+    ///
+    /// Every row gets bit-for-bit the logits it would get alone: the products treat rows
+    /// independently and attention runs per query (see [`attend`]).
+    pub fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Tensor, ModelError> {
+        for e in batch.iter() {
+            assert_eq!(e.parents.len(), e.tokens.len(), "one parent per token");
+            if e.cache.len + e.tokens.len() > self.cfg.context {
+                return Err(ModelError::ContextFull {
+                    needed: e.cache.len + e.tokens.len(),
+                    capacity: self.cfg.context,
+                });
+            }
         }
-        // Depths, positions, and each token's attention set: the committed context,
-        // then its ancestors from the root down, then itself. In plain decoding a token
-        // attends to exactly these keys in this order, which is what makes the result
-        // bit-identical (see `attend`).
-        let mut depth = vec![0usize; t];
-        let mut ancestors: Vec<Vec<usize>> = Vec::with_capacity(t);
-        for i in 0..t {
-            let p = parents[i];
-            assert!(p < i as i32, "parents come before their children");
-            let mut chain = if p < 0 {
-                Vec::new()
-            } else {
-                ancestors[p as usize].clone()
-            };
-            chain.push(i);
-            depth[i] = chain.len() - 1;
-            ancestors.push(chain);
+        let (h, kvh, hd) = (self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim);
+        let total: usize = batch.iter().map(|e| e.tokens.len()).sum();
+        // Each sequence's rows, attention sets and positions. A token attends to the
+        // committed context, then its ancestors from the root down, then itself: in
+        // plain decoding it attends to exactly these keys in this order, which is what
+        // makes the result bit-identical.
+        let mut parts = Vec::with_capacity(batch.len());
+        let mut positions = Vec::with_capacity(total);
+        let mut ids = Vec::with_capacity(total);
+        let mut offset = 0;
+        for e in batch.iter_mut() {
+            let t = e.tokens.len();
+            let mut sets: Vec<Vec<usize>> = Vec::with_capacity(t);
+            for (i, &p) in e.parents.iter().enumerate() {
+                assert!(p < i as i32, "parents come before their children");
+                let mut chain = if p < 0 { Vec::new() } else { sets[p as usize].clone() };
+                chain.push(i);
+                positions.push((e.cache.len + chain.len() - 1) as u32);
+                sets.push(chain);
+            }
+            ids.extend_from_slice(e.tokens);
+            e.cache.prepare(self.layers.len(), kvh * hd, t);
+            parts.push((offset, sets));
+            offset += t;
         }
-        let positions: Vec<u32> = depth.iter().map(|d| (self.len + d) as u32).collect();
         let positions = Tensor::new(positions, &self.device)?;
         let cos = self.cos.index_select(&positions, 0)?.contiguous()?;
         let sin = self.sin.index_select(&positions, 0)?.contiguous()?;
-        let ids = Tensor::new(tokens, &self.device)?;
+        let ids = Tensor::new(ids, &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        let (h, kvh, hd) = (self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim);
-        let ctx = self.cfg.context;
-        let base = self.len;
-        for layer in &mut self.layers {
+        let heads = |m: &QMatMul, a: &Tensor, n: usize| -> Result<Tensor, candle_core::Error> {
+            m.forward(a)?.reshape((1, total, n, hd))?.transpose(1, 2)?.contiguous()
+        };
+        for (l, layer) in self.layers.iter().enumerate() {
             let a = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps)?;
-            let q = layer.wq.forward(&a)?.reshape((1, t, h, hd))?.transpose(1, 2)?.contiguous()?;
-            let k = layer.wk.forward(&a)?.reshape((1, t, kvh, hd))?.transpose(1, 2)?.contiguous()?;
-            let v = layer.wv.forward(&a)?.reshape((1, t, kvh, hd))?.transpose(1, 2)?.contiguous()?;
-            let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
-            let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
+            let q = candle_nn::rotary_emb::rope_i(&heads(&layer.wq, &a, h)?, &cos, &sin)?;
+            let k = candle_nn::rotary_emb::rope_i(&heads(&layer.wk, &a, kvh)?, &cos, &sin)?;
+            let v = heads(&layer.wv, &a, kvh)?;
+            // `[head][row][head_dim]` on the host.
             let q: Vec<f32> = q.flatten_all()?.to_vec1()?;
             let k: Vec<f32> = k.flatten_all()?.to_vec1()?;
             let v: Vec<f32> = v.flatten_all()?.to_vec1()?;
-            for g in 0..kvh {
-                let dst = (g * ctx + base) * hd;
-                let src = g * t * hd;
-                layer.k_cache[dst..dst + t * hd].copy_from_slice(&k[src..src + t * hd]);
-                layer.v_cache[dst..dst + t * hd].copy_from_slice(&v[src..src + t * hd]);
+            let mut out = vec![0f32; total * h * hd];
+            for (e, (offset, sets)) in batch.iter_mut().zip(&parts) {
+                let (base, t) = (e.cache.len, e.tokens.len());
+                let (keys, values) = (&mut e.cache.keys[l], &mut e.cache.values[l]);
+                for i in 0..t {
+                    for g in 0..kvh {
+                        let src = (g * total + offset + i) * hd;
+                        let dst = ((base + i) * kvh + g) * hd;
+                        keys[dst..dst + hd].copy_from_slice(&k[src..src + hd]);
+                        values[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
+                    }
+                }
+                let shape = AttnShape { total, offset: *offset, h, kvh, hd };
+                attend(&q, keys, values, sets, base, shape, &mut out);
             }
-            let out = attend(&q, layer, &ancestors, base, AttnShape { t, h, kvh, hd, ctx });
-            let out = Tensor::from_vec(out, (t, h * hd), &self.device)?;
+            let out = Tensor::from_vec(out, (total, h * hd), &self.device)?;
             x = (x + layer.wo.forward(&out)?)?;
             let f = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.rms_eps)?;
             let g = candle_nn::ops::silu(&layer.gate.forward(&f)?)?;
             let u = layer.up.forward(&f)?;
             x = (x + layer.down.forward(&(g * u)?)?)?;
         }
-        self.pending = t;
+        let wanted: Vec<u32> = parts
+            .iter()
+            .zip(batch.iter())
+            .filter(|(_, e)| e.logits)
+            .flat_map(|((offset, sets), _)| *offset as u32..(offset + sets.len()) as u32)
+            .collect();
+        if wanted.is_empty() {
+            return Ok(Tensor::zeros((0, self.cfg.vocab), DType::F32, &self.device)?);
+        }
+        if wanted.len() < total {
+            x = x.index_select(&Tensor::new(wanted, &self.device)?, 0)?;
+        }
         let x = candle_nn::ops::rms_norm(&x, &self.norm, self.cfg.rms_eps)?;
         Ok(self.head.forward(&x)?.to_dtype(DType::F32)?)
-    }
-
-    /// Keep the tokens at `accepted` (indices into the last forward pass, a root-to-leaf
-    /// path in order) as the continuation of the context; drop the rest. Positions were
-    /// base + depth, so a path's rows move down unchanged.
-    pub fn commit(&mut self, accepted: &[usize]) -> Result<(), ModelError> {
-        let a = accepted.len();
-        assert!(accepted.iter().all(|&i| i < self.pending), "accepted rows were computed");
-        let is_prefix = accepted.iter().enumerate().all(|(k, &i)| k == i);
-        if !is_prefix {
-            let (kvh, hd, ctx) = (self.cfg.kv_heads, self.cfg.head_dim, self.cfg.context);
-            for layer in &mut self.layers {
-                for cache in [&mut layer.k_cache, &mut layer.v_cache] {
-                    for g in 0..kvh {
-                        // Accepted indices ascend, so moving rows down in order never
-                        // overwrites a row still to be moved.
-                        for (dst, &src) in accepted.iter().enumerate() {
-                            let from = (g * ctx + self.len + src) * hd;
-                            let to = (g * ctx + self.len + dst) * hd;
-                            cache.copy_within(from..from + hd, to);
-                        }
-                    }
-                }
-            }
-        }
-        self.len += a;
-        self.pending = 0;
-        Ok(())
     }
 
     /// The device the model runs on.
@@ -359,11 +422,13 @@ impl Model {
 /// Sizes for [`attend`].
 #[derive(Clone, Copy)]
 struct AttnShape {
-    t: usize,
+    /// Rows in the whole batch.
+    total: usize,
+    /// This sequence's first row in the batch.
+    offset: usize,
     h: usize,
     kvh: usize,
     hd: usize,
-    ctx: usize,
 }
 
 /// Dot product with a fixed summation order (8 lanes, then a fixed tree), so that the
@@ -384,43 +449,50 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-/// Attention of every new token over its attention set, computed on the host one query
-/// at a time with fixed summation orders. A batched matmul and softmax would sum in an
-/// order that depends on the batch and row length; with Q8_0 weights such 1e-6
-/// differences flip activation quantisation and grow to whole logits. This way a token
-/// verified in a tree gets bit-for-bit the logits plain decoding gives it.
-fn attend(q: &[f32], layer: &Layer, sets: &[Vec<usize>], base: usize, s: AttnShape) -> Vec<f32> {
-    let AttnShape { t, h, kvh, hd, ctx } = s;
+/// Attention of one sequence's new tokens over their attention sets, computed on the
+/// host one query at a time with fixed summation orders, into that sequence's rows of
+/// `out` (`[row][head][head_dim]`). A batched matmul and softmax would sum in an order
+/// that depends on the batch and row length; with Q8_0 weights such 1e-6 differences
+/// flip activation quantisation and grow to whole logits. This way a token verified in
+/// a tree, or beside other sequences, gets bit-for-bit the logits plain decoding gives.
+fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    sets: &[Vec<usize>],
+    base: usize,
+    s: AttnShape,
+    out: &mut [f32],
+) {
+    let AttnShape { total, offset, h, kvh, hd } = s;
     let rep = h / kvh;
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut out = vec![0f32; t * h * hd];
-    let mut scores: Vec<f32> = Vec::with_capacity(base + t);
+    let mut scores: Vec<f32> = Vec::with_capacity(base + sets.len());
     for head in 0..h {
         let g = head / rep;
-        let keys = &layer.k_cache[g * ctx * hd..(g + 1) * ctx * hd];
-        let values = &layer.v_cache[g * ctx * hd..(g + 1) * ctx * hd];
+        let at = |r: usize| (r * kvh + g) * hd;
         for (i, set) in sets.iter().enumerate() {
-            let qi = &q[(head * t + i) * hd..(head * t + i + 1) * hd];
+            let row = offset + i;
+            let qi = &q[(head * total + row) * hd..(head * total + row + 1) * hd];
             let rows = (0..base).chain(set.iter().map(|&a| base + a));
             scores.clear();
-            scores.extend(rows.clone().map(|r| dot(qi, &keys[r * hd..(r + 1) * hd]) * scale));
+            scores.extend(rows.clone().map(|r| dot(qi, &keys[at(r)..at(r) + hd]) * scale));
             let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0f32;
             for x in scores.iter_mut() {
                 *x = (*x - max).exp();
                 sum += *x;
             }
-            let o = &mut out[(i * h + head) * hd..(i * h + head + 1) * hd];
+            let o = &mut out[(row * h + head) * hd..(row * h + head + 1) * hd];
             for (w, r) in scores.iter().zip(rows) {
                 let w = w / sum;
-                let vr = &values[r * hd..(r + 1) * hd];
+                let vr = &values[at(r)..at(r) + hd];
                 for d in 0..hd {
                     o[d] += w * vr[d];
                 }
             }
         }
     }
-    out
 }
 
 /// Index of the largest value of each row of `logits` `(T, vocab)`; ties go to the
