@@ -6,16 +6,21 @@
 //! - Evict: by least recent use within a token budget and a maximum age, or explicitly
 //!   by id, namespace or age. It takes effect for speculation at once, for base data too
 //!   (through the evicted tree); the space comes back at compaction.
-//! - Snapshot / compaction: the live sequences are copied out under a read lock, a new
-//!   snapshot is built and written with no lock held, then swapped in under a short
-//!   write lock; what changed meanwhile is carried over. Speculation goes on throughout.
+//! - Snapshot / compaction: the live sequences are copied out at a cut, a new snapshot
+//!   is built and written with no lock held, then swapped in; what changed meanwhile is
+//!   carried over.
+//! - Readers (speculation, stats) never wait: the state is double-buffered
+//!   ([`DoubleBuffered`]), and every change is applied to the copy nobody reads first.
+//!   Writers wait for each other, and for the last readers of the old copy.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::tree::{GlobalTree, TreeError};
 
+use super::double_buffer::DoubleBuffered;
 use super::dir::{DirError, current_snapshot, next_snapshot_path, publish};
 use super::layered::Layered;
 use super::snapshot::{
@@ -70,6 +75,7 @@ struct SeqInfo {
 }
 
 /// One namespace: base + delta − evicted.
+#[derive(Clone)]
 pub struct Namespace {
     base: Option<FrozenTree>,
     delta: GlobalTree,
@@ -135,7 +141,8 @@ impl Namespace {
     }
 }
 
-/// Everything readers see, behind one lock.
+/// Everything readers see; see [`DoubleBuffered`].
+#[derive(Clone)]
 pub struct State {
     /// Namespaces by name.
     pub namespaces: BTreeMap<String, Namespace>,
@@ -163,7 +170,9 @@ pub struct StoreCounters {
 /// The live store.
 pub struct Store {
     cfg: StoreConfig,
-    state: RwLock<State>,
+    state: DoubleBuffered<State>,
+    /// The next sequence id to hand out.
+    next_id: AtomicU64,
     wal: Wal,
     snapshotting: Mutex<()>,
     counters: Mutex<StoreCounters>,
@@ -258,7 +267,8 @@ impl Store {
         )?;
         let store = Store {
             cfg,
-            state: RwLock::new(state),
+            next_id: AtomicU64::new(state.next_id),
+            state: DoubleBuffered::new(state),
             wal,
             snapshotting: Mutex::new(()),
             counters: Mutex::new(StoreCounters {
@@ -316,25 +326,28 @@ impl Store {
         }
     }
 
-    /// Log, then apply.
+    /// Log, apply, then wait for the log to be durable. Logging and applying happen
+    /// under the writer lock, so a snapshot's cut sees a change in both or in neither;
+    /// the fsync happens after it, where group commit can share it.
     fn commit(&self, op: WalOp) -> Result<bool, StoreError> {
-        // The write lock is taken after the log write, so readers never wait on fsync.
-        let seq = self.wal.append(op.clone())?;
-        let mut st = self.state.write().expect("store lock");
-        let changed = Self::apply(&self.cfg, &mut st, &op)?;
-        st.since_cut.push((seq, op));
+        let (seq, changed) = {
+            let mut writer = self.state.writer();
+            let seq = self.wal.write(op.clone())?;
+            let changed = writer.apply(|st| {
+                let changed = Self::apply(&self.cfg, st, &op);
+                st.since_cut.push((seq, op.clone()));
+                changed
+            })?;
+            (seq, changed)
+        };
+        self.wal.sync(seq)?;
         Ok(changed)
     }
 
     /// Add a completed request's response to `namespace`; durable when this returns
     /// (with the default fsync policy). Returns its sequence id.
     pub fn append(&self, namespace: &str, tokens: &[u32]) -> Result<u64, StoreError> {
-        let id = {
-            let mut st = self.state.write().expect("store lock");
-            let id = st.next_id;
-            st.next_id += 1;
-            id
-        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.commit(WalOp::Append {
             namespace: namespace.into(),
             id,
@@ -349,7 +362,7 @@ impl Store {
     /// Evict one sequence; returns whether it was cached.
     pub fn evict(&self, namespace: &str, id: u64) -> Result<bool, StoreError> {
         let known = {
-            let st = self.state.read().expect("store lock");
+            let st = self.state.read();
             st.namespaces.get(namespace).is_some_and(|n| n.seqs.contains_key(&id))
         };
         if !known {
@@ -366,7 +379,7 @@ impl Store {
     /// Evict a whole namespace; returns how many sequences went.
     pub fn evict_namespace(&self, namespace: &str) -> Result<usize, StoreError> {
         let ids: Vec<u64> = {
-            let st = self.state.read().expect("store lock");
+            let st = self.state.read();
             st.namespaces
                 .get(namespace)
                 .map(|n| n.seqs.keys().copied().collect())
@@ -382,7 +395,7 @@ impl Store {
     /// Evict every sequence not used since `cutoff_ms` (ms since the epoch).
     pub fn evict_unused_since(&self, cutoff_ms: u64) -> Result<usize, StoreError> {
         let victims: Vec<(String, u64)> = {
-            let st = self.state.read().expect("store lock");
+            let st = self.state.read();
             st.lru
                 .iter()
                 .take_while(|(t, _, _)| *t < cutoff_ms)
@@ -407,7 +420,7 @@ impl Store {
         };
         loop {
             let victim = {
-                let st = self.state.read().expect("store lock");
+                let st = self.state.read();
                 let total: u64 = st.namespaces.values().map(Namespace::tokens).sum();
                 if total <= budget {
                     return Ok(());
@@ -426,23 +439,25 @@ impl Store {
     /// Mark sequences as used now (they contributed to an accepted draft).
     pub fn touch(&self, namespace: &str, ids: &[u64]) {
         let now = now_ms();
-        let mut st = self.state.write().expect("store lock");
-        let State { namespaces, lru, .. } = &mut *st;
-        let Some(ns) = namespaces.get_mut(namespace) else {
-            return;
-        };
-        for id in ids {
-            if let Some(info) = ns.seqs.get_mut(id) {
-                lru.remove(&(info.last_use_ms, namespace.to_string(), *id));
-                info.last_use_ms = now;
-                lru.insert((now, namespace.to_string(), *id));
+        self.state.writer().apply(|st| {
+            let State { namespaces, lru, .. } = st;
+            let Some(ns) = namespaces.get_mut(namespace) else {
+                return;
+            };
+            for id in ids {
+                if let Some(info) = ns.seqs.get_mut(id) {
+                    lru.remove(&(info.last_use_ms, namespace.to_string(), *id));
+                    info.last_use_ms = now;
+                    lru.insert((now, namespace.to_string(), *id));
+                }
             }
-        }
+        });
     }
 
-    /// Read access for speculation; hold it only for the duration of a draft.
+    /// Read access for speculation and stats; it never waits for writers. Hold it only
+    /// briefly: a writer waits for the last holders of the copy it changes.
     pub fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().expect("store lock")
+        self.state.read()
     }
 
     /// Write everything live (base + delta − evicted) as a new snapshot and swap it in:
@@ -453,11 +468,13 @@ impl Store {
         // by then.
         let _one = self.snapshotting.lock().expect("snapshot lock");
         let t = std::time::Instant::now();
-        // 1. Cut: a new log segment, and a copy of every live sequence.
+        // 1. Cut: a new log segment, and a copy of every live sequence. Appends wait for
+        //    the copy; speculation does not.
         let (cut, copy) = {
-            let mut st = self.state.write().expect("store lock");
+            let mut writer = self.state.writer();
             let cut = self.wal.rotate()?;
-            st.since_cut.clear();
+            writer.apply(|st| st.since_cut.clear());
+            let st = writer.get();
             let mut copy: Vec<(String, usize, Vec<(SeqMeta, Vec<u32>)>)> = Vec::new();
             for (name, ns) in &st.namespaces {
                 let mut seqs: Vec<(SeqMeta, Vec<u32>)> = ns
@@ -506,8 +523,9 @@ impl Store {
         publish(&self.cfg.dir, &path)?;
         // 3. Swap, carrying over what happened since the cut.
         {
-            let mut st = self.state.write().expect("store lock");
-            let carried = std::mem::take(&mut st.since_cut);
+            let mut writer = self.state.writer();
+            let st = writer.get();
+            let carried = st.since_cut.clone();
             let mut namespaces = BTreeMap::new();
             let mut lru = BTreeSet::new();
             for ns in frozen {
@@ -542,11 +560,12 @@ impl Store {
                 next_id,
                 since_cut: Vec::new(),
             };
+            drop(st);
             for (seq, op) in carried {
                 Self::apply(&self.cfg, &mut fresh, &op)?;
                 fresh.since_cut.push((seq, op));
             }
-            *st = fresh;
+            writer.apply(|st| *st = fresh.clone());
         }
         self.wal.drop_before(cut)?;
         self.counters.lock().expect("counters").snapshots += 1;

@@ -434,6 +434,16 @@ pub struct Mapped<T> {
     _owner: Arc<SnapshotBytes>,
 }
 
+impl<T> Clone for Mapped<T> {
+    fn clone(&self) -> Self {
+        Mapped {
+            ptr: self.ptr,
+            len: self.len,
+            _owner: self._owner.clone(),
+        }
+    }
+}
+
 // SAFETY: the memory is immutable for the lifetime of `_owner`, which is Send + Sync.
 unsafe impl<T: Sync> Send for Mapped<T> {}
 unsafe impl<T: Sync> Sync for Mapped<T> {}
@@ -461,6 +471,26 @@ impl Storage for Frozen {
 
 /// A global tree read in place from a snapshot.
 pub type FrozenTree = GlobalTree<Frozen>;
+
+/// Cheap: the tables stay where they are, in the shared snapshot bytes.
+impl Clone for FrozenTree {
+    fn clone(&self) -> Self {
+        GlobalTree {
+            max_depth: self.max_depth,
+            nodes: self.nodes.clone(),
+            lens: self.lens.clone(),
+            free_head: self.free_head,
+            free_nodes: self.free_nodes,
+            child_index: self.child_index.clone(),
+            pool: self.pool.clone(),
+            seqs: self.seqs.clone(),
+            seq_by_id: self.seq_by_id.clone(),
+            live_tokens: self.live_tokens,
+            dead_tokens: self.dead_tokens,
+            version: self.version,
+        }
+    }
+}
 
 #[cfg(target_endian = "big")]
 compile_error!("snapshots are read in place and assume a little-endian machine");

@@ -301,20 +301,31 @@ impl Wal {
     /// Append `op` and, with [`FsyncPolicy::Always`], return only once it is durable.
     /// Returns its sequence number.
     pub fn append(&self, op: WalOp) -> Result<u64, WalError> {
-        let seq = {
-            let mut w = self.writer.lock().expect("wal writer lock");
-            let seq = w.written + 1;
-            let bytes = encode(&WalRecord { seq, op });
-            let path = w.path.clone();
-            w.file.write_all(&bytes).map_err(|source| WalError::Io { path, source })?;
-            w.written = seq;
-            w.bytes += bytes.len() as u64;
-            seq
-        };
+        let seq = self.write(op)?;
+        self.sync(seq)?;
+        Ok(seq)
+    }
+
+    /// Write `op` to the log (not yet durable); returns its sequence number. Follow
+    /// with [`Wal::sync`] before acknowledging it.
+    pub fn write(&self, op: WalOp) -> Result<u64, WalError> {
+        let mut w = self.writer.lock().expect("wal writer lock");
+        let seq = w.written + 1;
+        let bytes = encode(&WalRecord { seq, op });
+        let path = w.path.clone();
+        w.file.write_all(&bytes).map_err(|source| WalError::Io { path, source })?;
+        w.written = seq;
+        w.bytes += bytes.len() as u64;
+        Ok(seq)
+    }
+
+    /// With [`FsyncPolicy::Always`], return once record `seq` is durable; one fsync
+    /// covers every record written before it (group commit).
+    pub fn sync(&self, seq: u64) -> Result<(), WalError> {
         if self.policy == FsyncPolicy::Always {
             self.sync_up_to(seq)?;
         }
-        Ok(seq)
+        Ok(())
     }
 
     fn sync_up_to(&self, seq: u64) -> Result<(), WalError> {
