@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use proptest::prelude::*;
 use suffixd::speculate::{SpecParams, Speculator};
-use suffixd::store::snapshot::{HEADER_LEN, SnapshotBytes};
+use suffixd::store::snapshot::HEADER_LEN;
 use suffixd::store::{OpenError, Snapshot, TokenizerId};
 use suffixd::tree::RequestTree;
 
@@ -125,21 +125,7 @@ proptest! {
             let crc = crc32fast::hash(&bytes[..HEADER_LEN - 4]);
             bytes[HEADER_LEN - 4..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
         }
-        let mut aligned = rkyv::util::AlignedVec::<16>::new();
-        aligned.extend_from_slice(&bytes);
-        if let Ok(snap) = Snapshot::from_bytes(Path::new("fuzz.sfxd"), SnapshotBytes::Heap(aligned), None) {
-            if let Ok(namespaces) = snap.namespaces() {
-                let params = SpecParams { tree: true, ..SpecParams::default() };
-                for ns in &namespaces {
-                    for ctx in [&[5u32, 6][..], &[100, 200, 300], &[7]] {
-                        let r = RequestTree::new(ctx, params.request_depth());
-                        let _ = Speculator::new().speculate(Some(&r), &ns.tree, ctx, &params);
-                    }
-                    let _ = ns.tree.check_integrity();
-                }
-            }
-            let _ = snap.verify();
-        }
+        suffixd::store::fuzzing::snapshot_bytes(&bytes);
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod build;
 pub mod dir;
 pub mod double_buffer;
+pub mod fuzzing;
 pub mod layered;
 pub mod live;
 pub mod snapshot;

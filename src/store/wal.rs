@@ -203,6 +203,11 @@ pub fn read_segment(path: &Path, expected: TokenizerId) -> Result<(Vec<WalRecord
     };
     let mut bytes = Vec::new();
     File::open(path).map_err(io)?.read_to_end(&mut bytes).map_err(io)?;
+    decode_segment(path, &bytes, expected)
+}
+
+/// [`read_segment`] on bytes already in memory; `path` is only used in error messages.
+pub fn decode_segment(path: &Path, bytes: &[u8], expected: TokenizerId) -> Result<(Vec<WalRecord>, u64), WalError> {
     if bytes.len() < HEADER_LEN as usize {
         // A segment torn before its header was complete holds no records.
         return Ok((Vec::new(), 0));
