@@ -190,6 +190,14 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     assert_eq!(st, 200);
     assert!(metrics.contains(&format!("suffixd_cached_tokens {cached}")), "{metrics}");
     assert!(metrics.contains("suffixd_accepted_tokens_per_step_bucket"));
+    // Drafting and verifying were timed at every step.
+    for name in ["suffixd_speculation_seconds_count", "suffixd_verification_seconds_count", "suffixd_batch_sequences_count"] {
+        let count: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing: {metrics}"));
+        assert!(count > 0, "{name} is {count}");
+    }
 
     // Bad inputs: OpenAI-style 4xx, and the server keeps serving.
     for (body, status, needle) in [

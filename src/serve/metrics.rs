@@ -3,12 +3,18 @@
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use crate::verify::engine::Generation;
+use crate::verify::engine::{Generation, StepReport};
 
 /// Upper bounds of the accepted-tokens-per-step histogram.
 const ACCEPT_BUCKETS: [f64; 8] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0];
 /// Upper bounds (seconds) of the request-latency histogram.
 const LATENCY_BUCKETS: [f64; 9] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Upper bounds (seconds) of the speculation-latency histogram (one draft).
+const SPECULATION_BUCKETS: [f64; 9] = [1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2];
+/// Upper bounds (seconds) of the verification-latency histogram (one forward pass).
+const VERIFY_BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+/// Upper bounds of the batch-size histogram (sequences per forward pass).
+const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 #[derive(Default, Clone)]
 struct Histogram {
@@ -52,6 +58,9 @@ struct Inner {
     accepted: u64,
     accepted_per_step: Histogram,
     latency: Histogram,
+    speculation: Histogram,
+    verification: Histogram,
+    batch: Histogram,
     /// The last 64 generations: (generated, steps, drafted, accepted).
     recent: std::collections::VecDeque<(u64, u64, u64, u64)>,
 }
@@ -72,11 +81,6 @@ impl Metrics {
         m.steps += g.steps as u64;
         m.drafted += g.drafted_tokens as u64;
         m.accepted += g.accepted_tokens as u64;
-        // Per-step acceptance is summarised per request: its mean, once per step.
-        if g.steps > 0 {
-            let mean = g.accepted_tokens as f64 / g.steps as f64;
-            m.accepted_per_step.observe(&ACCEPT_BUCKETS, mean, g.steps as u64);
-        }
         m.latency.observe(&LATENCY_BUCKETS, g.prefill_s + g.decode_s, 1);
         m.recent.push_back((
             g.tokens.len() as u64,
@@ -86,6 +90,22 @@ impl Metrics {
         ));
         if m.recent.len() > 64 {
             m.recent.pop_front();
+        }
+    }
+
+    /// Count one batched step: each draft's latency and accepted tokens, the forward
+    /// pass's latency and width.
+    pub fn record_step(&self, step: &StepReport) {
+        let mut m = self.inner.lock().expect("metrics");
+        for &s in &step.draft_s {
+            m.speculation.observe(&SPECULATION_BUCKETS, s, 1);
+        }
+        for &a in &step.accepted {
+            m.accepted_per_step.observe(&ACCEPT_BUCKETS, a as f64, 1);
+        }
+        if step.sequences > 0 {
+            m.verification.observe(&VERIFY_BUCKETS, step.verify_s, 1);
+            m.batch.observe(&BATCH_BUCKETS, step.sequences as f64, 1);
         }
     }
 
@@ -137,6 +157,9 @@ impl Metrics {
         let _ = writeln!(out, "# HELP suffixd_cached_sequences Sequences in the speculation cache.\n# TYPE suffixd_cached_sequences gauge\nsuffixd_cached_sequences {cached_sequences}");
         m.accepted_per_step.render(&mut out, "suffixd_accepted_tokens_per_step", "Accepted draft tokens per verification step.", &ACCEPT_BUCKETS);
         m.latency.render(&mut out, "suffixd_request_duration_seconds", "Time from prefill to the last token.", &LATENCY_BUCKETS);
+        m.speculation.render(&mut out, "suffixd_speculation_seconds", "Time to draft for one sequence at one step.", &SPECULATION_BUCKETS);
+        m.verification.render(&mut out, "suffixd_verification_seconds", "Time of one batched forward pass (verification and prefill).", &VERIFY_BUCKETS);
+        m.batch.render(&mut out, "suffixd_batch_sequences", "Sequences per batched forward pass.", &BATCH_BUCKETS);
         out
     }
 }

@@ -150,13 +150,16 @@ pub fn run(
                 .collect();
             engine.step(&mut batch)
         };
-        if let Err(e) = result {
-            // A failed pass fails every request in it; the next ones start afresh.
-            tracing::error!("generation step failed: {e}");
-            for slot in slots.drain(..) {
-                let _ = slot.job.done.send(Err(e.to_string()));
+        match result {
+            Ok(report) => metrics.record_step(&report),
+            Err(e) => {
+                // A failed pass fails every request in it; the next ones start afresh.
+                tracing::error!("generation step failed: {e}");
+                for slot in slots.drain(..) {
+                    let _ = slot.job.done.send(Err(e.to_string()));
+                }
+                continue;
             }
-            continue;
         }
         for slot in &mut slots {
             let new = slot.seq.take_new_tokens();

@@ -521,8 +521,9 @@ impl Engine {
     /// One forward pass for every unfinished sequence in `batch`: a prefill chunk for
     /// those still reading their prompt, and pending token + draft for the others, with
     /// drafts cut to what the cost curve says the whole batch gains from.
-    pub fn step(&mut self, batch: &mut [(&mut Sequence, &mut dyn Drafter)]) -> Result<(), ModelError> {
+    pub fn step(&mut self, batch: &mut [(&mut Sequence, &mut dyn Drafter)]) -> Result<StepReport, ModelError> {
         let context_len = self.context_len();
+        let mut report = StepReport::default();
         // What each sequence runs: its tokens and parents, and its draft when decoding.
         let mut prefill_rows = 0;
         let mut plans: Vec<Option<(Vec<u32>, Vec<i32>, Option<Draft>)>> = Vec::with_capacity(batch.len());
@@ -540,7 +541,10 @@ impl Engine {
                 plans.push(Some((chunk, parents, None)));
             } else {
                 let draft = if seq.opts.speculate {
-                    drafter.draft(&seq.request, &seq.context)
+                    let t = Instant::now();
+                    let d = drafter.draft(&seq.request, &seq.context);
+                    report.draft_s.push(t.elapsed().as_secs_f64());
+                    d
                 } else {
                     Draft::default()
                 };
@@ -574,9 +578,14 @@ impl Engine {
                 }
             }
             if entries.is_empty() {
-                return Ok(());
+                return Ok(report);
             }
-            self.model.forward_batch(&mut entries)?
+            report.sequences = entries.len();
+            report.rows = entries.iter().map(|e| e.tokens.len()).sum();
+            let t = Instant::now();
+            let logits = self.model.forward_batch(&mut entries)?;
+            report.verify_s = t.elapsed().as_secs_f64();
+            logits
         };
         let greedy_rows = if batch.iter().zip(&plans).any(|((s, _), p)| {
             matches!(p, Some((_, _, Some(_)))) && s.opts.sampling.temperature <= 0.0
@@ -611,6 +620,7 @@ impl Engine {
             };
             seq.cache.commit(&path);
             let accepted = path.len() - 1;
+            report.accepted.push(accepted);
             seq.steps += 1;
             seq.drafted += draft.len();
             seq.accepted += accepted;
@@ -642,7 +652,7 @@ impl Engine {
                 seq.finish = Some(FinishReason::Length);
             }
         }
-        Ok(())
+        Ok(report)
     }
 
     /// The result of a finished (or abandoned) sequence.
@@ -682,6 +692,21 @@ impl Engine {
         }
         Ok(self.finish(seq))
     }
+}
+
+/// What one [`Engine::step`] did, for metrics.
+#[derive(Clone, Debug, Default)]
+pub struct StepReport {
+    /// Seconds each decoding sequence spent drafting.
+    pub draft_s: Vec<f64>,
+    /// Seconds of the forward pass (verification and prefill chunks).
+    pub verify_s: f64,
+    /// Sequences in the forward pass.
+    pub sequences: usize,
+    /// Rows (tokens) in the forward pass.
+    pub rows: usize,
+    /// Draft tokens accepted, per decoding sequence.
+    pub accepted: Vec<usize>,
 }
 
 /// Prompt tokens per prefill pass.
