@@ -178,3 +178,25 @@ fn build_inspect_and_simulate_from_a_snapshot() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("not a suffixd snapshot") && !stderr.contains("panicked"), "{stderr}");
 }
+
+/// Inputs on which the fuzz targets once panicked (`tests/fixtures/fuzz/<target>/`), each
+/// replayed through the same reader exercise, so that a fixed crash stays fixed.
+#[test]
+fn inputs_that_once_crashed_the_fuzz_targets_are_read_without_panicking() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz");
+    let mut replayed = 0;
+    for (target, read) in [
+        ("snapshot", suffixd::store::fuzzing::snapshot_bytes as fn(&[u8])),
+        ("wal", suffixd::store::fuzzing::wal_bytes),
+    ] {
+        let Ok(entries) = std::fs::read_dir(root.join(target)) else { continue };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("crash-")) {
+                read(&std::fs::read(&path).unwrap());
+                replayed += 1;
+            }
+        }
+    }
+    assert!(replayed >= 2, "the checked-in crash inputs were found ({replayed})");
+}

@@ -13,6 +13,16 @@ seed=$(mktemp -d)
 cargo run --release --quiet -- ingest --dir "$seed" --logs examples/data/test.jsonl.zst >/dev/null
 cp "$seed"/wal-*.log fuzz/corpus/wal/
 rm -rf "$seed"
+log=$(mktemp)
 for target in snapshot wal; do
-  cargo +nightly fuzz run --sanitizer none "$target" -- -runs="$runs" -max_len=65536 2>&1 | tail -n 3
+  if ! cargo +nightly fuzz run --sanitizer none "$target" -- -runs="$runs" -max_len=65536 >"$log" 2>&1; then
+    # Show the panic, not just libfuzzer's last lines; keep the input as a regression fixture
+    # (tests/fixtures/fuzz/<target>/) once it is fixed.
+    grep -A12 -m1 "panicked" "$log" || tail -n 40 "$log"
+    echo "fuzz target $target crashed; the input is in fuzz/artifacts/$target/" >&2
+    exit 1
+  fi
+  grep -E "^Done|^#[0-9]+ *DONE" "$log" | tail -n 1
+  echo "fuzz target $target: $runs runs, no crash"
 done
+rm -f "$log"

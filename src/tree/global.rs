@@ -858,8 +858,9 @@ impl<S: Storage> GlobalTree<S> {
             .seqs
             .partition_point(|e| (e.offset as usize + e.len as usize) < after);
         let e = self.seqs.get(i)?;
-        let range = e.offset as usize..(e.offset + e.len) as usize;
-        (e.live != 0 && range.contains(&(after - 1))).then_some((after, range))
+        // Widened before adding: a damaged snapshot may hold offsets near u32::MAX.
+        let range = e.offset as usize..e.offset as usize + e.len as usize;
+        (e.live != 0 && after > 0 && range.contains(&(after - 1))).then_some((after, range))
     }
 
     /// How far the unique occurrence at `c` keeps matching `context` backwards, beyond the
@@ -874,7 +875,7 @@ impl<S: Storage> GlobalTree<S> {
             return 0;
         };
         let d = c.depth as usize;
-        if context.len() < d {
+        if context.len() < d || after < range.start + d {
             return 0;
         }
         let occ_start = after - d;
