@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::tree::GlobalTree;
 use suffixd::corpus::logs::ChatMessage;
-use suffixd::verify::engine::{CostCurve, Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling};
+use suffixd::verify::cost::CostCurve;
+use suffixd::verify::engine::{Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling};
 use suffixd::verify::model::WeightFormat;
 
 fn model() -> Option<PathBuf> {

@@ -7,8 +7,10 @@
 Sends a fixed number of streamed chat requests (an agentic-style prompt mix) with a fixed
 concurrency and reports throughput and latency percentiles (time to first token and total).
 With --during-maintenance it also starts a snapshot (after a quarter of the requests) and
-a compaction (after half) through the admin API while the load runs. Exits non-zero if any request fails. Run it against a server started
-with and without --no-spec to compare.
+a compaction (after half) through the admin API while the load runs. With an admin token
+it ends with the server's own figures (acceptance, tokens per step, forward-pass widths,
+the cost curve as corrected by the steps it ran). Exits non-zero if any request fails.
+Run it against a server started with and without --no-spec to compare.
 """
 import argparse
 import json
@@ -139,12 +141,21 @@ def pct(xs, p):
 ttft = [r[0] for r in results]
 total = [r[1] for r in results]
 toks = sum(r[2] for r in results)
+server = None
+if args.admin_token:
+    # What the server saw: acceptance, tokens per step, batch widths, its cost curve now.
+    req = urllib.request.Request(args.base + "/admin/stats", headers={"authorization": "Bearer " + args.admin_token})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        stats = json.loads(r.read())
+    curve = stats.get("cost_curve") or {}
+    server = {**stats.get("serving", {}), "cost_curve": curve.get("points"),
+              "cost_curve_measured": curve.get("measured"), "cost_curve_steps": curve.get("observed_steps")}
 print(json.dumps({
     "requests": args.requests, "concurrency": args.concurrency, "ok": len(results), "errors": len(errors),
     "wall_s": round(wall, 2), "requests_per_s": round(len(results) / wall, 3), "tokens_per_s": round(toks / wall, 2),
     "ttft_p50_s": round(pct(ttft, 50), 3), "ttft_p99_s": round(pct(ttft, 99), 3),
     "latency_p50_s": round(pct(total, 50), 3), "latency_p99_s": round(pct(total, 99), 3),
-    "maintenance_jobs": jobs,
+    "maintenance_jobs": jobs, "server": server,
 }))
 if errors or failed_jobs:
     print("errors:", errors[:5], "failed jobs:", failed_jobs)

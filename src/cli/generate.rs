@@ -9,9 +9,8 @@ use crate::corpus::logs::ChatMessage;
 use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};
 use crate::tree::GlobalTree;
-use crate::verify::engine::{
-    CostCurve, Drafter, Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling,
-};
+use crate::verify::cost::CostCurve;
+use crate::verify::engine::{Drafter, Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling};
 use crate::verify::model::WeightFormat;
 
 use super::SpecArgs;
@@ -44,7 +43,8 @@ pub fn model_path(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// Flags that choose and load the model.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A llama-family GGUF file (default: the model tools/setup.sh installs).
+    /// A llama-family GGUF file, or a Hugging Face directory with config.json,
+    /// tokenizer.json and safetensors weights (default: the model tools/setup.sh installs).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// How weights are held: q8-0 (fast and exact on CPU), f32, or native.

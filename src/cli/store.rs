@@ -28,15 +28,19 @@ pub(super) struct BuildArgs {
     /// Keep only the newest N responses per namespace.
     #[arg(long)]
     keep_last: Option<usize>,
-    /// The model's tokenizer: a tokenizer.json or a GGUF model file. Needed for text
+    /// The model's tokenizer: a tokenizer.json, a GGUF model file or a Hugging Face model
+    /// directory. Needed for text
     /// logs; for token-id logs it records which tokenizer made the ids.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
 }
 
-/// Load a tokenizer from tokenizer.json or from a GGUF model's metadata.
+/// Load a tokenizer from tokenizer.json, a model directory's tokenizer.json, or a GGUF
+/// model's metadata.
 pub(super) fn load_tokenizer(path: &Path) -> anyhow::Result<ModelTokenizer> {
-    if path.extension().is_some_and(|e| e == "gguf") {
+    if path.is_dir() {
+        Ok(ModelTokenizer::from_file(&path.join("tokenizer.json"))?)
+    } else if path.extension().is_some_and(|e| e == "gguf") {
         let mut f = std::fs::File::open(path)
             .with_context(|| format!("cannot open model {}", path.display()))?;
         let content = candle_core::quantized::gguf_file::Content::read(&mut f)

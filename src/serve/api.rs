@@ -395,7 +395,7 @@ pub async fn admin_stats(State(app): State<Arc<AppState>>, headers: HeaderMap) -
     }
     let mut v = app.store.stats();
     v["serving"] = app.metrics.summary();
-    v["cost_curve"] = serde_json::to_value(&*app.cost_curve).unwrap_or_default();
+    v["cost_curve"] = app.metrics.cost_curve();
     Json(v).into_response()
 }
 

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 use std::sync::Mutex;
 
+use crate::verify::cost::CostCurve;
 use crate::verify::engine::{Generation, StepReport};
 
 /// Upper bounds of the accepted-tokens-per-step histogram.
@@ -63,6 +64,12 @@ struct Inner {
     batch: Histogram,
     /// The last 64 generations: (generated, steps, drafted, accepted).
     recent: std::collections::VecDeque<(u64, u64, u64, u64)>,
+    /// Forward passes, and the sequences and rows they ran.
+    passes: u64,
+    pass_sequences: u64,
+    pass_rows: u64,
+    /// The verifier's cost curve as the model thread last published it.
+    cost_curve: Option<CostCurve>,
 }
 
 /// Serving metrics, shared by the handlers and the model thread.
@@ -106,7 +113,21 @@ impl Metrics {
         if step.sequences > 0 {
             m.verification.observe(&VERIFY_BUCKETS, step.verify_s, 1);
             m.batch.observe(&BATCH_BUCKETS, step.sequences as f64, 1);
+            m.passes += 1;
+            m.pass_sequences += step.sequences as u64;
+            m.pass_rows += step.rows as u64;
         }
+    }
+
+    /// Publish the verifier's cost curve (it changes as steps correct it).
+    pub fn publish_cost_curve(&self, curve: &CostCurve) {
+        self.inner.lock().expect("metrics").cost_curve = Some(curve.clone());
+    }
+
+    /// The cost curve last published, as JSON (null before the first).
+    pub fn cost_curve(&self) -> serde_json::Value {
+        let m = self.inner.lock().expect("metrics");
+        serde_json::to_value(&m.cost_curve).unwrap_or_default()
     }
 
     /// Count a request that failed.
@@ -131,6 +152,11 @@ impl Metrics {
                 "requests": m.recent.len(),
                 "acceptance_rate": ratio(a, d),
                 "tokens_per_step": ratio(g, s),
+            },
+            "forward_passes": {
+                "count": m.passes,
+                "mean_sequences": ratio(m.pass_sequences, m.passes),
+                "mean_rows": ratio(m.pass_rows, m.passes),
             },
         })
     }
@@ -160,6 +186,13 @@ impl Metrics {
         m.speculation.render(&mut out, "suffixd_speculation_seconds", "Time to draft for one sequence at one step.", &SPECULATION_BUCKETS);
         m.verification.render(&mut out, "suffixd_verification_seconds", "Time of one batched forward pass (verification and prefill).", &VERIFY_BUCKETS);
         m.batch.render(&mut out, "suffixd_batch_sequences", "Sequences per batched forward pass.", &BATCH_BUCKETS);
+        if let Some(curve) = &m.cost_curve {
+            let name = "suffixd_verify_cost_ratio";
+            let _ = writeln!(out, "# HELP {name} Cost of a forward pass of K rows over one row, t(K)/t(1), as the verifier uses it.\n# TYPE {name} gauge");
+            for (k, ratio) in &curve.points {
+                let _ = writeln!(out, "{name}{{k=\"{k}\"}} {ratio}");
+            }
+        }
         out
     }
 }

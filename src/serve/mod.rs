@@ -24,7 +24,7 @@ use crate::store::dir::current_snapshot;
 use crate::store::live::{Store, StoreConfig};
 use crate::store::wal::FsyncPolicy;
 use crate::verify::chat::ChatTemplate;
-use crate::verify::engine::{CostCurve, Engine};
+use crate::verify::engine::Engine;
 use crate::verify::tokenizer::ModelTokenizer;
 
 /// Server settings after merging the config file, environment and flags.
@@ -73,8 +73,6 @@ pub struct AppState {
     pub template: Option<ChatTemplate>,
     /// KV capacity of the model.
     pub context_len: usize,
-    /// The verifier's measured cost curve.
-    pub cost_curve: Arc<CostCurve>,
     /// Jobs for the model thread.
     pub jobs: crossbeam::channel::Sender<worker::Job>,
     /// The store.
@@ -209,7 +207,7 @@ pub fn serve(
     );
     let metrics = Arc::new(metrics::Metrics::default());
     let (tx, rx) = crossbeam::channel::unbounded();
-    let cost_curve = Arc::new(engine.cost_curve().clone());
+    metrics.publish_cost_curve(engine.cost_curve());
     let context_len = engine.context_len();
     let max_batch = cfg.max_batch;
     let worker = {
@@ -227,7 +225,6 @@ pub fn serve(
         tokenizer,
         template,
         context_len,
-        cost_curve,
         jobs: tx,
         store: store.clone(),
         metrics,

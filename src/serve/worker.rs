@@ -151,7 +151,10 @@ pub fn run(
             engine.step(&mut batch)
         };
         match result {
-            Ok(report) => metrics.record_step(&report),
+            Ok(report) => {
+                metrics.record_step(&report);
+                metrics.publish_cost_curve(engine.cost_curve());
+            }
             Err(e) => {
                 // A failed pass fails every request in it; the next ones start afresh.
                 tracing::error!("generation step failed: {e}");

@@ -24,6 +24,7 @@ use crate::speculate::{Draft, SpecParams, Speculator};
 use crate::tree::{GlobalIndex, RequestTree};
 
 use super::chat::ChatTemplate;
+use super::cost::CostCurve;
 use super::model::{BatchEntry, KvCache, Model, ModelError, WeightFormat, argmax_rows};
 use super::tokenizer::ModelTokenizer;
 
@@ -186,50 +187,6 @@ pub struct Generation {
     pub tokens_per_s: f64,
 }
 
-/// The measured cost of one forward pass of K new tokens relative to one, t(K)/t(1).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct CostCurve {
-    /// `(K, t(K)/t(1))`, K ascending, starting at (1, 1).
-    pub points: Vec<(usize, f64)>,
-    /// Milliseconds of one single-token step when measured.
-    pub t1_ms: f64,
-}
-
-impl CostCurve {
-    /// A curve that says verification is free (every draft is worth verifying).
-    pub fn flat() -> Self {
-        CostCurve {
-            points: vec![(1, 1.0), (64, 1.0)],
-            t1_ms: 0.0,
-        }
-    }
-
-    /// A linear curve t(K)/t(1) = 1 + slope·(K − 1).
-    pub fn linear(slope: f64) -> Self {
-        CostCurve {
-            points: vec![(1, 1.0), (64, 1.0 + slope * 63.0)],
-            t1_ms: 0.0,
-        }
-    }
-
-    /// t(K)/t(1), interpolated linearly (and extrapolated from the last two points).
-    pub fn cost(&self, k: usize) -> f64 {
-        let pts = &self.points;
-        if k <= pts[0].0 {
-            return pts[0].1;
-        }
-        for w in pts.windows(2) {
-            let ((k0, c0), (k1, c1)) = (w[0], w[1]);
-            if k <= k1 {
-                return c0 + (c1 - c0) * (k - k0) as f64 / (k1 - k0) as f64;
-            }
-        }
-        let n = pts.len();
-        let ((k0, c0), (k1, c1)) = (pts[n - 2], pts[n - 1]);
-        c1 + (c1 - c0) / (k1 - k0) as f64 * (k - k1) as f64
-    }
-}
-
 /// Accepted ÷ SCORE, as moving averages per draft source (the request's own text, the
 /// global tree, both): a copy from the prompt and a guess from other requests' answers
 /// are right at very different rates, and the recent past predicts the next step best.
@@ -293,8 +250,23 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Load a GGUF model from `path`.
+    /// Load a model: a llama GGUF file, or a Hugging Face directory (`config.json`,
+    /// `tokenizer.json`, safetensors weights, and `tokenizer_config.json` for the chat
+    /// template).
     pub fn load(
+        path: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        if path.is_dir() {
+            Self::load_hf_dir(path, format, max_context, device)
+        } else {
+            Self::load_gguf(path, format, max_context, device)
+        }
+    }
+
+    fn load_gguf(
         path: &Path,
         format: WeightFormat,
         max_context: usize,
@@ -309,13 +281,10 @@ impl Engine {
             source,
         })?;
         let content = gguf_file::Content::read(&mut f)
-            .map_err(|e| fmt(format!("not a readable GGUF file: {e}")))?;
+            .map_err(|e| fmt(format!("not a readable GGUF file (or a model directory): {e}")))?;
         let tokenizer = ModelTokenizer::from_gguf(&content).map_err(|e| fmt(e.to_string()))?;
         let model = Model::load_gguf(path, &content, format, max_context, device)?;
         let md_tok = |key: &str| content.metadata.get(key).and_then(|v| v.to_u32().ok());
-        let mut eos: Vec<u32> = md_tok("tokenizer.ggml.eos_token_id").into_iter().collect();
-        eos.extend(tokenizer.token_id("<|endoftext|>"));
-        eos.dedup();
         let name = |id: Option<u32>| {
             id.and_then(|i| tokenizer.decode(&[i], false).ok())
                 .unwrap_or_default()
@@ -335,14 +304,84 @@ impl Engine {
             ),
             None => None,
         };
-        Ok(Engine {
+        let eos = md_tok("tokenizer.ggml.eos_token_id").into_iter().collect();
+        Ok(Self::new(model, tokenizer, template, eos))
+    }
+
+    fn load_hf_dir(
+        dir: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let tokenizer = ModelTokenizer::from_file(&dir.join("tokenizer.json")).map_err(|e| ModelError::Format {
+            path: dir.into(),
+            message: e.to_string(),
+        })?;
+        let model = Model::load_safetensors(dir, format, max_context, device)?;
+        let json = |name: &str| -> Result<serde_json::Value, ModelError> {
+            let path = dir.join(name);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => serde_json::from_str(&text).map_err(|e| ModelError::Format {
+                    path,
+                    message: format!("not JSON: {e}"),
+                }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(serde_json::Value::Null),
+                Err(source) => Err(ModelError::Io { path, source }),
+            }
+        };
+        let config = json("config.json")?;
+        let tok_config = json("tokenizer_config.json")?;
+        // A special token is written either as its text or as {"content": text}.
+        let token_text = |v: &serde_json::Value| {
+            v.as_str()
+                .or_else(|| v["content"].as_str())
+                .map(str::to_string)
+        };
+        let bos = token_text(&tok_config["bos_token"]).unwrap_or_default();
+        let eos_text = token_text(&tok_config["eos_token"]);
+        // The template is a string, or a list of named templates of which "default" is used.
+        let source = tok_config["chat_template"].as_str().map(str::to_string).or_else(|| {
+            tok_config["chat_template"].as_array().and_then(|list| {
+                list.iter()
+                    .find(|t| t["name"] == "default")
+                    .and_then(|t| t["template"].as_str())
+                    .map(str::to_string)
+            })
+        });
+        let template = match source {
+            Some(src) => Some(
+                ChatTemplate::new(&src, &bos, eos_text.as_deref().unwrap_or_default()).map_err(|message| {
+                    ModelError::Format {
+                        path: dir.join("tokenizer_config.json"),
+                        message,
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        let mut eos: Vec<u32> = match &config["eos_token_id"] {
+            serde_json::Value::Array(ids) => ids.iter().filter_map(|i| i.as_u64()).map(|i| i as u32).collect(),
+            v => v.as_u64().map(|i| i as u32).into_iter().collect(),
+        };
+        eos.extend(eos_text.and_then(|t| tokenizer.token_id(&t)));
+        Ok(Self::new(model, tokenizer, template, eos))
+    }
+
+    /// An engine over a loaded model. `<|endoftext|>` also ends a generation when the
+    /// vocabulary has it.
+    fn new(model: Model, tokenizer: ModelTokenizer, template: Option<ChatTemplate>, mut eos: Vec<u32>) -> Self {
+        eos.extend(tokenizer.token_id("<|endoftext|>"));
+        eos.sort_unstable();
+        eos.dedup();
+        Engine {
             model,
             tokenizer,
             template,
             eos,
             cost: CostCurve::flat(),
             calibration: Calibration::default(),
-        })
+        }
     }
 
     /// The tokenizer.
@@ -419,10 +458,7 @@ impl Engine {
             points[i].1 = points[i].1.max(points[i - 1].1);
         }
         points[0].1 = 1.0;
-        self.cost = CostCurve {
-            points,
-            t1_ms: t1 * 1e3,
-        };
+        self.cost = CostCurve::new(points, t1 * 1e3);
         Ok(&self.cost)
     }
 
@@ -585,6 +621,11 @@ impl Engine {
             let t = Instant::now();
             let logits = self.model.forward_batch(&mut entries)?;
             report.verify_s = t.elapsed().as_secs_f64();
+            // Prefill rows skip the output head, so only pure decoding steps say what
+            // drafting rows cost.
+            if prefill_rows == 0 {
+                self.cost.observe(report.rows, report.verify_s);
+            }
             logits
         };
         let greedy_rows = if batch.iter().zip(&plans).any(|((s, _), p)| {
@@ -915,16 +956,5 @@ mod tests {
             assert_eq!(dof, 5);
             assert!(chi2 < 18.47, "chi2 {chi2} for {tokens:?}, hist {hist:?}, p {p:?}");
         }
-    }
-
-    #[test]
-    fn cost_curve_interpolates_and_extrapolates() {
-        let c = CostCurve {
-            points: vec![(1, 1.0), (2, 1.5), (4, 3.0)],
-            t1_ms: 1.0,
-        };
-        assert_eq!(c.cost(1), 1.0);
-        assert_eq!(c.cost(3), 2.25);
-        assert_eq!(c.cost(6), 4.5);
     }
 }

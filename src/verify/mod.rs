@@ -3,11 +3,13 @@
 //! - [`tokenizer`]: the model's tokenizer, from GGUF metadata or tokenizer.json.
 //! - [`model`]: a llama forward pass over a draft tree, with a KV cache that keeps only
 //!   the accepted path.
+//! - [`cost`]: what a forward pass of K rows costs, measured at start and kept up to date.
 //! - [`engine`]: the generation loop, exact greedy and distribution-preserving sampling,
 //!   and cost-aware draft sizes.
 //! - [`chat`]: the model's chat template.
 
 pub mod chat;
+pub mod cost;
 pub mod engine;
 pub mod model;
 pub mod tokenizer;

@@ -198,6 +198,96 @@ fn md_f32(c: &gguf_file::Content, key: &str) -> Option<f32> {
     c.metadata.get(key).and_then(|v| v.to_f32().ok())
 }
 
+/// The keys of a Hugging Face llama `config.json` that the forward pass needs.
+#[derive(serde::Deserialize)]
+struct HfConfig {
+    #[serde(default)]
+    model_type: Option<String>,
+    hidden_size: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    num_hidden_layers: usize,
+    rms_norm_eps: f64,
+    #[serde(default = "default_rope_theta")]
+    rope_theta: f32,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    hidden_act: Option<String>,
+}
+
+fn default_rope_theta() -> f32 {
+    10000.0
+}
+
+impl HfConfig {
+    /// Read and check `dir/config.json`: a llama with plain RoPE and SiLU.
+    fn read(dir: &Path) -> Result<Self, ModelError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let fmt = |message: String| ModelError::Format { path: path.clone(), message };
+        let cfg: HfConfig = serde_json::from_str(&text).map_err(|e| fmt(format!("not a llama config.json: {e}")))?;
+        if let Some(t) = cfg.model_type.as_deref().filter(|t| *t != "llama") {
+            return Err(fmt(format!("model_type {t:?} is not llama")));
+        }
+        if cfg.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(fmt("rope_scaling is not supported; use a model with plain RoPE".into()));
+        }
+        if let Some(a) = cfg.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Err(fmt(format!("hidden_act {a:?} is not supported (silu only)")));
+        }
+        Ok(cfg)
+    }
+}
+
+/// The weight files of a safetensors directory: the shards its index names, else
+/// `model.safetensors`.
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = dir.join("model.safetensors.index.json");
+    if !index.exists() {
+        let single = dir.join("model.safetensors");
+        if !single.exists() {
+            return Err(ModelError::Format {
+                path: dir.into(),
+                message: "no model.safetensors or model.safetensors.index.json".into(),
+            });
+        }
+        return Ok(vec![single]);
+    }
+    let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io { path: index.clone(), source })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Format {
+        path: index.clone(),
+        message: format!("not JSON: {e}"),
+    })?;
+    let map = v["weight_map"].as_object().ok_or_else(|| ModelError::Format {
+        path: index.clone(),
+        message: "no weight_map".into(),
+    })?;
+    let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
+/// Reorder the rows of a Hugging Face q or k projection so that each head's rotary pairs
+/// are adjacent, as GGUF stores them and as the interleaved RoPE here expects. Hugging
+/// Face pairs row i with row i + head_dim/2 (its `rotate_half`); this is the permutation
+/// llama.cpp's converter applies.
+fn rope_rows_interleaved(w: &Tensor, heads: usize) -> Result<Tensor, ModelError> {
+    let (rows, cols) = w.dims2()?;
+    let head_dim = rows / heads;
+    Ok(w.reshape((heads, 2, head_dim / 2, cols))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((rows, cols))?)
+}
+
 impl Model {
     /// Load a llama GGUF file. `max_context` caps the KV cache (and its memory).
     pub fn load_gguf(
@@ -270,15 +360,6 @@ impl Model {
                 down: matrix(tensor(&p("ffn_down"))?)?,
             });
         }
-        let rope_base = md_f32(content, "llama.rope.freq_base").unwrap_or(10000.0);
-        let inv: Vec<f32> = (0..head_dim / 2)
-            .map(|i| 1.0 / rope_base.powf(2.0 * i as f32 / head_dim as f32))
-            .collect();
-        let inv = Tensor::new(inv, device)?.reshape((1, head_dim / 2))?;
-        let pos = Tensor::arange(0u32, context as u32, device)?
-            .to_dtype(DType::F32)?
-            .reshape((context, 1))?;
-        let freqs = pos.broadcast_mul(&inv)?;
         let cfg = LlamaConfig {
             layers: layers_n,
             heads,
@@ -287,9 +368,106 @@ impl Model {
             width,
             vocab,
             context,
-            rope_base,
+            rope_base: md_f32(content, "llama.rope.freq_base").unwrap_or(10000.0),
             rms_eps: md_f32(content, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
         };
+        Self::assemble(cfg, embed, layers, norm, head, device)
+    }
+
+    /// Load a Hugging Face llama directory: `config.json` and `model.safetensors` (or the
+    /// shards that `model.safetensors.index.json` names). Weights in f16, bf16 or f32;
+    /// `Native` keeps them as f32. `max_context` caps the KV cache.
+    pub fn load_safetensors(
+        dir: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let fmt = |message: String| ModelError::Format {
+            path: dir.into(),
+            message,
+        };
+        let hf = HfConfig::read(dir)?;
+        let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
+        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || width % heads != 0 {
+            return Err(fmt(format!("bad head counts {heads}/{kv_heads} for width {width}")));
+        }
+        let head_dim = width / heads;
+        if hf.head_dim.is_some_and(|d| d != head_dim) {
+            return Err(fmt(format!("head_dim {:?} is not hidden_size / num_attention_heads", hf.head_dim)));
+        }
+        let files = safetensors_files(dir)?;
+        // SAFETY: the files are mapped read-only; candle checks every tensor's extent
+        // against the file before it reads it.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
+            .map_err(|e| fmt(format!("cannot map the safetensors files: {e}")))?;
+        let tensor = |name: &str| -> Result<Tensor, ModelError> {
+            st.load(name, device)
+                .and_then(|t| t.to_dtype(DType::F32))
+                .map_err(|e| fmt(format!("tensor {name}: {e}")))
+        };
+        let matrix = |t: Tensor| -> Result<QMatMul, ModelError> {
+            Ok(match format {
+                WeightFormat::Native | WeightFormat::F32 => QMatMul::Tensor(t),
+                WeightFormat::Q8_0 => QMatMul::from_qtensor(QTensor::quantize(&t, GgmlDType::Q8_0)?)?,
+            })
+        };
+        let embed = tensor("model.embed_tokens.weight")?;
+        let vocab = embed.dim(0)?;
+        let head = if hf.tie_word_embeddings {
+            matrix(embed.clone())?
+        } else {
+            matrix(tensor("lm_head.weight")?)?
+        };
+        let mut layers = Vec::with_capacity(hf.num_hidden_layers);
+        for i in 0..hf.num_hidden_layers {
+            let p = |s: &str| format!("model.layers.{i}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: tensor(&p("input_layernorm"))?,
+                wq: matrix(rope_rows_interleaved(&tensor(&p("self_attn.q_proj"))?, heads)?)?,
+                wk: matrix(rope_rows_interleaved(&tensor(&p("self_attn.k_proj"))?, kv_heads)?)?,
+                wv: matrix(tensor(&p("self_attn.v_proj"))?)?,
+                wo: matrix(tensor(&p("self_attn.o_proj"))?)?,
+                ffn_norm: tensor(&p("post_attention_layernorm"))?,
+                gate: matrix(tensor(&p("mlp.gate_proj"))?)?,
+                up: matrix(tensor(&p("mlp.up_proj"))?)?,
+                down: matrix(tensor(&p("mlp.down_proj"))?)?,
+            });
+        }
+        let norm = tensor("model.norm.weight")?;
+        let cfg = LlamaConfig {
+            layers: hf.num_hidden_layers,
+            heads,
+            kv_heads,
+            head_dim,
+            width,
+            vocab,
+            context: max_context.min(hf.max_position_embeddings).max(1),
+            rope_base: hf.rope_theta,
+            rms_eps: hf.rms_norm_eps as f32,
+        };
+        Self::assemble(cfg, embed, layers, norm, head, device)
+    }
+
+    /// The model from its weights, with RoPE tables for its whole context.
+    fn assemble(
+        cfg: LlamaConfig,
+        embed: Tensor,
+        layers: Vec<Layer>,
+        norm: Tensor,
+        head: QMatMul,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let (head_dim, context) = (cfg.head_dim, cfg.context);
+        let inv: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 1.0 / cfg.rope_base.powf(2.0 * i as f32 / head_dim as f32))
+            .collect();
+        let inv = Tensor::new(inv, device)?.reshape((1, head_dim / 2))?;
+        let pos = Tensor::arange(0u32, context as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((context, 1))?;
+        let freqs = pos.broadcast_mul(&inv)?;
         Ok(Model {
             cfg,
             embed,

@@ -147,6 +147,12 @@ impl ModelTokenizer {
     }
 
     /// The id of a token string, if it is in the vocabulary.
+    /// The tokenizer in Hugging Face `tokenizer.json` form.
+    pub fn to_json(&self) -> Result<String, String> {
+        self.inner.to_string(false).map_err(|e| e.to_string())
+    }
+
+    /// The id of the token spelled `token`, if the vocabulary has it.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

@@ -1,0 +1,220 @@
+//! What a forward pass costs as a function of the rows (tokens) it runs: t(K)/t(1).
+//!
+//! Measured once at start (`Engine::measure_cost_curve`) and then kept up to date from the
+//! steps the engine actually runs. A server's steps are not the start-up probe: they batch
+//! several sequences with their own caches, and the machine's load changes. Each step's
+//! time, divided by what the start-up curve predicts for its row count, gives a correction
+//! factor; a moving average of it is kept at the curve's points (shared between the two
+//! points that bracket the step), and the curve in use is the measured one times the
+//! corrections, renormalised to K = 1. A uniform slowdown of the machine therefore leaves
+//! the ratios alone, while a change of shape (rows in a batch costing more than the probe
+//! said) moves them.
+
+/// Weight of the newest step in a point's moving average of corrections.
+const RATE: f64 = 0.05;
+/// One step's correction is clamped to this range, so that a hiccup (a descheduled thread
+/// pool: 10× for one step) cannot swing the curve.
+const CLAMP: (f64, f64) = (0.25, 4.0);
+/// A point needs this much observed weight before its own correction is used; until then
+/// it borrows from its observed neighbours.
+const MIN_WEIGHT: f64 = 3.0;
+
+/// The cost of one forward pass of K new tokens relative to one, t(K)/t(1).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CostCurve {
+    /// `(K, t(K)/t(1))` in use, K ascending, starting at (1, 1).
+    pub points: Vec<(usize, f64)>,
+    /// Milliseconds of one single-token step when measured.
+    pub t1_ms: f64,
+    /// The ratios measured at start, one per point.
+    pub measured: Vec<f64>,
+    /// Per point: the moving average of observed ÷ predicted step time, and the observed
+    /// weight behind it (0 when no step of that size has run).
+    pub corrections: Vec<(f64, f64)>,
+    /// Steps observed since start.
+    pub observed_steps: u64,
+}
+
+impl CostCurve {
+    /// A curve from measured `(K, t(K)/t(1))` points and the time of one single-token step.
+    /// With `t1_ms` of 0 the curve stays as given: steps do not correct it.
+    pub fn new(points: Vec<(usize, f64)>, t1_ms: f64) -> Self {
+        CostCurve {
+            measured: points.iter().map(|p| p.1).collect(),
+            corrections: vec![(1.0, 0.0); points.len()],
+            points,
+            t1_ms,
+            observed_steps: 0,
+        }
+    }
+
+    /// A curve that says verification is free (every draft is worth verifying).
+    pub fn flat() -> Self {
+        Self::new(vec![(1, 1.0), (64, 1.0)], 0.0)
+    }
+
+    /// A linear curve t(K)/t(1) = 1 + slope·(K − 1).
+    pub fn linear(slope: f64) -> Self {
+        Self::new(vec![(1, 1.0), (64, 1.0 + slope * 63.0)], 0.0)
+    }
+
+    /// t(K)/t(1), interpolated linearly (and extrapolated from the last two points).
+    pub fn cost(&self, k: usize) -> f64 {
+        interpolate(&self.points, k)
+    }
+
+    /// Learn from one forward pass of `rows` decoding rows that took `seconds`. Passes
+    /// outside the measured range, and curves that were given rather than measured, teach
+    /// nothing.
+    pub fn observe(&mut self, rows: usize, seconds: f64) {
+        let last = self.points.last().map_or(0, |p| p.0);
+        if self.t1_ms <= 0.0 || rows == 0 || rows > last || !seconds.is_finite() || seconds <= 0.0 {
+            return;
+        }
+        let measured: Vec<(usize, f64)> = self.points.iter().map(|p| p.0).zip(self.measured.iter().copied()).collect();
+        let predicted_ms = self.t1_ms * interpolate(&measured, rows);
+        let c = (seconds * 1e3 / predicted_ms).clamp(CLAMP.0, CLAMP.1);
+        // Share the step between the two points that bracket `rows`, by closeness.
+        let hi = self.points.iter().position(|p| p.0 >= rows).unwrap_or(self.points.len() - 1);
+        let lo = hi.saturating_sub(1);
+        let (k_lo, k_hi) = (self.points[lo].0, self.points[hi].0);
+        let w_hi = if k_hi == k_lo { 1.0 } else { (rows - k_lo) as f64 / (k_hi - k_lo) as f64 };
+        for (i, w) in [(lo, 1.0 - w_hi), (hi, w_hi)] {
+            if w <= 0.0 {
+                continue;
+            }
+            let (avg, weight) = &mut self.corrections[i];
+            // The first observations count fully, so that the average starts from data.
+            let rate = (w / (*weight + w)).max(RATE * w);
+            *avg += rate * (c - *avg);
+            *weight += w;
+        }
+        self.observed_steps += 1;
+        self.refresh();
+    }
+
+    /// Recompute the ratios in use from the measured ones and the corrections.
+    fn refresh(&mut self) {
+        let known: Vec<(usize, f64)> = self
+            .corrections
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.1 >= MIN_WEIGHT)
+            .map(|(i, c)| (i, c.0))
+            .collect();
+        if known.is_empty() {
+            return;
+        }
+        // Unobserved points take their correction from the observed ones around them:
+        // interpolated between two, the nearest one's beyond the ends.
+        let correction = |i: usize| -> f64 {
+            let after = known.iter().position(|&(j, _)| j >= i);
+            match after {
+                Some(0) => known[0].1,
+                None => known[known.len() - 1].1,
+                Some(a) => {
+                    let ((j0, c0), (j1, c1)) = (known[a - 1], known[a]);
+                    if j1 == i { c1 } else { c0 + (c1 - c0) * (i - j0) as f64 / (j1 - j0) as f64 }
+                }
+            }
+        };
+        let base = self.measured[0] * correction(0);
+        let mut previous = 1.0_f64;
+        for i in 0..self.points.len() {
+            let ratio = if i == 0 { 1.0 } else { (self.measured[i] * correction(i) / base).max(previous) };
+            self.points[i].1 = ratio;
+            previous = ratio;
+        }
+    }
+}
+
+/// Piecewise-linear interpolation of `(K, value)` points, extrapolated from the last two.
+fn interpolate(points: &[(usize, f64)], k: usize) -> f64 {
+    if k <= points[0].0 || points.len() == 1 {
+        return points[0].1;
+    }
+    for w in points.windows(2) {
+        let ((k0, c0), (k1, c1)) = (w[0], w[1]);
+        if k <= k1 {
+            return c0 + (c1 - c0) * (k - k0) as f64 / (k1 - k0) as f64;
+        }
+    }
+    let n = points.len();
+    let ((k0, c0), (k1, c1)) = (points[n - 2], points[n - 1]);
+    c1 + (c1 - c0) / (k1 - k0) as f64 * (k - k1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured() -> CostCurve {
+        CostCurve::new(vec![(1, 1.0), (4, 2.0), (16, 5.0), (64, 20.0)], 10.0)
+    }
+
+    #[test]
+    fn interpolates_and_extrapolates() {
+        let c = CostCurve::new(vec![(1, 1.0), (2, 1.5), (4, 3.0)], 1.0);
+        assert_eq!(c.cost(1), 1.0);
+        assert_eq!(c.cost(3), 2.25);
+        assert_eq!(c.cost(6), 4.5);
+    }
+
+    #[test]
+    fn a_uniformly_slower_machine_keeps_the_ratios() {
+        let mut c = measured();
+        for _ in 0..200 {
+            for (k, ratio) in [(1, 1.0), (4, 2.0), (16, 5.0), (64, 20.0)] {
+                c.observe(k, 3.0 * 10.0 * ratio / 1e3);
+            }
+        }
+        for (k, want) in [(1, 1.0), (4, 2.0), (16, 5.0), (64, 20.0)] {
+            assert!((c.cost(k) - want).abs() < 1e-6, "K={k}: {} vs {want}", c.cost(k));
+        }
+        assert!((c.corrections[2].0 - 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn batched_rows_that_cost_more_than_measured_raise_the_curve_where_they_run() {
+        let mut c = measured();
+        // Steps of 16 rows take twice what the probe said; steps of 1 and 4 rows as said.
+        for _ in 0..200 {
+            c.observe(1, 10.0e-3);
+            c.observe(4, 20.0e-3);
+            c.observe(16, 2.0 * 50.0e-3);
+        }
+        assert!((c.cost(16) - 10.0).abs() < 1e-6, "{}", c.cost(16));
+        assert!((c.cost(4) - 2.0).abs() < 1e-6);
+        // 64 was never observed: it borrows the correction of its observed neighbour.
+        assert!((c.cost(64) - 40.0).abs() < 1e-6, "{}", c.cost(64));
+    }
+
+    #[test]
+    fn ratios_never_fall_with_k_and_hiccups_are_clamped() {
+        let mut c = measured();
+        for _ in 0..50 {
+            c.observe(16, 5.0 * 10.0 / 1e3);
+        }
+        c.observe(16, 1000.0);
+        assert!(c.corrections[2].0 <= 1.0 + RATE * (CLAMP.1 - 1.0) + 1e-9);
+        for _ in 0..200 {
+            c.observe(4, 2.0 * 10.0 * 4.0 / 1e3); // 4 rows now cost as much as measured 16
+        }
+        for w in c.points.windows(2) {
+            assert!(w[1].1 >= w[0].1, "{:?}", c.points);
+        }
+    }
+
+    #[test]
+    fn given_curves_and_out_of_range_steps_teach_nothing() {
+        let mut flat = CostCurve::flat();
+        flat.observe(8, 1.0);
+        assert_eq!(flat.cost(8), 1.0);
+        let mut c = measured();
+        c.observe(65, 1.0);
+        c.observe(0, 1.0);
+        c.observe(8, f64::NAN);
+        assert_eq!(c.observed_steps, 0);
+        assert_eq!(c.cost(16), 5.0);
+    }
+}
