@@ -2,7 +2,8 @@
 # Fuzz the snapshot and WAL readers with cargo-fuzz (needs a nightly toolchain).
 #   tools/fuzz.sh [RUNS]     (default 1000000 executions per target)
 # Seeds: the checked-in version-1 snapshot, and a WAL segment that `suffixd ingest` writes
-# from the bundled examples. Crashes land in fuzz/artifacts/<target>/ and fail the script.
+# from the bundled examples. Crashes, and inputs that run over 10 s (a loop on damaged data),
+# land in fuzz/artifacts/<target>/ and fail the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-1000000}"
@@ -15,7 +16,7 @@ cp "$seed"/wal-*.log fuzz/corpus/wal/
 rm -rf "$seed"
 log=$(mktemp)
 for target in snapshot wal; do
-  if ! cargo +nightly fuzz run --sanitizer none "$target" -- -runs="$runs" -max_len=65536 >"$log" 2>&1; then
+  if ! cargo +nightly fuzz run --sanitizer none "$target" -- -runs="$runs" -max_len=65536 -timeout=10 >"$log" 2>&1; then
     # Show the panic, not just libfuzzer's last lines; keep the input as a regression fixture
     # (tests/fixtures/fuzz/<target>/) once it is fixed.
     grep -A12 -m1 "panicked" "$log" || tail -n 40 "$log"

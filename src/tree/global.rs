@@ -957,6 +957,10 @@ impl<S: Storage> GlobalTree<S> {
                     })?;
                     let len = self.len_of(child);
                     let st = self.node(child).start as usize;
+                    if len == 0 {
+                        // Only a damaged snapshot has one, and the walk would never advance.
+                        return Err(format!("node {child}: an edge of length 0"));
+                    }
                     if j + len > rem {
                         return Err(format!("sequence {} suffix {i} ends inside an edge", e.id));
                     }
