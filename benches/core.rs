@@ -23,6 +23,17 @@ fn load(name: &str) -> Vec<TokenExample> {
 }
 
 fn build(warm: &[TokenExample], depth: usize) -> GlobalTree {
+    build_with(warm, depth, 1)
+}
+
+/// The tree of all warm responses, built by `threads` threads.
+fn build_with(warm: &[TokenExample], depth: usize, threads: usize) -> GlobalTree {
+    let seqs = warm.iter().enumerate().map(|(i, ex)| (i as u64, &ex.response));
+    GlobalTree::build_with_threads(depth, seqs, threads).unwrap()
+}
+
+/// The same tree, one insert at a time.
+fn insert_one_by_one(warm: &[TokenExample], depth: usize) -> GlobalTree {
     let mut t = GlobalTree::new(depth).unwrap();
     for (i, ex) in warm.iter().enumerate() {
         t.insert(i as u64, &ex.response).unwrap();
@@ -115,8 +126,14 @@ fn bench_build(c: &mut Criterion) {
     let mut group = c.benchmark_group("build");
     group.sample_size(10);
     group.throughput(criterion::Throughput::Elements(tokens));
+    group.bench_function("warm_tree_depth24_inserts", |b| {
+        b.iter(|| black_box(insert_one_by_one(&warm, 24)))
+    });
     group.bench_function("warm_tree_depth24", |b| {
         b.iter(|| black_box(build(&warm, 24)))
+    });
+    group.bench_function("warm_tree_depth24_2_threads", |b| {
+        b.iter(|| black_box(build_with(&warm, 24, 2)))
     });
     group.bench_function("warm_tree_depth64", |b| {
         b.iter(|| black_box(build(&warm, 64)))

@@ -1,6 +1,7 @@
 //! Property tests of the speculation core against naive references:
 //! - counts by brute force over the stored sequences;
 //! - the arena's invariants under appends interleaved with removals;
+//! - a threaded build against one-by-one inserts;
 //! - drafts against a literal implementation of the paper's Algorithm 1;
 //! - the pruned search over p against the exhaustive loop;
 //! - snapshots: a frozen tree gives exactly the drafts of the tree it was written from,
@@ -272,6 +273,49 @@ proptest! {
         prop_assert_eq!(t.cached_tokens(), seqs.iter().map(|s| s.len() as u64).sum::<u64>());
         for path in probe_paths(&seqs, depth) {
             prop_assert_eq!(t.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
+        }
+    }
+
+    #[test]
+    fn threaded_build_equals_sequential_inserts(
+        seqs in seqs_strategy(),
+        depth in 1usize..8,
+        threads in 1usize..5,
+        context in prop::collection::vec(0..VOCAB, 1..12),
+        tree_shape in any::<bool>(),
+        extended in any::<bool>(),
+        more in prop::collection::vec(0..VOCAB, 0..25),
+    ) {
+        let one_by_one = global_tree(&seqs, depth);
+        let mut built = GlobalTree::build_with_threads(
+            depth,
+            seqs.iter().enumerate().map(|(i, s)| (i as u64, s.as_slice())),
+            threads,
+        )
+        .unwrap();
+        built.check_integrity().map_err(TestCaseError::fail)?;
+        for path in probe_paths(&seqs, depth) {
+            prop_assert_eq!(built.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
+        }
+        // Same shape below the root, so the same drafts, ties included.
+        let mut params = paper(depth, 8, 0.1, tree_shape);
+        if extended {
+            params.mode = SpecMode::Extended;
+        }
+        let request = RequestTree::new(&context, params.request_depth());
+        let a = Speculator::new().speculate(Some(&request), &one_by_one, &context, &params);
+        let b = Speculator::new().speculate(Some(&request), &built, &context, &params);
+        prop_assert_eq!(&a.tokens, &b.tokens);
+        prop_assert_eq!(&a.parents, &b.parents);
+        prop_assert_eq!(a.score, b.score);
+        // A built tree takes appends and removals like any other.
+        built.insert(seqs.len() as u64, &more).unwrap();
+        prop_assert!(built.remove(0));
+        built.check_integrity().map_err(TestCaseError::fail)?;
+        let mut left: Vec<Vec<u32>> = seqs[1..].to_vec();
+        left.push(more);
+        for path in probe_paths(&left, depth) {
+            prop_assert_eq!(built.count_of(&path), naive_count(&left, &path, depth), "path {:?}", path);
         }
     }
 

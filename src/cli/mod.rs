@@ -186,10 +186,10 @@ fn run_simulate(a: SimulateArgs) -> anyhow::Result<()> {
 }
 
 fn run_entropy(a: EntropyArgs) -> anyhow::Result<()> {
-    let mut tree = GlobalTree::new(a.max_depth)?;
-    for (i, ex) in read_examples(&a.logs, Some(a.limit))?.enumerate() {
-        tree.insert(i as u64, &ex?.response)?;
-    }
+    let responses = read_examples(&a.logs, Some(a.limit))?
+        .map(|ex| ex.map(|ex| ex.response))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tree = GlobalTree::build(a.max_depth, responses.iter().enumerate().map(|(i, r)| (i as u64, r)))?;
     let h = tree.next_token_entropy();
     if a.json {
         println!(

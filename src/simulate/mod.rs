@@ -205,12 +205,12 @@ impl Cache {
         self.tree.cached_tokens() + self.base_tokens() - self.evicted.cached_tokens()
     }
 
-    /// Warm-up: straight into the base.
-    fn warm(&mut self, id: u64, tokens: &[u32]) -> Result<(), TreeError> {
-        if let Base::Built(t) = &mut self.base {
-            t.insert(id, tokens)?;
-            self.order.push_back(id);
-        }
+    /// Warm-up: the base is built from `responses`, in order.
+    fn warm(&mut self, responses: &VecDeque<(u64, Vec<u32>)>) -> Result<(), TreeError> {
+        let depth = self.tree.max_depth();
+        let base = GlobalTree::build(depth, responses.iter().map(|(id, r)| (*id, r.as_slice())))?;
+        self.base = Base::Built(base);
+        self.order.extend(responses.iter().map(|(id, _)| *id));
         Ok(())
     }
 
@@ -244,14 +244,11 @@ impl Cache {
             self.compactions += 1;
         }
         if self.evicted.cached_tokens() as f64 > COMPACT_DEAD_FRACTION * self.base_tokens() as f64 {
-            let mut fresh = GlobalTree::new(self.tree.max_depth())?;
-            let ids: Vec<u64> = self.order.iter().copied().collect();
-            for id in ids {
-                if let Some(seq) = self.tree.sequence(id).or_else(|| self.base_sequence(id)) {
-                    let seq = seq.to_vec();
-                    fresh.insert(id, &seq)?;
-                }
-            }
+            let live = self.order.iter().filter_map(|&id| {
+                let seq = self.tree.sequence(id).or_else(|| self.base_sequence(id))?;
+                Some((id, seq))
+            });
+            let fresh = GlobalTree::build(self.tree.max_depth(), live)?;
             self.base = Base::Built(fresh);
             self.tree = GlobalTree::new(self.tree.max_depth())?;
             self.evicted = GlobalTree::new(self.tree.max_depth())?;
@@ -459,9 +456,7 @@ fn warm_up(
     memory::trim();
     let rss0 = memory::rss_bytes();
     let t = Instant::now();
-    for (id, response) in &kept {
-        cache.warm(*id, response)?;
-    }
+    cache.warm(&kept)?;
     let warm_ns = t.elapsed().as_nanos();
     drop(kept);
     memory::trim();

@@ -140,17 +140,17 @@ pub fn build_from_logs(
     let mut next_id = 1u64;
     let mut trees = Vec::new();
     for (name, responses) in kept {
-        let mut tree = GlobalTree::new(opts.max_depth)?;
-        let mut meta = Vec::with_capacity(responses.len());
-        for r in responses {
-            tree.insert(next_id, &r)?;
-            meta.push(SeqMeta {
-                id: next_id,
+        let first_id = next_id;
+        next_id += responses.len() as u64;
+        let ids = first_id..next_id;
+        let tree = GlobalTree::build(opts.max_depth, ids.clone().zip(responses))?;
+        let meta: Vec<SeqMeta> = ids
+            .map(|id| SeqMeta {
+                id,
                 inserted_ms: now,
                 last_use_ms: now,
-            });
-            next_id += 1;
-        }
+            })
+            .collect();
         trees.push((name, tree, meta));
     }
     let inputs: Vec<NamespaceInput<'_>> = trees

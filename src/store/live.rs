@@ -499,10 +499,7 @@ impl Store {
         // 2. Build and write, with no lock held.
         let mut trees = Vec::new();
         for (name, depth, seqs) in &copy {
-            let mut tree = GlobalTree::new(*depth)?;
-            for (m, toks) in seqs {
-                tree.insert(m.id, toks)?;
-            }
+            let tree = GlobalTree::build(*depth, seqs.iter().map(|(m, toks)| (m.id, toks)))?;
             trees.push((name.clone(), tree, seqs.iter().map(|(m, _)| *m).collect::<Vec<_>>()));
         }
         drop(copy);
