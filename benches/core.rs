@@ -28,7 +28,10 @@ fn build(warm: &[TokenExample], depth: usize) -> GlobalTree {
 
 /// The tree of all warm responses, built by `threads` threads.
 fn build_with(warm: &[TokenExample], depth: usize, threads: usize) -> GlobalTree {
-    let seqs = warm.iter().enumerate().map(|(i, ex)| (i as u64, &ex.response));
+    let seqs = warm
+        .iter()
+        .enumerate()
+        .map(|(i, ex)| (i as u64, &ex.response));
     GlobalTree::build_with_threads(depth, seqs, threads).unwrap()
 }
 

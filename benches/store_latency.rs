@@ -20,18 +20,26 @@ use std::time::{Duration, Instant};
 use suffixd::corpus::{TokenExample, read_examples};
 use suffixd::speculate::{SpecParams, Speculator};
 use suffixd::store::LayeredCursor;
+use suffixd::store::TokenizerId;
 use suffixd::store::live::{Store, StoreConfig};
 use suffixd::store::wal::FsyncPolicy;
-use suffixd::store::TokenizerId;
 use suffixd::tree::RequestTree;
 
 fn load(name: &str) -> Vec<TokenExample> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data").join(name);
-    read_examples(&path, None).unwrap().map(|e| e.unwrap()).collect()
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/data")
+        .join(name);
+    read_examples(&path, None)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect()
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Nanosecond latencies of one phase.
@@ -62,7 +70,12 @@ fn summary(name: &str, mut xs: Vec<u64>) -> String {
 }
 
 /// Readers draft until `stop`; returns every call's latency.
-fn readers(store: &Arc<Store>, contexts: &Arc<Vec<(RequestTree, Vec<u32>)>>, n: usize, stop: &Arc<AtomicBool>) -> Samples {
+fn readers(
+    store: &Arc<Store>,
+    contexts: &Arc<Vec<(RequestTree, Vec<u32>)>>,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+) -> Samples {
     let handles: Vec<_> = (0..n)
         .map(|r| {
             let (store, contexts, stop) = (store.clone(), contexts.clone(), stop.clone());
@@ -141,8 +154,13 @@ fn main() {
         let compactions = Arc::new(AtomicU64::new(0));
         let mut side = Vec::new();
         if busy {
-            let (writer_store, writer_stop, appended) = (store.clone(), stop.clone(), appended.clone());
-            let responses: Vec<Vec<u32>> = test.iter().chain(&warm).map(|e| e.response.clone()).collect();
+            let (writer_store, writer_stop, appended) =
+                (store.clone(), stop.clone(), appended.clone());
+            let responses: Vec<Vec<u32>> = test
+                .iter()
+                .chain(&warm)
+                .map(|e| e.response.clone())
+                .collect();
             side.push(std::thread::spawn(move || {
                 for r in responses.iter().cycle() {
                     if writer_stop.load(Ordering::Relaxed) {
@@ -152,7 +170,8 @@ fn main() {
                     appended.fetch_add(1, Ordering::Relaxed);
                 }
             }));
-            let (compact_store, compact_stop, compactions) = (store.clone(), stop.clone(), compactions.clone());
+            let (compact_store, compact_stop, compactions) =
+                (store.clone(), stop.clone(), compactions.clone());
             side.push(std::thread::spawn(move || {
                 while !compact_stop.load(Ordering::Relaxed) {
                     compact_store.snapshot().unwrap();
@@ -172,12 +191,19 @@ fn main() {
         for h in side {
             h.join().unwrap();
         }
-        (samples, appended.load(Ordering::Relaxed), compactions.load(Ordering::Relaxed))
+        (
+            samples,
+            appended.load(Ordering::Relaxed),
+            compactions.load(Ordering::Relaxed),
+        )
     };
 
     let (idle, _, _) = run(false);
     let (busy, appended, compactions) = run(true);
-    assert!(!idle.call.is_empty() && !busy.call.is_empty(), "readers ran");
+    assert!(
+        !idle.call.is_empty() && !busy.call.is_empty(),
+        "readers ran"
+    );
     if busy.call.len() > 100 {
         assert!(appended > 0, "the writer appended during the busy phase");
     }

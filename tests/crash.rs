@@ -18,18 +18,25 @@ use suffixd::tree::{Expand, GlobalIndex};
 
 fn responses() -> Vec<Vec<u32>> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/warm.jsonl.zst");
-    read_examples(&p, None).unwrap().map(|e| e.unwrap().response).collect()
+    read_examples(&p, None)
+        .unwrap()
+        .map(|e| e.unwrap().response)
+        .collect()
 }
 
 #[test]
 fn kill_9_loses_no_acknowledged_append_and_doubles_nothing() {
-    let kills: usize = std::env::var("SUFFIXD_CRASH_KILLS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let kills: usize = std::env::var("SUFFIXD_CRASH_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     let all = responses();
     let warm = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/warm.jsonl.zst");
     let dir = tempfile::tempdir().unwrap();
     let mut seed = 0x9e3779b97f4a7c15u64;
     // Every acknowledged (or recovered) id and the response it must hold.
-    let mut acked_total: std::collections::HashMap<u64, Vec<u32>> = std::collections::HashMap::new();
+    let mut acked_total: std::collections::HashMap<u64, Vec<u32>> =
+        std::collections::HashMap::new();
     let mut recovered = 0;
     for round in 0..kills {
         // Each round appends the whole log again (new ids), so the store keeps growing
@@ -87,17 +94,32 @@ fn kill_9_loses_no_acknowledged_append_and_doubles_nothing() {
         let ns = state.namespaces.get("default");
         let ids: std::collections::HashSet<u64> = ns.map(|n| n.ids().collect()).unwrap_or_default();
         for (id, want) in &acked_total {
-            assert!(ids.contains(id), "round {round}: acknowledged append {id} lost");
+            assert!(
+                ids.contains(id),
+                "round {round}: acknowledged append {id} lost"
+            );
             let toks = ns.unwrap().tokens_of(*id).unwrap();
             assert_eq!(&toks, want, "round {round}: sequence {id} content");
         }
         // At most the one append in flight at the kill is present without an ack.
-        assert!(ids.len() <= acked_total.len() + 1, "round {round}: {} cached, {} acked", ids.len(), acked_total.len());
+        assert!(
+            ids.len() <= acked_total.len() + 1,
+            "round {round}: {} cached, {} acked",
+            ids.len(),
+            acked_total.len()
+        );
         if let Some(n) = ns {
             let view = n.view();
             let root = view.root();
-            let total: u64 = ids.iter().map(|id| n.tokens_of(*id).unwrap().len() as u64).sum();
-            assert_eq!(view.count(&root) as u64, total, "round {round}: counts doubled or lost");
+            let total: u64 = ids
+                .iter()
+                .map(|id| n.tokens_of(*id).unwrap().len() as u64)
+                .sum();
+            assert_eq!(
+                view.count(&root) as u64,
+                total,
+                "round {round}: counts doubled or lost"
+            );
         }
         // The append in flight at the kill may have been logged before its ack: then it
         // must be that response, and it stays from now on.
@@ -105,12 +127,19 @@ fn kill_9_loses_no_acknowledged_append_and_doubles_nothing() {
             for id in n.ids() {
                 if !acked_total.contains_key(&id) {
                     let toks = n.tokens_of(id).unwrap();
-                    assert_eq!(Some(&toks), in_flight.as_ref(), "round {round}: unexpected sequence {id}");
+                    assert_eq!(
+                        Some(&toks),
+                        in_flight.as_ref(),
+                        "round {round}: unexpected sequence {id}"
+                    );
                     acked_total.insert(id, toks);
                 }
             }
         }
         recovered += 1;
     }
-    eprintln!("{recovered} of {kills} kills recovered, {} acknowledged appends all present", acked_total.len());
+    eprintln!(
+        "{recovered} of {kills} kills recovered, {} acknowledged appends all present",
+        acked_total.len()
+    );
 }

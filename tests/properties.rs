@@ -448,13 +448,20 @@ fn frozen_copy(tree: &GlobalTree, dir: &std::path::Path) -> Snapshot {
     let path = dir.join("snap-000001.sfxd");
     let meta = tree
         .ids()
-        .map(|id| suffixd::store::snapshot::SeqMeta { id, ..Default::default() })
+        .map(|id| suffixd::store::snapshot::SeqMeta {
+            id,
+            ..Default::default()
+        })
         .collect();
     write_snapshot(
         &path,
         TokenizerId::UNKNOWN,
         0,
-        &[NamespaceInput { name: "default", tree, meta }],
+        &[NamespaceInput {
+            name: "default",
+            tree,
+            meta,
+        }],
     )
     .unwrap();
     Snapshot::open(&path, None).unwrap()

@@ -60,7 +60,10 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     let a: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
     let b: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
     assert_eq!(a.len(), b.len());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn chain(n: usize) -> Vec<i32> {
@@ -68,13 +71,27 @@ fn chain(n: usize) -> Vec<i32> {
 }
 
 /// The library's quantized llama after `prefix`: the logits of its last token.
-fn library_after(path: &Path, prefix: &[&[u32]]) -> (candle_transformers::models::quantized_llama::ModelWeights, Vec<Tensor>) {
+fn library_after(
+    path: &Path,
+    prefix: &[&[u32]],
+) -> (
+    candle_transformers::models::quantized_llama::ModelWeights,
+    Vec<Tensor>,
+) {
     let (content, mut f) = read_gguf(path);
-    let mut lib = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut f, &Device::Cpu).unwrap();
+    let mut lib = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+        content,
+        &mut f,
+        &Device::Cpu,
+    )
+    .unwrap();
     let mut pos = 0;
     let mut out = Vec::new();
     for part in prefix {
-        let x = Tensor::new(*part, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let x = Tensor::new(*part, &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
         out.push(lib.forward(&x, pos).unwrap());
         pos += part.len();
     }
@@ -99,10 +116,17 @@ fn f32_forward_pass_matches_the_library_model_on_prefill_a_branching_tree_and_af
 
     // Two branches after the prompt: a → b and c → d.
     let (a, b, c, dd, e) = (504u32, 1056, 19556, 28, 905);
-    let logits = ours.forward(&mut cache, &[a, b, c, dd], &[-1, 0, -1, 2]).unwrap();
+    let logits = ours
+        .forward(&mut cache, &[a, b, c, dd], &[-1, 0, -1, 2])
+        .unwrap();
     let (_, lib_ab) = library_after(&path, &[&prompt, &[a], &[b]]);
     let (mut lib_cd, lib_cd_out) = library_after(&path, &[&prompt, &[c], &[dd]]);
-    for (row, want, name) in [(0, &lib_ab[1], "a"), (1, &lib_ab[2], "a→b"), (2, &lib_cd_out[1], "c"), (3, &lib_cd_out[2], "c→d")] {
+    for (row, want, name) in [
+        (0, &lib_ab[1], "a"),
+        (1, &lib_ab[2], "a→b"),
+        (2, &lib_cd_out[1], "c"),
+        (3, &lib_cd_out[2], "c→d"),
+    ] {
         let d = max_diff(&logits.i(row).unwrap(), want);
         println!("tree node {name}: max |Δlogit| {d:e}");
         assert!(d < TOLERANCE, "tree node {name} differs by {d}");
@@ -111,7 +135,10 @@ fn f32_forward_pass_matches_the_library_model_on_prefill_a_branching_tree_and_af
     // Keep the c → d branch; the next token must see exactly prompt, c, d.
     cache.commit(&[2, 3]);
     let logits = ours.forward(&mut cache, &[e], &[-1]).unwrap();
-    let x = Tensor::new(&[e], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let x = Tensor::new(&[e], &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
     let want = lib_cd.forward(&x, n + 2).unwrap();
     let d = max_diff(&logits.i(0).unwrap(), &want);
     println!("after compaction: max |Δlogit| {d:e}");
@@ -138,8 +165,18 @@ fn write_hf_dir(gguf: &Path, dir: &Path) {
     let (content, mut f) = read_gguf(gguf);
     let md = |k: &str| content.metadata.get(k).unwrap_or_else(|| panic!("{k}"));
     let u = |k: &str| md(k).to_u32().unwrap() as usize;
-    let (heads, kv_heads, layers) = (u("llama.attention.head_count"), u("llama.attention.head_count_kv"), u("llama.block_count"));
-    let mut get = |name: &str| content.tensor(&mut f, name, &Device::Cpu).unwrap().dequantize(&Device::Cpu).unwrap();
+    let (heads, kv_heads, layers) = (
+        u("llama.attention.head_count"),
+        u("llama.attention.head_count_kv"),
+        u("llama.block_count"),
+    );
+    let mut get = |name: &str| {
+        content
+            .tensor(&mut f, name, &Device::Cpu)
+            .unwrap()
+            .dequantize(&Device::Cpu)
+            .unwrap()
+    };
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     let embed = get("token_embd.weight");
     let vocab = embed.dim(0).unwrap();
@@ -204,8 +241,10 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
 
     // Our pass over the directory equals our pass over the GGUF file (same f32 weights).
     let (content, _) = read_gguf(&path);
-    let from_gguf = Model::load_gguf(&path, &content, WeightFormat::F32, 1024, &Device::Cpu).unwrap();
-    let from_hf = Model::load_safetensors(dir.path(), WeightFormat::F32, 1024, &Device::Cpu).unwrap();
+    let from_gguf =
+        Model::load_gguf(&path, &content, WeightFormat::F32, 1024, &Device::Cpu).unwrap();
+    let from_hf =
+        Model::load_safetensors(dir.path(), WeightFormat::F32, 1024, &Device::Cpu).unwrap();
     let tree = [504u32, 1056, 19556, 28];
     let run = |m: &Model| {
         let mut cache = KvCache::default();
@@ -217,36 +256,73 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
     let (ours_gguf, ours_hf) = (run(&from_gguf), run(&from_hf));
     let d = max_diff(&ours_gguf, &ours_hf);
     println!("directory vs GGUF: max |Δlogit| {d:e}");
-    assert!(d < 1e-6, "the directory's model differs from the GGUF's by {d}");
+    assert!(
+        d < 1e-6,
+        "the directory's model differs from the GGUF's by {d}"
+    );
 
     // The library's llama reads the directory with Hugging Face's RoPE pairing.
     let cfg: candle_transformers::models::llama::LlamaConfig =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
     let cfg = cfg.into_config(false);
     // SAFETY: the file was written above and is not modified while mapped.
     let vb = unsafe {
-        candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.path().join("model.safetensors")], DType::F32, &Device::Cpu).unwrap()
+        candle_nn::VarBuilder::from_mmaped_safetensors(
+            &[dir.path().join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap()
     };
     let lib = candle_transformers::models::llama::Llama::load(vb, &cfg).unwrap();
-    let mut lib_cache = candle_transformers::models::llama::Cache::new(true, DType::F32, &cfg, &Device::Cpu).unwrap();
-    let x = Tensor::new(prompt.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let mut lib_cache =
+        candle_transformers::models::llama::Cache::new(true, DType::F32, &cfg, &Device::Cpu)
+            .unwrap();
+    let x = Tensor::new(prompt.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
     let want = lib.forward(&x, 0, &mut lib_cache).unwrap();
     let d = max_diff(&ours_hf.i(0).unwrap(), &want);
     println!("directory vs library llama: max |Δlogit| {d:e}");
-    assert!(d < TOLERANCE, "the directory's model differs from the library llama by {d}");
+    assert!(
+        d < TOLERANCE,
+        "the directory's model differs from the library llama by {d}"
+    );
 
     // The engine over the directory: same tokenizer identity, template and greedy output.
     let gguf_engine = Engine::load(&path, WeightFormat::F32, 1024, &Device::Cpu).unwrap();
     let hf_engine = Engine::load(dir.path(), WeightFormat::F32, 1024, &Device::Cpu).unwrap();
-    assert_eq!(gguf_engine.tokenizer_identity(), hf_engine.tokenizer_identity());
-    let messages = vec![suffixd::corpus::logs::ChatMessage { role: "user".into(), content: "Name a city.".into() }];
-    let rendered = |e: &Engine| e.template().expect("a chat template").render(&messages).unwrap();
+    assert_eq!(
+        gguf_engine.tokenizer_identity(),
+        hf_engine.tokenizer_identity()
+    );
+    let messages = vec![suffixd::corpus::logs::ChatMessage {
+        role: "user".into(),
+        content: "Name a city.".into(),
+    }];
+    let rendered = |e: &Engine| {
+        e.template()
+            .expect("a chat template")
+            .render(&messages)
+            .unwrap()
+    };
     assert_eq!(rendered(&gguf_engine), rendered(&hf_engine));
-    let opts = GenerateOptions { max_tokens: 12, sampling: Sampling::default(), stop: vec![], speculate: false };
+    let opts = GenerateOptions {
+        max_tokens: 12,
+        sampling: Sampling::default(),
+        stop: vec![],
+        speculate: false,
+    };
     let mut gguf_engine = gguf_engine;
     let mut hf_engine = hf_engine;
-    let a = gguf_engine.generate(&prompt, &opts, &mut NoDrafts, &mut |_| true).unwrap();
-    let b = hf_engine.generate(&prompt, &opts, &mut NoDrafts, &mut |_| true).unwrap();
+    let a = gguf_engine
+        .generate(&prompt, &opts, &mut NoDrafts, &mut |_| true)
+        .unwrap();
+    let b = hf_engine
+        .generate(&prompt, &opts, &mut NoDrafts, &mut |_| true)
+        .unwrap();
     assert!(!a.tokens.is_empty());
     assert_eq!(a.tokens, b.tokens);
 }
@@ -254,20 +330,45 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
 #[test]
 fn broken_hugging_face_directories_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let err = |d: &Path| Model::load_safetensors(d, WeightFormat::F32, 64, &Device::Cpu).err().unwrap().to_string();
-    assert!(err(dir.path()).contains("config.json"), "{}", err(dir.path()));
+    let err = |d: &Path| {
+        Model::load_safetensors(d, WeightFormat::F32, 64, &Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string()
+    };
+    assert!(
+        err(dir.path()).contains("config.json"),
+        "{}",
+        err(dir.path())
+    );
     std::fs::write(dir.path().join("config.json"), "{\"hidden_size\": 8}").unwrap();
-    assert!(err(dir.path()).contains("not a llama config.json"), "{}", err(dir.path()));
+    assert!(
+        err(dir.path()).contains("not a llama config.json"),
+        "{}",
+        err(dir.path())
+    );
     let cfg = serde_json::json!({
         "model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
         "rms_norm_eps": 1e-5, "max_position_embeddings": 64, "rope_scaling": {"rope_type": "llama3"},
     });
     std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
-    assert!(err(dir.path()).contains("rope_scaling"), "{}", err(dir.path()));
+    assert!(
+        err(dir.path()).contains("rope_scaling"),
+        "{}",
+        err(dir.path())
+    );
     let mut cfg = cfg;
     cfg["rope_scaling"] = serde_json::Value::Null;
     std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
-    assert!(err(dir.path()).contains("no model.safetensors"), "{}", err(dir.path()));
+    assert!(
+        err(dir.path()).contains("no model.safetensors"),
+        "{}",
+        err(dir.path())
+    );
     std::fs::write(dir.path().join("model.safetensors"), b"not safetensors").unwrap();
-    assert!(err(dir.path()).contains("safetensors"), "{}", err(dir.path()));
+    assert!(
+        err(dir.path()).contains("safetensors"),
+        "{}",
+        err(dir.path())
+    );
 }

@@ -27,9 +27,21 @@ impl Server {
             .unwrap()
             .port();
         let child = Command::new(env!("CARGO_BIN_EXE_suffixd"))
-            .args(["serve", "--addr", &format!("127.0.0.1:{port}"), "--snapshot-dir"])
+            .args([
+                "serve",
+                "--addr",
+                &format!("127.0.0.1:{port}"),
+                "--snapshot-dir",
+            ])
             .arg(dir)
-            .args(["--cost", "flat", "--max-context", "512", "--max-tokens-limit", "256"])
+            .args([
+                "--cost",
+                "flat",
+                "--max-context",
+                "512",
+                "--max-tokens-limit",
+                "256",
+            ])
             .env("SUFFIXD_ADMIN_TOKEN", TOKEN)
             .env("CANDLE_NUM_THREADS", "1")
             .stdout(Stdio::null())
@@ -42,7 +54,10 @@ impl Server {
         };
         let t = Instant::now();
         while ureq::get(&format!("{}/v1/models", s.base)).call().is_err() {
-            assert!(t.elapsed() < Duration::from_secs(120), "server did not come up");
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "server did not come up"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         s
@@ -96,7 +111,10 @@ fn answer(r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
     };
     let status = resp.status();
     let text = resp.into_string().unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 fn model_present() -> bool {
@@ -123,7 +141,9 @@ fn stream_chat(s: &Server, body: &Value) -> (String, Vec<Value>) {
     let mut done = false;
     for line in BufReader::new(resp.into_reader()).lines() {
         let line = line.unwrap();
-        let Some(data) = line.strip_prefix("data: ") else { continue };
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
         if data == "[DONE]" {
             done = true;
             break;
@@ -160,7 +180,10 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     assert_eq!(st, 200, "{first}");
     assert_eq!(first["object"], "text_completion");
     assert!(!first["choices"][0]["text"].as_str().unwrap().is_empty());
-    assert_eq!(first["usage"]["completion_tokens"].as_u64().unwrap() as usize > 0, true);
+    assert_eq!(
+        first["usage"]["completion_tokens"].as_u64().unwrap() as usize > 0,
+        true
+    );
     assert!(first["suffixd"]["steps"].as_u64().unwrap() > 0);
 
     // Chat, plain and streamed: the same greedy text.
@@ -170,14 +193,20 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     let mut streamed_req = chat.clone();
     streamed_req["stream"] = json!(true);
     let (streamed, chunks) = stream_chat(&s, &streamed_req);
-    assert_eq!(streamed, plain["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!(
+        streamed,
+        plain["choices"][0]["message"]["content"].as_str().unwrap()
+    );
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     assert!(chunks.last().unwrap()["choices"][0]["finish_reason"].is_string());
 
     // The learned cache: the same request again drafts from the first answer.
     let (_, second) = s.post("/v1/completions", &req.to_string(), false);
     assert_eq!(second["choices"][0]["text"], first["choices"][0]["text"]);
-    assert!(second["suffixd"]["accepted_tokens"].as_u64().unwrap() > 0, "{second}");
+    assert!(
+        second["suffixd"]["accepted_tokens"].as_u64().unwrap() > 0,
+        "{second}"
+    );
 
     // Admin: refused without the token, working with it.
     assert_eq!(s.get("/admin/stats", false).0, 401);
@@ -186,12 +215,26 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     assert_eq!(st, 200);
     let cached = stats["cached_tokens"].as_u64().unwrap();
     assert!(cached > 0 && stats["namespaces"]["default"]["cached_tokens"].as_u64() == Some(cached));
-    let (st, metrics) = (200, ureq::get(&s.url("/metrics")).call().unwrap().into_string().unwrap());
+    let (st, metrics) = (
+        200,
+        ureq::get(&s.url("/metrics"))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap(),
+    );
     assert_eq!(st, 200);
-    assert!(metrics.contains(&format!("suffixd_cached_tokens {cached}")), "{metrics}");
+    assert!(
+        metrics.contains(&format!("suffixd_cached_tokens {cached}")),
+        "{metrics}"
+    );
     assert!(metrics.contains("suffixd_accepted_tokens_per_step_bucket"));
     // Drafting and verifying were timed at every step.
-    for name in ["suffixd_speculation_seconds_count", "suffixd_verification_seconds_count", "suffixd_batch_sequences_count"] {
+    for name in [
+        "suffixd_speculation_seconds_count",
+        "suffixd_verification_seconds_count",
+        "suffixd_batch_sequences_count",
+    ] {
         let count: u64 = metrics
             .lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -202,19 +245,43 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     // Bad inputs: OpenAI-style 4xx, and the server keeps serving.
     for (body, status, needle) in [
         ("{not json".to_string(), 400, "invalid JSON"),
-        (json!({"prompt": "x", "bogus": 1}).to_string(), 400, "unknown field"),
-        (json!({"prompt": "x", "model": "gpt-9"}).to_string(), 404, "not served"),
-        (json!({"prompt": "x", "max_tokens": 100000}).to_string(), 400, "max_tokens"),
-        (json!({"prompt": "word ".repeat(600), "max_tokens": 8}).to_string(), 400, "context length"),
+        (
+            json!({"prompt": "x", "bogus": 1}).to_string(),
+            400,
+            "unknown field",
+        ),
+        (
+            json!({"prompt": "x", "model": "gpt-9"}).to_string(),
+            404,
+            "not served",
+        ),
+        (
+            json!({"prompt": "x", "max_tokens": 100000}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            json!({"prompt": "word ".repeat(600), "max_tokens": 8}).to_string(),
+            400,
+            "context length",
+        ),
         (json!({"prompt": ""}).to_string(), 400, "prompt"),
-        (json!({"prompt": "x".repeat(2 << 20)}).to_string(), 413, "larger than"),
+        (
+            json!({"prompt": "x".repeat(2 << 20)}).to_string(),
+            413,
+            "larger than",
+        ),
     ] {
         let (st, err) = s.post("/v1/completions", &body, false);
         assert_eq!(st, status, "{err}");
         let msg = err["error"]["message"].as_str().unwrap_or_default();
         assert!(msg.contains(needle), "{msg}");
     }
-    let (st, err) = s.post("/v1/chat/completions", &json!({"messages": []}).to_string(), false);
+    let (st, err) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": []}).to_string(),
+        false,
+    );
     assert_eq!(st, 400, "{err}");
     assert_eq!(s.get("/nope", false).0, 404);
 
@@ -260,10 +327,17 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     s.stop();
     let s = Server::start(dir.path());
     let (_, after) = s.get("/admin/stats", true);
-    assert_eq!(after["cached_tokens"], before["cached_tokens"].as_u64().unwrap() + third["usage"]["completion_tokens"].as_u64().unwrap());
+    assert_eq!(
+        after["cached_tokens"],
+        before["cached_tokens"].as_u64().unwrap()
+            + third["usage"]["completion_tokens"].as_u64().unwrap()
+    );
     let (_, again) = s.post("/v1/completions", &req.to_string(), false);
     assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"]);
-    assert_eq!(again["suffixd"]["accepted_tokens"], third["suffixd"]["accepted_tokens"], "the same drafts after the restart");
+    assert_eq!(
+        again["suffixd"]["accepted_tokens"], third["suffixd"]["accepted_tokens"],
+        "the same drafts after the restart"
+    );
     assert_eq!(again["suffixd"]["steps"], third["suffixd"]["steps"]);
     s.stop();
 }

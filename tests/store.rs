@@ -65,13 +65,22 @@ fn each_kind_of_damage_has_its_own_error() {
     assert!(matches!(Snapshot::open(&p, None), Err(OpenError::Empty(_))));
 
     let (_d, p) = damaged("foreign.sfxd", |b| b[0] = b'X');
-    assert!(matches!(Snapshot::open(&p, None), Err(OpenError::ForeignFile(_))));
+    assert!(matches!(
+        Snapshot::open(&p, None),
+        Err(OpenError::ForeignFile(_))
+    ));
 
     let (_d, p) = damaged("short.sfxd", |b| b.truncate(b.len() - 100));
-    assert!(matches!(Snapshot::open(&p, None), Err(OpenError::Truncated { .. })));
+    assert!(matches!(
+        Snapshot::open(&p, None),
+        Err(OpenError::Truncated { .. })
+    ));
 
     let (_d, p) = damaged("tiny.sfxd", |b| b.truncate(20));
-    assert!(matches!(Snapshot::open(&p, None), Err(OpenError::Truncated { .. })));
+    assert!(matches!(
+        Snapshot::open(&p, None),
+        Err(OpenError::Truncated { .. })
+    ));
 
     let (_d, p) = damaged("newer.sfxd", |b| {
         b[8..12].copy_from_slice(&2u32.to_le_bytes());
@@ -93,7 +102,10 @@ fn each_kind_of_damage_has_its_own_error() {
         b[at] ^= 0x10;
     });
     let e = match Snapshot::open(&p, None) {
-        Ok(s) => s.verify().err().expect("verify catches a flipped data byte"),
+        Ok(s) => s
+            .verify()
+            .err()
+            .expect("verify catches a flipped data byte"),
         Err(e) => e,
     };
     assert!(e.to_string().contains("corrupt"), "{e}");
@@ -142,19 +154,38 @@ fn build_inspect_and_simulate_from_a_snapshot() {
         "--out",
         store.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run(&["inspect", store.to_str().unwrap(), "--verify", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let info: serde_json::Value =
         serde_json::from_slice(out.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
     assert_eq!(info["verified"], true);
     assert_eq!(info["header"]["sequences"], 300);
 
     let sim = |source: &[&str]| -> serde_json::Value {
-        let mut args = vec!["simulate", "--test", test.to_str().unwrap(), "--test-limit", "40", "--json"];
+        let mut args = vec![
+            "simulate",
+            "--test",
+            test.to_str().unwrap(),
+            "--test-limit",
+            "40",
+            "--json",
+        ];
         args.extend_from_slice(source);
         let out = run(&args);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
         serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
     };
@@ -169,14 +200,29 @@ fn build_inspect_and_simulate_from_a_snapshot() {
         assert!(mem["tokens_per_step"].as_f64().unwrap() > 1.0);
     }
     // FIFO eviction from the snapshot's base agrees with the in-memory build too.
-    let a = sim(&["--warm", warm.to_str().unwrap(), "--max-cached-requests", "120", "--online"]);
-    let b = sim(&["--snapshot", store.to_str().unwrap(), "--max-cached-requests", "120", "--online"]);
+    let a = sim(&[
+        "--warm",
+        warm.to_str().unwrap(),
+        "--max-cached-requests",
+        "120",
+        "--online",
+    ]);
+    let b = sim(&[
+        "--snapshot",
+        store.to_str().unwrap(),
+        "--max-cached-requests",
+        "120",
+        "--online",
+    ]);
     assert_eq!(a["cached_tokens"], b["cached_tokens"]);
 
     let bad = run(&["inspect", repo("README.md").to_str().unwrap()]);
     assert!(!bad.status.success());
     let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert!(stderr.contains("not a suffixd snapshot") && !stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("not a suffixd snapshot") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
 }
 
 /// Inputs on which the fuzz targets once panicked (`tests/fixtures/fuzz/<target>/`), each
@@ -186,17 +232,28 @@ fn inputs_that_once_crashed_the_fuzz_targets_are_read_without_panicking() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz");
     let mut replayed = 0;
     for (target, read) in [
-        ("snapshot", suffixd::store::fuzzing::snapshot_bytes as fn(&[u8])),
+        (
+            "snapshot",
+            suffixd::store::fuzzing::snapshot_bytes as fn(&[u8]),
+        ),
         ("wal", suffixd::store::fuzzing::wal_bytes),
     ] {
-        let Ok(entries) = std::fs::read_dir(root.join(target)) else { continue };
+        let Ok(entries) = std::fs::read_dir(root.join(target)) else {
+            continue;
+        };
         for entry in entries {
             let path = entry.unwrap().path();
-            if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("crash-")) {
+            if path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("crash-"))
+            {
                 read(&std::fs::read(&path).unwrap());
                 replayed += 1;
             }
         }
     }
-    assert!(replayed >= 2, "the checked-in crash inputs were found ({replayed})");
+    assert!(
+        replayed >= 2,
+        "the checked-in crash inputs were found ({replayed})"
+    );
 }

@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
+use suffixd::corpus::logs::ChatMessage;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::tree::GlobalTree;
-use suffixd::corpus::logs::ChatMessage;
 use suffixd::verify::cost::CostCurve;
 use suffixd::verify::engine::{Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling};
 use suffixd::verify::model::WeightFormat;
@@ -90,7 +90,8 @@ fn prompts() -> Vec<String> {
 #[test]
 fn speculative_greedy_output_equals_plain_greedy_output() {
     let Some(path) = model() else { return };
-    let mut engine = Engine::load(&path, WeightFormat::Q8_0, 1024, &candle_core::Device::Cpu).unwrap();
+    let mut engine =
+        Engine::load(&path, WeightFormat::Q8_0, 1024, &candle_core::Device::Cpu).unwrap();
     // Verify every draft whole: the most tree verification and KV compaction to check.
     engine.set_cost_curve(CostCurve::flat());
     let params = SpecParams {
@@ -114,14 +115,21 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
             Some(q) => engine
                 .template()
                 .expect("SmolLM2 has a chat template")
-                .render(&[ChatMessage { role: "user".into(), content: q.into() }])
+                .render(&[ChatMessage {
+                    role: "user".into(),
+                    content: q.into(),
+                }])
                 .unwrap(),
             None => text.clone(),
         };
         let prompt = engine.tokenizer().encode_text(&text).unwrap();
-        let plain = engine.generate(&prompt, &opts(false), &mut NoDrafts, &mut |_| true).unwrap();
+        let plain = engine
+            .generate(&prompt, &opts(false), &mut NoDrafts, &mut |_| true)
+            .unwrap();
         let mut drafter = IndexDrafter::new(&global, params);
-        let spec = engine.generate(&prompt, &opts(true), &mut drafter, &mut |_| true).unwrap();
+        let spec = engine
+            .generate(&prompt, &opts(true), &mut drafter, &mut |_| true)
+            .unwrap();
         assert_eq!(spec.tokens, plain.tokens, "prompt {i}: {text:?}");
         assert_eq!(spec.finish_reason, plain.finish_reason);
         drafted += spec.drafted_tokens;
@@ -130,20 +138,37 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
     }
     // The drafts really were verified, and many accepted.
     eprintln!("drafted {drafted}, accepted {accepted}");
-    assert!(drafted > 200 && accepted > 50, "drafted {drafted}, accepted {accepted}");
+    assert!(
+        drafted > 200 && accepted > 50,
+        "drafted {drafted}, accepted {accepted}"
+    );
 }
 
 #[test]
 fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
     let Some(path) = model() else { return };
-    let mut engine = Engine::load(&path, WeightFormat::Q8_0, 64, &candle_core::Device::Cpu).unwrap();
+    let mut engine =
+        Engine::load(&path, WeightFormat::Q8_0, 64, &candle_core::Device::Cpu).unwrap();
     assert_eq!(
-        engine.tokenizer().encode_text("Hello, world! How are you today?").unwrap(),
+        engine
+            .tokenizer()
+            .encode_text("Hello, world! How are you today?")
+            .unwrap(),
         vec![19556, 28, 905, 17, 1073, 359, 346, 1834, 47]
     );
     let long: Vec<u32> = (0..80).map(|i| 100 + i).collect();
     let err = engine
-        .generate(&long, &GenerateOptions { max_tokens: 4, sampling: Sampling::default(), stop: vec![], speculate: true }, &mut NoDrafts, &mut |_| true)
+        .generate(
+            &long,
+            &GenerateOptions {
+                max_tokens: 4,
+                sampling: Sampling::default(),
+                stop: vec![],
+                speculate: true,
+            },
+            &mut NoDrafts,
+            &mut |_| true,
+        )
         .err()
         .expect("an 80-token prompt does not fit a 64-token context");
     assert!(err.to_string().contains("context too long"), "{err}");
@@ -156,36 +181,65 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
 fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
     use suffixd::verify::engine::{Drafter, Sequence};
     let Some(path) = model() else { return };
-    let mut engine = Engine::load(&path, WeightFormat::Q8_0, 1024, &candle_core::Device::Cpu).unwrap();
+    let mut engine =
+        Engine::load(&path, WeightFormat::Q8_0, 1024, &candle_core::Device::Cpu).unwrap();
     engine.set_cost_curve(CostCurve::flat());
-    let params = SpecParams { tree: true, max_spec: 8, mode: SpecMode::Extended, ..SpecParams::default() };
+    let params = SpecParams {
+        tree: true,
+        max_spec: 8,
+        mode: SpecMode::Extended,
+        ..SpecParams::default()
+    };
     let all = prompts();
     let mut texts: Vec<String> = all.iter().step_by(4).cloned().collect();
     // A prompt longer than one prefill chunk, so chunks run beside decoding rows.
-    texts.push(format!("{}\nSummarise the text above in one line:", "The pipeline stage parsed the record and wrote it to the table. ".repeat(30)));
+    texts.push(format!(
+        "{}\nSummarise the text above in one line:",
+        "The pipeline stage parsed the record and wrote it to the table. ".repeat(30)
+    ));
     let prompts: Vec<Vec<u32>> = texts
         .iter()
         .map(|t| {
             let text = match t.strip_prefix("<chat>") {
-                Some(q) => engine.template().unwrap().render(&[ChatMessage { role: "user".into(), content: q.into() }]).unwrap(),
+                Some(q) => engine
+                    .template()
+                    .unwrap()
+                    .render(&[ChatMessage {
+                        role: "user".into(),
+                        content: q.into(),
+                    }])
+                    .unwrap(),
                 None => t.clone(),
             };
             engine.tokenizer().encode_text(&text).unwrap()
         })
         .collect();
     assert!(prompts.last().unwrap().len() > 300);
-    let opts = |i: usize, speculate| GenerateOptions { max_tokens: 12 + 4 * (i % 4), sampling: Sampling::default(), stop: vec![], speculate };
+    let opts = |i: usize, speculate| GenerateOptions {
+        max_tokens: 12 + 4 * (i % 4),
+        sampling: Sampling::default(),
+        stop: vec![],
+        speculate,
+    };
     let plain: Vec<Vec<u32>> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| engine.generate(p, &opts(i, false), &mut NoDrafts, &mut |_| true).unwrap().tokens)
+        .map(|(i, p)| {
+            engine
+                .generate(p, &opts(i, false), &mut NoDrafts, &mut |_| true)
+                .unwrap()
+                .tokens
+        })
         .collect();
     // Drafts from half of the answers, so some are accepted and some refused.
     let mut global = GlobalTree::new(params.max_depth).unwrap();
     for (i, out) in plain.iter().enumerate().step_by(2) {
         global.insert(i as u64, out).unwrap();
     }
-    let mut drafters: Vec<IndexDrafter<'_, GlobalTree>> = prompts.iter().map(|_| IndexDrafter::new(&global, params)).collect();
+    let mut drafters: Vec<IndexDrafter<'_, GlobalTree>> = prompts
+        .iter()
+        .map(|_| IndexDrafter::new(&global, params))
+        .collect();
     let mut seqs: Vec<Option<Sequence>> = prompts.iter().map(|_| None).collect();
     let mut results: Vec<Option<Vec<u32>>> = prompts.iter().map(|_| None).collect();
     let (mut step, mut widest, mut drafted) = (0, 0, 0);
@@ -215,7 +269,13 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
     for (i, (got, want)) in results.iter().zip(&plain).enumerate() {
         assert_eq!(got.as_ref().unwrap(), want, "prompt {i}: {:?}", texts[i]);
     }
-    eprintln!("{} prompts, widest batch {widest}, {step} steps, {drafted} drafted", prompts.len());
-    assert!(widest >= 8, "the batch really ran {widest} sequences together");
+    eprintln!(
+        "{} prompts, widest batch {widest}, {step} steps, {drafted} drafted",
+        prompts.len()
+    );
+    assert!(
+        widest >= 8,
+        "the batch really ran {widest} sequences together"
+    );
     assert!(drafted > 20, "drafts were verified in the batch: {drafted}");
 }

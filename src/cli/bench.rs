@@ -67,7 +67,13 @@ struct Pass {
     outputs: Vec<Vec<u32>>,
 }
 
-fn run_pass(engine: &mut Engine, items: &[Item], max_tokens: usize, speculate: bool, params: crate::speculate::SpecParams) -> anyhow::Result<Pass> {
+fn run_pass(
+    engine: &mut Engine,
+    items: &[Item],
+    max_tokens: usize,
+    speculate: bool,
+    params: crate::speculate::SpecParams,
+) -> anyhow::Result<Pass> {
     let mut global = GlobalTree::new(params.max_depth)?;
     let mut pass = Pass::default();
     let opts = GenerateOptions {
@@ -80,11 +86,13 @@ fn run_pass(engine: &mut Engine, items: &[Item], max_tokens: usize, speculate: b
     for item in items {
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],
-            Item::Chat { messages } => vec![engine
-                .template()
-                .context("the model has no chat template")?
-                .render(messages)
-                .map_err(anyhow::Error::msg)?],
+            Item::Chat { messages } => vec![
+                engine
+                    .template()
+                    .context("the model has no chat template")?
+                    .render(messages)
+                    .map_err(anyhow::Error::msg)?,
+            ],
             Item::Pipeline { stages } => stages.clone(),
         };
         let mut prev = String::new();
@@ -93,7 +101,10 @@ fn run_pass(engine: &mut Engine, items: &[Item], max_tokens: usize, speculate: b
                 Item::Pipeline { .. } => chat_text(engine, &t.replace("{prev}", &prev))?,
                 _ => t.clone(),
             };
-            let prompt = engine.tokenizer().encode_text(&text).map_err(anyhow::Error::msg)?;
+            let prompt = engine
+                .tokenizer()
+                .encode_text(&text)
+                .map_err(anyhow::Error::msg)?;
             let t0 = Instant::now();
             let g = if speculate {
                 let mut d = IndexDrafter::new(&global, params);
@@ -127,14 +138,22 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         if line.trim().is_empty() {
             continue;
         }
-        items.push(serde_json::from_str::<Item>(&line).with_context(|| format!("{}:{}", a.workload.display(), i + 1))?);
+        items.push(
+            serde_json::from_str::<Item>(&line)
+                .with_context(|| format!("{}:{}", a.workload.display(), i + 1))?,
+        );
         if a.limit.is_some_and(|l| items.len() >= l) {
             break;
         }
     }
     let plain = run_pass(&mut engine, &items, a.max_tokens, false, params)?;
     let spec = run_pass(&mut engine, &items, a.max_tokens, true, params)?;
-    let same = plain.outputs.iter().zip(&spec.outputs).filter(|(x, y)| x == y).count();
+    let same = plain
+        .outputs
+        .iter()
+        .zip(&spec.outputs)
+        .filter(|(x, y)| x == y)
+        .count();
     let tps = |p: &Pass| p.tokens as f64 / p.seconds.max(1e-9);
     let report = serde_json::json!({
         "generations": plain.outputs.len(),

@@ -150,7 +150,11 @@ struct EntropyArgs {
 }
 
 fn run_simulate(a: SimulateArgs) -> anyhow::Result<()> {
-    let snapshot = a.snapshot.as_deref().map(store::resolve_snapshot).transpose()?;
+    let snapshot = a
+        .snapshot
+        .as_deref()
+        .map(store::resolve_snapshot)
+        .transpose()?;
     let cfg = SimulateConfig {
         snapshot,
         warm: a.warm,
@@ -189,7 +193,10 @@ fn run_entropy(a: EntropyArgs) -> anyhow::Result<()> {
     let responses = read_examples(&a.logs, Some(a.limit))?
         .map(|ex| ex.map(|ex| ex.response))
         .collect::<Result<Vec<_>, _>>()?;
-    let tree = GlobalTree::build(a.max_depth, responses.iter().enumerate().map(|(i, r)| (i as u64, r)))?;
+    let tree = GlobalTree::build(
+        a.max_depth,
+        responses.iter().enumerate().map(|(i, r)| (i as u64, r)),
+    )?;
     let h = tree.next_token_entropy();
     if a.json {
         println!(

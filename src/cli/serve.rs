@@ -98,12 +98,27 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         .try_init();
     let file = read_config(a.config.as_deref())?;
     let cfg = ServeConfig {
-        addr: a.addr.or(file.addr).unwrap_or(([127, 0, 0, 1], 8080).into()),
-        snapshot_dir: a.snapshot_dir.or(file.snapshot_dir).unwrap_or_else(|| "snapshots".into()),
-        warm_logs: if a.warm_logs.is_empty() { file.warm_logs.unwrap_or_default() } else { a.warm_logs },
-        admin_token: std::env::var("SUFFIXD_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()),
+        addr: a
+            .addr
+            .or(file.addr)
+            .unwrap_or(([127, 0, 0, 1], 8080).into()),
+        snapshot_dir: a
+            .snapshot_dir
+            .or(file.snapshot_dir)
+            .unwrap_or_else(|| "snapshots".into()),
+        warm_logs: if a.warm_logs.is_empty() {
+            file.warm_logs.unwrap_or_default()
+        } else {
+            a.warm_logs
+        },
+        admin_token: std::env::var("SUFFIXD_ADMIN_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
         max_body_bytes: file.max_body_bytes.unwrap_or(1 << 20),
-        default_max_tokens: a.default_max_tokens.or(file.default_max_tokens).unwrap_or(256),
+        default_max_tokens: a
+            .default_max_tokens
+            .or(file.default_max_tokens)
+            .unwrap_or(256),
         max_tokens_limit: a.max_tokens_limit.or(file.max_tokens_limit).unwrap_or(2048),
         speculate: !a.no_spec && file.speculate.unwrap_or(true),
         max_batch: a.max_batch.or(file.max_batch).unwrap_or(16).max(1),
@@ -113,7 +128,9 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         snapshot_on_exit: a.snapshot_on_exit.or(file.snapshot_on_exit).unwrap_or(true),
     };
     let mut model_args = a.model.clone();
-    model_args.model = Some(model_path(a.model.model.as_deref().or(file.model.as_deref()))?);
+    model_args.model = Some(model_path(
+        a.model.model.as_deref().or(file.model.as_deref()),
+    )?);
     let model_id = model_args
         .model
         .as_ref()
@@ -122,7 +139,10 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| "model".into());
     tracing::info!("loading {} ({:?} weights)", model_id, model_args.weights);
     let engine = model_args.load()?;
-    tracing::info!("verifier cost curve t(K)/t(1): {:?}", engine.cost_curve().points);
+    tracing::info!(
+        "verifier cost curve t(K)/t(1): {:?}",
+        engine.cost_curve().points
+    );
     let tokenizer = engine.tokenizer().clone();
     let template = engine.template().cloned();
     let params = a.spec.params()?;

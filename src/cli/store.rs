@@ -60,8 +60,10 @@ pub(super) fn run_build(a: BuildArgs) -> anyhow::Result<()> {
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {pos} records read ({per_sec}) {elapsed}")
-            .expect("valid template"),
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {pos} records read ({per_sec}) {elapsed}",
+        )
+        .expect("valid template"),
     );
     let t = Instant::now();
     let report = build_from_logs(
@@ -225,7 +227,9 @@ pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
     let store = Store::open(StoreConfig {
         dir: a.dir.clone(),
         max_depth: a.max_depth,
-        tokenizer: tokenizer.as_ref().map_or(crate::store::TokenizerId::UNKNOWN, |t| t.identity()),
+        tokenizer: tokenizer
+            .as_ref()
+            .map_or(crate::store::TokenizerId::UNKNOWN, |t| t.identity()),
         fsync: crate::store::wal::FsyncPolicy::Always,
         budget_tokens: a.budget_tokens,
         max_age_ms: None,

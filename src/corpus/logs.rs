@@ -85,8 +85,14 @@ pub enum Response<'a> {
 }
 
 /// Stream the records of a log file (`.jsonl`, or zstd-compressed).
-pub fn read_log(path: &Path) -> Result<impl Iterator<Item = Result<LogRecord, CorpusError>>, CorpusError> {
-    read_json_lines(path, |path, line, source| CorpusError::Log { path, line, source })
+pub fn read_log(
+    path: &Path,
+) -> Result<impl Iterator<Item = Result<LogRecord, CorpusError>>, CorpusError> {
+    read_json_lines(path, |path, line, source| CorpusError::Log {
+        path,
+        line,
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -109,16 +109,31 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Response {
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    generate(app, headers, body, false).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(app, headers, body, false)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    generate(app, headers, body, true).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(app, headers, body, true)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
+async fn read_json<T: serde::de::DeserializeOwned>(
+    body: Body,
+    limit: usize,
+) -> Result<T, ApiError> {
     let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -126,11 +141,17 @@ async fn read_json<T: serde::de::DeserializeOwned>(body: Body, limit: usize) -> 
             format!("request body is larger than {limit} bytes"),
         )
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
 /// Validate a request, tokenize it and hand it to the model thread.
-async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
+async fn generate(
+    app: Arc<AppState>,
+    headers: HeaderMap,
+    body: Body,
+    chat: bool,
+) -> Result<Response, ApiError> {
     let req: GenerationRequest = read_json(body, app.cfg.max_body_bytes).await?;
     if let Some(m) = &req.model
         && *m != app.model_id
@@ -138,15 +159,22 @@ async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
-            format!("model {m:?} is not served here; GET /v1/models lists {:?}", app.model_id),
+            format!(
+                "model {m:?} is not served here; GET /v1/models lists {:?}",
+                app.model_id
+            ),
         )
         .code("model_not_found"));
     }
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only n = 1 is supported"));
     }
-    if req.presence_penalty.is_some_and(|p| p != 0.0) || req.frequency_penalty.is_some_and(|p| p != 0.0) {
-        return Err(ApiError::bad_request("presence and frequency penalties are not supported"));
+    if req.presence_penalty.is_some_and(|p| p != 0.0)
+        || req.frequency_penalty.is_some_and(|p| p != 0.0)
+    {
+        return Err(ApiError::bad_request(
+            "presence and frequency penalties are not supported",
+        ));
     }
     let text = if chat {
         let messages = req
@@ -156,12 +184,16 @@ async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool
             .ok_or_else(|| ApiError::bad_request("`messages` must be a non-empty list"))?;
         app.template
             .as_ref()
-            .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions"))?
+            .ok_or_else(|| {
+                ApiError::bad_request("this model has no chat template; use /v1/completions")
+            })?
             .render(messages)
             .map_err(ApiError::bad_request)?
     } else {
         if req.messages.is_some() {
-            return Err(ApiError::bad_request("`messages` belongs to /v1/chat/completions"));
+            return Err(ApiError::bad_request(
+                "`messages` belongs to /v1/chat/completions",
+            ));
         }
         req.prompt
             .clone()
@@ -176,14 +208,20 @@ async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ApiError::bad_request("top_p must be in (0, 1]"));
     }
-    let max_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(app.cfg.default_max_tokens);
+    let max_tokens = req
+        .max_completion_tokens
+        .or(req.max_tokens)
+        .unwrap_or(app.cfg.default_max_tokens);
     if max_tokens == 0 || max_tokens > app.cfg.max_tokens_limit {
         return Err(ApiError::bad_request(format!(
             "max_tokens must be between 1 and {}",
             app.cfg.max_tokens_limit
         )));
     }
-    let prompt = app.tokenizer.encode_text(&text).map_err(ApiError::bad_request)?;
+    let prompt = app
+        .tokenizer
+        .encode_text(&text)
+        .map_err(ApiError::bad_request)?;
     if prompt.len() + max_tokens > app.context_len {
         return Err(ApiError::bad_request(format!(
             "this model's maximum context length is {} tokens; the prompt has {} and max_tokens asks for {}",
@@ -200,7 +238,9 @@ async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool
         .or(req.user.clone())
         .unwrap_or_else(|| "default".into());
     if namespace.is_empty() || namespace.len() > 128 {
-        return Err(ApiError::bad_request("the namespace (user) must be 1 to 128 bytes"));
+        return Err(ApiError::bad_request(
+            "the namespace (user) must be 1 to 128 bytes",
+        ));
     }
     let stop = match req.stop {
         Stop::None => vec![],
@@ -228,9 +268,17 @@ async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool
         done: done_tx,
     };
     app.jobs.send(job).map_err(|_| {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the model thread has stopped")
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the model thread has stopped",
+        )
     })?;
-    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, app.next_id());
+    let id = format!(
+        "{}-{}",
+        if chat { "chatcmpl" } else { "cmpl" },
+        app.next_id()
+    );
     if req.stream {
         return Ok(stream_response(app, id, chat, tok_rx, done_rx).into_response());
     }
@@ -241,11 +289,19 @@ async fn generate(app: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool
         Ok(Ok(g)) => g,
         Ok(Err(e)) => {
             app.metrics.record_error();
-            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e));
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e,
+            ));
         }
         Err(_) => {
             app.metrics.record_error();
-            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation was dropped"));
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "generation was dropped",
+            ));
         }
     };
     let choice = if chat {
@@ -290,7 +346,11 @@ fn stream_response(
     mut tokens: mpsc::UnboundedReceiver<Vec<u32>>,
     done: oneshot::Receiver<Result<Generation, String>>,
 ) -> impl IntoResponse {
-    let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+    let object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
     let stream = async_stream::stream! {
         let created = unix_s();
         let chunk = |delta: serde_json::Value, finish: Option<&str>| -> Event {
@@ -374,17 +434,30 @@ pub async fn admin_snapshot(State(app): State<Arc<AppState>>, headers: HeaderMap
         return e.into_response();
     }
     let job = app.start_snapshot_job();
-    (StatusCode::ACCEPTED, Json(json!({"job": job, "status": "running", "poll": format!("/admin/jobs/{job}")}))).into_response()
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"job": job, "status": "running", "poll": format!("/admin/jobs/{job}")})),
+    )
+        .into_response()
 }
 
 /// `GET /admin/jobs/{id}`.
-pub async fn admin_job(State(app): State<Arc<AppState>>, headers: HeaderMap, UrlPath(id): UrlPath<u64>) -> Response {
+pub async fn admin_job(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<u64>,
+) -> Response {
     if let Err(e) = authorize(&app, &headers) {
         return e.into_response();
     }
     match app.jobs_status.lock().expect("jobs").get(&id) {
         Some(v) => Json(v.clone()).into_response(),
-        None => ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no job {id}")).into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("no job {id}"),
+        )
+        .into_response(),
     }
 }
 
@@ -410,7 +483,11 @@ struct EvictRequest {
 }
 
 /// `POST /admin/evict`: by id (with its namespace), a whole namespace, or by age.
-pub async fn admin_evict(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn admin_evict(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     if let Err(e) = authorize(&app, &headers) {
         return e.into_response();
     }
@@ -419,23 +496,37 @@ pub async fn admin_evict(State(app): State<Arc<AppState>>, headers: HeaderMap, b
         Err(e) => return e.into_response(),
     };
     let store = app.store.clone();
-    let result = tokio::task::spawn_blocking(move || match (req.namespace, req.id, req.older_than_s) {
-        (Some(ns), Some(id), None) => store.evict(&ns, id).map(|b| b as usize),
-        (Some(ns), None, None) => store.evict_namespace(&ns),
-        (None, None, Some(s)) => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
-            store.evict_unused_since(now.saturating_sub(s * 1000))
-        }
-        _ => Ok(usize::MAX),
-    })
-    .await;
+    let result =
+        tokio::task::spawn_blocking(move || match (req.namespace, req.id, req.older_than_s) {
+            (Some(ns), Some(id), None) => store.evict(&ns, id).map(|b| b as usize),
+            (Some(ns), None, None) => store.evict_namespace(&ns),
+            (None, None, Some(s)) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                store.evict_unused_since(now.saturating_sub(s * 1000))
+            }
+            _ => Ok(usize::MAX),
+        })
+        .await;
     match result {
-        Ok(Ok(usize::MAX)) => ApiError::bad_request("give {\"namespace\", \"id\"}, {\"namespace\"} or {\"older_than_s\"}").into_response(),
+        Ok(Ok(usize::MAX)) => ApiError::bad_request(
+            "give {\"namespace\", \"id\"}, {\"namespace\"} or {\"older_than_s\"}",
+        )
+        .into_response(),
         Ok(Ok(n)) => Json(json!({"evicted": n})).into_response(),
-        Ok(Err(e)) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
-        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
+        Ok(Err(e)) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+        .into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+        .into_response(),
     }
 }
 
@@ -447,8 +538,17 @@ pub async fn admin_verify(State(app): State<Arc<AppState>>, headers: HeaderMap) 
     let store = app.store.clone();
     match tokio::task::spawn_blocking(move || store.verify()).await {
         Ok(Ok(path)) => Json(json!({"ok": true, "snapshot": path})).into_response(),
-        Ok(Err(e)) => (StatusCode::OK, Json(json!({"ok": false, "error": e.to_string()}))).into_response(),
-        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
+        Ok(Err(e)) => (
+            StatusCode::OK,
+            Json(json!({"ok": false, "error": e.to_string()})),
+        )
+            .into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+        .into_response(),
     }
 }
 
@@ -467,5 +567,10 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
 
 /// Any other path.
 pub async fn not_found() -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint").into_response()
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint",
+    )
+    .into_response()
 }

@@ -44,7 +44,11 @@ impl Histogram {
             let c = self.counts.get(i).copied().unwrap_or(0);
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", self.n, self.sum, self.n);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
+            self.n, self.sum, self.n
+        );
     }
 }
 
@@ -88,7 +92,8 @@ impl Metrics {
         m.steps += g.steps as u64;
         m.drafted += g.drafted_tokens as u64;
         m.accepted += g.accepted_tokens as u64;
-        m.latency.observe(&LATENCY_BUCKETS, g.prefill_s + g.decode_s, 1);
+        m.latency
+            .observe(&LATENCY_BUCKETS, g.prefill_s + g.decode_s, 1);
         m.recent.push_back((
             g.tokens.len() as u64,
             g.steps as u64,
@@ -138,7 +143,9 @@ impl Metrics {
     /// Acceptance figures, total and over the last 64 requests.
     pub fn summary(&self) -> serde_json::Value {
         let m = self.inner.lock().expect("metrics");
-        let (g, s, d, a) = m.recent.iter().fold((0, 0, 0, 0), |x, y| (x.0 + y.0, x.1 + y.1, x.2 + y.2, x.3 + y.3));
+        let (g, s, d, a) = m.recent.iter().fold((0, 0, 0, 0), |x, y| {
+            (x.0 + y.0, x.1 + y.1, x.2 + y.2, x.3 + y.3)
+        });
         let ratio = |x: u64, y: u64| if y == 0 { 0.0 } else { x as f64 / y as f64 };
         serde_json::json!({
             "requests": m.requests,
@@ -162,33 +169,115 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition; `store` adds gauges of the cache.
-    pub fn render(&self, cached_tokens: u64, cached_sequences: u64, evicted: u64, snapshots: u64) -> String {
+    pub fn render(
+        &self,
+        cached_tokens: u64,
+        cached_sequences: u64,
+        evicted: u64,
+        snapshots: u64,
+    ) -> String {
         let m = self.inner.lock().expect("metrics").clone();
         let mut out = String::new();
         let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         };
-        counter("suffixd_requests_total", "Completed generation requests.", m.requests);
-        counter("suffixd_request_errors_total", "Requests that failed.", m.errors);
-        counter("suffixd_prompt_tokens_total", "Prompt tokens processed.", m.prompt_tokens);
-        counter("suffixd_generated_tokens_total", "Tokens generated.", m.generated_tokens);
+        counter(
+            "suffixd_requests_total",
+            "Completed generation requests.",
+            m.requests,
+        );
+        counter(
+            "suffixd_request_errors_total",
+            "Requests that failed.",
+            m.errors,
+        );
+        counter(
+            "suffixd_prompt_tokens_total",
+            "Prompt tokens processed.",
+            m.prompt_tokens,
+        );
+        counter(
+            "suffixd_generated_tokens_total",
+            "Tokens generated.",
+            m.generated_tokens,
+        );
         counter("suffixd_steps_total", "Verification steps.", m.steps);
-        counter("suffixd_drafted_tokens_total", "Draft tokens verified.", m.drafted);
-        counter("suffixd_accepted_tokens_total", "Draft tokens accepted.", m.accepted);
-        counter("suffixd_evictions_total", "Cached sequences evicted.", evicted);
-        counter("suffixd_snapshots_total", "Snapshots and compactions written.", snapshots);
-        let rate = if m.drafted == 0 { 0.0 } else { m.accepted as f64 / m.drafted as f64 };
-        let _ = writeln!(out, "# HELP suffixd_acceptance_rate Accepted over drafted tokens.\n# TYPE suffixd_acceptance_rate gauge\nsuffixd_acceptance_rate {rate}");
-        let _ = writeln!(out, "# HELP suffixd_cached_tokens Tokens in the speculation cache.\n# TYPE suffixd_cached_tokens gauge\nsuffixd_cached_tokens {cached_tokens}");
-        let _ = writeln!(out, "# HELP suffixd_cached_sequences Sequences in the speculation cache.\n# TYPE suffixd_cached_sequences gauge\nsuffixd_cached_sequences {cached_sequences}");
-        m.accepted_per_step.render(&mut out, "suffixd_accepted_tokens_per_step", "Accepted draft tokens per verification step.", &ACCEPT_BUCKETS);
-        m.latency.render(&mut out, "suffixd_request_duration_seconds", "Time from prefill to the last token.", &LATENCY_BUCKETS);
-        m.speculation.render(&mut out, "suffixd_speculation_seconds", "Time to draft for one sequence at one step.", &SPECULATION_BUCKETS);
-        m.verification.render(&mut out, "suffixd_verification_seconds", "Time of one batched forward pass (verification and prefill).", &VERIFY_BUCKETS);
-        m.batch.render(&mut out, "suffixd_batch_sequences", "Sequences per batched forward pass.", &BATCH_BUCKETS);
+        counter(
+            "suffixd_drafted_tokens_total",
+            "Draft tokens verified.",
+            m.drafted,
+        );
+        counter(
+            "suffixd_accepted_tokens_total",
+            "Draft tokens accepted.",
+            m.accepted,
+        );
+        counter(
+            "suffixd_evictions_total",
+            "Cached sequences evicted.",
+            evicted,
+        );
+        counter(
+            "suffixd_snapshots_total",
+            "Snapshots and compactions written.",
+            snapshots,
+        );
+        let rate = if m.drafted == 0 {
+            0.0
+        } else {
+            m.accepted as f64 / m.drafted as f64
+        };
+        let _ = writeln!(
+            out,
+            "# HELP suffixd_acceptance_rate Accepted over drafted tokens.\n# TYPE suffixd_acceptance_rate gauge\nsuffixd_acceptance_rate {rate}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP suffixd_cached_tokens Tokens in the speculation cache.\n# TYPE suffixd_cached_tokens gauge\nsuffixd_cached_tokens {cached_tokens}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP suffixd_cached_sequences Sequences in the speculation cache.\n# TYPE suffixd_cached_sequences gauge\nsuffixd_cached_sequences {cached_sequences}"
+        );
+        m.accepted_per_step.render(
+            &mut out,
+            "suffixd_accepted_tokens_per_step",
+            "Accepted draft tokens per verification step.",
+            &ACCEPT_BUCKETS,
+        );
+        m.latency.render(
+            &mut out,
+            "suffixd_request_duration_seconds",
+            "Time from prefill to the last token.",
+            &LATENCY_BUCKETS,
+        );
+        m.speculation.render(
+            &mut out,
+            "suffixd_speculation_seconds",
+            "Time to draft for one sequence at one step.",
+            &SPECULATION_BUCKETS,
+        );
+        m.verification.render(
+            &mut out,
+            "suffixd_verification_seconds",
+            "Time of one batched forward pass (verification and prefill).",
+            &VERIFY_BUCKETS,
+        );
+        m.batch.render(
+            &mut out,
+            "suffixd_batch_sequences",
+            "Sequences per batched forward pass.",
+            &BATCH_BUCKETS,
+        );
         if let Some(curve) = &m.cost_curve {
             let name = "suffixd_verify_cost_ratio";
-            let _ = writeln!(out, "# HELP {name} Cost of a forward pass of K rows over one row, t(K)/t(1), as the verifier uses it.\n# TYPE {name} gauge");
+            let _ = writeln!(
+                out,
+                "# HELP {name} Cost of a forward pass of K rows over one row, t(K)/t(1), as the verifier uses it.\n# TYPE {name} gauge"
+            );
             for (k, ratio) in &curve.points {
                 let _ = writeln!(out, "{name}{{k=\"{k}\"}} {ratio}");
             }

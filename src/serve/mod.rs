@@ -101,7 +101,9 @@ impl AppState {
         std::thread::spawn(move || {
             let result = match app.store.snapshot() {
                 Ok(info) => serde_json::json!({"job": job, "status": "done", "snapshot": info}),
-                Err(e) => serde_json::json!({"job": job, "status": "failed", "error": e.to_string()}),
+                Err(e) => {
+                    serde_json::json!({"job": job, "status": "failed", "error": e.to_string()})
+                }
             };
             tracing::info!("admin job {job}: {result}");
             app.jobs_status.lock().expect("jobs").insert(job, result);
@@ -164,7 +166,11 @@ pub fn serve(
 ) -> Result<(), ServeError> {
     let identity = engine.tokenizer_identity();
     if current_snapshot(&cfg.snapshot_dir)?.is_none() && !cfg.warm_logs.is_empty() {
-        tracing::info!("no snapshot in {}: warm start from {:?}", cfg.snapshot_dir.display(), cfg.warm_logs);
+        tracing::info!(
+            "no snapshot in {}: warm start from {:?}",
+            cfg.snapshot_dir.display(),
+            cfg.warm_logs
+        );
         let t = std::time::Instant::now();
         let report = build_from_logs(
             &cfg.warm_logs,
@@ -238,7 +244,10 @@ pub fn serve(
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(cfg.addr)
             .await
-            .map_err(|source| ServeError::Bind { addr: cfg.addr, source })?;
+            .map_err(|source| ServeError::Bind {
+                addr: cfg.addr,
+                source,
+            })?;
         tracing::info!("listening on http://{}", listener.local_addr()?);
         axum::serve(listener, router(app.clone()))
             .with_graceful_shutdown(shutdown_signal())

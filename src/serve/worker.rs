@@ -107,7 +107,8 @@ pub fn run(
         // Admit: wait for work when idle, otherwise take what is queued.
         while open && slots.len() < max_batch.max(1) {
             let next = if slots.is_empty() {
-                jobs.recv().map_err(|_| crossbeam::channel::TryRecvError::Disconnected)
+                jobs.recv()
+                    .map_err(|_| crossbeam::channel::TryRecvError::Disconnected)
             } else {
                 jobs.try_recv()
             };

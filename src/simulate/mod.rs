@@ -343,9 +343,11 @@ pub fn simulate(
     let warm = match (&cfg.snapshot, &cfg.warm) {
         (Some(_), _) => None,
         (None, Some(w)) => Some(read_examples(w, cfg.warm_limit)?),
-        (None, None) => return Err(SimulateError::SnapshotShape(
-            "give --warm FILE or --snapshot DIR".into(),
-        )),
+        (None, None) => {
+            return Err(SimulateError::SnapshotShape(
+                "give --warm FILE or --snapshot DIR".into(),
+            ));
+        }
     };
     for ex in warm.into_iter().flatten() {
         let ex = ex?;

@@ -568,7 +568,12 @@ impl<C: Clone> Speculator<C> {
     }
 
     /// Match the context in the global tree; returns the longest p that matches.
-    fn match_global<G: GlobalIndex<Cursor = C>>(&mut self, tree: &G, context: &[u32], params: &SpecParams) -> usize {
+    fn match_global<G: GlobalIndex<Cursor = C>>(
+        &mut self,
+        tree: &G,
+        context: &[u32],
+        params: &SpecParams,
+    ) -> usize {
         let window = context.len().min(tree.max_depth());
         let max_p = match params.mode {
             SpecMode::Paper => window.saturating_sub(1),

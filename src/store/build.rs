@@ -45,7 +45,9 @@ pub enum BuildError {
     #[error(transparent)]
     Dir(#[from] DirError),
     /// A text record needs a tokenizer.
-    #[error("{path}: holds text responses; give the model (--model) or a tokenizer (--tokenizer) to tokenize them")]
+    #[error(
+        "{path}: holds text responses; give the model (--model) or a tokenizer (--tokenizer) to tokenize them"
+    )]
     NeedTokenizer {
         /// The log.
         path: PathBuf,
@@ -59,7 +61,9 @@ pub enum BuildError {
         message: String,
     },
     /// Token-id logs and text logs were mixed: their ids would not agree.
-    #[error("{path}: mixes token-id and text records; the ids of token-id logs come from an unknown tokenizer")]
+    #[error(
+        "{path}: mixes token-id and text records; the ids of token-id logs come from an unknown tokenizer"
+    )]
     Mixed {
         /// The log.
         path: PathBuf,
@@ -100,7 +104,10 @@ pub fn build_from_logs(
     for path in logs {
         for rec in read_log(path)? {
             let rec = rec?;
-            let ns = rec.namespace.clone().unwrap_or_else(|| opts.namespace.clone());
+            let ns = rec
+                .namespace
+                .clone()
+                .unwrap_or_else(|| opts.namespace.clone());
             let queue = kept.entry(ns).or_default();
             for r in rec.responses() {
                 let ids = match r {
@@ -110,9 +117,8 @@ pub fn build_from_logs(
                     }
                     Response::Text(text) => {
                         saw_text = true;
-                        let enc = encoder.ok_or_else(|| BuildError::NeedTokenizer {
-                            path: path.clone(),
-                        })?;
+                        let enc = encoder
+                            .ok_or_else(|| BuildError::NeedTokenizer { path: path.clone() })?;
                         enc.encode(text).map_err(|message| BuildError::Tokenize {
                             path: path.clone(),
                             message,

@@ -21,7 +21,9 @@ pub enum DirError {
         source: std::io::Error,
     },
     /// The manifest names something that is not a snapshot file of this directory.
-    #[error("store directory {path}: the manifest names {name:?}, which is not a snapshot file here; restore the directory or remove CURRENT to start empty")]
+    #[error(
+        "store directory {path}: the manifest names {name:?}, which is not a snapshot file here; restore the directory or remove CURRENT to start empty"
+    )]
     BadManifest {
         /// The directory.
         path: PathBuf,
@@ -39,7 +41,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DirError + '_ {
 
 /// Number of a snapshot file name (`snap-000042.sfxd` → 42).
 fn snapshot_number(name: &str) -> Option<u64> {
-    name.strip_prefix("snap-")?.strip_suffix(".sfxd")?.parse().ok()
+    name.strip_prefix("snap-")?
+        .strip_suffix(".sfxd")?
+        .parse()
+        .ok()
 }
 
 /// The snapshot file that the manifest of `dir` names, if any.
@@ -90,7 +95,8 @@ pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
     {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(format!("{name}\n").as_bytes()).map_err(io(&tmp))?;
+        f.write_all(format!("{name}\n").as_bytes())
+            .map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
     }
     std::fs::rename(&tmp, dir.join(MANIFEST)).map_err(io(dir))?;

@@ -74,13 +74,17 @@ impl<T> Writer<'_, T> {
         let old = self.cell.active.load(Ordering::Acquire);
         let new = 1 - old;
         let result = {
-            let mut copy = self.cell.copies[new].write().unwrap_or_else(PoisonError::into_inner);
+            let mut copy = self.cell.copies[new]
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             change(&mut copy)
         };
         self.cell.active.store(new, Ordering::Release);
         {
             // Waits only for readers that took the old copy before the switch.
-            let mut copy = self.cell.copies[old].write().unwrap_or_else(PoisonError::into_inner);
+            let mut copy = self.cell.copies[old]
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             change(&mut copy);
         }
         result
@@ -122,7 +126,9 @@ mod tests {
             let cell = cell.clone();
             std::thread::spawn(move || got_tx.send(*cell.read()).unwrap());
         }
-        let seen = got_rx.recv_timeout(Duration::from_secs(10)).expect("a reader waited for the writer");
+        let seen = got_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a reader waited for the writer");
         assert_eq!(seen, 1);
         release_tx.send(()).unwrap();
         writer.join().unwrap();
@@ -146,13 +152,19 @@ mod tests {
         // The new value becomes readable while the slow reader still holds the old one.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while *cell.read() != 1 {
-            assert!(std::time::Instant::now() < deadline, "the change never became visible");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the change never became visible"
+            );
             std::thread::yield_now();
         }
         assert_eq!(*slow, 0);
         // Its second half waits for the slow reader, however long.
         std::thread::sleep(Duration::from_millis(50));
-        assert!(!writer.is_finished(), "the writer changed a copy that was being read");
+        assert!(
+            !writer.is_finished(),
+            "the writer changed a copy that was being read"
+        );
         drop(slow);
         writer.join().unwrap();
         assert_eq!(*cell.read(), 1);

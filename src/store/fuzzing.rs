@@ -7,20 +7,24 @@ use std::path::Path;
 use crate::speculate::{SpecParams, Speculator};
 use crate::tree::RequestTree;
 
+use super::TokenizerId;
 use super::snapshot::{Snapshot, SnapshotBytes};
 use super::wal::decode_segment;
-use super::TokenizerId;
 
 /// Open `bytes` as a snapshot; if that succeeds, draft from every namespace, check each
 /// tree's integrity and verify the whole file.
 pub fn snapshot_bytes(bytes: &[u8]) {
     let mut aligned = rkyv::util::AlignedVec::<16>::new();
     aligned.extend_from_slice(bytes);
-    let Ok(snap) = Snapshot::from_bytes(Path::new("fuzz.sfxd"), SnapshotBytes::Heap(aligned), None) else {
+    let Ok(snap) = Snapshot::from_bytes(Path::new("fuzz.sfxd"), SnapshotBytes::Heap(aligned), None)
+    else {
         return;
     };
     if let Ok(namespaces) = snap.namespaces() {
-        let params = SpecParams { tree: true, ..SpecParams::default() };
+        let params = SpecParams {
+            tree: true,
+            ..SpecParams::default()
+        };
         for ns in &namespaces {
             for ctx in [&[5u32, 6][..], &[100, 200, 300], &[7], &[u32::MAX, 0]] {
                 let request = RequestTree::new(ctx, params.request_depth());
@@ -47,7 +51,10 @@ pub fn wal_bytes(bytes: &[u8]) {
     };
     for tokenizer in [claimed, TokenizerId::UNKNOWN] {
         if let Ok((records, intact)) = decode_segment(Path::new("fuzz.log"), bytes, tokenizer) {
-            assert!(intact as usize <= bytes.len(), "the intact prefix lies inside the bytes");
+            assert!(
+                intact as usize <= bytes.len(),
+                "the intact prefix lies inside the bytes"
+            );
             let _ = records.len();
         }
     }

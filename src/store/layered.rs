@@ -26,14 +26,22 @@ pub type LayeredCursor = [Option<GlobalCursor>; 3];
 
 impl<'a> Layered<'a> {
     /// The view of a snapshot's `base` + `delta` − `evicted`.
-    pub fn new(base: Option<&'a FrozenTree>, delta: &'a GlobalTree, evicted: &'a GlobalTree) -> Self {
+    pub fn new(
+        base: Option<&'a FrozenTree>,
+        delta: &'a GlobalTree,
+        evicted: &'a GlobalTree,
+    ) -> Self {
         Layered::over(base, delta, evicted)
     }
 }
 
 impl<'a, S: Storage> Layered<'a, S> {
     /// The view of `base` (frozen or in memory) + `delta` − `evicted`.
-    pub fn over(base: Option<&'a GlobalTree<S>>, delta: &'a GlobalTree, evicted: &'a GlobalTree) -> Self {
+    pub fn over(
+        base: Option<&'a GlobalTree<S>>,
+        delta: &'a GlobalTree,
+        evicted: &'a GlobalTree,
+    ) -> Self {
         Layered {
             base,
             delta,
@@ -111,17 +119,18 @@ impl<S: Storage> Expand for Layered<'_, S> {
             self.delta
                 .children(y, min_count.saturating_sub(cb).max(1), &mut kd);
         }
-        let mut push = |token: u32, base: Option<GlobalCursor>, delta: Option<GlobalCursor>, count: u32| {
-            let gone = c[2].as_ref().and_then(|z| self.evicted.child(z, token));
-            let count = count.saturating_sub(gone.as_ref().map_or(0, |g| g.count));
-            if count >= min_count.max(1) {
-                out.push(Child {
-                    token,
-                    count,
-                    cursor: [base, delta, gone.map(|g| g.cursor)],
-                });
-            }
-        };
+        let mut push =
+            |token: u32, base: Option<GlobalCursor>, delta: Option<GlobalCursor>, count: u32| {
+                let gone = c[2].as_ref().and_then(|z| self.evicted.child(z, token));
+                let count = count.saturating_sub(gone.as_ref().map_or(0, |g| g.count));
+                if count >= min_count.max(1) {
+                    out.push(Child {
+                        token,
+                        count,
+                        cursor: [base, delta, gone.map(|g| g.cursor)],
+                    });
+                }
+            };
         for k in kb {
             let other = kd
                 .iter()

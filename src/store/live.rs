@@ -20,11 +20,12 @@ use std::sync::{Arc, Mutex};
 
 use crate::tree::{GlobalTree, TreeError};
 
-use super::double_buffer::DoubleBuffered;
 use super::dir::{DirError, current_snapshot, next_snapshot_path, publish};
+use super::double_buffer::DoubleBuffered;
 use super::layered::Layered;
 use super::snapshot::{
-    FrozenTree, NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError, write_snapshot,
+    FrozenTree, NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError,
+    write_snapshot,
 };
 use super::wal::{FsyncPolicy, Wal, WalError, WalOp, read_segment, segments};
 
@@ -128,7 +129,12 @@ impl Namespace {
             return Ok(false);
         };
         if info.in_base {
-            if let Some(seq) = self.base.as_ref().and_then(|b| b.sequence(id)).map(<[u32]>::to_vec) {
+            if let Some(seq) = self
+                .base
+                .as_ref()
+                .and_then(|b| b.sequence(id))
+                .map(<[u32]>::to_vec)
+            {
                 self.evicted.insert(id, &seq)?;
             }
         } else {
@@ -363,7 +369,9 @@ impl Store {
     pub fn evict(&self, namespace: &str, id: u64) -> Result<bool, StoreError> {
         let known = {
             let st = self.state.read();
-            st.namespaces.get(namespace).is_some_and(|n| n.seqs.contains_key(&id))
+            st.namespaces
+                .get(namespace)
+                .is_some_and(|n| n.seqs.contains_key(&id))
         };
         if !known {
             return Ok(false);
@@ -440,7 +448,9 @@ impl Store {
     pub fn touch(&self, namespace: &str, ids: &[u64]) {
         let now = now_ms();
         self.state.writer().apply(|st| {
-            let State { namespaces, lru, .. } = st;
+            let State {
+                namespaces, lru, ..
+            } = st;
             let Some(ns) = namespaces.get_mut(namespace) else {
                 return;
             };
@@ -500,7 +510,11 @@ impl Store {
         let mut trees = Vec::new();
         for (name, depth, seqs) in &copy {
             let tree = GlobalTree::build(*depth, seqs.iter().map(|(m, toks)| (m.id, toks)))?;
-            trees.push((name.clone(), tree, seqs.iter().map(|(m, _)| *m).collect::<Vec<_>>()));
+            trees.push((
+                name.clone(),
+                tree,
+                seqs.iter().map(|(m, _)| *m).collect::<Vec<_>>(),
+            ));
         }
         drop(copy);
         let inputs: Vec<NamespaceInput<'_>> = trees
@@ -662,7 +676,9 @@ mod tests {
 
     fn count(store: &Store, ns: &str, path: &[u32]) -> u32 {
         let st = store.read();
-        let Some(n) = st.namespaces.get(ns) else { return 0 };
+        let Some(n) = st.namespaces.get(ns) else {
+            return 0;
+        };
         let v = n.view();
         v.walk(path).map_or(0, |c| v.count(&c))
     }

@@ -69,7 +69,11 @@ impl std::fmt::Display for TokenizerId {
         if *self == Self::UNKNOWN {
             write!(f, "unknown tokenizer (token-id logs)")
         } else {
-            write!(f, "vocab {} / hash {:016x}", self.vocab_size, self.vocab_hash)
+            write!(
+                f,
+                "vocab {} / hash {:016x}",
+                self.vocab_size, self.vocab_hash
+            )
         }
     }
 }
@@ -102,7 +106,9 @@ pub enum OpenError {
         found: u32,
     },
     /// The file is shorter than its header says.
-    #[error("snapshot {path} is truncated: {actual} bytes, the header says {expected}; restore it or rebuild it with `suffixd build`")]
+    #[error(
+        "snapshot {path} is truncated: {actual} bytes, the header says {expected}; restore it or rebuild it with `suffixd build`"
+    )]
     Truncated {
         /// The file.
         path: PathBuf,
@@ -120,7 +126,9 @@ pub enum OpenError {
         what: String,
     },
     /// The snapshot was built with a different tokenizer than the model's.
-    #[error("snapshot {path} was built for {found}, but the model's tokenizer is {expected}; rebuild it with this model's tokenizer or point --snapshot-dir elsewhere")]
+    #[error(
+        "snapshot {path} was built for {found}, but the model's tokenizer is {expected}; rebuild it with this model's tokenizer or point --snapshot-dir elsewhere"
+    )]
     TokenizerMismatch {
         /// The file.
         path: PathBuf,
@@ -135,7 +143,9 @@ pub enum OpenError {
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     /// The file or its directory could not be written.
-    #[error("cannot write snapshot {path}: {source}; check the directory exists and has free space")]
+    #[error(
+        "cannot write snapshot {path}: {source}; check the directory exists and has free space"
+    )]
     Io {
         /// The file.
         path: PathBuf,
@@ -235,7 +245,10 @@ fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
             .collect(),
         lens: t.lens.clone(),
         pool: t.pool.clone(),
-        wide: wide.iter().flat_map(|w| [w.node, w.token, w.child]).collect(),
+        wide: wide
+            .iter()
+            .flat_map(|w| [w.node, w.token, w.child])
+            .collect(),
         seqs: t
             .seqs
             .iter()
@@ -517,7 +530,10 @@ fn cast<P, A, T: PlainRecord<P>>(
     const { assert!(std::mem::align_of::<A>() == std::mem::align_of::<P>()) };
     let per = std::mem::size_of::<T>() / std::mem::size_of::<P>();
     if archived.len() % per != 0 {
-        return Err(format!("{what}: {} words is not whole records", archived.len()));
+        return Err(format!(
+            "{what}: {} words is not whole records",
+            archived.len()
+        ));
     }
     let ptr = archived.as_ptr() as *const T;
     if (ptr as usize) % std::mem::align_of::<T>() != 0 {
@@ -644,7 +660,9 @@ impl Snapshot {
                 return Err(c("node and length tables differ".into()));
             }
             if ns.meta.len() != seqs.len() {
-                return Err(c("sequence metadata does not match the sequence table".into()));
+                return Err(c(
+                    "sequence metadata does not match the sequence table".into()
+                ));
             }
             let mut seq_by_id = FxHashMap::default();
             seq_by_id.reserve(seqs.len());

@@ -31,7 +31,9 @@ const HEADER_LEN: u64 = 24;
 const MAX_RECORD: u32 = 64 << 20;
 
 /// When the log is fsynced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum FsyncPolicy {
     /// Before an append is acknowledged (group commit): nothing acknowledged is lost.
@@ -91,7 +93,9 @@ pub enum WalError {
         path: PathBuf,
     },
     /// The log was written for another tokenizer.
-    #[error("write-ahead log {path} was written for {found}, but the model's tokenizer is {expected}; move the store directory aside or use the matching model")]
+    #[error(
+        "write-ahead log {path} was written for {found}, but the model's tokenizer is {expected}; move the store directory aside or use the matching model"
+    )]
     TokenizerMismatch {
         /// The file.
         path: PathBuf,
@@ -172,7 +176,10 @@ fn segment_name(first_seq: u64) -> String {
 }
 
 fn segment_first_seq(name: &str) -> Option<u64> {
-    name.strip_prefix("wal-")?.strip_suffix(".log")?.parse().ok()
+    name.strip_prefix("wal-")?
+        .strip_suffix(".log")?
+        .parse()
+        .ok()
 }
 
 /// The log segments of `dir`, oldest first.
@@ -202,12 +209,19 @@ pub fn read_segment(path: &Path, expected: TokenizerId) -> Result<(Vec<WalRecord
         source,
     };
     let mut bytes = Vec::new();
-    File::open(path).map_err(io)?.read_to_end(&mut bytes).map_err(io)?;
+    File::open(path)
+        .map_err(io)?
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
     decode_segment(path, &bytes, expected)
 }
 
 /// [`read_segment`] on bytes already in memory; `path` is only used in error messages.
-pub fn decode_segment(path: &Path, bytes: &[u8], expected: TokenizerId) -> Result<(Vec<WalRecord>, u64), WalError> {
+pub fn decode_segment(
+    path: &Path,
+    bytes: &[u8],
+    expected: TokenizerId,
+) -> Result<(Vec<WalRecord>, u64), WalError> {
     if bytes.len() < HEADER_LEN as usize {
         // A segment torn before its header was complete holds no records.
         return Ok((Vec::new(), 0));
@@ -318,7 +332,9 @@ impl Wal {
         let seq = w.written + 1;
         let bytes = encode(&WalRecord { seq, op });
         let path = w.path.clone();
-        w.file.write_all(&bytes).map_err(|source| WalError::Io { path, source })?;
+        w.file
+            .write_all(&bytes)
+            .map_err(|source| WalError::Io { path, source })?;
         w.written = seq;
         w.bytes += bytes.len() as u64;
         Ok(seq)
@@ -347,7 +363,8 @@ impl Wal {
             })?;
             (f, w.written, w.path.clone())
         };
-        file.sync_data().map_err(|source| WalError::Io { path, source })?;
+        file.sync_data()
+            .map_err(|source| WalError::Io { path, source })?;
         *synced = upto;
         Ok(())
     }
@@ -357,7 +374,9 @@ impl Wal {
     pub fn rotate(&self) -> Result<u64, WalError> {
         let mut w = self.writer.lock().expect("wal writer lock");
         let path = w.path.clone();
-        w.file.sync_all().map_err(|source| WalError::Io { path, source })?;
+        w.file
+            .sync_all()
+            .map_err(|source| WalError::Io { path, source })?;
         let next = w.written + 1;
         *w = new_segment(&self.dir, self.tokenizer, next, w.written)?;
         Ok(next)
@@ -390,7 +409,12 @@ impl Wal {
     }
 }
 
-fn new_segment(dir: &Path, tokenizer: TokenizerId, first_seq: u64, written: u64) -> Result<Writer, WalError> {
+fn new_segment(
+    dir: &Path,
+    tokenizer: TokenizerId,
+    first_seq: u64,
+    written: u64,
+) -> Result<Writer, WalError> {
     let path = dir.join(segment_name(first_seq));
     let io = |source| WalError::Io {
         path: path.clone(),
@@ -442,7 +466,10 @@ mod tests {
         assert_eq!(wal.append(e.clone()).unwrap(), 2);
         let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
         let (recs, intact) = read_segment(&path, tok).unwrap();
-        assert_eq!(recs.iter().map(|r| r.op.clone()).collect::<Vec<_>>(), vec![a, e]);
+        assert_eq!(
+            recs.iter().map(|r| r.op.clone()).collect::<Vec<_>>(),
+            vec![a, e]
+        );
         // Tear the last record: only the first survives, and reopening truncates.
         let len = std::fs::metadata(&path).unwrap().len();
         let f = OpenOptions::new().write(true).open(&path).unwrap();
@@ -450,11 +477,31 @@ mod tests {
         let (recs, intact2) = read_segment(&path, tok).unwrap();
         assert_eq!(recs.len(), 1);
         assert!(intact2 < intact);
-        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 1, Some((&path, intact2))).unwrap();
-        assert_eq!(wal.append(WalOp::Evict { namespace: "x".into(), id: 1 }).unwrap(), 2);
+        let wal = Wal::open(
+            dir.path(),
+            tok,
+            FsyncPolicy::Always,
+            1,
+            Some((&path, intact2)),
+        )
+        .unwrap();
+        assert_eq!(
+            wal.append(WalOp::Evict {
+                namespace: "x".into(),
+                id: 1
+            })
+            .unwrap(),
+            2
+        );
         assert_eq!(read_segment(&path, tok).unwrap().0.len(), 2);
         // Another tokenizer's log is refused.
-        let other = TokenizerId { vocab_size: 3, vocab_hash: 9 };
-        assert!(matches!(read_segment(&path, other), Err(WalError::TokenizerMismatch { .. })));
+        let other = TokenizerId {
+            vocab_size: 3,
+            vocab_hash: 9,
+        };
+        assert!(matches!(
+            read_segment(&path, other),
+            Err(WalError::TokenizerMismatch { .. })
+        ));
     }
 }

@@ -288,7 +288,6 @@ impl GlobalTree {
             version: next_version(),
         })
     }
-
 }
 
 impl<S: Storage> GlobalTree<S> {
@@ -326,7 +325,8 @@ impl<S: Storage> GlobalTree<S> {
     /// The tokens of a stored sequence.
     pub fn sequence(&self, id: u64) -> Option<&[u32]> {
         let e = self.seqs[*self.seq_by_id.get(&id)? as usize];
-        self.pool.get(e.offset as usize..(e.offset as usize + e.len as usize))
+        self.pool
+            .get(e.offset as usize..(e.offset as usize + e.len as usize))
     }
 
     /// Ids of the live sequences, oldest first.
@@ -343,7 +343,6 @@ impl<S: Storage> GlobalTree<S> {
             self.dead_tokens as f64 / total as f64
         }
     }
-
 }
 
 impl GlobalTree {
@@ -433,7 +432,12 @@ impl GlobalTree {
         sequences: impl IntoIterator<Item = (u64, T)>,
     ) -> Result<Self, TreeError> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::build_split(max_depth, sequences, threads.min(MAX_BUILD_THREADS), MIN_TOKENS_PER_THREAD)
+        Self::build_split(
+            max_depth,
+            sequences,
+            threads.min(MAX_BUILD_THREADS),
+            MIN_TOKENS_PER_THREAD,
+        )
     }
 
     /// A tree holding `sequences`, in order, built by `threads` threads.
@@ -464,7 +468,9 @@ impl GlobalTree {
             tree.push_sequence(id, tokens.as_ref())?;
         }
         tree.pool.shrink_to_fit();
-        let threads = threads.min(tree.pool.len() / min_tokens.max(1)).clamp(1, u8::MAX as usize);
+        let threads = threads
+            .min(tree.pool.len() / min_tokens.max(1))
+            .clamp(1, u8::MAX as usize);
         if threads == 1 || tree.pool.len() < 2 {
             for i in 0..tree.seqs.len() {
                 tree.insert_suffixes_of(tree.seqs[i], |_| true);
@@ -564,12 +570,14 @@ impl GlobalTree {
                 });
             }
             if last != NIL {
-                self.nodes[ROOT as usize].first_child = moved(part.nodes[ROOT as usize].first_child);
+                self.nodes[ROOT as usize].first_child =
+                    moved(part.nodes[ROOT as usize].first_child);
             }
             self.nodes[ROOT as usize].count += part.nodes[ROOT as usize].count;
             self.lens.extend_from_slice(&part.lens[1..]);
             for (&(node, token), &child) in part.child_index.iter() {
-                self.child_index.insert(key(moved(node), token), moved(child));
+                self.child_index
+                    .insert(key(moved(node), token), moved(child));
             }
         }
     }
@@ -597,11 +605,14 @@ impl GlobalTree {
     /// and freed nodes, and restores the canonical (fully merged) shape.
     pub fn compact(&mut self) {
         let live = self.seqs.iter().filter(|e| e.live != 0).map(|e| {
-            (e.id, &self.pool[e.offset as usize..(e.offset + e.len) as usize])
+            (
+                e.id,
+                &self.pool[e.offset as usize..(e.offset + e.len) as usize],
+            )
         });
-        *self = GlobalTree::build(self.max_depth, live).expect("a live tree fits its own compaction");
+        *self =
+            GlobalTree::build(self.max_depth, live).expect("a live tree fits its own compaction");
     }
-
 }
 
 impl<S: Storage> GlobalTree<S> {
@@ -631,7 +642,6 @@ impl<S: Storage> GlobalTree<S> {
     fn first_token(&self, n: u32) -> u32 {
         self.token_at(self.node(n).start as usize)
     }
-
 }
 
 impl GlobalTree {
@@ -657,7 +667,6 @@ impl GlobalTree {
             (self.nodes.len() - 1) as u32
         }
     }
-
 }
 
 impl<S: Storage> GlobalTree<S> {
@@ -707,7 +716,6 @@ impl<S: Storage> GlobalTree<S> {
         }
         pred
     }
-
 }
 
 impl GlobalTree {
@@ -942,7 +950,6 @@ impl GlobalTree {
             self.free_nodes += 1;
         }
     }
-
 }
 
 impl<S: Storage> GlobalTree<S> {
@@ -988,8 +995,7 @@ impl<S: Storage> GlobalTree<S> {
 
     /// COUNT of the path spelled by `path` (0 when absent).
     pub fn count_of(&self, path: &[u32]) -> u32 {
-        self.walk(path)
-            .map_or(0, |c| self.node(c.node).count)
+        self.walk(path).map_or(0, |c| self.node(c.node).count)
     }
 
     /// The id of a live sequence holding the path at `c` (the occurrence its node
@@ -1139,7 +1145,8 @@ impl<S: Storage> GlobalTree<S> {
         if self.node(ROOT).count != root_visits {
             return Err(format!(
                 "root count {} but {} suffixes",
-                self.node(ROOT).count, root_visits
+                self.node(ROOT).count,
+                root_visits
             ));
         }
         // Structure: every reachable node's count equals its visits, and children are
@@ -1244,9 +1251,7 @@ impl<S: Storage> Expand for GlobalTree<S> {
             return;
         }
         // Below the root the head is the largest child: if it falls short, all do.
-        if c.node != ROOT
-            && (n.first_child == NIL || self.node(n.first_child).count < min_count)
-        {
+        if c.node != ROOT && (n.first_child == NIL || self.node(n.first_child).count < min_count) {
             return;
         }
         // Scan until what is left unseen could not reach min_count.

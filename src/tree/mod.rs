@@ -15,11 +15,12 @@
 mod global;
 mod request;
 
+pub(crate) use global::next_version as global_next_version;
 pub use global::{
-    ChildIndex, GlobalCursor, GlobalTree, Node, Owned, SeqEntry, Storage, TreeError, TreeStats, WideChild,
+    ChildIndex, GlobalCursor, GlobalTree, Node, Owned, SeqEntry, Storage, TreeError, TreeStats,
+    WideChild,
 };
 pub use request::{RequestCursor, RequestTree};
-pub(crate) use global::next_version as global_next_version;
 
 /// The "no node" index in the arena's `u32` links.
 pub const NIL: u32 = u32::MAX;
@@ -95,8 +96,7 @@ pub trait GlobalIndex: Expand {
         if path.len() > self.max_depth() {
             return None;
         }
-        path.iter()
-            .try_fold(self.root(), |c, &t| self.step(&c, t))
+        path.iter().try_fold(self.root(), |c, &t| self.step(&c, t))
     }
 
     /// When the path at `cursor` occurs once, how far that occurrence keeps matching

@@ -57,7 +57,10 @@ mod tests {
                 content: "hi".into(),
             }])
             .unwrap();
-        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
         let bad = ChatTemplate::new("{{ raise_exception('no') }}", "", "").unwrap();
         assert!(bad.render(&[]).unwrap_err().contains("no"));
     }

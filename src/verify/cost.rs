@@ -71,14 +71,27 @@ impl CostCurve {
         if self.t1_ms <= 0.0 || rows == 0 || rows > last || !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
-        let measured: Vec<(usize, f64)> = self.points.iter().map(|p| p.0).zip(self.measured.iter().copied()).collect();
+        let measured: Vec<(usize, f64)> = self
+            .points
+            .iter()
+            .map(|p| p.0)
+            .zip(self.measured.iter().copied())
+            .collect();
         let predicted_ms = self.t1_ms * interpolate(&measured, rows);
         let c = (seconds * 1e3 / predicted_ms).clamp(CLAMP.0, CLAMP.1);
         // Share the step between the two points that bracket `rows`, by closeness.
-        let hi = self.points.iter().position(|p| p.0 >= rows).unwrap_or(self.points.len() - 1);
+        let hi = self
+            .points
+            .iter()
+            .position(|p| p.0 >= rows)
+            .unwrap_or(self.points.len() - 1);
         let lo = hi.saturating_sub(1);
         let (k_lo, k_hi) = (self.points[lo].0, self.points[hi].0);
-        let w_hi = if k_hi == k_lo { 1.0 } else { (rows - k_lo) as f64 / (k_hi - k_lo) as f64 };
+        let w_hi = if k_hi == k_lo {
+            1.0
+        } else {
+            (rows - k_lo) as f64 / (k_hi - k_lo) as f64
+        };
         for (i, w) in [(lo, 1.0 - w_hi), (hi, w_hi)] {
             if w <= 0.0 {
                 continue;
@@ -114,14 +127,22 @@ impl CostCurve {
                 None => known[known.len() - 1].1,
                 Some(a) => {
                     let ((j0, c0), (j1, c1)) = (known[a - 1], known[a]);
-                    if j1 == i { c1 } else { c0 + (c1 - c0) * (i - j0) as f64 / (j1 - j0) as f64 }
+                    if j1 == i {
+                        c1
+                    } else {
+                        c0 + (c1 - c0) * (i - j0) as f64 / (j1 - j0) as f64
+                    }
                 }
             }
         };
         let base = self.measured[0] * correction(0);
         let mut previous = 1.0_f64;
         for i in 0..self.points.len() {
-            let ratio = if i == 0 { 1.0 } else { (self.measured[i] * correction(i) / base).max(previous) };
+            let ratio = if i == 0 {
+                1.0
+            } else {
+                (self.measured[i] * correction(i) / base).max(previous)
+            };
             self.points[i].1 = ratio;
             previous = ratio;
         }
@@ -169,7 +190,11 @@ mod tests {
             }
         }
         for (k, want) in [(1, 1.0), (4, 2.0), (16, 5.0), (64, 20.0)] {
-            assert!((c.cost(k) - want).abs() < 1e-6, "K={k}: {} vs {want}", c.cost(k));
+            assert!(
+                (c.cost(k) - want).abs() < 1e-6,
+                "K={k}: {} vs {want}",
+                c.cost(k)
+            );
         }
         assert!((c.corrections[2].0 - 3.0).abs() < 1e-6);
     }

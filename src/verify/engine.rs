@@ -280,8 +280,11 @@ impl Engine {
             path: path.into(),
             source,
         })?;
-        let content = gguf_file::Content::read(&mut f)
-            .map_err(|e| fmt(format!("not a readable GGUF file (or a model directory): {e}")))?;
+        let content = gguf_file::Content::read(&mut f).map_err(|e| {
+            fmt(format!(
+                "not a readable GGUF file (or a model directory): {e}"
+            ))
+        })?;
         let tokenizer = ModelTokenizer::from_gguf(&content).map_err(|e| fmt(e.to_string()))?;
         let model = Model::load_gguf(path, &content, format, max_context, device)?;
         let md_tok = |key: &str| content.metadata.get(key).and_then(|v| v.to_u32().ok());
@@ -314,9 +317,11 @@ impl Engine {
         max_context: usize,
         device: &Device,
     ) -> Result<Self, ModelError> {
-        let tokenizer = ModelTokenizer::from_file(&dir.join("tokenizer.json")).map_err(|e| ModelError::Format {
-            path: dir.into(),
-            message: e.to_string(),
+        let tokenizer = ModelTokenizer::from_file(&dir.join("tokenizer.json")).map_err(|e| {
+            ModelError::Format {
+                path: dir.into(),
+                message: e.to_string(),
+            }
         })?;
         let model = Model::load_safetensors(dir, format, max_context, device)?;
         let json = |name: &str| -> Result<serde_json::Value, ModelError> {
@@ -341,27 +346,34 @@ impl Engine {
         let bos = token_text(&tok_config["bos_token"]).unwrap_or_default();
         let eos_text = token_text(&tok_config["eos_token"]);
         // The template is a string, or a list of named templates of which "default" is used.
-        let source = tok_config["chat_template"].as_str().map(str::to_string).or_else(|| {
-            tok_config["chat_template"].as_array().and_then(|list| {
-                list.iter()
-                    .find(|t| t["name"] == "default")
-                    .and_then(|t| t["template"].as_str())
-                    .map(str::to_string)
-            })
-        });
+        let source = tok_config["chat_template"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| {
+                tok_config["chat_template"].as_array().and_then(|list| {
+                    list.iter()
+                        .find(|t| t["name"] == "default")
+                        .and_then(|t| t["template"].as_str())
+                        .map(str::to_string)
+                })
+            });
         let template = match source {
             Some(src) => Some(
-                ChatTemplate::new(&src, &bos, eos_text.as_deref().unwrap_or_default()).map_err(|message| {
-                    ModelError::Format {
+                ChatTemplate::new(&src, &bos, eos_text.as_deref().unwrap_or_default()).map_err(
+                    |message| ModelError::Format {
                         path: dir.join("tokenizer_config.json"),
                         message,
-                    }
-                })?,
+                    },
+                )?,
             ),
             None => None,
         };
         let mut eos: Vec<u32> = match &config["eos_token_id"] {
-            serde_json::Value::Array(ids) => ids.iter().filter_map(|i| i.as_u64()).map(|i| i as u32).collect(),
+            serde_json::Value::Array(ids) => ids
+                .iter()
+                .filter_map(|i| i.as_u64())
+                .map(|i| i as u32)
+                .collect(),
             v => v.as_u64().map(|i| i as u32).into_iter().collect(),
         };
         eos.extend(eos_text.and_then(|t| tokenizer.token_id(&t)));
@@ -370,7 +382,12 @@ impl Engine {
 
     /// An engine over a loaded model. `<|endoftext|>` also ends a generation when the
     /// vocabulary has it.
-    fn new(model: Model, tokenizer: ModelTokenizer, template: Option<ChatTemplate>, mut eos: Vec<u32>) -> Self {
+    fn new(
+        model: Model,
+        tokenizer: ModelTokenizer,
+        template: Option<ChatTemplate>,
+        mut eos: Vec<u32>,
+    ) -> Self {
         eos.extend(tokenizer.token_id("<|endoftext|>"));
         eos.sort_unstable();
         eos.dedup();
@@ -427,7 +444,8 @@ impl Engine {
         let ctx = context.min(self.context_len().saturating_sub(max_k + 1));
         let prefix: Vec<u32> = (0..ctx as u32).map(|i| 100 + i % 1000).collect();
         for chunk in prefix.chunks(PREFILL_CHUNK) {
-            self.model.forward(&mut cache, chunk, &chain_parents(chunk.len()))?;
+            self.model
+                .forward(&mut cache, chunk, &chain_parents(chunk.len()))?;
             cache.commit(&(0..chunk.len()).collect::<Vec<_>>());
         }
         let mut ks = vec![1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128];
@@ -448,11 +466,8 @@ impl Engine {
             times.push(runs[runs.len() / 2]);
         }
         let t1 = times[0];
-        let mut points: Vec<(usize, f64)> = ks
-            .iter()
-            .zip(&times)
-            .map(|(&k, &t)| (k, t / t1))
-            .collect();
+        let mut points: Vec<(usize, f64)> =
+            ks.iter().zip(&times).map(|(&k, &t)| (k, t / t1)).collect();
         // Costs never fall with K; noise sometimes says otherwise.
         for i in 1..points.len() {
             points[i].1 = points[i].1.max(points[i - 1].1);
@@ -461,7 +476,6 @@ impl Engine {
         self.cost = CostCurve::new(points, t1 * 1e3);
         Ok(&self.cost)
     }
-
 
     /// Cut the drafts of one batched step so that expected tokens per unit of cost is
     /// best. `fixed_rows` rows run whatever is drafted (prefill chunks and each decoding
@@ -472,7 +486,10 @@ impl Engine {
     /// best. With nothing worth its cost every draft comes back empty: plain decoding.
     /// For one sequence alone this is (1 + expected) / (t(1 + k) / t(1)).
     pub fn allocate_drafts(&mut self, fixed_rows: usize, drafts: &mut [&mut Draft]) {
-        let factors: Vec<f64> = drafts.iter().map(|d| self.calibration.factor(d.source)).collect();
+        let factors: Vec<f64> = drafts
+            .iter()
+            .map(|d| self.calibration.factor(d.source))
+            .collect();
         let mut taken = vec![0usize; drafts.len()];
         let mut expected = drafts.len() as f64;
         let mut rows = fixed_rows;
@@ -512,7 +529,14 @@ impl Engine {
             .filter_map(|s| text.find(s.as_str()))
             .min()?;
         let mut n = out.len();
-        while n > 0 && self.tokenizer.decode(&out[..n], true).unwrap_or_default().len() > cut {
+        while n > 0
+            && self
+                .tokenizer
+                .decode(&out[..n], true)
+                .unwrap_or_default()
+                .len()
+                > cut
+        {
             n -= 1;
         }
         Some(n)
@@ -547,7 +571,11 @@ impl Engine {
             steps: 0,
             drafted: 0,
             accepted: 0,
-            finish: if opts.max_tokens == 0 { Some(FinishReason::Length) } else { None },
+            finish: if opts.max_tokens == 0 {
+                Some(FinishReason::Length)
+            } else {
+                None
+            },
             started: Instant::now(),
             prefill_s: 0.0,
             decode_start: None,
@@ -557,12 +585,16 @@ impl Engine {
     /// One forward pass for every unfinished sequence in `batch`: a prefill chunk for
     /// those still reading their prompt, and pending token + draft for the others, with
     /// drafts cut to what the cost curve says the whole batch gains from.
-    pub fn step(&mut self, batch: &mut [(&mut Sequence, &mut dyn Drafter)]) -> Result<StepReport, ModelError> {
+    pub fn step(
+        &mut self,
+        batch: &mut [(&mut Sequence, &mut dyn Drafter)],
+    ) -> Result<StepReport, ModelError> {
         let context_len = self.context_len();
         let mut report = StepReport::default();
         // What each sequence runs: its tokens and parents, and its draft when decoding.
         let mut prefill_rows = 0;
-        let mut plans: Vec<Option<(Vec<u32>, Vec<i32>, Option<Draft>)>> = Vec::with_capacity(batch.len());
+        let mut plans: Vec<Option<(Vec<u32>, Vec<i32>, Option<Draft>)>> =
+            Vec::with_capacity(batch.len());
         for (seq, drafter) in batch.iter_mut() {
             if seq.finish.is_none() && seq.cache.len() >= context_len {
                 seq.finish = Some(FinishReason::Length);
@@ -589,13 +621,24 @@ impl Engine {
         }
         let decoding = plans.iter().flatten().filter(|p| p.2.is_some()).count();
         {
-            let mut drafts: Vec<&mut Draft> = plans.iter_mut().flatten().filter_map(|p| p.2.as_mut()).collect();
+            let mut drafts: Vec<&mut Draft> = plans
+                .iter_mut()
+                .flatten()
+                .filter_map(|p| p.2.as_mut())
+                .collect();
             self.allocate_drafts(prefill_rows + decoding, &mut drafts);
         }
         for ((seq, _), plan) in batch.iter_mut().zip(plans.iter_mut()) {
-            let Some((tokens, parents, Some(draft))) = plan else { continue };
+            let Some((tokens, parents, Some(draft))) = plan else {
+                continue;
+            };
             let room = context_len - seq.cache.len();
-            draft.truncate(draft.len().min(room - 1).min(seq.opts.max_tokens - seq.out.len() - 1));
+            draft.truncate(
+                draft
+                    .len()
+                    .min(room - 1)
+                    .min(seq.opts.max_tokens - seq.out.len() - 1),
+            );
             tokens.push(seq.pending);
             tokens.extend_from_slice(&draft.tokens);
             parents.push(-1);
@@ -637,7 +680,9 @@ impl Engine {
         };
         let mut row = 0;
         for ((seq, drafter), plan) in batch.iter_mut().zip(plans) {
-            let Some((tokens, parents, draft)) = plan else { continue };
+            let Some((tokens, parents, draft)) = plan else {
+                continue;
+            };
             let Some(draft) = draft else {
                 seq.cache.commit(&(0..tokens.len()).collect::<Vec<_>>());
                 seq.prefilled += tokens.len();
@@ -667,7 +712,8 @@ impl Engine {
             seq.accepted += accepted;
             let mut new: Vec<u32> = path[1..].iter().map(|&i| tokens[i]).collect();
             if !draft.is_empty() {
-                self.calibration.observe(draft.source, draft.score as f64, accepted as f64);
+                self.calibration
+                    .observe(draft.source, draft.score as f64, accepted as f64);
                 let mut upto = seq.context.clone();
                 upto.extend_from_slice(&new);
                 drafter.accepted(&upto, &draft, accepted);
@@ -907,7 +953,11 @@ mod tests {
         assert_eq!(p[0], 0.0);
         assert_eq!(p[3], 0.0);
         assert!((p[1] + p[2] - 1.0).abs() < 1e-6);
-        let s = Sampling { top_k: 0, top_p: 0.5, ..s };
+        let s = Sampling {
+            top_k: 0,
+            top_p: 0.5,
+            ..s
+        };
         let p = s.distribution(&[0.0, 0.0, 10.0]);
         assert_eq!(p, vec![0.0, 0.0, 1.0]);
     }
@@ -927,7 +977,12 @@ mod tests {
         };
         let p = sampling.distribution(&logits);
         // Rows: root, then draft nodes (their rows are never read for the first token).
-        let rows: Vec<f32> = logits.iter().cycle().take(logits.len() * 4).cloned().collect();
+        let rows: Vec<f32> = logits
+            .iter()
+            .cycle()
+            .take(logits.len() * 4)
+            .cloned()
+            .collect();
         let t = Tensor::from_vec(rows, (4, logits.len()), &candle_core::Device::Cpu).unwrap();
         for (tokens, parents) in [
             (vec![9u32, 1, 0, 3], vec![-1i32, 0, 0, 1]),
@@ -937,8 +992,13 @@ mod tests {
             let n = 200_000;
             let mut hist = vec![0u64; logits.len()];
             for _ in 0..n {
-                let (path, bonus) = walk_sampled(&tokens, &parents, &t, &sampling, &mut rng).unwrap();
-                let first = if path.len() > 1 { tokens[path[1]] } else { bonus };
+                let (path, bonus) =
+                    walk_sampled(&tokens, &parents, &t, &sampling, &mut rng).unwrap();
+                let first = if path.len() > 1 {
+                    tokens[path[1]]
+                } else {
+                    bonus
+                };
                 hist[first as usize] += 1;
             }
             let mut chi2 = 0.0;
@@ -954,7 +1014,10 @@ mod tests {
             }
             // 99.9th percentile of chi-square with 4 degrees of freedom is 18.47.
             assert_eq!(dof, 5);
-            assert!(chi2 < 18.47, "chi2 {chi2} for {tokens:?}, hist {hist:?}, p {p:?}");
+            assert!(
+                chi2 < 18.47,
+                "chi2 {chi2} for {tokens:?}, hist {hist:?}, p {p:?}"
+            );
         }
     }
 }

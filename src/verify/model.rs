@@ -31,7 +31,9 @@ pub enum ModelError {
         message: String,
     },
     /// The context would pass the KV cache's capacity.
-    #[error("context too long: {needed} tokens, the model's context is {capacity}; shorten the prompt or lower max_tokens")]
+    #[error(
+        "context too long: {needed} tokens, the model's context is {capacity}; shorten the prompt or lower max_tokens"
+    )]
     ContextFull {
         /// Tokens needed.
         needed: usize,
@@ -44,7 +46,9 @@ pub enum ModelError {
 }
 
 /// How the matrices are held in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum WeightFormat {
     /// As stored in the file.
@@ -142,7 +146,10 @@ impl KvCache {
     /// path in order) as the continuation of the context; drop the rest. Positions were
     /// base + depth, so a path's rows move down unchanged.
     pub fn commit(&mut self, accepted: &[usize]) {
-        assert!(accepted.iter().all(|&i| i < self.pending), "accepted rows were computed");
+        assert!(
+            accepted.iter().all(|&i| i < self.pending),
+            "accepted rows were computed"
+        );
         let row = self.row;
         let is_prefix = accepted.iter().enumerate().all(|(k, &i)| k == i);
         for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
@@ -230,17 +237,28 @@ impl HfConfig {
     /// Read and check `dir/config.json`: a llama with plain RoPE and SiLU.
     fn read(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-        let fmt = |message: String| ModelError::Format { path: path.clone(), message };
-        let cfg: HfConfig = serde_json::from_str(&text).map_err(|e| fmt(format!("not a llama config.json: {e}")))?;
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let fmt = |message: String| ModelError::Format {
+            path: path.clone(),
+            message,
+        };
+        let cfg: HfConfig = serde_json::from_str(&text)
+            .map_err(|e| fmt(format!("not a llama config.json: {e}")))?;
         if let Some(t) = cfg.model_type.as_deref().filter(|t| *t != "llama") {
             return Err(fmt(format!("model_type {t:?} is not llama")));
         }
         if cfg.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(fmt("rope_scaling is not supported; use a model with plain RoPE".into()));
+            return Err(fmt(
+                "rope_scaling is not supported; use a model with plain RoPE".into(),
+            ));
         }
         if let Some(a) = cfg.hidden_act.as_deref().filter(|a| *a != "silu") {
-            return Err(fmt(format!("hidden_act {a:?} is not supported (silu only)")));
+            return Err(fmt(format!(
+                "hidden_act {a:?} is not supported (silu only)"
+            )));
         }
         Ok(cfg)
     }
@@ -260,16 +278,25 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
         }
         return Ok(vec![single]);
     }
-    let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io { path: index.clone(), source })?;
+    let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
+        path: index.clone(),
+        source,
+    })?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Format {
         path: index.clone(),
         message: format!("not JSON: {e}"),
     })?;
-    let map = v["weight_map"].as_object().ok_or_else(|| ModelError::Format {
-        path: index.clone(),
-        message: "no weight_map".into(),
-    })?;
-    let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
+    let map = v["weight_map"]
+        .as_object()
+        .ok_or_else(|| ModelError::Format {
+            path: index.clone(),
+            message: "no weight_map".into(),
+        })?;
+    let mut files: Vec<PathBuf> = map
+        .values()
+        .filter_map(|f| f.as_str())
+        .map(|f| dir.join(f))
+        .collect();
     files.sort();
     files.dedup();
     Ok(files)
@@ -315,7 +342,9 @@ impl Model {
         let layers_n = md_u32(content, "llama.block_count").map_err(fmt)? as usize;
         let trained_context = md_u32(content, "llama.context_length").map_err(fmt)? as usize;
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || width % heads != 0 {
-            return Err(fmt(format!("bad head counts {heads}/{kv_heads} for width {width}")));
+            return Err(fmt(format!(
+                "bad head counts {heads}/{kv_heads} for width {width}"
+            )));
         }
         let mut file = std::fs::File::open(path).map_err(|source| ModelError::Io {
             path: path.into(),
@@ -329,7 +358,9 @@ impl Model {
         let matrix = |qt: QTensor| -> Result<QMatMul, ModelError> {
             let qt = match (format, qt.dtype()) {
                 (WeightFormat::Native, _) | (WeightFormat::Q8_0, GgmlDType::Q8_0) => qt,
-                (WeightFormat::Q8_0, _) => QTensor::quantize(&qt.dequantize(device)?, GgmlDType::Q8_0)?,
+                (WeightFormat::Q8_0, _) => {
+                    QTensor::quantize(&qt.dequantize(device)?, GgmlDType::Q8_0)?
+                }
                 (WeightFormat::F32, _) => return Ok(QMatMul::Tensor(qt.dequantize(device)?)),
             };
             Ok(QMatMul::from_qtensor(qt)?)
@@ -391,11 +422,16 @@ impl Model {
         let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
         let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || width % heads != 0 {
-            return Err(fmt(format!("bad head counts {heads}/{kv_heads} for width {width}")));
+            return Err(fmt(format!(
+                "bad head counts {heads}/{kv_heads} for width {width}"
+            )));
         }
         let head_dim = width / heads;
         if hf.head_dim.is_some_and(|d| d != head_dim) {
-            return Err(fmt(format!("head_dim {:?} is not hidden_size / num_attention_heads", hf.head_dim)));
+            return Err(fmt(format!(
+                "head_dim {:?} is not hidden_size / num_attention_heads",
+                hf.head_dim
+            )));
         }
         let files = safetensors_files(dir)?;
         // SAFETY: the files are mapped read-only; candle checks every tensor's extent
@@ -410,7 +446,9 @@ impl Model {
         let matrix = |t: Tensor| -> Result<QMatMul, ModelError> {
             Ok(match format {
                 WeightFormat::Native | WeightFormat::F32 => QMatMul::Tensor(t),
-                WeightFormat::Q8_0 => QMatMul::from_qtensor(QTensor::quantize(&t, GgmlDType::Q8_0)?)?,
+                WeightFormat::Q8_0 => {
+                    QMatMul::from_qtensor(QTensor::quantize(&t, GgmlDType::Q8_0)?)?
+                }
             })
         };
         let embed = tensor("model.embed_tokens.weight")?;
@@ -425,8 +463,14 @@ impl Model {
             let p = |s: &str| format!("model.layers.{i}.{s}.weight");
             layers.push(Layer {
                 attn_norm: tensor(&p("input_layernorm"))?,
-                wq: matrix(rope_rows_interleaved(&tensor(&p("self_attn.q_proj"))?, heads)?)?,
-                wk: matrix(rope_rows_interleaved(&tensor(&p("self_attn.k_proj"))?, kv_heads)?)?,
+                wq: matrix(rope_rows_interleaved(
+                    &tensor(&p("self_attn.q_proj"))?,
+                    heads,
+                )?)?,
+                wk: matrix(rope_rows_interleaved(
+                    &tensor(&p("self_attn.k_proj"))?,
+                    kv_heads,
+                )?)?,
                 wv: matrix(tensor(&p("self_attn.v_proj"))?)?,
                 wo: matrix(tensor(&p("self_attn.o_proj"))?)?,
                 ffn_norm: tensor(&p("post_attention_layernorm"))?,
@@ -490,8 +534,18 @@ impl Model {
     /// context directly. Token i sits at position `len + depth(i)` and attends to the
     /// context, its ancestors and itself. Returns logits, one row per token, `(T, vocab)`.
     /// Nothing is committed until [`KvCache::commit`].
-    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], parents: &[i32]) -> Result<Tensor, ModelError> {
-        self.forward_batch(&mut [BatchEntry { cache, tokens, parents, logits: true }])
+    pub fn forward(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        parents: &[i32],
+    ) -> Result<Tensor, ModelError> {
+        self.forward_batch(&mut [BatchEntry {
+            cache,
+            tokens,
+            parents,
+            logits: true,
+        }])
     }
 
     /// One forward pass over several sequences at once: their rows share every matrix
@@ -526,7 +580,11 @@ impl Model {
             let mut sets: Vec<Vec<usize>> = Vec::with_capacity(t);
             for (i, &p) in e.parents.iter().enumerate() {
                 assert!(p < i as i32, "parents come before their children");
-                let mut chain = if p < 0 { Vec::new() } else { sets[p as usize].clone() };
+                let mut chain = if p < 0 {
+                    Vec::new()
+                } else {
+                    sets[p as usize].clone()
+                };
                 chain.push(i);
                 positions.push((e.cache.len + chain.len() - 1) as u32);
                 sets.push(chain);
@@ -542,7 +600,10 @@ impl Model {
         let ids = Tensor::new(ids, &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
         let heads = |m: &QMatMul, a: &Tensor, n: usize| -> Result<Tensor, candle_core::Error> {
-            m.forward(a)?.reshape((1, total, n, hd))?.transpose(1, 2)?.contiguous()
+            m.forward(a)?
+                .reshape((1, total, n, hd))?
+                .transpose(1, 2)?
+                .contiguous()
         };
         for (l, layer) in self.layers.iter().enumerate() {
             let a = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps)?;
@@ -565,7 +626,13 @@ impl Model {
                         values[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
                     }
                 }
-                let shape = AttnShape { total, offset: *offset, h, kvh, hd };
+                let shape = AttnShape {
+                    total,
+                    offset: *offset,
+                    h,
+                    kvh,
+                    hd,
+                };
                 attend(&q, keys, values, sets, base, shape, &mut out);
             }
             let out = Tensor::from_vec(out, (total, h * hd), &self.device)?;
@@ -582,7 +649,11 @@ impl Model {
             .flat_map(|((offset, sets), _)| *offset as u32..(offset + sets.len()) as u32)
             .collect();
         if wanted.is_empty() {
-            return Ok(Tensor::zeros((0, self.cfg.vocab), DType::F32, &self.device)?);
+            return Ok(Tensor::zeros(
+                (0, self.cfg.vocab),
+                DType::F32,
+                &self.device,
+            )?);
         }
         if wanted.len() < total {
             x = x.index_select(&Tensor::new(wanted, &self.device)?, 0)?;
@@ -642,7 +713,13 @@ fn attend(
     s: AttnShape,
     out: &mut [f32],
 ) {
-    let AttnShape { total, offset, h, kvh, hd } = s;
+    let AttnShape {
+        total,
+        offset,
+        h,
+        kvh,
+        hd,
+    } = s;
     let rep = h / kvh;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut scores: Vec<f32> = Vec::with_capacity(base + sets.len());
@@ -654,7 +731,10 @@ fn attend(
             let qi = &q[(head * total + row) * hd..(head * total + row + 1) * hd];
             let rows = (0..base).chain(set.iter().map(|&a| base + a));
             scores.clear();
-            scores.extend(rows.clone().map(|r| dot(qi, &keys[at(r)..at(r) + hd]) * scale));
+            scores.extend(
+                rows.clone()
+                    .map(|r| dot(qi, &keys[at(r)..at(r) + hd]) * scale),
+            );
             let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0f32;
             for x in scores.iter_mut() {

@@ -113,7 +113,9 @@ impl ModelTokenizer {
             PreTokenizerWrapper::Digits(Digits::new(true)),
             PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
         ]))));
-        inner.with_decoder(Some(tokenizers::DecoderWrapper::ByteLevel(ByteLevel::default())));
+        inner.with_decoder(Some(tokenizers::DecoderWrapper::ByteLevel(
+            ByteLevel::default(),
+        )));
         let specials: Vec<AddedToken> = tokens
             .iter()
             .zip(types.iter())
@@ -143,7 +145,9 @@ impl ModelTokenizer {
 
     /// Text of `ids`; special tokens are dropped when `skip_special`.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, String> {
-        self.inner.decode(ids, skip_special).map_err(|e| e.to_string())
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| e.to_string())
     }
 
     /// The id of a token string, if it is in the vocabulary.
@@ -180,7 +184,8 @@ mod tests {
     /// The reference tokenizer file built from SmolLM2's GGUF metadata, when this
     /// checkout sits beside the shared data.
     fn reference() -> Option<ModelTokenizer> {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/sharegpt/tokenizer_smollm2.json");
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/data/sharegpt/tokenizer_smollm2.json");
         p.exists().then(|| ModelTokenizer::from_file(&p).unwrap())
     }
 
@@ -198,7 +203,9 @@ mod tests {
 
     #[test]
     fn missing_file_is_a_clear_error() {
-        let e = ModelTokenizer::from_file(Path::new("/nonexistent/tokenizer.json")).err().unwrap();
+        let e = ModelTokenizer::from_file(Path::new("/nonexistent/tokenizer.json"))
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("cannot load tokenizer"), "{e}");
     }
 }
