@@ -219,6 +219,29 @@ fn check_algorithm_1(
     naive.check(&context[context.len().saturating_sub(depth)..], d)
 }
 
+/// Both trees give the same draft for `context` (tokens, parents and score), in the
+/// given shape and mode, with the request tree over `context` beside them.
+fn same_drafts<A: GlobalIndex, B: GlobalIndex>(
+    a: &A,
+    b: &B,
+    context: &[u32],
+    depth: usize,
+    tree_shape: bool,
+    extended: bool,
+) -> Result<(), TestCaseError> {
+    let mut params = paper(depth, 8, 0.1, tree_shape);
+    if extended {
+        params.mode = SpecMode::Extended;
+    }
+    let request = RequestTree::new(context, params.request_depth());
+    let da = Speculator::<A::Cursor>::default().speculate(Some(&request), a, context, &params);
+    let db = Speculator::<B::Cursor>::default().speculate(Some(&request), b, context, &params);
+    prop_assert_eq!(&da.tokens, &db.tokens);
+    prop_assert_eq!(&da.parents, &db.parents);
+    prop_assert_eq!(da.score, db.score);
+    Ok(())
+}
+
 fn paper(depth: usize, max_spec: usize, min_prob: f32, tree: bool) -> SpecParams {
     SpecParams {
         max_depth: depth,
@@ -298,16 +321,7 @@ proptest! {
             prop_assert_eq!(built.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
         }
         // Same shape below the root, so the same drafts, ties included.
-        let mut params = paper(depth, 8, 0.1, tree_shape);
-        if extended {
-            params.mode = SpecMode::Extended;
-        }
-        let request = RequestTree::new(&context, params.request_depth());
-        let a = Speculator::new().speculate(Some(&request), &one_by_one, &context, &params);
-        let b = Speculator::new().speculate(Some(&request), &built, &context, &params);
-        prop_assert_eq!(&a.tokens, &b.tokens);
-        prop_assert_eq!(&a.parents, &b.parents);
-        prop_assert_eq!(a.score, b.score);
+        same_drafts(&one_by_one, &built, &context, depth, tree_shape, extended)?;
         // A built tree takes appends and removals like any other.
         built.insert(seqs.len() as u64, &more).unwrap();
         prop_assert!(built.remove(0));
@@ -491,16 +505,7 @@ proptest! {
         for path in probe_paths(&seqs, depth) {
             prop_assert_eq!(frozen.count_of(&path), mem.count_of(&path));
         }
-        let mut params = paper(depth, 8, 0.1, tree_shape);
-        if extended {
-            params.mode = SpecMode::Extended;
-        }
-        let request = RequestTree::new(&context, params.request_depth());
-        let a = Speculator::new().speculate(Some(&request), &mem, &context, &params);
-        let b = Speculator::new().speculate(Some(&request), &frozen, &context, &params);
-        prop_assert_eq!(&a.tokens, &b.tokens);
-        prop_assert_eq!(&a.parents, &b.parents);
-        prop_assert_eq!(a.score, b.score);
+        same_drafts(&mem, &frozen, &context, depth, tree_shape, extended)?;
     }
 
     #[test]
