@@ -471,7 +471,7 @@ impl GlobalTree {
         let threads = threads
             .min(tree.pool.len() / min_tokens.max(1))
             .clamp(1, u8::MAX as usize);
-        if threads == 1 || tree.pool.len() < 2 {
+        if threads == 1 {
             for i in 0..tree.seqs.len() {
                 tree.insert_suffixes_of(tree.seqs[i], |_| true);
             }
@@ -480,7 +480,7 @@ impl GlobalTree {
         let owner = tree.deal_first_tokens(threads);
         // Each part's tables are allocated here, large enough for its share, rather than
         // grown in its thread: glibc does not give back the top of a thread's arena, and
-        // tables grown there stayed resident (about 8 bytes per token) once freed.
+        // tables grown there stayed resident (about 10 bytes per token) once freed.
         let parts: Vec<GlobalTree> = (0..threads).map(|_| tree.empty_part(threads)).collect();
         let parts: Vec<GlobalTree> = std::thread::scope(|scope| {
             let tree = &tree;
@@ -518,8 +518,6 @@ impl GlobalTree {
         self.pool.iter().map(|t| part_of[t]).collect()
     }
 
-    /// The subtrees of the suffixes that `owner` gives to `part`, built in `sub` (from
-    /// [`GlobalTree::empty_part`]; node `start`s index its copy of the pool and this one).
     /// An arena for one of `parts` parts, with a copy of the pool, and room for its
     /// share of nodes (about 1.3 per token on chat data) and of the child index.
     fn empty_part(&self, parts: usize) -> GlobalTree {
@@ -532,6 +530,8 @@ impl GlobalTree {
         sub
     }
 
+    /// The subtrees of the suffixes that `owner` gives to `part`, built in `sub` (from
+    /// [`GlobalTree::empty_part`]; node `start`s index its copy of the pool and this one).
     fn build_part(&self, mut sub: GlobalTree, owner: &[u8], part: u8) -> GlobalTree {
         for e in self.seqs.iter() {
             sub.insert_suffixes_of(*e, |pos| owner[pos] == part);
