@@ -5,7 +5,8 @@
 //! - drafts against a literal implementation of the paper's Algorithm 1;
 //! - the pruned search over p against the exhaustive loop;
 //! - snapshots: a frozen tree gives exactly the drafts of the tree it was written from,
-//!   and base + delta − evicted gives the counts of one tree of what is left.
+//!   and base + delta − evicted gives the counts and children of one tree of what is
+//!   left, on bases with sorted and unsorted wide lists.
 
 use proptest::prelude::*;
 use suffixd::speculate::{Draft, SpecMode, SpecParams, Speculator};
@@ -457,6 +458,21 @@ proptest! {
     }
 }
 
+/// Tokens of the corpora that make wide nodes: more children than the arena lists
+/// without an index.
+const WIDE_VOCAB: u32 = 60;
+
+/// Sequences in which token 0 precedes almost every other token, so that the root and
+/// the node of 0 get wide (indexed) children lists, with uneven counts.
+fn wide_seqs_strategy() -> impl Strategy<Value = Vec<Vec<u32>>> {
+    let token = prop_oneof![3 => 1..8u32, 1 => 1..WIDE_VOCAB];
+    prop::collection::vec(prop::collection::vec(token, 0..40), 1..8).prop_map(|seqs| {
+        seqs.into_iter()
+            .map(|s| s.into_iter().flat_map(|t| [0, t]).collect())
+            .collect()
+    })
+}
+
 /// Write `tree` as a one-namespace snapshot and open it again from the file.
 fn frozen_copy(tree: &GlobalTree, dir: &std::path::Path) -> Snapshot {
     let path = dir.join("snap-000001.sfxd");
@@ -541,6 +557,87 @@ proptest! {
                 suffixd::tree::Expand::count(&view, &c)
             });
             prop_assert_eq!(got, want, "path {:?}", path);
+        }
+    }
+
+    #[test]
+    fn base_plus_delta_minus_evicted_has_the_children_of_one_tree(
+        base_seqs in wide_seqs_strategy(),
+        delta_seqs in wide_seqs_strategy(),
+        evict in prop::collection::vec(any::<bool>(), 8),
+        depth in 1usize..5,
+        min_count in 1u32..4,
+        frozen in any::<bool>(),
+    ) {
+        // A frozen base is built and written sorted; an in-memory one grown by inserts
+        // is not, and the view must scan its lists without the sorted shortcut.
+        let dir = tempfile::tempdir().unwrap();
+        let inserted = global_tree(&base_seqs, depth);
+        let built = GlobalTree::build(depth, base_seqs.iter().enumerate().map(|(i, s)| (i as u64, s)))
+            .unwrap();
+        built.check_integrity().map_err(TestCaseError::fail)?;
+        let snap = frozen_copy(&built, dir.path());
+        snap.verify().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let frozen_base = snap.namespaces().unwrap().pop().unwrap().tree;
+        let mut delta = GlobalTree::new(depth).unwrap();
+        for (i, s) in delta_seqs.iter().enumerate() {
+            delta.insert(100 + i as u64, s).unwrap();
+        }
+        let mut evicted = GlobalTree::new(depth).unwrap();
+        let mut left: Vec<Vec<u32>> = delta_seqs.clone();
+        for (i, s) in base_seqs.iter().enumerate() {
+            if evict[i] {
+                evicted.insert(i as u64, s).unwrap();
+            } else {
+                left.push(s.clone());
+            }
+        }
+        let mut probes = probe_paths(&base_seqs, depth - 1);
+        probes.extend(probe_paths(&delta_seqs, depth - 1));
+        let check = |view: &dyn Fn(&[u32], u32) -> Option<(Vec<(u32, u32)>, Option<(u32, u32)>)>| {
+            for path in probes.iter().filter(|p| p.len() < depth) {
+                let mut want: Vec<(u32, u32)> = (0..=WIDE_VOCAB)
+                    .map(|t| {
+                        let mut next = path.clone();
+                        next.push(t);
+                        (t, naive_count(&left, &next, depth))
+                    })
+                    .filter(|&(_, n)| n >= min_count)
+                    .collect();
+                let Some((mut got, best)) = view(path, min_count) else {
+                    prop_assert!(want.is_empty(), "path {:?} missing", path);
+                    continue;
+                };
+                prop_assert!(got.windows(2).all(|w| w[0].1 >= w[1].1), "not sorted: {:?}", got);
+                // The most likely child is the first child, ties included.
+                prop_assert_eq!(best, got.first().copied(), "path {:?}", path);
+                got.sort_unstable();
+                want.sort_unstable();
+                prop_assert_eq!(got, want, "path {:?}", path);
+            }
+            Ok(())
+        };
+        fn read<S: suffixd::tree::Storage>(
+            view: &Layered<'_, S>,
+            path: &[u32],
+            min_count: u32,
+        ) -> Option<(Vec<(u32, u32)>, Option<(u32, u32)>)> {
+            use suffixd::tree::Expand;
+            let c = view.walk(path)?;
+            let mut kids = Vec::new();
+            view.children(&c, min_count, &mut kids);
+            for k in &kids {
+                assert_eq!(view.count(&k.cursor), k.count, "a child's cursor disagrees");
+            }
+            let best = view.best_child(&c, min_count).map(|k| (k.token, k.count));
+            Some((kids.iter().map(|k| (k.token, k.count)).collect(), best))
+        }
+        if frozen {
+            let view = Layered::new(Some(&frozen_base), &delta, &evicted);
+            check(&|p, m| read(&view, p, m))?;
+        } else {
+            let view = Layered::over(Some(&inserted), &delta, &evicted);
+            check(&|p, m| read(&view, p, m))?;
         }
     }
 }

@@ -72,8 +72,15 @@ impl<A: Expand, B: Expand> Expand for Merged<'_, A, B> {
     fn best_child(&self, c: &Self::Cursor, min_count: u32) -> Option<Child<Self::Cursor>> {
         // The most likely child is almost always one tree's favourite; weigh both
         // favourites with their counts in the other tree.
-        let fa = c.0.as_ref().and_then(|x| self.a.best_child(x, 1));
-        let fb = c.1.as_ref().and_then(|y| self.b.best_child(y, 1));
+        // A child reaching min_count in total has at least min_count minus the other
+        // tree's whole count in each tree.
+        let (ca, cb) = (count_in(self.a, &c.0), count_in(self.b, &c.1));
+        let fa =
+            c.0.as_ref()
+                .and_then(|x| self.a.best_child(x, min_count.saturating_sub(cb).max(1)));
+        let fb =
+            c.1.as_ref()
+                .and_then(|y| self.b.best_child(y, min_count.saturating_sub(ca).max(1)));
         if let (Some(k), Some(m)) = (&fa, &fb)
             && k.token == m.token
         {

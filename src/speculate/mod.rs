@@ -300,6 +300,12 @@ impl<C> Ord for HeapItem<C> {
     }
 }
 
+/// The smallest child count that could keep a path of probability `prob`, at a node of
+/// `count`, at or above `min_prob` (rounded down, so that it never excludes one that can).
+fn min_count_for(params: &SpecParams, prob: f32, count: u32) -> u32 {
+    ((params.min_prob / prob) * count as f32).floor().max(1.0) as u32
+}
+
 /// Grow a single-path draft from `start`.
 fn expand_path<T: Expand>(
     tree: &T,
@@ -323,7 +329,8 @@ fn expand_path<T: Expand>(
                 break;
             }
         }
-        let Some(child) = tree.best_child(&cur, 1) else {
+        // Children below this count cannot reach min_prob: the tree need not look at them.
+        let Some(child) = tree.best_child(&cur, min_count_for(params, prob, count)) else {
             break;
         };
         let next = prob * (child.count as f32 / count as f32);
@@ -353,9 +360,7 @@ fn expand_tree<T: Expand>(
     let mut push_children =
         |heap: &mut BinaryHeap<HeapItem<T::Cursor>>, cur: &T::Cursor, prob: f32, parent: i32| {
             let count = tree.count(cur);
-            // Children below this count cannot reach min_prob.
-            let min_count = ((params.min_prob / prob) * count as f32).floor().max(1.0) as u32;
-            tree.children(cur, min_count, &mut kids);
+            tree.children(cur, min_count_for(params, prob, count), &mut kids);
             for k in kids.drain(..) {
                 let p = prob * (k.count as f32 / count as f32);
                 if p < params.min_prob {

@@ -84,6 +84,113 @@ impl<S: Storage> Layered<'_, S> {
             _ => None,
         }
     }
+
+    /// Visit the children of `c` whose view count reaches the threshold, which starts at
+    /// `min_count` and is replaced by what `visit` returns. Base children come in list
+    /// order, then children only the delta has.
+    ///
+    /// Each list is left as soon as no child it has not shown could reach the threshold:
+    /// none has more than the rest of the list's total, nor (below the root) more than
+    /// the head, nor (in a sorted list) more than the child before it. A child of the
+    /// view counts at most its base count plus the delta's whole count, since eviction
+    /// only lowers counts. So on a base with sorted wide lists a wide node costs a few
+    /// lookups, not one per child.
+    fn scan_children(
+        &self,
+        c: &LayeredCursor,
+        min_count: u32,
+        mut visit: impl FnMut(Child<LayeredCursor>) -> u32,
+    ) {
+        let (cb, cd, _) = self.counts(c);
+        let cd = cd as u64;
+        let mut threshold = min_count as u64;
+        let removed = |token: u32| {
+            c[2].as_ref()
+                .and_then(|z| self.evicted.child(z, token))
+                .map_or((0, None), |g| (g.count, Some(g.cursor)))
+        };
+        let base = self.base.zip(c[0].as_ref());
+        if let Some((b, x)) = base {
+            let mut bound = ListBound::new(cb, b.list_sorted(x), x.depth() > 0);
+            for k in b.child_list(x) {
+                if bound.most() + cd < threshold {
+                    break;
+                }
+                bound.saw(k.count);
+                if (k.count as u64) + cd < threshold {
+                    continue;
+                }
+                let d = c[1].as_ref().and_then(|y| self.delta.child(y, k.token));
+                let (gone, z) = removed(k.token);
+                let count = (k.count + d.as_ref().map_or(0, |m| m.count)).saturating_sub(gone);
+                if count as u64 >= threshold {
+                    threshold = visit(Child {
+                        token: k.token,
+                        count,
+                        cursor: [Some(k.cursor), d.map(|m| m.cursor), z],
+                    }) as u64;
+                }
+            }
+        }
+        let Some(y) = &c[1] else { return };
+        let mut bound = ListBound::new(cd as u32, self.delta.list_sorted(y), y.depth() > 0);
+        for m in self.delta.child_list(y) {
+            if bound.most() < threshold {
+                break;
+            }
+            bound.saw(m.count);
+            // A child the base also has was visited above, or could not reach the
+            // threshold there (and the threshold only rises).
+            if (m.count as u64) < threshold
+                || base.is_some_and(|(b, x)| b.child(x, m.token).is_some())
+            {
+                continue;
+            }
+            let (gone, z) = removed(m.token);
+            let count = m.count.saturating_sub(gone);
+            if count as u64 >= threshold {
+                threshold = visit(Child {
+                    token: m.token,
+                    count,
+                    cursor: [None, Some(m.cursor), z],
+                }) as u64;
+            }
+        }
+    }
+}
+
+/// The most that a child not yet seen in one children list can count.
+struct ListBound {
+    /// The total of the children not seen: their parent's count minus those seen.
+    unseen: u64,
+    /// The count of the child seen last (sorted lists) or of the head (below the root,
+    /// where the head is the largest); unbounded before either.
+    cap: u64,
+    sorted: bool,
+    headed: bool,
+}
+
+impl ListBound {
+    fn new(parent_count: u32, sorted: bool, below_root: bool) -> Self {
+        ListBound {
+            unseen: parent_count as u64,
+            cap: u64::MAX,
+            sorted,
+            headed: below_root,
+        }
+    }
+
+    fn most(&self) -> u64 {
+        self.unseen.min(self.cap)
+    }
+
+    fn saw(&mut self, count: u32) {
+        self.unseen = self.unseen.saturating_sub(count as u64);
+        if self.sorted || self.headed {
+            self.cap = count as u64;
+            self.headed = false;
+        }
+    }
 }
 
 impl<S: Storage> Expand for Layered<'_, S> {
@@ -95,60 +202,24 @@ impl<S: Storage> Expand for Layered<'_, S> {
     }
 
     fn children(&self, c: &LayeredCursor, min_count: u32, out: &mut Vec<Child<LayeredCursor>>) {
+        out.clear();
         if let Some((b, x)) = self.base_only(c) {
             let mut kids = Vec::new();
             b.children(x, min_count, &mut kids);
-            out.clear();
             out.extend(kids.into_iter().map(|k| Child {
                 token: k.token,
                 count: k.count,
                 cursor: [Some(k.cursor), None, None],
             }));
             return;
+        } else {
+            let min_count = min_count.max(1);
+            self.scan_children(c, min_count, |k| {
+                out.push(k);
+                min_count
+            });
         }
-        out.clear();
-        let (cb, cd, _) = self.counts(c);
-        let mut kb = Vec::new();
-        let mut kd = Vec::new();
-        // A child needs min_count in total, so at least min_count − (the other layer's
-        // whole count) in each; eviction only lowers totals.
-        if let (Some(b), Some(x)) = (self.base, &c[0]) {
-            b.children(x, min_count.saturating_sub(cd).max(1), &mut kb);
-        }
-        if let Some(y) = &c[1] {
-            self.delta
-                .children(y, min_count.saturating_sub(cb).max(1), &mut kd);
-        }
-        let mut push =
-            |token: u32, base: Option<GlobalCursor>, delta: Option<GlobalCursor>, count: u32| {
-                let gone = c[2].as_ref().and_then(|z| self.evicted.child(z, token));
-                let count = count.saturating_sub(gone.as_ref().map_or(0, |g| g.count));
-                if count >= min_count.max(1) {
-                    out.push(Child {
-                        token,
-                        count,
-                        cursor: [base, delta, gone.map(|g| g.cursor)],
-                    });
-                }
-            };
-        for k in kb {
-            let other = kd
-                .iter()
-                .position(|m| m.token == k.token)
-                .map(|i| kd.swap_remove(i));
-            let count = k.count + other.as_ref().map_or(0, |m| m.count);
-            push(k.token, Some(k.cursor), other.map(|m| m.cursor), count);
-        }
-        for m in kd {
-            // Children found only in the delta may still be in the base below the
-            // threshold used above.
-            let base = match (self.base, &c[0]) {
-                (Some(b), Some(x)) => b.child(x, m.token),
-                _ => None,
-            };
-            let count = m.count + base.as_ref().map_or(0, |k| k.count);
-            push(m.token, base.map(|k| k.cursor), Some(m.cursor), count);
-        }
+        // Stable: equal counts keep scan order, which `best_child` also follows.
         out.sort_by_key(|k| std::cmp::Reverse(k.count));
     }
 
@@ -160,9 +231,14 @@ impl<S: Storage> Expand for Layered<'_, S> {
                 cursor: [Some(k.cursor), None, None],
             });
         }
-        let mut out = Vec::new();
-        self.children(c, min_count, &mut out);
-        out.into_iter().next()
+        let mut best = None;
+        self.scan_children(c, min_count.max(1), |k| {
+            // Only a strictly larger count can displace it: ties keep scan order.
+            let above = k.count + 1;
+            best = Some(k);
+            above
+        });
+        best
     }
 
     fn child(&self, c: &LayeredCursor, token: u32) -> Option<Child<LayeredCursor>> {

@@ -27,6 +27,9 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 128;
 /// Bytes in the footer.
 pub const FOOTER_LEN: usize = 32;
+/// Header flag (bytes 76..80, bit 0): the children lists of wide (indexed) nodes are in
+/// descending count order.
+pub const FLAG_WIDE_LISTS_SORTED: u32 = 1;
 
 /// Which tokenizer produced the token ids in a snapshot or WAL. Ids from another
 /// tokenizer would be silently wrong drafts, so a mismatch refuses to open.
@@ -178,6 +181,9 @@ pub struct Header {
     pub wal_seq: u64,
     /// Bytes in the archive.
     pub archive_len: u64,
+    /// Every tree's wide children lists are in descending count order (flag bit 0).
+    /// Files written before the flag existed have it clear and are read as unsorted.
+    pub wide_lists_sorted: bool,
 }
 
 /// Per-sequence data the store keeps beside the tree, in the tree's sequence order.
@@ -226,6 +232,18 @@ pub struct NamespaceInput<'a> {
     pub meta: Vec<SeqMeta>,
 }
 
+/// The tree's nodes with wide children lists in descending count order, as snapshots
+/// promise (header flag bit 0).
+fn sorted_nodes(t: &GlobalTree) -> std::borrow::Cow<'_, [Node]> {
+    if t.wide_lists_sorted {
+        std::borrow::Cow::Borrowed(&t.nodes)
+    } else {
+        let mut nodes = t.nodes.clone();
+        crate::tree::sort_wide_lists(&mut nodes, &t.lens);
+        std::borrow::Cow::Owned(nodes)
+    }
+}
+
 fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
     let t = ns.tree;
     let mut wide: Vec<WideChild> = t
@@ -238,8 +256,7 @@ fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
         name: ns.name.to_string(),
         max_depth: t.max_depth as u32,
         live_tokens: t.live_tokens,
-        nodes: t
-            .nodes
+        nodes: sorted_nodes(t)
             .iter()
             .flat_map(|n| [n.start, n.count, n.first_child, n.next_sibling])
             .collect(),
@@ -284,6 +301,7 @@ fn encode_header(h: &Header) -> [u8; HEADER_LEN] {
     b[56..64].copy_from_slice(&h.wal_seq.to_le_bytes());
     b[64..72].copy_from_slice(&h.archive_len.to_le_bytes());
     b[72..76].copy_from_slice(&h.namespaces.to_le_bytes());
+    b[76..80].copy_from_slice(&(h.wide_lists_sorted as u32 * FLAG_WIDE_LISTS_SORTED).to_le_bytes());
     let crc = crc32fast::hash(&b[..HEADER_LEN - 4]);
     b[HEADER_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
     b
@@ -342,6 +360,7 @@ fn decode_frame(path: &Path, b: &[u8]) -> Result<Header, OpenError> {
         wal_seq: u64_at(b, 56),
         archive_len: u64_at(b, 64),
         namespaces: u32_at(b, 72),
+        wide_lists_sorted: u32_at(b, 76) & FLAG_WIDE_LISTS_SORTED != 0,
     };
     let expected = (HEADER_LEN as u64)
         .checked_add(h.archive_len)
@@ -398,6 +417,7 @@ pub fn write_snapshot(
         created_unix_ms: unix_ms(),
         wal_seq,
         archive_len: archive.len() as u64,
+        wide_lists_sorted: true,
     };
     let mut footer = [0u8; FOOTER_LEN];
     footer[0..4].copy_from_slice(&crc32fast::hash(&archive).to_le_bytes());
@@ -501,6 +521,7 @@ impl Clone for FrozenTree {
             live_tokens: self.live_tokens,
             dead_tokens: self.dead_tokens,
             version: self.version,
+            wide_lists_sorted: self.wide_lists_sorted,
         }
     }
 }
@@ -695,6 +716,7 @@ impl Snapshot {
                     live_tokens: ns.live_tokens.to_native(),
                     dead_tokens: 0,
                     version: crate::tree::global_next_version(),
+                    wide_lists_sorted: self.header.wide_lists_sorted,
                 },
                 meta,
             });

@@ -209,6 +209,10 @@ pub struct GlobalTree<S: Storage = Owned> {
     pub(crate) live_tokens: u64,
     pub(crate) dead_tokens: u64,
     pub(crate) version: u64,
+    /// The children lists of wide (indexed) nodes are in descending count order, not
+    /// just headed by their largest. Builds and snapshots are; any insert or removal
+    /// clears it. A reader may leave such a list at the first child below what it needs.
+    pub(crate) wide_lists_sorted: bool,
 }
 
 impl Clone for GlobalTree {
@@ -226,6 +230,7 @@ impl Clone for GlobalTree {
             live_tokens: self.live_tokens,
             dead_tokens: self.dead_tokens,
             version: next_version(),
+            wide_lists_sorted: self.wide_lists_sorted,
         }
     }
 }
@@ -286,6 +291,7 @@ impl GlobalTree {
             live_tokens: 0,
             dead_tokens: 0,
             version: next_version(),
+            wide_lists_sorted: false,
         })
     }
 }
@@ -410,6 +416,7 @@ impl GlobalTree {
         self.seqs.push(entry);
         self.live_tokens += tokens.len() as u64;
         self.version = next_version();
+        self.wide_lists_sorted = false;
         Ok(entry)
     }
 
@@ -475,6 +482,7 @@ impl GlobalTree {
             for i in 0..tree.seqs.len() {
                 tree.insert_suffixes_of(tree.seqs[i], |_| true);
             }
+            tree.sort_wide_lists();
             return Ok(tree);
         }
         let owner = tree.deal_first_tokens(threads);
@@ -496,7 +504,22 @@ impl GlobalTree {
                 .collect()
         });
         tree.adopt_parts(parts);
+        // The parts sorted their own lists; only the root's is a concatenation.
+        let mut guard = tree.nodes.len();
+        sort_list(&mut tree.nodes, ROOT, &mut Vec::new(), &mut guard);
+        tree.wide_lists_sorted = true;
         Ok(tree)
+    }
+
+    /// Put the children lists of wide nodes in descending count order (equal counts keep
+    /// their order, so the head stays the head and every reader's answer is unchanged),
+    /// and say so: readers of the store's view, where evictions hide part of the base,
+    /// can then stop at the first child too small instead of scanning lists thousands
+    /// long. Narrow lists stay as they are: sorting them costs a pass over every node,
+    /// and scanning them costs at most [`INDEX_FANOUT`] steps.
+    pub fn sort_wide_lists(&mut self) {
+        sort_wide_lists(&mut self.nodes, &self.lens);
+        self.wide_lists_sorted = true;
     }
 
     /// Which part (thread) indexes the suffix at each pool position: all suffixes with
@@ -536,6 +559,7 @@ impl GlobalTree {
         for e in self.seqs.iter() {
             sub.insert_suffixes_of(*e, |pos| owner[pos] == part);
         }
+        sub.sort_wide_lists();
         sub
     }
 
@@ -589,6 +613,7 @@ impl GlobalTree {
         };
         let e = self.seqs[idx as usize];
         self.version = next_version();
+        self.wide_lists_sorted = false;
         self.seqs[idx as usize].live = 0;
         self.live_tokens -= e.len as u64;
         self.dead_tokens += e.len as u64;
@@ -1158,6 +1183,7 @@ impl<S: Storage> GlobalTree<S> {
             let mut c = self.node(n).first_child;
             let mut child_sum = 0u64;
             let mut fanout = 0;
+            let mut previous = u32::MAX;
             let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
             while c != NIL && guard > 0 {
                 guard -= 1;
@@ -1167,6 +1193,12 @@ impl<S: Storage> GlobalTree<S> {
                 }
                 fanout += 1;
                 let cnt = self.node(c).count;
+                if self.wide_lists_sorted && indexed && cnt > previous {
+                    return Err(format!(
+                        "node {n}: wide children list out of count order, though the tree says it is sorted"
+                    ));
+                }
+                previous = cnt;
                 let want = visits.get(&c).copied().unwrap_or(0);
                 if cnt != want || cnt == 0 {
                     return Err(format!(
@@ -1220,6 +1252,33 @@ impl<S: Storage> GlobalTree<S> {
 }
 
 impl<S: Storage> GlobalTree<S> {
+    /// Every child of `c` in list order (the head, the largest below the root, first).
+    /// Inside an edge that is the edge's next token alone. Lets a caller stop early once
+    /// what is left cannot matter to it.
+    pub(crate) fn child_list(&self, c: &GlobalCursor) -> ChildList<'_, S> {
+        let inside = self.within_edge(c);
+        let next = if inside.is_some() {
+            NIL
+        } else {
+            self.node(c.node).first_child
+        };
+        ChildList {
+            tree: self,
+            inside,
+            next,
+            depth: c.depth + 1,
+            // A damaged snapshot may link siblings in a cycle.
+            guard: self.nodes.len(),
+        }
+    }
+
+    /// The children list at `c` is known to be in descending count order.
+    pub(crate) fn list_sorted(&self, c: &GlobalCursor) -> bool {
+        self.wide_lists_sorted
+            && (c.off as usize) >= self.len_of(c.node)
+            && self.len_byte(c.node) & INDEXED != 0
+    }
+
     /// Inside an edge the only child is the edge's next token, with the same count.
     fn within_edge(&self, c: &GlobalCursor) -> Option<Child<GlobalCursor>> {
         let n = &self.node(c.node);
@@ -1230,6 +1289,79 @@ impl<S: Storage> GlobalTree<S> {
                 node: c.node,
                 off: c.off + 1,
                 depth: c.depth + 1,
+            },
+        })
+    }
+}
+
+/// Relink the children lists of wide nodes (those with a child index: the root and every
+/// node with more than [`INDEX_FANOUT`] children) in descending count order; equal counts
+/// keep their order. Freed nodes have no index flag, so a pass over `lens` finds them all.
+pub(crate) fn sort_wide_lists(nodes: &mut [Node], lens: &[u8]) {
+    let mut kids = Vec::new();
+    let mut guard = nodes.len(); // a damaged arena may link siblings in a cycle
+    for (n, &len) in lens.iter().enumerate() {
+        if len & INDEXED != 0 && n < nodes.len() {
+            sort_list(nodes, n as u32, &mut kids, &mut guard);
+        }
+    }
+}
+
+/// Relink the children of `n` in descending count order, stable.
+fn sort_list(nodes: &mut [Node], n: u32, kids: &mut Vec<(u32, u32)>, guard: &mut usize) {
+    kids.clear();
+    let mut sorted = true;
+    let mut c = nodes[n as usize].first_child;
+    while c != NIL && (c as usize) < nodes.len() && *guard > 0 {
+        *guard -= 1;
+        let node = &nodes[c as usize];
+        sorted &= kids.last().is_none_or(|&(prev, _)| prev >= node.count);
+        kids.push((node.count, c));
+        c = node.next_sibling;
+    }
+    if sorted {
+        return;
+    }
+    kids.sort_by_key(|&(count, _)| std::cmp::Reverse(count));
+    let mut next = NIL;
+    for &(_, k) in kids.iter().rev() {
+        nodes[k as usize].next_sibling = next;
+        next = k;
+    }
+    nodes[n as usize].first_child = next;
+}
+
+/// The children of one position, in list order: see [`GlobalTree::child_list`].
+pub(crate) struct ChildList<'a, S: Storage> {
+    tree: &'a GlobalTree<S>,
+    inside: Option<Child<GlobalCursor>>,
+    next: u32,
+    depth: u8,
+    guard: usize,
+}
+
+impl<S: Storage> Iterator for ChildList<'_, S> {
+    type Item = Child<GlobalCursor>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Child<GlobalCursor>> {
+        if let Some(k) = self.inside.take() {
+            return Some(k);
+        }
+        if self.next == NIL || self.guard == 0 {
+            return None;
+        }
+        self.guard -= 1;
+        let node = self.next;
+        let n = self.tree.node(node);
+        self.next = n.next_sibling;
+        Some(Child {
+            token: self.tree.token_at(n.start as usize),
+            count: n.count,
+            cursor: GlobalCursor {
+                node,
+                off: 1,
+                depth: self.depth,
             },
         })
     }
@@ -1256,24 +1388,15 @@ impl<S: Storage> Expand for GlobalTree<S> {
         }
         // Scan until what is left unseen could not reach min_count.
         let mut unseen = n.count as u64;
-        let mut ch = n.first_child;
-        let mut guard = self.nodes.len(); // a damaged snapshot may link siblings in a cycle
-        while ch != NIL && guard > 0 && unseen >= min_count.max(1) as u64 {
-            guard -= 1;
-            let cn = &self.node(ch);
-            unseen = unseen.saturating_sub(cn.count as u64);
-            if cn.count >= min_count {
-                out.push(Child {
-                    token: self.token_at(cn.start as usize),
-                    count: cn.count,
-                    cursor: GlobalCursor {
-                        node: ch,
-                        off: 1,
-                        depth: c.depth + 1,
-                    },
-                });
+        let sorted = self.list_sorted(c);
+        for k in self.child_list(c) {
+            if unseen < min_count.max(1) as u64 || (sorted && k.count < min_count) {
+                break;
             }
-            ch = cn.next_sibling;
+            unseen = unseen.saturating_sub(k.count as u64);
+            if k.count >= min_count {
+                out.push(k);
+            }
         }
         // Stable: equal counts keep list order.
         out.sort_by_key(|k| std::cmp::Reverse(k.count));

@@ -16,6 +16,7 @@ mod global;
 mod request;
 
 pub(crate) use global::next_version as global_next_version;
+pub(crate) use global::sort_wide_lists;
 pub use global::{
     ChildIndex, GlobalCursor, GlobalTree, Node, Owned, SeqEntry, Storage, TreeError, TreeStats,
     WideChild,
