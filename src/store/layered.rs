@@ -295,8 +295,10 @@ impl<S: Storage> GlobalIndex for Layered<'_, S> {
         if base.is_none() && delta.is_none() {
             return None;
         }
-        let next = [base, delta, c[2].and_then(|z| self.evicted.step(z, token))];
-        (self.count(&next) > 0).then_some(next)
+        let gone = c[2].and_then(|z| self.evicted.step(z, token));
+        let next = [base, delta, gone];
+        // Nothing evicted here: a path one layer holds counts at least 1.
+        (gone.is_none() || self.count(&next) > 0).then_some(next)
     }
 
     fn extend_match_back(&self, c: &LayeredCursor, context: &[u32], limit: usize) -> usize {
