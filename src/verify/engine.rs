@@ -477,38 +477,20 @@ impl Engine {
         Ok(&self.cost)
     }
 
-    /// Cut the drafts of one batched step so that expected tokens per unit of cost is
-    /// best. `fixed_rows` rows run whatever is drafted (prefill chunks and each decoding
-    /// sequence's pending token), and each of the `drafts.len()` decoding sequences
-    /// gains one token for sure. Draft nodes are taken in topological order per draft
-    /// (so each kept draft is a subtree), the most likely next node across all drafts
-    /// first; the kept set is the one where (decoding + expected accepted) / t(rows) is
-    /// best. With nothing worth its cost every draft comes back empty: plain decoding.
-    /// For one sequence alone this is (1 + expected) / (t(1 + k) / t(1)).
+    /// Cut the drafts of one batched step to what pays for its rows
+    /// ([`CostCurve::best_cut`]), valuing each node at its probability times how well
+    /// SCORE has lately predicted acceptance for its source. `fixed_rows` run whatever
+    /// is drafted (prefill chunks and each decoding sequence's pending token).
     pub fn allocate_drafts(&mut self, fixed_rows: usize, drafts: &mut [&mut Draft]) {
-        let factors: Vec<f64> = drafts
+        let values: Vec<Vec<f64>> = drafts
             .iter()
-            .map(|d| self.calibration.factor(d.source))
+            .map(|d| {
+                let factor = self.calibration.factor(d.source);
+                d.probs.iter().map(|&p| p as f64 * factor).collect()
+            })
             .collect();
-        let mut taken = vec![0usize; drafts.len()];
-        let mut expected = drafts.len() as f64;
-        let mut rows = fixed_rows;
-        let mut best = (expected / self.cost.cost(rows), taken.clone());
-        loop {
-            let next = (0..drafts.len())
-                .filter(|&i| taken[i] < drafts[i].len())
-                .map(|i| (drafts[i].probs[taken[i]] as f64 * factors[i], i))
-                .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
-            let Some((value, i)) = next else { break };
-            taken[i] += 1;
-            expected += value;
-            rows += 1;
-            let gain = expected / self.cost.cost(rows);
-            if gain > best.0 {
-                best = (gain, taken.clone());
-            }
-        }
-        for (draft, &k) in drafts.iter_mut().zip(&best.1) {
+        let cut = self.cost.best_cut(fixed_rows, &values);
+        for (draft, &k) in drafts.iter_mut().zip(&cut) {
             if k == 0 && !draft.is_empty() {
                 self.calibration.refused(draft.source);
             }
