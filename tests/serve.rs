@@ -117,6 +117,19 @@ fn answer(r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
     )
 }
 
+/// Send raw bytes to the server and read its answer until it closes the connection.
+fn raw_exchange(base: &str, request: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer
+}
+
 fn model_present() -> bool {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if p.exists() {
@@ -284,6 +297,16 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     );
     assert_eq!(st, 400, "{err}");
     assert_eq!(s.get("/nope", false).0, 404);
+
+    // A body declared far over the limit is refused from its headers alone, before the
+    // client sends it (so a client using `Expect: 100-continue` never has to).
+    let head = raw_exchange(
+        &s.base,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: 1073741824\r\nconnection: close\r\n\r\n",
+    );
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert!(head.contains("larger than"), "{head}");
 
     // Concurrent clients while a snapshot and a compaction run: every request answered.
     let base = s.base.clone();

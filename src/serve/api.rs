@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, Sse};
@@ -130,17 +130,56 @@ pub async fn chat_completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// How much of an oversize body the server reads and discards before it answers 413,
+/// as a multiple of the limit. Closing a connection with unread bytes makes the kernel
+/// reset it, and a client still writing then sees a broken pipe instead of the error
+/// message; draining a bounded amount lets ordinary clients read the 413.
+const OVERSIZE_DRAIN_FACTOR: usize = 8;
+
+/// How long the server keeps draining an oversize body.
+const OVERSIZE_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn read_json<T: serde::de::DeserializeOwned>(
     body: Body,
     limit: usize,
 ) -> Result<T, ApiError> {
-    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+    use axum::body::HttpBody;
+    use futures_util::StreamExt;
+
+    let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
-            format!("request body is larger than {limit} bytes"),
+            format!("request body is larger than {limit} bytes; send a smaller request"),
         )
-    })?;
+    };
+    let drain_cap = limit.saturating_mul(OVERSIZE_DRAIN_FACTOR);
+    let declared = body.size_hint().exact();
+    if declared.is_some_and(|n| n > drain_cap as u64) {
+        // Too large to be worth reading at all.
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("could not read the body: {e}")))?;
+        if bytes.len() + chunk.len() > limit {
+            let mut seen = bytes.len() + chunk.len();
+            drop(bytes);
+            let drain = async {
+                while seen <= drain_cap {
+                    match stream.next().await {
+                        Some(Ok(c)) => seen += c.len(),
+                        _ => break,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIME, drain).await;
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
