@@ -67,23 +67,42 @@ struct Pass {
     outputs: Vec<Vec<u32>>,
 }
 
-fn run_pass(
-    engine: &mut Engine,
-    items: &[Item],
-    max_tokens: usize,
+/// One side of the comparison: plain or speculative decoding, with its own global tree
+/// (the speculative side learns from its finished generations; the plain side has none).
+struct Side {
     speculate: bool,
-    params: crate::speculate::SpecParams,
-) -> anyhow::Result<Pass> {
-    let mut global = GlobalTree::new(params.max_depth)?;
-    let mut pass = Pass::default();
-    let opts = GenerateOptions {
-        max_tokens,
-        sampling: Sampling::default(),
-        stop: vec![],
-        speculate,
-    };
-    let mut next_id = 0u64;
-    for item in items {
+    global: GlobalTree,
+    next_id: u64,
+    pass: Pass,
+    /// Per item: generated tokens and decoding seconds, for the per-item ratios.
+    items: Vec<(usize, f64)>,
+}
+
+impl Side {
+    fn new(speculate: bool, max_depth: usize) -> anyhow::Result<Side> {
+        Ok(Side {
+            speculate,
+            global: GlobalTree::new(max_depth)?,
+            next_id: 0,
+            pass: Pass::default(),
+            items: Vec::new(),
+        })
+    }
+
+    /// Run one workload item (every stage of a pipeline) on this side.
+    fn run_item(
+        &mut self,
+        engine: &mut Engine,
+        item: &Item,
+        max_tokens: usize,
+        params: crate::speculate::SpecParams,
+    ) -> anyhow::Result<()> {
+        let opts = GenerateOptions {
+            max_tokens,
+            sampling: Sampling::default(),
+            stop: vec![],
+            speculate: self.speculate,
+        };
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],
             Item::Chat { messages } => vec![
@@ -95,8 +114,9 @@ fn run_pass(
             ],
             Item::Pipeline { stages } => stages.clone(),
         };
+        let (mut tokens, mut seconds) = (0, 0.0);
         let mut prev = String::new();
-        for (k, t) in texts.iter().enumerate() {
+        for t in &texts {
             let text = match item {
                 Item::Pipeline { .. } => chat_text(engine, &t.replace("{prev}", &prev))?,
                 _ => t.clone(),
@@ -106,27 +126,51 @@ fn run_pass(
                 .encode_text(&text)
                 .map_err(anyhow::Error::msg)?;
             let t0 = Instant::now();
-            let g = if speculate {
-                let mut d = IndexDrafter::new(&global, params);
+            let g = if self.speculate {
+                let mut d = IndexDrafter::new(&self.global, params);
                 engine.generate(&prompt, &opts, &mut d, &mut |_| true)?
             } else {
                 engine.generate(&prompt, &opts, &mut NoDrafts, &mut |_| true)?
             };
-            pass.seconds += t0.elapsed().as_secs_f64() - g.prefill_s;
-            pass.tokens += g.tokens.len();
-            pass.steps += g.steps;
-            pass.accepted += g.accepted_tokens;
-            pass.drafted += g.drafted_tokens;
-            if speculate {
-                global.insert(next_id, &g.tokens)?;
-                next_id += 1;
+            let decode_s = t0.elapsed().as_secs_f64() - g.prefill_s;
+            seconds += decode_s;
+            tokens += g.tokens.len();
+            self.pass.seconds += decode_s;
+            self.pass.tokens += g.tokens.len();
+            self.pass.steps += g.steps;
+            self.pass.accepted += g.accepted_tokens;
+            self.pass.drafted += g.drafted_tokens;
+            if self.speculate {
+                self.global.insert(self.next_id, &g.tokens)?;
+                self.next_id += 1;
             }
             prev = g.text.clone();
-            pass.outputs.push(g.tokens);
-            let _ = k;
+            self.pass.outputs.push(g.tokens);
         }
+        self.items.push((tokens, seconds));
+        Ok(())
     }
-    Ok(pass)
+}
+
+/// The median of the per-item speedups (speculative ÷ plain tokens/s).
+fn median_item_speedup(plain: &Side, spec: &Side) -> f64 {
+    let mut ratios: Vec<f64> = plain
+        .items
+        .iter()
+        .zip(&spec.items)
+        .filter(|(p, s)| p.1 > 0.0 && s.1 > 0.0 && p.0 > 0 && s.0 > 0)
+        .map(|(p, s)| (s.0 as f64 / s.1) / (p.0 as f64 / p.1))
+        .collect();
+    if ratios.is_empty() {
+        return f64::NAN;
+    }
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    if n % 2 == 1 {
+        ratios[n / 2]
+    } else {
+        (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+    }
 }
 
 pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
@@ -146,8 +190,22 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
             break;
         }
     }
-    let plain = run_pass(&mut engine, &items, a.max_tokens, false, params)?;
-    let spec = run_pass(&mut engine, &items, a.max_tokens, true, params)?;
+    // The two sides take turns item by item, in alternating order, so that a change in
+    // the machine's load during the run falls on both alike.
+    let mut plain_side = Side::new(false, params.max_depth)?;
+    let mut spec_side = Side::new(true, params.max_depth)?;
+    for (i, item) in items.iter().enumerate() {
+        let order = if i % 2 == 0 {
+            [&mut plain_side, &mut spec_side]
+        } else {
+            [&mut spec_side, &mut plain_side]
+        };
+        for side in order {
+            side.run_item(&mut engine, item, a.max_tokens, params)?;
+        }
+    }
+    let median_speedup = median_item_speedup(&plain_side, &spec_side);
+    let (plain, spec) = (plain_side.pass, spec_side.pass);
     let same = plain
         .outputs
         .iter()
@@ -161,16 +219,18 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         "plain_tokens_per_s": tps(&plain),
         "spec_tokens_per_s": tps(&spec),
         "speedup": tps(&spec) / tps(&plain),
+        "median_item_speedup": median_speedup,
         "spec_tokens_per_step": spec.tokens as f64 / spec.steps.max(1) as f64,
         "mean_accepted_per_step": spec.accepted as f64 / spec.steps.max(1) as f64,
         "acceptance_rate": spec.accepted as f64 / spec.drafted.max(1) as f64,
         "cost_curve": engine.cost_curve(),
     });
     println!(
-        "plain {:.1} tok/s, speculative {:.1} tok/s: {:.3}x; {:.2} tokens/step; {}/{} outputs identical",
+        "plain {:.1} tok/s, speculative {:.1} tok/s: {:.3}x (median per item {:.3}x); {:.2} tokens/step; {}/{} outputs identical",
         tps(&plain),
         tps(&spec),
         tps(&spec) / tps(&plain),
+        median_speedup,
         spec.tokens as f64 / spec.steps.max(1) as f64,
         same,
         plain.outputs.len()
