@@ -59,12 +59,23 @@ fn chat_text(engine: &Engine, content: &str) -> anyhow::Result<String> {
 
 #[derive(Default, Debug, serde::Serialize)]
 struct Pass {
-    tokens: usize,
-    seconds: f64,
+    /// Per item: generated tokens and decoding seconds.
+    items: Vec<(usize, f64)>,
     steps: usize,
     accepted: usize,
     drafted: usize,
     outputs: Vec<Vec<u32>>,
+}
+
+impl Pass {
+    fn tokens(&self) -> usize {
+        self.items.iter().map(|i| i.0).sum()
+    }
+
+    fn tokens_per_s(&self) -> f64 {
+        let seconds: f64 = self.items.iter().map(|i| i.1).sum();
+        self.tokens() as f64 / seconds.max(1e-9)
+    }
 }
 
 /// One side of the comparison: plain or speculative decoding, with its own global tree
@@ -74,8 +85,6 @@ struct Side {
     global: GlobalTree,
     next_id: u64,
     pass: Pass,
-    /// Per item: generated tokens and decoding seconds, for the per-item ratios.
-    items: Vec<(usize, f64)>,
 }
 
 impl Side {
@@ -85,7 +94,6 @@ impl Side {
             global: GlobalTree::new(max_depth)?,
             next_id: 0,
             pass: Pass::default(),
-            items: Vec::new(),
         })
     }
 
@@ -135,8 +143,6 @@ impl Side {
             let decode_s = t0.elapsed().as_secs_f64() - g.prefill_s;
             seconds += decode_s;
             tokens += g.tokens.len();
-            self.pass.seconds += decode_s;
-            self.pass.tokens += g.tokens.len();
             self.pass.steps += g.steps;
             self.pass.accepted += g.accepted_tokens;
             self.pass.drafted += g.drafted_tokens;
@@ -147,13 +153,13 @@ impl Side {
             prev = g.text.clone();
             self.pass.outputs.push(g.tokens);
         }
-        self.items.push((tokens, seconds));
+        self.pass.items.push((tokens, seconds));
         Ok(())
     }
 }
 
 /// The median of the per-item speedups (speculative ÷ plain tokens/s).
-fn median_item_speedup(plain: &Side, spec: &Side) -> f64 {
+fn median_item_speedup(plain: &Pass, spec: &Pass) -> f64 {
     let mut ratios: Vec<f64> = plain
         .items
         .iter()
@@ -204,15 +210,15 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
             side.run_item(&mut engine, item, a.max_tokens, params)?;
         }
     }
-    let median_speedup = median_item_speedup(&plain_side, &spec_side);
     let (plain, spec) = (plain_side.pass, spec_side.pass);
+    let median_speedup = median_item_speedup(&plain, &spec);
     let same = plain
         .outputs
         .iter()
         .zip(&spec.outputs)
         .filter(|(x, y)| x == y)
         .count();
-    let tps = |p: &Pass| p.tokens as f64 / p.seconds.max(1e-9);
+    let tps = Pass::tokens_per_s;
     let report = serde_json::json!({
         "generations": plain.outputs.len(),
         "identical_outputs": same,
@@ -220,7 +226,7 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         "spec_tokens_per_s": tps(&spec),
         "speedup": tps(&spec) / tps(&plain),
         "median_item_speedup": median_speedup,
-        "spec_tokens_per_step": spec.tokens as f64 / spec.steps.max(1) as f64,
+        "spec_tokens_per_step": spec.tokens() as f64 / spec.steps.max(1) as f64,
         "mean_accepted_per_step": spec.accepted as f64 / spec.steps.max(1) as f64,
         "acceptance_rate": spec.accepted as f64 / spec.drafted.max(1) as f64,
         "cost_curve": engine.cost_curve(),
@@ -231,7 +237,7 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         tps(&spec),
         tps(&spec) / tps(&plain),
         median_speedup,
-        spec.tokens as f64 / spec.steps.max(1) as f64,
+        spec.tokens() as f64 / spec.steps.max(1) as f64,
         same,
         plain.outputs.len()
     );

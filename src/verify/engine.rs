@@ -248,12 +248,8 @@ impl Calibration {
         let q = self.factor(draft.source);
         let mut values: Vec<f64> = Vec::with_capacity(draft.len());
         for (i, &parent) in draft.parents.iter().enumerate() {
-            let (parent_prob, parent_value) = match usize::try_from(parent) {
-                Ok(p) => (f64::from(draft.probs[p]), values[p]),
-                Err(_) => (1.0, 1.0),
-            };
-            let conditional = (f64::from(draft.probs[i]) / parent_prob.max(1e-9)).min(1.0);
-            values.push(parent_value * (q * conditional).min(1.0));
+            let parent_value = usize::try_from(parent).map_or(1.0, |p| values[p]);
+            values.push(parent_value * (q * given_parent(draft, i)).min(1.0));
         }
         values
     }
@@ -278,6 +274,13 @@ impl Calibration {
     }
 }
 
+/// Draft node `i`'s probability given its parent (the context for a root child), at
+/// most 1.
+fn given_parent(draft: &Draft, i: usize) -> f64 {
+    let parent_prob = usize::try_from(draft.parents[i]).map_or(1.0, |p| f64::from(draft.probs[p]));
+    (f64::from(draft.probs[i]) / parent_prob.max(1e-9)).min(1.0)
+}
+
 /// The levels of a verified draft, walked along its accepted path: at each level the
 /// model's token was expected among the current node's children with the sum of their
 /// probabilities given that node, and found there (1) or not (0). Returns the expected
@@ -287,13 +290,9 @@ fn level_trials(draft: &Draft, accepted: &[usize]) -> (f64, f64) {
     let mut node = -1i32;
     let mut level = 0;
     loop {
-        let parent_prob = match usize::try_from(node) {
-            Ok(n) => f64::from(draft.probs[n]),
-            Err(_) => 1.0,
-        };
         let children: f64 = (0..draft.len())
             .filter(|&i| draft.parents[i] == node)
-            .map(|i| (f64::from(draft.probs[i]) / parent_prob.max(1e-9)).min(1.0))
+            .map(|i| given_parent(draft, i))
             .sum();
         if children == 0.0 {
             break;
@@ -556,9 +555,9 @@ impl Engine {
 
     /// Cut the drafts of one batched step to what pays for its rows
     /// ([`CostCurve::best_cut`]), valuing each node at its path's probabilities, each
-    /// corrected by how often tokens of its source have lately been accepted
-    /// ([`Calibration`]). `fixed_rows` run whatever
-    /// is drafted (prefill chunks and each decoding sequence's pending token).
+    /// corrected by how often tokens of its source have lately been accepted.
+    /// `fixed_rows` run whatever is drafted (prefill chunks and each decoding
+    /// sequence's pending token).
     pub fn allocate_drafts(&mut self, fixed_rows: usize, drafts: &mut [&mut Draft]) {
         let values: Vec<Vec<f64>> = drafts.iter().map(|d| self.calibration.values(d)).collect();
         let cut = self.cost.best_cut(fixed_rows, &values);
