@@ -166,6 +166,16 @@ impl Draft {
         self
     }
 
+    /// Empty, keeping the buffers.
+    fn clear(&mut self) {
+        self.tokens.clear();
+        self.parents.clear();
+        self.probs.clear();
+        self.score = 0.0;
+        self.match_len = 0;
+        self.source = DraftSource::None;
+    }
+
     fn push(&mut self, token: u32, parent: i32, prob: f32) -> i32 {
         self.tokens.push(token);
         self.parents.push(parent);
@@ -202,6 +212,7 @@ pub struct Speculator<C = GlobalCursor> {
     matches: Vec<(u32, u32)>,
     exhaustive: bool,
     global: GlobalMatches<C>,
+    drafts: Scratch,
 }
 
 impl<C> Default for Speculator<C> {
@@ -210,8 +221,20 @@ impl<C> Default for Speculator<C> {
             matches: Vec::new(),
             exhaustive: false,
             global: GlobalMatches::default(),
+            drafts: Scratch::default(),
         }
     }
+}
+
+/// Two drafts whose buffers live as long as the speculator: the best candidate so far
+/// and the one being grown. Candidates are grown at every call for every p tried, so
+/// growing them into fresh vectors would allocate (and reallocate) on the hot path.
+#[derive(Default)]
+struct Scratch {
+    best: Draft,
+    next: Draft,
+    /// The candidate p, by bound.
+    order: Vec<(usize, usize)>,
 }
 
 /// The global-tree positions N_1, N_2, … of the last p context tokens, for one context.
@@ -222,6 +245,8 @@ struct GlobalMatches<C> {
     tail: Vec<u32>,
     /// `cursors[p - 1]` is N_p, for every p that matches.
     cursors: Vec<C>,
+    /// The previous call's cursors while they are stepped (kept for its buffer).
+    previous: Vec<C>,
 }
 
 impl<C> Default for GlobalMatches<C> {
@@ -231,6 +256,7 @@ impl<C> Default for GlobalMatches<C> {
             context_len: 0,
             tail: Vec::new(),
             cursors: Vec::new(),
+            previous: Vec::new(),
         }
     }
 }
@@ -250,7 +276,9 @@ impl<C: Clone> GlobalMatches<C> {
             && old_len >= self.tail.len()
             && self.tail.len() == depth.min(old_len)
             && context[old_len - self.tail.len()..old_len] == self.tail[..];
-        let old = std::mem::take(&mut self.cursors);
+        std::mem::swap(&mut self.cursors, &mut self.previous);
+        self.cursors.clear();
+        let old = &self.previous;
         let k = n - old_len.min(n);
         let new = &context[n - k..];
         for p in 1..=depth.min(n) {
@@ -306,14 +334,14 @@ fn min_count_for(params: &SpecParams, prob: f32, count: u32) -> u32 {
     ((params.min_prob / prob) * count as f32).floor().max(1.0) as u32
 }
 
-/// Grow a single-path draft from `start`.
+/// Grow a single-path draft from `start` into `d`.
 fn expand_path<T: Expand>(
     tree: &T,
     start: &T::Cursor,
     max_tokens: usize,
     params: &SpecParams,
-) -> Draft {
-    let mut d = Draft::default();
+    d: &mut Draft,
+) {
     let mut prob = 1.0f32;
     let mut cur = start.clone();
     let extended = params.mode == SpecMode::Extended;
@@ -342,17 +370,16 @@ fn expand_path<T: Expand>(
         d.push(child.token, parent, prob);
         cur = child.cursor;
     }
-    d
 }
 
-/// Grow a draft tree from `start`, best D(N) first.
+/// Grow a draft tree from `start` into `d`, best D(N) first.
 fn expand_tree<T: Expand>(
     tree: &T,
     start: &T::Cursor,
     max_tokens: usize,
     params: &SpecParams,
-) -> Draft {
-    let mut d = Draft::default();
+    d: &mut Draft,
+) {
     let mut heap = BinaryHeap::new();
     let mut order = 0u32;
     let mut kids: Vec<Child<T::Cursor>> = Vec::new();
@@ -393,14 +420,21 @@ fn expand_tree<T: Expand>(
         }
         push_children(&mut heap, &item.cursor, item.prob, idx);
     }
-    d
 }
 
-fn expand<T: Expand>(tree: &T, start: &T::Cursor, max_tokens: usize, params: &SpecParams) -> Draft {
+/// Grow a draft from `start` into `d`, which is cleared first (its buffers are reused).
+fn expand<T: Expand>(
+    tree: &T,
+    start: &T::Cursor,
+    max_tokens: usize,
+    params: &SpecParams,
+    d: &mut Draft,
+) {
+    d.clear();
     if params.tree {
-        expand_tree(tree, start, max_tokens, params)
+        expand_tree(tree, start, max_tokens, params, d)
     } else {
-        expand_path(tree, start, max_tokens, params)
+        expand_path(tree, start, max_tokens, params, d)
     }
 }
 
@@ -547,28 +581,38 @@ impl<C: Clone> Speculator<C> {
         // match length. Within a range of equal occurrence sets every p grows the same
         // path, cut at limit(p) tokens, so only the p with the largest limit (the
         // longest on ties) can win in each range.
-        let mut cuts: SmallVec<[usize; 32]> = matches
-            .iter()
-            .map(|m| (m.1 as usize).min(p_max))
-            .chain(std::iter::once(p_max))
-            .filter(|&l| l > 0)
-            .collect();
-        cuts.sort_unstable();
-        cuts.dedup();
-        let mut candidates: SmallVec<[usize; 32]> = SmallVec::new();
+        // p_max is below 128 (the depth limit, or the extended window), so the range ends
+        // fit in one bit set.
+        let mut cuts = 1u128 << p_max.min(127);
+        for m in matches {
+            cuts |= 1u128 << (m.1 as usize).min(p_max).min(127);
+        }
+        cuts &= !1;
+        let mut candidates: SmallVec<[usize; 16]> = SmallVec::new();
         let mut lo = 1;
-        for &hi in &cuts {
+        while cuts != 0 {
+            let hi = cuts.trailing_zeros() as usize;
+            cuts &= cuts - 1;
             if let Some(p) = (lo..=hi).max_by_key(|&p| (limit(p), p)) {
                 candidates.push(p);
             }
             lo = hi + 1;
         }
-        let best = best_over_p(&candidates, p_max, self.exhaustive, limit, |p| {
-            let cursor = tree.cursor_at(matches, p)?;
-            let mut d = expand(tree, &cursor, budget(p), params);
-            d.match_len = p;
-            Some(d)
-        });
+        let best = best_over_p(
+            &mut self.drafts,
+            candidates,
+            p_max,
+            self.exhaustive,
+            limit,
+            |p, d| {
+                let Some(cursor) = tree.cursor_at(matches, p) else {
+                    return false;
+                };
+                expand(tree, &cursor, budget(p), params, d);
+                d.match_len = p;
+                true
+            },
+        );
         best.with_source(DraftSource::Request)
     }
 
@@ -605,18 +649,26 @@ impl<C: Clone> Speculator<C> {
             SpecMode::Extended if p == p_max => params.budget(EXTENDED_WINDOW.max(p)),
             SpecMode::Extended => params.budget(p),
         };
-        let all: SmallVec<[usize; 64]> = (1..=p_max).collect();
-        let best = best_over_p(&all, p_max, self.exhaustive, bound, |p| {
-            let cursor = cursors.get(p - 1)?.clone();
-            let mut matched = p;
-            if extended && p == p_max {
-                matched +=
-                    tree.extend_match_back(&cursor, context, EXTENDED_WINDOW.saturating_sub(p));
-            }
-            let mut d = expand(tree, &cursor, params.budget(matched), params);
-            d.match_len = matched;
-            Some(d)
-        });
+        let best = best_over_p(
+            &mut self.drafts,
+            1..=p_max,
+            p_max,
+            self.exhaustive,
+            bound,
+            |p, d| {
+                let Some(cursor) = cursors.get(p - 1) else {
+                    return false;
+                };
+                let mut matched = p;
+                if extended && p == p_max {
+                    matched +=
+                        tree.extend_match_back(cursor, context, EXTENDED_WINDOW.saturating_sub(p));
+                }
+                expand(tree, cursor, params.budget(matched), params, d);
+                d.match_len = matched;
+                true
+            },
+        );
         best.with_source(DraftSource::Global)
     }
 
@@ -646,79 +698,94 @@ impl<C: Clone> Speculator<C> {
                 params.budget(p)
             }
         };
-        let all: SmallVec<[usize; 64]> = (1..=p_max).collect();
-        best_over_p(&all, p_max, self.exhaustive, bound, |p| {
-            let g = if p <= global_pmax {
-                cursors.get(p - 1).cloned()
-            } else {
-                None
-            };
-            let r = request.response_cursor_at(matches, p);
-            let mut matched = p;
-            if r.is_none()
-                && p == global_pmax
-                && let Some(g) = &g
-            {
-                matched += global.extend_match_back(g, context, EXTENDED_WINDOW.saturating_sub(p));
-            }
-            if g.is_none() && r.is_none() {
-                return None;
-            }
-            let source = if r.is_some() {
-                DraftSource::Both
-            } else {
-                DraftSource::Global
-            };
-            let mut d = expand(&merged, &(g, r), params.budget(matched), params);
-            d.match_len = matched;
-            Some(d.with_source(source))
-        })
+        best_over_p(
+            &mut self.drafts,
+            1..=p_max,
+            p_max,
+            self.exhaustive,
+            bound,
+            |p, d| {
+                let g = if p <= global_pmax {
+                    cursors.get(p - 1).cloned()
+                } else {
+                    None
+                };
+                let r = request.response_cursor_at(matches, p);
+                let mut matched = p;
+                if r.is_none()
+                    && p == global_pmax
+                    && let Some(g) = &g
+                {
+                    matched +=
+                        global.extend_match_back(g, context, EXTENDED_WINDOW.saturating_sub(p));
+                }
+                if g.is_none() && r.is_none() {
+                    return false;
+                }
+                let source = if r.is_some() {
+                    DraftSource::Both
+                } else {
+                    DraftSource::Global
+                };
+                expand(&merged, &(g, r), params.budget(matched), params, d);
+                d.match_len = matched;
+                d.source = if d.is_empty() {
+                    DraftSource::None
+                } else {
+                    source
+                };
+                true
+            },
+        )
     }
 }
 
 /// Finds the best draft over p = 1..=p_max exactly as the exhaustive loop would (largest
 /// score, ties to the larger p). Only `candidates` are tried (the caller knows the other
 /// p cannot win), from the largest upper bound down, skipping any p whose bound cannot
-/// beat the best so far. `bound(p)` must be at least the score `eval(p)` can return.
+/// beat the best so far. `bound(p)` must be at least the score `eval(p)` can give.
 /// With `exhaustive`, every p is tried, as the reference loop does.
+///
+/// `eval(p, d)` grows the draft for `p` into `d` (cleared, its buffers reused), or
+/// returns false where `p` has no match. Candidates are grown in `drafts`; only the
+/// winner is copied out.
 fn best_over_p(
-    candidates: &[usize],
+    drafts: &mut Scratch,
+    candidates: impl IntoIterator<Item = usize>,
     p_max: usize,
     exhaustive: bool,
     bound: impl Fn(usize) -> usize,
-    mut eval: impl FnMut(usize) -> Option<Draft>,
+    mut eval: impl FnMut(usize, &mut Draft) -> bool,
 ) -> Draft {
+    let Scratch { best, next, order } = drafts;
+    best.clear();
     if exhaustive {
         // The reference loop: every p, ties to the larger.
-        let mut best = Draft::default();
         for p in 1..=p_max {
-            if let Some(d) = eval(p)
-                && d.score >= best.score
-                && !d.is_empty()
-            {
-                best = d;
+            if eval(p, next) && next.score >= best.score && !next.is_empty() {
+                std::mem::swap(best, next);
             }
         }
-        return best;
+        return best.clone();
     }
-    let mut order: SmallVec<[(usize, usize); 64]> =
-        candidates.iter().map(|&p| (bound(p), p)).collect();
+    order.clear();
+    order.extend(candidates.into_iter().map(|p| (bound(p), p)));
     order.sort_unstable_by(|a, b| b.cmp(a));
-    let mut best = Draft::default();
     let mut best_p = 0;
-    for (b, p) in order {
+    for &(b, p) in order.iter() {
         let b = b as f32;
         if b < best.score || (b == best.score && p < best_p) || b == 0.0 {
             continue;
         }
-        if let Some(d) = eval(p)
-            && (d.score > best.score || (d.score == best.score && p > best_p && !d.is_empty()))
+        if eval(p, next)
+            && (next.score > best.score
+                || (next.score == best.score && p > best_p && !next.is_empty()))
         {
-            best = d;
+            std::mem::swap(best, next);
             best_p = p;
         }
     }
-    best
+    best.clone()
 }
 
 #[cfg(test)]

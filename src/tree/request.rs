@@ -11,6 +11,7 @@
 //! last token (which has no continuation), exactly as in the reference implementation.
 
 use rustc_hash::FxHashMap;
+use smallvec::{SmallVec, smallvec};
 
 use super::{Child, Expand, NIL};
 
@@ -29,10 +30,14 @@ pub struct RequestTree {
     prompt_len: usize,
 }
 
+/// The end positions of a path's occurrences. Most paths a draft follows occur a few
+/// times, so they are kept inline: cursors are made and dropped at every draft step.
+type Ends = SmallVec<[u32; 6]>;
+
 /// A position in a [`RequestTree`]: the end positions of every occurrence of its path.
 #[derive(Clone, Debug)]
 pub struct RequestCursor {
-    ends: Vec<u32>,
+    ends: Ends,
     depth: usize,
 }
 
@@ -100,7 +105,7 @@ impl RequestTree {
     /// The cursor of the path made of the last `p` tokens of the context, given the
     /// output of [`RequestTree::match_lengths`].
     pub fn cursor_at(&self, matches: &[(u32, u32)], p: usize) -> Option<RequestCursor> {
-        let ends: Vec<u32> = matches
+        let ends: Ends = matches
             .iter()
             .filter(|(_, l)| *l as usize >= p)
             .map(|(j, _)| *j)
@@ -112,7 +117,7 @@ impl RequestTree {
     /// generated tokens: the view of the response alone, as a global tree that learns
     /// the response while it is generated would hold it.
     pub fn response_cursor_at(&self, matches: &[(u32, u32)], p: usize) -> Option<RequestCursor> {
-        let ends: Vec<u32> = matches
+        let ends: Ends = matches
             .iter()
             .filter(|(j, l)| *l as usize >= p && (*j as usize + 1) >= self.prompt_len + p)
             .map(|(j, _)| *j)
@@ -164,11 +169,11 @@ impl Expand for RequestTree {
         }
         // Group the next tokens; `ends` is most recent first, so first-seen order is
         // recency order, which breaks ties.
-        let mut order: Vec<(u32, Vec<u32>)> = Vec::new();
+        let mut order: Vec<(u32, Ends)> = Vec::new();
         for (tok, next) in self.next_tokens(c) {
             match order.iter_mut().find(|(t, _)| *t == tok) {
                 Some((_, v)) => v.push(next),
-                None => order.push((tok, vec![next])),
+                None => order.push((tok, smallvec![next])),
             }
         }
         out.extend(
@@ -198,13 +203,13 @@ impl Expand for RequestTree {
                 token: self.tokens[next],
                 count: 1,
                 cursor: RequestCursor {
-                    ends: vec![next as u32],
+                    ends: smallvec![next as u32],
                     depth: c.depth + 1,
                 },
             });
         }
         // Tally next tokens in recency order; the first to reach the top count wins ties.
-        let mut tally: Vec<(u32, u32)> = Vec::with_capacity(8);
+        let mut tally: SmallVec<[(u32, u32); 8]> = SmallVec::new();
         for (tok, _) in self.next_tokens(c) {
             match tally.iter_mut().find(|(t, _)| *t == tok) {
                 Some((_, n)) => *n += 1,
@@ -225,7 +230,7 @@ impl Expand for RequestTree {
         if c.depth >= self.max_depth {
             return None;
         }
-        let ends: Vec<u32> = self
+        let ends: Ends = self
             .next_tokens(c)
             .filter(|&(t, _)| t == token)
             .map(|(_, n)| n)
