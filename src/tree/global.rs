@@ -22,7 +22,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{Child, Expand, GlobalIndex, MAX_SUPPORTED_DEPTH, NIL};
+use super::{Child, Expand, GlobalIndex, MAX_SUPPORTED_DEPTH, NIL, common_suffix_len};
 
 const ROOT: u32 = 0;
 const INDEXED: u8 = 0x80;
@@ -1074,15 +1074,10 @@ impl<S: Storage> GlobalTree<S> {
         }
         let occ_start = after - d;
         let ctx_start = context.len() - d;
-        let mut k = 0;
-        while k < limit
-            && k < ctx_start
-            && occ_start > range.start + k
-            && self.token_at(occ_start - 1 - k) == context[ctx_start - 1 - k]
-        {
-            k += 1;
-        }
-        k
+        // Out of the pool only in a damaged snapshot: then nothing more matches.
+        self.pool.get(range.start..occ_start).map_or(0, |before| {
+            common_suffix_len(before, &context[..ctx_start], limit)
+        })
     }
 
     /// Average entropy, in bits, of the next-token distribution at every node below the

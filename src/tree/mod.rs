@@ -29,6 +29,30 @@ pub const NIL: u32 = u32::MAX;
 /// The largest supported depth limit; edge lengths are stored in 7 bits.
 pub const MAX_SUPPORTED_DEPTH: usize = 127;
 
+/// How many tokens `a` and `b` have in common at their ends, counting at most `max`.
+///
+/// Matching a context against earlier occurrences is mostly this comparison, and copies
+/// make it long, so it compares eight tokens at a time while it can.
+pub(crate) fn common_suffix_len(a: &[u32], b: &[u32], max: usize) -> usize {
+    const CHUNK: usize = 8;
+    let max = max.min(a.len()).min(b.len());
+    let (a, b) = (&a[a.len() - max..], &b[b.len() - max..]);
+    let mut l = 0;
+    while l + CHUNK <= max {
+        let end = max - l;
+        let x: &[u32; CHUNK] = a[end - CHUNK..end].try_into().expect("a chunk");
+        let y: &[u32; CHUNK] = b[end - CHUNK..end].try_into().expect("a chunk");
+        if x != y {
+            break;
+        }
+        l += CHUNK;
+    }
+    while l < max && a[max - 1 - l] == b[max - 1 - l] {
+        l += 1;
+    }
+    l
+}
+
 /// A child of a tree position, as speculation sees it.
 #[derive(Clone, Debug)]
 pub struct Child<C> {
@@ -104,5 +128,24 @@ pub trait GlobalIndex: Expand {
     /// `context` backwards beyond the path itself (at most `limit` more tokens).
     fn extend_match_back(&self, _cursor: &Self::Cursor, _context: &[u32], _limit: usize) -> usize {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_suffix_len;
+
+    #[test]
+    fn common_suffix_len_counts_matching_ends_up_to_max() {
+        let a: Vec<u32> = (0..40).collect();
+        let mut b = a.clone();
+        assert_eq!(common_suffix_len(&a, &b, 100), 40);
+        assert_eq!(common_suffix_len(&a, &b, 17), 17);
+        b[20] = 999;
+        assert_eq!(common_suffix_len(&a, &b, 100), 19);
+        assert_eq!(common_suffix_len(&a[..5], &b, 100), 0);
+        assert_eq!(common_suffix_len(&[], &b, 100), 0);
+        assert_eq!(common_suffix_len(&a[..21], &b[..21], 100), 0);
+        assert_eq!(common_suffix_len(&a[30..], &a, 100), 10);
     }
 }

@@ -13,7 +13,7 @@
 use rustc_hash::FxHashMap;
 use smallvec::{SmallVec, smallvec};
 
-use super::{Child, Expand, NIL};
+use super::{Child, Expand, NIL, common_suffix_len};
 
 /// How many occurrences of the last context token are examined, most recent first.
 /// Bounds the cost of one speculation on pathological prompts (one token repeated
@@ -93,10 +93,12 @@ impl RequestTree {
         let n = context.len();
         while j != NIL && out.len() < MAX_OCCURRENCES {
             let ju = j as usize;
-            let mut l = 1;
-            while l < limit && l <= ju && self.tokens[ju - l] == context[n - 1 - l] {
-                l += 1;
-            }
+            // The token at j matches the last one by construction of the chain.
+            let l = 1 + common_suffix_len(
+                &self.tokens[..ju],
+                &context[..n - 1],
+                limit.saturating_sub(1),
+            );
             out.push((j, l as u32));
             j = self.prev[ju];
         }
