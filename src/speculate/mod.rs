@@ -156,14 +156,13 @@ impl Draft {
         self.score = self.probs.iter().sum();
     }
 
-    /// This draft, marked as coming from `source` (or from nowhere when empty).
-    fn with_source(mut self, source: DraftSource) -> Self {
+    /// Mark this draft as coming from `source` (or from nowhere when empty).
+    fn set_source(&mut self, source: DraftSource) {
         self.source = if self.is_empty() {
             DraftSource::None
         } else {
             source
         };
-        self
     }
 
     /// Empty, keeping the buffers.
@@ -231,8 +230,12 @@ impl<C> Default for Speculator<C> {
 /// growing them into fresh vectors would allocate (and reallocate) on the hot path.
 #[derive(Default)]
 struct Scratch {
+    /// The winner of the last search over p.
     best: Draft,
+    /// The candidate being grown.
     next: Draft,
+    /// The request tree's winner, while the global candidates are searched.
+    local: Draft,
     /// The candidate p, by bound.
     order: Vec<(usize, usize)>,
 }
@@ -473,22 +476,24 @@ impl<C: Clone> Speculator<C> {
             Some(r) => self.match_request(r, context, params),
             None => 0,
         };
-        let local = match request {
+        match request {
             Some(r) => self.best_from_request(r, local_pmax, params),
-            None => Draft::default(),
-        };
+            None => self.drafts.best.clear(),
+        }
+        std::mem::swap(&mut self.drafts.best, &mut self.drafts.local);
         let global_pmax = self.match_global(global, context, params);
-        let global_best = match (params.mode, request) {
+        match (params.mode, request) {
             (SpecMode::Extended, Some(r)) => {
                 self.best_from_both(r, local_pmax, global, context, global_pmax, params)
             }
             _ => self.best_from_global(global, context, global_pmax, params),
-        };
+        }
+        let Scratch { best, local, .. } = &self.drafts;
         // The request tree wins ties, as in the reference implementation.
-        if local.score >= global_best.score {
-            local
+        if local.score >= best.score {
+            local.clone()
         } else {
-            global_best
+            best.clone()
         }
     }
 
@@ -500,7 +505,8 @@ impl<C: Clone> Speculator<C> {
         params: &SpecParams,
     ) -> Draft {
         let p_max = self.match_request(tree, context, params);
-        self.best_from_request(tree, p_max, params)
+        self.best_from_request(tree, p_max, params);
+        self.drafts.best.clone()
     }
 
     /// The best draft from the global tree alone.
@@ -511,7 +517,8 @@ impl<C: Clone> Speculator<C> {
         params: &SpecParams,
     ) -> Draft {
         let p_max = self.match_global(tree, context, params);
-        self.best_from_global(tree, context, p_max, params)
+        self.best_from_global(tree, context, p_max, params);
+        self.drafts.best.clone()
     }
 
     /// Match the context in the request tree; returns the longest usable p.
@@ -546,12 +553,7 @@ impl<C: Clone> Speculator<C> {
             .min(max_p)
     }
 
-    fn best_from_request(
-        &mut self,
-        tree: &RequestTree,
-        p_max: usize,
-        params: &SpecParams,
-    ) -> Draft {
+    fn best_from_request(&mut self, tree: &RequestTree, p_max: usize, params: &SpecParams) {
         let matches = &self.matches;
         let room = |p: usize| match params.mode {
             SpecMode::Paper => tree.max_depth().saturating_sub(p),
@@ -598,7 +600,7 @@ impl<C: Clone> Speculator<C> {
             }
             lo = hi + 1;
         }
-        let best = best_over_p(
+        best_over_p(
             &mut self.drafts,
             candidates,
             p_max,
@@ -613,7 +615,7 @@ impl<C: Clone> Speculator<C> {
                 true
             },
         );
-        best.with_source(DraftSource::Request)
+        self.drafts.best.set_source(DraftSource::Request);
     }
 
     /// Match the context in the global tree; returns the longest p that matches.
@@ -638,7 +640,7 @@ impl<C: Clone> Speculator<C> {
         context: &[u32],
         p_max: usize,
         params: &SpecParams,
-    ) -> Draft {
+    ) {
         let depth = tree.max_depth();
         let cursors = &self.global.cursors;
         let extended = params.mode == SpecMode::Extended;
@@ -649,7 +651,7 @@ impl<C: Clone> Speculator<C> {
             SpecMode::Extended if p == p_max => params.budget(EXTENDED_WINDOW.max(p)),
             SpecMode::Extended => params.budget(p),
         };
-        let best = best_over_p(
+        best_over_p(
             &mut self.drafts,
             1..=p_max,
             p_max,
@@ -669,7 +671,7 @@ impl<C: Clone> Speculator<C> {
                 true
             },
         );
-        best.with_source(DraftSource::Global)
+        self.drafts.best.set_source(DraftSource::Global);
     }
 
     /// The global candidate of extended mode: the global tree read together with the
@@ -683,7 +685,7 @@ impl<C: Clone> Speculator<C> {
         context: &[u32],
         global_pmax: usize,
         params: &SpecParams,
-    ) -> Draft {
+    ) {
         let merged = Merged {
             a: global,
             b: request,
@@ -729,11 +731,7 @@ impl<C: Clone> Speculator<C> {
                 };
                 expand(&merged, &(g, r), params.budget(matched), params, d);
                 d.match_len = matched;
-                d.source = if d.is_empty() {
-                    DraftSource::None
-                } else {
-                    source
-                };
+                d.set_source(source);
                 true
             },
         )
@@ -747,8 +745,7 @@ impl<C: Clone> Speculator<C> {
 /// With `exhaustive`, every p is tried, as the reference loop does.
 ///
 /// `eval(p, d)` grows the draft for `p` into `d` (cleared, its buffers reused), or
-/// returns false where `p` has no match. Candidates are grown in `drafts`; only the
-/// winner is copied out.
+/// returns false where `p` has no match. The winner is left in `drafts.best`.
 fn best_over_p(
     drafts: &mut Scratch,
     candidates: impl IntoIterator<Item = usize>,
@@ -756,8 +753,10 @@ fn best_over_p(
     exhaustive: bool,
     bound: impl Fn(usize) -> usize,
     mut eval: impl FnMut(usize, &mut Draft) -> bool,
-) -> Draft {
-    let Scratch { best, next, order } = drafts;
+) {
+    let Scratch {
+        best, next, order, ..
+    } = drafts;
     best.clear();
     if exhaustive {
         // The reference loop: every p, ties to the larger.
@@ -766,7 +765,7 @@ fn best_over_p(
                 std::mem::swap(best, next);
             }
         }
-        return best.clone();
+        return;
     }
     order.clear();
     order.extend(candidates.into_iter().map(|p| (bound(p), p)));
@@ -785,7 +784,6 @@ fn best_over_p(
             best_p = p;
         }
     }
-    best.clone()
 }
 
 #[cfg(test)]
