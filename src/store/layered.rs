@@ -278,10 +278,12 @@ impl<S: Storage> GlobalIndex for Layered<'_, S> {
     }
 
     fn root(&self) -> LayeredCursor {
+        // A layer with no tokens has no path: leaving it out spares every step a lookup.
+        let holding = |t: &GlobalTree| (t.cached_tokens() > 0).then(|| t.root());
         [
             self.base.map(|b| b.root()),
-            Some(self.delta.root()),
-            Some(self.evicted.root()),
+            holding(self.delta),
+            holding(self.evicted),
         ]
     }
 

@@ -157,6 +157,50 @@ impl RequestTree {
     }
 }
 
+impl RequestTree {
+    /// The most frequent next token of the occurrences in `c`, and how often it follows;
+    /// among equals, the one that follows the most recent occurrence.
+    fn most_frequent_next(&self, c: &RequestCursor) -> Option<(u32, u32)> {
+        // A short path (one common token) can occur hundreds of times: tallying by a
+        // linear search per occurrence would be quadratic, so many are sorted instead.
+        const LINEAR: usize = 64;
+        let mut best: Option<(u32, u32)> = None;
+        if c.ends.len() <= LINEAR {
+            let mut tally: SmallVec<[(u32, u32); LINEAR]> = SmallVec::new();
+            for (tok, _) in self.next_tokens(c) {
+                match tally.iter_mut().find(|(t, _)| *t == tok) {
+                    Some((_, n)) => *n += 1,
+                    None => tally.push((tok, 1)),
+                }
+            }
+            for &(t, n) in &tally {
+                if best.is_none_or(|(_, b)| n > b) {
+                    best = Some((t, n));
+                }
+            }
+            return best;
+        }
+        // (token, recency rank): after sorting, each token's run starts at its most
+        // recent occurrence.
+        let mut next: Vec<(u32, u32)> = self
+            .next_tokens(c)
+            .enumerate()
+            .map(|(rank, (tok, _))| (tok, rank as u32))
+            .collect();
+        next.sort_unstable();
+        let mut best_rank = u32::MAX;
+        for run in next.chunk_by(|a, b| a.0 == b.0) {
+            let (tok, rank) = run[0];
+            let n = run.len() as u32;
+            if best.is_none_or(|(_, b)| n > b || (n == b && rank < best_rank)) {
+                best = Some((tok, n));
+                best_rank = rank;
+            }
+        }
+        best
+    }
+}
+
 impl Expand for RequestTree {
     type Cursor = RequestCursor;
 
@@ -210,21 +254,7 @@ impl Expand for RequestTree {
                 },
             });
         }
-        // Tally next tokens in recency order; the first to reach the top count wins ties.
-        let mut tally: SmallVec<[(u32, u32); 8]> = SmallVec::new();
-        for (tok, _) in self.next_tokens(c) {
-            match tally.iter_mut().find(|(t, _)| *t == tok) {
-                Some((_, n)) => *n += 1,
-                None => tally.push((tok, 1)),
-            }
-        }
-        let mut best: Option<(u32, u32)> = None;
-        for &(t, n) in &tally {
-            if best.is_none_or(|(_, b)| n > b) {
-                best = Some((t, n));
-            }
-        }
-        let (token, _) = best.filter(|(_, n)| *n >= min_count)?;
+        let (token, _) = self.most_frequent_next(c).filter(|(_, n)| *n >= min_count)?;
         self.child(c, token)
     }
 
