@@ -5,7 +5,9 @@
 #   tools/compare-peer.sh [WARM_SIZES...]        (default: 4000 15266)
 #
 # Environment: SHARED (default ../shared), TEST (default 1000 test requests),
-# SHAPES (default "linear tree"), MODES (default "paper extended").
+# SHAPES (default "linear tree"), MODES (default "paper extended"), REPEAT (default 1):
+# with REPEAT=N both sides run N times, taking turns, and every figure is the median of
+# its N runs (timings on a shared machine drift; a single run can be off by a third).
 # It builds the peer with $SHARED/peer/build_arctic.sh (once; about a minute), builds
 # suffixd in release mode, runs both with vLLM's defaults, and prints one table of
 # figures and ratios. Raw JSON lines go to target/compare-peer/.
@@ -13,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED="${SHARED:-../shared}"
 TEST="${TEST:-1000}"
+REPEAT="${REPEAT:-1}"
 SHAPES="${SHAPES:-linear tree}"
 MODES="${MODES:-paper extended}"
 SIZES=("$@")
@@ -31,25 +34,39 @@ echo "== building suffixd" >&2
 cargo build --release --quiet
 BIN=target/release/suffixd
 
+for r in $(seq "$REPEAT"); do
 for n in "${SIZES[@]}"; do
     for shape in $SHAPES; do
-        echo "== peer: warm $n, $shape" >&2
+        echo "== peer: warm $n, $shape (run $r of $REPEAT)" >&2
         "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$DATA/train.jsonl.zst" \
             --test-file "$DATA/test.jsonl.zst" --train "$n" --test "$TEST" "--$shape" \
-            --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$n-$shape.json"
+            --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$n-$shape.$r.json"
         for mode in $MODES; do
-            echo "== suffixd ($mode): warm $n, $shape" >&2
+            echo "== suffixd ($mode): warm $n, $shape (run $r of $REPEAT)" >&2
             "$BIN" simulate --warm "$DATA/train.jsonl.zst" --warm-limit "$n" \
                 --test "$DATA/test.jsonl.zst" --test-limit "$TEST" "--$shape" --mode "$mode" \
-                --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$n-$shape-$mode.json"
+                --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$n-$shape-$mode.$r.json"
         done
     done
 done
+done
 
-python3 - "$OUT" "$SHAPES" "$MODES" "${SIZES[@]}" <<'PY'
-import json, sys
-out, shapes, modes, sizes = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4:]
-load = lambda f: json.load(open(f"{out}/{f}.json"))
+python3 - "$OUT" "$SHAPES" "$MODES" "$REPEAT" "${SIZES[@]}" <<'PY'
+import json, statistics, sys
+out, shapes, modes, repeat, sizes = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), int(sys.argv[4]), sys.argv[5:]
+
+class Median(dict):
+    """The runs of one configuration, read as one: each numeric figure is their median."""
+    def __missing__(self, key):
+        return statistics.median(run[key] for run in self.runs)
+
+def load(name):
+    m = Median()
+    m.runs = [json.load(open(f"{out}/{name}.{r}.json")) for r in range(1, repeat + 1)]
+    return m
+
+if repeat > 1:
+    print(f"medians of {repeat} runs each")
 print("warm   shape  mode      tok/step (peer)   ratio | spec us (peer native) ratio | update us/tok (peer) ratio | warm-up s (peer) speedup | B/token (peer)")
 for n in sizes:
     for shape in shapes:

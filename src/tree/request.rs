@@ -254,7 +254,9 @@ impl Expand for RequestTree {
                 },
             });
         }
-        let (token, _) = self.most_frequent_next(c).filter(|(_, n)| *n >= min_count)?;
+        let (token, _) = self
+            .most_frequent_next(c)
+            .filter(|(_, n)| *n >= min_count)?;
         self.child(c, token)
     }
 
@@ -306,6 +308,34 @@ mod tests {
         assert_eq!(t.count(&c), 2);
         let best = t.best_child(&c, 1).unwrap();
         assert_eq!((best.token, best.count), (3, 1));
+    }
+
+    #[test]
+    fn most_frequent_next_breaks_ties_by_recency_for_few_and_many_occurrences() {
+        for pairs in [5, 200] {
+            // `7` is followed by 1 and 2 equally often, 2 most recently; then by 3 once more
+            // than by either, when `extra` says so.
+            for extra in [false, true] {
+                let mut prompt = Vec::new();
+                for _ in 0..pairs {
+                    prompt.extend([7, 1, 7, 2]);
+                }
+                if extra {
+                    for _ in 0..=pairs {
+                        prompt.extend([7, 3]);
+                    }
+                }
+                prompt.push(7);
+                let t = RequestTree::new(&prompt, usize::MAX);
+                let mut m = Vec::new();
+                t.match_lengths(&[7], 1, &mut m);
+                let c = t.cursor_at(&m, 1).unwrap();
+                let want = if extra { (3, pairs as u32 + 1) } else { (2, pairs as u32) };
+                assert_eq!(t.most_frequent_next(&c), Some(want), "{pairs} pairs, {extra}");
+                let best = t.best_child(&c, 1).unwrap();
+                assert_eq!((best.token, best.count), want);
+            }
+        }
     }
 
     #[test]
