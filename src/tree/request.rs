@@ -330,8 +330,16 @@ mod tests {
                 let mut m = Vec::new();
                 t.match_lengths(&[7], 1, &mut m);
                 let c = t.cursor_at(&m, 1).unwrap();
-                let want = if extra { (3, pairs as u32 + 1) } else { (2, pairs as u32) };
-                assert_eq!(t.most_frequent_next(&c), Some(want), "{pairs} pairs, {extra}");
+                let want = if extra {
+                    (3, pairs as u32 + 1)
+                } else {
+                    (2, pairs as u32)
+                };
+                assert_eq!(
+                    t.most_frequent_next(&c),
+                    Some(want),
+                    "{pairs} pairs, {extra}"
+                );
                 let best = t.best_child(&c, 1).unwrap();
                 assert_eq!((best.token, best.count), want);
             }
