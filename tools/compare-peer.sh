@@ -35,20 +35,20 @@ cargo build --release --quiet
 BIN=target/release/suffixd
 
 for r in $(seq "$REPEAT"); do
-for n in "${SIZES[@]}"; do
-    for shape in $SHAPES; do
-        echo "== peer: warm $n, $shape (run $r of $REPEAT)" >&2
-        "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$DATA/train.jsonl.zst" \
-            --test-file "$DATA/test.jsonl.zst" --train "$n" --test "$TEST" "--$shape" \
-            --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$n-$shape.$r.json"
-        for mode in $MODES; do
-            echo "== suffixd ($mode): warm $n, $shape (run $r of $REPEAT)" >&2
-            "$BIN" simulate --warm "$DATA/train.jsonl.zst" --warm-limit "$n" \
-                --test "$DATA/test.jsonl.zst" --test-limit "$TEST" "--$shape" --mode "$mode" \
-                --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$n-$shape-$mode.$r.json"
+    for n in "${SIZES[@]}"; do
+        for shape in $SHAPES; do
+            echo "== peer: warm $n, $shape (run $r of $REPEAT)" >&2
+            "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$DATA/train.jsonl.zst" \
+                --test-file "$DATA/test.jsonl.zst" --train "$n" --test "$TEST" "--$shape" \
+                --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$n-$shape.$r.json"
+            for mode in $MODES; do
+                echo "== suffixd ($mode): warm $n, $shape (run $r of $REPEAT)" >&2
+                "$BIN" simulate --warm "$DATA/train.jsonl.zst" --warm-limit "$n" \
+                    --test "$DATA/test.jsonl.zst" --test-limit "$TEST" "--$shape" --mode "$mode" \
+                    --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$n-$shape-$mode.$r.json"
+            done
         done
     done
-done
 done
 
 python3 - "$OUT" "$SHAPES" "$MODES" "$REPEAT" "${SIZES[@]}" <<'PY'

@@ -225,9 +225,10 @@ impl<C> Default for Speculator<C> {
     }
 }
 
-/// Two drafts whose buffers live as long as the speculator: the best candidate so far
-/// and the one being grown. Candidates are grown at every call for every p tried, so
-/// growing them into fresh vectors would allocate (and reallocate) on the hot path.
+/// Drafts whose buffers live as long as the speculator: the best candidate so far, the
+/// one being grown, and the request tree's winner. Candidates are grown at every call
+/// for every p tried, so growing them into fresh vectors would allocate (and
+/// reallocate) on the hot path.
 #[derive(Default)]
 struct Scratch {
     /// The winner of the last search over p.

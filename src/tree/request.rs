@@ -155,9 +155,7 @@ impl RequestTree {
             (next < self.tokens.len()).then(|| (self.tokens[next], next as u32))
         })
     }
-}
 
-impl RequestTree {
     /// The most frequent next token of the occurrences in `c`, and how often it follows;
     /// among equals, the one that follows the most recent occurrence.
     fn most_frequent_next(&self, c: &RequestCursor) -> Option<(u32, u32)> {
