@@ -328,6 +328,13 @@ impl Engine {
         max_context: usize,
         device: &Device,
     ) -> Result<Self, ModelError> {
+        if !device.is_cpu() && format != WeightFormat::F32 {
+            tracing::warn!(
+                "{format:?} weights on a GPU: candle's quantized kernels give logits that \
+                 depend on the batch, so speculative output can differ from plain \
+                 decoding; use --weights f32 for exact output"
+            );
+        }
         if path.is_dir() {
             Self::load_hf_dir(path, format, max_context, device)
         } else {

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{D, DType, Device, Module, Tensor};
 
 /// Errors from loading or running the model.
@@ -58,6 +58,34 @@ pub enum WeightFormat {
     Q8_0,
     /// Dequantized to f32: slowest to decode, cheapest to verify many tokens.
     F32,
+}
+
+impl WeightFormat {
+    /// The default of this build: Q8_0 on the CPU. With the `cuda` feature, f32: candle's
+    /// CUDA kernels for quantized weights also quantize the activations and pick another
+    /// kernel by row count, so a token verified in a draft does not get the logits plain
+    /// decoding gives it. On an H100, `e2e-bench` on tools/workloads/agentic.jsonl gave
+    /// 15 of 36 outputs identical with q8-0, 3 of 36 with native and 36 of 36 with f32.
+    pub const fn default_for_build() -> Self {
+        if cfg!(feature = "cuda") {
+            WeightFormat::F32
+        } else {
+            WeightFormat::Q8_0
+        }
+    }
+}
+
+/// `qt` requantized to Q8_0, on `device`. The quantization runs on the CPU and the blocks
+/// are then copied to the device with `QStorage::from_data`: candle's own CUDA
+/// `quantize` leaves the row padding that its matmul kernels read uninitialised, and on an
+/// H100 that gave NaN logits (every generation stopped at its first token).
+fn requantize_q8_0(qt: &QTensor, device: &Device) -> candle_core::Result<QTensor> {
+    let on_cpu = QTensor::quantize(&qt.dequantize(&Device::Cpu)?, GgmlDType::Q8_0)?;
+    if device.is_cpu() {
+        return Ok(on_cpu);
+    }
+    let storage = QStorage::from_data(on_cpu.data()?, device, GgmlDType::Q8_0)?;
+    QTensor::new(storage, on_cpu.shape().clone())
 }
 
 /// The architecture's sizes, from the GGUF metadata.
@@ -358,9 +386,7 @@ impl Model {
         let matrix = |qt: QTensor| -> Result<QMatMul, ModelError> {
             let qt = match (format, qt.dtype()) {
                 (WeightFormat::Native, _) | (WeightFormat::Q8_0, GgmlDType::Q8_0) => qt,
-                (WeightFormat::Q8_0, _) => {
-                    QTensor::quantize(&qt.dequantize(device)?, GgmlDType::Q8_0)?
-                }
+                (WeightFormat::Q8_0, _) => requantize_q8_0(&qt, device)?,
                 (WeightFormat::F32, _) => return Ok(QMatMul::Tensor(qt.dequantize(device)?)),
             };
             Ok(QMatMul::from_qtensor(qt)?)
