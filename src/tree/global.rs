@@ -490,7 +490,7 @@ impl GlobalTree {
         // grown in its thread: glibc does not give back the top of a thread's arena, and
         // tables grown there stayed resident (about 10 bytes per token) once freed.
         let parts: Vec<GlobalTree> = (0..threads).map(|_| tree.empty_part(threads)).collect();
-        let parts: Vec<GlobalTree> = std::thread::scope(|scope| {
+        let parts: Vec<(GlobalTree, Vec<u32>)> = std::thread::scope(|scope| {
             let tree = &tree;
             let owner = &owner;
             let handles: Vec<_> = parts
@@ -555,53 +555,99 @@ impl GlobalTree {
 
     /// The subtrees of the suffixes that `owner` gives to `part`, built in `sub` (from
     /// [`GlobalTree::empty_part`]; node `start`s index its copy of the pool and this one).
-    fn build_part(&self, mut sub: GlobalTree, owner: &[u8], part: u8) -> GlobalTree {
+    fn build_part(&self, mut sub: GlobalTree, owner: &[u8], part: u8) -> (GlobalTree, Vec<u32>) {
         for e in self.seqs.iter() {
             sub.insert_suffixes_of(*e, |pos| owner[pos] == part);
         }
         sub.sort_wide_lists();
-        sub
+        let order = sub.children_together_order();
+        (sub, order)
     }
 
-    /// Concatenate the arenas of `parts` under this tree's (empty) root.
-    fn adopt_parts(&mut self, parts: Vec<GlobalTree>) {
-        let total: usize = parts.iter().map(|p| p.nodes.len() - 1).sum();
-        self.nodes.reserve_exact(total);
-        self.lens.reserve_exact(total);
-        self.child_index
-            .reserve(parts.iter().map(|p| p.child_index.len()).sum());
-        for part in parts {
-            let offset = (self.nodes.len() - 1) as u32;
-            let moved = |n: u32| if n == NIL || n == ROOT { n } else { n + offset };
-            // The part's root children go in front of the root's list.
-            let mut last = NIL;
-            let mut c = part.nodes[ROOT as usize].first_child;
+    /// The nodes below the root in the order [`GlobalTree::adopt_parts`] lays them out:
+    /// depth first, but each node's whole children list, in list order, before the
+    /// subtree of its first child. Siblings then share cache lines, and a lookup that
+    /// fails (it visits the whole list) touches one or two lines instead of one per
+    /// sibling; a path drafted through first children stays near its start.
+    fn children_together_order(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = Vec::with_capacity(self.nodes.len() - 1);
+        let mut stack = vec![ROOT];
+        while let Some(v) = stack.pop() {
+            let first = order.len();
+            let mut c = self.nodes[v as usize].first_child;
             while c != NIL {
-                last = c;
-                c = part.nodes[c as usize].next_sibling;
+                order.push(c);
+                c = self.nodes[c as usize].next_sibling;
             }
-            for (i, n) in part.nodes.iter().enumerate().skip(1) {
-                let next = if i as u32 == last {
-                    self.nodes[ROOT as usize].first_child
-                } else {
-                    moved(n.next_sibling)
-                };
-                self.nodes.push(Node {
-                    start: n.start,
-                    count: n.count,
-                    first_child: moved(n.first_child),
-                    next_sibling: next,
+            for &c in order[first..].iter().rev() {
+                if self.nodes[c as usize].first_child != NIL {
+                    stack.push(c);
+                }
+            }
+        }
+        order
+    }
+
+    /// Concatenate the arenas of `parts` under this tree's (empty) root, each part's
+    /// nodes in the order given with it (see [`GlobalTree::children_together_order`]).
+    /// Each part is copied into its own range of the arrays by a thread of its own: the
+    /// copy follows the new order, so its reads are random.
+    fn adopt_parts(&mut self, parts: Vec<(GlobalTree, Vec<u32>)>) {
+        // Where each part's nodes start, and for each part the root's list it joins:
+        // a part's root children go in front of the lists of the parts before it.
+        let mut bases = Vec::with_capacity(parts.len());
+        let mut joins = Vec::with_capacity(parts.len());
+        let mut root_list = self.nodes[ROOT as usize].first_child;
+        let mut next = self.nodes.len();
+        for (part, order) in &parts {
+            debug_assert_eq!(
+                order.len(),
+                part.nodes.len() - 1,
+                "a fresh part frees no node"
+            );
+            bases.push(next);
+            joins.push(root_list);
+            if part.nodes[ROOT as usize].first_child != NIL {
+                // The order starts with the root's children list, in list order.
+                root_list = next as u32;
+            }
+            next += order.len();
+        }
+        let first = self.nodes.len();
+        self.nodes.resize(next, Node::OUTSIDE);
+        self.lens.resize(next, 0);
+        // Allocated here, not in the threads: glibc keeps what a thread's arena grew.
+        let mut renames: Vec<Vec<u32>> = parts.iter().map(|p| vec![NIL; p.0.nodes.len()]).collect();
+        std::thread::scope(|scope| {
+            let mut nodes = &mut self.nodes[first..];
+            let mut lens = &mut self.lens[first..];
+            for (((part, order), new_of), (&base, &join)) in parts
+                .iter()
+                .zip(renames.iter_mut())
+                .zip(bases.iter().zip(&joins))
+            {
+                let (part_nodes, rest_nodes) = std::mem::take(&mut nodes).split_at_mut(order.len());
+                let (part_lens, rest_lens) = std::mem::take(&mut lens).split_at_mut(order.len());
+                (nodes, lens) = (rest_nodes, rest_lens);
+                scope.spawn(move || {
+                    lay_out_part(
+                        part,
+                        order,
+                        base as u32,
+                        join,
+                        new_of,
+                        part_nodes,
+                        part_lens,
+                    )
                 });
             }
-            if last != NIL {
-                self.nodes[ROOT as usize].first_child =
-                    moved(part.nodes[ROOT as usize].first_child);
-            }
+        });
+        self.nodes[ROOT as usize].first_child = root_list;
+        for ((part, _), new_of) in parts.iter().zip(&renames) {
             self.nodes[ROOT as usize].count += part.nodes[ROOT as usize].count;
-            self.lens.extend_from_slice(&part.lens[1..]);
             for (&(node, token), &child) in part.child_index.iter() {
                 self.child_index
-                    .insert(key(moved(node), token), moved(child));
+                    .insert(key(new_of[node as usize], token), new_of[child as usize]);
             }
         }
     }
@@ -1289,6 +1335,47 @@ impl<S: Storage> GlobalTree<S> {
     }
 }
 
+/// Copy the nodes below `part`'s root into `nodes`/`lens` in `order`, numbered from
+/// `base`, filling `new_of` (old number → new, the root staying the root). The last of
+/// the part's root children continues into `join`, the root's list so far.
+fn lay_out_part(
+    part: &GlobalTree,
+    order: &[u32],
+    base: u32,
+    join: u32,
+    new_of: &mut [u32],
+    nodes: &mut [Node],
+    lens: &mut [u8],
+) {
+    new_of[ROOT as usize] = ROOT;
+    for (i, &old) in order.iter().enumerate() {
+        new_of[old as usize] = base + i as u32;
+    }
+    let moved = |n: u32| if n == NIL { NIL } else { new_of[n as usize] };
+    let root = part.nodes[ROOT as usize].first_child;
+    let mut root_children = 0;
+    let mut c = root;
+    while c != NIL {
+        root_children += 1;
+        c = part.nodes[c as usize].next_sibling;
+    }
+    for (i, &old) in order.iter().enumerate() {
+        let n = part.nodes[old as usize];
+        nodes[i] = Node {
+            start: n.start,
+            count: n.count,
+            first_child: moved(n.first_child),
+            // The order opens with the root's children, so the last of them is here.
+            next_sibling: if i + 1 == root_children {
+                join
+            } else {
+                moved(n.next_sibling)
+            },
+        };
+        lens[i] = part.lens[old as usize];
+    }
+}
+
 /// Relink the children lists of wide nodes (those with a child index: the root and every
 /// node with more than [`INDEX_FANOUT`] children) in descending count order; equal counts
 /// keep their order. Freed nodes have no index flag, so a pass over `lens` finds them all.
@@ -1567,6 +1654,47 @@ mod tests {
         assert!(t.remove(0));
         t.check_integrity().unwrap();
         assert_eq!(t.stats().nodes, 1);
+    }
+
+    #[test]
+    fn built_trees_keep_each_childrens_list_together() {
+        // Pseudo-random text over a small vocabulary, so that lists have many lengths.
+        let mut x = 12345u32;
+        let seqs: Vec<Vec<u32>> = (0..40)
+            .map(|_| {
+                (0..60)
+                    .map(|_| {
+                        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                        (x >> 16) % 9
+                    })
+                    .collect()
+            })
+            .collect();
+        for threads in [2, 3] {
+            let t = GlobalTree::build_with_threads(
+                6,
+                seqs.iter()
+                    .enumerate()
+                    .map(|(i, s)| (i as u64, s.as_slice())),
+                threads,
+            )
+            .unwrap();
+            t.check_integrity().unwrap();
+            let mut lists = 0;
+            for n in 1..t.nodes.len() as u32 {
+                let first = t.node(n).first_child;
+                if first == NIL {
+                    continue;
+                }
+                lists += 1;
+                let (mut c, mut expected) = (first, first);
+                while c != NIL {
+                    assert_eq!(c, expected, "children of {n} are not numbered together");
+                    (c, expected) = (t.node(c).next_sibling, expected + 1);
+                }
+            }
+            assert!(lists > 100, "only {lists} lists checked");
+        }
     }
 
     #[test]
