@@ -490,7 +490,7 @@ impl GlobalTree {
         // grown in its thread: glibc does not give back the top of a thread's arena, and
         // tables grown there stayed resident (about 10 bytes per token) once freed.
         let parts: Vec<GlobalTree> = (0..threads).map(|_| tree.empty_part(threads)).collect();
-        let parts: Vec<(GlobalTree, Vec<u32>)> = std::thread::scope(|scope| {
+        let parts: Vec<GlobalTree> = std::thread::scope(|scope| {
             let tree = &tree;
             let owner = &owner;
             let handles: Vec<_> = parts
@@ -555,95 +555,56 @@ impl GlobalTree {
 
     /// The subtrees of the suffixes that `owner` gives to `part`, built in `sub` (from
     /// [`GlobalTree::empty_part`]; node `start`s index its copy of the pool and this one).
-    fn build_part(&self, mut sub: GlobalTree, owner: &[u8], part: u8) -> (GlobalTree, Vec<u32>) {
+    fn build_part(&self, mut sub: GlobalTree, owner: &[u8], part: u8) -> GlobalTree {
         for e in self.seqs.iter() {
             sub.insert_suffixes_of(*e, |pos| owner[pos] == part);
         }
         sub.sort_wide_lists();
-        let order = sub.children_together_order();
-        (sub, order)
+        sub
     }
 
-    /// The nodes below the root in the order [`GlobalTree::adopt_parts`] lays them out:
-    /// depth first, but each node's whole children list, in list order, before the
-    /// subtree of its first child. Siblings then share cache lines, and a lookup that
-    /// fails (it visits the whole list) touches one or two lines instead of one per
-    /// sibling; a path drafted through first children stays near its start.
-    fn children_together_order(&self) -> Vec<u32> {
-        let mut order: Vec<u32> = Vec::with_capacity(self.nodes.len() - 1);
-        let mut stack = vec![ROOT];
-        while let Some(v) = stack.pop() {
-            let first = order.len();
-            let mut c = self.nodes[v as usize].first_child;
-            while c != NIL {
-                order.push(c);
-                c = self.nodes[c as usize].next_sibling;
-            }
-            for &c in order[first..].iter().rev() {
-                if self.nodes[c as usize].first_child != NIL {
-                    stack.push(c);
-                }
-            }
-        }
-        order
-    }
-
-    /// Concatenate the arenas of `parts` under this tree's (empty) root, each part's
-    /// nodes in the order given with it (see [`GlobalTree::children_together_order`]).
-    /// Each part is copied into its own range of the arrays by a thread of its own: the
-    /// copy follows the new order, so its reads are random.
-    fn adopt_parts(&mut self, parts: Vec<(GlobalTree, Vec<u32>)>) {
+    /// Concatenate the arenas of `parts` under this tree's (empty) root, renumbering
+    /// their nodes so that every node's children are numbered together (see
+    /// [`lay_out_part`]); one thread per part, each into its own range of the arrays.
+    fn adopt_parts(&mut self, parts: Vec<GlobalTree>) {
         // Where each part's nodes start, and for each part the root's list it joins:
-        // a part's root children go in front of the lists of the parts before it.
+        // a part's root children go in front of the lists of the parts before it, and
+        // are the first nodes of its range.
         let mut bases = Vec::with_capacity(parts.len());
         let mut joins = Vec::with_capacity(parts.len());
         let mut root_list = self.nodes[ROOT as usize].first_child;
         let mut next = self.nodes.len();
-        for (part, order) in &parts {
-            debug_assert_eq!(
-                order.len(),
-                part.nodes.len() - 1,
-                "a fresh part frees no node"
-            );
-            bases.push(next);
+        for part in &parts {
+            debug_assert_eq!(part.free_head, NIL, "a fresh part frees no node");
+            bases.push(next as u32);
             joins.push(root_list);
             if part.nodes[ROOT as usize].first_child != NIL {
-                // The order starts with the root's children list, in list order.
                 root_list = next as u32;
             }
-            next += order.len();
+            next += part.nodes.len() - 1;
         }
         let first = self.nodes.len();
         self.nodes.resize(next, Node::OUTSIDE);
         self.lens.resize(next, 0);
         // Allocated here, not in the threads: glibc keeps what a thread's arena grew.
-        let mut renames: Vec<Vec<u32>> = parts.iter().map(|p| vec![NIL; p.0.nodes.len()]).collect();
+        let mut renames: Vec<Vec<u32>> = parts.iter().map(|p| vec![NIL; p.nodes.len()]).collect();
         std::thread::scope(|scope| {
             let mut nodes = &mut self.nodes[first..];
             let mut lens = &mut self.lens[first..];
-            for (((part, order), new_of), (&base, &join)) in parts
+            for ((part, new_of), (&base, &join)) in parts
                 .iter()
                 .zip(renames.iter_mut())
                 .zip(bases.iter().zip(&joins))
             {
-                let (part_nodes, rest_nodes) = std::mem::take(&mut nodes).split_at_mut(order.len());
-                let (part_lens, rest_lens) = std::mem::take(&mut lens).split_at_mut(order.len());
+                let n = part.nodes.len() - 1;
+                let (part_nodes, rest_nodes) = std::mem::take(&mut nodes).split_at_mut(n);
+                let (part_lens, rest_lens) = std::mem::take(&mut lens).split_at_mut(n);
                 (nodes, lens) = (rest_nodes, rest_lens);
-                scope.spawn(move || {
-                    lay_out_part(
-                        part,
-                        order,
-                        base as u32,
-                        join,
-                        new_of,
-                        part_nodes,
-                        part_lens,
-                    )
-                });
+                scope.spawn(move || lay_out_part(part, base, join, new_of, part_nodes, part_lens));
             }
         });
         self.nodes[ROOT as usize].first_child = root_list;
-        for ((part, _), new_of) in parts.iter().zip(&renames) {
+        for (part, new_of) in parts.iter().zip(&renames) {
             self.nodes[ROOT as usize].count += part.nodes[ROOT as usize].count;
             for (&(node, token), &child) in part.child_index.iter() {
                 self.child_index
@@ -1335,12 +1296,16 @@ impl<S: Storage> GlobalTree<S> {
     }
 }
 
-/// Copy the nodes below `part`'s root into `nodes`/`lens` in `order`, numbered from
-/// `base`, filling `new_of` (old number → new, the root staying the root). The last of
-/// the part's root children continues into `join`, the root's list so far.
+/// Copy the nodes below `part`'s root into `nodes`/`lens`, numbered from `base`, and
+/// record in `new_of` each old number's new one (the root staying the root). The order
+/// is depth first, but with each node's whole children list, in list order, before the
+/// subtree of its first child: siblings are then numbered together, so a lookup that
+/// fails (it visits the whole list) reads one or two cache lines instead of one per
+/// sibling, and a path drafted through first children stays near its start. The part's
+/// root children come first; the last of them continues into `join`, the root's list
+/// so far.
 fn lay_out_part(
     part: &GlobalTree,
-    order: &[u32],
     base: u32,
     join: u32,
     new_of: &mut [u32],
@@ -1348,31 +1313,42 @@ fn lay_out_part(
     lens: &mut [u8],
 ) {
     new_of[ROOT as usize] = ROOT;
-    for (i, &old) in order.iter().enumerate() {
-        new_of[old as usize] = base + i as u32;
+    let mut next = base;
+    let mut stack = vec![ROOT];
+    let mut kids = Vec::new();
+    while let Some(v) = stack.pop() {
+        kids.clear();
+        let mut c = part.nodes[v as usize].first_child;
+        while c != NIL {
+            new_of[c as usize] = next;
+            next += 1;
+            kids.push(c);
+            c = part.nodes[c as usize].next_sibling;
+        }
+        // Reversed, so that the first child's subtree is laid out next.
+        let with_children = kids.iter().rev();
+        stack.extend(with_children.filter(|&&k| part.nodes[k as usize].first_child != NIL));
     }
-    let moved = |n: u32| if n == NIL { NIL } else { new_of[n as usize] };
-    let root = part.nodes[ROOT as usize].first_child;
-    let mut root_children = 0;
-    let mut c = root;
+    let mut last_root_child = NIL;
+    let mut c = part.nodes[ROOT as usize].first_child;
     while c != NIL {
-        root_children += 1;
+        last_root_child = c;
         c = part.nodes[c as usize].next_sibling;
     }
-    for (i, &old) in order.iter().enumerate() {
-        let n = part.nodes[old as usize];
+    let moved = |n: u32| if n == NIL { NIL } else { new_of[n as usize] };
+    for (old, n) in part.nodes.iter().enumerate().skip(1) {
+        let i = (new_of[old] - base) as usize;
         nodes[i] = Node {
             start: n.start,
             count: n.count,
             first_child: moved(n.first_child),
-            // The order opens with the root's children, so the last of them is here.
-            next_sibling: if i + 1 == root_children {
+            next_sibling: if old as u32 == last_root_child {
                 join
             } else {
                 moved(n.next_sibling)
             },
         };
-        lens[i] = part.lens[old as usize];
+        lens[i] = part.lens[old];
     }
 }
 
