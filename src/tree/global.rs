@@ -566,6 +566,7 @@ impl GlobalTree {
     /// Concatenate the arenas of `parts` under this tree's (empty) root, renumbering
     /// their nodes so that every node's children are numbered together (see
     /// [`lay_out_part`]); one thread per part, each into its own range of the arrays.
+    /// The child index is then rebuilt from the new lists.
     fn adopt_parts(&mut self, parts: Vec<GlobalTree>) {
         // Where each part's nodes start, and for each part the root's list it joins:
         // a part's root children go in front of the lists of the parts before it, and
@@ -582,33 +583,35 @@ impl GlobalTree {
                 root_list = next as u32;
             }
             next += part.nodes.len() - 1;
+            self.nodes[ROOT as usize].count += part.nodes[ROOT as usize].count;
         }
         let first = self.nodes.len();
         self.nodes.resize(next, Node::OUTSIDE);
         self.lens.resize(next, 0);
-        // Allocated here, not in the threads: glibc keeps what a thread's arena grew.
-        let mut renames: Vec<Vec<u32>> = parts.iter().map(|p| vec![NIL; p.nodes.len()]).collect();
         std::thread::scope(|scope| {
             let mut nodes = &mut self.nodes[first..];
             let mut lens = &mut self.lens[first..];
-            for ((part, new_of), (&base, &join)) in parts
-                .iter()
-                .zip(renames.iter_mut())
-                .zip(bases.iter().zip(&joins))
-            {
+            for (part, (&base, &join)) in parts.iter().zip(bases.iter().zip(&joins)) {
                 let n = part.nodes.len() - 1;
                 let (part_nodes, rest_nodes) = std::mem::take(&mut nodes).split_at_mut(n);
                 let (part_lens, rest_lens) = std::mem::take(&mut lens).split_at_mut(n);
                 (nodes, lens) = (rest_nodes, rest_lens);
-                scope.spawn(move || lay_out_part(part, base, join, new_of, part_nodes, part_lens));
+                scope.spawn(move || lay_out_part(part, base, join, part_nodes, part_lens));
             }
         });
         self.nodes[ROOT as usize].first_child = root_list;
-        for (part, new_of) in parts.iter().zip(&renames) {
-            self.nodes[ROOT as usize].count += part.nodes[ROOT as usize].count;
-            for (&(node, token), &child) in part.child_index.iter() {
-                self.child_index
-                    .insert(key(new_of[node as usize], token), new_of[child as usize]);
+        let entries = parts.iter().map(|p| p.child_index.len()).sum();
+        drop(parts);
+        self.child_index.reserve(entries);
+        for n in 0..self.nodes.len() as u32 {
+            if self.lens[n as usize] & INDEXED == 0 {
+                continue;
+            }
+            let mut c = self.nodes[n as usize].first_child;
+            while c != NIL {
+                let token = self.first_token(c);
+                self.child_index.insert(key(n, token), c);
+                c = self.nodes[c as usize].next_sibling;
             }
         }
     }
@@ -1296,59 +1299,49 @@ impl<S: Storage> GlobalTree<S> {
     }
 }
 
-/// Copy the nodes below `part`'s root into `nodes`/`lens`, numbered from `base`, and
-/// record in `new_of` each old number's new one (the root staying the root). The order
-/// is depth first, but with each node's whole children list, in list order, before the
-/// subtree of its first child: siblings are then numbered together, so a lookup that
+/// Copy the nodes below `part`'s root into `nodes`/`lens`, numbered from `base`. The
+/// order is depth first, but with each node's whole children list, in list order, before
+/// the subtree of its first child: siblings are then numbered together, so a lookup that
 /// fails (it visits the whole list) reads one or two cache lines instead of one per
 /// sibling, and a path drafted through first children stays near its start. The part's
 /// root children come first; the last of them continues into `join`, the root's list
-/// so far.
-fn lay_out_part(
-    part: &GlobalTree,
-    base: u32,
-    join: u32,
-    new_of: &mut [u32],
-    nodes: &mut [Node],
-    lens: &mut [u8],
-) {
-    new_of[ROOT as usize] = ROOT;
+/// so far. Each node is read once, where its parent's list is walked; only the first
+/// child link is written later, when the node's own list is laid out.
+fn lay_out_part(part: &GlobalTree, base: u32, join: u32, nodes: &mut [Node], lens: &mut [u8]) {
     let mut next = base;
-    let mut stack = vec![ROOT];
-    let mut kids = Vec::new();
-    while let Some(v) = stack.pop() {
-        kids.clear();
-        let mut c = part.nodes[v as usize].first_child;
+    // (old number, new number) of nodes whose children are still to be laid out.
+    let mut stack = vec![(ROOT, ROOT)];
+    let mut parents = Vec::new();
+    while let Some((old, new)) = stack.pop() {
+        let block = next;
+        parents.clear();
+        let mut c = part.nodes[old as usize].first_child;
         while c != NIL {
-            new_of[c as usize] = next;
+            let n = part.nodes[c as usize];
+            let i = (next - base) as usize;
+            let last = n.next_sibling == NIL;
+            nodes[i] = Node {
+                start: n.start,
+                count: n.count,
+                first_child: NIL,
+                next_sibling: match (last, old == ROOT) {
+                    (false, _) => next + 1,
+                    (true, true) => join,
+                    (true, false) => NIL,
+                },
+            };
+            lens[i] = part.lens[c as usize];
+            if n.first_child != NIL {
+                parents.push((c, next));
+            }
             next += 1;
-            kids.push(c);
-            c = part.nodes[c as usize].next_sibling;
+            c = n.next_sibling;
+        }
+        if old != ROOT {
+            nodes[(new - base) as usize].first_child = block;
         }
         // Reversed, so that the first child's subtree is laid out next.
-        let with_children = kids.iter().rev();
-        stack.extend(with_children.filter(|&&k| part.nodes[k as usize].first_child != NIL));
-    }
-    let mut last_root_child = NIL;
-    let mut c = part.nodes[ROOT as usize].first_child;
-    while c != NIL {
-        last_root_child = c;
-        c = part.nodes[c as usize].next_sibling;
-    }
-    let moved = |n: u32| if n == NIL { NIL } else { new_of[n as usize] };
-    for (old, n) in part.nodes.iter().enumerate().skip(1) {
-        let i = (new_of[old] - base) as usize;
-        nodes[i] = Node {
-            start: n.start,
-            count: n.count,
-            first_child: moved(n.first_child),
-            next_sibling: if old as u32 == last_root_child {
-                join
-            } else {
-                moved(n.next_sibling)
-            },
-        };
-        lens[i] = part.lens[old];
+        stack.extend(parents.iter().rev());
     }
 }
 
