@@ -604,14 +604,8 @@ impl GlobalTree {
         drop(parts);
         self.child_index.reserve(entries);
         for n in 0..self.nodes.len() as u32 {
-            if self.lens[n as usize] & INDEXED == 0 {
-                continue;
-            }
-            let mut c = self.nodes[n as usize].first_child;
-            while c != NIL {
-                let token = self.first_token(c);
-                self.child_index.insert(key(n, token), c);
-                c = self.nodes[c as usize].next_sibling;
+            if self.lens[n as usize] & INDEXED != 0 {
+                self.index_children(n);
             }
         }
     }
@@ -834,11 +828,16 @@ impl GlobalTree {
             self.child_index.insert(key(parent, token), child);
         } else if fanout + 1 > INDEX_FANOUT {
             self.lens[parent as usize] |= INDEXED;
-            let mut c = self.nodes[parent as usize].first_child;
-            while c != NIL {
-                self.child_index.insert(key(parent, self.first_token(c)), c);
-                c = self.nodes[c as usize].next_sibling;
-            }
+            self.index_children(parent);
+        }
+    }
+
+    /// Enter every child of `parent` in the child index.
+    fn index_children(&mut self, parent: u32) {
+        let mut c = self.nodes[parent as usize].first_child;
+        while c != NIL {
+            self.child_index.insert(key(parent, self.first_token(c)), c);
+            c = self.nodes[c as usize].next_sibling;
         }
     }
 
