@@ -582,8 +582,9 @@ impl<C: Clone> Speculator<C> {
         let limit = |p: usize| budget(p).min(room(p));
         // The occurrences of the last p context tokens only change where p passes a
         // match length. Within a range of equal occurrence sets every p grows the same
-        // path, cut at limit(p) tokens, so only the p with the largest limit (the
-        // longest on ties) can win in each range.
+        // path, cut at limit(p) tokens, so no p shorter than the one with the largest
+        // limit (the longest on ties) can win in its range. A longer p can: its draft is
+        // the same when the path ends before its cut, and ties go to the longer p.
         // p_max is below 128 (the depth limit, or the extended window), so the range ends
         // fit in one bit set.
         let mut cuts = 1u128 << p_max.min(127);
@@ -597,7 +598,7 @@ impl<C: Clone> Speculator<C> {
             let hi = cuts.trailing_zeros() as usize;
             cuts &= cuts - 1;
             if let Some(p) = (lo..=hi).max_by_key(|&p| (limit(p), p)) {
-                candidates.push(p);
+                candidates.extend(p..=hi);
             }
             lo = hi + 1;
         }
