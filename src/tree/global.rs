@@ -478,25 +478,24 @@ impl GlobalTree {
         let threads = threads
             .min(tree.pool.len() / min_tokens.max(1))
             .clamp(1, u8::MAX as usize);
+        let order = tree.suffix_order(threads);
         if threads == 1 {
-            for i in 0..tree.seqs.len() {
-                tree.insert_suffixes_of(tree.seqs[i], |_| true);
+            for (&pos, &len) in order.positions.iter().zip(&order.lens) {
+                tree.insert_suffix(pos, len as usize);
             }
             tree.sort_wide_lists();
             return Ok(tree);
         }
-        let owner = tree.deal_first_tokens(threads);
         // Each part's tables are allocated here, large enough for its share, rather than
         // grown in its thread: glibc does not give back the top of a thread's arena, and
         // tables grown there stayed resident (about 10 bytes per token) once freed.
         let parts: Vec<GlobalTree> = (0..threads).map(|_| tree.empty_part(threads)).collect();
         let parts: Vec<GlobalTree> = std::thread::scope(|scope| {
-            let tree = &tree;
-            let owner = &owner;
+            let order = &order;
             let handles: Vec<_> = parts
                 .into_iter()
                 .enumerate()
-                .map(|(i, part)| scope.spawn(move || tree.build_part(part, owner, i as u8)))
+                .map(|(i, part)| scope.spawn(move || build_part(part, order.part(i))))
                 .collect();
             handles
                 .into_iter()
@@ -522,23 +521,57 @@ impl GlobalTree {
         self.wide_lists_sorted = true;
     }
 
-    /// Which part (thread) indexes the suffix at each pool position: all suffixes with
-    /// the same first token go to one part, largest groups first to the lightest part.
-    fn deal_first_tokens(&self, parts: usize) -> Vec<u8> {
-        let mut groups: FxHashMap<u32, u64> = FxHashMap::default();
+    /// The order in which a build inserts the suffixes of the pool: grouped by first
+    /// token, each group in pool order, and the groups dealt out to `parts` parts (the
+    /// largest first, each to the least loaded part).
+    ///
+    /// All the suffixes of a group go to one subtree of the root, and only they do, so
+    /// the subtree comes out exactly as inserting every suffix in pool order shapes it.
+    /// Inserting a group at a time keeps one subtree's nodes in cache while it grows,
+    /// where pool order jumps to a different subtree at every suffix.
+    fn suffix_order(&self, parts: usize) -> SuffixOrder {
+        let mut groups: FxHashMap<u32, u32> = FxHashMap::default();
         for &t in self.pool.iter() {
             *groups.entry(t).or_default() += 1;
         }
-        let mut by_size: Vec<(u32, u64)> = groups.into_iter().collect();
+        let mut by_size: Vec<(u32, u32)> = groups.iter().map(|(&t, &n)| (t, n)).collect();
         by_size.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut load = vec![0u64; parts];
-        let mut part_of: FxHashMap<u32, u8> = FxHashMap::default();
-        for (token, size) in by_size {
+        let mut load = vec![0usize; parts];
+        let mut part_of = Vec::with_capacity(by_size.len());
+        for &(_, size) in &by_size {
             let lightest = (0..parts).min_by_key(|&p| (load[p], p)).expect("parts > 0");
-            load[lightest] += size;
-            part_of.insert(token, lightest as u8);
+            load[lightest] += size as usize;
+            part_of.push(lightest);
         }
-        self.pool.iter().map(|t| part_of[t]).collect()
+        let mut bounds = vec![0usize; parts + 1];
+        for p in 0..parts {
+            bounds[p + 1] = bounds[p] + load[p];
+        }
+        // Where each group starts: its part's start plus the groups dealt there before.
+        let mut next = bounds[..parts].to_vec();
+        for (&(token, size), &part) in by_size.iter().zip(&part_of) {
+            groups.insert(token, next[part] as u32);
+            next[part] += size as usize;
+        }
+        let mut positions = vec![0u32; self.pool.len()];
+        let mut lens = vec![0u8; self.pool.len()];
+        for e in self.seqs.iter() {
+            let n = e.len as usize;
+            for i in 0..n {
+                let pos = e.offset as usize + i;
+                let slot = groups
+                    .get_mut(&self.pool[pos])
+                    .expect("every token was counted");
+                positions[*slot as usize] = pos as u32;
+                lens[*slot as usize] = (n - i).min(self.max_depth) as u8;
+                *slot += 1;
+            }
+        }
+        SuffixOrder {
+            positions,
+            lens,
+            bounds,
+        }
     }
 
     /// An arena for one of `parts` parts, with a copy of the pool, and room for its
@@ -550,16 +583,6 @@ impl GlobalTree {
         sub.nodes.reserve_exact(share + share / 2);
         sub.lens.reserve_exact(share + share / 2);
         sub.child_index.reserve(share / 4);
-        sub
-    }
-
-    /// The subtrees of the suffixes that `owner` gives to `part`, built in `sub` (from
-    /// [`GlobalTree::empty_part`]; node `start`s index its copy of the pool and this one).
-    fn build_part(&self, mut sub: GlobalTree, owner: &[u8], part: u8) -> GlobalTree {
-        for e in self.seqs.iter() {
-            sub.insert_suffixes_of(*e, |pos| owner[pos] == part);
-        }
-        sub.sort_wide_lists();
         sub
     }
 
@@ -1296,6 +1319,35 @@ impl<S: Storage> GlobalTree<S> {
             },
         })
     }
+}
+
+/// Suffixes in the order a build inserts them (see [`GlobalTree::suffix_order`]).
+struct SuffixOrder {
+    /// Pool positions where the suffixes start, part by part, group by group.
+    positions: Vec<u32>,
+    /// The length of each suffix, cut at the depth limit.
+    lens: Vec<u8>,
+    /// Part `i` inserts the suffixes `bounds[i]..bounds[i + 1]`.
+    bounds: Vec<usize>,
+}
+
+impl SuffixOrder {
+    /// The positions and lengths of part `i`'s suffixes.
+    fn part(&self, i: usize) -> (&[u32], &[u8]) {
+        let range = self.bounds[i]..self.bounds[i + 1];
+        (&self.positions[range.clone()], &self.lens[range])
+    }
+}
+
+/// The subtrees of the suffixes `(positions, lens)` (a part of a [`SuffixOrder`]), built
+/// in `sub` (from [`GlobalTree::empty_part`]; node `start`s index its copy of the pool
+/// and the whole tree's).
+fn build_part(mut sub: GlobalTree, (positions, lens): (&[u32], &[u8])) -> GlobalTree {
+    for (&pos, &len) in positions.iter().zip(lens) {
+        sub.insert_suffix(pos, len as usize);
+    }
+    sub.sort_wide_lists();
+    sub
 }
 
 /// Copy the nodes below `part`'s root into `nodes`/`lens`, numbered from `base`. The
