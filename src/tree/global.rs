@@ -390,7 +390,7 @@ impl GlobalTree {
     /// Store `tokens` as sequence `id`: every suffix, cut at the depth limit, is counted.
     pub fn insert(&mut self, id: u64, tokens: &[u32]) -> Result<(), TreeError> {
         let entry = self.push_sequence(id, tokens)?;
-        self.insert_suffixes_of(entry, |_| true);
+        self.insert_suffixes_of(entry);
         Ok(())
     }
 
@@ -420,15 +420,11 @@ impl GlobalTree {
         Ok(entry)
     }
 
-    /// Count the suffixes of the pooled sequence `e` whose first pool position `keep`
-    /// accepts, in order.
-    fn insert_suffixes_of(&mut self, e: SeqEntry, keep: impl Fn(usize) -> bool) {
+    /// Count every suffix of the pooled sequence `e`, in order.
+    fn insert_suffixes_of(&mut self, e: SeqEntry) {
         let n = e.len as usize;
         for i in 0..n {
-            let pos = e.offset as usize + i;
-            if keep(pos) {
-                self.insert_suffix(pos as u32, (n - i).min(self.max_depth));
-            }
+            self.insert_suffix(e.offset + i as u32, (n - i).min(self.max_depth));
         }
     }
 
