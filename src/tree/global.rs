@@ -476,11 +476,7 @@ impl GlobalTree {
             .clamp(1, u8::MAX as usize);
         let order = tree.suffix_order(threads);
         if threads == 1 {
-            for (&pos, &len) in order.positions.iter().zip(&order.lens) {
-                tree.insert_suffix(pos, len as usize);
-            }
-            tree.sort_wide_lists();
-            return Ok(tree);
+            return Ok(build_part(tree, order.part(0)));
         }
         // Each part's tables are allocated here, large enough for its share, rather than
         // grown in its thread: glibc does not give back the top of a thread's arena, and
@@ -1336,8 +1332,8 @@ impl SuffixOrder {
 }
 
 /// The subtrees of the suffixes `(positions, lens)` (a part of a [`SuffixOrder`]), built
-/// in `sub` (from [`GlobalTree::empty_part`]; node `start`s index its copy of the pool
-/// and the whole tree's).
+/// in `sub`: the whole tree on one thread, or an arena from [`GlobalTree::empty_part`]
+/// (node `start`s index its copy of the pool and the whole tree's).
 fn build_part(mut sub: GlobalTree, (positions, lens): (&[u32], &[u8])) -> GlobalTree {
     for (&pos, &len) in positions.iter().zip(lens) {
         sub.insert_suffix(pos, len as usize);
