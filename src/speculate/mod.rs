@@ -285,6 +285,18 @@ impl<C: Clone> GlobalMatches<C> {
         let old = &self.previous;
         let k = n - old_len.min(n);
         let new = &context[n - k..];
+        // The first step of every p is independent of the others: start all their loads
+        // before waiting on any (the shallow nodes they read are wide, and cold).
+        let root = tree.root();
+        for p in 1..=depth.min(n) {
+            if !(extends && p > k) {
+                tree.prefetch_step(&root, context[n - p]);
+            } else if let (Some(c), Some(&t)) = (old.get(p - k - 1), new.first()) {
+                tree.prefetch_step(c, t);
+            } else {
+                break;
+            }
+        }
         for p in 1..=depth.min(n) {
             let cursor = if extends && p > k {
                 old.get(p - k - 1)

@@ -303,6 +303,16 @@ impl<S: Storage> GlobalIndex for Layered<'_, S> {
         (gone.is_none() || self.count(&next) > 0).then_some(next)
     }
 
+    #[inline]
+    fn prefetch_step(&self, c: &LayeredCursor, token: u32) {
+        if let (Some(b), Some(x)) = (self.base, &c[0]) {
+            b.prefetch_step(x, token);
+        }
+        if let Some(y) = &c[1] {
+            self.delta.prefetch_step(y, token);
+        }
+    }
+
     fn extend_match_back(&self, c: &LayeredCursor, context: &[u32], limit: usize) -> usize {
         if self.count(c) != 1 || c[2].is_some() {
             return 0;

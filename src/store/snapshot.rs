@@ -249,7 +249,7 @@ fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
     let mut wide: Vec<WideChild> = t
         .child_index
         .iter()
-        .map(|(&(node, token), &child)| WideChild { node, token, child })
+        .map(|(node, token, child)| WideChild { node, token, child })
         .collect();
     wide.sort_unstable_by_key(|w| (w.node, w.token));
     NamespaceImage {

@@ -5,8 +5,9 @@
 //! - `nodes`: 16-byte records `{start, count, first_child, next_sibling}`. An edge is the
 //!   token range `pool[start .. start + len]`; `len` lives in the parallel byte array
 //!   `lens` (7 bits of length, 1 bit "children indexed").
-//! - `child_index`: a hash from `(node, token)` to child, only for nodes with many
-//!   children (the root always), so that lookups stay O(1) where lists would be long.
+//! - `child_index`: a hash from `(node, token)` to child ([`WideIndex`]), only for nodes
+//!   with many children (the root always), so that lookups stay O(1) where lists would be
+//!   long.
 //!
 //! Invariants (checked by [`GlobalTree::check_integrity`]):
 //! - Every suffix of every stored sequence, cut at `max_depth`, ends exactly at a node
@@ -22,6 +23,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::wide_index::WideIndex;
 use super::{Child, Expand, GlobalIndex, MAX_SUPPORTED_DEPTH, NIL, common_suffix_len};
 
 const ROOT: u32 = 0;
@@ -98,12 +100,20 @@ pub struct WideChild {
 pub trait ChildIndex {
     /// The child of `node` whose edge starts with `token`.
     fn child_of(&self, node: u32, token: u32) -> Option<u32>;
+
+    /// Start loading what [`ChildIndex::child_of`] will read first. Only a hint.
+    fn prefetch(&self, _node: u32, _token: u32) {}
 }
 
-impl ChildIndex for FxHashMap<(u32, u32), u32> {
+impl ChildIndex for WideIndex {
     #[inline]
     fn child_of(&self, node: u32, token: u32) -> Option<u32> {
-        self.get(&(node, token)).copied()
+        self.get(node, token)
+    }
+
+    #[inline]
+    fn prefetch(&self, node: u32, token: u32) {
+        WideIndex::prefetch(self, node, token)
     }
 }
 
@@ -143,8 +153,8 @@ impl Storage for Owned {
     type Lens = Vec<u8>;
     type Pool = Vec<u32>;
     type Seqs = Vec<SeqEntry>;
-    type Index = FxHashMap<(u32, u32), u32>;
-    type IndexRef = Box<FxHashMap<(u32, u32), u32>>;
+    type Index = WideIndex;
+    type IndexRef = Box<WideIndex>;
 }
 
 /// Sizes and occupancy of a [`GlobalTree`].
@@ -262,11 +272,6 @@ fn grow<T>(v: &mut Vec<T>, more: usize) {
     }
 }
 
-#[inline]
-fn key(node: u32, token: u32) -> (u32, u32) {
-    (node, token)
-}
-
 impl GlobalTree {
     /// An empty tree that keeps suffixes up to `max_depth` tokens.
     pub fn new(max_depth: usize) -> Result<Self, TreeError> {
@@ -373,8 +378,7 @@ impl GlobalTree {
     }
 
     fn index_bytes(&self) -> usize {
-        // hashbrown: one control byte per bucket plus the entry.
-        self.child_index.capacity() * (std::mem::size_of::<((u32, u32), u32)>() + 1)
+        self.child_index.heap_bytes()
     }
 
     fn sequence_bytes(&self) -> usize {
@@ -798,8 +802,8 @@ impl GlobalTree {
         let mut c = self.nodes[to as usize].first_child;
         while c != NIL {
             let t = self.first_token(c);
-            self.child_index.remove(&key(from, t));
-            self.child_index.insert(key(to, t), c);
+            self.child_index.remove(from, t);
+            self.child_index.insert(to, t, c);
             c = self.nodes[c as usize].next_sibling;
         }
     }
@@ -840,7 +844,7 @@ impl GlobalTree {
             self.nodes[last as usize].next_sibling = child;
         }
         if indexed {
-            self.child_index.insert(key(parent, token), child);
+            self.child_index.insert(parent, token, child);
         } else if fanout + 1 > INDEX_FANOUT {
             self.lens[parent as usize] |= INDEXED;
             self.index_children(parent);
@@ -851,7 +855,7 @@ impl GlobalTree {
     fn index_children(&mut self, parent: u32) {
         let mut c = self.nodes[parent as usize].first_child;
         while c != NIL {
-            self.child_index.insert(key(parent, self.first_token(c)), c);
+            self.child_index.insert(parent, self.first_token(c), c);
             c = self.nodes[c as usize].next_sibling;
         }
     }
@@ -941,7 +945,7 @@ impl GlobalTree {
                 };
                 self.unlink(node, child, pred);
                 if self.lens[node as usize] & INDEXED != 0 {
-                    self.child_index.remove(&key(node, token));
+                    self.child_index.remove(node, token);
                 }
                 // A head that had count 1 was no larger than any sibling, so whichever
                 // sibling is now first is a largest.
@@ -983,7 +987,7 @@ impl GlobalTree {
             let indexed = self.lens[n as usize] & INDEXED != 0;
             while c != NIL {
                 if indexed {
-                    self.child_index.remove(&key(n, self.first_token(c)));
+                    self.child_index.remove(n, self.first_token(c));
                 }
                 stack.push(c);
                 c = self.nodes[c as usize].next_sibling;
@@ -1562,6 +1566,23 @@ impl<S: Storage> GlobalIndex for GlobalTree<S> {
     #[inline]
     fn step(&self, cursor: &GlobalCursor, token: u32) -> Option<GlobalCursor> {
         GlobalTree::step(self, *cursor, token)
+    }
+
+    #[inline]
+    fn prefetch_step(&self, cursor: &GlobalCursor, token: u32) {
+        let Some(node) = self.nodes.get(cursor.node as usize) else {
+            return;
+        };
+        let len = self.len_byte(cursor.node);
+        if (cursor.off & LEN_MASK) < len & LEN_MASK {
+            if let Some(t) = self.pool.get(node.start as usize + cursor.off as usize) {
+                super::prefetch(t);
+            }
+        } else if len & INDEXED != 0 {
+            self.child_index.prefetch(cursor.node, token);
+        } else if let Some(first) = self.nodes.get(node.first_child as usize) {
+            super::prefetch(first);
+        }
     }
 
     fn extend_match_back(&self, cursor: &GlobalCursor, context: &[u32], limit: usize) -> usize {

@@ -14,6 +14,7 @@
 
 mod global;
 mod request;
+mod wide_index;
 
 pub(crate) use global::next_version as global_next_version;
 pub(crate) use global::sort_wide_lists;
@@ -22,6 +23,7 @@ pub use global::{
     WideChild,
 };
 pub use request::{RequestCursor, RequestTree};
+pub use wide_index::WideIndex;
 
 /// The "no node" index in the arena's `u32` links.
 pub const NIL: u32 = u32::MAX;
@@ -51,6 +53,21 @@ pub(crate) fn common_suffix_len(a: &[u32], b: &[u32], max: usize) -> usize {
         l += 1;
     }
     l
+}
+
+/// Ask the CPU to start loading `value` into cache. Only a hint: it never faults and
+/// changes nothing, so it is safe on any reference.
+#[inline]
+pub(crate) fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally; the address is a live reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (value as *const T).cast(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 /// A child of a tree position, as speculation sees it.
@@ -115,6 +132,11 @@ pub trait GlobalIndex: Expand {
 
     /// Follow one token down from `cursor`.
     fn step(&self, cursor: &Self::Cursor, token: u32) -> Option<Self::Cursor>;
+
+    /// Start loading what [`GlobalIndex::step`] from `cursor` by `token` will read first,
+    /// so that independent steps wait on memory together. Only a hint: the default does
+    /// nothing.
+    fn prefetch_step(&self, _cursor: &Self::Cursor, _token: u32) {}
 
     /// Walk `path` from the root; `None` when it is not in the tree.
     fn walk(&self, path: &[u32]) -> Option<Self::Cursor> {
