@@ -257,21 +257,21 @@ impl Cache {
         Ok(())
     }
 
-    fn speculate(
+    fn speculate<'s>(
         &self,
-        spec: &mut Speculator<LayeredCursor>,
+        spec: &'s mut Speculator<LayeredCursor>,
         request: &RequestTree,
         context: &[u32],
         params: &SpecParams,
-    ) -> Draft {
+    ) -> &'s Draft {
         match &self.base {
             Base::Built(base) => {
                 let view = Layered::over(Some(base), &self.tree, &self.evicted);
-                spec.speculate(Some(request), &view, context, params)
+                spec.speculate_in_place(Some(request), &view, context, params)
             }
             Base::Frozen(base) => {
                 let view = Layered::over(Some(base), &self.tree, &self.evicted);
-                spec.speculate(Some(request), &view, context, params)
+                spec.speculate_in_place(Some(request), &view, context, params)
             }
         }
     }

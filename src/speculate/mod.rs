@@ -350,11 +350,20 @@ fn min_count_for(params: &SpecParams, prob: f32, count: u32) -> u32 {
     ((params.min_prob / prob) * count as f32).floor().max(1.0) as u32
 }
 
-/// Grow a single-path draft from `start` into `d`.
+/// True when a draft of `d.score` that may still grow by `room` tokens of at most `prob`
+/// each cannot reach `floor`. The margin covers the rounding of the f32 sum (24 terms at
+/// most err by about 1e-6 relative), so a draft that could tie is never cut.
+fn cannot_reach(d: &Draft, room: usize, prob: f32, floor: f32) -> bool {
+    (d.score + room as f32 * prob) * (1.0 + 1e-4) < floor
+}
+
+/// Grow a single-path draft from `start` into `d`, stopping early once it cannot reach
+/// `floor` (every later token is at most as likely as the last).
 fn expand_path<T: Expand>(
     tree: &T,
     start: &T::Cursor,
     max_tokens: usize,
+    floor: f32,
     params: &SpecParams,
     d: &mut Draft,
 ) {
@@ -362,6 +371,9 @@ fn expand_path<T: Expand>(
     let mut cur = start.clone();
     let extended = params.mode == SpecMode::Extended;
     while d.len() < max_tokens {
+        if cannot_reach(d, max_tokens - d.len(), prob, floor) {
+            break;
+        }
         let count = tree.count(&cur);
         if extended && count == 1 {
             let rest = tree.continuation_beyond_depth(&cur, max_tokens - d.len());
@@ -388,11 +400,13 @@ fn expand_path<T: Expand>(
     }
 }
 
-/// Grow a draft tree from `start` into `d`, best D(N) first.
+/// Grow a draft tree from `start` into `d`, best D(N) first, stopping early once it
+/// cannot reach `floor` (no node to come is more likely than the heap's top).
 fn expand_tree<T: Expand>(
     tree: &T,
     start: &T::Cursor,
     max_tokens: usize,
+    floor: f32,
     params: &SpecParams,
     d: &mut Draft,
 ) {
@@ -422,6 +436,9 @@ fn expand_tree<T: Expand>(
     push_children(&mut heap, start, 1.0, -1);
     while d.len() < max_tokens {
         let Some(item) = heap.pop() else { break };
+        if cannot_reach(d, max_tokens - d.len(), item.prob, floor) {
+            break;
+        }
         let idx = d.push(item.token, item.parent, item.prob);
         if extended && tree.count(&item.cursor) == 1 {
             // A unique path has one continuation, as likely as this token: take it now.
@@ -439,18 +456,21 @@ fn expand_tree<T: Expand>(
 }
 
 /// Grow a draft from `start` into `d`, which is cleared first (its buffers are reused).
+/// Growth may stop once the draft's score cannot reach `floor`: the caller has a draft
+/// of that score already, so this one would lose whatever it grew into.
 fn expand<T: Expand>(
     tree: &T,
     start: &T::Cursor,
     max_tokens: usize,
+    floor: f32,
     params: &SpecParams,
     d: &mut Draft,
 ) {
     d.clear();
     if params.tree {
-        expand_tree(tree, start, max_tokens, params, d)
+        expand_tree(tree, start, max_tokens, floor, params, d)
     } else {
-        expand_path(tree, start, max_tokens, params, d)
+        expand_path(tree, start, max_tokens, floor, params, d)
     }
 }
 
@@ -485,6 +505,19 @@ impl<C: Clone> Speculator<C> {
         context: &[u32],
         params: &SpecParams,
     ) -> Draft {
+        self.speculate_in_place(request, global, context, params)
+            .clone()
+    }
+
+    /// [`Speculator::speculate`] without the copy: the draft stays in the speculator's
+    /// buffers until its next call, so a caller that only reads it allocates nothing.
+    pub fn speculate_in_place<G: GlobalIndex<Cursor = C>>(
+        &mut self,
+        request: Option<&RequestTree>,
+        global: &G,
+        context: &[u32],
+        params: &SpecParams,
+    ) -> &Draft {
         let local_pmax = match request {
             Some(r) => self.match_request(r, context, params),
             None => 0,
@@ -504,9 +537,9 @@ impl<C: Clone> Speculator<C> {
         let Scratch { best, local, .. } = &self.drafts;
         // The request tree wins ties, as in the reference implementation.
         if local.score >= best.score {
-            local.clone()
+            local
         } else {
-            best.clone()
+            best
         }
     }
 
@@ -620,11 +653,11 @@ impl<C: Clone> Speculator<C> {
             p_max,
             self.exhaustive,
             limit,
-            |p, d| {
+            |p, floor, d| {
                 let Some(cursor) = tree.cursor_at(matches, p) else {
                     return false;
                 };
-                expand(tree, &cursor, budget(p), params, d);
+                expand(tree, &cursor, budget(p), floor, params, d);
                 d.match_len = p;
                 true
             },
@@ -671,7 +704,7 @@ impl<C: Clone> Speculator<C> {
             p_max,
             self.exhaustive,
             bound,
-            |p, d| {
+            |p, floor, d| {
                 let Some(cursor) = cursors.get(p - 1) else {
                     return false;
                 };
@@ -680,7 +713,7 @@ impl<C: Clone> Speculator<C> {
                     matched +=
                         tree.extend_match_back(cursor, context, EXTENDED_WINDOW.saturating_sub(p));
                 }
-                expand(tree, cursor, params.budget(matched), params, d);
+                expand(tree, cursor, params.budget(matched), floor, params, d);
                 d.match_len = matched;
                 true
             },
@@ -720,7 +753,7 @@ impl<C: Clone> Speculator<C> {
             p_max,
             self.exhaustive,
             bound,
-            |p, d| {
+            |p, floor, d| {
                 let g = if p <= global_pmax {
                     cursors.get(p - 1).cloned()
                 } else {
@@ -743,7 +776,7 @@ impl<C: Clone> Speculator<C> {
                 } else {
                     DraftSource::Global
                 };
-                expand(&merged, &(g, r), params.budget(matched), params, d);
+                expand(&merged, &(g, r), params.budget(matched), floor, params, d);
                 d.match_len = matched;
                 d.set_source(source);
                 true
@@ -758,15 +791,16 @@ impl<C: Clone> Speculator<C> {
 /// beat the best so far. `bound(p)` must be at least the score `eval(p)` can give.
 /// With `exhaustive`, every p is tried, as the reference loop does.
 ///
-/// `eval(p, d)` grows the draft for `p` into `d` (cleared, its buffers reused), or
-/// returns false where `p` has no match. The winner is left in `drafts.best`.
+/// `eval(p, floor, d)` grows the draft for `p` into `d` (cleared, its buffers reused),
+/// or returns false where `p` has no match. It may stop growing once the draft's score
+/// cannot reach `floor` (such a draft loses anyway). The winner is left in `drafts.best`.
 fn best_over_p(
     drafts: &mut Scratch,
     candidates: impl IntoIterator<Item = usize>,
     p_max: usize,
     exhaustive: bool,
     bound: impl Fn(usize) -> usize,
-    mut eval: impl FnMut(usize, &mut Draft) -> bool,
+    mut eval: impl FnMut(usize, f32, &mut Draft) -> bool,
 ) {
     let Scratch {
         best, next, order, ..
@@ -775,7 +809,7 @@ fn best_over_p(
     if exhaustive {
         // The reference loop: every p, ties to the larger.
         for p in 1..=p_max {
-            if eval(p, next) && next.score >= best.score && !next.is_empty() {
+            if eval(p, 0.0, next) && next.score >= best.score && !next.is_empty() {
                 std::mem::swap(best, next);
             }
         }
@@ -790,7 +824,7 @@ fn best_over_p(
         if b < best.score || (b == best.score && p < best_p) || b == 0.0 {
             continue;
         }
-        if eval(p, next)
+        if eval(p, best.score, next)
             && (next.score > best.score
                 || (next.score == best.score && p > best_p && !next.is_empty()))
         {
