@@ -70,6 +70,25 @@ impl<A: Expand, B: Expand> Expand for Merged<'_, A, B> {
     }
 
     fn best_child(&self, c: &Self::Cursor, min_count: u32) -> Option<Child<Self::Cursor>> {
+        // A path only one tree has is that tree's alone, and so are its children.
+        let min_count = min_count.max(1);
+        match c {
+            (Some(x), None) => {
+                return self.a.best_child(x, min_count).map(|k| Child {
+                    token: k.token,
+                    count: k.count,
+                    cursor: (Some(k.cursor), None),
+                });
+            }
+            (None, Some(y)) => {
+                return self.b.best_child(y, min_count).map(|m| Child {
+                    token: m.token,
+                    count: m.count,
+                    cursor: (None, Some(m.cursor)),
+                });
+            }
+            _ => {}
+        }
         // The most likely child is almost always one tree's favourite; weigh both
         // favourites with their counts in the other tree.
         // A child reaching min_count in total has at least min_count minus the other

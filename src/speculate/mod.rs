@@ -528,11 +528,13 @@ impl<C: Clone> Speculator<C> {
         }
         std::mem::swap(&mut self.drafts.best, &mut self.drafts.local);
         let global_pmax = self.match_global(global, context, params);
+        // The request tree's draft wins ties: a global one must score above it.
+        let floor = self.drafts.local.score;
         match (params.mode, request) {
             (SpecMode::Extended, Some(r)) => {
-                self.best_from_both(r, local_pmax, global, context, global_pmax, params)
+                self.best_from_both(r, local_pmax, global, context, global_pmax, floor, params)
             }
-            _ => self.best_from_global(global, context, global_pmax, params),
+            _ => self.best_from_global(global, context, global_pmax, floor, params),
         }
         let Scratch { best, local, .. } = &self.drafts;
         // The request tree wins ties, as in the reference implementation.
@@ -563,7 +565,7 @@ impl<C: Clone> Speculator<C> {
         params: &SpecParams,
     ) -> Draft {
         let p_max = self.match_global(tree, context, params);
-        self.best_from_global(tree, context, p_max, params);
+        self.best_from_global(tree, context, p_max, 0.0, params);
         self.drafts.best.clone()
     }
 
@@ -652,6 +654,7 @@ impl<C: Clone> Speculator<C> {
             candidates,
             p_max,
             self.exhaustive,
+            0.0,
             limit,
             |p, floor, d| {
                 let Some(cursor) = tree.cursor_at(matches, p) else {
@@ -681,11 +684,14 @@ impl<C: Clone> Speculator<C> {
         self.global.cursors.len().min(max_p)
     }
 
+    /// The best global draft; one that cannot score above `floor` need not be found
+    /// (the caller has a draft of that score, which wins ties).
     fn best_from_global<G: GlobalIndex<Cursor = C>>(
         &mut self,
         tree: &G,
         context: &[u32],
         p_max: usize,
+        floor: f32,
         params: &SpecParams,
     ) {
         let depth = tree.max_depth();
@@ -703,6 +709,7 @@ impl<C: Clone> Speculator<C> {
             1..=p_max,
             p_max,
             self.exhaustive,
+            floor,
             bound,
             |p, floor, d| {
                 let Some(cursor) = cursors.get(p - 1) else {
@@ -723,7 +730,9 @@ impl<C: Clone> Speculator<C> {
 
     /// The global candidate of extended mode: the global tree read together with the
     /// response generated so far (counts summed), so that what this response repeats
-    /// and what earlier responses did count as one body of evidence.
+    /// and what earlier responses did count as one body of evidence. As with
+    /// [`Speculator::best_from_global`], one that cannot beat `floor` need not be found.
+    #[allow(clippy::too_many_arguments)]
     fn best_from_both<G: GlobalIndex<Cursor = C>>(
         &mut self,
         request: &RequestTree,
@@ -731,6 +740,7 @@ impl<C: Clone> Speculator<C> {
         global: &G,
         context: &[u32],
         global_pmax: usize,
+        floor: f32,
         params: &SpecParams,
     ) {
         let merged = Merged {
@@ -752,6 +762,7 @@ impl<C: Clone> Speculator<C> {
             1..=p_max,
             p_max,
             self.exhaustive,
+            floor,
             bound,
             |p, floor, d| {
                 let g = if p <= global_pmax {
@@ -771,12 +782,19 @@ impl<C: Clone> Speculator<C> {
                 if g.is_none() && r.is_none() {
                     return false;
                 }
-                let source = if r.is_some() {
-                    DraftSource::Both
-                } else {
-                    DraftSource::Global
+                let budget = params.budget(matched);
+                let source = match (g, r) {
+                    // The merged view of a path the response lacks is the global tree's:
+                    // read it directly, without carrying an empty request side along.
+                    (Some(g), None) => {
+                        expand(global, &g, budget, floor, params, d);
+                        DraftSource::Global
+                    }
+                    (g, r) => {
+                        expand(&merged, &(g, r), budget, floor, params, d);
+                        DraftSource::Both
+                    }
                 };
-                expand(&merged, &(g, r), params.budget(matched), floor, params, d);
                 d.match_len = matched;
                 d.set_source(source);
                 true
@@ -788,7 +806,8 @@ impl<C: Clone> Speculator<C> {
 /// Finds the best draft over p = 1..=p_max exactly as the exhaustive loop would (largest
 /// score, ties to the larger p). Only `candidates` are tried (the caller knows the other
 /// p cannot win), from the largest upper bound down, skipping any p whose bound cannot
-/// beat the best so far. `bound(p)` must be at least the score `eval(p)` can give.
+/// beat the best so far, nor reach `floor` (the score of a draft found elsewhere that
+/// wins ties). `bound(p)` must be at least the score `eval(p)` can give.
 /// With `exhaustive`, every p is tried, as the reference loop does.
 ///
 /// `eval(p, floor, d)` grows the draft for `p` into `d` (cleared, its buffers reused),
@@ -799,6 +818,7 @@ fn best_over_p(
     candidates: impl IntoIterator<Item = usize>,
     p_max: usize,
     exhaustive: bool,
+    floor: f32,
     bound: impl Fn(usize) -> usize,
     mut eval: impl FnMut(usize, f32, &mut Draft) -> bool,
 ) {
@@ -821,10 +841,10 @@ fn best_over_p(
     let mut best_p = 0;
     for &(b, p) in order.iter() {
         let b = b as f32;
-        if b < best.score || (b == best.score && p < best_p) || b == 0.0 {
+        if b < best.score || (b == best.score && p < best_p) || b == 0.0 || b < floor {
             continue;
         }
-        if eval(p, best.score, next)
+        if eval(p, best.score.max(floor), next)
             && (next.score > best.score
                 || (next.score == best.score && p > best_p && !next.is_empty()))
         {
