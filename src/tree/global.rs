@@ -1573,12 +1573,12 @@ impl<S: Storage> GlobalIndex for GlobalTree<S> {
         let Some(node) = self.nodes.get(cursor.node as usize) else {
             return;
         };
-        let len = self.len_byte(cursor.node);
-        if (cursor.off & LEN_MASK) < len & LEN_MASK {
+        // The same three cases as `step`: inside the edge, an indexed node, a list.
+        if (cursor.off as usize) < self.len_of(cursor.node) {
             if let Some(t) = self.pool.get(node.start as usize + cursor.off as usize) {
                 super::prefetch(t);
             }
-        } else if len & INDEXED != 0 {
+        } else if self.len_byte(cursor.node) & INDEXED != 0 {
             self.child_index.prefetch(cursor.node, token);
         } else if let Some(first) = self.nodes.get(node.first_child as usize) {
             super::prefetch(first);
