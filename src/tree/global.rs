@@ -216,6 +216,8 @@ pub struct GlobalTree<S: Storage = Owned> {
     pub(crate) pool: S::Pool,
     pub(crate) seqs: S::Seqs,
     pub(crate) seq_by_id: FxHashMap<u64, u32>,
+    /// Where the sequence holding a pool position is: see [`SeqBlocks`].
+    pub(crate) seq_blocks: SeqBlocks,
     pub(crate) live_tokens: u64,
     pub(crate) dead_tokens: u64,
     pub(crate) version: u64,
@@ -237,6 +239,7 @@ impl Clone for GlobalTree {
             pool: self.pool.clone(),
             seqs: self.seqs.clone(),
             seq_by_id: self.seq_by_id.clone(),
+            seq_blocks: self.seq_blocks.clone(),
             live_tokens: self.live_tokens,
             dead_tokens: self.dead_tokens,
             version: next_version(),
@@ -293,6 +296,7 @@ impl GlobalTree {
             pool: Vec::new(),
             seqs: Vec::new(),
             seq_by_id: FxHashMap::default(),
+            seq_blocks: SeqBlocks::default(),
             live_tokens: 0,
             dead_tokens: 0,
             version: next_version(),
@@ -417,6 +421,7 @@ impl GlobalTree {
             live: 1,
             reserved: 0,
         };
+        self.seq_blocks.note(self.seqs.len(), &entry);
         self.seqs.push(entry);
         self.live_tokens += tokens.len() as u64;
         self.version = next_version();
@@ -721,7 +726,12 @@ impl<S: Storage> GlobalTree<S> {
     fn find_child(&self, node: u32, token: u32) -> Lookup {
         if self.len_byte(node) & INDEXED != 0 {
             return match self.child_index.child_of(node, token) {
-                Some(child) => Lookup::Found { child, pred: NIL },
+                Some(child) => {
+                    // The index holds no more than the child's number; what a walk
+                    // reads of it next (its record, its edge length) is cold.
+                    self.prefetch_node(child);
+                    Lookup::Found { child, pred: NIL }
+                }
                 None => Lookup::Missing {
                     last: NIL,
                     fanout: 0,
@@ -735,6 +745,7 @@ impl<S: Storage> GlobalTree<S> {
         while c != NIL && guard > 0 {
             guard -= 1;
             if self.first_token(c) == token {
+                self.prefetch_node(c);
                 return Lookup::Found { child: c, pred };
             }
             pred = c;
@@ -742,6 +753,20 @@ impl<S: Storage> GlobalTree<S> {
             fanout += 1;
         }
         Lookup::Missing { last: pred, fanout }
+    }
+
+    /// Start loading node `n`'s record and edge length (two arrays, two cache lines):
+    /// a cursor that has just reached `n` reads both at its next step, and a draft
+    /// grown from it at once. Cursors stay from one speculation call to the next, so
+    /// the loads have the rest of this call to arrive.
+    #[inline]
+    fn prefetch_node(&self, n: u32) {
+        if let Some(node) = self.nodes.get(n as usize) {
+            super::prefetch(node);
+        }
+        if let Some(len) = self.lens.get(n as usize) {
+            super::prefetch(len);
+        }
     }
 
     /// Child of `node` for `token`, if any.
@@ -1059,8 +1084,8 @@ impl<S: Storage> GlobalTree<S> {
         }
         let pos = self.node(c.node).start as usize;
         let i = self
-            .seqs
-            .partition_point(|e| (e.offset as usize + e.len as usize) <= pos);
+            .seq_blocks
+            .first_ending_at_or_after(&self.seqs, pos + 1);
         let e = self.seqs.get(i)?;
         (e.live != 0 && e.offset as usize <= pos).then_some(e.id)
     }
@@ -1076,9 +1101,7 @@ impl<S: Storage> GlobalTree<S> {
             return None;
         }
         let after = n.start as usize + c.off as usize;
-        let i = self
-            .seqs
-            .partition_point(|e| (e.offset as usize + e.len as usize) < after);
+        let i = self.seq_blocks.first_ending_at_or_after(&self.seqs, after);
         let e = self.seqs.get(i)?;
         // Widened before adding: a damaged snapshot may hold offsets near u32::MAX.
         let range = e.offset as usize..e.offset as usize + e.len as usize;
@@ -1317,6 +1340,59 @@ impl<S: Storage> GlobalTree<S> {
     }
 }
 
+/// Pool tokens per block of [`SeqBlocks`]: about one sequence of chat data.
+const SEQ_BLOCK_SHIFT: u32 = 8;
+
+/// A coarse index from pool positions to the sequence table, which is in pool order:
+/// for every block of 2^[`SEQ_BLOCK_SHIFT`] pool positions, the first sequence that ends
+/// at or after the block's start. Drafts ask which sequence holds a position (to read a
+/// unique occurrence past the depth limit) on most calls; a binary search over the
+/// whole table is a dozen dependent loads, cold ones among them, where this is one
+/// load and a search over the few sequences of one block.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SeqBlocks {
+    first: Vec<u32>,
+}
+
+impl SeqBlocks {
+    /// The index over `seqs`, as [`SeqBlocks::note`] would build it entry by entry.
+    pub(crate) fn over(seqs: &[SeqEntry]) -> Self {
+        let mut blocks = SeqBlocks::default();
+        for (i, e) in seqs.iter().enumerate() {
+            blocks.note(i, e);
+        }
+        blocks
+    }
+
+    /// Account for sequence `index`, `e`, appended to the table. Blocks are added up to
+    /// its end: no earlier sequence reached their start, or they would exist already.
+    pub(crate) fn note(&mut self, index: usize, e: &SeqEntry) {
+        let end = e.offset as u64 + e.len as u64;
+        while ((self.first.len() as u64) << SEQ_BLOCK_SHIFT) <= end {
+            self.first.push(index as u32);
+        }
+    }
+
+    /// The first sequence of `seqs` whose end (`offset + len`) is at least `pos`, or
+    /// `seqs.len()` if none is: `partition_point` over the whole table, narrowed to the
+    /// sequences that can hold `pos`. On a damaged table (out of pool order) the answer
+    /// may be wrong, but it is always within `0..=seqs.len()`.
+    #[inline]
+    pub(crate) fn first_ending_at_or_after(&self, seqs: &[SeqEntry], pos: usize) -> usize {
+        let block = pos >> SEQ_BLOCK_SHIFT;
+        let Some(&lo) = self.first.get(block) else {
+            return seqs.len();
+        };
+        let hi = self
+            .first
+            .get(block + 1)
+            .map_or(seqs.len(), |&h| h as usize + 1)
+            .min(seqs.len());
+        let lo = (lo as usize).min(hi);
+        lo + seqs[lo..hi].partition_point(|e| (e.offset as usize + e.len as usize) < pos)
+    }
+}
+
 /// Suffixes in the order a build inserts them (see [`GlobalTree::suffix_order`]).
 struct SuffixOrder {
     /// Pool positions where the suffixes start, part by part, group by group.
@@ -1515,6 +1591,9 @@ impl<S: Storage> Expand for GlobalTree<S> {
         if best == NIL {
             return None;
         }
+        // Its edge length is the next thing a draft reads, from another array: start
+        // that load now, beside the record's.
+        self.prefetch_node(best);
         let best_count = self.node(best).count;
         if best_count < min_count {
             return None;
@@ -1766,5 +1845,59 @@ mod tests {
         assert_eq!(t.continuation_beyond_depth(&c, 10), &[4, 5, 6]);
         assert_eq!(t.continuation_beyond_depth(&c, 2), &[4, 5]);
         assert_eq!(t.extend_match_back(&c, &[9, 1, 2, 3], 10), 1);
+    }
+
+    fn seq_table(lens: &[u32]) -> Vec<SeqEntry> {
+        let mut offset = 0;
+        lens.iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let e = SeqEntry {
+                    id: i as u64,
+                    offset,
+                    len,
+                    live: 1,
+                    reserved: 0,
+                };
+                offset += len;
+                e
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// The block index answers as a binary search over the whole table would, for
+        /// every position, whatever the sequence lengths (empty ones and ones spanning
+        /// many blocks included).
+        #[test]
+        fn seq_blocks_agree_with_a_full_search(
+            lens in proptest::collection::vec(
+                proptest::prop_oneof![0u32..4, 0u32..300, 250u32..1200],
+                0..40,
+            ),
+        ) {
+            let seqs = seq_table(&lens);
+            let blocks = SeqBlocks::over(&seqs);
+            let total: u32 = lens.iter().sum();
+            for pos in 0..=total as usize + 2 {
+                let want = seqs.partition_point(|e| ((e.offset + e.len) as usize) < pos);
+                proptest::prop_assert_eq!(blocks.first_ending_at_or_after(&seqs, pos), want);
+            }
+        }
+    }
+
+    #[test]
+    fn seq_blocks_stay_in_bounds_on_a_table_out_of_order() {
+        let mut seqs = seq_table(&[300, 10, 700, 5]);
+        seqs.swap(0, 2);
+        let blocks = SeqBlocks::over(&seqs);
+        for pos in 0..2000 {
+            assert!(blocks.first_ending_at_or_after(&seqs, pos) <= seqs.len());
+        }
+        // A table for other sequences than the one searched: still no panic.
+        let other = SeqBlocks::over(&seq_table(&[5000]));
+        for pos in [0, 255, 256, 4999, 5000, 9000] {
+            assert!(other.first_ending_at_or_after(&seqs[..1], pos) <= 1);
+        }
     }
 }

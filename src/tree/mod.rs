@@ -17,11 +17,11 @@ mod request;
 mod wide_index;
 
 pub(crate) use global::next_version as global_next_version;
-pub(crate) use global::sort_wide_lists;
 pub use global::{
     ChildIndex, GlobalCursor, GlobalTree, Node, Owned, SeqEntry, Storage, TreeError, TreeStats,
     WideChild,
 };
+pub(crate) use global::{SeqBlocks, sort_wide_lists};
 pub use request::{RequestCursor, RequestTree};
 pub use wide_index::WideIndex;
 
