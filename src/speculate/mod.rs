@@ -266,12 +266,9 @@ impl<C> Default for GlobalMatches<C> {
 }
 
 impl<C: Clone> GlobalMatches<C> {
-    /// Bring the cursors up to date for `context`. When `context` extends the previous
-    /// one (same tree version, same tokens where the old tail was), N_p is N_{p-k} of
-    /// the previous call stepped over the k new tokens, O(p·k) instead of a walk from
-    /// the root for every p. A suffix of a path is a path, so the first p that fails
-    /// ends the list.
-    fn update<G: GlobalIndex<Cursor = C>>(&mut self, tree: &G, context: &[u32]) {
+    /// Whether `context` extends the context of the cursors (same tree version, same
+    /// tokens where the old tail was), and by how many tokens.
+    fn extension<G: GlobalIndex<Cursor = C>>(&self, tree: &G, context: &[u32]) -> (bool, usize) {
         let depth = tree.max_depth();
         let n = context.len();
         let old_len = self.context_len;
@@ -280,23 +277,41 @@ impl<C: Clone> GlobalMatches<C> {
             && old_len >= self.tail.len()
             && self.tail.len() == depth.min(old_len)
             && context[old_len - self.tail.len()..old_len] == self.tail[..];
-        std::mem::swap(&mut self.cursors, &mut self.previous);
-        self.cursors.clear();
-        let old = &self.previous;
-        let k = n - old_len.min(n);
+        (extends, n - old_len.min(n))
+    }
+
+    /// Start loading what the first step of every p in [`GlobalMatches::update`] reads.
+    /// The steps are independent of each other, and the shallow nodes they read are
+    /// wide and cold: issued together, and early, their misses overlap each other and
+    /// whatever the caller does before the update.
+    fn prefetch<G: GlobalIndex<Cursor = C>>(&self, tree: &G, context: &[u32]) {
+        let (extends, k) = self.extension(tree, context);
+        let n = context.len();
         let new = &context[n - k..];
-        // The first step of every p is independent of the others: start all their loads
-        // before waiting on any (the shallow nodes they read are wide, and cold).
         let root = tree.root();
-        for p in 1..=depth.min(n) {
+        for p in 1..=tree.max_depth().min(n) {
             if !(extends && p > k) {
                 tree.prefetch_step(&root, context[n - p]);
-            } else if let (Some(c), Some(&t)) = (old.get(p - k - 1), new.first()) {
+            } else if let (Some(c), Some(&t)) = (self.cursors.get(p - k - 1), new.first()) {
                 tree.prefetch_step(c, t);
             } else {
                 break;
             }
         }
+    }
+
+    /// Bring the cursors up to date for `context`. When `context` extends the previous
+    /// one, N_p is N_{p-k} of the previous call stepped over the k new tokens, O(p·k)
+    /// instead of a walk from the root for every p. A suffix of a path is a path, so the
+    /// first p that fails ends the list.
+    fn update<G: GlobalIndex<Cursor = C>>(&mut self, tree: &G, context: &[u32]) {
+        let depth = tree.max_depth();
+        let n = context.len();
+        let (extends, k) = self.extension(tree, context);
+        std::mem::swap(&mut self.cursors, &mut self.previous);
+        self.cursors.clear();
+        let old = &self.previous;
+        let new = &context[n - k..];
         for p in 1..=depth.min(n) {
             let cursor = if extends && p > k {
                 old.get(p - k - 1)
@@ -518,6 +533,10 @@ impl<C: Clone> Speculator<C> {
         context: &[u32],
         params: &SpecParams,
     ) -> &Draft {
+        // The request tree is this request's own, small and warm; the global tree is
+        // large and cold. Its first loads are issued now so that they arrive while the
+        // request tree is matched.
+        self.global.prefetch(global, context);
         let local_pmax = match request {
             Some(r) => self.match_request(r, context, params),
             None => 0,
@@ -564,6 +583,7 @@ impl<C: Clone> Speculator<C> {
         context: &[u32],
         params: &SpecParams,
     ) -> Draft {
+        self.global.prefetch(tree, context);
         let p_max = self.match_global(tree, context, params);
         self.best_from_global(tree, context, p_max, 0.0, params);
         self.drafts.best.clone()
