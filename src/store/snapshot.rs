@@ -702,6 +702,7 @@ impl Snapshot {
                     last_use_ms: m.last_use_ms.to_native(),
                 })
                 .collect();
+            let seq_blocks = crate::tree::SeqBlocks::over(&seqs, pool.len());
             out.push(FrozenNamespace {
                 name: ns.name.to_string(),
                 tree: GlobalTree {
@@ -712,7 +713,7 @@ impl Snapshot {
                     free_nodes: 0,
                     child_index: wide,
                     pool,
-                    seq_blocks: crate::tree::SeqBlocks::over(&seqs),
+                    seq_blocks,
                     seqs,
                     seq_by_id,
                     live_tokens: ns.live_tokens.to_native(),

@@ -421,7 +421,8 @@ impl GlobalTree {
             live: 1,
             reserved: 0,
         };
-        self.seq_blocks.note(self.seqs.len(), &entry);
+        self.seq_blocks
+            .note(self.seqs.len(), &entry, self.pool.len());
         self.seqs.push(entry);
         self.live_tokens += tokens.len() as u64;
         self.version = next_version();
@@ -1355,19 +1356,23 @@ pub(crate) struct SeqBlocks {
 }
 
 impl SeqBlocks {
-    /// The index over `seqs`, as [`SeqBlocks::note`] would build it entry by entry.
-    pub(crate) fn over(seqs: &[SeqEntry]) -> Self {
+    /// The index over `seqs`, a table over a pool of `pool_len` tokens, as
+    /// [`SeqBlocks::note`] would build it entry by entry. Ends past the pool (only in a
+    /// damaged snapshot) count as the pool's end, so such a table costs no more memory
+    /// than a sound one.
+    pub(crate) fn over(seqs: &[SeqEntry], pool_len: usize) -> Self {
         let mut blocks = SeqBlocks::default();
         for (i, e) in seqs.iter().enumerate() {
-            blocks.note(i, e);
+            blocks.note(i, e, pool_len);
         }
         blocks
     }
 
-    /// Account for sequence `index`, `e`, appended to the table. Blocks are added up to
-    /// its end: no earlier sequence reached their start, or they would exist already.
-    pub(crate) fn note(&mut self, index: usize, e: &SeqEntry) {
-        let end = e.offset as u64 + e.len as u64;
+    /// Account for sequence `index`, `e`, appended to the table of a pool of `pool_len`
+    /// tokens. Blocks are added up to its end: no earlier sequence reached their start,
+    /// or they would exist already.
+    pub(crate) fn note(&mut self, index: usize, e: &SeqEntry, pool_len: usize) {
+        let end = (e.offset as u64 + e.len as u64).min(pool_len as u64);
         while ((self.first.len() as u64) << SEQ_BLOCK_SHIFT) <= end {
             self.first.push(index as u32);
         }
@@ -1877,8 +1882,8 @@ mod tests {
             ),
         ) {
             let seqs = seq_table(&lens);
-            let blocks = SeqBlocks::over(&seqs);
             let total: u32 = lens.iter().sum();
+            let blocks = SeqBlocks::over(&seqs, total as usize);
             for pos in 0..=total as usize + 2 {
                 let want = seqs.partition_point(|e| ((e.offset + e.len) as usize) < pos);
                 proptest::prop_assert_eq!(blocks.first_ending_at_or_after(&seqs, pos), want);
@@ -1890,14 +1895,21 @@ mod tests {
     fn seq_blocks_stay_in_bounds_on_a_table_out_of_order() {
         let mut seqs = seq_table(&[300, 10, 700, 5]);
         seqs.swap(0, 2);
-        let blocks = SeqBlocks::over(&seqs);
+        let blocks = SeqBlocks::over(&seqs, 1015);
         for pos in 0..2000 {
             assert!(blocks.first_ending_at_or_after(&seqs, pos) <= seqs.len());
         }
         // A table for other sequences than the one searched: still no panic.
-        let other = SeqBlocks::over(&seq_table(&[5000]));
+        let other = SeqBlocks::over(&seq_table(&[5000]), 5000);
         for pos in [0, 255, 256, 4999, 5000, 9000] {
             assert!(other.first_ending_at_or_after(&seqs[..1], pos) <= 1);
         }
+        // Ends far past the pool: the index stays the pool's size.
+        let mut huge = seq_table(&[10]);
+        huge[0].offset = u32::MAX - 1;
+        huge[0].len = u32::MAX;
+        let capped = SeqBlocks::over(&huge, 10);
+        assert_eq!(capped.first.len(), 1);
+        assert!(capped.first_ending_at_or_after(&huge, 5) <= 1);
     }
 }
