@@ -265,10 +265,17 @@ impl<C> Default for GlobalMatches<C> {
     }
 }
 
+/// Whether a context extends the one the cursors were made for (same tree version, same
+/// tokens where the old tail was), and by how many tokens.
+#[derive(Clone, Copy)]
+struct Extension {
+    extends: bool,
+    new_tokens: usize,
+}
+
 impl<C: Clone> GlobalMatches<C> {
-    /// Whether `context` extends the context of the cursors (same tree version, same
-    /// tokens where the old tail was), and by how many tokens.
-    fn extension<G: GlobalIndex<Cursor = C>>(&self, tree: &G, context: &[u32]) -> (bool, usize) {
+    /// How `context` relates to the context of the cursors: see [`Extension`].
+    fn extension<G: GlobalIndex<Cursor = C>>(&self, tree: &G, context: &[u32]) -> Extension {
         let depth = tree.max_depth();
         let n = context.len();
         let old_len = self.context_len;
@@ -277,15 +284,20 @@ impl<C: Clone> GlobalMatches<C> {
             && old_len >= self.tail.len()
             && self.tail.len() == depth.min(old_len)
             && context[old_len - self.tail.len()..old_len] == self.tail[..];
-        (extends, n - old_len.min(n))
+        Extension {
+            extends,
+            new_tokens: n - old_len.min(n),
+        }
     }
 
     /// Start loading what the first step of every p in [`GlobalMatches::update`] reads.
     /// The steps are independent of each other, and the shallow nodes they read are
     /// wide and cold: issued together, and early, their misses overlap each other and
-    /// whatever the caller does before the update.
-    fn prefetch<G: GlobalIndex<Cursor = C>>(&self, tree: &G, context: &[u32]) {
-        let (extends, k) = self.extension(tree, context);
+    /// whatever the caller does before the update. Returns what the update needs to
+    /// know of `context`, so that it is worked out once.
+    fn prefetch<G: GlobalIndex<Cursor = C>>(&self, tree: &G, context: &[u32]) -> Extension {
+        let ext = self.extension(tree, context);
+        let (extends, k) = (ext.extends, ext.new_tokens);
         let n = context.len();
         let new = &context[n - k..];
         let root = tree.root();
@@ -298,16 +310,18 @@ impl<C: Clone> GlobalMatches<C> {
                 break;
             }
         }
+        ext
     }
 
     /// Bring the cursors up to date for `context`. When `context` extends the previous
     /// one, N_p is N_{p-k} of the previous call stepped over the k new tokens, O(p·k)
     /// instead of a walk from the root for every p. A suffix of a path is a path, so the
-    /// first p that fails ends the list.
-    fn update<G: GlobalIndex<Cursor = C>>(&mut self, tree: &G, context: &[u32]) {
+    /// first p that fails ends the list. `ext` is what [`GlobalMatches::prefetch`]
+    /// returned for the same tree and context.
+    fn update<G: GlobalIndex<Cursor = C>>(&mut self, tree: &G, context: &[u32], ext: Extension) {
         let depth = tree.max_depth();
         let n = context.len();
-        let (extends, k) = self.extension(tree, context);
+        let (extends, k) = (ext.extends, ext.new_tokens);
         std::mem::swap(&mut self.cursors, &mut self.previous);
         self.cursors.clear();
         let old = &self.previous;
@@ -536,7 +550,7 @@ impl<C: Clone> Speculator<C> {
         // The request tree is this request's own, small and warm; the global tree is
         // large and cold. Its first loads are issued now so that they arrive while the
         // request tree is matched.
-        self.global.prefetch(global, context);
+        let extension = self.global.prefetch(global, context);
         let local_pmax = match request {
             Some(r) => self.match_request(r, context, params),
             None => 0,
@@ -546,7 +560,7 @@ impl<C: Clone> Speculator<C> {
             None => self.drafts.best.clear(),
         }
         std::mem::swap(&mut self.drafts.best, &mut self.drafts.local);
-        let global_pmax = self.match_global(global, context, params);
+        let global_pmax = self.match_global(global, context, extension, params);
         // The request tree's draft wins ties: a global one must score above it.
         let floor = self.drafts.local.score;
         match (params.mode, request) {
@@ -583,8 +597,8 @@ impl<C: Clone> Speculator<C> {
         context: &[u32],
         params: &SpecParams,
     ) -> Draft {
-        self.global.prefetch(tree, context);
-        let p_max = self.match_global(tree, context, params);
+        let extension = self.global.prefetch(tree, context);
+        let p_max = self.match_global(tree, context, extension, params);
         self.best_from_global(tree, context, p_max, 0.0, params);
         self.drafts.best.clone()
     }
@@ -688,11 +702,13 @@ impl<C: Clone> Speculator<C> {
         self.drafts.best.set_source(DraftSource::Request);
     }
 
-    /// Match the context in the global tree; returns the longest p that matches.
+    /// Match the context in the global tree, given what [`GlobalMatches::prefetch`] found
+    /// of it; returns the longest p that matches.
     fn match_global<G: GlobalIndex<Cursor = C>>(
         &mut self,
         tree: &G,
         context: &[u32],
+        extension: Extension,
         params: &SpecParams,
     ) -> usize {
         let window = context.len().min(tree.max_depth());
@@ -700,7 +716,7 @@ impl<C: Clone> Speculator<C> {
             SpecMode::Paper => window.saturating_sub(1),
             SpecMode::Extended => window,
         };
-        self.global.update(tree, context);
+        self.global.update(tree, context, extension);
         self.global.cursors.len().min(max_p)
     }
 
