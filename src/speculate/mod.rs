@@ -35,7 +35,6 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use serde::Serialize;
-use smallvec::SmallVec;
 
 use crate::tree::{Child, Expand, GlobalCursor, GlobalIndex, RequestTree};
 
@@ -210,6 +209,9 @@ impl Draft {
 pub struct Speculator<C = GlobalCursor> {
     matches: Vec<(u32, u32)>,
     exhaustive: bool,
+    /// The last call's request-tree draft could not be beaten, and the global tree was
+    /// not searched.
+    skipped_global: bool,
     global: GlobalMatches<C>,
     drafts: Scratch,
 }
@@ -219,6 +221,7 @@ impl<C> Default for Speculator<C> {
         Self {
             matches: Vec::new(),
             exhaustive: false,
+            skipped_global: false,
             global: GlobalMatches::default(),
             drafts: Scratch::default(),
         }
@@ -239,6 +242,8 @@ struct Scratch {
     local: Draft,
     /// The candidate p, by bound.
     order: Vec<(usize, usize)>,
+    /// The request tree's candidate p (up to [`EXTENDED_WINDOW`] of them).
+    candidates: Vec<usize>,
 }
 
 /// The global-tree positions N_1, N_2, … of the last p context tokens, for one context.
@@ -549,8 +554,9 @@ impl<C: Clone> Speculator<C> {
     ) -> &Draft {
         // The request tree is this request's own, small and warm; the global tree is
         // large and cold. Its first loads are issued now so that they arrive while the
-        // request tree is matched.
-        let extension = self.global.prefetch(global, context);
+        // request tree is matched, unless the last call did not search it: the call
+        // after a skipped search usually skips it too.
+        let early = (!self.skipped_global).then(|| self.global.prefetch(global, context));
         let local_pmax = match request {
             Some(r) => self.match_request(r, context, params),
             None => 0,
@@ -560,6 +566,16 @@ impl<C: Clone> Speculator<C> {
             None => self.drafts.best.clear(),
         }
         std::mem::swap(&mut self.drafts.best, &mut self.drafts.local);
+        // No draft scores above max_spec: at most that many tokens, each of probability
+        // at most 1. A request-tree draft that reaches it (a copy in progress, drafted
+        // in full) cannot be beaten, since ties go to the request tree, so the global
+        // search is skipped. Its cursors stay behind; the next search steps them over
+        // every token since, as it would over one call's.
+        self.skipped_global = self.drafts.local.score >= params.max_spec as f32;
+        if self.skipped_global {
+            return &self.drafts.local;
+        }
+        let extension = early.unwrap_or_else(|| self.global.prefetch(global, context));
         let global_pmax = self.match_global(global, context, extension, params);
         // The request tree's draft wins ties: a global one must score above it.
         let floor = self.drafts.local.score;
@@ -673,7 +689,8 @@ impl<C: Clone> Speculator<C> {
             cuts |= 1u128 << (m.1 as usize).min(p_max).min(127);
         }
         cuts &= !1;
-        let mut candidates: SmallVec<[usize; 16]> = SmallVec::new();
+        let mut candidates = std::mem::take(&mut self.drafts.candidates);
+        candidates.clear();
         let mut lo = 1;
         while cuts != 0 {
             let hi = cuts.trailing_zeros() as usize;
@@ -685,7 +702,7 @@ impl<C: Clone> Speculator<C> {
         }
         best_over_p(
             &mut self.drafts,
-            candidates,
+            candidates.iter().copied(),
             p_max,
             self.exhaustive,
             0.0,
@@ -699,6 +716,7 @@ impl<C: Clone> Speculator<C> {
                 true
             },
         );
+        self.drafts.candidates = candidates;
         self.drafts.best.set_source(DraftSource::Request);
     }
 
@@ -973,6 +991,46 @@ mod tests {
         let e = s.speculate(Some(&r), &g, &prompt, &params);
         assert_eq!(e.tokens, span[..24].to_vec());
         assert_eq!(e.source, DraftSource::Request);
+    }
+
+    #[test]
+    fn an_unbeatable_copy_skips_the_global_search_and_later_calls_catch_up() {
+        // The prompt holds a long span once; the response copies part of it, then goes
+        // on as one earlier response did after the span's 28th to 30th tokens. Only
+        // the global tree knows that continuation, and only through a match that
+        // starts inside the copied part, so the cursors must have followed the copy.
+        let span: Vec<u32> = (100..140).collect();
+        let after: Vec<u32> = (50..60).collect();
+        let g = GlobalTree::build(
+            24,
+            [
+                (1u64, [&span[27..30], &after[..]].concat()),
+                (2, vec![50, 70, 71]),
+            ],
+        )
+        .unwrap();
+        let mut prompt = vec![1, 2, 7, 8, 9];
+        prompt.extend(&span);
+        prompt.extend([4, 5, 7, 8, 9]);
+        let params = SpecParams::default();
+        let mut r = RequestTree::new(&prompt, params.request_depth());
+        let mut ctx = prompt.clone();
+        let mut carried = Speculator::new();
+        let mut skipped = 0;
+        let response: Vec<u32> = span[..30].iter().chain(&after[..3]).copied().collect();
+        for &t in &response {
+            let d = carried.speculate(Some(&r), &g, &ctx, &params);
+            skipped += usize::from(carried.skipped_global);
+            let fresh = Speculator::new().speculate(Some(&r), &g, &ctx, &params);
+            assert_eq!(d, fresh, "after {} tokens", ctx.len() - prompt.len());
+            r.extend(&[t]);
+            ctx.push(t);
+        }
+        assert!(skipped > 0, "a full copy draft was never reached");
+        let d = carried.speculate(Some(&r), &g, &ctx, &params);
+        assert_eq!(d.source, DraftSource::Global);
+        // Matched over all six tokens since the span's 28th: a budget of six.
+        assert_eq!(d.tokens, after[3..9].to_vec());
     }
 
     #[test]
