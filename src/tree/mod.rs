@@ -39,6 +39,10 @@ pub(crate) fn common_suffix_len(a: &[u32], b: &[u32], max: usize) -> usize {
     const CHUNK: usize = 8;
     let max = max.min(a.len()).min(b.len());
     let (a, b) = (&a[a.len() - max..], &b[b.len() - max..]);
+    // Most comparisons (every occurrence of a common token) end at the first token.
+    if max == 0 || a[max - 1] != b[max - 1] {
+        return 0;
+    }
     let mut l = 0;
     while l + CHUNK <= max {
         let end = max - l;
