@@ -132,6 +132,26 @@ fn simulate_replays_every_response_token() {
 }
 
 #[test]
+fn replay_timing_adds_its_figure_and_changes_no_draft() {
+    let warm = example("warm.jsonl.zst");
+    let test = example("test.jsonl.zst");
+    let args = ["--test-limit", "40", "--json"];
+    let plain = last_json(&simulate(&warm, &test, &args));
+    let out = simulate(&warm, &test, &[&args[..], &["--replay-timing"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let replayed = last_json(&out);
+    assert!(plain.get("spec_replay_us_per_call").is_none());
+    assert!(replayed["spec_replay_us_per_call"].as_f64().unwrap() > 0.0);
+    for key in ["steps", "accepted_tokens", "drafted_tokens"] {
+        assert_eq!(plain[key], replayed[key], "{key}");
+    }
+}
+
+#[test]
 fn max_cached_requests_limits_the_global_tree() {
     let warm = example("warm.jsonl.zst");
     let test = example("test.jsonl.zst");

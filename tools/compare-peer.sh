@@ -11,6 +11,14 @@
 # It builds the peer with $SHARED/peer/build_arctic.sh (once; about a minute), builds
 # suffixd in release mode, runs both with vLLM's defaults, and prints one table of
 # figures and ratios. Raw JSON lines go to target/compare-peer/.
+#
+# Two speculation times are shown against the peer's native figure. "spec us" is
+# suffixd's own call as decoding pays for it, on cold caches. The peer's native figure is
+# taken by calling its native speculation again right after the same speculation through
+# its Python API, so its tree is warm; "replayed" is suffixd timed the same way (the same
+# call, replayed from a copy of the speculator's state, see `simulate --replay-timing`).
+# On a busy host the cold figure moves with the memory traffic of other tenants and the
+# replayed one much less, which is why the first ratio drifts from run to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED="${SHARED:-../shared}"
@@ -45,7 +53,7 @@ for r in $(seq "$REPEAT"); do
                 echo "== suffixd ($mode): warm $n, $shape (run $r of $REPEAT)" >&2
                 "$BIN" simulate --warm "$DATA/train.jsonl.zst" --warm-limit "$n" \
                     --test "$DATA/test.jsonl.zst" --test-limit "$TEST" "--$shape" --mode "$mode" \
-                    --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$n-$shape-$mode.$r.json"
+                    --replay-timing --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$n-$shape-$mode.$r.json"
             done
         done
     done
@@ -67,7 +75,7 @@ def load(name):
 
 if repeat > 1:
     print(f"medians of {repeat} runs each")
-print("warm   shape  mode      tok/step (peer)   ratio | spec us (peer native) ratio | update us/tok (peer) ratio | warm-up s (peer) speedup | B/token (peer)")
+print("warm   shape  mode      tok/step (peer)   ratio | spec us (peer native) ratio | replayed ratio | update us/tok (peer) ratio | warm-up s (peer) speedup | B/token (peer)")
 for n in sizes:
     for shape in shapes:
         p = load(f"peer-{n}-{shape}")
@@ -76,6 +84,7 @@ for n in sizes:
             print(f"{n:>6} {shape:<6} {mode:<8} "
                   f"{s['tokens_per_step']:.4f} ({p['tokens_per_step']:.4f}) {s['tokens_per_step']/p['tokens_per_step']:6.4f} | "
                   f"{s['spec_us_per_call']:6.2f} ({p['native_spec_us_per_call']:6.2f}) {s['spec_us_per_call']/p['native_spec_us_per_call']:5.2f} | "
+                  f"{s['spec_replay_us_per_call']:6.2f} {s['spec_replay_us_per_call']/p['native_spec_us_per_call']:5.2f} | "
                   f"{s['update_us_per_token']:6.3f} ({p['update_us_per_token']:6.3f}) {s['update_us_per_token']/p['update_us_per_token']:5.3f} | "
                   f"{s['warmup_s']:6.2f} ({p['warmup_s']:6.2f}) {p['warmup_s']/max(s['warmup_s'],1e-9):5.1f}x | "
                   f"{s['store_bytes_per_token']:5.1f} ({p['rss_bytes_per_cached_token']:5.1f})")

@@ -128,6 +128,10 @@ struct SimulateArgs {
     /// instead of building it from --warm.
     #[arg(long)]
     snapshot: Option<PathBuf>,
+    /// Also time every speculation replayed a second time with warm caches, as the
+    /// reference's --native-timing does (adds spec_replay_us_per_call).
+    #[arg(long)]
+    replay_timing: bool,
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     json: bool,
@@ -165,6 +169,7 @@ fn run_simulate(a: SimulateArgs) -> anyhow::Result<()> {
         max_cached_requests: a.max_cached_requests,
         online: a.online,
         prompt_tree: !a.no_prompt_tree,
+        replay_timing: a.replay_timing,
     };
     let r = simulate(&cfg, |line| eprintln!("{line}")).context("simulation failed")?;
     println!(

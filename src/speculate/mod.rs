@@ -206,6 +206,7 @@ impl Draft {
 /// context only steps them over the new tokens.
 ///
 /// `C` is the cursor type of the global index it is used with.
+#[derive(Clone)]
 pub struct Speculator<C = GlobalCursor> {
     matches: Vec<(u32, u32)>,
     exhaustive: bool,
@@ -232,7 +233,7 @@ impl<C> Default for Speculator<C> {
 /// one being grown, and the request tree's winner. Candidates are grown at every call
 /// for every p tried, so growing them into fresh vectors would allocate (and
 /// reallocate) on the hot path.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Scratch {
     /// The winner of the last search over p.
     best: Draft,
@@ -247,6 +248,7 @@ struct Scratch {
 }
 
 /// The global-tree positions N_1, N_2, … of the last p context tokens, for one context.
+#[derive(Clone)]
 struct GlobalMatches<C> {
     version: u64,
     context_len: usize,
