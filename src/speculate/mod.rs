@@ -999,8 +999,10 @@ mod tests {
     fn an_unbeatable_copy_skips_the_global_search_and_later_calls_catch_up() {
         // The prompt holds a long span once; the response copies part of it, then goes
         // on as one earlier response did after the span's 28th to 30th tokens. Only
-        // the global tree knows that continuation, and only through a match that
-        // starts inside the copied part, so the cursors must have followed the copy.
+        // the global tree knows that continuation, through a match that starts inside
+        // the copied part. Every call must draft what a fresh speculator drafts, through
+        // the skipped stretch and after it. (Cursors left stale by a skip are caught by
+        // the property test on carried cursors, whose responses copy their prompts.)
         let span: Vec<u32> = (100..140).collect();
         let after: Vec<u32> = (50..60).collect();
         let g = GlobalTree::build(
