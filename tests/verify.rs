@@ -279,3 +279,67 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
     );
     assert!(drafted > 20, "drafts were verified in the batch: {drafted}");
 }
+
+/// Row invariance on the real model, for every weight format: a token's logits are the
+/// same bits whether it is decoded alone or verified as row j of a K-row draft (K up to
+/// 64) that shares its forward pass with another sequence's rows.
+#[test]
+fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_format() {
+    use candle_core::quantized::gguf_file;
+    use suffixd::verify::model::{BatchEntry, KvCache, Model};
+    let Some(path) = model() else { return };
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let context: Vec<u32> = (0..40).map(|i| 300 + 17 * i).collect();
+    let draft: Vec<u32> = (0..64).map(|i| 1000 + 31 * i).collect();
+    let other: Vec<u32> = (0..9).map(|i| 5000 + 7 * i).collect();
+    let chain = |n: usize| -> Vec<i32> { (0..n as i32).map(|i| i - 1).collect() };
+    let bits = |t: &candle_core::Tensor, row: usize| -> Vec<u32> {
+        let v: Vec<f32> = t.get(row).unwrap().to_vec1().unwrap();
+        v.into_iter().map(f32::to_bits).collect()
+    };
+    for format in [WeightFormat::Q8_0, WeightFormat::Native, WeightFormat::F32] {
+        let model = Model::load_gguf(&path, &content, format, 256, &candle_core::Device::Cpu).unwrap();
+        let prefilled = || {
+            let mut cache = KvCache::default();
+            model.forward(&mut cache, &context, &chain(context.len())).unwrap();
+            cache.commit(&(0..context.len()).collect::<Vec<_>>());
+            cache
+        };
+        // Plain decoding: one token per pass.
+        let mut alone = Vec::new();
+        let mut cache = prefilled();
+        for &t in &draft {
+            alone.push(bits(&model.forward(&mut cache, &[t], &[-1]).unwrap(), 0));
+            cache.commit(&[0]);
+        }
+        for k in [2, 16, 64] {
+            let mut cache = prefilled();
+            let mut neighbour = KvCache::default();
+            let parents = chain(k);
+            let other_parents = chain(other.len());
+            let logits = model
+                .forward_batch(&mut [
+                    BatchEntry {
+                        cache: &mut neighbour,
+                        tokens: &other,
+                        parents: &other_parents,
+                        logits: true,
+                    },
+                    BatchEntry {
+                        cache: &mut cache,
+                        tokens: &draft[..k],
+                        parents: &parents,
+                        logits: true,
+                    },
+                ])
+                .unwrap();
+            for j in 0..k {
+                assert!(
+                    bits(&logits, other.len() + j) == alone[j],
+                    "{format:?}: token {j} of a {k}-row draft beside another sequence differs from plain decoding"
+                );
+            }
+        }
+    }
+}

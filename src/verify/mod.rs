@@ -3,6 +3,7 @@
 //! - [`tokenizer`]: the model's tokenizer, from GGUF metadata or tokenizer.json.
 //! - [`model`]: a llama forward pass over a draft tree, with a KV cache that keeps only
 //!   the accepted path.
+//! - [`kernels`]: the row-invariant CPU matmul and attention the model runs on.
 //! - [`cost`]: what a forward pass of K rows costs, measured at start and kept up to date.
 //! - [`engine`]: the generation loop, exact greedy and distribution-preserving sampling,
 //!   and cost-aware draft sizes.
@@ -11,6 +12,7 @@
 pub mod chat;
 pub mod cost;
 pub mod engine;
+pub mod kernels;
 pub mod model;
 pub mod tokenizer;
 

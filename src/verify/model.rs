@@ -11,6 +11,12 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{D, DType, Device, Module, Tensor};
 
+use super::kernels::Simd;
+use super::kernels::attention::{AttnShape, attend};
+use super::kernels::dense::{DenseMatrix, matmul_dense};
+use super::kernels::matmul::{QuantizedRows, matmul};
+use super::kernels::pack::{PackError, PackedMatrix};
+
 /// Errors from loading or running the model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -45,18 +51,20 @@ pub enum ModelError {
     Candle(#[from] candle_core::Error),
 }
 
-/// How the matrices are held in memory.
+/// How the matrices are held in memory. On the CPU every choice runs on the row-invariant
+/// kernels ([`super::kernels`]), so a token's logits do not depend on what else is in the
+/// forward pass, and speculative greedy output is plain greedy output.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum WeightFormat {
-    /// As stored in the file.
+    /// As stored in the file (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K have
+    /// kernels; other formats fall back to candle's matmul, which is not row-invariant).
     Native,
-    /// Requantized to Q8_0: fast on CPU (Q4_1 has no SIMD path there) and exact across
-    /// batch sizes, which exact greedy verification relies on.
+    /// Requantized to Q8_0.
     Q8_0,
-    /// Dequantized to f32: slowest to decode, cheapest to verify many tokens.
+    /// Dequantized to f32: four times the memory traffic of Q8_0 per decoding step.
     F32,
 }
 
@@ -88,6 +96,23 @@ fn requantize_q8_0(qt: &QTensor, device: &Device) -> candle_core::Result<QTensor
     QTensor::new(storage, on_cpu.shape().clone())
 }
 
+/// `qt` for the forward pass: packed for the row-invariant kernels on the CPU when its
+/// format has one, else candle's matmul (which is not row-invariant, so greedy output with
+/// speculation may then differ from plain decoding).
+fn weights_of(qt: QTensor, device: &Device) -> Result<Weights, PackError> {
+    if device.is_cpu() {
+        match PackedMatrix::from_qtensor(&qt) {
+            Ok(p) => return Ok(Weights::Packed(p)),
+            Err(PackError::Unsupported(dtype)) => tracing::warn!(
+                "{dtype:?} weights have no row-invariant kernel: candle's matmul is used, and \
+                 speculative output may differ from plain decoding; use --weights q8-0"
+            ),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Weights::Candle(QMatMul::from_qtensor(qt)?))
+}
+
 /// The architecture's sizes, from the GGUF metadata.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LlamaConfig {
@@ -111,16 +136,120 @@ pub struct LlamaConfig {
     pub rms_eps: f32,
 }
 
+/// One weight matrix: for the row-invariant kernels on the CPU (quantized and packed, or
+/// f32), or candle's (formats without a kernel, and GPUs).
+enum Weights {
+    Packed(PackedMatrix),
+    Dense(DenseMatrix),
+    Candle(QMatMul),
+}
+
+/// A projection of one input into one or more outputs side by side (q, k and v; gate
+/// and up), so that the activations are quantized once and the threads meet once.
+struct Linear {
+    parts: Vec<Weights>,
+}
+
+impl Linear {
+    fn new(parts: Vec<Weights>) -> Self {
+        Linear { parts }
+    }
+
+    /// `x (rows, k)` times every part, outputs concatenated: `(rows, Σ n)`.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let k = x.dims2()?.1;
+        for w in &self.parts {
+            let inputs = match w {
+                Weights::Packed(p) => p.inputs(),
+                Weights::Dense(d) => d.inputs(),
+                Weights::Candle(_) => continue,
+            };
+            if inputs != k {
+                candle_core::bail!("a weight matrix takes {inputs} inputs, the layer gives {k}");
+            }
+        }
+        let packed: Vec<&PackedMatrix> = self
+            .parts
+            .iter()
+            .filter_map(|w| match w {
+                Weights::Packed(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        if packed.len() == self.parts.len() {
+            return packed_forward(&packed, x);
+        }
+        let dense: Vec<&DenseMatrix> = self
+            .parts
+            .iter()
+            .filter_map(|w| match w {
+                Weights::Dense(d) => Some(d),
+                _ => None,
+            })
+            .collect();
+        if dense.len() == self.parts.len() {
+            return dense_forward(&dense, x);
+        }
+        let outs = self
+            .parts
+            .iter()
+            .map(|w| match w {
+                Weights::Packed(p) => packed_forward(&[p], x),
+                Weights::Dense(d) => dense_forward(&[d], x),
+                Weights::Candle(m) => m.forward(x),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::cat(&outs, 1)
+    }
+}
+
+/// The f32 parts' product on the host.
+fn dense_forward(parts: &[&DenseMatrix], x: &Tensor) -> candle_core::Result<Tensor> {
+    let (rows, _) = x.dims2()?;
+    let width: usize = parts.iter().map(|p| p.outputs()).sum();
+    let input: Vec<f32> = x.flatten_all()?.to_vec1()?;
+    let mut out = vec![0f32; rows * width];
+    matmul_dense(Simd::detect(), parts, &input, rows, &mut out);
+    Tensor::from_vec(out, (rows, width), x.device())
+}
+
+/// `t (n, k)` as f32 weights for the forward pass: the row-invariant f32 kernel on the
+/// CPU, candle's matmul elsewhere.
+fn dense_of(t: Tensor, device: &Device) -> candle_core::Result<Weights> {
+    if !device.is_cpu() {
+        return Ok(Weights::Candle(QMatMul::Tensor(t)));
+    }
+    let (n, k) = t.dims2()?;
+    let weights: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    Ok(Weights::Dense(DenseMatrix::new(n, k, weights)))
+}
+
+/// The packed parts' product on the host.
+fn packed_forward(parts: &[&PackedMatrix], x: &Tensor) -> candle_core::Result<Tensor> {
+    thread_local! {
+        static ROWS: std::cell::RefCell<QuantizedRows> = std::cell::RefCell::default();
+    }
+    let (rows, k) = x.dims2()?;
+    let width: usize = parts.iter().map(|p| p.outputs()).sum();
+    let input: Vec<f32> = x.flatten_all()?.to_vec1()?;
+    let mut out = vec![0f32; rows * width];
+    ROWS.with(|cell| {
+        let mut a = cell.borrow_mut();
+        a.quantize(&input, rows, k);
+        matmul(Simd::detect(), parts, &a, &mut out);
+    });
+    Tensor::from_vec(out, (rows, width), x.device())
+}
+
 struct Layer {
     attn_norm: Tensor,
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
+    /// q, k and v side by side.
+    qkv: Linear,
+    wo: Linear,
     ffn_norm: Tensor,
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    /// Gate and up side by side.
+    gate_up: Linear,
+    down: Linear,
 }
 
 /// The KV cache of one sequence, on the host: per layer, keys and values laid out
@@ -215,7 +344,7 @@ pub struct Model {
     embed: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
-    head: QMatMul,
+    head: Linear,
     cos: Tensor,
     sin: Tensor,
     device: Device,
@@ -383,22 +512,22 @@ impl Model {
                 .tensor(&mut file, name, device)
                 .map_err(|e| fmt(format!("tensor {name}: {e}")))
         };
-        let matrix = |qt: QTensor| -> Result<QMatMul, ModelError> {
+        let matrix = |qt: QTensor| -> Result<Weights, ModelError> {
             let qt = match (format, qt.dtype()) {
                 (WeightFormat::Native, _) | (WeightFormat::Q8_0, GgmlDType::Q8_0) => qt,
                 (WeightFormat::Q8_0, _) => requantize_q8_0(&qt, device)?,
-                (WeightFormat::F32, _) => return Ok(QMatMul::Tensor(qt.dequantize(device)?)),
+                (WeightFormat::F32, _) => return Ok(dense_of(qt.dequantize(device)?, device)?),
             };
-            Ok(QMatMul::from_qtensor(qt)?)
+            weights_of(qt, device).map_err(|e| fmt(e.to_string()))
         };
         let embed_q = tensor("token_embd.weight")?;
         let embed = embed_q.dequantize(device)?;
         let vocab = embed.dim(0)?;
-        let head = match tensor("output.weight") {
+        let head = Linear::new(vec![match tensor("output.weight") {
             Ok(t) => matrix(t)?,
             // Tied to the embedding, as in SmolLM2.
             Err(_) => matrix(embed_q)?,
-        };
+        }]);
         let norm = tensor("output_norm.weight")?.dequantize(device)?;
         let head_dim = width / heads;
         let context = max_context.min(trained_context).max(1);
@@ -407,14 +536,18 @@ impl Model {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             layers.push(Layer {
                 attn_norm: tensor(&p("attn_norm"))?.dequantize(device)?,
-                wq: matrix(tensor(&p("attn_q"))?)?,
-                wk: matrix(tensor(&p("attn_k"))?)?,
-                wv: matrix(tensor(&p("attn_v"))?)?,
-                wo: matrix(tensor(&p("attn_output"))?)?,
+                qkv: Linear::new(vec![
+                    matrix(tensor(&p("attn_q"))?)?,
+                    matrix(tensor(&p("attn_k"))?)?,
+                    matrix(tensor(&p("attn_v"))?)?,
+                ]),
+                wo: Linear::new(vec![matrix(tensor(&p("attn_output"))?)?]),
                 ffn_norm: tensor(&p("ffn_norm"))?.dequantize(device)?,
-                gate: matrix(tensor(&p("ffn_gate"))?)?,
-                up: matrix(tensor(&p("ffn_up"))?)?,
-                down: matrix(tensor(&p("ffn_down"))?)?,
+                gate_up: Linear::new(vec![
+                    matrix(tensor(&p("ffn_gate"))?)?,
+                    matrix(tensor(&p("ffn_up"))?)?,
+                ]),
+                down: Linear::new(vec![matrix(tensor(&p("ffn_down"))?)?]),
             });
         }
         let cfg = LlamaConfig {
@@ -469,40 +602,43 @@ impl Model {
                 .and_then(|t| t.to_dtype(DType::F32))
                 .map_err(|e| fmt(format!("tensor {name}: {e}")))
         };
-        let matrix = |t: Tensor| -> Result<QMatMul, ModelError> {
-            Ok(match format {
-                WeightFormat::Native | WeightFormat::F32 => QMatMul::Tensor(t),
-                WeightFormat::Q8_0 => {
-                    QMatMul::from_qtensor(QTensor::quantize(&t, GgmlDType::Q8_0)?)?
-                }
-            })
+        let matrix = |t: Tensor| -> Result<Weights, ModelError> {
+            match format {
+                WeightFormat::Native | WeightFormat::F32 => Ok(dense_of(t, device)?),
+                WeightFormat::Q8_0 => weights_of(QTensor::quantize(&t, GgmlDType::Q8_0)?, device)
+                    .map_err(|e| fmt(e.to_string())),
+            }
         };
         let embed = tensor("model.embed_tokens.weight")?;
         let vocab = embed.dim(0)?;
-        let head = if hf.tie_word_embeddings {
+        let head = Linear::new(vec![if hf.tie_word_embeddings {
             matrix(embed.clone())?
         } else {
             matrix(tensor("lm_head.weight")?)?
-        };
+        }]);
         let mut layers = Vec::with_capacity(hf.num_hidden_layers);
         for i in 0..hf.num_hidden_layers {
             let p = |s: &str| format!("model.layers.{i}.{s}.weight");
             layers.push(Layer {
                 attn_norm: tensor(&p("input_layernorm"))?,
-                wq: matrix(rope_rows_interleaved(
-                    &tensor(&p("self_attn.q_proj"))?,
-                    heads,
-                )?)?,
-                wk: matrix(rope_rows_interleaved(
-                    &tensor(&p("self_attn.k_proj"))?,
-                    kv_heads,
-                )?)?,
-                wv: matrix(tensor(&p("self_attn.v_proj"))?)?,
-                wo: matrix(tensor(&p("self_attn.o_proj"))?)?,
+                qkv: Linear::new(vec![
+                    matrix(rope_rows_interleaved(
+                        &tensor(&p("self_attn.q_proj"))?,
+                        heads,
+                    )?)?,
+                    matrix(rope_rows_interleaved(
+                        &tensor(&p("self_attn.k_proj"))?,
+                        kv_heads,
+                    )?)?,
+                    matrix(tensor(&p("self_attn.v_proj"))?)?,
+                ]),
+                wo: Linear::new(vec![matrix(tensor(&p("self_attn.o_proj"))?)?]),
                 ffn_norm: tensor(&p("post_attention_layernorm"))?,
-                gate: matrix(tensor(&p("mlp.gate_proj"))?)?,
-                up: matrix(tensor(&p("mlp.up_proj"))?)?,
-                down: matrix(tensor(&p("mlp.down_proj"))?)?,
+                gate_up: Linear::new(vec![
+                    matrix(tensor(&p("mlp.gate_proj"))?)?,
+                    matrix(tensor(&p("mlp.up_proj"))?)?,
+                ]),
+                down: Linear::new(vec![matrix(tensor(&p("mlp.down_proj"))?)?]),
             });
         }
         let norm = tensor("model.norm.weight")?;
@@ -526,7 +662,7 @@ impl Model {
         embed: Tensor,
         layers: Vec<Layer>,
         norm: Tensor,
-        head: QMatMul,
+        head: Linear,
         device: &Device,
     ) -> Result<Self, ModelError> {
         let (head_dim, context) = (cfg.head_dim, cfg.context);
@@ -625,17 +761,21 @@ impl Model {
         let sin = self.sin.index_select(&positions, 0)?.contiguous()?;
         let ids = Tensor::new(ids, &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        let heads = |m: &QMatMul, a: &Tensor, n: usize| -> Result<Tensor, candle_core::Error> {
-            m.forward(a)?
+        // Columns `from..from + n·hd` of the fused q|k|v product as `(1, n, total, hd)`.
+        let heads = |qkv: &Tensor, from: usize, n: usize| -> Result<Tensor, candle_core::Error> {
+            qkv.narrow(1, from, n * hd)?
+                .contiguous()?
                 .reshape((1, total, n, hd))?
                 .transpose(1, 2)?
                 .contiguous()
         };
+        let simd = Simd::detect();
         for (l, layer) in self.layers.iter().enumerate() {
             let a = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps)?;
-            let q = candle_nn::rotary_emb::rope_i(&heads(&layer.wq, &a, h)?, &cos, &sin)?;
-            let k = candle_nn::rotary_emb::rope_i(&heads(&layer.wk, &a, kvh)?, &cos, &sin)?;
-            let v = heads(&layer.wv, &a, kvh)?;
+            let qkv = layer.qkv.forward(&a)?;
+            let q = candle_nn::rotary_emb::rope_i(&heads(&qkv, 0, h)?, &cos, &sin)?;
+            let k = candle_nn::rotary_emb::rope_i(&heads(&qkv, h * hd, kvh)?, &cos, &sin)?;
+            let v = heads(&qkv, (h + kvh) * hd, kvh)?;
             // `[head][row][head_dim]` on the host.
             let q: Vec<f32> = q.flatten_all()?.to_vec1()?;
             let k: Vec<f32> = k.flatten_all()?.to_vec1()?;
@@ -655,17 +795,19 @@ impl Model {
                 let shape = AttnShape {
                     total,
                     offset: *offset,
-                    h,
-                    kvh,
-                    hd,
+                    heads: h,
+                    kv_heads: kvh,
+                    head_dim: hd,
                 };
-                attend(&q, keys, values, sets, base, shape, &mut out);
+                attend(simd, &q, keys, values, sets, base, shape, &mut out);
             }
             let out = Tensor::from_vec(out, (total, h * hd), &self.device)?;
             x = (x + layer.wo.forward(&out)?)?;
             let f = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.rms_eps)?;
-            let g = candle_nn::ops::silu(&layer.gate.forward(&f)?)?;
-            let u = layer.up.forward(&f)?;
+            let gate_up = layer.gate_up.forward(&f)?;
+            let ffn = gate_up.dim(1)? / 2;
+            let g = candle_nn::ops::silu(&gate_up.narrow(1, 0, ffn)?)?;
+            let u = gate_up.narrow(1, ffn, ffn)?;
             x = (x + layer.down.forward(&(g * u)?)?)?;
         }
         let wanted: Vec<u32> = parts
@@ -691,91 +833,6 @@ impl Model {
     /// The device the model runs on.
     pub fn device(&self) -> &Device {
         &self.device
-    }
-}
-
-/// Sizes for [`attend`].
-#[derive(Clone, Copy)]
-struct AttnShape {
-    /// Rows in the whole batch.
-    total: usize,
-    /// This sequence's first row in the batch.
-    offset: usize,
-    h: usize,
-    kvh: usize,
-    hd: usize,
-}
-
-/// Dot product with a fixed summation order (8 lanes, then a fixed tree), so that the
-/// result never depends on how many rows are computed together.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
-        acc[l] += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
-}
-
-/// Attention of one sequence's new tokens over their attention sets, computed on the
-/// host one query at a time with fixed summation orders, into that sequence's rows of
-/// `out` (`[row][head][head_dim]`). A batched matmul and softmax would sum in an order
-/// that depends on the batch and row length; with Q8_0 weights such 1e-6 differences
-/// flip activation quantisation and grow to whole logits. This way a token verified in
-/// a tree, or beside other sequences, gets bit-for-bit the logits plain decoding gives.
-fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    sets: &[Vec<usize>],
-    base: usize,
-    s: AttnShape,
-    out: &mut [f32],
-) {
-    let AttnShape {
-        total,
-        offset,
-        h,
-        kvh,
-        hd,
-    } = s;
-    let rep = h / kvh;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores: Vec<f32> = Vec::with_capacity(base + sets.len());
-    for head in 0..h {
-        let g = head / rep;
-        let at = |r: usize| (r * kvh + g) * hd;
-        for (i, set) in sets.iter().enumerate() {
-            let row = offset + i;
-            let qi = &q[(head * total + row) * hd..(head * total + row + 1) * hd];
-            let rows = (0..base).chain(set.iter().map(|&a| base + a));
-            scores.clear();
-            scores.extend(
-                rows.clone()
-                    .map(|r| dot(qi, &keys[at(r)..at(r) + hd]) * scale),
-            );
-            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for x in scores.iter_mut() {
-                *x = (*x - max).exp();
-                sum += *x;
-            }
-            let o = &mut out[(row * h + head) * hd..(row * h + head + 1) * hd];
-            for (w, r) in scores.iter().zip(rows) {
-                let w = w / sum;
-                let vr = &values[at(r)..at(r) + hd];
-                for d in 0..hd {
-                    o[d] += w * vr[d];
-                }
-            }
-        }
     }
 }
 

@@ -1,0 +1,411 @@
+//! Attention of one sequence's new tokens, on the host, one query at a time with fixed
+//! summation orders, spread over the CPU threads by (head, query).
+//!
+//! A batched matmul and softmax would sum in an order that depends on the batch and the
+//! row count; with quantized activations such 1e-6 differences flip a rounding and grow
+//! to whole logits. Here every query's scores, softmax and weighted sum are computed by
+//! the same operations in the same order whatever else is in the pass, so a token
+//! verified in a draft tree, or beside other sequences, gets bit for bit the output plain
+//! decoding gives it.
+
+use super::matmul::Simd;
+
+/// Sizes of one sequence's part of the pass.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    /// Rows in the whole batch.
+    pub total: usize,
+    /// This sequence's first row in the batch.
+    pub offset: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// The eight lanes summed in a fixed order.
+#[inline(always)]
+fn reduce_lanes(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// `x` rounded to an integer (ties to even) for |x| ≤ 2^22, by plain arithmetic.
+#[inline(always)]
+fn round_to_integer(x: f32) -> f32 {
+    (x + MAGIC) - MAGIC
+}
+
+const MAGIC: f32 = 12_582_912.0;
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Below this, e^x is under f32's normal range; scores are clamped to it.
+const EXP_FLOOR: f32 = -87.0;
+/// Cephes' polynomial for e^r on |r| ≤ ln 2 / 2, highest degree first.
+const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
+
+/// e^x for x ≤ 0 to about 2 ulp, by operations the AVX2 path repeats lane by lane:
+/// x = n·ln 2 + r, e^r by a polynomial, 2^n from the exponent bits.
+#[inline(always)]
+fn exp_portable(x: f32) -> f32 {
+    let x = x.max(EXP_FLOOR);
+    let n = round_to_integer(x * LOG2E);
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
+    let mut p = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
+        p = p.mul_add(r, c);
+    }
+    let p = p.mul_add(r * r, r) + 1.0;
+    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// One query's attention on the portable path: scores, softmax and weighted sum, in the
+/// order the AVX2 path uses.
+#[allow(clippy::too_many_arguments)]
+fn attend_one_portable(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    rows: &[usize],
+    stride: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
+    let hd = q.len();
+    scores.clear();
+    for &r in rows {
+        let k = &keys[r * stride..][..hd];
+        let mut acc = [0f32; 8];
+        for (i, (&x, &y)) in q.iter().zip(k).enumerate() {
+            acc[i % 8] = x.mul_add(y, acc[i % 8]);
+        }
+        scores.push(reduce_lanes(&acc) * scale);
+    }
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let mut lanes = [0f32; 8];
+    for (i, x) in scores.iter_mut().enumerate() {
+        *x = exp_portable(*x - max);
+        lanes[i % 8] += *x;
+    }
+    let sum = reduce_lanes(&lanes);
+    o.fill(0.0);
+    for (&e, &r) in scores.iter().zip(rows) {
+        let w = e / sum;
+        for (o, &v) in o.iter_mut().zip(&values[r * stride..][..hd]) {
+            *o = w.mul_add(v, *o);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// `exp_portable` on eight lanes.
+    #[target_feature(enable = "avx2,fma")]
+    fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
+        let magic = _mm256_set1_ps(MAGIC);
+        let n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), magic), magic);
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_POLY[0]);
+        for &c in &EXP_POLY[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
+        let bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
+    }
+
+    /// `attend_one_portable` for each of the query heads that share one key/value head,
+    /// with the same operations per head, but reading each key and value row once for
+    /// all of them. `q` and `o` hold the heads one after another (`heads × hd`);
+    /// `scores` is scratch.
+    ///
+    /// SAFETY: the CPU has AVX2 and FMA; `hd` is a multiple of 8; `q` and `o` hold
+    /// `heads × hd` floats; every row's `stride`-spaced slice of `hd` floats is inside
+    /// `keys` and `values`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attend_group(
+        q: &[f32],
+        hd: usize,
+        keys: &[f32],
+        values: &[f32],
+        rows: &[usize],
+        stride: usize,
+        scale: f32,
+        scores: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
+        let heads = q.len() / hd;
+        let n = rows.len();
+        assert!(heads <= MAX_GROUP && q.len() == heads * hd && o.len() == q.len());
+        scores.clear();
+        scores.resize(heads * n, 0.0);
+        // Scores: one pass over the keys; each head's dot is an 8-lane FMA chain.
+        for (at, &r) in rows.iter().enumerate() {
+            let k = &keys[r * stride..][..hd];
+            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
+            for i in (0..hd).step_by(8) {
+                // SAFETY: i + 8 <= hd = len of `k` and of each head's part of `q`.
+                let kv = unsafe { _mm256_loadu_ps(k.as_ptr().add(i)) };
+                for (h, acc) in acc.iter_mut().enumerate().take(heads) {
+                    // SAFETY: h·hd + i + 8 <= heads·hd = len of `q`.
+                    *acc = _mm256_fmadd_ps(unsafe { _mm256_loadu_ps(q.as_ptr().add(h * hd + i)) }, kv, *acc);
+                }
+            }
+            for (h, acc) in acc.iter().enumerate().take(heads) {
+                let mut l = [0f32; 8];
+                // SAFETY: `l` holds eight f32.
+                unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *acc) };
+                scores[h * n + at] = reduce_lanes(&l) * scale;
+            }
+        }
+        // Softmax of each head's scores.
+        let mut sums = [0f32; MAX_GROUP];
+        for (h, sum) in sums.iter_mut().enumerate().take(heads) {
+            let sc = &mut scores[h * n..(h + 1) * n];
+            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let maxv = _mm256_set1_ps(max);
+            let full = n / 8 * 8;
+            let mut acc = _mm256_setzero_ps();
+            for i in (0..full).step_by(8) {
+                // SAFETY: i + 8 <= full <= len of `sc`.
+                unsafe {
+                    let p = sc.as_mut_ptr().add(i);
+                    let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), maxv));
+                    _mm256_storeu_ps(p, e);
+                    acc = _mm256_add_ps(acc, e);
+                }
+            }
+            let mut lanes = [0f32; 8];
+            // SAFETY: `lanes` holds eight f32.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+            for (i, x) in sc.iter_mut().enumerate().skip(full) {
+                *x = exp_portable(*x - max);
+                lanes[i % 8] += *x;
+            }
+            *sum = reduce_lanes(&lanes);
+        }
+        // Weighted sums, 32 output floats of every head at a time in registers across all
+        // values: each float gets one fused multiply-add per key, in key order.
+        let mut d = 0;
+        while d < hd {
+            let width = (hd - d).min(32) / 8;
+            let mut acc = [[_mm256_setzero_ps(); 4]; MAX_GROUP];
+            for (at, &r) in rows.iter().enumerate() {
+                let v = &values[r * stride + d..][..8 * width];
+                let mut vv = [_mm256_setzero_ps(); 4];
+                for (j, vv) in vv.iter_mut().enumerate().take(width) {
+                    // SAFETY: 8j + 8 <= 8·width = len of `v`.
+                    *vv = unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * j)) };
+                }
+                for h in 0..heads {
+                    let w = _mm256_set1_ps(scores[h * n + at] / sums[h]);
+                    for j in 0..width {
+                        acc[h][j] = _mm256_fmadd_ps(w, vv[j], acc[h][j]);
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate().take(heads) {
+                for (j, acc) in acc.iter().enumerate().take(width) {
+                    let out = &mut o[h * hd + d + 8 * j..][..8];
+                    // SAFETY: `out` holds eight f32.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *acc) };
+                }
+            }
+            d += 8 * width;
+        }
+    }
+}
+
+/// Most query heads per key/value head that the grouped path takes at once.
+const MAX_GROUP: usize = 4;
+
+/// Where each (row, head) writes its output: `head_dim` floats of its own.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: every work item writes only its own (row, head) slice of a live buffer.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// SAFETY: `at..at + len` is inside the buffer and no other thread touches it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
+}
+
+/// Attention of the new tokens of one sequence over their attention sets (committed
+/// context rows `0..base`, then the token's ancestors and itself, `sets[i]`, as indices
+/// after `base`), into that sequence's rows of `out` (`[row][head][head_dim]`). `q` is
+/// `[head][row][head_dim]` for the whole batch; `keys` and `values` are the sequence's
+/// cache, `[position][kv_head][head_dim]`. Work is spread over candle's CPU thread pool
+/// by (head, query).
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    simd: Simd,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    sets: &[Vec<usize>],
+    base: usize,
+    s: AttnShape,
+    out: &mut [f32],
+) {
+    let AttnShape {
+        total,
+        offset,
+        heads,
+        kv_heads,
+        head_dim: hd,
+    } = s;
+    assert_eq!(out.len(), total * heads * hd, "out is [row][head][head_dim]");
+    assert!(offset + sets.len() <= total, "the sequence's rows are in the batch");
+    let rows_used = base + sets.iter().flatten().map(|&a| a + 1).max().unwrap_or(0);
+    let needed = rows_used * kv_heads * hd;
+    assert!(keys.len() >= needed && values.len() >= needed, "the cache holds every row");
+    let rep = heads / kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let dst = Out(out.as_mut_ptr());
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<usize>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    }
+    let stride = kv_heads * hd;
+    // Query heads that share a key/value head go together, so that each key and value
+    // row is read once for all of them; a head's arithmetic is the same either way.
+    let group = if rep <= MAX_GROUP { rep } else { 1 };
+    let groups = heads / group;
+    let one = |item: usize| {
+        let (first, i) = ((item / sets.len()) * group, item % sets.len());
+        let g = first / rep;
+        let row = offset + i;
+        // SAFETY: heads first..first + group of `row` are this item's alone, and inside
+        // `out` (asserted above).
+        let o = unsafe { dst.slice((row * heads + first) * hd, group * hd) };
+        let (keys, values) = (&keys[g * hd..], &values[g * hd..]);
+        SCRATCH.with(|cell| {
+            let (scores, rows, qs) = &mut *cell.borrow_mut();
+            rows.clear();
+            rows.extend((0..base).chain(sets[i].iter().map(|&a| base + a)));
+            qs.clear();
+            for head in first..first + group {
+                qs.extend_from_slice(&q[(head * total + row) * hd..][..hd]);
+            }
+            match simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: Avx2 is chosen only on CPUs with AVX2 and FMA; hd is a multiple
+                // of 8 (checked); q and o hold group × hd floats; every row lies in the
+                // caches (asserted above).
+                Simd::Avx2 if hd % 8 == 0 => unsafe {
+                    avx2::attend_group(qs, hd, keys, values, rows, stride, scale, scores, o)
+                },
+                _ => {
+                    for (qh, oh) in qs.chunks_exact(hd).zip(o.chunks_exact_mut(hd)) {
+                        attend_one_portable(qh, keys, values, rows, stride, scale, scores, oh);
+                    }
+                }
+            }
+        });
+    };
+    candle_core::utils::barrier_pool().execute_chunked(groups * sets.len(), |range| {
+        for item in range {
+            one(item)
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed;
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// A chain of `t` new tokens after `base` context rows, in a batch of `total` rows.
+    fn run(simd: Simd, base: usize, t: usize, total: usize, offset: usize) -> Vec<f32> {
+        let (heads, kv_heads, hd) = (6, 2, 16);
+        let q = values(heads * total * hd, 1);
+        let keys = values((base + t) * kv_heads * hd, 2);
+        let vals = values((base + t) * kv_heads * hd, 3);
+        let sets: Vec<Vec<usize>> = (0..t).map(|i| (0..=i).collect()).collect();
+        let mut out = vec![0f32; total * heads * hd];
+        let shape = AttnShape { total, offset, heads, kv_heads, head_dim: hd };
+        attend(simd, &q, &keys, &vals, &sets, base, shape, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_query_gets_the_same_bits_whatever_else_is_in_the_pass() {
+        let (base, t) = (37, 5);
+        let (heads, hd) = (6, 16);
+        let many = run(Simd::detect(), base, t, 9, 2);
+        // The last query alone: same q rows? Build it directly from the same inputs.
+        let q_all = values(heads * 9 * hd, 1);
+        let keys = values((base + t) * 2 * hd, 2);
+        let vals = values((base + t) * 2 * hd, 3);
+        let mut q_one = vec![0f32; heads * hd];
+        for h in 0..heads {
+            q_one[h * hd..(h + 1) * hd].copy_from_slice(&q_all[(h * 9 + 2 + t - 1) * hd..][..hd]);
+        }
+        let mut alone = vec![0f32; heads * hd];
+        let shape = AttnShape { total: 1, offset: 0, heads, kv_heads: 2, head_dim: hd };
+        attend(Simd::detect(), &q_one, &keys, &vals, &[(0..t).collect()], base, shape, &mut alone);
+        let row = 2 + t - 1;
+        let same = alone.iter().zip(&many[row * heads * hd..(row + 1) * heads * hd]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "the last token's attention differs alone and in a 9-row pass");
+    }
+
+    #[test]
+    fn the_simd_and_portable_paths_agree_bit_for_bit() {
+        let fast = run(Simd::detect(), 50, 4, 4, 0);
+        let slow = run(Simd::Portable, 50, 4, 4, 0);
+        assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    #[test]
+    fn exp_is_within_a_few_ulp_of_libm() {
+        let mut worst = 0u32;
+        for i in 0..200_000 {
+            let x = -87.0 * i as f32 / 200_000.0;
+            let (got, want) = (exp_portable(x), x.exp());
+            worst = worst.max(got.to_bits().abs_diff(want.to_bits()));
+        }
+        assert!(worst <= 4, "exp is {worst} ulp off");
+    }
+
+    #[test]
+    fn weights_sum_to_one_so_equal_values_come_back() {
+        let (heads, kv_heads, hd, base) = (2, 1, 8, 10);
+        let q = values(heads * hd, 4);
+        let keys = values((base + 1) * kv_heads * hd, 5);
+        let vals: Vec<f32> = (0..(base + 1)).flat_map(|_| (0..hd).map(|d| d as f32)).collect();
+        let mut out = vec![0f32; heads * hd];
+        let shape = AttnShape { total: 1, offset: 0, heads, kv_heads, head_dim: hd };
+        attend(Simd::detect(), &q, &keys, &vals, &[vec![0]], base, shape, &mut out);
+        for (i, o) in out.iter().enumerate() {
+            assert!((o - (i % hd) as f32).abs() < 1e-4, "{i}: {o}");
+        }
+    }
+}

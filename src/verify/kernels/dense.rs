@@ -1,0 +1,198 @@
+//! The row-invariant f32 matmul, for `--weights f32`: `out[r][c] = Σ_k x[r][k] · w[c][k]`
+//! with each element summed in eight lanes of fused multiply-adds over k in order, then
+//! reduced in a fixed order, whatever the number of rows, the tile or the thread. The
+//! weights stay in place (two columns at a time through every row), as in [`super::matmul`].
+
+use super::matmul::{Out, Simd, reduce_lanes};
+
+/// An f32 weight matrix `(n outputs, k inputs)`, each column's weights contiguous.
+#[derive(Clone, Debug)]
+pub struct DenseMatrix {
+    n: usize,
+    k: usize,
+    weights: Vec<f32>,
+}
+
+impl DenseMatrix {
+    /// A matrix from its `n × k` weights, row-major (one output per row, as GGUF and
+    /// safetensors store them).
+    pub fn new(n: usize, k: usize, weights: Vec<f32>) -> Self {
+        assert_eq!(weights.len(), n * k, "weights are n × k");
+        DenseMatrix { n, k, weights }
+    }
+
+    /// Output features.
+    pub fn outputs(&self) -> usize {
+        self.n
+    }
+
+    /// Input features.
+    pub fn inputs(&self) -> usize {
+        self.k
+    }
+}
+
+/// One element on the portable path: the AVX2 path's operations, lane by lane.
+fn element_portable(w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (i, (&w, &x)) in w.iter().zip(x).enumerate() {
+        acc[i % 8] = w.mul_add(x, acc[i % 8]);
+    }
+    reduce_lanes(&acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// `R` rows × `C` columns from `(r0, c0)`; `k` is a multiple of 8.
+    ///
+    /// SAFETY: AVX2 and FMA are present; the tile lies inside `w`, `x` and the output.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile<const R: usize, const C: usize>(
+        w: &DenseMatrix,
+        x: &[f32],
+        r0: usize,
+        c0: usize,
+        out: Out,
+    ) {
+        let k = w.k;
+        assert!(k % 8 == 0 && (c0 + C) * k <= w.weights.len() && (r0 + R) * k <= x.len());
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        for i in (0..k).step_by(8) {
+            // SAFETY: the assert above keeps every load inside its slice.
+            unsafe {
+                let wv: [__m256; C] =
+                    std::array::from_fn(|j| _mm256_loadu_ps(w.weights.as_ptr().add((c0 + j) * k + i)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(x.as_ptr().add((r0 + r) * k + i));
+                    for j in 0..C {
+                        acc[j] = _mm256_fmadd_ps(wv[j], xv, acc[j]);
+                    }
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (j, acc) in acc.iter().enumerate() {
+                let mut lanes = [0f32; 8];
+                // SAFETY: `lanes` holds eight f32; (r0 + r, c0 + j) is this tile's.
+                unsafe {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+                    out.write(r0 + r, c0 + j, reduce_lanes(&lanes));
+                }
+            }
+        }
+    }
+
+    /// Columns `c0..c0 + C` for all `rows`, four rows at a time.
+    ///
+    /// SAFETY: as [`tile`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn columns<const C: usize>(w: &DenseMatrix, x: &[f32], rows: usize, c0: usize, out: Out) {
+        let mut r = 0;
+        unsafe {
+            while r + 4 <= rows {
+                tile::<4, C>(w, x, r, c0, out);
+                r += 4;
+            }
+            match rows - r {
+                0 => {}
+                1 => tile::<1, C>(w, x, r, c0, out),
+                2 => tile::<2, C>(w, x, r, c0, out),
+                3 => tile::<3, C>(w, x, r, c0, out),
+                _ => unreachable!("fewer than four rows remain"),
+            }
+        }
+    }
+}
+
+/// `out[r][c0 + c] = x[r] · w[c]` for every part of a fused projection, outputs side by
+/// side in `out` (`rows × Σ n`); `x` is `rows × k`. Threads over columns.
+pub fn matmul_dense(simd: Simd, parts: &[&DenseMatrix], x: &[f32], rows: usize, out: &mut [f32]) {
+    let width: usize = parts.iter().map(|p| p.n).sum();
+    assert_eq!(out.len(), rows * width, "out is rows × Σ n");
+    for p in parts {
+        assert_eq!(p.k * rows, x.len(), "x is rows × k");
+    }
+    if rows == 0 {
+        return;
+    }
+    let mut starts = Vec::with_capacity(parts.len());
+    let mut items = 0;
+    for p in parts {
+        starts.push(items);
+        items += p.n.div_ceil(2);
+    }
+    let out = Out::new(out, width);
+    let run = |range: std::ops::Range<usize>| {
+        for item in range {
+            let part = starts.partition_point(|&s| s <= item) - 1;
+            let w = parts[part];
+            let offset: usize = parts[..part].iter().map(|p| p.n).sum();
+            let c0 = (item - starts[part]) * 2;
+            let cols = 2.min(w.n - c0);
+            // SAFETY: offset + c0 + cols <= width, so every write stays in its row.
+            let shifted = unsafe { out.shifted(offset) };
+            match simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: Avx2 is chosen only with AVX2 and FMA; the columns and rows exist.
+                Simd::Avx2 if w.k % 8 == 0 => unsafe {
+                    if cols == 2 {
+                        avx2::columns::<2>(w, x, rows, c0, shifted)
+                    } else {
+                        avx2::columns::<1>(w, x, rows, c0, shifted)
+                    }
+                },
+                _ => {
+                    for r in 0..rows {
+                        for c in c0..c0 + cols {
+                            let v = element_portable(&w.weights[c * w.k..][..w.k], &x[r * w.k..][..w.k]);
+                            // SAFETY: (r, c) is inside the output and this item's alone.
+                            unsafe { shifted.write(r, c, v) };
+                        }
+                    }
+                }
+            }
+        }
+    };
+    candle_core::utils::barrier_pool().execute_chunked(items, run);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed;
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    fn run(simd: Simd, w: &DenseMatrix, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut out = vec![f32::NAN; rows * w.n];
+        matmul_dense(simd, &[w], x, rows, &mut out);
+        out
+    }
+
+    #[test]
+    fn rows_get_the_same_bits_alone_and_together_on_both_paths() {
+        let (n, k) = (5, 96);
+        let w = DenseMatrix::new(n, k, values(n * k, 1));
+        let x = values(11 * k, 2);
+        let together = run(Simd::detect(), &w, &x, 11);
+        assert_eq!(together, run(Simd::Portable, &w, &x, 11));
+        for r in 0..11 {
+            let alone = run(Simd::detect(), &w, &x[r * k..(r + 1) * k], 1);
+            assert_eq!(alone, together[r * n..(r + 1) * n], "row {r}");
+            for c in 0..n {
+                let exact: f64 = (0..k).map(|i| x[r * k + i] as f64 * w.weights[c * k + i] as f64).sum();
+                assert!((alone[c] as f64 - exact).abs() < 1e-4, "({r},{c})");
+            }
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Weight matrices repacked at load for the row-invariant matmul ([`super::matmul`]).
+//!
+//! Every GGML format the kernels take is rewritten, exactly, into one shape: per output
+//! column, 32-value blocks of signed 8-bit integers, each block with an f32 scale (two,
+//! one per 16-value half, for Q6_K) and, for the formats with a minimum, an f32 offset.
+//! A weight is then `scale · q (+ offset)`, the value the GGML dequantizer gives, so the
+//! repacked matrix is the file's matrix, not an approximation of it. Scales are
+//! converted from f16 once here, not in every dot product.
+//!
+//! Q4_0 and Q4_1 keep their 4-bit quants as GGML stores them (byte j of a block holds
+//! values j and j + 16), so a decoding step reads about a third fewer bytes than with
+//! Q8_0; the kernel unpacks them once per block for all rows. The 5- and 6-bit formats
+//! and the K-quants take 8 bits per weight: one layout for the kernels, and the products
+//! stay exact, at the price of Q8_0's memory traffic.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use half::f16;
+
+/// Values per block: the activation block and the weight block of every format.
+pub const BLOCK: usize = 32;
+
+/// How the integers of a packed matrix turn into weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantKind {
+    /// Quants may be negative (Q8_0, Q4_0, Q5_0, Q6_K); otherwise they lie in 0..=31 and
+    /// the kernel multiplies them unsigned, without the sign trick.
+    pub signed: bool,
+    /// Two scales per block, one per 16-value half (Q6_K).
+    pub halves: bool,
+    /// Each block has an offset added to every weight (Q4_1, Q5_1, Q4_K, Q5_K).
+    pub affine: bool,
+    /// Two 4-bit quants per byte (Q4_0, Q4_1); a signed format stores q + 8.
+    pub nibbles: bool,
+}
+
+/// Why a tensor cannot be packed.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    /// The format has no row-invariant kernel.
+    #[error("weights in {0:?} have no row-invariant kernel; use --weights q8-0")]
+    Unsupported(GgmlDType),
+    /// The tensor is not a matrix whose rows are whole blocks.
+    #[error("a {dims:?} {dtype:?} tensor is not a matrix of whole {block}-value blocks")]
+    Shape {
+        /// The tensor's dimensions.
+        dims: Vec<usize>,
+        /// Its format.
+        dtype: GgmlDType,
+        /// The format's block size.
+        block: usize,
+    },
+    /// The tensor's bytes are not as many as its shape says.
+    #[error("{dtype:?} tensor data is {got} bytes, its shape needs {want}")]
+    Size {
+        /// Its format.
+        dtype: GgmlDType,
+        /// Bytes present.
+        got: usize,
+        /// Bytes needed.
+        want: usize,
+    },
+    /// Reading the tensor failed.
+    #[error("cannot read tensor data: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// A weight matrix `(n outputs, k inputs)` in the kernels' layout. See the module docs.
+#[derive(Clone, Debug)]
+pub struct PackedMatrix {
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) kind: QuantKind,
+    /// Each output column's quants, contiguous: `k` bytes (one `i8` each), or `k / 2`
+    /// with `kind.nibbles`.
+    pub(super) quants: Vec<u8>,
+    /// `[n][k / BLOCK][1 or 2]`.
+    pub(super) scales: Vec<f32>,
+    /// `[n][k / BLOCK]`, empty unless `kind.affine`.
+    pub(super) offsets: Vec<f32>,
+    source: GgmlDType,
+}
+
+/// The formats that can be packed, and their block size and bytes per block.
+fn layout(dtype: GgmlDType) -> Option<(usize, usize)> {
+    Some(match dtype {
+        GgmlDType::Q8_0 => (32, 34),
+        GgmlDType::Q4_0 => (32, 18),
+        GgmlDType::Q4_1 => (32, 20),
+        GgmlDType::Q5_0 => (32, 22),
+        GgmlDType::Q5_1 => (32, 24),
+        GgmlDType::Q4K => (256, 144),
+        GgmlDType::Q5K => (256, 176),
+        GgmlDType::Q6K => (256, 210),
+        _ => return None,
+    })
+}
+
+fn kind_of(dtype: GgmlDType) -> QuantKind {
+    let affine = matches!(
+        dtype,
+        GgmlDType::Q4_1 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q5K
+    );
+    QuantKind {
+        signed: !affine,
+        halves: dtype == GgmlDType::Q6K,
+        affine,
+        nibbles: matches!(dtype, GgmlDType::Q4_0 | GgmlDType::Q4_1),
+    }
+}
+
+fn half_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K or Q5_K super-block.
+fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Where one GGML block's values go.
+struct Sink<'a> {
+    quants: &'a mut Vec<u8>,
+    scales: &'a mut Vec<f32>,
+    offsets: &'a mut Vec<f32>,
+}
+
+/// Unpack one GGML block (of 32 or 256 values) into the sink, as GGML dequantizes it.
+fn unpack_block(dtype: GgmlDType, b: &[u8], out: &mut Sink<'_>) {
+    match dtype {
+        GgmlDType::Q8_0 => {
+            out.scales.push(half_at(b, 0));
+            out.quants.extend_from_slice(&b[2..34]);
+        }
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 => {
+            let affine = dtype == GgmlDType::Q4_1;
+            let at = if affine { 4 } else { 2 };
+            out.scales.push(half_at(b, 0));
+            if affine {
+                out.offsets.push(half_at(b, 2));
+            }
+            out.quants.extend_from_slice(&b[at..at + 16]);
+        }
+        GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
+            let affine = dtype == GgmlDType::Q5_1;
+            let at = if affine { 4 } else { 2 };
+            let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            let qs = &b[at + 4..at + 20];
+            let bias = if affine { 0 } else { 16 };
+            out.scales.push(half_at(b, 0));
+            if affine {
+                out.offsets.push(half_at(b, 2));
+            }
+            for (j, &q) in qs.iter().enumerate() {
+                let high = (((qh >> j) << 4) & 0x10) as u8;
+                out.quants.push((((q & 15) | high) as i8 - bias) as u8);
+            }
+            for (j, &q) in qs.iter().enumerate() {
+                let high = ((qh >> (j + 12)) & 0x10) as u8;
+                out.quants.push((((q >> 4) | high) as i8 - bias) as u8);
+            }
+        }
+        GgmlDType::Q4K | GgmlDType::Q5K => {
+            let (d, dmin, scales) = (half_at(b, 0), half_at(b, 2), &b[4..16]);
+            let five = dtype == GgmlDType::Q5K;
+            let (qh, qs) = if five {
+                (&b[16..48], &b[48..176])
+            } else {
+                (&b[0..0], &b[16..144])
+            };
+            for j in 0..4 {
+                let q = &qs[32 * j..32 * j + 32];
+                for (half, shift) in [(0usize, 0u8), (1, 4)] {
+                    let (sc, m) = scale_min_k4(2 * j + half, scales);
+                    out.scales.push(d * sc as f32);
+                    out.offsets.push(-(dmin * m as f32));
+                    let bit = 1u8 << (2 * j + half);
+                    for (l, &v) in q.iter().enumerate() {
+                        let high = if five && qh[l] & bit != 0 { 16 } else { 0 };
+                        out.quants.push(((v >> shift) & 15) + high);
+                    }
+                }
+            }
+        }
+        GgmlDType::Q6K => {
+            let (ql, qh, sc, d) = (&b[0..128], &b[128..192], &b[192..208], half_at(b, 208));
+            let mut values = [0u8; 256];
+            for n in 0..2 {
+                let (ql, qh) = (&ql[64 * n..64 * n + 64], &qh[32 * n..32 * n + 32]);
+                let y = &mut values[128 * n..128 * n + 128];
+                for l in 0..32 {
+                    y[l] = ((ql[l] & 15) | ((qh[l] & 3) << 4)).wrapping_sub(32);
+                    y[l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)).wrapping_sub(32);
+                    y[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)).wrapping_sub(32);
+                    y[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)).wrapping_sub(32);
+                }
+            }
+            out.quants.extend_from_slice(&values);
+            out.scales.extend(sc.iter().map(|&s| d * (s as i8) as f32));
+        }
+        other => unreachable!("layout() admits {other:?}"),
+    }
+}
+
+impl PackedMatrix {
+    /// Repack a GGML matrix `(n, k)`; see the module docs for which formats.
+    pub fn from_qtensor(qt: &QTensor) -> Result<Self, PackError> {
+        let dtype = qt.dtype();
+        let (block, bytes) = layout(dtype).ok_or(PackError::Unsupported(dtype))?;
+        let dims = qt.shape().dims().to_vec();
+        let &[n, k] = dims.as_slice() else {
+            return Err(PackError::Shape { dims, dtype, block });
+        };
+        if k % block != 0 || n == 0 {
+            return Err(PackError::Shape { dims, dtype, block });
+        }
+        let data = qt.data()?;
+        let want = n * (k / block) * bytes;
+        if data.len() != want {
+            return Err(PackError::Size {
+                dtype,
+                got: data.len(),
+                want,
+            });
+        }
+        let kind = kind_of(dtype);
+        let blocks = k / BLOCK;
+        let mut quants = Vec::with_capacity(if kind.nibbles { n * k / 2 } else { n * k });
+        let mut scales = Vec::with_capacity(n * blocks * if kind.halves { 2 } else { 1 });
+        let mut offsets = Vec::with_capacity(if kind.affine { n * blocks } else { 0 });
+        let mut sink = Sink {
+            quants: &mut quants,
+            scales: &mut scales,
+            offsets: &mut offsets,
+        };
+        for b in data.chunks_exact(bytes) {
+            unpack_block(dtype, b, &mut sink);
+        }
+        Ok(PackedMatrix {
+            n,
+            k,
+            kind,
+            quants,
+            scales,
+            offsets,
+            source: dtype,
+        })
+    }
+
+    /// Output features.
+    pub fn outputs(&self) -> usize {
+        self.n
+    }
+
+    /// Input features.
+    pub fn inputs(&self) -> usize {
+        self.k
+    }
+
+    /// The GGML format it was packed from.
+    pub fn source(&self) -> GgmlDType {
+        self.source
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.quants.len() + 4 * (self.scales.len() + self.offsets.len())
+    }
+
+    /// Bytes of quants per output column.
+    pub(super) fn column_bytes(&self) -> usize {
+        if self.kind.nibbles { self.k / 2 } else { self.k }
+    }
+
+    /// The quant of input `at` in column `col`.
+    pub(super) fn quant(&self, col: usize, at: usize) -> i8 {
+        let column = &self.quants[col * self.column_bytes()..];
+        if !self.kind.nibbles {
+            return column[at] as i8;
+        }
+        let (block, j) = (at / BLOCK, at % BLOCK);
+        let byte = column[block * BLOCK / 2 + j % 16];
+        let q = (if j < 16 { byte & 15 } else { byte >> 4 }) as i8;
+        if self.kind.signed { q - 8 } else { q }
+    }
+
+    /// The weights as f32, `[n][k]`: what GGML's dequantizer gives for the source tensor.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let blocks = self.k / BLOCK;
+        let per = if self.kind.halves { 2 } else { 1 };
+        let mut out = Vec::with_capacity(self.n * self.k);
+        for i in 0..self.n * self.k {
+            let (col, at) = (i / self.k, i % self.k);
+            let q = self.quant(col, at);
+            let b = col * blocks + at / BLOCK;
+            let scale = self.scales[b * per + (at % BLOCK) * per / BLOCK];
+            let w = scale * q as f32;
+            out.push(if self.kind.affine { w + self.offsets[b] } else { w });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    fn weights(n: usize, k: usize, seed: u64) -> Tensor {
+        let mut x = seed;
+        let v: Vec<f32> = (0..n * k)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
+            })
+            .collect();
+        Tensor::from_vec(v, (n, k), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn every_format_unpacks_to_what_ggml_dequantizes() {
+        for dtype in [
+            GgmlDType::Q8_0,
+            GgmlDType::Q4_0,
+            GgmlDType::Q4_1,
+            GgmlDType::Q5_0,
+            GgmlDType::Q5_1,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            let qt = QTensor::quantize(&weights(8, 512, dtype as u64 + 1), dtype).unwrap();
+            let want: Vec<f32> = qt
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let packed = PackedMatrix::from_qtensor(&qt).unwrap();
+            let got = packed.dequantize();
+            assert_eq!(got.len(), want.len());
+            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            assert_eq!(bad, 0, "{dtype:?}: {bad} weights differ from GGML's dequantizer");
+        }
+    }
+
+    #[test]
+    fn formats_without_a_kernel_and_ragged_rows_are_refused() {
+        let qt = QTensor::quantize(&weights(4, 256, 3), GgmlDType::Q2K).unwrap();
+        assert!(matches!(
+            PackedMatrix::from_qtensor(&qt),
+            Err(PackError::Unsupported(GgmlDType::Q2K))
+        ));
+        let f = QTensor::quantize(&weights(4, 48, 3), GgmlDType::F32).unwrap();
+        assert!(PackedMatrix::from_qtensor(&f).is_err());
+    }
+}
