@@ -18,16 +18,28 @@ use suffixd::verify::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::verify::model::WeightFormat;
 
 fn list<T>(arg: &str, parse: impl Fn(&str) -> T) -> Vec<T> {
-    arg.split(',').filter(|s| !s.is_empty()).map(parse).collect()
+    arg.split(',')
+        .filter(|s| !s.is_empty())
+        .map(parse)
+        .collect()
 }
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let model = PathBuf::from(args.next().ok_or_else(|| anyhow::anyhow!("usage: verify_cost MODEL [flags]"))?);
-    let (mut weights, mut contexts, mut repeats, mut prefill) =
-        ("q8-0".to_string(), "64,1024,4096".to_string(), 3usize, 512usize);
+    let model = PathBuf::from(
+        args.next()
+            .ok_or_else(|| anyhow::anyhow!("usage: verify_cost MODEL [flags]"))?,
+    );
+    let (mut weights, mut contexts, mut repeats, mut prefill) = (
+        "q8-0".to_string(),
+        "64,1024,4096".to_string(),
+        3usize,
+        512usize,
+    );
     while let Some(flag) = args.next() {
-        let value = args.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+        let value = args
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
         match flag.as_str() {
             "--weights" => weights = value,
             "--contexts" => contexts = value,

@@ -90,8 +90,13 @@ fn prompts() -> Vec<String> {
 #[test]
 fn speculative_greedy_output_equals_plain_greedy_output() {
     let Some(path) = model() else { return };
-    let mut engine =
-        Engine::load(&path, WeightFormat::Q8_0, 1024, &candle_core::Device::Cpu).unwrap();
+    let mut engine = Engine::load(
+        &path,
+        WeightFormat::default_for_build(),
+        1024,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
     // Verify every draft whole: the most tree verification and KV compaction to check.
     engine.set_cost_curve(CostCurve::flat());
     let params = SpecParams {
@@ -181,8 +186,13 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
 fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
     use suffixd::verify::engine::{Drafter, Sequence};
     let Some(path) = model() else { return };
-    let mut engine =
-        Engine::load(&path, WeightFormat::Q8_0, 1024, &candle_core::Device::Cpu).unwrap();
+    let mut engine = Engine::load(
+        &path,
+        WeightFormat::default_for_build(),
+        1024,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
     engine.set_cost_curve(CostCurve::flat());
     let params = SpecParams {
         tree: true,
@@ -299,10 +309,13 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
         v.into_iter().map(f32::to_bits).collect()
     };
     for format in [WeightFormat::Q8_0, WeightFormat::Native, WeightFormat::F32] {
-        let model = Model::load_gguf(&path, &content, format, 256, &candle_core::Device::Cpu).unwrap();
+        let model =
+            Model::load_gguf(&path, &content, format, 256, &candle_core::Device::Cpu).unwrap();
         let prefilled = || {
             let mut cache = KvCache::default();
-            model.forward(&mut cache, &context, &chain(context.len())).unwrap();
+            model
+                .forward(&mut cache, &context, &chain(context.len()))
+                .unwrap();
             cache.commit(&(0..context.len()).collect::<Vec<_>>());
             cache
         };

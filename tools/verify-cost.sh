@@ -51,7 +51,7 @@ cp target/release/examples/verify_cost "$out/new"
 for round in $(seq "$rounds"); do
     for side in "${sides[@]}"; do
         "$out/$side" "$model" --weights "$weights" --contexts "$contexts" --repeats "$repeats" \
-            | sed "s/^{/{\"side\":\"$side\",\"round\":$round,/" | tee -a "$out/all.jsonl"
+            | sed -u "s/^{/{\"side\":\"$side\",\"round\":$round,/" | tee -a "$out/all.jsonl"
     done
 done
 

@@ -47,8 +47,9 @@ pub struct ModelArgs {
     /// tokenizer.json and safetensors weights (default: the model tools/setup.sh installs).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// How weights are held: q8-0 (fast and exact on CPU), f32, or native. The default
-    /// is q8-0, and f32 in a CUDA build, where only f32 keeps speculative output exact.
+    /// How weights are held: native (as in the file), q8-0 or f32. All three are exact
+    /// on the CPU (speculative greedy output is plain greedy output). The default is
+    /// native, and f32 in a CUDA build, where only f32 keeps speculative output exact.
     #[arg(long, value_enum, default_value_t = WeightFormat::default_for_build())]
     pub weights: WeightFormat,
     /// KV cache capacity in tokens (capped by the model's context length).

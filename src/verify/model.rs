@@ -69,7 +69,10 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    /// The default of this build: Q8_0 on the CPU. With the `cuda` feature, f32: candle's
+    /// The default of this build. On the CPU, native: the file's own weights, and with
+    /// the default model (Q4_1 layers, a Q8_0 head) the fastest to decode, since its
+    /// 4-bit quants halve the bytes a step reads, while a verified row costs what it
+    /// costs with Q8_0 (`tools/verify-cost.sh`). With the `cuda` feature, f32: candle's
     /// CUDA kernels for quantized weights also quantize the activations and pick another
     /// kernel by row count, so a token verified in a draft does not get the logits plain
     /// decoding gives it. On an H100, `e2e-bench` on tools/workloads/agentic.jsonl gave
@@ -78,7 +81,7 @@ impl WeightFormat {
         if cfg!(feature = "cuda") {
             WeightFormat::F32
         } else {
-            WeightFormat::Q8_0
+            WeightFormat::Native
         }
     }
 }
@@ -103,10 +106,16 @@ fn weights_of(qt: QTensor, device: &Device) -> Result<Weights, PackError> {
     if device.is_cpu() {
         match PackedMatrix::from_qtensor(&qt) {
             Ok(p) => return Ok(Weights::Packed(p)),
-            Err(PackError::Unsupported(dtype)) => tracing::warn!(
-                "{dtype:?} weights have no row-invariant kernel: candle's matmul is used, and \
-                 speculative output may differ from plain decoding; use --weights q8-0"
-            ),
+            Err(PackError::Unsupported(dtype)) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(
+                        "{dtype:?} weights have no row-invariant kernel: candle's matmul is \
+                         used for them, and speculative output may differ from plain \
+                         decoding; use --weights q8-0"
+                    )
+                });
+            }
             Err(e) => return Err(e),
         }
     }

@@ -117,15 +117,24 @@ mod avx2 {
     fn exp8(x: __m256) -> __m256 {
         let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
         let magic = _mm256_set1_ps(MAGIC);
-        let n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), magic), magic);
+        let n = _mm256_sub_ps(
+            _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), magic),
+            magic,
+        );
         let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
         let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
         let mut p = _mm256_set1_ps(EXP_POLY[0]);
         for &c in &EXP_POLY[1..] {
             p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
         }
-        let p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
-        let bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        let p = _mm256_add_ps(
+            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
+            _mm256_set1_ps(1.0),
+        );
+        let bits = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
         _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
     }
 
@@ -164,7 +173,11 @@ mod avx2 {
                 let kv = unsafe { _mm256_loadu_ps(k.as_ptr().add(i)) };
                 for (h, acc) in acc.iter_mut().enumerate().take(heads) {
                     // SAFETY: h·hd + i + 8 <= heads·hd = len of `q`.
-                    *acc = _mm256_fmadd_ps(unsafe { _mm256_loadu_ps(q.as_ptr().add(h * hd + i)) }, kv, *acc);
+                    *acc = _mm256_fmadd_ps(
+                        unsafe { _mm256_loadu_ps(q.as_ptr().add(h * hd + i)) },
+                        kv,
+                        *acc,
+                    );
                 }
             }
             for (h, acc) in acc.iter().enumerate().take(heads) {
@@ -274,11 +287,21 @@ pub fn attend(
         kv_heads,
         head_dim: hd,
     } = s;
-    assert_eq!(out.len(), total * heads * hd, "out is [row][head][head_dim]");
-    assert!(offset + sets.len() <= total, "the sequence's rows are in the batch");
+    assert_eq!(
+        out.len(),
+        total * heads * hd,
+        "out is [row][head][head_dim]"
+    );
+    assert!(
+        offset + sets.len() <= total,
+        "the sequence's rows are in the batch"
+    );
     let rows_used = base + sets.iter().flatten().map(|&a| a + 1).max().unwrap_or(0);
     let needed = rows_used * kv_heads * hd;
-    assert!(keys.len() >= needed && values.len() >= needed, "the cache holds every row");
+    assert!(
+        keys.len() >= needed && values.len() >= needed,
+        "the cache holds every row"
+    );
     let rep = heads / kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let dst = Out(out.as_mut_ptr());
@@ -337,7 +360,9 @@ mod tests {
         let mut x = seed;
         (0..len)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
             })
             .collect()
@@ -351,7 +376,13 @@ mod tests {
         let vals = values((base + t) * kv_heads * hd, 3);
         let sets: Vec<Vec<usize>> = (0..t).map(|i| (0..=i).collect()).collect();
         let mut out = vec![0f32; total * heads * hd];
-        let shape = AttnShape { total, offset, heads, kv_heads, head_dim: hd };
+        let shape = AttnShape {
+            total,
+            offset,
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
         attend(simd, &q, &keys, &vals, &sets, base, shape, &mut out);
         out
     }
@@ -370,18 +401,43 @@ mod tests {
             q_one[h * hd..(h + 1) * hd].copy_from_slice(&q_all[(h * 9 + 2 + t - 1) * hd..][..hd]);
         }
         let mut alone = vec![0f32; heads * hd];
-        let shape = AttnShape { total: 1, offset: 0, heads, kv_heads: 2, head_dim: hd };
-        attend(Simd::detect(), &q_one, &keys, &vals, &[(0..t).collect()], base, shape, &mut alone);
+        let shape = AttnShape {
+            total: 1,
+            offset: 0,
+            heads,
+            kv_heads: 2,
+            head_dim: hd,
+        };
+        attend(
+            Simd::detect(),
+            &q_one,
+            &keys,
+            &vals,
+            &[(0..t).collect()],
+            base,
+            shape,
+            &mut alone,
+        );
         let row = 2 + t - 1;
-        let same = alone.iter().zip(&many[row * heads * hd..(row + 1) * heads * hd]).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "the last token's attention differs alone and in a 9-row pass");
+        let same = alone
+            .iter()
+            .zip(&many[row * heads * hd..(row + 1) * heads * hd])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "the last token's attention differs alone and in a 9-row pass"
+        );
     }
 
     #[test]
     fn the_simd_and_portable_paths_agree_bit_for_bit() {
         let fast = run(Simd::detect(), 50, 4, 4, 0);
         let slow = run(Simd::Portable, 50, 4, 4, 0);
-        assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(
+            fast.iter()
+                .zip(&slow)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
     }
 
     #[test]
@@ -400,10 +456,27 @@ mod tests {
         let (heads, kv_heads, hd, base) = (2, 1, 8, 10);
         let q = values(heads * hd, 4);
         let keys = values((base + 1) * kv_heads * hd, 5);
-        let vals: Vec<f32> = (0..(base + 1)).flat_map(|_| (0..hd).map(|d| d as f32)).collect();
+        let vals: Vec<f32> = (0..(base + 1))
+            .flat_map(|_| (0..hd).map(|d| d as f32))
+            .collect();
         let mut out = vec![0f32; heads * hd];
-        let shape = AttnShape { total: 1, offset: 0, heads, kv_heads, head_dim: hd };
-        attend(Simd::detect(), &q, &keys, &vals, &[vec![0]], base, shape, &mut out);
+        let shape = AttnShape {
+            total: 1,
+            offset: 0,
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        attend(
+            Simd::detect(),
+            &q,
+            &keys,
+            &vals,
+            &[vec![0]],
+            base,
+            shape,
+            &mut out,
+        );
         for (i, o) in out.iter().enumerate() {
             assert!((o - (i % hd) as f32).abs() < 1e-4, "{i}: {o}");
         }

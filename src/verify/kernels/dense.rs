@@ -63,8 +63,9 @@ mod avx2 {
         for i in (0..k).step_by(8) {
             // SAFETY: the assert above keeps every load inside its slice.
             unsafe {
-                let wv: [__m256; C] =
-                    std::array::from_fn(|j| _mm256_loadu_ps(w.weights.as_ptr().add((c0 + j) * k + i)));
+                let wv: [__m256; C] = std::array::from_fn(|j| {
+                    _mm256_loadu_ps(w.weights.as_ptr().add((c0 + j) * k + i))
+                });
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let xv = _mm256_loadu_ps(x.as_ptr().add((r0 + r) * k + i));
                     for j in 0..C {
@@ -89,7 +90,13 @@ mod avx2 {
     ///
     /// SAFETY: as [`tile`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn columns<const C: usize>(w: &DenseMatrix, x: &[f32], rows: usize, c0: usize, out: Out) {
+    pub(super) unsafe fn columns<const C: usize>(
+        w: &DenseMatrix,
+        x: &[f32],
+        rows: usize,
+        c0: usize,
+        out: Out,
+    ) {
         let mut r = 0;
         unsafe {
             while r + 4 <= rows {
@@ -147,7 +154,10 @@ pub fn matmul_dense(simd: Simd, parts: &[&DenseMatrix], x: &[f32], rows: usize, 
                 _ => {
                     for r in 0..rows {
                         for c in c0..c0 + cols {
-                            let v = element_portable(&w.weights[c * w.k..][..w.k], &x[r * w.k..][..w.k]);
+                            let v = element_portable(
+                                &w.weights[c * w.k..][..w.k],
+                                &x[r * w.k..][..w.k],
+                            );
                             // SAFETY: (r, c) is inside the output and this item's alone.
                             unsafe { shifted.write(r, c, v) };
                         }
@@ -167,7 +177,9 @@ mod tests {
         let mut x = seed;
         (0..len)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
             })
             .collect()
@@ -190,7 +202,9 @@ mod tests {
             let alone = run(Simd::detect(), &w, &x[r * k..(r + 1) * k], 1);
             assert_eq!(alone, together[r * n..(r + 1) * n], "row {r}");
             for c in 0..n {
-                let exact: f64 = (0..k).map(|i| x[r * k + i] as f64 * w.weights[c * k + i] as f64).sum();
+                let exact: f64 = (0..k)
+                    .map(|i| x[r * k + i] as f64 * w.weights[c * k + i] as f64)
+                    .sum();
                 assert!((alone[c] as f64 - exact).abs() < 1e-4, "({r},{c})");
             }
         }

@@ -80,8 +80,7 @@ impl Simd {
         *DETECTED.get_or_init(|| {
             #[cfg(target_arch = "x86_64")]
             {
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-                {
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                     return Simd::Avx2;
                 }
             }
@@ -150,7 +149,13 @@ const COLS: usize = 2;
 const ROWS: usize = 4;
 
 /// The portable tile: the AVX2 tile's arithmetic one lane at a time.
-fn tile_portable(w: &PackedMatrix, a: &QuantizedRows, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, out: Out) {
+fn tile_portable(
+    w: &PackedMatrix,
+    a: &QuantizedRows,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: Out,
+) {
     let blocks = w.k / BLOCK;
     let per = if w.kind.halves { 2 } else { 1 };
     for r in rows {
@@ -209,7 +214,10 @@ mod avx2 {
     ) {
         let blocks = w.k / BLOCK;
         let per = if HALVES { 2 } else { 1 };
-        assert!(r0 + R <= a.rows && c0 + C <= w.n, "the tile is inside the pass");
+        assert!(
+            r0 + R <= a.rows && c0 + C <= w.n,
+            "the tile is inside the pass"
+        );
         let column = w.column_bytes();
         let block_bytes = if NIBBLES { BLOCK / 2 } else { BLOCK };
         assert!(w.quants.len() >= w.n * column && a.quants.len() >= a.rows * a.k);
@@ -218,10 +226,14 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         // SAFETY (every pointer below): the asserts above put columns c0..c0 + C and rows
         // r0..r0 + R, with all their blocks and scales, inside the slices.
-        let wq: [*const u8; C] = std::array::from_fn(|j| unsafe { w.quants.as_ptr().add((c0 + j) * column) });
-        let wsc: [*const f32; C] = std::array::from_fn(|j| unsafe { w.scales.as_ptr().add((c0 + j) * blocks * per) });
-        let aq: [*const i8; R] = std::array::from_fn(|i| unsafe { a.quants.as_ptr().add((r0 + i) * a.k) });
-        let asc: [*const f32; R] = std::array::from_fn(|i| unsafe { a.scales.as_ptr().add((r0 + i) * blocks) });
+        let wq: [*const u8; C] =
+            std::array::from_fn(|j| unsafe { w.quants.as_ptr().add((c0 + j) * column) });
+        let wsc: [*const f32; C] =
+            std::array::from_fn(|j| unsafe { w.scales.as_ptr().add((c0 + j) * blocks * per) });
+        let aq: [*const i8; R] =
+            std::array::from_fn(|i| unsafe { a.quants.as_ptr().add((r0 + i) * a.k) });
+        let asc: [*const f32; R] =
+            std::array::from_fn(|i| unsafe { a.scales.as_ptr().add((r0 + i) * blocks) });
         for b in 0..blocks {
             unsafe {
                 let mut wv = [_mm256_setzero_si256(); C];
@@ -236,11 +248,19 @@ mod avx2 {
                         let lo = _mm_and_si128(packed, low);
                         let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
                         let v = _mm256_set_m128i(hi, lo);
-                        if SIGNED { _mm256_sub_epi8(v, _mm256_set1_epi8(8)) } else { v }
+                        if SIGNED {
+                            _mm256_sub_epi8(v, _mm256_set1_epi8(8))
+                        } else {
+                            v
+                        }
                     } else {
                         _mm256_loadu_si256(at as *const __m256i)
                     };
-                    wabs[j] = if SIGNED { _mm256_abs_epi8(wv[j]) } else { wv[j] };
+                    wabs[j] = if SIGNED {
+                        _mm256_abs_epi8(wv[j])
+                    } else {
+                        wv[j]
+                    };
                     ws[j] = if HALVES {
                         let s = wsc[j].add(2 * b);
                         _mm256_set_m128(_mm_broadcast_ss(&*s.add(1)), _mm_broadcast_ss(&*s))
@@ -252,8 +272,13 @@ mod avx2 {
                     let av = _mm256_loadu_si256(aq[i].add(b * BLOCK) as *const __m256i);
                     let ad = _mm256_broadcast_ss(&*asc[i].add(b));
                     for j in 0..C {
-                        let signed_a = if SIGNED { _mm256_sign_epi8(av, wv[j]) } else { av };
-                        let quads = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], signed_a), ones);
+                        let signed_a = if SIGNED {
+                            _mm256_sign_epi8(av, wv[j])
+                        } else {
+                            av
+                        };
+                        let quads =
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], signed_a), ones);
                         let scale = _mm256_mul_ps(ad, ws[j]);
                         acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), scale, acc[i][j]);
                     }
@@ -327,7 +352,14 @@ mod avx2 {
 }
 
 /// Columns `c0..c0 + width` (`width` ≤ [`COLS`]) of `w`, for every row of `a`.
-fn column_group(simd: Simd, w: &PackedMatrix, a: &QuantizedRows, c0: usize, width: usize, out: Out) {
+fn column_group(
+    simd: Simd,
+    w: &PackedMatrix,
+    a: &QuantizedRows,
+    c0: usize,
+    width: usize,
+    out: Out,
+) {
     match simd {
         #[cfg(target_arch = "x86_64")]
         Simd::Avx2 => {
@@ -338,11 +370,21 @@ fn column_group(simd: Simd, w: &PackedMatrix, a: &QuantizedRows, c0: usize, widt
                     unsafe {
                         let k = w.kind;
                         match (k.signed, k.halves, k.nibbles) {
-                            (true, false, false) => avx2::columns::<$c, true, false, false>(w, a, c0, out),
-                            (true, true, false) => avx2::columns::<$c, true, true, false>(w, a, c0, out),
-                            (false, false, false) => avx2::columns::<$c, false, false, false>(w, a, c0, out),
-                            (true, false, true) => avx2::columns::<$c, true, false, true>(w, a, c0, out),
-                            (false, false, true) => avx2::columns::<$c, false, false, true>(w, a, c0, out),
+                            (true, false, false) => {
+                                avx2::columns::<$c, true, false, false>(w, a, c0, out)
+                            }
+                            (true, true, false) => {
+                                avx2::columns::<$c, true, true, false>(w, a, c0, out)
+                            }
+                            (false, false, false) => {
+                                avx2::columns::<$c, false, false, false>(w, a, c0, out)
+                            }
+                            (true, false, true) => {
+                                avx2::columns::<$c, true, false, true>(w, a, c0, out)
+                            }
+                            (false, false, true) => {
+                                avx2::columns::<$c, false, false, true>(w, a, c0, out)
+                            }
                             _ => unreachable!("no format has halves with nibbles or unsigned"),
                         }
                     }
@@ -403,7 +445,9 @@ mod tests {
         let mut x = seed;
         (0..len)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
             })
             .collect()
@@ -421,7 +465,8 @@ mod tests {
     ];
 
     fn packed(dtype: GgmlDType, n: usize, k: usize) -> PackedMatrix {
-        let w = Tensor::from_vec(values(n * k, 7 + dtype as u64, 0.2), (n, k), &Device::Cpu).unwrap();
+        let w =
+            Tensor::from_vec(values(n * k, 7 + dtype as u64, 0.2), (n, k), &Device::Cpu).unwrap();
         PackedMatrix::from_qtensor(&QTensor::quantize(&w, dtype).unwrap()).unwrap()
     }
 
@@ -444,10 +489,16 @@ mod tests {
             for r in 0..rows {
                 for c in 0..n {
                     let exact: f32 = (0..k).map(|i| x[r * k + i] * dense[c * k + i]).sum();
-                    let scale: f32 = (0..k).map(|i| (x[r * k + i] * dense[c * k + i]).abs()).sum();
+                    let scale: f32 = (0..k)
+                        .map(|i| (x[r * k + i] * dense[c * k + i]).abs())
+                        .sum();
                     let err = (got[r * n + c] - exact).abs();
                     // Only the activations' 8-bit rounding separates them.
-                    assert!(err <= 0.01 * scale, "{dtype:?} ({r},{c}): {} vs {exact}", got[r * n + c]);
+                    assert!(
+                        err <= 0.01 * scale,
+                        "{dtype:?} ({r},{c}): {} vs {exact}",
+                        got[r * n + c]
+                    );
                 }
             }
         }
@@ -462,7 +513,10 @@ mod tests {
             let together = run(Simd::detect(), &w, &many, 13);
             for r in 0..13 {
                 let alone = run(Simd::detect(), &w, &many[r * k..(r + 1) * k], 1);
-                let same = alone.iter().zip(&together[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = alone
+                    .iter()
+                    .zip(&together[r * n..(r + 1) * n])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{dtype:?}: row {r} differs alone and among 13 rows");
             }
         }
@@ -480,7 +534,9 @@ mod tests {
             let fast = run(Simd::detect(), &w, &x, rows);
             let slow = run(Simd::Portable, &w, &x, rows);
             assert!(
-                fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()),
+                fast.iter()
+                    .zip(&slow)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{dtype:?}: AVX2 and portable differ"
             );
         }

@@ -275,7 +275,11 @@ impl PackedMatrix {
 
     /// Bytes of quants per output column.
     pub(super) fn column_bytes(&self) -> usize {
-        if self.kind.nibbles { self.k / 2 } else { self.k }
+        if self.kind.nibbles {
+            self.k / 2
+        } else {
+            self.k
+        }
     }
 
     /// The quant of input `at` in column `col`.
@@ -301,7 +305,11 @@ impl PackedMatrix {
             let b = col * blocks + at / BLOCK;
             let scale = self.scales[b * per + (at % BLOCK) * per / BLOCK];
             let w = scale * q as f32;
-            out.push(if self.kind.affine { w + self.offsets[b] } else { w });
+            out.push(if self.kind.affine {
+                w + self.offsets[b]
+            } else {
+                w
+            });
         }
         out
     }
@@ -316,7 +324,9 @@ mod tests {
         let mut x = seed;
         let v: Vec<f32> = (0..n * k)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
             })
             .collect();
@@ -347,7 +357,10 @@ mod tests {
             let got = packed.dequantize();
             assert_eq!(got.len(), want.len());
             let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-            assert_eq!(bad, 0, "{dtype:?}: {bad} weights differ from GGML's dequantizer");
+            assert_eq!(
+                bad, 0,
+                "{dtype:?}: {bad} weights differ from GGML's dequantizer"
+            );
         }
     }
 

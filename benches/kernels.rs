@@ -1,0 +1,109 @@
+//! The row-invariant CPU kernels alone: the quantized matmul for each packed format and
+//! the f32 one, at 1, 4, 16 and 64 rows, on the default model's down projection
+//! (1,536 → 576; the K-quants need inputs in whole 256-value blocks); and host attention of 1 and 16 queries over 1,024
+//! cached positions with 9 query and 3 key/value heads.
+//!
+//! `cargo bench --bench kernels`; compare medians within one run. The cost of K rows
+//! against one is the figure that matters: t(K)/t(1) here is the kernel's share of the
+//! verifier's cost curve (`tools/verify-cost.sh` measures the whole forward pass).
+
+use std::hint::black_box;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use criterion::{Criterion, criterion_group, criterion_main};
+use suffixd::verify::kernels::Simd;
+use suffixd::verify::kernels::attention::{AttnShape, attend};
+use suffixd::verify::kernels::dense::{DenseMatrix, matmul_dense};
+use suffixd::verify::kernels::matmul::{QuantizedRows, matmul};
+use suffixd::verify::kernels::pack::PackedMatrix;
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn matmuls(c: &mut Criterion) {
+    let (n, k) = (576, 1536);
+    let w = values(n * k, 1);
+    let simd = Simd::detect();
+    let mut group = c.benchmark_group("matmul_1536x576");
+    for dtype in [
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+    ] {
+        let t = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu).unwrap();
+        let packed = PackedMatrix::from_qtensor(&QTensor::quantize(&t, dtype).unwrap()).unwrap();
+        for rows in [1, 4, 16, 64] {
+            let x = values(rows * k, 2);
+            let mut a = QuantizedRows::default();
+            let mut out = vec![0f32; rows * n];
+            group.bench_function(format!("{dtype:?}/rows={rows}"), |b| {
+                b.iter(|| {
+                    a.quantize(black_box(&x), rows, k);
+                    matmul(simd, &[&packed], &a, &mut out);
+                    black_box(&out);
+                })
+            });
+        }
+    }
+    let dense = DenseMatrix::new(n, k, w.clone());
+    for rows in [1, 4, 16, 64] {
+        let x = values(rows * k, 2);
+        let mut out = vec![0f32; rows * n];
+        group.bench_function(format!("F32/rows={rows}"), |b| {
+            b.iter(|| {
+                matmul_dense(simd, &[&dense], black_box(&x), rows, &mut out);
+                black_box(&out);
+            })
+        });
+    }
+    group.finish();
+}
+
+fn attention(c: &mut Criterion) {
+    let (heads, kv_heads, hd, base) = (9, 3, 64, 1024);
+    let mut group = c.benchmark_group("attention_ctx1024");
+    for t in [1usize, 16] {
+        let q = values(heads * t * hd, 3);
+        let keys = values((base + t) * kv_heads * hd, 4);
+        let vals = values((base + t) * kv_heads * hd, 5);
+        let sets: Vec<Vec<usize>> = (0..t).map(|i| (0..=i).collect()).collect();
+        let mut out = vec![0f32; t * heads * hd];
+        let shape = AttnShape {
+            total: t,
+            offset: 0,
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        group.bench_function(format!("queries={t}"), |b| {
+            b.iter(|| {
+                attend(
+                    Simd::detect(),
+                    &q,
+                    &keys,
+                    &vals,
+                    &sets,
+                    base,
+                    shape,
+                    &mut out,
+                );
+                black_box(&out);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matmuls, attention);
+criterion_main!(benches);
