@@ -50,7 +50,7 @@ fn matmuls(c: &mut Criterion) {
             group.bench_function(format!("{dtype:?}/rows={rows}"), |b| {
                 b.iter(|| {
                     a.quantize(black_box(&x), rows, k);
-                    matmul(simd, &[&packed], &a, &mut out);
+                    matmul(simd, std::slice::from_ref(&packed), &a, &mut out);
                     black_box(&out);
                 })
             });
@@ -62,7 +62,13 @@ fn matmuls(c: &mut Criterion) {
         let mut out = vec![0f32; rows * n];
         group.bench_function(format!("F32/rows={rows}"), |b| {
             b.iter(|| {
-                matmul_dense(simd, &[&dense], black_box(&x), rows, &mut out);
+                matmul_dense(
+                    simd,
+                    std::slice::from_ref(&dense),
+                    black_box(&x),
+                    rows,
+                    &mut out,
+                );
                 black_box(&out);
             })
         });

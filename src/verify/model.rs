@@ -154,66 +154,85 @@ enum Weights {
 }
 
 /// A projection of one input into one or more outputs side by side (q, k and v; gate
-/// and up), so that the activations are quantized once and the threads meet once.
-struct Linear {
-    parts: Vec<Weights>,
+/// and up), so that the activations are quantized once and the threads meet once. How
+/// it runs is settled when it is built, not at every call.
+enum Linear {
+    /// Every part packed: one fused quantized call.
+    Packed(Vec<PackedMatrix>),
+    /// Every part f32 on the CPU: one fused call.
+    Dense(Vec<DenseMatrix>),
+    /// Some part runs on candle: each part alone, outputs concatenated.
+    Mixed(Vec<Weights>),
 }
 
 impl Linear {
     fn new(parts: Vec<Weights>) -> Self {
-        Linear { parts }
+        if parts.iter().all(|w| matches!(w, Weights::Packed(_))) {
+            return Linear::Packed(
+                parts
+                    .into_iter()
+                    .filter_map(|w| match w {
+                        Weights::Packed(p) => Some(p),
+                        _ => None,
+                    })
+                    .collect(),
+            );
+        }
+        if parts.iter().all(|w| matches!(w, Weights::Dense(_))) {
+            return Linear::Dense(
+                parts
+                    .into_iter()
+                    .filter_map(|w| match w {
+                        Weights::Dense(d) => Some(d),
+                        _ => None,
+                    })
+                    .collect(),
+            );
+        }
+        Linear::Mixed(parts)
     }
 
     /// `x (rows, k)` times every part, outputs concatenated: `(rows, Σ n)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let k = x.dims2()?.1;
-        for w in &self.parts {
-            let inputs = match w {
-                Weights::Packed(p) => p.inputs(),
-                Weights::Dense(d) => d.inputs(),
-                Weights::Candle(_) => continue,
-            };
+        let check = |inputs: usize| -> candle_core::Result<()> {
             if inputs != k {
                 candle_core::bail!("a weight matrix takes {inputs} inputs, the layer gives {k}");
             }
+            Ok(())
+        };
+        match self {
+            Linear::Packed(parts) => {
+                parts.iter().try_for_each(|p| check(p.inputs()))?;
+                packed_forward(parts, x)
+            }
+            Linear::Dense(parts) => {
+                parts.iter().try_for_each(|d| check(d.inputs()))?;
+                dense_forward(parts, x)
+            }
+            Linear::Mixed(parts) => {
+                let outs = parts
+                    .iter()
+                    .map(|w| match w {
+                        Weights::Packed(p) => {
+                            check(p.inputs())?;
+                            packed_forward(std::slice::from_ref(p), x)
+                        }
+                        Weights::Dense(d) => {
+                            check(d.inputs())?;
+                            dense_forward(std::slice::from_ref(d), x)
+                        }
+                        Weights::Candle(m) => m.forward(x),
+                    })
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                Tensor::cat(&outs, 1)
+            }
         }
-        let packed: Vec<&PackedMatrix> = self
-            .parts
-            .iter()
-            .filter_map(|w| match w {
-                Weights::Packed(p) => Some(p),
-                _ => None,
-            })
-            .collect();
-        if packed.len() == self.parts.len() {
-            return packed_forward(&packed, x);
-        }
-        let dense: Vec<&DenseMatrix> = self
-            .parts
-            .iter()
-            .filter_map(|w| match w {
-                Weights::Dense(d) => Some(d),
-                _ => None,
-            })
-            .collect();
-        if dense.len() == self.parts.len() {
-            return dense_forward(&dense, x);
-        }
-        let outs = self
-            .parts
-            .iter()
-            .map(|w| match w {
-                Weights::Packed(p) => packed_forward(&[p], x),
-                Weights::Dense(d) => dense_forward(&[d], x),
-                Weights::Candle(m) => m.forward(x),
-            })
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        Tensor::cat(&outs, 1)
     }
 }
 
 /// The f32 parts' product on the host.
-fn dense_forward(parts: &[&DenseMatrix], x: &Tensor) -> candle_core::Result<Tensor> {
+fn dense_forward(parts: &[DenseMatrix], x: &Tensor) -> candle_core::Result<Tensor> {
     let (rows, _) = x.dims2()?;
     let width: usize = parts.iter().map(|p| p.outputs()).sum();
     let input: Vec<f32> = x.flatten_all()?.to_vec1()?;
@@ -234,7 +253,7 @@ fn dense_of(t: Tensor, device: &Device) -> candle_core::Result<Weights> {
 }
 
 /// The packed parts' product on the host.
-fn packed_forward(parts: &[&PackedMatrix], x: &Tensor) -> candle_core::Result<Tensor> {
+fn packed_forward(parts: &[PackedMatrix], x: &Tensor) -> candle_core::Result<Tensor> {
     thread_local! {
         static ROWS: std::cell::RefCell<QuantizedRows> = std::cell::RefCell::default();
     }

@@ -8,7 +8,7 @@
 //! verified in a draft tree, or beside other sequences, gets bit for bit the output plain
 //! decoding gives it.
 
-use super::matmul::Simd;
+use super::{Out, ROUNDING, Simd, reduce_lanes, round_to_integer};
 
 /// Sizes of one sequence's part of the pass.
 #[derive(Clone, Copy, Debug)]
@@ -25,19 +25,6 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-/// The eight lanes summed in a fixed order.
-#[inline(always)]
-fn reduce_lanes(l: &[f32; 8]) -> f32 {
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
-/// `x` rounded to an integer (ties to even) for |x| ≤ 2^22, by plain arithmetic.
-#[inline(always)]
-fn round_to_integer(x: f32) -> f32 {
-    (x + MAGIC) - MAGIC
-}
-
-const MAGIC: f32 = 12_582_912.0;
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
@@ -116,7 +103,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     fn exp8(x: __m256) -> __m256 {
         let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
-        let magic = _mm256_set1_ps(MAGIC);
+        let magic = _mm256_set1_ps(ROUNDING);
         let n = _mm256_sub_ps(
             _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), magic),
             magic,
@@ -248,21 +235,6 @@ mod avx2 {
 /// Most query heads per key/value head that the grouped path takes at once.
 const MAX_GROUP: usize = 4;
 
-/// Where each (row, head) writes its output: `head_dim` floats of its own.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: every work item writes only its own (row, head) slice of a live buffer.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// SAFETY: `at..at + len` is inside the buffer and no other thread touches it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
-    }
-}
-
 /// Attention of the new tokens of one sequence over their attention sets (committed
 /// context rows `0..base`, then the token's ancestors and itself, `sets[i]`, as indices
 /// after `base`), into that sequence's rows of `out` (`[row][head][head_dim]`). `q` is
@@ -304,7 +276,7 @@ pub fn attend(
     );
     let rep = heads / kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let dst = Out(out.as_mut_ptr());
+    let dst = Out::new(out, heads * hd);
     thread_local! {
         static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<usize>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     }
@@ -357,15 +329,7 @@ mod tests {
     use super::*;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed;
-        (0..len)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect()
+        crate::verify::kernels::test_values(len, seed, 1.0)
     }
 
     /// A chain of `t` new tokens after `base` context rows, in a batch of `total` rows.

@@ -3,7 +3,7 @@
 //! reduced in a fixed order, whatever the number of rows, the tile or the thread. The
 //! weights stay in place (two columns at a time through every row), as in [`super::matmul`].
 
-use super::matmul::{Out, Simd, reduce_lanes};
+use super::{Out, Simd, for_each_column_group, reduce_lanes};
 
 /// An f32 weight matrix `(n outputs, k inputs)`, each column's weights contiguous.
 #[derive(Clone, Debug)]
@@ -116,7 +116,7 @@ mod avx2 {
 
 /// `out[r][c0 + c] = x[r] · w[c]` for every part of a fused projection, outputs side by
 /// side in `out` (`rows × Σ n`); `x` is `rows × k`. Threads over columns.
-pub fn matmul_dense(simd: Simd, parts: &[&DenseMatrix], x: &[f32], rows: usize, out: &mut [f32]) {
+pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, out: &mut [f32]) {
     let width: usize = parts.iter().map(|p| p.n).sum();
     assert_eq!(out.len(), rows * width, "out is rows × Σ n");
     for p in parts {
@@ -125,48 +125,31 @@ pub fn matmul_dense(simd: Simd, parts: &[&DenseMatrix], x: &[f32], rows: usize, 
     if rows == 0 {
         return;
     }
-    let mut starts = Vec::with_capacity(parts.len());
-    let mut items = 0;
-    for p in parts {
-        starts.push(items);
-        items += p.n.div_ceil(2);
-    }
-    let out = Out::new(out, width);
-    let run = |range: std::ops::Range<usize>| {
-        for item in range {
-            let part = starts.partition_point(|&s| s <= item) - 1;
-            let w = parts[part];
-            let offset: usize = parts[..part].iter().map(|p| p.n).sum();
-            let c0 = (item - starts[part]) * 2;
-            let cols = 2.min(w.n - c0);
-            // SAFETY: offset + c0 + cols <= width, so every write stays in its row.
-            let shifted = unsafe { out.shifted(offset) };
-            match simd {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: Avx2 is chosen only with AVX2 and FMA; the columns and rows exist.
-                Simd::Avx2 if w.k % 8 == 0 => unsafe {
-                    if cols == 2 {
-                        avx2::columns::<2>(w, x, rows, c0, shifted)
-                    } else {
-                        avx2::columns::<1>(w, x, rows, c0, shifted)
-                    }
-                },
-                _ => {
-                    for r in 0..rows {
-                        for c in c0..c0 + cols {
-                            let v = element_portable(
-                                &w.weights[c * w.k..][..w.k],
-                                &x[r * w.k..][..w.k],
-                            );
-                            // SAFETY: (r, c) is inside the output and this item's alone.
-                            unsafe { shifted.write(r, c, v) };
-                        }
+    let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
+    for_each_column_group(&outputs, 2, out, |part, c0, cols, out| {
+        let w = &parts[part];
+        match simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: Avx2 is chosen only with AVX2 and FMA; the columns and rows exist.
+            Simd::Avx2 if w.k % 8 == 0 => unsafe {
+                if cols == 2 {
+                    avx2::columns::<2>(w, x, rows, c0, out)
+                } else {
+                    avx2::columns::<1>(w, x, rows, c0, out)
+                }
+            },
+            _ => {
+                for r in 0..rows {
+                    for c in c0..c0 + cols {
+                        let v =
+                            element_portable(&w.weights[c * w.k..][..w.k], &x[r * w.k..][..w.k]);
+                        // SAFETY: (r, c) is inside the output and this group's alone.
+                        unsafe { out.write(r, c, v) };
                     }
                 }
             }
         }
-    };
-    candle_core::utils::barrier_pool().execute_chunked(items, run);
+    });
 }
 
 #[cfg(test)]
@@ -174,20 +157,12 @@ mod tests {
     use super::*;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed;
-        (0..len)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect()
+        crate::verify::kernels::test_values(len, seed, 1.0)
     }
 
     fn run(simd: Simd, w: &DenseMatrix, x: &[f32], rows: usize) -> Vec<f32> {
         let mut out = vec![f32::NAN; rows * w.n];
-        matmul_dense(simd, &[w], x, rows, &mut out);
+        matmul_dense(simd, std::slice::from_ref(w), x, rows, &mut out);
         out
     }
 

@@ -15,6 +15,7 @@
 //! weight is read from memory once per pass whatever the number of rows.
 
 use super::pack::{BLOCK, PackedMatrix};
+use super::{Out, for_each_column_group, reduce_lanes, round_to_integer};
 
 /// Activations quantized for the kernels: per row, `k` signed bytes, and per 32-value
 /// block a scale and the scaled sum of its quants (used by the affine formats).
@@ -54,15 +55,6 @@ impl QuantizedRows {
     }
 }
 
-/// `x` rounded to the nearest integer, ties to even, for |x| ≤ 2^22: adding and
-/// removing 1.5 · 2^23 leaves no fraction bits. Plain arithmetic, so it vectorizes,
-/// where `f32::round` is a libm call per value.
-#[inline(always)]
-fn round_to_integer(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (x + MAGIC) - MAGIC
-}
-
 /// Which instruction set the kernels use. Chosen once per process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -89,12 +81,6 @@ impl Simd {
     }
 }
 
-/// The eight lanes summed in a fixed order.
-#[inline(always)]
-pub(super) fn reduce_lanes(l: &[f32; 8]) -> f32 {
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
 /// The offsets' contribution to one element: block b's into lane b mod 8, then the
 /// lanes reduced in the fixed order. The AVX2 path does the whole groups of eight
 /// blocks at once, with the same operations.
@@ -105,42 +91,6 @@ fn offset_term(offsets: &[f32], sums: &[f32], lanes: [f32; 8], from: usize) -> f
         lanes[b % 8] = offsets[b].mul_add(sums[b], lanes[b % 8]);
     }
     reduce_lanes(&lanes)
-}
-
-/// Where a tile's results go: `out[row * stride + col]`. Each element is written by
-/// exactly one tile, so threads never write the same element.
-#[derive(Clone, Copy)]
-pub(super) struct Out {
-    ptr: *mut f32,
-    stride: usize,
-}
-// SAFETY: tiles write disjoint elements (see above) of a buffer that outlives the pass.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// Rows of `stride` floats in `buffer`.
-    pub(super) fn new(buffer: &mut [f32], stride: usize) -> Out {
-        Out {
-            ptr: buffer.as_mut_ptr(),
-            stride,
-        }
-    }
-
-    /// SAFETY: `row * stride + col` is inside the buffer, and no other thread writes it.
-    pub(super) unsafe fn write(self, row: usize, col: usize, v: f32) {
-        unsafe { *self.ptr.add(row * self.stride + col) = v };
-    }
-
-    /// The same rows, from column `by` on.
-    ///
-    /// SAFETY: `by` < the row stride.
-    pub(super) unsafe fn shifted(self, by: usize) -> Out {
-        Out {
-            ptr: unsafe { self.ptr.add(by) },
-            stride: self.stride,
-        }
-    }
 }
 
 /// Columns per tile.
@@ -403,7 +353,7 @@ fn column_group(
 /// `out[r][c0 + c] = x[r] · w[c]` for every part of a fused projection: `parts` share
 /// their inputs, and their outputs lie side by side in `out` (`rows × Σ n`).
 /// Columns are spread over candle's CPU thread pool (`CANDLE_NUM_THREADS`).
-pub fn matmul(simd: Simd, parts: &[&PackedMatrix], a: &QuantizedRows, out: &mut [f32]) {
+pub fn matmul(simd: Simd, parts: &[PackedMatrix], a: &QuantizedRows, out: &mut [f32]) {
     let width: usize = parts.iter().map(|p| p.n).sum();
     assert_eq!(out.len(), a.rows * width, "out is rows × Σ n");
     for p in parts {
@@ -412,27 +362,10 @@ pub fn matmul(simd: Simd, parts: &[&PackedMatrix], a: &QuantizedRows, out: &mut 
     if a.rows == 0 {
         return;
     }
-    // Work items: each part's columns in groups of COLS (the last may be short).
-    let mut starts = Vec::with_capacity(parts.len() + 1);
-    let mut items = 0;
-    for p in parts {
-        starts.push(items);
-        items += p.n.div_ceil(COLS);
-    }
-    let out = Out::new(out, width);
-    let run = |range: std::ops::Range<usize>| {
-        for item in range {
-            let part = starts.partition_point(|&s| s <= item) - 1;
-            let (w, first) = (parts[part], starts[part]);
-            let offset: usize = parts[..part].iter().map(|p| p.n).sum();
-            let c0 = (item - first) * COLS;
-            let cols = COLS.min(w.n - c0);
-            // SAFETY: `offset` < width: this part's columns start there in each row.
-            let shifted = unsafe { out.shifted(offset) };
-            column_group(simd, w, a, c0, cols, shifted);
-        }
-    };
-    candle_core::utils::barrier_pool().execute_chunked(items, run);
+    let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
+    for_each_column_group(&outputs, COLS, out, |part, c0, cols, out| {
+        column_group(simd, &parts[part], a, c0, cols, out)
+    });
 }
 
 #[cfg(test)]
@@ -441,17 +374,7 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
-    fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut x = seed;
-        (0..len)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-            })
-            .collect()
-    }
+    use crate::verify::kernels::test_values as values;
 
     const FORMATS: [GgmlDType; 8] = [
         GgmlDType::Q8_0,
@@ -474,7 +397,7 @@ mod tests {
         let mut a = QuantizedRows::default();
         a.quantize(x, rows, w.k);
         let mut out = vec![f32::NAN; rows * w.n];
-        matmul(simd, &[w], &a, &mut out);
+        matmul(simd, std::slice::from_ref(w), &a, &mut out);
         out
     }
 
@@ -550,7 +473,7 @@ mod tests {
         let mut a = QuantizedRows::default();
         a.quantize(&x, 2, k);
         let mut fused = vec![0f32; 2 * 8];
-        matmul(Simd::detect(), &[&parts[0], &parts[1]], &a, &mut fused);
+        matmul(Simd::detect(), &parts, &a, &mut fused);
         let first = run(Simd::detect(), &parts[0], &x, 2);
         let second = run(Simd::detect(), &parts[1], &x, 2);
         for r in 0..2 {

@@ -10,6 +10,9 @@
 //!   that gives the same bits), threaded over output columns.
 //! - [`dense`]: the same for f32 weights (`--weights f32`).
 //! - [`attention`]: host attention, threaded over (head, query), in a fixed order.
+//!
+//! This module holds what they share: the fixed lane reduction, rounding, the output
+//! handle threads write through, and the split of a fused projection's columns.
 
 pub mod attention;
 pub mod dense;
@@ -17,3 +20,112 @@ pub mod matmul;
 pub mod pack;
 
 pub use matmul::Simd;
+
+/// Eight lanes summed in one fixed order, on every path and for every row count.
+#[inline(always)]
+fn reduce_lanes(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// `x` rounded to the nearest integer, ties to even, for |x| ≤ 2^22: adding and removing
+/// 1.5 · 2^23 leaves no fraction bits. Plain arithmetic, so it vectorizes and the AVX2
+/// paths can repeat it, where `f32::round` is a libm call per value.
+#[inline(always)]
+fn round_to_integer(x: f32) -> f32 {
+    (x + ROUNDING) - ROUNDING
+}
+
+/// 1.5 · 2^23, see [`round_to_integer`].
+const ROUNDING: f32 = 12_582_912.0;
+
+/// An output buffer that the pool's threads write through: rows of `stride` floats. Each
+/// element (or slice) is written by exactly one work item, so threads never write the
+/// same place.
+#[derive(Clone, Copy)]
+struct Out {
+    ptr: *mut f32,
+    stride: usize,
+}
+// SAFETY: work items write disjoint elements (see above) of a buffer that outlives the
+// pool call that hands them out.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Rows of `stride` floats in `buffer`.
+    fn new(buffer: &mut [f32], stride: usize) -> Out {
+        Out {
+            ptr: buffer.as_mut_ptr(),
+            stride,
+        }
+    }
+
+    /// SAFETY: `row * stride + col` is inside the buffer, and no other thread writes it.
+    unsafe fn write(self, row: usize, col: usize, v: f32) {
+        unsafe { *self.ptr.add(row * self.stride + col) = v };
+    }
+
+    /// The same rows, from column `by` on.
+    ///
+    /// SAFETY: `by` < the row stride.
+    unsafe fn shifted(self, by: usize) -> Out {
+        Out {
+            ptr: unsafe { self.ptr.add(by) },
+            stride: self.stride,
+        }
+    }
+
+    /// `len` floats from `at`, counted from the start of the buffer.
+    ///
+    /// SAFETY: `at..at + len` is inside the buffer and no other thread touches it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
+    }
+}
+
+/// Run `group(part, c0, cols, out)` for every group of `width` output columns (the last of
+/// a part may be narrower) of a fused projection whose parts have `outputs` columns each,
+/// side by side in `out` (`Σ outputs` floats per row); `out` is shifted to the part's
+/// first column. Groups are spread over candle's CPU thread pool (`CANDLE_NUM_THREADS`).
+fn for_each_column_group(
+    outputs: &[usize],
+    width: usize,
+    out: &mut [f32],
+    group: impl Fn(usize, usize, usize, Out) + Sync,
+) {
+    let total: usize = outputs.iter().sum();
+    // Per part: its first work item and its first output column.
+    let mut starts = Vec::with_capacity(outputs.len());
+    let (mut items, mut column) = (0, 0);
+    for &n in outputs {
+        starts.push((items, column));
+        items += n.div_ceil(width);
+        column += n;
+    }
+    let out = Out::new(out, total);
+    candle_core::utils::barrier_pool().execute_chunked(items, |range| {
+        for item in range {
+            let part = starts.partition_point(|&(s, _)| s <= item) - 1;
+            let (first, offset) = starts[part];
+            let c0 = (item - first) * width;
+            // SAFETY: `offset` < total: this part's columns start there in each row.
+            let shifted = unsafe { out.shifted(offset) };
+            group(part, c0, width.min(outputs[part] - c0), shifted);
+        }
+    });
+}
+
+/// Pseudo-random values in ±scale/2, the same for the same seed: test inputs.
+#[cfg(test)]
+fn test_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}

@@ -77,7 +77,6 @@ pub struct PackedMatrix {
     pub(super) scales: Vec<f32>,
     /// `[n][k / BLOCK]`, empty unless `kind.affine`.
     pub(super) offsets: Vec<f32>,
-    source: GgmlDType,
 }
 
 /// The formats that can be packed, and their block size and bytes per block.
@@ -249,7 +248,6 @@ impl PackedMatrix {
             quants,
             scales,
             offsets,
-            source: dtype,
         })
     }
 
@@ -261,16 +259,6 @@ impl PackedMatrix {
     /// Input features.
     pub fn inputs(&self) -> usize {
         self.k
-    }
-
-    /// The GGML format it was packed from.
-    pub fn source(&self) -> GgmlDType {
-        self.source
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.quants.len() + 4 * (self.scales.len() + self.offsets.len())
     }
 
     /// Bytes of quants per output column.
@@ -321,15 +309,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     fn weights(n: usize, k: usize, seed: u64) -> Tensor {
-        let mut x = seed;
-        let v: Vec<f32> = (0..n * k)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
-            })
-            .collect();
+        let v = crate::verify::kernels::test_values(n * k, seed, 0.2);
         Tensor::from_vec(v, (n, k), &Device::Cpu).unwrap()
     }
 
