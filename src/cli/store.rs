@@ -9,6 +9,7 @@ use clap::Args;
 use crate::store::Snapshot;
 use crate::store::build::{BuildOptions, build_from_logs};
 use crate::store::dir::current_snapshot;
+use crate::store::wal::check_dir;
 use crate::verify::tokenizer::ModelTokenizer;
 
 #[derive(Args, Debug)]
@@ -132,6 +133,20 @@ pub(super) fn run_inspect(a: InspectArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // A store directory's log is part of what it holds.
+    let wal = if a.verify && a.path.is_dir() {
+        let check = check_dir(&a.path, snap.header().tokenizer)?;
+        if !check.is_clean() {
+            bail!(
+                "write-ahead log of {} is damaged: {:?}. Starting the store recovers every good record, and keeps a copy of each damaged segment in damaged/",
+                a.path.display(),
+                check.damaged
+            );
+        }
+        Some(check)
+    } else {
+        None
+    };
     let per_ns: Vec<serde_json::Value> = namespaces
         .iter()
         .map(|ns| {
@@ -156,6 +171,7 @@ pub(super) fn run_inspect(a: InspectArgs) -> anyhow::Result<()> {
                 "open_ms": open_ms,
                 "verified": verified.is_some(),
                 "verify_s": verified,
+                "wal": wal,
             })
         );
         return Ok(());
@@ -183,7 +199,19 @@ pub(super) fn run_inspect(a: InspectArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(s) = verified {
-        println!("  verified: checksum and tree invariants hold ({s:.2} s)");
+        println!("  verified: checksum, token ids and tree invariants hold ({s:.2} s)");
+    }
+    if let Some(w) = wal {
+        println!(
+            "  write-ahead log: {} segments, {} records, no damage{}",
+            w.segments,
+            w.records,
+            if w.torn_tail_bytes > 0 {
+                format!(" ({} bytes of a torn write at the end)", w.torn_tail_bytes)
+            } else {
+                String::new()
+            }
+        );
     }
     Ok(())
 }

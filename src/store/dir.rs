@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::faults;
 use super::snapshot::sync_dir;
 
 /// Name of the manifest file in a store directory.
@@ -22,13 +23,23 @@ pub enum DirError {
     },
     /// The manifest names something that is not a snapshot file of this directory.
     #[error(
-        "store directory {path}: the manifest names {name:?}, which is not a snapshot file here; restore the directory or remove CURRENT to start empty"
+        "store directory {path}: the manifest CURRENT names {name:?}, which is not a snapshot file name; write the name of the newest good snapshot into CURRENT (`suffixd inspect --verify` checks one), or move the directory aside"
     )]
     BadManifest {
         /// The directory.
         path: PathBuf,
         /// What it names.
         name: String,
+    },
+    /// Snapshot files without a manifest, holding data that the log does not.
+    #[error(
+        "store directory {path} holds snapshot files but no CURRENT manifest to say which one is live, and the write-ahead log does not hold all of their data, so suffixd will not start from the log alone (that would lose it). {advice}"
+    )]
+    NoManifest {
+        /// The directory.
+        path: PathBuf,
+        /// What the operator can do.
+        advice: String,
     },
 }
 
@@ -64,6 +75,24 @@ pub fn current_snapshot(dir: &Path) -> Result<Option<PathBuf>, DirError> {
     Ok(Some(dir.join(name)))
 }
 
+/// The snapshot files of `dir`, newest (highest number) first.
+pub fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
+    let mut found = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io(dir))?;
+        if let Some(n) = entry.file_name().to_str().and_then(snapshot_number) {
+            found.push((n, entry.path()));
+        }
+    }
+    found.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
 /// A path for the next snapshot file of `dir` (one past the highest number present).
 pub fn next_snapshot_path(dir: &Path) -> Result<PathBuf, DirError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
@@ -92,15 +121,21 @@ pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
         })?
         .to_string();
     let tmp = dir.join("CURRENT.tmp");
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(format!("{name}\n").as_bytes())
-            .map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        faults::write_all("manifest-write", &mut f, format!("{name}\n").as_bytes())?;
+        faults::check("manifest-fsync")?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(&tmp)(e));
     }
-    std::fs::rename(&tmp, dir.join(MANIFEST)).map_err(io(dir))?;
-    sync_dir(dir).map_err(io(dir))?;
+    faults::check("manifest-rename")
+        .and_then(|_| std::fs::rename(&tmp, dir.join(MANIFEST)))
+        .map_err(io(dir))?;
+    faults::check("manifest-dir-fsync")
+        .and_then(|_| sync_dir(dir))
+        .map_err(io(dir))?;
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let entry = entry.map_err(io(dir))?;
         let file = entry.file_name();

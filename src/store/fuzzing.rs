@@ -50,12 +50,24 @@ pub fn wal_bytes(bytes: &[u8]) {
         _ => TokenizerId::UNKNOWN,
     };
     for tokenizer in [claimed, TokenizerId::UNKNOWN] {
-        if let Ok((records, intact)) = decode_segment(Path::new("fuzz.log"), bytes, tokenizer) {
+        if let Ok(scan) = decode_segment(Path::new("fuzz.log"), bytes, tokenizer) {
             assert!(
-                intact as usize <= bytes.len(),
+                scan.intact_len() as usize <= bytes.len(),
                 "the intact prefix lies inside the bytes"
             );
-            let _ = records.len();
+            let mut end = 0;
+            for d in &scan.damage {
+                assert!(
+                    d.offset >= end && d.len > 0,
+                    "damage runs are ordered and disjoint"
+                );
+                end = d.offset + d.len;
+                assert!(end as usize <= bytes.len(), "damage lies inside the bytes");
+            }
+            assert!(
+                scan.records.windows(2).all(|w| w[0].seq < w[1].seq),
+                "recovered records keep increasing sequence numbers"
+            );
         }
     }
 }

@@ -20,14 +20,17 @@ use std::sync::{Arc, Mutex};
 
 use crate::tree::{GlobalTree, TreeError};
 
-use super::dir::{DirError, current_snapshot, next_snapshot_path, publish};
+use super::dir::{DirError, current_snapshot, next_snapshot_path, publish, snapshot_files};
 use super::double_buffer::DoubleBuffered;
 use super::layered::Layered;
 use super::snapshot::{
     FrozenTree, NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError,
     write_snapshot,
 };
-use super::wal::{FsyncPolicy, Wal, WalError, WalOp, read_segment, segments};
+use super::wal::{
+    Damage, FsyncPolicy, Wal, WalCheck, WalError, WalOp, check_dir, quarantine, read_segment,
+    segments,
+};
 
 /// How a store behaves.
 #[derive(Clone, Debug)]
@@ -64,6 +67,11 @@ pub enum StoreError {
     /// A tree refused a change.
     #[error(transparent)]
     Tree(#[from] TreeError),
+    /// The live snapshot failed verification, so no new one is built from it.
+    #[error(
+        "not writing a snapshot: the live snapshot failed verification ({0}), and a new one would copy its damage and delete it. Restore it from a backup, or move it and CURRENT aside to start from the log"
+    )]
+    DamagedBase(Box<OpenError>),
 }
 
 /// Per-sequence bookkeeping.
@@ -182,6 +190,23 @@ pub struct Store {
     wal: Wal,
     snapshotting: Mutex<()>,
     counters: Mutex<StoreCounters>,
+    /// Damaged log segments found at open (recovered around, copied to `damaged/`).
+    wal_damage: Vec<(PathBuf, Vec<Damage>)>,
+    /// The last snapshot file verified, and the outcome: each file is read once.
+    verified: Mutex<Option<(PathBuf, Result<(), String>)>>,
+}
+
+/// What [`Store::verify`] found.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Verification {
+    /// Whether the snapshot and every log segment are sound.
+    pub ok: bool,
+    /// The live snapshot, if there is one.
+    pub snapshot: Option<PathBuf>,
+    /// Why it failed verification.
+    pub snapshot_error: Option<String>,
+    /// The log.
+    pub wal: WalCheck,
 }
 
 /// A summary of one snapshot written.
@@ -218,7 +243,11 @@ impl Store {
             since_cut: Vec::new(),
         };
         let mut wal_seq = 0;
-        if let Some(path) = current_snapshot(&cfg.dir)? {
+        let current = current_snapshot(&cfg.dir)?;
+        if current.is_none() {
+            Self::refuse_to_orphan_snapshots(&cfg)?;
+        }
+        if let Some(path) = current {
             let snap = Snapshot::open(&path, Some(cfg.tokenizer))?;
             wal_seq = snap.header().wal_seq;
             for ns in snap.namespaces()? {
@@ -251,9 +280,38 @@ impl Store {
         let mut last = wal_seq;
         let mut newest = None;
         let mut replayed = 0;
-        for (_, path) in &segs {
-            let (records, intact) = read_segment(path, cfg.tokenizer)?;
-            for r in records {
+        let mut wal_damage = Vec::new();
+        for (i, (_, path)) in segs.iter().enumerate() {
+            let scan = read_segment(path, cfg.tokenizer)?;
+            let is_newest = i + 1 == segs.len();
+            let mut damage = scan.damage.clone();
+            match scan.tail {
+                // A sealed segment was fsynced whole: a bad tail there is damage.
+                Some(t) if !is_newest => damage.push(Damage {
+                    offset: t,
+                    len: scan.len - t,
+                }),
+                Some(t) if scan.len > t => tracing::info!(
+                    "write-ahead log {}: {} bytes of a write torn by a crash dropped",
+                    path.display(),
+                    scan.len - t
+                ),
+                _ => {}
+            }
+            if !damage.is_empty() {
+                let copy = quarantine(&cfg.dir, path).map_err(io)?;
+                tracing::error!(
+                    "write-ahead log {} is damaged: {} bad byte run(s) ({} bytes, at offsets {:?}) were skipped and the records in them are lost; the {} good records around them were recovered. A copy of the segment is in {}; the next snapshot folds the recovered records in",
+                    path.display(),
+                    damage.len(),
+                    damage.iter().map(|d| d.len).sum::<u64>(),
+                    damage.iter().map(|d| d.offset).collect::<Vec<_>>(),
+                    scan.records.len(),
+                    copy.display()
+                );
+                wal_damage.push((path.clone(), damage));
+            }
+            for r in scan.records.iter().cloned() {
                 last = last.max(r.seq);
                 if r.seq <= wal_seq {
                     continue;
@@ -262,7 +320,12 @@ impl Store {
                 state.since_cut.push((r.seq, r.op));
                 replayed += 1;
             }
-            newest = Some((path.clone(), intact));
+            // Appending goes on in the newest segment, unless it is damaged: then in a
+            // fresh one, so that the damaged file is only ever read.
+            newest = wal_damage
+                .last()
+                .is_none_or(|(p, _)| p != path)
+                .then(|| (path.clone(), scan.intact_len()));
         }
         let wal = Wal::open(
             &cfg.dir,
@@ -281,8 +344,73 @@ impl Store {
                 replayed,
                 ..Default::default()
             }),
+            wal_damage,
+            verified: Mutex::new(None),
         };
         Ok(store)
+    }
+
+    /// Without a manifest, a store starts from its log alone. That is right for a
+    /// snapshot that a crash left unpublished (the log still holds all of it), and
+    /// wrong when `CURRENT` was lost: then the log no longer holds what the snapshot
+    /// does, and the next snapshot would delete it. So start only when every snapshot
+    /// file's sequences are all in the log; otherwise refuse, naming the file to restore.
+    fn refuse_to_orphan_snapshots(cfg: &StoreConfig) -> Result<(), StoreError> {
+        let files = snapshot_files(&cfg.dir)?;
+        if files.is_empty() {
+            return Ok(());
+        }
+        let mut logged = std::collections::HashSet::new();
+        let segs = segments(&cfg.dir).map_err(|source| DirError::Io {
+            path: cfg.dir.clone(),
+            source,
+        })?;
+        for (_, path) in &segs {
+            for r in read_segment(path, cfg.tokenizer)?.records {
+                if let WalOp::Append { namespace, id, .. } = r.op {
+                    logged.insert((namespace, id));
+                }
+            }
+        }
+        let mut newest_valid = None;
+        let mut all_logged = true;
+        for path in &files {
+            let snap = Snapshot::open(path, Some(cfg.tokenizer)).and_then(|s| {
+                s.verify()?;
+                Ok(s)
+            });
+            let Ok(snap) = snap else {
+                all_logged = false;
+                continue;
+            };
+            newest_valid.get_or_insert_with(|| path.clone());
+            for ns in snap.namespaces()? {
+                all_logged &= ns
+                    .meta
+                    .iter()
+                    .all(|m| logged.contains(&(ns.name.clone(), m.id)));
+            }
+        }
+        if all_logged {
+            tracing::warn!(
+                "store directory {}: no CURRENT manifest; its snapshot files were never published (a crash before the manifest was written) and the log holds all of their data: starting from the log",
+                cfg.dir.display()
+            );
+            return Ok(());
+        }
+        let advice = match newest_valid.as_ref().and_then(|p| p.file_name()) {
+            Some(name) => format!(
+                "The newest snapshot that verifies is {name}: restore it with `echo {name} > {}`, then start again",
+                cfg.dir.join(super::dir::MANIFEST).display(),
+                name = name.to_string_lossy()
+            ),
+            None => "No snapshot file here verifies: restore the directory from a backup, or move it aside and rebuild it with `suffixd build`".into(),
+        };
+        Err(DirError::NoManifest {
+            path: cfg.dir.clone(),
+            advice,
+        }
+        .into())
     }
 
     /// Apply one logged change; idempotent (an id already present is not added twice).
@@ -478,6 +606,7 @@ impl Store {
         // by then.
         let _one = self.snapshotting.lock().expect("snapshot lock");
         let t = std::time::Instant::now();
+        self.verify_base()?;
         // 1. Cut: a new log segment, and a copy of every live sequence. Appends wait for
         //    the copy; speculation does not.
         let (cut, copy) = {
@@ -529,7 +658,11 @@ impl Store {
         let header = write_snapshot(&path, self.cfg.tokenizer, cut - 1, &inputs)?;
         drop(inputs);
         drop(trees);
+        // Publishing deletes the old snapshot: only a file that reads back whole may
+        // replace it.
         let snap = Snapshot::open(&path, Some(self.cfg.tokenizer))?;
+        snap.verify()?;
+        *self.verified.lock().expect("verified") = Some((path.clone(), Ok(())));
         let frozen = snap.namespaces()?;
         publish(&self.cfg.dir, &path)?;
         // 3. Swap, carrying over what happened since the cut.
@@ -588,16 +721,45 @@ impl Store {
         })
     }
 
-    /// Check the current snapshot completely (checksum and tree invariants).
-    pub fn verify(&self) -> Result<Option<PathBuf>, StoreError> {
-        let snap = self.read().snapshot.clone();
-        match snap {
-            Some(s) => {
-                s.verify()?;
-                Ok(Some(s.path().to_path_buf()))
+    /// Verify the live snapshot (checksum, token ids, tree invariants) unless this file
+    /// was verified before. Serving reads it unverified (opening stays cheap); this
+    /// runs in the background at start and before every snapshot, which must not be
+    /// built from a damaged base.
+    pub fn verify_base(&self) -> Result<(), StoreError> {
+        let Some(snap) = self.read().snapshot.clone() else {
+            return Ok(());
+        };
+        let mut verified = self.verified.lock().expect("verified");
+        let outcome = match verified.as_ref() {
+            Some((path, outcome)) if path == snap.path() => outcome.clone(),
+            _ => {
+                let outcome = snap.verify().map_err(|e| e.to_string());
+                *verified = Some((snap.path().to_path_buf(), outcome.clone()));
+                outcome
             }
-            None => Ok(None),
-        }
+        };
+        outcome.map_err(|what| {
+            StoreError::DamagedBase(Box::new(OpenError::Corrupt {
+                path: snap.path().to_path_buf(),
+                what,
+            }))
+        })
+    }
+
+    /// Check the live snapshot completely (checksum, token ids and tree invariants) and
+    /// every log segment.
+    pub fn verify(&self) -> Result<Verification, StoreError> {
+        let snap = self.read().snapshot.clone();
+        let snapshot_error = snap
+            .as_ref()
+            .and_then(|s| s.verify().err().map(|e| e.to_string()));
+        let wal = check_dir(&self.cfg.dir, self.cfg.tokenizer)?;
+        Ok(Verification {
+            ok: snapshot_error.is_none() && wal.is_clean(),
+            snapshot: snap.map(|s| s.path().to_path_buf()),
+            snapshot_error,
+            wal,
+        })
     }
 
     /// Statistics for the admin API.
@@ -643,6 +805,7 @@ impl Store {
             "wal_bytes": self.wal.current_bytes(),
             "wal_last_seq": self.wal.last_seq(),
             "counters": *self.counters.lock().expect("counters"),
+            "wal_damaged_at_open": self.wal_damage.iter().map(|(p, d)| serde_json::json!({"segment": p, "damage": d})).collect::<Vec<_>>(),
             "budget_tokens": self.cfg.budget_tokens,
         })
     }

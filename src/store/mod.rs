@@ -9,6 +9,7 @@
 pub mod build;
 pub mod dir;
 pub mod double_buffer;
+pub(crate) mod faults;
 pub mod fuzzing;
 pub mod layered;
 pub mod live;

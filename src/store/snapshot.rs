@@ -17,6 +17,8 @@ use rustc_hash::FxHashMap;
 
 use crate::tree::{GlobalTree, Node, SeqEntry, Storage, WideChild};
 
+use super::faults;
+
 /// The first eight bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"SUFFIXD\0";
 /// The last eight bytes of every snapshot file.
@@ -426,15 +428,25 @@ pub fn write_snapshot(
 
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp).map_err(io)?;
-        f.write_all(&encode_header(&header)).map_err(io)?;
-        f.write_all(&archive).map_err(io)?;
-        f.write_all(&footer).map_err(io)?;
-        f.sync_all().map_err(io)?;
+    let written = File::create(&tmp).and_then(|mut f| {
+        f.write_all(&encode_header(&header))?;
+        faults::write_all("snapshot-write", &mut f, &archive)?;
+        f.write_all(&footer)?;
+        faults::check("snapshot-fsync")?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        // A half-written file would hold the space a full disk needs back.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
     }
-    std::fs::rename(&tmp, path).map_err(io)?;
-    sync_dir(dir).map_err(io)?;
+    if let Err(e) = faults::check("snapshot-rename").and_then(|_| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    faults::check("snapshot-dir-fsync")
+        .and_then(|_| sync_dir(dir))
+        .map_err(io)?;
     Ok(header)
 }
 
@@ -727,8 +739,9 @@ impl Snapshot {
         Ok(out)
     }
 
-    /// Read everything: the archive checksum, then every tree invariant of every
-    /// namespace. O(tokens × depth); for `suffixd inspect --verify` and the admin API.
+    /// Read everything: the archive checksum, token ids against the vocabulary, then
+    /// every tree invariant of every namespace. O(tokens × depth); for `suffixd inspect
+    /// --verify`, the admin API, and before a snapshot is published or built upon.
     pub fn verify(&self) -> Result<(), OpenError> {
         let b = self.bytes.as_ref().as_ref();
         let footer = &b[b.len() - FOOTER_LEN..];
@@ -737,7 +750,17 @@ impl Snapshot {
         }
         let mut tokens = 0u64;
         let mut sequences = 0u64;
+        let vocab = self.header.tokenizer.vocab_size;
         for ns in self.namespaces()? {
+            // A damaged id would reach the model as a draft token.
+            if self.header.tokenizer != TokenizerId::UNKNOWN
+                && let Some(bad) = ns.tree.pool.iter().find(|&&t| t >= vocab)
+            {
+                return Err(self.corrupt(format!(
+                    "namespace {}: token id {bad} is outside the vocabulary of {vocab}",
+                    ns.name
+                )));
+            }
             ns.tree
                 .check_integrity()
                 .map_err(|e| self.corrupt(format!("namespace {}: {e}", ns.name)))?;

@@ -8,20 +8,29 @@
 //!   `seq u64 | kind u8 | namespace (u16 length + UTF-8) | id u64 | time_ms u64 |
 //!   n u32 | n × token u32` (n = 0 for evictions).
 //!
-//! A torn write at the tail (short record, bad checksum) ends the log: replay stops
-//! there and the next writer truncates it. Records carry increasing sequence numbers;
-//! a snapshot stores the last one it folded in, and replay skips those, so replaying
-//! twice never doubles a count.
+//! A torn write at the tail of the newest segment (a short or bad record with no good
+//! one after it) is what a crash mid-append leaves: replay stops there and the next
+//! writer truncates it. A bad record *followed by good ones* is damage, not a torn
+//! tail: replay reports it at ERROR, skips it, recovers every good record after it,
+//! and keeps a copy of the segment in `damaged/`. It never truncates damage away.
+//!
+//! A write that fails (a full disk) is taken back out of the file before the error
+//! returns, and a failed fsync takes out everything written since the last good one
+//! (the kernel may have dropped those pages): so a record that is acknowledged never
+//! follows a hole. Records carry increasing sequence numbers; a snapshot stores the
+//! last one it folded in, and replay skips those, so replaying twice never doubles a
+//! count.
 //!
 //! Group commit: writers append under one lock, then ask for durability up to their own
 //! record; one fsync covers every record written before it, so concurrent writers share
 //! fsyncs instead of queueing one each.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::faults;
 use super::snapshot::TokenizerId;
 
 const MAGIC: [u8; 8] = *b"SFXDWAL\0";
@@ -91,6 +100,16 @@ pub enum WalError {
     Foreign {
         /// The file.
         path: PathBuf,
+    },
+    /// An earlier fsync failed, and the record was taken out of the log unacknowledged.
+    #[error(
+        "write-ahead log {path}: record {seq} was not made durable (an fsync failed; see the earlier error) and was discarded"
+    )]
+    Discarded {
+        /// The segment.
+        path: PathBuf,
+        /// The record.
+        seq: u64,
     },
     /// The log was written for another tokenizer.
     #[error(
@@ -201,9 +220,42 @@ pub fn segments(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
-/// Read every intact record of one segment. Returns them and the byte length of the
-/// intact prefix (where a torn tail starts).
-pub fn read_segment(path: &Path, expected: TokenizerId) -> Result<(Vec<WalRecord>, u64), WalError> {
+/// Bytes of a record's frame (length and checksum) and of its smallest payload.
+const FRAME: usize = 8;
+const MIN_PAYLOAD: usize = 8 + 1 + 2 + 8 + 8 + 4;
+
+/// A run of bytes inside a segment that holds no good record, with good records after.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Damage {
+    /// Where the bad bytes start.
+    pub offset: u64,
+    /// How many bytes were skipped.
+    pub len: u64,
+}
+
+/// What reading one segment found.
+#[derive(Clone, Debug, Default)]
+pub struct SegmentScan {
+    /// Every good record, in order.
+    pub records: Vec<WalRecord>,
+    /// Bad byte runs with good records after them (damage, never a torn write).
+    pub damage: Vec<Damage>,
+    /// Where trailing bytes that hold no good record start, if there are any: a torn
+    /// write in the newest segment, damage in an older one.
+    pub tail: Option<u64>,
+    /// Bytes of the segment.
+    pub len: u64,
+}
+
+impl SegmentScan {
+    /// Byte length up to the end of the last good record (where a torn tail starts).
+    pub fn intact_len(&self) -> u64 {
+        self.tail.unwrap_or(self.len)
+    }
+}
+
+/// Read every good record of one segment, and where its bad bytes are.
+pub fn read_segment(path: &Path, expected: TokenizerId) -> Result<SegmentScan, WalError> {
     let io = |source| WalError::Io {
         path: path.into(),
         source,
@@ -216,15 +268,40 @@ pub fn read_segment(path: &Path, expected: TokenizerId) -> Result<(Vec<WalRecord
     decode_segment(path, &bytes, expected)
 }
 
+/// The good record at `at` whose sequence number is above `after`, and its length.
+fn record_at(bytes: &[u8], at: usize, after: u64) -> Option<(WalRecord, usize)> {
+    let head = bytes.get(at..at + FRAME)?;
+    let len = u32::from_le_bytes(head[0..4].try_into().expect("4"));
+    if len > MAX_RECORD || (len as usize) < MIN_PAYLOAD {
+        return None;
+    }
+    let payload = bytes.get(at + FRAME..at + FRAME + len as usize)?;
+    // Cheap tests first: resynchronising after damage tries every offset.
+    let seq = u64::from_le_bytes(payload[0..8].try_into().expect("8"));
+    if seq <= after || !matches!(payload[8], 1 | 2) {
+        return None;
+    }
+    if crc32fast::hash(payload) != u32::from_le_bytes(head[4..8].try_into().expect("4")) {
+        return None;
+    }
+    let rec = decode(payload)?;
+    Some((rec, FRAME + len as usize))
+}
+
 /// [`read_segment`] on bytes already in memory; `path` is only used in error messages.
 pub fn decode_segment(
     path: &Path,
     bytes: &[u8],
     expected: TokenizerId,
-) -> Result<(Vec<WalRecord>, u64), WalError> {
+) -> Result<SegmentScan, WalError> {
+    let mut scan = SegmentScan {
+        len: bytes.len() as u64,
+        ..SegmentScan::default()
+    };
     if bytes.len() < HEADER_LEN as usize {
         // A segment torn before its header was complete holds no records.
-        return Ok((Vec::new(), 0));
+        scan.tail = Some(0);
+        return Ok(scan);
     }
     if bytes[..8] != MAGIC || u32::from_le_bytes(bytes[8..12].try_into().expect("4")) != VERSION {
         return Err(WalError::Foreign { path: path.into() });
@@ -241,24 +318,96 @@ pub fn decode_segment(
         });
     }
     let mut at = HEADER_LEN as usize;
-    let mut out = Vec::new();
-    while let Some(head) = bytes.get(at..at + 8) {
-        let len = u32::from_le_bytes(head[0..4].try_into().expect("4"));
-        let crc = u32::from_le_bytes(head[4..8].try_into().expect("4"));
-        if len > MAX_RECORD {
-            break;
+    let mut last = 0;
+    while at < bytes.len() {
+        if let Some((rec, len)) = record_at(bytes, at, last) {
+            last = rec.seq;
+            scan.records.push(rec);
+            at += len;
+            continue;
         }
-        let Some(payload) = bytes.get(at + 8..at + 8 + len as usize) else {
-            break;
-        };
-        if crc32fast::hash(payload) != crc {
-            break;
+        // A bad record: damage if a good one follows, a torn tail if none does.
+        match (at + 1..bytes.len()).find(|&p| record_at(bytes, p, last).is_some()) {
+            Some(next) => {
+                scan.damage.push(Damage {
+                    offset: at as u64,
+                    len: (next - at) as u64,
+                });
+                at = next;
+            }
+            None => {
+                scan.tail = Some(at as u64);
+                break;
+            }
         }
-        let Some(rec) = decode(payload) else { break };
-        out.push(rec);
-        at += 8 + len as usize;
     }
-    Ok((out, at as u64))
+    Ok(scan)
+}
+
+/// What [`check_dir`] found in a store directory's log.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct WalCheck {
+    /// Segments read.
+    pub segments: usize,
+    /// Good records in them.
+    pub records: u64,
+    /// Damaged segments, with their bad byte runs; a bad tail of an older segment is
+    /// listed here too.
+    pub damaged: Vec<(PathBuf, Vec<Damage>)>,
+    /// Bytes of a torn write at the end of the newest segment (the next writer drops them).
+    pub torn_tail_bytes: u64,
+}
+
+impl WalCheck {
+    /// Whether no segment is damaged (a torn tail is not damage).
+    pub fn is_clean(&self) -> bool {
+        self.damaged.is_empty()
+    }
+}
+
+/// Read every segment of `dir` and report its damage: for `inspect --verify` and the
+/// admin API.
+pub fn check_dir(dir: &Path, expected: TokenizerId) -> Result<WalCheck, WalError> {
+    let segs = segments(dir).map_err(|source| WalError::Io {
+        path: dir.into(),
+        source,
+    })?;
+    let mut check = WalCheck::default();
+    for (i, (_, path)) in segs.iter().enumerate() {
+        let scan = read_segment(path, expected)?;
+        let newest = i + 1 == segs.len();
+        check.segments += 1;
+        check.records += scan.records.len() as u64;
+        let mut damage = scan.damage.clone();
+        match scan.tail {
+            Some(t) if newest => check.torn_tail_bytes = scan.len - t,
+            Some(t) => damage.push(Damage {
+                offset: t,
+                len: scan.len - t,
+            }),
+            None => {}
+        }
+        if !damage.is_empty() {
+            check.damaged.push((path.clone(), damage));
+        }
+    }
+    Ok(check)
+}
+
+/// Copy a damaged segment into `dir/damaged/` (once), so that the operator keeps the
+/// evidence after replay has recovered around it and a snapshot has dropped it.
+pub fn quarantine(dir: &Path, segment: &Path) -> std::io::Result<PathBuf> {
+    let into = dir.join("damaged");
+    std::fs::create_dir_all(&into)?;
+    let copy = into.join(segment.file_name().unwrap_or_default());
+    if !copy.exists() {
+        let tmp = copy.with_extension("tmp");
+        std::fs::copy(segment, &tmp)?;
+        File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &copy)?;
+        super::snapshot::sync_dir(&into)?;
+    }
+    Ok(copy)
 }
 
 struct Writer {
@@ -266,7 +415,48 @@ struct Writer {
     path: PathBuf,
     /// Highest sequence number written.
     written: u64,
+    /// Bytes of whole records in the file (where the next record goes).
     bytes: u64,
+    /// Bytes known durable (the last good fsync covered them).
+    synced_bytes: u64,
+    /// Records up to this one were discarded after a failed fsync.
+    discarded_through: u64,
+    /// A failed write or fsync left bytes past `bytes` that are not yet taken out.
+    needs_repair: bool,
+}
+
+impl Writer {
+    fn io(&self, source: std::io::Error) -> WalError {
+        WalError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Cut the file back to its whole records, after a failed write or fsync, so the
+    /// next record never follows a partial one.
+    fn repair(&mut self) -> Result<(), WalError> {
+        if !self.needs_repair {
+            return Ok(());
+        }
+        let cut = faults::check("wal-truncate")
+            .and_then(|_| self.file.set_len(self.bytes))
+            .and_then(|_| self.file.seek(SeekFrom::Start(self.bytes)).map(|_| ()));
+        cut.map_err(|e| self.io(e))?;
+        self.needs_repair = false;
+        Ok(())
+    }
+
+    /// After a failed fsync: the kernel may have dropped any page written since the last
+    /// good one, so take every record since then out and refuse to acknowledge them.
+    fn discard_unsynced(&mut self) {
+        self.bytes = self.synced_bytes;
+        self.discarded_through = self.written;
+        self.needs_repair = true;
+        if let Err(e) = self.repair() {
+            tracing::error!("{e}: will retry before the next write");
+        }
+    }
 }
 
 /// An open log, appending to its newest segment.
@@ -275,13 +465,14 @@ pub struct Wal {
     tokenizer: TokenizerId,
     policy: FsyncPolicy,
     writer: Mutex<Writer>,
-    /// Highest sequence number known durable.
+    /// Highest sequence number known durable. Lock order: this, then `writer`.
     synced: Mutex<u64>,
 }
 
 impl Wal {
-    /// Open the log of `dir` for appending after `last_seq`, truncating a torn tail of
-    /// the newest segment (`intact_len` from [`read_segment`]), or starting a segment.
+    /// Open the log of `dir` for appending after `last_seq`: to the newest segment,
+    /// truncating its torn tail (`intact_len` from [`SegmentScan::intact_len`]), or to a
+    /// new segment when `newest` is `None`.
     pub fn open(
         dir: &Path,
         tokenizer: TokenizerId,
@@ -304,6 +495,9 @@ impl Wal {
                     path: path.into(),
                     written: last_seq,
                     bytes: intact,
+                    synced_bytes: intact,
+                    discarded_through: 0,
+                    needs_repair: false,
                 }
             }
             _ => new_segment(dir, tokenizer, last_seq + 1, last_seq)?,
@@ -326,15 +520,19 @@ impl Wal {
     }
 
     /// Write `op` to the log (not yet durable); returns its sequence number. Follow
-    /// with [`Wal::sync`] before acknowledging it.
+    /// with [`Wal::sync`] before acknowledging it. A write that fails leaves no trace.
     pub fn write(&self, op: WalOp) -> Result<u64, WalError> {
         let mut w = self.writer.lock().expect("wal writer lock");
+        w.repair()?;
         let seq = w.written + 1;
         let bytes = encode(&WalRecord { seq, op });
-        let path = w.path.clone();
-        w.file
-            .write_all(&bytes)
-            .map_err(|source| WalError::Io { path, source })?;
+        if let Err(source) = faults::write_all("wal-write", &mut w.file, &bytes) {
+            w.needs_repair = true;
+            if let Err(e) = w.repair() {
+                tracing::error!("{e}: will retry before the next write");
+            }
+            return Err(w.io(source));
+        }
         w.written = seq;
         w.bytes += bytes.len() as u64;
         Ok(seq)
@@ -355,28 +553,46 @@ impl Wal {
             // Another writer's fsync covered this record.
             return Ok(());
         }
-        let (file, upto, path) = {
+        // Holding `synced` keeps rotation out until this fsync is settled, so the
+        // segment is still the writer's afterwards.
+        let (file, upto, bytes, path) = {
             let w = self.writer.lock().expect("wal writer lock");
-            let f = w.file.try_clone().map_err(|source| WalError::Io {
-                path: w.path.clone(),
-                source,
-            })?;
-            (f, w.written, w.path.clone())
+            if seq <= w.discarded_through {
+                return Err(WalError::Discarded {
+                    path: w.path.clone(),
+                    seq,
+                });
+            }
+            let f = w.file.try_clone().map_err(|e| w.io(e))?;
+            (f, w.written, w.bytes, w.path.clone())
         };
-        file.sync_data()
-            .map_err(|source| WalError::Io { path, source })?;
-        *synced = upto;
-        Ok(())
+        let result = faults::check("wal-fsync").and_then(|_| file.sync_data());
+        let mut w = self.writer.lock().expect("wal writer lock");
+        match result {
+            Ok(()) => {
+                *synced = upto;
+                w.synced_bytes = w.synced_bytes.max(bytes);
+                Ok(())
+            }
+            Err(source) => {
+                w.discard_unsynced();
+                Err(WalError::Io { path, source })
+            }
+        }
     }
 
     /// Start a new segment; returns the first sequence number it will hold. Records
     /// before it can be dropped once a snapshot holds them ([`Wal::drop_before`]).
     pub fn rotate(&self) -> Result<u64, WalError> {
+        let mut synced = self.synced.lock().expect("wal sync lock");
         let mut w = self.writer.lock().expect("wal writer lock");
-        let path = w.path.clone();
-        w.file
-            .sync_all()
-            .map_err(|source| WalError::Io { path, source })?;
+        w.repair()?;
+        let sealed = faults::check("wal-rotate-fsync").and_then(|_| w.file.sync_all());
+        if let Err(source) = sealed {
+            w.discard_unsynced();
+            return Err(w.io(source));
+        }
+        *synced = w.written;
         let next = w.written + 1;
         *w = new_segment(&self.dir, self.tokenizer, next, w.written)?;
         Ok(next)
@@ -392,7 +608,9 @@ impl Wal {
         for (i, (first, path)) in segs.iter().enumerate() {
             let next_first = segs.get(i + 1).map(|s| s.0);
             if *first < first_kept && next_first.is_some_and(|n| n <= first_kept) {
-                std::fs::remove_file(path).map_err(io)?;
+                faults::check("wal-remove")
+                    .and_then(|_| std::fs::remove_file(path))
+                    .map_err(io)?;
             }
         }
         Ok(())
@@ -432,14 +650,23 @@ fn new_segment(
     h.extend_from_slice(&VERSION.to_le_bytes());
     h.extend_from_slice(&tokenizer.vocab_size.to_le_bytes());
     h.extend_from_slice(&tokenizer.vocab_hash.to_le_bytes());
-    file.write_all(&h).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    super::snapshot::sync_dir(dir).map_err(io)?;
+    let created = faults::write_all("wal-new-segment", &mut file, &h)
+        .and_then(|_| file.sync_all())
+        .and_then(|_| super::snapshot::sync_dir(dir));
+    if let Err(source) = created {
+        // A half-made segment holds no record; leaving it would put it ahead of the
+        // segment still in use.
+        let _ = std::fs::remove_file(&path);
+        return Err(WalError::Io { path, source });
+    }
     Ok(Writer {
         file,
         path,
         written,
         bytes: HEADER_LEN,
+        synced_bytes: HEADER_LEN,
+        discarded_through: 0,
+        needs_repair: false,
     })
 }
 
@@ -465,7 +692,8 @@ mod tests {
         assert_eq!(wal.append(a.clone()).unwrap(), 1);
         assert_eq!(wal.append(e.clone()).unwrap(), 2);
         let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
-        let (recs, intact) = read_segment(&path, tok).unwrap();
+        let scan = read_segment(&path, tok).unwrap();
+        let (recs, intact) = (&scan.records, scan.intact_len());
         assert_eq!(
             recs.iter().map(|r| r.op.clone()).collect::<Vec<_>>(),
             vec![a, e]
@@ -474,8 +702,10 @@ mod tests {
         let len = std::fs::metadata(&path).unwrap().len();
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(len - 3).unwrap();
-        let (recs, intact2) = read_segment(&path, tok).unwrap();
+        let scan = read_segment(&path, tok).unwrap();
+        let (recs, intact2) = (&scan.records, scan.intact_len());
         assert_eq!(recs.len(), 1);
+        assert!(scan.damage.is_empty(), "a torn tail is not damage");
         assert!(intact2 < intact);
         let wal = Wal::open(
             dir.path(),
@@ -493,7 +723,7 @@ mod tests {
             .unwrap(),
             2
         );
-        assert_eq!(read_segment(&path, tok).unwrap().0.len(), 2);
+        assert_eq!(read_segment(&path, tok).unwrap().records.len(), 2);
         // Another tokenizer's log is refused.
         let other = TokenizerId {
             vocab_size: 3,
@@ -503,5 +733,86 @@ mod tests {
             read_segment(&path, other),
             Err(WalError::TokenizerMismatch { .. })
         ));
+    }
+    fn append(ns: &str, id: u64) -> WalOp {
+        WalOp::Append {
+            namespace: ns.into(),
+            id,
+            time_ms: 1,
+            tokens: vec![id as u32; 5],
+        }
+    }
+
+    #[test]
+    fn a_bad_record_between_good_ones_is_damage_and_the_good_ones_are_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = TokenizerId::UNKNOWN;
+        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None).unwrap();
+        for id in 1..=5 {
+            wal.append(append("n", id)).unwrap();
+        }
+        let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
+        let clean = std::fs::read(&path).unwrap();
+        let record = (clean.len() - HEADER_LEN as usize) / 5;
+        // Flip one byte inside the second record's payload.
+        let mut bytes = clean.clone();
+        bytes[HEADER_LEN as usize + record + 20] ^= 0x40;
+        let scan = decode_segment(&path, &bytes, tok).unwrap();
+        let ids: Vec<u64> = scan.records.iter().map(|r| r.seq).collect();
+        assert_eq!(ids, vec![1, 3, 4, 5]);
+        assert_eq!(
+            scan.damage,
+            vec![Damage {
+                offset: HEADER_LEN + record as u64,
+                len: record as u64
+            }]
+        );
+        assert_eq!(scan.tail, None);
+        // A flipped length field is found the same way.
+        let mut bytes = clean.clone();
+        bytes[HEADER_LEN as usize + 2 * record + 1] ^= 0x01;
+        let scan = decode_segment(&path, &bytes, tok).unwrap();
+        assert_eq!(scan.records.len(), 4);
+        assert_eq!(scan.damage.len(), 1);
+        // The same bytes in the last record are a torn tail, not damage.
+        let mut bytes = clean.clone();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x40;
+        let scan = decode_segment(&path, &bytes, tok).unwrap();
+        assert_eq!(scan.records.len(), 4);
+        assert!(scan.damage.is_empty());
+        assert_eq!(scan.tail, Some(HEADER_LEN + 4 * record as u64));
+    }
+
+    #[test]
+    fn check_dir_reports_damage_and_a_bad_tail_of_a_sealed_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = TokenizerId::UNKNOWN;
+        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None).unwrap();
+        wal.append(append("n", 1)).unwrap();
+        wal.append(append("n", 2)).unwrap();
+        wal.rotate().unwrap();
+        wal.append(append("n", 3)).unwrap();
+        assert!(check_dir(dir.path(), tok).unwrap().is_clean());
+        let segs = segments(dir.path()).unwrap();
+        // Cut the sealed segment short: its lost tail is damage, since it was fsynced whole.
+        let sealed = &segs[0].1;
+        let len = std::fs::metadata(sealed).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(sealed)
+            .unwrap()
+            .set_len(len - 2)
+            .unwrap();
+        let check = check_dir(dir.path(), tok).unwrap();
+        assert_eq!(check.segments, 2);
+        assert_eq!(check.records, 2);
+        assert_eq!(check.damaged.len(), 1);
+        assert_eq!(&check.damaged[0].0, sealed);
+        let copy = quarantine(dir.path(), sealed).unwrap();
+        assert_eq!(
+            std::fs::read(&copy).unwrap(),
+            std::fs::read(sealed).unwrap()
+        );
     }
 }

@@ -1,0 +1,216 @@
+//! Fault injection: a write, an fsync, a rename or a removal fails, as on a full disk,
+//! at each step of append, snapshot and compaction, once or for a stretch of time.
+//! Afterwards the store must keep working, and a reopen (what a kill -9 would leave:
+//! the store has no shutdown work) must hold every acknowledged append exactly once,
+//! no acknowledged eviction, a log without damage and a snapshot that verifies.
+//!
+//! The failures come from the store's fault points (`src/store/faults.rs`), which the
+//! test build compiles in. They stand in for a full or failing disk, which a test cannot
+//! make happen on demand; `tests/hostile.rs` fills a real file-size limit on a real
+//! server process instead.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use suffixd::store::TokenizerId;
+use suffixd::store::live::{Store, StoreConfig};
+use suffixd::store::wal::{FsyncPolicy, check_dir};
+use suffixd::tree::{Expand, GlobalIndex};
+
+/// Every fault point, with the argument it fails with (bytes written first, for writes).
+const POINTS: &[(&str, &str)] = &[
+    ("wal-write", "0"),
+    ("wal-write", "13"),
+    ("wal-fsync", ""),
+    ("wal-rotate-fsync", ""),
+    ("wal-new-segment", "10"),
+    ("wal-remove", ""),
+    ("snapshot-write", "100"),
+    ("snapshot-fsync", ""),
+    ("snapshot-rename", ""),
+    ("snapshot-dir-fsync", ""),
+    ("manifest-write", "3"),
+    ("manifest-fsync", ""),
+    ("manifest-rename", ""),
+    ("manifest-dir-fsync", ""),
+];
+
+fn cfg(dir: &Path) -> StoreConfig {
+    StoreConfig {
+        dir: dir.into(),
+        max_depth: 8,
+        tokenizer: TokenizerId::UNKNOWN,
+        fsync: FsyncPolicy::Always,
+        budget_tokens: None,
+        max_age_ms: None,
+    }
+}
+
+/// What the store acknowledged.
+#[derive(Default)]
+struct Acked {
+    appends: HashMap<(String, u64), Vec<u32>>,
+    evictions: HashSet<(String, u64)>,
+    /// Evictions that failed: like any write that reports an error, they may or may
+    /// not have happened.
+    maybe_evicted: HashSet<(String, u64)>,
+    failures: usize,
+}
+
+/// Appends (each response starts with a token of its own, so counts show doubles),
+/// evictions of earlier appends, and a snapshot (a compaction, once something was
+/// evicted) every tenth step.
+fn workload(store: &Store, steps: std::ops::Range<u32>, acked: &mut Acked) {
+    for step in steps {
+        let ns = if step % 2 == 0 { "a" } else { "b" };
+        let r = match step % 10 {
+            7 => {
+                let victim = acked
+                    .appends
+                    .keys()
+                    .filter(|k| !acked.evictions.contains(*k) && !acked.maybe_evicted.contains(*k))
+                    .min()
+                    .cloned();
+                match victim {
+                    Some(key) => match store.evict(&key.0, key.1) {
+                        Ok(gone) => {
+                            if gone {
+                                acked.evictions.insert(key);
+                            }
+                            Ok(())
+                        }
+                        Err(e) => {
+                            acked.maybe_evicted.insert(key);
+                            Err(e)
+                        }
+                    },
+                    None => Ok(()),
+                }
+            }
+            9 => store.snapshot().map(|_| ()),
+            _ => {
+                let tokens = vec![1000 + step, 7, 8, 9, step % 5];
+                store.append(ns, &tokens).map(|id| {
+                    acked.appends.insert((ns.to_string(), id), tokens);
+                })
+            }
+        };
+        if r.is_err() {
+            acked.failures += 1;
+        }
+        // No step, failed or not, leaves a bad record that a later one could follow.
+        let log = check_dir(store.dir(), TokenizerId::UNKNOWN).unwrap();
+        assert!(log.is_clean(), "step {step}: {log:?}");
+    }
+}
+
+fn check(dir: &Path, acked: &Acked, what: &str) {
+    let store = Store::open(cfg(dir)).unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
+    let st = store.read();
+    for ((ns, id), tokens) in &acked.appends {
+        let held = st.namespaces.get(ns).and_then(|n| n.tokens_of(*id));
+        if acked.evictions.contains(&(ns.clone(), *id)) {
+            assert_eq!(
+                held, None,
+                "{what}: acknowledged eviction of {ns}/{id} undone"
+            );
+            continue;
+        }
+        if acked.maybe_evicted.contains(&(ns.clone(), *id)) {
+            continue;
+        }
+        assert_eq!(
+            held.as_ref(),
+            Some(tokens),
+            "{what}: acknowledged append {ns}/{id} lost"
+        );
+        let view = st.namespaces[ns].view();
+        let count = view.walk(&tokens[..1]).map_or(0, |c| view.count(&c));
+        assert_eq!(count, 1, "{what}: {ns}/{id} counted {count} times");
+    }
+    drop(st);
+    let v = store.verify().unwrap();
+    assert!(v.ok, "{what}: {v:?}");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(!name.ends_with(".tmp"), "{what}: {name} left behind");
+    }
+}
+
+fn run(point: &str, actions: &str) {
+    let what = format!("{point}={actions}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut acked = Acked::default();
+    {
+        let store = Store::open(cfg(dir.path())).unwrap();
+        workload(&store, 0..10, &mut acked);
+        fail::cfg(point, actions).unwrap();
+        workload(&store, 10..30, &mut acked);
+        fail::remove(point);
+        // The disk is back: the same store works again, without a restart.
+        let before = acked.failures;
+        workload(&store, 30..50, &mut acked);
+        assert_eq!(acked.failures, before, "{what}: the store did not recover");
+    }
+    assert!(
+        acked.failures > 0,
+        "{what}: the fault point was never reached"
+    );
+    check(dir.path(), &acked, &what);
+}
+
+#[test]
+fn every_fault_point_once_and_for_a_stretch_loses_nothing_acknowledged() {
+    let _scenario = fail::FailScenario::setup();
+    for &(point, arg) in POINTS {
+        let task = if arg.is_empty() {
+            "return".to_string()
+        } else {
+            format!("return({arg})")
+        };
+        // The first time, a later time, and every time (a disk that stays full).
+        for actions in [
+            format!("1*{task}"),
+            format!("1*off->1*{task}"),
+            task.clone(),
+        ] {
+            run(point, &actions);
+        }
+    }
+}
+
+#[test]
+fn a_write_whose_cleanup_also_fails_is_cleaned_up_before_the_next_one() {
+    let _scenario = fail::FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let mut acked = Acked::default();
+    {
+        let store = Store::open(cfg(dir.path())).unwrap();
+        workload(&store, 0..5, &mut acked);
+        fail::cfg("wal-write", "1*return(17)").unwrap();
+        fail::cfg("wal-truncate", "1*return").unwrap();
+        assert!(store.append("a", &[1, 2, 3]).is_err());
+        fail::remove("wal-write");
+        fail::remove("wal-truncate");
+        workload(&store, 5..20, &mut acked);
+    }
+    assert_eq!(acked.failures, 0);
+    check(dir.path(), &acked, "wal-write with a failed truncate");
+}
+
+#[test]
+fn a_first_snapshot_left_unpublished_is_ignored_and_the_log_replayed() {
+    let _scenario = fail::FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let mut acked = Acked::default();
+    {
+        let store = Store::open(cfg(dir.path())).unwrap();
+        workload(&store, 0..9, &mut acked);
+        // The snapshot file is complete, but CURRENT is never written (as if killed).
+        fail::cfg("manifest-write", "return(0)").unwrap();
+        assert!(store.snapshot().is_err());
+        fail::remove("manifest-write");
+    }
+    assert!(dir.path().join("snap-000001.sfxd").exists() && !dir.path().join("CURRENT").exists());
+    check(dir.path(), &acked, "unpublished first snapshot");
+}
