@@ -5,142 +5,13 @@
 //!
 //! Set `SUFFIXD_SKIP_MODEL_TESTS=1` to skip on a machine without the model.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{Server, model_present, raw_exchange};
 use serde_json::{Value, json};
-
-const TOKEN: &str = "test-admin-token";
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(dir: &Path) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_suffixd"))
-            .args([
-                "serve",
-                "--addr",
-                &format!("127.0.0.1:{port}"),
-                "--snapshot-dir",
-            ])
-            .arg(dir)
-            .args([
-                "--cost",
-                "flat",
-                "--max-context",
-                "512",
-                "--max-tokens-limit",
-                "256",
-            ])
-            .env("SUFFIXD_ADMIN_TOKEN", TOKEN)
-            .env("CANDLE_NUM_THREADS", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start suffixd serve");
-        let s = Server {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let t = Instant::now();
-        while ureq::get(&format!("{}/v1/models", s.base)).call().is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(120),
-                "server did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        s
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// POST JSON; returns (status, body as JSON).
-    fn post(&self, path: &str, body: &str, admin: bool) -> (u16, Value) {
-        let mut r = ureq::post(&self.url(path)).set("content-type", "application/json");
-        if admin {
-            r = r.set("authorization", &format!("Bearer {TOKEN}"));
-        }
-        answer(r.send_string(body))
-    }
-
-    fn get(&self, path: &str, admin: bool) -> (u16, Value) {
-        let mut r = ureq::get(&self.url(path));
-        if admin {
-            r = r.set("authorization", &format!("Bearer {TOKEN}"));
-        }
-        answer(r.call())
-    }
-
-    /// SIGTERM, and wait for a graceful exit.
-    fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let t = Instant::now();
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(t.elapsed() < Duration::from_secs(60), "no graceful exit");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn answer(r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
-    let resp = match r {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("transport error: {e}"),
-    };
-    let status = resp.status();
-    let text = resp.into_string().unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-/// Send raw bytes to the server and read its answer until it closes the connection.
-fn raw_exchange(base: &str, request: &str) -> String {
-    use std::io::{Read, Write};
-    let addr = base.trim_start_matches("http://");
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    conn.write_all(request.as_bytes()).unwrap();
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).unwrap();
-    answer
-}
-
-fn model_present() -> bool {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return true;
-    }
-    if std::env::var_os("SUFFIXD_SKIP_MODEL_TESTS").is_some() {
-        eprintln!("skipped: no model and SUFFIXD_SKIP_MODEL_TESTS is set");
-        return false;
-    }
-    panic!("the default model is missing: run tools/setup.sh (or set SUFFIXD_SKIP_MODEL_TESTS=1)");
-}
 
 /// Parse an SSE body as an OpenAI client does: `data:` lines, JSON until `[DONE]`.
 fn stream_chat(s: &Server, body: &Value) -> (String, Vec<Value>) {
@@ -302,7 +173,7 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     // client sends it (so a client using `Expect: 100-continue` never has to).
     let head = raw_exchange(
         &s.base,
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
          content-length: 1073741824\r\nconnection: close\r\n\r\n",
     );
     assert!(head.starts_with("HTTP/1.1 413"), "{head}");

@@ -31,6 +31,9 @@ struct FileConfig {
     max_age_s: Option<u64>,
     fsync: Option<FsyncPolicy>,
     snapshot_on_exit: Option<bool>,
+    read_timeout_s: Option<u64>,
+    max_connections: Option<usize>,
+    shutdown_grace_s: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -75,6 +78,17 @@ pub(super) struct ServeArgs {
     /// Largest `max_tokens` accepted [default: 2048].
     #[arg(long)]
     max_tokens_limit: Option<usize>,
+    /// Seconds to wait for a request's headers, and for its body; also the idle limit
+    /// of a kept-alive connection [default: 30].
+    #[arg(long)]
+    read_timeout_s: Option<u64>,
+    /// Most connections open at once; more are closed on arrival [default: 1024].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds requests in flight get to finish after SIGTERM, before they are cancelled
+    /// and the snapshot is written [default: 30].
+    #[arg(long)]
+    shutdown_grace_s: Option<u64>,
 }
 
 fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
@@ -95,6 +109,10 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // When stderr goes to a full disk, tracing would report the failed write with
+        // `eprintln!`, which panics, and take the model thread with it. A lost log line
+        // must not cost a request.
+        .log_internal_errors(false)
         .try_init();
     let file = read_config(a.config.as_deref())?;
     let cfg = ServeConfig {
@@ -126,6 +144,9 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         max_age_s: a.max_age_s.or(file.max_age_s),
         fsync: a.fsync.or(file.fsync).unwrap_or(FsyncPolicy::Always),
         snapshot_on_exit: a.snapshot_on_exit.or(file.snapshot_on_exit).unwrap_or(true),
+        read_timeout_s: a.read_timeout_s.or(file.read_timeout_s).unwrap_or(30),
+        max_connections: a.max_connections.or(file.max_connections).unwrap_or(1024),
+        shutdown_grace_s: a.shutdown_grace_s.or(file.shutdown_grace_s).unwrap_or(30),
     };
     let mut model_args = a.model.clone();
     model_args.model = Some(model_path(

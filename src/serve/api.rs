@@ -17,7 +17,7 @@ use crate::corpus::logs::ChatMessage;
 use crate::verify::engine::{GenerateOptions, Generation, Sampling};
 
 use super::AppState;
-use super::worker::Job;
+use super::worker::{Job, JobError};
 
 /// An OpenAI-style error answer.
 pub struct ApiError {
@@ -47,6 +47,19 @@ impl ApiError {
     }
 }
 
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> Self {
+        match e {
+            JobError::Rejected(m) => ApiError::bad_request(m),
+            JobError::Failed(_) => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            ),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": null, "code": self.code}});
@@ -64,6 +77,110 @@ enum Stop {
     Many(Vec<String>),
 }
 
+/// Who speaks in a chat message. Anything else is refused: a role the template does
+/// not know would be rendered as text the model was never trained on.
+#[derive(Deserialize, Debug, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum Role {
+    System,
+    /// OpenAI's newer name for `system`.
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    fn template_name(self) -> &'static str {
+        match self {
+            Role::System | Role::Developer => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// A message's content: a string, or a list of parts as the OpenAI SDKs and LangChain
+/// send. Only text parts can be served by a text model.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize, Debug)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+/// One chat message of a request. Fields that clients send along with tool calls
+/// (`name`, `tool_calls`, `tool_call_id`) are accepted and not used.
+#[derive(Deserialize, Debug)]
+struct RequestMessage {
+    role: Role,
+    /// `null` for an assistant message that only calls tools.
+    content: Option<Content>,
+}
+
+impl RequestMessage {
+    fn to_template(&self) -> Result<ChatMessage, ApiError> {
+        let content = match &self.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        ("text", None) => {
+                            return Err(ApiError::bad_request("a text content part needs `text`"));
+                        }
+                        (other, _) => {
+                            return Err(ApiError::bad_request(format!(
+                                "content parts of type {other:?} are not supported: this model reads text parts only"
+                            )));
+                        }
+                    }
+                }
+                text
+            }
+        };
+        Ok(ChatMessage {
+            role: self.role.template_name().into(),
+            content,
+        })
+    }
+}
+
+/// `logprobs` is not implemented: `true` (chat) or a count (completions) is refused
+/// rather than silently ignored; `false`, `0` and `null` are accepted.
+fn wants_logprobs(v: &Option<serde_json::Value>) -> bool {
+    match v {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => false,
+        Some(serde_json::Value::Number(n)) => n.as_u64() != Some(0),
+        Some(_) => true,
+    }
+}
+
+/// Longest namespace, in bytes.
+pub const MAX_NAMESPACE_BYTES: usize = 128;
+
+/// A namespace (from `x-suffixd-namespace` or `user`) is 1 to 128 bytes of printable
+/// ASCII without spaces. Anything else is refused, never mapped to another namespace.
+fn check_namespace(ns: &str) -> Result<(), ApiError> {
+    if ns.is_empty() || ns.len() > MAX_NAMESPACE_BYTES || !ns.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(ApiError::bad_request(format!(
+            "a namespace (the x-suffixd-namespace header or `user`) must be 1 to {MAX_NAMESPACE_BYTES} printable ASCII characters without spaces"
+        )));
+    }
+    Ok(())
+}
+
 /// The fields both endpoints share. Unknown fields are refused, so that a typo is an
 /// error and not a silently ignored setting; the accepted no-op fields are those
 /// OpenAI clients commonly send.
@@ -72,7 +189,7 @@ enum Stop {
 struct GenerationRequest {
     model: Option<String>,
     prompt: Option<String>,
-    messages: Option<Vec<ChatMessage>>,
+    messages: Option<Vec<RequestMessage>>,
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
     temperature: Option<f32>,
@@ -89,8 +206,8 @@ struct GenerationRequest {
     stream_options: Option<serde_json::Value>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
-    #[allow(dead_code)]
     logprobs: Option<serde_json::Value>,
+    top_logprobs: Option<serde_json::Value>,
 }
 
 fn unix_s() -> u64 {
@@ -139,7 +256,28 @@ const OVERSIZE_DRAIN_FACTOR: usize = 8;
 /// How long the server keeps draining an oversize body.
 const OVERSIZE_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Read a JSON body of at most `limit` bytes, within `timeout`: a client that stops
+/// sending mid-body gets 408 instead of holding its connection.
 async fn read_json<T: serde::de::DeserializeOwned>(
+    body: Body,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<T, ApiError> {
+    tokio::time::timeout(timeout, read_json_untimed(body, limit))
+        .await
+        .unwrap_or_else(|_| {
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {} s",
+                    timeout.as_secs()
+                ),
+            ))
+        })
+}
+
+async fn read_json_untimed<T: serde::de::DeserializeOwned>(
     body: Body,
     limit: usize,
 ) -> Result<T, ApiError> {
@@ -191,7 +329,8 @@ async fn generate(
     body: Body,
     chat: bool,
 ) -> Result<Response, ApiError> {
-    let req: GenerationRequest = read_json(body, app.cfg.max_body_bytes).await?;
+    let req: GenerationRequest =
+        read_json(body, app.cfg.max_body_bytes, app.read_timeout()).await?;
     if let Some(m) = &req.model
         && *m != app.model_id
     {
@@ -215,18 +354,26 @@ async fn generate(
             "presence and frequency penalties are not supported",
         ));
     }
+    if wants_logprobs(&req.logprobs) || wants_logprobs(&req.top_logprobs) {
+        return Err(ApiError::bad_request(
+            "logprobs are not supported by this server; leave out `logprobs` and `top_logprobs`",
+        ));
+    }
     let text = if chat {
         let messages = req
             .messages
             .as_ref()
             .filter(|m| !m.is_empty())
-            .ok_or_else(|| ApiError::bad_request("`messages` must be a non-empty list"))?;
+            .ok_or_else(|| ApiError::bad_request("`messages` must be a non-empty list"))?
+            .iter()
+            .map(RequestMessage::to_template)
+            .collect::<Result<Vec<_>, _>>()?;
         app.template
             .as_ref()
             .ok_or_else(|| {
                 ApiError::bad_request("this model has no chat template; use /v1/completions")
             })?
-            .render(messages)
+            .render(&messages)
             .map_err(ApiError::bad_request)?
     } else {
         if req.messages.is_some() {
@@ -257,6 +404,19 @@ async fn generate(
             app.cfg.max_tokens_limit
         )));
     }
+    // No token is longer than the tokenizer's longest, so a text this long cannot fit:
+    // refuse it before tokenizing costs time and memory.
+    let most_bytes = app
+        .context_len
+        .saturating_mul(app.tokenizer.max_token_bytes());
+    if text.len() > most_bytes {
+        return Err(ApiError::bad_request(format!(
+            "this model's maximum context length is {} tokens, and a prompt of {} bytes cannot fit in it",
+            app.context_len,
+            text.len()
+        ))
+        .code("context_length_exceeded"));
+    }
     let prompt = app
         .tokenizer
         .encode_text(&text)
@@ -270,17 +430,16 @@ async fn generate(
         ))
         .code("context_length_exceeded"));
     }
-    let namespace = headers
-        .get("x-suffixd-namespace")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or(req.user.clone())
-        .unwrap_or_else(|| "default".into());
-    if namespace.is_empty() || namespace.len() > 128 {
-        return Err(ApiError::bad_request(
-            "the namespace (user) must be 1 to 128 bytes",
-        ));
-    }
+    let namespace = match headers.get("x-suffixd-namespace") {
+        Some(v) => v
+            .to_str()
+            .map_err(|_| {
+                ApiError::bad_request("the x-suffixd-namespace header must be printable ASCII")
+            })?
+            .to_string(),
+        None => req.user.clone().unwrap_or_else(|| "default".into()),
+    };
+    check_namespace(&namespace)?;
     let stop = match req.stop {
         Stop::None => vec![],
         Stop::One(s) => vec![s],
@@ -328,11 +487,7 @@ async fn generate(
         Ok(Ok(g)) => g,
         Ok(Err(e)) => {
             app.metrics.record_error();
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e,
-            ));
+            return Err(e.into());
         }
         Err(_) => {
             app.metrics.record_error();
@@ -383,7 +538,7 @@ fn stream_response(
     id: String,
     chat: bool,
     mut tokens: mpsc::UnboundedReceiver<Vec<u32>>,
-    done: oneshot::Receiver<Result<Generation, String>>,
+    done: oneshot::Receiver<Result<Generation, JobError>>,
 ) -> impl IntoResponse {
     let object = if chat {
         "chat.completion.chunk"
@@ -432,7 +587,11 @@ fn stream_response(
             }
             Ok(Err(e)) => {
                 app.metrics.record_error();
-                yield Ok(Event::default().data(json!({"error": {"message": e, "type": "server_error"}}).to_string()));
+                let kind = match e {
+                    JobError::Rejected(_) => "invalid_request_error",
+                    JobError::Failed(_) => "server_error",
+                };
+                yield Ok(Event::default().data(json!({"error": {"message": e.to_string(), "type": kind}}).to_string()));
             }
             Err(_) => {}
         }
@@ -530,7 +689,7 @@ pub async fn admin_evict(
     if let Err(e) = authorize(&app, &headers) {
         return e.into_response();
     }
-    let req: EvictRequest = match read_json(body, 64 << 10).await {
+    let req: EvictRequest = match read_json(body, 64 << 10, app.read_timeout()).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -543,7 +702,8 @@ pub async fn admin_evict(
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64);
-                store.evict_unused_since(now.saturating_sub(s * 1000))
+                // An age past the epoch evicts nothing, however large.
+                store.evict_unused_since(now.saturating_sub(s.saturating_mul(1000)))
             }
             _ => Ok(usize::MAX),
         })
@@ -576,7 +736,7 @@ pub async fn admin_verify(State(app): State<Arc<AppState>>, headers: HeaderMap) 
     }
     let store = app.store.clone();
     match tokio::task::spawn_blocking(move || store.verify()).await {
-        Ok(Ok(path)) => Json(json!({"ok": true, "snapshot": path})).into_response(),
+        Ok(Ok(report)) => Json(report).into_response(),
         Ok(Err(e)) => (
             StatusCode::OK,
             Json(json!({"ok": false, "error": e.to_string()})),
@@ -602,6 +762,16 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
         c.snapshots,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// A known path with a method it does not take.
+pub async fn method_not_allowed() -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "this endpoint does not take that method (completions and admin changes are POST; models, stats, jobs and metrics are GET)",
+    )
+    .into_response()
 }
 
 /// Any other path.

@@ -6,6 +6,7 @@
 //! warm-start logs are configured, build one from them first; then replay the WAL.
 
 pub mod api;
+pub mod http;
 pub mod metrics;
 pub mod worker;
 
@@ -57,6 +58,13 @@ pub struct ServeConfig {
     pub fsync: FsyncPolicy,
     /// Write a snapshot on graceful shutdown.
     pub snapshot_on_exit: bool,
+    /// Longest wait for a request's headers, and separately for its body; also how
+    /// long a kept-alive connection may sit idle.
+    pub read_timeout_s: u64,
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// Seconds requests in flight get to finish after SIGTERM before they are cancelled.
+    pub shutdown_grace_s: u64,
 }
 
 /// Shared by every handler.
@@ -88,6 +96,11 @@ impl AppState {
     /// A fresh id for responses and jobs.
     pub fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// How long a request body may take to arrive.
+    pub fn read_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.cfg.read_timeout_s.max(1))
     }
 
     /// Start a snapshot (which also compacts) on its own thread; returns the job id.
@@ -126,6 +139,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/admin/verify", get(api::admin_verify))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .with_state(app)
 }
 
@@ -211,6 +225,16 @@ pub fn serve(
         stats["cached_tokens"],
         store.counters().replayed
     );
+    {
+        // Opening read the snapshot's frame only; read the rest off the request path.
+        let store = store.clone();
+        std::thread::Builder::new()
+            .name("verify".into())
+            .spawn(move || match store.verify_base() {
+                Ok(()) => tracing::debug!("snapshot verified"),
+                Err(e) => tracing::error!("{e}"),
+            })?;
+    }
     let metrics = Arc::new(metrics::Metrics::default());
     let (tx, rx) = crossbeam::channel::unbounded();
     metrics.publish_cost_curve(engine.cost_curve());
@@ -237,6 +261,11 @@ pub fn serve(
         jobs_status: Mutex::new(HashMap::new()),
         ids: AtomicU64::new(1),
     });
+    let limits = http::HttpLimits {
+        read_timeout: std::time::Duration::from_secs(cfg.read_timeout_s.max(1)),
+        max_connections: cfg.max_connections,
+        shutdown_grace: std::time::Duration::from_secs(cfg.shutdown_grace_s),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -249,14 +278,13 @@ pub fn serve(
                 source,
             })?;
         tracing::info!("listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, router(app.clone()))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        http::serve_http(listener, router(app.clone()), limits, shutdown_signal()).await;
         Ok::<(), ServeError>(())
     })?;
-    tracing::info!("shutting down: finishing the request in progress");
     drop(app);
-    // The model thread ends when the last job sender (in the app state) is gone.
+    // Dropping the tasks still running drops their requests, which cancels their
+    // generations, and the last job senders: the model thread then ends.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     let _ = worker.join();
     if cfg.snapshot_on_exit {
         match store.snapshot() {

@@ -7,6 +7,7 @@
 //! workers (the quantized matmul spins its own thread pool).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -15,6 +16,7 @@ use crate::store::LayeredCursor;
 use crate::store::live::Store;
 use crate::tree::{GlobalIndex, GlobalTree, RequestTree};
 use crate::verify::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence};
+use crate::verify::model::ModelError;
 
 use super::metrics::Metrics;
 
@@ -29,7 +31,30 @@ pub struct Job {
     /// New tokens as they are accepted.
     pub tokens: mpsc::UnboundedSender<Vec<u32>>,
     /// The result.
-    pub done: oneshot::Sender<Result<Generation, String>>,
+    pub done: oneshot::Sender<Result<Generation, JobError>>,
+}
+
+/// Why a job ended without a generation.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum JobError {
+    /// The request cannot run as given: the client's to fix (an answer 400).
+    #[error("{0}")]
+    Rejected(String),
+    /// The model failed on this request (an answer 500). The client gets only the
+    /// incident number: the error itself, which may carry a backtrace and source paths,
+    /// goes to the server log under it.
+    #[error("the model failed on this request; the server log has the details under incident {0}")]
+    Failed(u64),
+}
+
+impl JobError {
+    /// Log a model error under a fresh incident number.
+    fn failed(what: &str, e: &ModelError) -> Self {
+        static INCIDENTS: AtomicU64 = AtomicU64::new(1);
+        let incident = INCIDENTS.fetch_add(1, Ordering::Relaxed);
+        tracing::error!("incident {incident}: {what}: {e}");
+        JobError::Failed(incident)
+    }
 }
 
 /// Drafts from the store: the namespace's base + delta − evicted view, read under the
@@ -125,8 +150,11 @@ pub fn run(
                         },
                         job,
                     }),
+                    Err(e @ (ModelError::BadPrompt(_) | ModelError::ContextFull { .. })) => {
+                        let _ = job.done.send(Err(JobError::Rejected(e.to_string())));
+                    }
                     Err(e) => {
-                        let _ = job.done.send(Err(e.to_string()));
+                        let _ = job.done.send(Err(JobError::failed("start", &e)));
                     }
                 },
                 Err(crossbeam::channel::TryRecvError::Empty) => break,
@@ -157,12 +185,29 @@ pub fn run(
                 metrics.publish_cost_curve(engine.cost_curve());
             }
             Err(e) => {
-                // A failed pass fails every request in it; the next ones start afresh.
-                tracing::error!("generation step failed: {e}");
-                for slot in slots.drain(..) {
-                    let _ = slot.job.done.send(Err(e.to_string()));
+                // The pass as a whole failed: find which requests fail alone, answer
+                // those, and let the others go on. A failed pass commits nothing to a
+                // cache, so stepping each again is safe.
+                tracing::warn!(
+                    "a batched step of {} requests failed ({e}); stepping each alone",
+                    slots.len()
+                );
+                let mut i = 0;
+                while i < slots.len() {
+                    let slot = &mut slots[i];
+                    let alone =
+                        engine.step(&mut [(&mut slot.seq, &mut slot.drafter as &mut dyn Drafter)]);
+                    match alone {
+                        Ok(report) => {
+                            metrics.record_step(&report);
+                            i += 1;
+                        }
+                        Err(e) => {
+                            let slot = slots.swap_remove(i);
+                            let _ = slot.job.done.send(Err(JobError::failed("step", &e)));
+                        }
+                    }
                 }
-                continue;
             }
         }
         for slot in &mut slots {

@@ -606,10 +606,13 @@ impl Engine {
     /// with [`Engine::step`] until [`Sequence::is_finished`], then [`Engine::finish`].
     pub fn start(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<Sequence, ModelError> {
         if prompt.is_empty() {
-            return Err(ModelError::Format {
-                path: "prompt".into(),
-                message: "the prompt is empty".into(),
-            });
+            return Err(ModelError::BadPrompt("the prompt is empty".into()));
+        }
+        let vocab = self.model.config().vocab;
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::BadPrompt(format!(
+                "token id {bad} is outside the model's vocabulary of {vocab}"
+            )));
         }
         if prompt.len() >= self.context_len() {
             return Err(ModelError::ContextFull {
@@ -670,8 +673,15 @@ impl Engine {
             } else {
                 let draft = if seq.opts.speculate {
                     let t = Instant::now();
-                    let d = drafter.draft(&seq.request, &seq.context);
+                    let mut d = drafter.draft(&seq.request, &seq.context);
                     report.draft_s.push(t.elapsed().as_secs_f64());
+                    // A damaged cache may hold ids the model does not have: they cost
+                    // a draft, never the pass (children follow their parents, so a
+                    // cut at the first bad one keeps a tree).
+                    let vocab = self.model.config().vocab;
+                    if let Some(bad) = d.tokens.iter().position(|&t| t as usize >= vocab) {
+                        d.truncate(bad);
+                    }
                     d
                 } else {
                     Draft::default()

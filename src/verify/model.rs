@@ -46,6 +46,9 @@ pub enum ModelError {
         /// Capacity.
         capacity: usize,
     },
+    /// The prompt cannot run (empty, or holding ids the model does not have).
+    #[error("bad prompt: {0}")]
+    BadPrompt(String),
     /// A tensor operation failed.
     #[error("model computation failed: {0}")]
     Candle(#[from] candle_core::Error),

@@ -38,6 +38,8 @@ pub enum TokenizerError {
 pub struct ModelTokenizer {
     inner: tokenizers::Tokenizer,
     identity: TokenizerId,
+    /// Bytes of the longest vocabulary entry: no token covers more text than that.
+    max_token_bytes: usize,
 }
 
 /// GGUF token type of control tokens.
@@ -132,7 +134,14 @@ impl ModelTokenizer {
         let mut vocab: Vec<(String, u32)> = inner.get_vocab(true).into_iter().collect();
         vocab.sort_by_key(|(_, id)| *id);
         let identity = TokenizerId::of_vocab(vocab.iter().map(|(s, _)| s.as_str()));
-        Self { inner, identity }
+        // A vocabulary entry spells its text with at least one byte per byte it covers
+        // (byte-level BPE: one char per byte; SentencePiece: `▁` for a space).
+        let max_token_bytes = vocab.iter().map(|(s, _)| s.len()).max().unwrap_or(1).max(1);
+        Self {
+            inner,
+            identity,
+            max_token_bytes,
+        }
     }
 
     /// Token ids of `text`. Special-token strings in it (`<|im_start|>`) become their ids.
@@ -159,6 +168,11 @@ impl ModelTokenizer {
     /// The id of the token spelled `token`, if the vocabulary has it.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// An upper bound on the bytes of text one token covers.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
     }
 
     /// Vocabulary size, special tokens included.

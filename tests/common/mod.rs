@@ -1,0 +1,193 @@
+//! The harness of the tests that run `suffixd serve` as a real process on loopback with
+//! the real model, and talk to it over real HTTP.
+
+#![allow(dead_code, reason = "each test binary uses a different part")]
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The admin token the servers are started with.
+pub const TOKEN: &str = "test-admin-token";
+
+/// Whether the default model is installed; without it, panic unless the environment
+/// asks to skip model tests.
+pub fn model_present() -> bool {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        return true;
+    }
+    if std::env::var_os("SUFFIXD_SKIP_MODEL_TESTS").is_some() {
+        eprintln!("skipped: no model and SUFFIXD_SKIP_MODEL_TESTS is set");
+        return false;
+    }
+    panic!("the default model is missing: run tools/setup.sh (or set SUFFIXD_SKIP_MODEL_TESTS=1)");
+}
+
+/// A running `suffixd serve`.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    log: tempfile::NamedTempFile,
+}
+
+impl Server {
+    /// Start on `dir` with the test defaults.
+    pub fn start(dir: &Path) -> Server {
+        Self::start_with(dir, &[], false)
+    }
+
+    /// Start on `dir` with `extra` flags. `ignore_file_size_signal`: start it with
+    /// SIGXFSZ ignored, so that a file-size limit makes writes fail (as a full disk
+    /// does) instead of killing the process.
+    pub fn start_with(dir: &Path, extra: &[&str], ignore_file_size_signal: bool) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut cmd = if ignore_file_size_signal {
+            let mut c = Command::new("sh");
+            c.args(["-c", "trap '' XFSZ; exec \"$0\" \"$@\""])
+                .arg(env!("CARGO_BIN_EXE_suffixd"));
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_suffixd"))
+        };
+        let child = cmd
+            .args([
+                "serve",
+                "--addr",
+                &format!("127.0.0.1:{port}"),
+                "--snapshot-dir",
+            ])
+            .arg(dir)
+            .args([
+                "--cost",
+                "flat",
+                "--max-context",
+                "512",
+                "--max-tokens-limit",
+                "256",
+            ])
+            .args(extra)
+            .env("SUFFIXD_ADMIN_TOKEN", TOKEN)
+            .env("CANDLE_NUM_THREADS", "1")
+            .stdout(Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .expect("start suffixd serve");
+        let mut s = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        };
+        let t = Instant::now();
+        while ureq::get(&format!("{}/v1/models", s.base)).call().is_err() {
+            if let Some(status) = s.child.try_wait().unwrap() {
+                panic!("server exited with {status}: {}", s.log());
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "server did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        s
+    }
+
+    /// What the server has written to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// POST JSON; returns (status, body as JSON).
+    pub fn post(&self, path: &str, body: &str, admin: bool) -> (u16, Value) {
+        let mut r = ureq::post(&self.url(path)).set("content-type", "application/json");
+        if admin {
+            r = r.set("authorization", &format!("Bearer {TOKEN}"));
+        }
+        answer(r.send_string(body))
+    }
+
+    pub fn get(&self, path: &str, admin: bool) -> (u16, Value) {
+        let mut r = ureq::get(&self.url(path));
+        if admin {
+            r = r.set("authorization", &format!("Bearer {TOKEN}"));
+        }
+        answer(r.call())
+    }
+
+    /// SIGTERM; returns how long the process took to exit (at most `limit`).
+    pub fn terminate(&mut self, limit: Duration) -> Duration {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let t = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(
+                t.elapsed() < limit,
+                "no exit within {limit:?}: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        t.elapsed()
+    }
+
+    /// SIGTERM, and wait for a graceful exit.
+    pub fn stop(mut self) {
+        self.terminate(Duration::from_secs(60));
+    }
+
+    /// SIGKILL: no shutdown work at all.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Status and JSON body of a ureq answer.
+pub fn answer(r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
+    let resp = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("transport error: {e}"),
+    };
+    let status = resp.status();
+    let text = resp.into_string().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Send raw bytes to the server and read its answer until it closes the connection.
+pub fn raw_exchange(base: &str, request: &[u8]) -> String {
+    let addr = base.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    conn.write_all(request).unwrap();
+    let mut answer = Vec::new();
+    let _ = conn.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
