@@ -82,6 +82,8 @@ fn a_disk_that_fills_and_frees_loses_no_acknowledged_append() {
         complete(&s, &format!("Name a color, take {i}:"), 8);
     }
     assert_eq!(cached_sequences(&s), 2);
+    let (_, stats) = s.get("/admin/stats", true);
+    assert_eq!(stats["counters"]["append_failures"], 3, "{stats}");
     assert_eq!(
         std::fs::metadata(&segment).unwrap().len(),
         full - 20,

@@ -179,6 +179,9 @@ pub struct StoreCounters {
     pub snapshots: u64,
     /// WAL records replayed at start.
     pub replayed: u64,
+    /// Appends that failed (a full or failing disk): those responses were served but
+    /// not cached.
+    pub append_failures: u64,
 }
 
 /// The live store.
@@ -482,12 +485,16 @@ impl Store {
     /// (with the default fsync policy). Returns its sequence id.
     pub fn append(&self, namespace: &str, tokens: &[u32]) -> Result<u64, StoreError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.commit(WalOp::Append {
+        let committed = self.commit(WalOp::Append {
             namespace: namespace.into(),
             id,
             time_ms: now_ms(),
             tokens: tokens.to_vec(),
-        })?;
+        });
+        if committed.is_err() {
+            self.counters.lock().expect("counters").append_failures += 1;
+        }
+        committed?;
         self.counters.lock().expect("counters").appended += 1;
         self.enforce_budget()?;
         Ok(id)
