@@ -91,6 +91,10 @@ fn simulate_json_has_the_contract_keys_and_consistent_figures() {
             ] {
                 assert!(r.get(key).is_some(), "{mode} {shape}: missing {key}");
             }
+            // The per-call distribution: ordered, and the mean lies within it.
+            let q = |k: &str| r[k].as_f64().unwrap();
+            assert!(q("spec_us_p50") <= q("spec_us_p99") && q("spec_us_p99") <= q("spec_us_max"));
+            assert!(q("spec_us_per_call") <= q("spec_us_max") && q("spec_us_max") > 0.0);
             let steps = r["steps"].as_u64().unwrap();
             let generated = r["generated_tokens"].as_u64().unwrap();
             let accepted = r["accepted_tokens"].as_u64().unwrap();

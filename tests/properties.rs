@@ -390,9 +390,44 @@ proptest! {
         let split = prompt.len() / 2;
         let mut r = RequestTree::new(&prompt[..split], params.request_depth());
         r.extend(&prompt[split..]);
-        let fast = Speculator::new().speculate(Some(&r), &t, &prompt, &params);
+        let mut bounded = Speculator::new();
+        let fast = bounded.speculate(Some(&r), &t, &prompt, &params);
         let slow = Speculator::exhaustive().speculate(Some(&r), &t, &prompt, &params);
-        prop_assert_eq!(fast, slow);
+        // Exact wherever the search ended under its bound on drafts grown.
+        if !bounded.last_call_work().1 {
+            prop_assert_eq!(fast, slow);
+        }
+    }
+
+    #[test]
+    fn repetitive_contexts_grow_a_bounded_number_of_drafts_and_stay_exact_under_it(
+        pattern in prop::collection::vec(0..VOCAB, 1..8),
+        repeats in 2usize..60,
+        reply in 0usize..40,
+        seqs in seqs_strategy(),
+        tree in any::<bool>(),
+    ) {
+        // A prompt that repeats a short pattern, and a reply that goes on repeating it:
+        // every match length has a bound above the best score.
+        let prompt: Vec<u32> = pattern.iter().copied().cycle().take(pattern.len() * repeats).collect();
+        let context: Vec<u32> = prompt.iter().chain(pattern.iter().cycle().take(reply)).copied().collect();
+        let t = global_tree(&seqs, 8);
+        let mut params = paper(8, 32, 0.1, tree);
+        params.mode = SpecMode::Extended;
+        let mut r = RequestTree::new(&prompt, params.request_depth());
+        r.extend(&context[prompt.len()..]);
+        let mut bounded = Speculator::new();
+        let fast = bounded.speculate(Some(&r), &t, &context, &params);
+        let (grown, capped) = bounded.last_call_work();
+        // Three searches at most (request tree, global tree, both), each capped.
+        prop_assert!(grown <= 3 * suffixd::speculate::MAX_GROWN_PER_CALL, "{grown} drafts grown");
+        let mut exhaustive = Speculator::exhaustive();
+        let slow = exhaustive.speculate(Some(&r), &t, &context, &params);
+        if !capped {
+            prop_assert_eq!(&fast, &slow);
+        }
+        // Capped or not, it never scores above the exhaustive search's best.
+        prop_assert!(fast.score <= slow.score + 1e-4);
     }
 
     #[test]
@@ -648,4 +683,34 @@ proptest! {
             check(&|p, m| read(&view, p, m))?;
         }
     }
+}
+
+/// The adversarial case of the bound: a 16,000-token run of one token, with a reply that
+/// goes on with it. Unbounded, the search grows a long draft for dozens of match lengths
+/// per call; bounded, at most a few times `MAX_GROWN_PER_CALL`, and it still drafts the run.
+#[test]
+fn a_long_run_of_one_token_grows_a_bounded_number_of_drafts() {
+    use suffixd::speculate::MAX_GROWN_PER_CALL;
+    let prompt = vec![7u32; 16_000];
+    let mut r = RequestTree::new(&prompt, SpecParams::default().request_depth());
+    let t = suffixd::tree::GlobalTree::new(24).unwrap();
+    let mut s = Speculator::new();
+    let mut unbounded = Speculator::exhaustive();
+    let mut context = prompt.clone();
+    let mut capped_calls = 0;
+    for _ in 0..20 {
+        let d = s.speculate(Some(&r), &t, &context, &SpecParams::default());
+        let (grown, capped) = s.last_call_work();
+        assert!(grown <= 3 * MAX_GROWN_PER_CALL, "{grown} drafts grown");
+        capped_calls += capped as usize;
+        assert!(!d.is_empty() && d.tokens.iter().all(|&x| x == 7));
+        unbounded.speculate(Some(&r), &t, &context, &SpecParams::default());
+        assert!(
+            unbounded.last_call_work().0 > grown,
+            "the bound did not bind"
+        );
+        r.extend(&[7]);
+        context.push(7);
+    }
+    assert!(capped_calls > 0);
 }

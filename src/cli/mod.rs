@@ -177,8 +177,11 @@ fn run_simulate(a: SimulateArgs) -> anyhow::Result<()> {
         r.tokens_per_step, r.acceptance_rate, r.mean_draft_size, r.steps
     );
     println!(
-        "speculate {:.3} us/call  update {:.3} us/token (step {:.3}, append {:.3}; evict {:.3})  warm-up {:.3} s  cached {} tokens  {:.1} B/token resident ({:.1} heap)",
+        "speculate {:.3} us/call (p50 {:.1}, p99 {:.1}, max {:.1})  update {:.3} us/token (step {:.3}, append {:.3}; evict {:.3})  warm-up {:.3} s  cached {} tokens  {:.1} B/token resident ({:.1} heap)",
         r.spec_us_per_call,
+        r.spec_us_p50,
+        r.spec_us_p99,
+        r.spec_us_max,
         r.update_us_per_token,
         r.step_update_us_per_token,
         r.append_us_per_token,

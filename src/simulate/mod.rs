@@ -99,6 +99,12 @@ pub struct SimulateReport {
     /// figure to set beside it; `spec_us_per_call` is the cold one that decoding pays.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec_replay_us_per_call: Option<f64>,
+    /// Median wall time of one speculation call.
+    pub spec_us_p50: f64,
+    /// 99th percentile of one speculation call: the tail that a mean hides.
+    pub spec_us_p99: f64,
+    /// The slowest speculation call.
+    pub spec_us_max: f64,
     /// Wall time learning generated tokens, per generated token: extending the request
     /// tree at every step plus appending the finished response to the global tree. This
     /// is what the reference times as its update (its `add_active_response` extends both
@@ -378,6 +384,8 @@ pub fn simulate(
     let mut spec = Speculator::<LayeredCursor>::default();
     let (mut spec_ns, mut step_ns, mut append_ns, mut evict_ns) = (0u128, 0u128, 0u128, 0u128);
     let mut replay_ns = 0u128;
+    // Every call's time, for the distribution: a few bytes per step.
+    let mut call_ns: Vec<u64> = Vec::new();
     let (mut nonempty, mut from_request, mut from_both) = (0u64, 0u64, 0u64);
     let mut per_req = 0.0f64;
     let test_start = Instant::now();
@@ -399,7 +407,9 @@ pub fn simulate(
             let mut replay = cfg.replay_timing.then(|| spec.clone());
             let t = Instant::now();
             let draft = cache.speculate(&mut spec, &request, &context, &params);
-            spec_ns += t.elapsed().as_nanos();
+            let took = t.elapsed().as_nanos();
+            spec_ns += took;
+            call_ns.push(took as u64);
             if let Some(replay) = &mut replay {
                 let t = Instant::now();
                 let again = cache.speculate(replay, &request, &context, &params);
@@ -456,6 +466,14 @@ pub fn simulate(
     report.mean_draft_size = report.drafted_tokens as f64 / steps;
     report.spec_us_per_call = spec_ns as f64 / 1e3 / steps;
     report.spec_replay_us_per_call = cfg.replay_timing.then(|| replay_ns as f64 / 1e3 / steps);
+    call_ns.sort_unstable();
+    let quantile = |q: f64| {
+        let i = ((call_ns.len() as f64 * q).ceil() as usize).clamp(1, call_ns.len().max(1)) - 1;
+        call_ns.get(i).map_or(0.0, |&ns| ns as f64 / 1e3)
+    };
+    report.spec_us_p50 = quantile(0.5);
+    report.spec_us_p99 = quantile(0.99);
+    report.spec_us_max = call_ns.last().map_or(0.0, |&ns| ns as f64 / 1e3);
     let per_token = |ns: u128| ns as f64 / 1e3 / report.generated_tokens.max(1) as f64;
     report.update_us_per_token = per_token(step_ns + append_ns);
     report.step_update_us_per_token = per_token(step_ns);

@@ -45,6 +45,13 @@ use merged::Merged;
 /// back it follows a unique global occurrence.
 pub const EXTENDED_WINDOW: usize = 64;
 
+/// Most drafts grown for one candidate set (one source) in one call. The candidates
+/// are tried from the best upper bound down; on ordinary text a few need growing before
+/// the rest are ruled out by their bound, but on repetitive text (a run of one token, a
+/// short period) dozens of match lengths have bounds above the best score and each
+/// grows the same long draft. Beyond this many, the best found so far is kept.
+pub const MAX_GROWN_PER_CALL: usize = 8;
+
 /// Which algorithm to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -245,6 +252,11 @@ struct Scratch {
     order: Vec<(usize, usize)>,
     /// The request tree's candidate p (up to [`EXTENDED_WINDOW`] of them).
     candidates: Vec<usize>,
+    /// Drafts grown in the current call, over every search.
+    grown: usize,
+    /// Whether a search of the current call stopped at [`MAX_GROWN_PER_CALL`] with
+    /// candidates left whose bound could still win.
+    capped: bool,
 }
 
 /// The global-tree positions N_1, N_2, … of the last p context tokens, for one context.
@@ -532,6 +544,13 @@ impl<C: Clone> Speculator<C> {
         self
     }
 
+    /// Drafts grown by the last call, and whether [`MAX_GROWN_PER_CALL`] cut one of its
+    /// searches short (tests check the bound, and that an uncut search is exact).
+    #[doc(hidden)]
+    pub fn last_call_work(&self) -> (usize, bool) {
+        (self.drafts.grown, self.drafts.capped)
+    }
+
     /// The best draft for `context` from both trees. `context` is the request's prompt
     /// followed by the tokens generated so far.
     pub fn speculate<G: GlobalIndex<Cursor = C>>(
@@ -558,6 +577,8 @@ impl<C: Clone> Speculator<C> {
         // large and cold. Its first loads are issued now so that they arrive while the
         // request tree is matched, unless the last call did not search it: the call
         // after a skipped search usually skips it too.
+        self.drafts.grown = 0;
+        self.drafts.capped = false;
         let early = (!self.skipped_global).then(|| self.global.prefetch(global, context));
         let local_pmax = match request {
             Some(r) => self.match_request(r, context, params),
@@ -864,7 +885,9 @@ impl<C: Clone> Speculator<C> {
 /// p cannot win), from the largest upper bound down, skipping any p whose bound cannot
 /// beat the best so far, nor reach `floor` (the score of a draft found elsewhere that
 /// wins ties). `bound(p)` must be at least the score `eval(p)` can give.
-/// With `exhaustive`, every p is tried, as the reference loop does.
+/// With `exhaustive`, every p is tried, as the reference loop does. Otherwise at most
+/// [`MAX_GROWN_PER_CALL`] drafts are grown: the result is the exhaustive one whenever
+/// the search ends before that (`capped` stays false), and the best of those grown after.
 ///
 /// `eval(p, floor, d)` grows the draft for `p` into `d` (cleared, its buffers reused),
 /// or returns false where `p` has no match. It may stop growing once the draft's score
@@ -879,12 +902,18 @@ fn best_over_p(
     mut eval: impl FnMut(usize, f32, &mut Draft) -> bool,
 ) {
     let Scratch {
-        best, next, order, ..
+        best,
+        next,
+        order,
+        grown: grown_in_call,
+        capped,
+        ..
     } = drafts;
     best.clear();
     if exhaustive {
         // The reference loop: every p, ties to the larger.
         for p in 1..=p_max {
+            *grown_in_call += 1;
             if eval(p, 0.0, next) && next.score >= best.score && !next.is_empty() {
                 std::mem::swap(best, next);
             }
@@ -895,11 +924,18 @@ fn best_over_p(
     order.extend(candidates.into_iter().map(|p| (bound(p), p)));
     order.sort_unstable_by(|a, b| b.cmp(a));
     let mut best_p = 0;
+    let mut grown = 0;
     for &(b, p) in order.iter() {
         let b = b as f32;
         if b < best.score || (b == best.score && p < best_p) || b == 0.0 || b < floor {
             continue;
         }
+        if grown == MAX_GROWN_PER_CALL {
+            *capped = true;
+            break;
+        }
+        grown += 1;
+        *grown_in_call += 1;
         if eval(p, best.score.max(floor), next)
             && (next.score > best.score
                 || (next.score == best.score && p > best_p && !next.is_empty()))

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Speculation cost on repetitive text (issue 21), against the reference in one run:
+# runs of one token, a short period repeated, replies that fall into a loop, and a
+# synthetic agentic pipeline. Prints, per stream, suffixd's mean, p50, p99 and slowest
+# speculation call and tokens/step for each BINARY (default: this checkout's release
+# build), and the peer's native speculation time and tokens/step.
+#
+#   tools/spec-adversarial.sh [BINARY...]        (SHAPE=linear|tree, MODE=extended|paper)
+#
+# Streams are written once to target/spec-adversarial/ (tools/make-repetitive-streams.py
+# with ShareGPT test prompts for the loops, tools/make-agentic-workload.py); the first
+# three use 4,000 ShareGPT responses as the warm cache, the agentic one its own 1,200.
+# The peer is built as tools/compare-peer.sh builds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED="${SHARED:-../shared}"
+SHAPE="${SHAPE:-linear}"
+MODE="${MODE:-extended}"
+DATA="$SHARED/data/sharegpt"
+PEER_HOME="${PEER_HOME:-$HOME/.cache/suffixd-peer}"
+PEER_PY="$PEER_HOME/.venv/bin/python"
+OUT=target/spec-adversarial
+mkdir -p "$OUT"
+BINS=("$@")
+if [ ${#BINS[@]} -eq 0 ]; then
+    cargo build --release --quiet
+    BINS=(target/release/suffixd)
+fi
+if ! "$PEER_PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+    echo "== building the peer" >&2
+    PEER_HOME="$PEER_HOME" bash "$SHARED/peer/build_arctic.sh" >&2
+fi
+zst() { "$PEER_PY" -c "import sys, zstandard; open(sys.argv[2], 'wb').write(zstandard.ZstdCompressor().compress(open(sys.argv[1], 'rb').read()))" "$1" "$2"; }
+if [ ! -f "$OUT/agentic-warm.jsonl.zst" ]; then
+    "$PEER_PY" -c "import sys, zstandard; sys.stdout.buffer.write(zstandard.ZstdDecompressor().stream_reader(open(sys.argv[1], 'rb')).read())" \
+        "$DATA/test.jsonl.zst" > "$OUT/sharegpt-test.jsonl"
+    python3 tools/make-repetitive-streams.py --kind runs --out "$OUT/runs.jsonl"
+    python3 tools/make-repetitive-streams.py --kind periods --out "$OUT/periods.jsonl"
+    python3 tools/make-repetitive-streams.py --kind loops --base "$OUT/sharegpt-test.jsonl" --out "$OUT/loops.jsonl"
+    python3 tools/make-agentic-workload.py --tasks 100 --out "$OUT/agentic.jsonl" --seed 2
+    python3 tools/make-agentic-workload.py --tasks 400 --out "$OUT/agentic-warm.jsonl" --seed 1
+    for f in runs periods loops agentic agentic-warm; do zst "$OUT/$f.jsonl" "$OUT/$f.jsonl.zst"; done
+fi
+for s in runs periods loops agentic; do
+    if [ "$s" = agentic ]; then warm="$OUT/agentic-warm.jsonl.zst"; n=1200; else warm="$DATA/train.jsonl.zst"; n=4000; fi
+    "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$warm" --test-file "$OUT/$s.jsonl.zst" \
+        --train "$n" --test 1000 "--$SHAPE" --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$s.json"
+    i=0
+    for bin in "${BINS[@]}"; do
+        "$bin" simulate --warm "$warm" --warm-limit "$n" --test "$OUT/$s.jsonl.zst" "--$SHAPE" \
+            --mode "$MODE" --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$s.$i.json"
+        i=$((i + 1))
+    done
+done
+python3 - "$OUT" "${BINS[@]}" <<'PY'
+import json, sys
+out, bins = sys.argv[1], sys.argv[2:]
+print(f"{'stream':8} {'binary':28} {'mean us':>8} {'p50':>7} {'p99':>8} {'max':>8} {'tok/step':>8} | {'peer us':>7} {'tok/step':>8} | {'ratio':>6}")
+for s in ["runs", "periods", "loops", "agentic"]:
+    p = json.load(open(f"{out}/peer-{s}.json"))
+    for i, b in enumerate(bins):
+        a = json.load(open(f"{out}/suffixd-{s}.{i}.json"))
+        pn = p["native_spec_us_per_call"]
+        print(f"{s:8} {b[-28:]:28} {a['spec_us_per_call']:8.1f} {a['spec_us_p50']:7.1f} {a['spec_us_p99']:8.1f} {a['spec_us_max']:8.1f} {a['tokens_per_step']:8.3f} | {pn:7.1f} {p['tokens_per_step']:8.3f} | {a['spec_us_per_call'] / pn:6.2f}")
+PY
