@@ -178,6 +178,18 @@ impl RequestTree {
             }
             return best;
         }
+        // Repetitive text (a run, a short period) gives many occurrences that all go on
+        // the same way: one pass finds that, without the sort.
+        let mut next = self.next_tokens(c);
+        if let Some((first, _)) = next.next() {
+            let mut n = 1;
+            if next.all(|(t, _)| {
+                n += 1;
+                t == first
+            }) {
+                return Some((first, n));
+            }
+        }
         // (token, recency rank): after sorting, each token's run starts at its most
         // recent occurrence.
         let mut next: Vec<(u32, u32)> = self
@@ -342,6 +354,19 @@ mod tests {
                 assert_eq!((best.token, best.count), want);
             }
         }
+    }
+
+    #[test]
+    fn many_occurrences_that_all_go_on_the_same_way_are_counted_without_sorting() {
+        let mut prompt: Vec<u32> = [7, 1].repeat(300);
+        prompt.push(7);
+        let t = RequestTree::new(&prompt, usize::MAX);
+        let mut m = Vec::new();
+        t.match_lengths(&[7], 1, &mut m);
+        let c = t.cursor_at(&m, 1).unwrap();
+        assert_eq!(t.most_frequent_next(&c), Some((1, 300)));
+        let best = t.best_child(&c, 1).unwrap();
+        assert_eq!((best.token, best.count), (1, 300));
     }
 
     #[test]
