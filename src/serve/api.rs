@@ -330,7 +330,7 @@ async fn generate(
     chat: bool,
 ) -> Result<Response, ApiError> {
     let req: GenerationRequest =
-        read_json(body, app.cfg.max_body_bytes, app.read_timeout()).await?;
+        read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
     if let Some(m) = &req.model
         && *m != app.model_id
     {
@@ -587,11 +587,8 @@ fn stream_response(
             }
             Ok(Err(e)) => {
                 app.metrics.record_error();
-                let kind = match e {
-                    JobError::Rejected(_) => "invalid_request_error",
-                    JobError::Failed(_) => "server_error",
-                };
-                yield Ok(Event::default().data(json!({"error": {"message": e.to_string(), "type": kind}}).to_string()));
+                let e = ApiError::from(e);
+                yield Ok(Event::default().data(json!({"error": {"message": e.message, "type": e.kind}}).to_string()));
             }
             Err(_) => {}
         }
@@ -689,7 +686,7 @@ pub async fn admin_evict(
     if let Err(e) = authorize(&app, &headers) {
         return e.into_response();
     }
-    let req: EvictRequest = match read_json(body, 64 << 10, app.read_timeout()).await {
+    let req: EvictRequest = match read_json(body, 64 << 10, app.cfg.read_timeout()).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };

@@ -67,6 +67,13 @@ pub struct ServeConfig {
     pub shutdown_grace_s: u64,
 }
 
+impl ServeConfig {
+    /// How long a request's headers, and separately its body, may take to arrive.
+    pub fn read_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.read_timeout_s.max(1))
+    }
+}
+
 /// Shared by every handler.
 pub struct AppState {
     /// Settings.
@@ -96,11 +103,6 @@ impl AppState {
     /// A fresh id for responses and jobs.
     pub fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// How long a request body may take to arrive.
-    pub fn read_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(self.cfg.read_timeout_s.max(1))
     }
 
     /// Start a snapshot (which also compacts) on its own thread; returns the job id.
@@ -262,7 +264,7 @@ pub fn serve(
         ids: AtomicU64::new(1),
     });
     let limits = http::HttpLimits {
-        read_timeout: std::time::Duration::from_secs(cfg.read_timeout_s.max(1)),
+        read_timeout: cfg.read_timeout(),
         max_connections: cfg.max_connections,
         shutdown_grace: std::time::Duration::from_secs(cfg.shutdown_grace_s),
     };

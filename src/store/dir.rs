@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::faults;
-use super::snapshot::sync_dir;
+use super::snapshot::replace_file;
 
 /// Name of the manifest file in a store directory.
 pub const MANIFEST: &str = "CURRENT";
@@ -96,13 +96,10 @@ pub fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
 /// A path for the next snapshot file of `dir` (one past the highest number present).
 pub fn next_snapshot_path(dir: &Path) -> Result<PathBuf, DirError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let mut highest = 0;
-    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-        let entry = entry.map_err(io(dir))?;
-        if let Some(n) = entry.file_name().to_str().and_then(snapshot_number) {
-            highest = highest.max(n);
-        }
-    }
+    let highest = snapshot_files(dir)?
+        .first()
+        .and_then(|p| p.file_name()?.to_str().and_then(snapshot_number))
+        .unwrap_or(0);
     Ok(dir.join(format!("snap-{:06}.sfxd", highest + 1)))
 }
 
@@ -120,22 +117,13 @@ pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
             name: snapshot.display().to_string(),
         })?
         .to_string();
-    let tmp = dir.join("CURRENT.tmp");
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        faults::write_all("manifest-write", &mut f, format!("{name}\n").as_bytes())?;
-        faults::check("manifest-fsync")?;
-        f.sync_all()
-    });
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io(&tmp)(e));
-    }
-    faults::check("manifest-rename")
-        .and_then(|_| std::fs::rename(&tmp, dir.join(MANIFEST)))
-        .map_err(io(dir))?;
-    faults::check("manifest-dir-fsync")
-        .and_then(|_| sync_dir(dir))
-        .map_err(io(dir))?;
+    replace_file(
+        &dir.join("CURRENT.tmp"),
+        &dir.join(MANIFEST),
+        "manifest",
+        |f| faults::write_all("manifest-write", f, format!("{name}\n").as_bytes()),
+    )
+    .map_err(io(dir))?;
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let entry = entry.map_err(io(dir))?;
         let file = entry.file_name();

@@ -287,21 +287,16 @@ impl Store {
         for (i, (_, path)) in segs.iter().enumerate() {
             let scan = read_segment(path, cfg.tokenizer)?;
             let is_newest = i + 1 == segs.len();
-            let mut damage = scan.damage.clone();
-            match scan.tail {
-                // A sealed segment was fsynced whole: a bad tail there is damage.
-                Some(t) if !is_newest => damage.push(Damage {
-                    offset: t,
-                    len: scan.len - t,
-                }),
-                Some(t) if scan.len > t => tracing::info!(
+            if is_newest && scan.torn_tail_bytes() > 0 {
+                tracing::info!(
                     "write-ahead log {}: {} bytes of a write torn by a crash dropped",
                     path.display(),
-                    scan.len - t
-                ),
-                _ => {}
+                    scan.torn_tail_bytes()
+                );
             }
-            if !damage.is_empty() {
+            let damage = scan.damage(is_newest);
+            let damaged = !damage.is_empty();
+            if damaged {
                 let copy = quarantine(&cfg.dir, path).map_err(io)?;
                 tracing::error!(
                     "write-ahead log {} is damaged: {} bad byte run(s) ({} bytes, at offsets {:?}) were skipped and the records in them are lost; the {} good records around them were recovered. A copy of the segment is in {}; the next snapshot folds the recovered records in",
@@ -325,10 +320,7 @@ impl Store {
             }
             // Appending goes on in the newest segment, unless it is damaged: then in a
             // fresh one, so that the damaged file is only ever read.
-            newest = wal_damage
-                .last()
-                .is_none_or(|(p, _)| p != path)
-                .then(|| (path.clone(), scan.intact_len()));
+            newest = (!damaged).then(|| (path.clone(), scan.intact_len()));
         }
         let wal = Wal::open(
             &cfg.dir,

@@ -426,28 +426,40 @@ pub fn write_snapshot(
     footer[8..16].copy_from_slice(&(archive.len() as u64).to_le_bytes());
     footer[24..32].copy_from_slice(&FOOTER_MAGIC);
 
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension("tmp");
-    let written = File::create(&tmp).and_then(|mut f| {
+    replace_file(&path.with_extension("tmp"), path, "snapshot", |f| {
         f.write_all(&encode_header(&header))?;
-        faults::write_all("snapshot-write", &mut f, &archive)?;
-        f.write_all(&footer)?;
-        faults::check("snapshot-fsync")?;
-        f.sync_all()
-    });
-    if let Err(e) = written {
-        // A half-written file would hold the space a full disk needs back.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io(e));
-    }
-    if let Err(e) = faults::check("snapshot-rename").and_then(|_| std::fs::rename(&tmp, path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io(e));
-    }
-    faults::check("snapshot-dir-fsync")
-        .and_then(|_| sync_dir(dir))
-        .map_err(io)?;
+        faults::write_all("snapshot-write", f, &archive)?;
+        f.write_all(&footer)
+    })
+    .map_err(io)?;
     Ok(header)
+}
+
+/// Write a file whole or not at all: `write` fills `tmp`, which is fsynced, renamed over
+/// `path`, and the directory fsynced. A failure before the rename removes `tmp` (a
+/// half-written file would hold the space a full disk needs back). `fault_prefix` names
+/// the fault points `{prefix}-fsync`, `-rename` and `-dir-fsync`.
+pub(crate) fn replace_file(
+    tmp: &Path,
+    path: &Path,
+    fault_prefix: &str,
+    write: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let point = |step: &str| faults::check(&format!("{fault_prefix}-{step}"));
+    let replaced = File::create(tmp)
+        .and_then(|mut f| {
+            write(&mut f)?;
+            point("fsync")?;
+            f.sync_all()
+        })
+        .and_then(|()| point("rename"))
+        .and_then(|()| std::fs::rename(tmp, path));
+    if let Err(e) = replaced {
+        let _ = std::fs::remove_file(tmp);
+        return Err(e);
+    }
+    point("dir-fsync")?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
 /// fsync a directory, so that a rename in it is durable.

@@ -252,6 +252,24 @@ impl SegmentScan {
     pub fn intact_len(&self) -> u64 {
         self.tail.unwrap_or(self.len)
     }
+
+    /// The damaged byte runs. In the newest segment a bad tail is a torn write; an
+    /// older one was fsynced whole before the next began, so there it is damage too.
+    pub fn damage(&self, newest: bool) -> Vec<Damage> {
+        let mut damage = self.damage.clone();
+        if let Some(t) = self.tail.filter(|_| !newest) {
+            damage.push(Damage {
+                offset: t,
+                len: self.len - t,
+            });
+        }
+        damage
+    }
+
+    /// Bytes of a torn write at the end (of the newest segment; see [`SegmentScan::damage`]).
+    pub fn torn_tail_bytes(&self) -> u64 {
+        self.len - self.intact_len()
+    }
 }
 
 /// Read every good record of one segment, and where its bad bytes are.
@@ -378,15 +396,10 @@ pub fn check_dir(dir: &Path, expected: TokenizerId) -> Result<WalCheck, WalError
         let newest = i + 1 == segs.len();
         check.segments += 1;
         check.records += scan.records.len() as u64;
-        let mut damage = scan.damage.clone();
-        match scan.tail {
-            Some(t) if newest => check.torn_tail_bytes = scan.len - t,
-            Some(t) => damage.push(Damage {
-                offset: t,
-                len: scan.len - t,
-            }),
-            None => {}
+        if newest {
+            check.torn_tail_bytes = scan.torn_tail_bytes();
         }
+        let damage = scan.damage(newest);
         if !damage.is_empty() {
             check.damaged.push((path.clone(), damage));
         }
@@ -401,11 +414,9 @@ pub fn quarantine(dir: &Path, segment: &Path) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&into)?;
     let copy = into.join(segment.file_name().unwrap_or_default());
     if !copy.exists() {
-        let tmp = copy.with_extension("tmp");
-        std::fs::copy(segment, &tmp)?;
-        File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, &copy)?;
-        super::snapshot::sync_dir(&into)?;
+        super::snapshot::replace_file(&copy.with_extension("tmp"), &copy, "quarantine", |f| {
+            std::io::copy(&mut File::open(segment)?, f).map(|_| ())
+        })?;
     }
     Ok(copy)
 }
@@ -447,15 +458,21 @@ impl Writer {
         Ok(())
     }
 
+    /// After a failed write or fsync: cut the file back to `bytes` now, or, if that
+    /// fails too, before the next write.
+    fn take_back(&mut self) {
+        self.needs_repair = true;
+        if let Err(e) = self.repair() {
+            tracing::error!("{e}: will retry before the next write");
+        }
+    }
+
     /// After a failed fsync: the kernel may have dropped any page written since the last
     /// good one, so take every record since then out and refuse to acknowledge them.
     fn discard_unsynced(&mut self) {
         self.bytes = self.synced_bytes;
         self.discarded_through = self.written;
-        self.needs_repair = true;
-        if let Err(e) = self.repair() {
-            tracing::error!("{e}: will retry before the next write");
-        }
+        self.take_back();
     }
 }
 
@@ -527,10 +544,7 @@ impl Wal {
         let seq = w.written + 1;
         let bytes = encode(&WalRecord { seq, op });
         if let Err(source) = faults::write_all("wal-write", &mut w.file, &bytes) {
-            w.needs_repair = true;
-            if let Err(e) = w.repair() {
-                tracing::error!("{e}: will retry before the next write");
-            }
+            w.take_back();
             return Err(w.io(source));
         }
         w.written = seq;
