@@ -92,6 +92,90 @@ fn bench_speculate(c: &mut Criterion) {
     group.finish();
 }
 
+/// The adversarial streams of `tools/make-repetitive-streams.py`, built in place: a
+/// 16k-token run of one token, a 7-token pattern repeated to 16k tokens (the reply
+/// starting the pattern over), and ordinary replies that fall into an 11-token loop.
+fn repetitive_examples(test: &[TokenExample]) -> Vec<(&'static str, Vec<TokenExample>)> {
+    let run = TokenExample {
+        prompt: vec![4242; 16_000],
+        response: vec![4242; 128],
+    };
+    let pattern = [311u32, 9001, 27, 4242, 1337, 80, 5150];
+    let periodic = |n: usize| {
+        pattern
+            .iter()
+            .copied()
+            .cycle()
+            .take(n)
+            .collect::<Vec<u32>>()
+    };
+    let period = TokenExample {
+        prompt: periodic(16_000),
+        response: periodic(128),
+    };
+    let loops = test
+        .iter()
+        .filter(|ex| ex.response.len() >= 40)
+        .take(30)
+        .map(|ex| {
+            let half = &ex.response[..ex.response.len() / 2];
+            let cycle = &ex.response[half.len()..half.len() + 11];
+            let mut response = half.to_vec();
+            response.extend(
+                cycle
+                    .iter()
+                    .copied()
+                    .cycle()
+                    .take(ex.response.len() - half.len() + 88),
+            );
+            TokenExample {
+                prompt: ex.prompt[..ex.prompt.len().min(800)].to_vec(),
+                response,
+            }
+        })
+        .collect();
+    vec![
+        ("runs", vec![run]),
+        ("periods", vec![period]),
+        ("loops", loops),
+    ]
+}
+
+/// Speculation on repetitive text (issue 21): every call should cost about what an
+/// ordinary one does, whatever the repetition.
+fn bench_speculate_repetitive(c: &mut Criterion) {
+    let warm = load("warm.jsonl.zst");
+    let test = load("test.jsonl.zst");
+    let tree = build(&warm, 24);
+    let mut group = c.benchmark_group("speculate_repetitive");
+    for (stream, examples) in repetitive_examples(&test) {
+        for (mode, shape) in [
+            (SpecMode::Extended, false),
+            (SpecMode::Extended, true),
+            (SpecMode::Paper, false),
+        ] {
+            let params = SpecParams {
+                mode,
+                tree: shape,
+                ..SpecParams::default()
+            };
+            let cases = contexts(&examples, &params);
+            let shape = if shape { "tree" } else { "path" };
+            let name = format!("{stream}/{mode:?}/{shape}").to_lowercase();
+            let mut spec = Speculator::new();
+            let mut i = 0;
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let (r, ctx) = &cases[i % cases.len()];
+                    i += 1;
+                    black_box(spec.speculate(Some(r), &tree, ctx, &params))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 fn bench_update(c: &mut Criterion) {
     let warm = load("warm.jsonl.zst");
     let test = load("test.jsonl.zst");
@@ -144,5 +228,11 @@ fn bench_build(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_speculate, bench_update, bench_build);
+criterion_group!(
+    benches,
+    bench_speculate,
+    bench_speculate_repetitive,
+    bench_update,
+    bench_build
+);
 criterion_main!(benches);

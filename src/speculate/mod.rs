@@ -38,7 +38,9 @@ use serde::Serialize;
 
 use crate::tree::{Child, Expand, GlobalCursor, GlobalIndex, RequestTree};
 
+mod bounds;
 mod merged;
+use bounds::OccurrenceBounds;
 use merged::Merged;
 
 /// How many context tokens extended mode matches against the request tree, and how far
@@ -51,6 +53,11 @@ pub const EXTENDED_WINDOW: usize = 64;
 /// short period) dozens of match lengths have bounds above the best score and each
 /// grows the same long draft. Beyond this many, the best found so far is kept.
 pub const MAX_GROWN_PER_CALL: usize = 8;
+
+/// In extended mode, how many occurrences of the whole context window the request tree
+/// looks for before it stops: beyond this, more copies change counts, not drafts, but
+/// each one costs a speculation call time on repetitive text.
+pub const ENOUGH_FULL_MATCHES: usize = 64;
 
 /// Which algorithm to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -249,7 +256,11 @@ struct Scratch {
     /// The request tree's winner, while the global candidates are searched.
     local: Draft,
     /// The candidate p, by bound.
-    order: Vec<(usize, usize)>,
+    order: Vec<(f32, usize)>,
+    /// Score bounds of the request tree's candidates.
+    request_bounds: OccurrenceBounds,
+    /// Score bounds of the response's occurrences, for the merged candidates.
+    response_bounds: OccurrenceBounds,
     /// The request tree's candidate p (up to [`EXTENDED_WINDOW`] of them).
     candidates: Vec<usize>,
     /// Drafts grown in the current call, over every search.
@@ -654,7 +665,13 @@ impl<C: Clone> Speculator<C> {
                 (w, w.len())
             }
         };
-        tree.match_lengths(window, max_p, &mut self.matches);
+        // The reference counts every occurrence; extended mode stops at enough copies of
+        // the whole window (see `RequestTree::match_lengths`).
+        let enough = match params.mode {
+            SpecMode::Paper => usize::MAX,
+            SpecMode::Extended => ENOUGH_FULL_MATCHES,
+        };
+        tree.match_lengths(window, max_p, enough, &mut self.matches);
         // The occurrence at the very end (the context itself, usually) has nothing after
         // it: it counts in every COUNT but cannot start a draft, so it does not make a
         // longer p worth trying.
@@ -700,6 +717,8 @@ impl<C: Clone> Speculator<C> {
             }
         };
         let limit = |p: usize| budget(p).min(room(p));
+        let mut bounds = std::mem::take(&mut self.drafts.request_bounds);
+        bounds.prepare(matches, tree.tokens().len(), 0, p_max, params.max_spec);
         // The occurrences of the last p context tokens only change where p passes a
         // match length. Within a range of equal occurrence sets every p grows the same
         // path, cut at limit(p) tokens, so no p shorter than the one with the largest
@@ -729,7 +748,7 @@ impl<C: Clone> Speculator<C> {
             p_max,
             self.exhaustive,
             0.0,
-            limit,
+            |p| bounds.score_bound(p, limit(p), params.min_prob, 0),
             |p, floor, d| {
                 let Some(cursor) = tree.cursor_at(matches, p) else {
                     return false;
@@ -740,6 +759,7 @@ impl<C: Clone> Speculator<C> {
             },
         );
         self.drafts.candidates = candidates;
+        self.drafts.request_bounds = bounds;
         self.drafts.best.set_source(DraftSource::Request);
     }
 
@@ -776,10 +796,12 @@ impl<C: Clone> Speculator<C> {
         let extended = params.mode == SpecMode::Extended;
         // In extended mode the longest match may be followed further back, which can
         // raise its budget up to the full window.
-        let bound = |p: usize| match params.mode {
-            SpecMode::Paper => params.budget(p).min(depth - p),
-            SpecMode::Extended if p == p_max => params.budget(EXTENDED_WINDOW.max(p)),
-            SpecMode::Extended => params.budget(p),
+        let bound = |p: usize| {
+            (match params.mode {
+                SpecMode::Paper => params.budget(p).min(depth - p),
+                SpecMode::Extended if p == p_max => params.budget(EXTENDED_WINDOW.max(p)),
+                SpecMode::Extended => params.budget(p),
+            }) as f32
         };
         best_over_p(
             &mut self.drafts,
@@ -827,11 +849,36 @@ impl<C: Clone> Speculator<C> {
         let cursors = &self.global.cursors;
         let matches = &self.matches;
         let p_max = local_pmax.max(global_pmax);
+        let mut response = std::mem::take(&mut self.drafts.response_bounds);
+        let whole_request = std::mem::take(&mut self.drafts.request_bounds);
+        response.prepare(
+            matches,
+            request.tokens().len(),
+            request.prompt_len(),
+            p_max,
+            params.max_spec,
+        );
         let bound = |p: usize| {
-            if p == global_pmax {
-                params.budget(EXTENDED_WINDOW.max(p))
-            } else {
-                params.budget(p)
+            let global_count = match cursors.get(p - 1) {
+                Some(c) if p <= global_pmax => Some(global.count(c)),
+                _ => None,
+            };
+            let in_response = response.occurrences(p);
+            match (in_response, whole_request.occurrences(p), global_count) {
+                // Every occurrence lies in the response: this is the request tree's own
+                // candidate for p, which its search has weighed already and which wins
+                // ties (this also covers a path neither tree has).
+                (Some(r), Some(w), None) if r == w => 0.0,
+                (Some(0), _, None) => 0.0,
+                (Some(r), _, elsewhere) if r > 0 => response.score_bound(
+                    p,
+                    params.budget(p),
+                    params.min_prob,
+                    elsewhere.unwrap_or(0),
+                ),
+                // The global tree alone, whose one occurrence may be followed further back.
+                (_, _, Some(_)) if p == global_pmax => params.budget(EXTENDED_WINDOW.max(p)) as f32,
+                _ => params.budget(p) as f32,
             }
         };
         best_over_p(
@@ -876,7 +923,9 @@ impl<C: Clone> Speculator<C> {
                 d.set_source(source);
                 true
             },
-        )
+        );
+        self.drafts.response_bounds = response;
+        self.drafts.request_bounds = whole_request;
     }
 }
 
@@ -898,7 +947,7 @@ fn best_over_p(
     p_max: usize,
     exhaustive: bool,
     floor: f32,
-    bound: impl Fn(usize) -> usize,
+    bound: impl Fn(usize) -> f32,
     mut eval: impl FnMut(usize, f32, &mut Draft) -> bool,
 ) {
     let Scratch {
@@ -921,12 +970,17 @@ fn best_over_p(
         return;
     }
     order.clear();
-    order.extend(candidates.into_iter().map(|p| (bound(p), p)));
-    order.sort_unstable_by(|a, b| b.cmp(a));
+    // A candidate that cannot reach `floor` never wins: most p on repetitive text.
+    order.extend(
+        candidates
+            .into_iter()
+            .map(|p| (bound(p), p))
+            .filter(|&(b, _)| b > 0.0 && b >= floor),
+    );
+    order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
     let mut best_p = 0;
     let mut grown = 0;
     for &(b, p) in order.iter() {
-        let b = b as f32;
         if b < best.score || (b == best.score && p < best_p) || b == 0.0 || b < floor {
             continue;
         }

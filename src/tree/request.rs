@@ -20,6 +20,12 @@ use super::{Child, Expand, NIL, common_suffix_len};
 /// thousands of times); ordinary prompts stay far below it.
 pub const MAX_OCCURRENCES: usize = 1024;
 
+/// How many occurrences a cursor keeps, most recent first. COUNTs enter a draft only as
+/// ratios, which the most recent 64 estimate as well as thousands would (ShareGPT
+/// tokens/step is the same to the last digit), while a draft step costs one pass over
+/// them: a run of one token would otherwise make every step walk a thousand.
+pub const MAX_CURSOR_ENDS: usize = 64;
+
 /// Index over one request's tokens.
 #[derive(Clone, Debug, Default)]
 pub struct RequestTree {
@@ -85,12 +91,24 @@ impl RequestTree {
 
     /// Occurrences of the last token of `context`, each with how many tokens of `context`
     /// it matches backwards (at most `limit`), most recent first.
-    pub fn match_lengths(&self, context: &[u32], limit: usize, out: &mut Vec<(u32, u32)>) {
+    ///
+    /// Stops after [`MAX_OCCURRENCES`], or once `enough` occurrences match all `limit`
+    /// tokens: on repetitive text (a run, a short period) nearly every occurrence does,
+    /// and more of them would scale every count alike without changing which p match.
+    /// Ordinary text never has that many copies of the whole window.
+    pub fn match_lengths(
+        &self,
+        context: &[u32],
+        limit: usize,
+        enough: usize,
+        out: &mut Vec<(u32, u32)>,
+    ) {
         out.clear();
         let Some(&lastc) = context.last() else { return };
         let limit = limit.min(context.len()).min(self.max_depth);
         let mut j = self.last.get(&lastc).copied().unwrap_or(NIL);
         let n = context.len();
+        let mut full = 0;
         while j != NIL && out.len() < MAX_OCCURRENCES {
             let ju = j as usize;
             // The token at j matches the last one by construction of the chain.
@@ -100,6 +118,12 @@ impl RequestTree {
                 limit.saturating_sub(1),
             );
             out.push((j, l as u32));
+            if l == limit {
+                full += 1;
+                if full == enough {
+                    break;
+                }
+            }
             j = self.prev[ju];
         }
     }
@@ -111,6 +135,7 @@ impl RequestTree {
             .iter()
             .filter(|(_, l)| *l as usize >= p)
             .map(|(j, _)| *j)
+            .take(MAX_CURSOR_ENDS)
             .collect();
         (!ends.is_empty() && p <= self.max_depth).then_some(RequestCursor { ends, depth: p })
     }
@@ -123,6 +148,7 @@ impl RequestTree {
             .iter()
             .filter(|(j, l)| *l as usize >= p && (*j as usize + 1) >= self.prompt_len + p)
             .map(|(j, _)| *j)
+            .take(MAX_CURSOR_ENDS)
             .collect();
         (!ends.is_empty() && p <= self.max_depth).then_some(RequestCursor { ends, depth: p })
     }
@@ -141,7 +167,7 @@ impl RequestTree {
             return 0;
         }
         let mut m = Vec::new();
-        self.match_lengths(path, path.len(), &mut m);
+        self.match_lengths(path, path.len(), usize::MAX, &mut m);
         m.iter().filter(|(_, l)| *l as usize >= path.len()).count() as u32
     }
 }
@@ -157,54 +183,20 @@ impl RequestTree {
     }
 
     /// The most frequent next token of the occurrences in `c`, and how often it follows;
-    /// among equals, the one that follows the most recent occurrence.
+    /// among equals, the one that follows the most recent occurrence. A cursor holds at
+    /// most [`MAX_CURSOR_ENDS`] occurrences, so a linear tally is cheap.
     fn most_frequent_next(&self, c: &RequestCursor) -> Option<(u32, u32)> {
-        // A short path (one common token) can occur hundreds of times: tallying by a
-        // linear search per occurrence would be quadratic, so many are sorted instead.
-        const LINEAR: usize = 64;
+        let mut tally: SmallVec<[(u32, u32); MAX_CURSOR_ENDS]> = SmallVec::new();
+        for (tok, _) in self.next_tokens(c) {
+            match tally.iter_mut().find(|(t, _)| *t == tok) {
+                Some((_, n)) => *n += 1,
+                None => tally.push((tok, 1)),
+            }
+        }
         let mut best: Option<(u32, u32)> = None;
-        if c.ends.len() <= LINEAR {
-            let mut tally: SmallVec<[(u32, u32); LINEAR]> = SmallVec::new();
-            for (tok, _) in self.next_tokens(c) {
-                match tally.iter_mut().find(|(t, _)| *t == tok) {
-                    Some((_, n)) => *n += 1,
-                    None => tally.push((tok, 1)),
-                }
-            }
-            for &(t, n) in &tally {
-                if best.is_none_or(|(_, b)| n > b) {
-                    best = Some((t, n));
-                }
-            }
-            return best;
-        }
-        // Repetitive text (a run, a short period) gives many occurrences that all go on
-        // the same way: one pass finds that, without the sort.
-        let mut next = self.next_tokens(c);
-        if let Some((first, _)) = next.next() {
-            let mut n = 1;
-            if next.all(|(t, _)| {
-                n += 1;
-                t == first
-            }) {
-                return Some((first, n));
-            }
-        }
-        // (token, recency rank): after sorting, each token's run starts at its most
-        // recent occurrence.
-        let mut next: Vec<(u32, u32)> = self
-            .next_tokens(c)
-            .enumerate()
-            .map(|(rank, (tok, _))| (tok, rank as u32))
-            .collect();
-        next.sort_unstable();
-        let mut best_rank = u32::MAX;
-        for run in next.chunk_by(|a, b| a.0 == b.0) {
-            let (tok, rank) = run[0];
-            let n = run.len() as u32;
-            if best.is_none_or(|(_, b)| n > b || (n == b && rank < best_rank)) {
-                best = Some((tok, n));
-                best_rank = rank;
+        for &(t, n) in &tally {
+            if best.is_none_or(|(_, b)| n > b) {
+                best = Some((t, n));
             }
         }
         best
@@ -264,10 +256,25 @@ impl Expand for RequestTree {
                 },
             });
         }
-        let (token, _) = self
-            .most_frequent_next(c)
-            .filter(|(_, n)| *n >= min_count)?;
-        self.child(c, token)
+        // Repetitive text (a run, a period, a copy in progress) mostly has occurrences
+        // that all go on the same way: one pass finds that and makes the child.
+        let mut next = self.next_tokens(c);
+        let (token, _) = next.next()?;
+        if !next.all(|(t, _)| t == token) {
+            let (token, _) = self
+                .most_frequent_next(c)
+                .filter(|(_, n)| *n >= min_count)?;
+            return self.child(c, token);
+        }
+        let ends: Ends = self.next_tokens(c).map(|(_, at)| at).collect();
+        (ends.len() as u32 >= min_count).then(|| Child {
+            token,
+            count: ends.len() as u32,
+            cursor: RequestCursor {
+                ends,
+                depth: c.depth + 1,
+            },
+        })
     }
 
     fn child(&self, c: &RequestCursor, token: u32) -> Option<Child<RequestCursor>> {
@@ -313,7 +320,7 @@ mod tests {
         assert_eq!(t.count_of(&[2, 3]), 1);
         assert_eq!(t.count_of(&[9]), 0);
         let mut m = Vec::new();
-        t.match_lengths(&[1, 2], 24, &mut m);
+        t.match_lengths(&[1, 2], 24, usize::MAX, &mut m);
         let c = t.cursor_at(&m, 2).unwrap();
         assert_eq!(t.count(&c), 2);
         let best = t.best_child(&c, 1).unwrap();
@@ -321,59 +328,62 @@ mod tests {
     }
 
     #[test]
-    fn most_frequent_next_breaks_ties_by_recency_for_few_and_many_occurrences() {
-        for pairs in [5, 200] {
-            // `7` is followed by 1 and 2 equally often, 2 most recently; then by 3 once more
-            // than by either, when `extra` says so.
-            for extra in [false, true] {
-                let mut prompt = Vec::new();
-                for _ in 0..pairs {
-                    prompt.extend([7, 1, 7, 2]);
-                }
-                if extra {
-                    for _ in 0..=pairs {
-                        prompt.extend([7, 3]);
-                    }
-                }
-                prompt.push(7);
-                let t = RequestTree::new(&prompt, usize::MAX);
-                let mut m = Vec::new();
-                t.match_lengths(&[7], 1, &mut m);
-                let c = t.cursor_at(&m, 1).unwrap();
-                let want = if extra {
-                    (3, pairs as u32 + 1)
-                } else {
-                    (2, pairs as u32)
-                };
-                assert_eq!(
-                    t.most_frequent_next(&c),
-                    Some(want),
-                    "{pairs} pairs, {extra}"
-                );
-                let best = t.best_child(&c, 1).unwrap();
-                assert_eq!((best.token, best.count), want);
+    fn most_frequent_next_breaks_ties_by_recency() {
+        // `7` is followed by 1 and 2 equally often, 2 most recently; then by 3 once more
+        // than by either, when `extra` says so.
+        for extra in [false, true] {
+            let mut prompt = [7, 1, 7, 2].repeat(5);
+            if extra {
+                prompt.extend([7, 3].repeat(6));
             }
+            prompt.push(7);
+            let t = RequestTree::new(&prompt, usize::MAX);
+            let mut m = Vec::new();
+            t.match_lengths(&[7], 1, usize::MAX, &mut m);
+            let c = t.cursor_at(&m, 1).unwrap();
+            let want = if extra { (3, 6) } else { (2, 5) };
+            assert_eq!(t.most_frequent_next(&c), Some(want), "{extra}");
+            let best = t.best_child(&c, 1).unwrap();
+            assert_eq!((best.token, best.count), want);
         }
     }
 
     #[test]
-    fn many_occurrences_that_all_go_on_the_same_way_are_counted_without_sorting() {
-        let mut prompt: Vec<u32> = [7, 1].repeat(300);
+    fn a_cursor_keeps_the_most_recent_occurrences() {
+        // 300 occurrences of `7`: the cursor keeps the most recent 64 (the last one, the
+        // context's own, among them), whose continuations are counted.
+        let mut prompt: Vec<u32> = [7, 1].repeat(200);
+        prompt.extend([7, 2].repeat(100));
         prompt.push(7);
         let t = RequestTree::new(&prompt, usize::MAX);
         let mut m = Vec::new();
-        t.match_lengths(&[7], 1, &mut m);
+        t.match_lengths(&[7], 1, usize::MAX, &mut m);
+        assert_eq!(m.len(), 301);
         let c = t.cursor_at(&m, 1).unwrap();
-        assert_eq!(t.most_frequent_next(&c), Some((1, 300)));
+        assert_eq!(t.count(&c), MAX_CURSOR_ENDS as u32);
         let best = t.best_child(&c, 1).unwrap();
-        assert_eq!((best.token, best.count), (1, 300));
+        assert_eq!((best.token, best.count), (2, MAX_CURSOR_ENDS as u32 - 1));
+        assert_eq!(t.child(&c, 1).map(|k| k.count), None);
+    }
+
+    #[test]
+    fn matching_stops_at_enough_copies_of_the_whole_window() {
+        let prompt = vec![5u32; 2000];
+        let t = RequestTree::new(&prompt, usize::MAX);
+        let mut m = Vec::new();
+        t.match_lengths(&[5; 10], 10, 64, &mut m);
+        // Every recent occurrence matches all 10 tokens: the most recent 64 suffice.
+        assert_eq!(m.len(), 64);
+        assert!(m.iter().all(|&(_, l)| l == 10));
+        t.match_lengths(&[5; 10], 10, usize::MAX, &mut m);
+        assert_eq!(m.len(), MAX_OCCURRENCES);
     }
 
     #[test]
     fn empty_prompt_and_depth_limit() {
         let mut t = RequestTree::new(&[], 2);
         let mut m = Vec::new();
-        t.match_lengths(&[1], 2, &mut m);
+        t.match_lengths(&[1], 2, usize::MAX, &mut m);
         assert!(m.is_empty());
         t.extend(&[1, 2, 3]);
         assert_eq!(t.count_of(&[1, 2]), 1);

@@ -1,0 +1,192 @@
+//! Tight upper bounds on the score of a request-tree candidate, from its occurrences
+//! alone, so that the search over p grows only the candidates that can win.
+//!
+//! A draft grown from the last p context tokens starts at the occurrences E_p that match
+//! at least p tokens. Its node at depth k has D(N) = COUNT(N) / |E_p| (the ratios
+//! telescope), and COUNT(N) counts occurrences that have at least k tokens after them.
+//! The nodes at one depth share those occurrences, so their D(N) sum to at most
+//! avail_k / |E_p|, where avail_k = |E_p| minus the occurrences fewer than k tokens
+//! before the end of the request. No node is kept below `min_prob`. Hence
+//!
+//!   SCORE ≤ Σ_{k=1..limit, avail_k/|E_p| ≥ min_prob} avail_k / |E_p|.
+//!
+//! Budgets alone bound every long p by `max_spec`. On repetitive text (a run of one
+//! token, a short period repeated) dozens of p have that bound and each grows nearly the
+//! same long draft; this bound tells them apart, since a shorter p has more occurrences
+//! and the same few near the end. It costs one pass over the matches, and per candidate
+//! one step per occurrence near the end.
+
+use crate::tree::MAX_CURSOR_ENDS;
+
+/// Relative margin over the exact bound: a draft's score is computed in f32 (a product of
+/// up to `max_spec` ratios per node, a sum of up to `max_spec` nodes), whose rounding
+/// errs by a few 1e-6 at most. A candidate that could tie is never ruled out.
+const ROUNDING_MARGIN: f64 = 1e-5;
+
+/// What bounds the score of each candidate p, for one context.
+#[derive(Clone, Debug, Default)]
+pub(super) struct OccurrenceBounds {
+    /// `at_least[p]`: occurrences that match at least p tokens.
+    at_least: Vec<u32>,
+    /// Occurrences with fewer than `horizon` tokens after them: (tokens after, match
+    /// length), fewest tokens after first.
+    near_end: Vec<(u32, u32)>,
+    /// No occurrence is near the end, so every bound is the plain limit and nothing was
+    /// counted: the usual case, which costs no pass over the matches.
+    only_limits: bool,
+}
+
+impl OccurrenceBounds {
+    /// Prepare the bounds for p up to `p_max`, from `matches` ((end position, match
+    /// length), most recent first, as `RequestTree::match_lengths` gives them) in a
+    /// request of `len` tokens; drafts are at most `horizon` tokens long. Only the part
+    /// of each occurrence from position `from` on counts (0 for the whole request, the
+    /// prompt length for the response alone).
+    pub(super) fn prepare(
+        &mut self,
+        matches: &[(u32, u32)],
+        len: usize,
+        from: usize,
+        p_max: usize,
+        horizon: usize,
+    ) {
+        self.at_least.clear();
+        self.near_end.clear();
+        // The matches come most recent first, so those near the end lead.
+        let inside = |end: u32| (end as usize + 1).checked_sub(from).filter(|&n| n > 0);
+        for &(end, matched) in matches {
+            let after = len.saturating_sub(end as usize + 1);
+            if after >= horizon {
+                break;
+            }
+            if let Some(inside) = inside(end) {
+                self.near_end
+                    .push((after as u32, (matched as usize).min(inside) as u32));
+            }
+        }
+        self.only_limits = self.near_end.is_empty();
+        if self.only_limits {
+            return;
+        }
+        self.at_least.resize(p_max + 2, 0);
+        for &(end, matched) in matches {
+            if let Some(inside) = inside(end) {
+                self.at_least[(matched as usize).min(inside).min(p_max + 1)] += 1;
+            }
+        }
+        for p in (0..=p_max).rev() {
+            self.at_least[p] += self.at_least[p + 1];
+        }
+        // A cursor keeps the most recent occurrences only; those near the end are among
+        // them (there are fewer than the cap).
+        for n in &mut self.at_least {
+            *n = (*n).min(MAX_CURSOR_ENDS as u32);
+        }
+        debug_assert!(self.near_end.is_sorted(), "matches come most recent first");
+    }
+
+    /// Occurrences that match at least `p` tokens (at most the cursor cap), where they
+    /// were counted.
+    pub(super) fn occurrences(&self, p: usize) -> Option<u32> {
+        (!self.only_limits).then(|| self.at_least.get(p).copied().unwrap_or(0))
+    }
+
+    /// An upper bound on the score of a draft of at most `limit` tokens grown from the
+    /// last `p` context tokens, none below `min_prob` (see the module docs). `elsewhere`
+    /// counts occurrences in another tree read together with this one (see `merged`),
+    /// which may all go on to any depth.
+    pub(super) fn score_bound(&self, p: usize, limit: usize, min_prob: f32, elsewhere: u32) -> f32 {
+        let Some(here) = self.occurrences(p) else {
+            return limit as f32;
+        };
+        if here + elsewhere == 0 || limit == 0 {
+            return 0.0;
+        }
+        let total = (here + elsewhere) as f64;
+        let mut gone = 0u32;
+        let mut sum = 0.0f64;
+        let mut depth = 0usize;
+        // Between two occurrences that run out, every depth has the same availability.
+        for &(after, matched) in &self.near_end {
+            if matched as usize >= p {
+                let until = (after as usize).min(limit);
+                if until > depth {
+                    let prob = (total - gone as f64) / total;
+                    if prob < min_prob as f64 {
+                        return finish(sum, limit);
+                    }
+                    sum += prob * (until - depth) as f64;
+                    depth = until;
+                }
+                gone += 1;
+            }
+        }
+        if depth < limit {
+            let prob = (total - gone as f64) / total;
+            if prob >= min_prob as f64 {
+                sum += prob * (limit - depth) as f64;
+            }
+        }
+        finish(sum, limit)
+    }
+}
+
+fn finish(sum: f64, limit: usize) -> f32 {
+    ((sum * (1.0 + ROUNDING_MARGIN)) as f32).min(limit as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_of_one_token_is_bounded_by_what_its_occurrences_have_left() {
+        // Occurrences at 0..=8 of a 10-token run (the last, the context's own, left out),
+        // each matching as far back as the run goes.
+        let matches: Vec<(u32, u32)> = (0..9u32).rev().map(|j| (j, j + 1)).collect();
+        let mut b = OccurrenceBounds::default();
+        b.prepare(&matches, 10, 0, 9, 4);
+        // p = 1: 9 occurrences; the one at 8 has 1 token after it, 7 has 2, 6 has 3.
+        let want = (9.0 + 8.0 + 7.0 + 6.0) / 9.0;
+        assert!((b.score_bound(1, 4, 0.1, 0) - want).abs() < 1e-3);
+        // p = 9: only the occurrence at 8, with one token after it.
+        assert!((b.score_bound(9, 4, 0.1, 0) - 1.0).abs() < 1e-3);
+        // min_prob stops the sum where availability falls below it.
+        assert!((b.score_bound(9, 4, 0.5, 0) - 1.0).abs() < 1e-3);
+        let two = [(8u32, 3u32), (7, 3)];
+        b.prepare(&two, 10, 0, 3, 4);
+        assert!(
+            (b.score_bound(3, 4, 0.6, 0) - 1.0).abs() < 1e-3,
+            "{}",
+            b.score_bound(3, 4, 0.6, 0)
+        );
+        assert_eq!(b.score_bound(4, 4, 0.1, 0), 0.0);
+    }
+
+    #[test]
+    fn far_occurrences_are_bounded_by_the_limit() {
+        let matches = [(10u32, 5u32), (3, 2)];
+        let mut b = OccurrenceBounds::default();
+        b.prepare(&matches, 100, 0, 5, 24);
+        assert_eq!(b.score_bound(2, 24, 0.1, 0), 24.0);
+        assert_eq!(b.score_bound(5, 7, 0.1, 0), 7.0);
+        // Nothing near the end: no counting, and the bound is the limit.
+        assert_eq!(b.occurrences(6), None);
+        assert_eq!(b.score_bound(6, 7, 0.1, 0), 7.0);
+    }
+
+    #[test]
+    fn the_response_alone_counts_only_occurrences_after_the_prompt() {
+        // A 20-token prompt: the occurrence ending at 21 lies wholly in the response for
+        // p <= 2, the one at 12 not at all.
+        let matches = [(21u32, 6u32), (12, 9)];
+        let mut b = OccurrenceBounds::default();
+        b.prepare(&matches, 30, 20, 9, 24);
+        assert_eq!(b.occurrences(1), Some(1));
+        assert_eq!(b.occurrences(2), Some(1));
+        assert_eq!(b.occurrences(3), Some(0));
+        // 8 tokens follow it; another tree's 2 occurrences go on further.
+        let want = 8.0 + 16.0 * 2.0 / 3.0;
+        assert!((b.score_bound(2, 24, 0.1, 2) - want).abs() < 1e-3);
+    }
+}
