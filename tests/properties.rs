@@ -714,3 +714,51 @@ fn a_long_run_of_one_token_grows_a_bounded_number_of_drafts() {
     }
     assert!(capped_calls > 0);
 }
+
+/// Issue 21: on runs, short periods and looping replies, at prompts of 1k to 32k tokens,
+/// in both modes and both draft shapes, a call visits a bounded number of occurrences
+/// and grows a bounded number of drafts, and each draft follows the repetition.
+#[test]
+fn repetitive_prompts_of_any_length_cost_a_bounded_amount_of_work() {
+    use suffixd::speculate::{ENOUGH_FULL_MATCHES, MAX_GROWN_PER_CALL, SpecMode};
+    use suffixd::tree::MAX_OCCURRENCES;
+    let global = suffixd::tree::GlobalTree::new(24).unwrap();
+    let patterns: [&[u32]; 3] = [&[7], &[3, 1, 4, 1, 5, 9, 2], &[10, 11, 12, 10, 13]];
+    for len in [1_000usize, 8_000, 32_000] {
+        for pattern in patterns {
+            let prompt: Vec<u32> = pattern.iter().copied().cycle().take(len).collect();
+            for mode in [SpecMode::Extended, SpecMode::Paper] {
+                for tree in [false, true] {
+                    let params = SpecParams {
+                        mode,
+                        tree,
+                        ..SpecParams::default()
+                    };
+                    let mut r = RequestTree::new(&prompt, params.request_depth());
+                    let mut context = prompt.clone();
+                    let mut s = Speculator::new();
+                    for step in 0..12 {
+                        let d = s.speculate(Some(&r), &global, &context, &params);
+                        let visited = s.last_call_occurrences();
+                        let (grown, _) = s.last_call_work();
+                        // In extended mode matching stops at enough copies of the whole
+                        // window; `10` occurs twice per period of the third pattern, so only
+                        // every other occurrence of it is such a copy.
+                        let most = match mode {
+                            SpecMode::Extended => 2 * ENOUGH_FULL_MATCHES + 1,
+                            SpecMode::Paper => MAX_OCCURRENCES,
+                        };
+                        assert!(visited <= most, "{visited} occurrences visited");
+                        assert!(grown <= 3 * MAX_GROWN_PER_CALL, "{grown} drafts grown");
+                        assert!(!d.is_empty(), "{len} {pattern:?} {mode:?} step {step}");
+                        // The draft's first path continues the pattern.
+                        let next = pattern[context.len() % pattern.len()];
+                        assert_eq!(d.tokens[0], next, "{len} {pattern:?} {mode:?}");
+                        r.extend(&[next]);
+                        context.push(next);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -265,6 +265,8 @@ struct Scratch {
     candidates: Vec<usize>,
     /// Drafts grown in the current call, over every search.
     grown: usize,
+    /// Request-tree occurrences the current call matched against the context.
+    visited: usize,
     /// Whether a search of the current call stopped at [`MAX_GROWN_PER_CALL`] with
     /// candidates left whose bound could still win.
     capped: bool,
@@ -562,6 +564,13 @@ impl<C: Clone> Speculator<C> {
         (self.drafts.grown, self.drafts.capped)
     }
 
+    /// Request-tree occurrences the last call matched against its context (tests check
+    /// the bound on repetitive input).
+    #[doc(hidden)]
+    pub fn last_call_occurrences(&self) -> usize {
+        self.drafts.visited
+    }
+
     /// The best draft for `context` from both trees. `context` is the request's prompt
     /// followed by the tokens generated so far.
     pub fn speculate<G: GlobalIndex<Cursor = C>>(
@@ -589,6 +598,7 @@ impl<C: Clone> Speculator<C> {
         // request tree is matched, unless the last call did not search it: the call
         // after a skipped search usually skips it too.
         self.drafts.grown = 0;
+        self.drafts.visited = 0;
         self.drafts.capped = false;
         let early = (!self.skipped_global).then(|| self.global.prefetch(global, context));
         let local_pmax = match request {
@@ -672,6 +682,7 @@ impl<C: Clone> Speculator<C> {
             SpecMode::Extended => ENOUGH_FULL_MATCHES,
         };
         tree.match_lengths(window, max_p, enough, &mut self.matches);
+        self.drafts.visited = self.matches.len();
         // The occurrence at the very end (the context itself, usually) has nothing after
         // it: it counts in every COUNT but cannot start a draft, so it does not make a
         // longer p worth trying.
