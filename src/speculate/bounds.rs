@@ -32,8 +32,10 @@ pub(super) struct OccurrenceBounds {
     /// length), fewest tokens after first.
     near_end: Vec<(u32, u32)>,
     /// No occurrence is near the end, so every bound is the plain limit and nothing was
-    /// counted: the usual case, which costs no pass over the matches.
+    /// counted but the longest match: the usual case.
     only_limits: bool,
+    /// The longest match where only limits are kept: no p beyond it has an occurrence.
+    longest: usize,
 }
 
 impl OccurrenceBounds {
@@ -66,6 +68,17 @@ impl OccurrenceBounds {
         }
         self.only_limits = self.near_end.is_empty();
         if self.only_limits {
+            // The whole request's longest match is the caller's p_max; the response's
+            // may be shorter, and the merged search needs to know where it has none.
+            self.longest = if from == 0 {
+                usize::MAX
+            } else {
+                matches
+                    .iter()
+                    .filter_map(|&(end, matched)| Some((matched as usize).min(inside(end)?)))
+                    .max()
+                    .unwrap_or(0)
+            };
             return;
         }
         self.at_least.resize(p_max + 2, 0);
@@ -88,7 +101,11 @@ impl OccurrenceBounds {
     /// Occurrences that match at least `p` tokens (at most the cursor cap), where they
     /// were counted.
     pub(super) fn occurrences(&self, p: usize) -> Option<u32> {
-        (!self.only_limits).then(|| self.at_least.get(p).copied().unwrap_or(0))
+        if self.only_limits {
+            (p > self.longest).then_some(0)
+        } else {
+            Some(self.at_least.get(p).copied().unwrap_or(0))
+        }
     }
 
     /// An upper bound on the score of a draft of at most `limit` tokens grown from the
@@ -96,9 +113,10 @@ impl OccurrenceBounds {
     /// counts occurrences in another tree read together with this one (see `merged`),
     /// which may all go on to any depth.
     pub(super) fn score_bound(&self, p: usize, limit: usize, min_prob: f32, elsewhere: u32) -> f32 {
-        let Some(here) = self.occurrences(p) else {
-            return limit as f32;
-        };
+        if self.only_limits {
+            return if p > self.longest { 0.0 } else { limit as f32 };
+        }
+        let here = self.occurrences(p).unwrap_or(0);
         if here + elsewhere == 0 || limit == 0 {
             return 0.0;
         }
@@ -167,12 +185,15 @@ mod tests {
     fn far_occurrences_are_bounded_by_the_limit() {
         let matches = [(10u32, 5u32), (3, 2)];
         let mut b = OccurrenceBounds::default();
-        b.prepare(&matches, 100, 0, 5, 24);
+        b.prepare(&matches, 100, 1, 5, 24);
         assert_eq!(b.score_bound(2, 24, 0.1, 0), 24.0);
         assert_eq!(b.score_bound(5, 7, 0.1, 0), 7.0);
-        // Nothing near the end: no counting, and the bound is the limit.
-        assert_eq!(b.occurrences(6), None);
-        assert_eq!(b.score_bound(6, 7, 0.1, 0), 7.0);
+        // Nothing near the end: no counting, and the bound is the limit up to the longest
+        // match.
+        assert_eq!(b.occurrences(5), None);
+        assert_eq!(b.occurrences(6), Some(0));
+        assert_eq!(b.score_bound(5, 7, 0.1, 0), 7.0);
+        assert_eq!(b.score_bound(6, 7, 0.1, 0), 0.0);
     }
 
     #[test]

@@ -259,14 +259,18 @@ impl Expand for RequestTree {
         // Repetitive text (a run, a period, a copy in progress) mostly has occurrences
         // that all go on the same way: one pass finds that and makes the child.
         let mut next = self.next_tokens(c);
-        let (token, _) = next.next()?;
-        if !next.all(|(t, _)| t == token) {
-            let (token, _) = self
-                .most_frequent_next(c)
-                .filter(|(_, n)| *n >= min_count)?;
-            return self.child(c, token);
+        let (token, first) = next.next()?;
+        let mut ends = Ends::with_capacity(c.ends.len());
+        ends.push(first);
+        for (t, at) in next {
+            if t != token {
+                let (token, _) = self
+                    .most_frequent_next(c)
+                    .filter(|(_, n)| *n >= min_count)?;
+                return self.child(c, token);
+            }
+            ends.push(at);
         }
-        let ends: Ends = self.next_tokens(c).map(|(_, at)| at).collect();
         (ends.len() as u32 >= min_count).then(|| Child {
             token,
             count: ends.len() as u32,
