@@ -702,6 +702,9 @@ fn a_long_run_of_one_token_grows_a_bounded_number_of_drafts() {
         let d = s.speculate(Some(&r), &t, &context, &SpecParams::default());
         let (grown, capped) = s.last_call_work();
         assert!(grown <= 3 * MAX_GROWN_PER_CALL, "{grown} drafts grown");
+        // The bounds from the occurrences rank the winning p first and rule out the
+        // rest, before the cap is needed.
+        assert!(grown <= 2, "{grown} drafts grown");
         capped_calls += capped as usize;
         assert!(!d.is_empty() && d.tokens.iter().all(|&x| x == 7));
         unbounded.speculate(Some(&r), &t, &context, &SpecParams::default());
@@ -712,7 +715,7 @@ fn a_long_run_of_one_token_grows_a_bounded_number_of_drafts() {
         r.extend(&[7]);
         context.push(7);
     }
-    assert!(capped_calls > 0);
+    assert_eq!(capped_calls, 0);
 }
 
 /// Issue 21: on runs, short periods and looping replies, at prompts of 1k to 32k tokens,
