@@ -54,10 +54,11 @@ pub const EXTENDED_WINDOW: usize = 64;
 /// grows the same long draft. Beyond this many, the best found so far is kept.
 pub const MAX_GROWN_PER_CALL: usize = 8;
 
-/// In extended mode, how many occurrences of the whole context window the request tree
-/// looks for before it stops: beyond this, more copies change counts, not drafts, but
-/// each one costs a speculation call time on repetitive text.
-pub const ENOUGH_FULL_MATCHES: usize = 64;
+/// In extended mode, how many occurrences of its longest match (the whole window, or at
+/// least [`crate::tree::LONG_MATCH`] tokens) the request tree looks for before it stops:
+/// a cursor keeps no more, so older ones could only add a longer match further back,
+/// while each one costs speculation time on repetitive text.
+pub const ENOUGH_FULL_MATCHES: usize = crate::tree::MAX_CURSOR_ENDS;
 
 /// Which algorithm to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -676,7 +677,7 @@ impl<C: Clone> Speculator<C> {
             }
         };
         // The reference counts every occurrence; extended mode stops at enough copies of
-        // the whole window (see `RequestTree::match_lengths`).
+        // a long match (see `RequestTree::match_lengths`).
         let enough = match params.mode {
             SpecMode::Paper => usize::MAX,
             SpecMode::Extended => ENOUGH_FULL_MATCHES,
@@ -761,7 +762,7 @@ impl<C: Clone> Speculator<C> {
             0.0,
             |p| bounds.score_bound(p, limit(p), params.min_prob, 0),
             |p, floor, d| {
-                let Some(cursor) = tree.cursor_at(matches, p) else {
+                let Some(cursor) = tree.cursor_at(matches, p, budget(p)) else {
                     return false;
                 };
                 expand(tree, &cursor, budget(p), floor, params, d);
@@ -905,7 +906,8 @@ impl<C: Clone> Speculator<C> {
                 } else {
                     None
                 };
-                let r = request.response_cursor_at(matches, p);
+                // A response cursor is only read with the budget of p itself.
+                let r = request.response_cursor_at(matches, p, params.budget(p));
                 let mut matched = p;
                 if r.is_none()
                     && p == global_pmax

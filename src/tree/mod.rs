@@ -22,7 +22,7 @@ pub use global::{
     WideChild,
 };
 pub(crate) use global::{SeqBlocks, sort_wide_lists};
-pub use request::{MAX_CURSOR_ENDS, MAX_OCCURRENCES, RequestCursor, RequestTree};
+pub use request::{LONG_MATCH, MAX_CURSOR_ENDS, MAX_OCCURRENCES, RequestCursor, RequestTree};
 pub use wide_index::WideIndex;
 
 /// The "no node" index in the arena's `u32` links.

@@ -26,6 +26,10 @@ pub const MAX_OCCURRENCES: usize = 1024;
 /// them: a run of one token would otherwise make every step walk a thousand.
 pub const MAX_CURSOR_ENDS: usize = 64;
 
+/// A match this long that occurs [`MAX_CURSOR_ENDS`] times ends the search for longer
+/// ones (see [`RequestTree::match_lengths`]).
+pub const LONG_MATCH: usize = 16;
+
 /// Index over one request's tokens.
 #[derive(Clone, Debug, Default)]
 pub struct RequestTree {
@@ -36,14 +40,20 @@ pub struct RequestTree {
     prompt_len: usize,
 }
 
-/// The end positions of a path's occurrences. Most paths a draft follows occur a few
-/// times, so they are kept inline: cursors are made and dropped at every draft step.
-type Ends = SmallVec<[u32; 6]>;
+/// The occurrences of a path, as groups: (end position of the most recent occurrence of
+/// the group, how many occurrences it stands for). The occurrences of a group go on
+/// with the same tokens for as long as any draft from the cursor can grow, so they step
+/// as one: on a run or a period, dozens of occurrences are one group. Most paths a draft
+/// follows occur a few times, so they are kept inline: cursors are made and dropped at
+/// every draft step.
+type Ends = SmallVec<[(u32, u32); 6]>;
 
-/// A position in a [`RequestTree`]: the end positions of every occurrence of its path.
+/// A position in a [`RequestTree`]: the occurrences of its path, most recent first.
 #[derive(Clone, Debug)]
 pub struct RequestCursor {
     ends: Ends,
+    /// COUNT: the occurrences the groups stand for.
+    count: u32,
     depth: usize,
 }
 
@@ -92,10 +102,12 @@ impl RequestTree {
     /// Occurrences of the last token of `context`, each with how many tokens of `context`
     /// it matches backwards (at most `limit`), most recent first.
     ///
-    /// Stops after [`MAX_OCCURRENCES`], or once `enough` occurrences match all `limit`
-    /// tokens: on repetitive text (a run, a short period) nearly every occurrence does,
-    /// and more of them would scale every count alike without changing which p match.
-    /// Ordinary text never has that many copies of the whole window.
+    /// Stops after [`MAX_OCCURRENCES`], or once `enough` occurrences match as long as the
+    /// longest so far, if that is all `limit` tokens or at least [`LONG_MATCH`]. On
+    /// repetitive text (a run, a short period) that happens within a few dozen
+    /// occurrences. A cursor keeps only the most recent [`MAX_CURSOR_ENDS`] occurrences,
+    /// so with `enough` at that cap the older ones could only add a longer match further
+    /// back, and ordinary text does not hold that many copies of a long span.
     pub fn match_lengths(
         &self,
         context: &[u32],
@@ -108,7 +120,9 @@ impl RequestTree {
         let limit = limit.min(context.len()).min(self.max_depth);
         let mut j = self.last.get(&lastc).copied().unwrap_or(NIL);
         let n = context.len();
-        let mut full = 0;
+        // The longest match so far, and how many occurrences match that long.
+        let (mut longest, mut as_long) = (0, 0);
+        let long_enough = limit.min(LONG_MATCH);
         while j != NIL && out.len() < MAX_OCCURRENCES {
             let ju = j as usize;
             // The token at j matches the last one by construction of the chain.
@@ -118,9 +132,12 @@ impl RequestTree {
                 limit.saturating_sub(1),
             );
             out.push((j, l as u32));
-            if l == limit {
-                full += 1;
-                if full == enough {
+            if l > longest {
+                (longest, as_long) = (l, 0);
+            }
+            if l == longest {
+                as_long += 1;
+                if as_long == enough && longest >= long_enough {
                     break;
                 }
             }
@@ -129,28 +146,74 @@ impl RequestTree {
     }
 
     /// The cursor of the path made of the last `p` tokens of the context, given the
-    /// output of [`RequestTree::match_lengths`].
-    pub fn cursor_at(&self, matches: &[(u32, u32)], p: usize) -> Option<RequestCursor> {
-        let ends: Ends = matches
+    /// output of [`RequestTree::match_lengths`], for drafts of at most `horizon` tokens.
+    pub fn cursor_at(
+        &self,
+        matches: &[(u32, u32)],
+        p: usize,
+        horizon: usize,
+    ) -> Option<RequestCursor> {
+        let ends = matches
             .iter()
             .filter(|(_, l)| *l as usize >= p)
-            .map(|(j, _)| *j)
-            .take(MAX_CURSOR_ENDS)
-            .collect();
-        (!ends.is_empty() && p <= self.max_depth).then_some(RequestCursor { ends, depth: p })
+            .map(|(j, _)| *j);
+        self.cursor_of(ends, p, horizon)
     }
 
     /// Like [`RequestTree::cursor_at`], but only occurrences that lie wholly in the
     /// generated tokens: the view of the response alone, as a global tree that learns
     /// the response while it is generated would hold it.
-    pub fn response_cursor_at(&self, matches: &[(u32, u32)], p: usize) -> Option<RequestCursor> {
-        let ends: Ends = matches
+    pub fn response_cursor_at(
+        &self,
+        matches: &[(u32, u32)],
+        p: usize,
+        horizon: usize,
+    ) -> Option<RequestCursor> {
+        let ends = matches
             .iter()
             .filter(|(j, l)| *l as usize >= p && (*j as usize + 1) >= self.prompt_len + p)
-            .map(|(j, _)| *j)
-            .take(MAX_CURSOR_ENDS)
-            .collect();
-        (!ends.is_empty() && p <= self.max_depth).then_some(RequestCursor { ends, depth: p })
+            .map(|(j, _)| *j);
+        self.cursor_of(ends, p, horizon)
+    }
+
+    /// The cursor of a path of `p` tokens from its end positions, most recent first:
+    /// the first [`MAX_CURSOR_ENDS`], in groups that go on alike for `horizon` tokens.
+    fn cursor_of(
+        &self,
+        ends: impl Iterator<Item = u32>,
+        p: usize,
+        horizon: usize,
+    ) -> Option<RequestCursor> {
+        if p > self.max_depth {
+            return None;
+        }
+        let mut groups = Ends::new();
+        let mut count = 0u32;
+        for j in ends.take(MAX_CURSOR_ENDS) {
+            count += 1;
+            if let Some((rep, n)) = groups.last_mut()
+                && self.go_on_alike(*rep, j, horizon)
+            {
+                *n += 1;
+                continue;
+            }
+            groups.push((j, 1));
+        }
+        (count > 0).then_some(RequestCursor {
+            ends: groups,
+            count,
+            depth: p,
+        })
+    }
+
+    /// Whether the occurrences ending at `recent` and at the earlier `older` are
+    /// followed by the same `horizon` tokens, all of them in the request.
+    fn go_on_alike(&self, recent: u32, older: u32, horizon: usize) -> bool {
+        let (recent, older) = (recent as usize + 1, older as usize + 1);
+        recent
+            .checked_add(horizon)
+            .is_some_and(|end| end <= self.tokens.len())
+            && self.tokens[recent..recent + horizon] == self.tokens[older..older + horizon]
     }
 
     /// Tokens of the prompt (the rest was generated).
@@ -173,12 +236,15 @@ impl RequestTree {
 }
 
 impl RequestTree {
-    /// For each occurrence in `c` that has a continuation: (next token, its position),
-    /// most recent first.
-    fn next_tokens<'a>(&'a self, c: &'a RequestCursor) -> impl Iterator<Item = (u32, u32)> + 'a {
-        c.ends.iter().filter_map(move |&j| {
+    /// For each group in `c` that has a continuation: (next token, (its position, the
+    /// occurrences it stands for)), most recent first.
+    fn next_tokens<'a>(
+        &'a self,
+        c: &'a RequestCursor,
+    ) -> impl Iterator<Item = (u32, (u32, u32))> + 'a {
+        c.ends.iter().filter_map(move |&(j, n)| {
             let next = j as usize + 1;
-            (next < self.tokens.len()).then(|| (self.tokens[next], next as u32))
+            (next < self.tokens.len()).then(|| (self.tokens[next], (next as u32, n)))
         })
     }
 
@@ -187,10 +253,10 @@ impl RequestTree {
     /// most [`MAX_CURSOR_ENDS`] occurrences, so a linear tally is cheap.
     fn most_frequent_next(&self, c: &RequestCursor) -> Option<(u32, u32)> {
         let mut tally: SmallVec<[(u32, u32); MAX_CURSOR_ENDS]> = SmallVec::new();
-        for (tok, _) in self.next_tokens(c) {
+        for (tok, (_, w)) in self.next_tokens(c) {
             match tally.iter_mut().find(|(t, _)| *t == tok) {
-                Some((_, n)) => *n += 1,
-                None => tally.push((tok, 1)),
+                Some((_, n)) => *n += w,
+                None => tally.push((tok, w)),
             }
         }
         let mut best: Option<(u32, u32)> = None;
@@ -203,11 +269,22 @@ impl RequestTree {
     }
 }
 
+impl RequestTree {
+    /// The cursor one token below `c`, made of `groups`.
+    fn below(c: &RequestCursor, groups: Ends) -> RequestCursor {
+        RequestCursor {
+            count: groups.iter().map(|&(_, n)| n).sum(),
+            ends: groups,
+            depth: c.depth + 1,
+        }
+    }
+}
+
 impl Expand for RequestTree {
     type Cursor = RequestCursor;
 
     fn count(&self, c: &RequestCursor) -> u32 {
-        c.ends.len() as u32
+        c.count
     }
 
     fn children(&self, c: &RequestCursor, min_count: u32, out: &mut Vec<Child<RequestCursor>>) {
@@ -224,19 +301,14 @@ impl Expand for RequestTree {
                 None => order.push((tok, smallvec![next])),
             }
         }
-        out.extend(
-            order
-                .into_iter()
-                .filter(|(_, v)| v.len() as u32 >= min_count)
-                .map(|(token, ends)| Child {
-                    token,
-                    count: ends.len() as u32,
-                    cursor: RequestCursor {
-                        ends,
-                        depth: c.depth + 1,
-                    },
-                }),
-        );
+        out.extend(order.into_iter().filter_map(|(token, groups)| {
+            let cursor = Self::below(c, groups);
+            (cursor.count >= min_count).then_some(Child {
+                token,
+                count: cursor.count,
+                cursor,
+            })
+        }));
         out.sort_by_key(|k| std::cmp::Reverse(k.count));
     }
 
@@ -244,24 +316,12 @@ impl Expand for RequestTree {
         if c.depth >= self.max_depth {
             return None;
         }
-        if let [j] = c.ends[..] {
-            // One occurrence: its continuation is certain.
-            let next = j as usize + 1;
-            return (next < self.tokens.len() && min_count <= 1).then(|| Child {
-                token: self.tokens[next],
-                count: 1,
-                cursor: RequestCursor {
-                    ends: smallvec![next as u32],
-                    depth: c.depth + 1,
-                },
-            });
-        }
         // Repetitive text (a run, a period, a copy in progress) mostly has occurrences
         // that all go on the same way: one pass finds that and makes the child.
         let mut next = self.next_tokens(c);
         let (token, first) = next.next()?;
-        let mut ends = Ends::with_capacity(c.ends.len());
-        ends.push(first);
+        let mut groups = Ends::with_capacity(c.ends.len());
+        groups.push(first);
         for (t, at) in next {
             if t != token {
                 let (token, _) = self
@@ -269,15 +329,13 @@ impl Expand for RequestTree {
                     .filter(|(_, n)| *n >= min_count)?;
                 return self.child(c, token);
             }
-            ends.push(at);
+            groups.push(at);
         }
-        (ends.len() as u32 >= min_count).then(|| Child {
+        let cursor = Self::below(c, groups);
+        (cursor.count >= min_count).then_some(Child {
             token,
-            count: ends.len() as u32,
-            cursor: RequestCursor {
-                ends,
-                depth: c.depth + 1,
-            },
+            count: cursor.count,
+            cursor,
         })
     }
 
@@ -285,18 +343,18 @@ impl Expand for RequestTree {
         if c.depth >= self.max_depth {
             return None;
         }
-        let ends: Ends = self
+        let groups: Ends = self
             .next_tokens(c)
             .filter(|&(t, _)| t == token)
-            .map(|(_, n)| n)
+            .map(|(_, next)| next)
             .collect();
-        (!ends.is_empty()).then(|| Child {
-            token,
-            count: ends.len() as u32,
-            cursor: RequestCursor {
-                ends,
-                depth: c.depth + 1,
-            },
+        (!groups.is_empty()).then(|| {
+            let cursor = Self::below(c, groups);
+            Child {
+                token,
+                count: cursor.count,
+                cursor,
+            }
         })
     }
 
@@ -304,7 +362,7 @@ impl Expand for RequestTree {
         // No depth limit to go beyond when the tree has none; with a limit, a unique
         // occurrence still knows its continuation.
         match c.ends[..] {
-            [j] => {
+            [(j, 1)] => {
                 let from = j as usize + 1;
                 &self.tokens[from..self.tokens.len().min(from + max)]
             }
@@ -325,7 +383,7 @@ mod tests {
         assert_eq!(t.count_of(&[9]), 0);
         let mut m = Vec::new();
         t.match_lengths(&[1, 2], 24, usize::MAX, &mut m);
-        let c = t.cursor_at(&m, 2).unwrap();
+        let c = t.cursor_at(&m, 2, 24).unwrap();
         assert_eq!(t.count(&c), 2);
         let best = t.best_child(&c, 1).unwrap();
         assert_eq!((best.token, best.count), (3, 1));
@@ -344,7 +402,7 @@ mod tests {
             let t = RequestTree::new(&prompt, usize::MAX);
             let mut m = Vec::new();
             t.match_lengths(&[7], 1, usize::MAX, &mut m);
-            let c = t.cursor_at(&m, 1).unwrap();
+            let c = t.cursor_at(&m, 1, 24).unwrap();
             let want = if extra { (3, 6) } else { (2, 5) };
             assert_eq!(t.most_frequent_next(&c), Some(want), "{extra}");
             let best = t.best_child(&c, 1).unwrap();
@@ -363,7 +421,7 @@ mod tests {
         let mut m = Vec::new();
         t.match_lengths(&[7], 1, usize::MAX, &mut m);
         assert_eq!(m.len(), 301);
-        let c = t.cursor_at(&m, 1).unwrap();
+        let c = t.cursor_at(&m, 1, 24).unwrap();
         assert_eq!(t.count(&c), MAX_CURSOR_ENDS as u32);
         let best = t.best_child(&c, 1).unwrap();
         assert_eq!((best.token, best.count), (2, MAX_CURSOR_ENDS as u32 - 1));
@@ -381,6 +439,18 @@ mod tests {
         assert!(m.iter().all(|&(_, l)| l == 10));
         t.match_lengths(&[5; 10], 10, usize::MAX, &mut m);
         assert_eq!(m.len(), MAX_OCCURRENCES);
+        // A context that breaks off after 20 tokens: 64 copies of those 20 suffice too,
+        // but not of a match shorter than LONG_MATCH.
+        let mut context = vec![6u32; 30];
+        context.extend([5; 20]);
+        t.match_lengths(&context, 50, 64, &mut m);
+        assert_eq!(m.len(), 64);
+        assert!(m.iter().all(|&(_, l)| l == 20));
+        t.match_lengths(&context[20..], 30, 64, &mut m);
+        assert_eq!(m.len(), 64);
+        let short = [6u32, 5, 5, 5];
+        t.match_lengths(&short, 4, 64, &mut m);
+        assert_eq!(m.len(), MAX_OCCURRENCES);
     }
 
     #[test]
@@ -392,7 +462,7 @@ mod tests {
         t.extend(&[1, 2, 3]);
         assert_eq!(t.count_of(&[1, 2]), 1);
         assert_eq!(t.count_of(&[1, 2, 3]), 0);
-        let c = t.cursor_at(&[(1, 2)], 2).unwrap();
+        let c = t.cursor_at(&[(1, 2)], 2, 24).unwrap();
         assert!(t.best_child(&c, 1).is_none());
     }
 }
