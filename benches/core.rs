@@ -7,7 +7,8 @@
 use std::hint::black_box;
 use std::path::Path;
 
-use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BatchSize, BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use suffixd::corpus::{TokenExample, read_examples};
 use suffixd::speculate::{SpecMode, SpecParams, Speculator};
 use suffixd::tree::{GlobalTree, RequestTree};
@@ -64,6 +65,26 @@ fn contexts(test: &[TokenExample], params: &SpecParams) -> Vec<(RequestTree, Vec
     out
 }
 
+/// One benchmark: speculation on each of `cases` in turn, with one speculator carried
+/// from call to call as a decoder would.
+fn bench_contexts(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: String,
+    cases: &[(RequestTree, Vec<u32>)],
+    tree: &GlobalTree,
+    params: &SpecParams,
+) {
+    let mut spec = Speculator::new();
+    let mut i = 0;
+    group.bench_function(name, |b| {
+        b.iter(|| {
+            let (r, ctx) = &cases[i % cases.len()];
+            i += 1;
+            black_box(spec.speculate(Some(r), tree, ctx, params))
+        })
+    });
+}
+
 fn bench_speculate(c: &mut Criterion) {
     let warm = load("warm.jsonl.zst");
     let test = load("test.jsonl.zst");
@@ -78,15 +99,7 @@ fn bench_speculate(c: &mut Criterion) {
             };
             let cases = contexts(&test, &params);
             let name = format!("{mode:?}/{}", if shape { "tree" } else { "path" }).to_lowercase();
-            let mut spec = Speculator::new();
-            let mut i = 0;
-            group.bench_function(name, |b| {
-                b.iter(|| {
-                    let (r, ctx) = &cases[i % cases.len()];
-                    i += 1;
-                    black_box(spec.speculate(Some(r), &tree, ctx, &params))
-                })
-            });
+            bench_contexts(&mut group, name, &cases, &tree, &params);
         }
     }
     group.finish();
@@ -162,15 +175,7 @@ fn bench_speculate_repetitive(c: &mut Criterion) {
             let cases = contexts(&examples, &params);
             let shape = if shape { "tree" } else { "path" };
             let name = format!("{stream}/{mode:?}/{shape}").to_lowercase();
-            let mut spec = Speculator::new();
-            let mut i = 0;
-            group.bench_function(name, |b| {
-                b.iter(|| {
-                    let (r, ctx) = &cases[i % cases.len()];
-                    i += 1;
-                    black_box(spec.speculate(Some(r), &tree, ctx, &params))
-                })
-            });
+            bench_contexts(&mut group, name, &cases, &tree, &params);
         }
     }
     group.finish();

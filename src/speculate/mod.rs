@@ -266,8 +266,6 @@ struct Scratch {
     candidates: Vec<usize>,
     /// Drafts grown in the current call, over every search.
     grown: usize,
-    /// Request-tree occurrences the current call matched against the context.
-    visited: usize,
     /// Whether a search of the current call stopped at [`MAX_GROWN_PER_CALL`] with
     /// candidates left whose bound could still win.
     capped: bool,
@@ -565,11 +563,11 @@ impl<C: Clone> Speculator<C> {
         (self.drafts.grown, self.drafts.capped)
     }
 
-    /// Request-tree occurrences the last call matched against its context (tests check
-    /// the bound on repetitive input).
+    /// Request-tree occurrences the last call matched against its context, less the
+    /// context's own in extended mode (tests check the bound on repetitive input).
     #[doc(hidden)]
     pub fn last_call_occurrences(&self) -> usize {
-        self.drafts.visited
+        self.matches.len()
     }
 
     /// The best draft for `context` from both trees. `context` is the request's prompt
@@ -599,12 +597,14 @@ impl<C: Clone> Speculator<C> {
         // request tree is matched, unless the last call did not search it: the call
         // after a skipped search usually skips it too.
         self.drafts.grown = 0;
-        self.drafts.visited = 0;
         self.drafts.capped = false;
         let early = (!self.skipped_global).then(|| self.global.prefetch(global, context));
         let local_pmax = match request {
             Some(r) => self.match_request(r, context, params),
-            None => 0,
+            None => {
+                self.matches.clear();
+                0
+            }
         };
         match request {
             Some(r) => self.best_from_request(r, local_pmax, params),
@@ -683,7 +683,6 @@ impl<C: Clone> Speculator<C> {
             SpecMode::Extended => ENOUGH_FULL_MATCHES,
         };
         tree.match_lengths(window, max_p, enough, &mut self.matches);
-        self.drafts.visited = self.matches.len();
         // The occurrence at the very end (the context itself, usually) has nothing after
         // it: it counts in every COUNT but cannot start a draft, so it does not make a
         // longer p worth trying.
@@ -994,7 +993,7 @@ fn best_over_p(
     let mut best_p = 0;
     let mut grown = 0;
     for &(b, p) in order.iter() {
-        if b < best.score || (b == best.score && p < best_p) || b == 0.0 || b < floor {
+        if b < best.score || (b == best.score && p < best_p) {
             continue;
         }
         if grown == MAX_GROWN_PER_CALL {

@@ -153,11 +153,7 @@ impl RequestTree {
         p: usize,
         horizon: usize,
     ) -> Option<RequestCursor> {
-        let ends = matches
-            .iter()
-            .filter(|(_, l)| *l as usize >= p)
-            .map(|(j, _)| *j);
-        self.cursor_of(ends, p, horizon)
+        self.cursor_from(matches, p, horizon, 0)
     }
 
     /// Like [`RequestTree::cursor_at`], but only occurrences that lie wholly in the
@@ -169,24 +165,26 @@ impl RequestTree {
         p: usize,
         horizon: usize,
     ) -> Option<RequestCursor> {
-        let ends = matches
-            .iter()
-            .filter(|(j, l)| *l as usize >= p && (*j as usize + 1) >= self.prompt_len + p)
-            .map(|(j, _)| *j);
-        self.cursor_of(ends, p, horizon)
+        self.cursor_from(matches, p, horizon, self.prompt_len)
     }
 
-    /// The cursor of a path of `p` tokens from its end positions, most recent first:
-    /// the first [`MAX_CURSOR_ENDS`], in groups that go on alike for `horizon` tokens.
-    fn cursor_of(
+    /// The cursor of the occurrences in `matches` that match at least `p` tokens, all
+    /// of them at or after position `from`: the first [`MAX_CURSOR_ENDS`], most recent
+    /// first, in groups that go on alike for `horizon` tokens.
+    fn cursor_from(
         &self,
-        ends: impl Iterator<Item = u32>,
+        matches: &[(u32, u32)],
         p: usize,
         horizon: usize,
+        from: usize,
     ) -> Option<RequestCursor> {
         if p > self.max_depth {
             return None;
         }
+        let ends = matches
+            .iter()
+            .filter(|&&(j, l)| l as usize >= p && j as usize + 1 >= from + p)
+            .map(|&(j, _)| j);
         let mut groups = Ends::new();
         let mut count = 0u32;
         for j in ends.take(MAX_CURSOR_ENDS) {
