@@ -402,7 +402,7 @@ proptest! {
     #[test]
     fn repetitive_contexts_grow_a_bounded_number_of_drafts_and_stay_exact_under_it(
         pattern in prop::collection::vec(0..VOCAB, 1..8),
-        repeats in 2usize..60,
+        repeats in prop_oneof![2usize..60, 60usize..400],
         reply in 0usize..40,
         seqs in seqs_strategy(),
         tree in any::<bool>(),

@@ -540,8 +540,9 @@ impl Speculator {
         Self::default()
     }
 
-    /// A speculator that tries every p instead of skipping those that cannot win. It
-    /// returns the same drafts, slower: tests use it to check the pruning.
+    /// A speculator that tries every p instead of skipping those that cannot win, and
+    /// matches every occurrence one by one. It returns the same drafts, slower: tests use
+    /// it to check the pruning.
     #[doc(hidden)]
     pub fn exhaustive() -> Self {
         Self::default().exhaustively()
@@ -682,7 +683,11 @@ impl<C: Clone> Speculator<C> {
             SpecMode::Paper => usize::MAX,
             SpecMode::Extended => ENOUGH_FULL_MATCHES,
         };
-        tree.match_lengths(window, max_p, enough, &mut self.matches);
+        if self.exhaustive {
+            tree.match_lengths_one_by_one(window, max_p, enough, &mut self.matches);
+        } else {
+            tree.match_lengths(window, max_p, enough, &mut self.matches);
+        }
         // The occurrence at the very end (the context itself, usually) has nothing after
         // it: it counts in every COUNT but cannot start a draft, so it does not make a
         // longer p worth trying.

@@ -30,11 +30,26 @@ pub const MAX_CURSOR_ENDS: usize = 64;
 /// ones (see [`RequestTree::match_lengths`]).
 pub const LONG_MATCH: usize = 16;
 
+/// Two positions preceded by the same this many tokens (themselves included) are
+/// *alike*: they match any context of fewer tokens equally. Longer than any match the
+/// drafter asks for (64 tokens in extended mode, the depth limit in paper mode); a longer
+/// match limit simply walks every occurrence.
+pub const ALIKE_CONTEXT: usize = 65;
+
+/// How many earlier occurrences of a token are tried when looking for one alike with a
+/// new position (a pattern that repeats one token needs the second or third).
+const ALIKE_TRIES: usize = 4;
+
 /// Index over one request's tokens.
 #[derive(Clone, Debug, Default)]
 pub struct RequestTree {
     tokens: Vec<u32>,
     prev: Vec<u32>,
+    /// For each position, an earlier one alike with it ([`ALIKE_CONTEXT`]), or NIL.
+    alike: Vec<u32>,
+    /// For each position i, the start of the periodic stretch it ends: every position
+    /// x from there to i has `alike[x] == x - (i - alike[i])`, one period back.
+    periodic_since: Vec<u32>,
     last: FxHashMap<u32, u32>,
     max_depth: usize,
     prompt_len: usize,
@@ -71,6 +86,8 @@ impl RequestTree {
         let mut t = Self {
             tokens: Vec::with_capacity(prompt.len() + 256),
             prev: Vec::with_capacity(prompt.len() + 256),
+            alike: Vec::with_capacity(prompt.len() + 256),
+            periodic_since: Vec::with_capacity(prompt.len() + 256),
             last: FxHashMap::default(),
             max_depth,
             prompt_len: prompt.len(),
@@ -86,7 +103,59 @@ impl RequestTree {
             let p = self.last.insert(tok, i).unwrap_or(NIL);
             self.prev.push(p);
             self.tokens.push(tok);
+            let alike = self.find_alike(i as usize);
+            self.alike.push(alike);
+            let since = match i.checked_sub(1) {
+                Some(before)
+                    if alike != NIL && self.alike[before as usize] == alike.wrapping_sub(1) =>
+                {
+                    self.periodic_since[before as usize]
+                }
+                _ => i,
+            };
+            self.periodic_since.push(since);
         }
+    }
+
+    /// An earlier position alike with the last one, `i`. Inside a repeated stretch the
+    /// one after the previous position's alike one is (one token to check); elsewhere a
+    /// few earlier occurrences of the token are tried, which on ordinary text differ
+    /// at the first or second token before.
+    fn find_alike(&self, i: usize) -> u32 {
+        if let Some(&before) = i.checked_sub(1).and_then(|b| self.alike.get(b))
+            && before != NIL
+            && self.tokens[before as usize + 1] == self.tokens[i]
+        {
+            return before + 1;
+        }
+        let mut a = self.prev[i];
+        let before = self.tokens[i.saturating_sub(1)];
+        for _ in 0..ALIKE_TRIES {
+            if a == NIL || (a as usize) + 1 < ALIKE_CONTEXT {
+                break;
+            }
+            let au = a as usize;
+            if self.tokens[au - 1] == before
+                && common_suffix_len(&self.tokens[..i], &self.tokens[..au], ALIKE_CONTEXT - 1)
+                    == ALIKE_CONTEXT - 1
+            {
+                return a;
+            }
+            a = self.prev[au];
+        }
+        NIL
+    }
+
+    /// The period of the repeated stretch that position `j` ends, and where the stretch
+    /// starts, when the whole period before `j` lies in it.
+    fn period_at(&self, j: usize) -> Option<(usize, usize)> {
+        let alike = self.alike[j];
+        if alike == NIL {
+            return None;
+        }
+        let period = j - alike as usize;
+        let since = self.periodic_since[j] as usize;
+        (since + period <= j + 1).then_some((period, since))
     }
 
     /// Everything indexed so far.
@@ -107,7 +176,15 @@ impl RequestTree {
     /// repetitive text (a run, a short period) that happens within a few dozen
     /// occurrences. A cursor keeps only the most recent [`MAX_CURSOR_ENDS`] occurrences,
     /// so with `enough` at that cap the older ones could only add a longer match further
-    /// back, and ordinary text does not hold that many copies of a long span.
+    /// back, and ordinary text does not hold that many copies of a long span. The
+    /// occurrence at the end of the request is listed but not counted for the stop.
+    ///
+    /// Inside a stretch that repeats with some period, every occurrence matches as the
+    /// one a period later does (see [`ALIKE_CONTEXT`]): one period is compared, and of the
+    /// rest only the [`MAX_CURSOR_ENDS`] most recent copies are listed, since no cursor
+    /// keeps older ones. They count towards [`MAX_OCCURRENCES`] as if walked, so what any
+    /// cursor holds is what walking every occurrence gives
+    /// ([`RequestTree::match_lengths_one_by_one`]).
     pub fn match_lengths(
         &self,
         context: &[u32],
@@ -115,34 +192,76 @@ impl RequestTree {
         enough: usize,
         out: &mut Vec<(u32, u32)>,
     ) {
+        self.match_lengths_with(context, limit, enough, true, out);
+    }
+
+    /// [`RequestTree::match_lengths`] walking every occurrence, repeated stretches
+    /// included (tests check that skipping them changes no cursor).
+    #[doc(hidden)]
+    pub fn match_lengths_one_by_one(
+        &self,
+        context: &[u32],
+        limit: usize,
+        enough: usize,
+        out: &mut Vec<(u32, u32)>,
+    ) {
+        self.match_lengths_with(context, limit, enough, false, out);
+    }
+
+    fn match_lengths_with(
+        &self,
+        context: &[u32],
+        limit: usize,
+        enough: usize,
+        skip_periods: bool,
+        out: &mut Vec<(u32, u32)>,
+    ) {
         out.clear();
         let Some(&lastc) = context.last() else { return };
         let limit = limit.min(context.len()).min(self.max_depth);
+        let skip_periods = skip_periods && limit < ALIKE_CONTEXT;
+        let mut walk = Walk {
+            out,
+            end: self.tokens.len().wrapping_sub(1),
+            enough,
+            long_enough: limit.min(LONG_MATCH),
+            longest: 0,
+            as_long: 0,
+            visited: 0,
+        };
         let mut j = self.last.get(&lastc).copied().unwrap_or(NIL);
-        let n = context.len();
-        // The longest match so far, and how many occurrences match that long.
-        let (mut longest, mut as_long) = (0, 0);
-        let long_enough = limit.min(LONG_MATCH);
-        while j != NIL && out.len() < MAX_OCCURRENCES {
+        while j != NIL {
             let ju = j as usize;
-            // The token at j matches the last one by construction of the chain.
-            let l = 1 + common_suffix_len(
-                &self.tokens[..ju],
-                &context[..n - 1],
-                limit.saturating_sub(1),
-            );
-            out.push((j, l as u32));
-            if l > longest {
-                (longest, as_long) = (l, 0);
-            }
-            if l == longest {
-                as_long += 1;
-                if as_long == enough && longest >= long_enough {
-                    break;
+            if skip_periods && let Some((period, since)) = self.period_at(ju) {
+                // One period is matched; the stretch before it repeats it.
+                let first = walk.out.len();
+                while j != NIL && j as usize + period > ju {
+                    let l = self.match_length(j as usize, context, limit);
+                    if walk.visit(j, l) {
+                        return;
+                    }
+                    j = self.prev[j as usize];
                 }
+                match walk.repeat(first, period, since - period) {
+                    Some(next) => j = next.map_or(NIL, |oldest| self.prev[oldest]),
+                    None => return,
+                }
+                continue;
+            }
+            if walk.visit(j, self.match_length(ju, context, limit)) {
+                return;
             }
             j = self.prev[ju];
         }
+    }
+
+    /// How many tokens of `context` the occurrence of its last token at `j` matches
+    /// backwards, at most `limit`.
+    fn match_length(&self, j: usize, context: &[u32], limit: usize) -> u32 {
+        // The token at j matches the last one by construction of the chain.
+        let n = context.len();
+        (1 + common_suffix_len(&self.tokens[..j], &context[..n - 1], limit.saturating_sub(1)))
+            as u32
     }
 
     /// The cursor of the path made of the last `p` tokens of the context, given the
@@ -369,6 +488,86 @@ impl Expand for RequestTree {
     }
 }
 
+/// The state of one [`RequestTree::match_lengths`] walk.
+struct Walk<'a> {
+    out: &'a mut Vec<(u32, u32)>,
+    /// The last position: its occurrence is the context's own.
+    end: usize,
+    enough: usize,
+    long_enough: usize,
+    /// The longest match so far, and how many occurrences match that long.
+    longest: u32,
+    as_long: usize,
+    /// Occurrences walked, or passed over as copies of listed ones.
+    visited: usize,
+}
+
+impl Walk<'_> {
+    /// Lists the occurrence at `j`, matching `l` tokens; true when the walk is over.
+    fn visit(&mut self, j: u32, l: u32) -> bool {
+        self.out.push((j, l));
+        self.visited += 1;
+        // The occurrence at the very end (the context's own, usually) has nothing
+        // after it: it never starts a draft, so it does not count towards `enough`.
+        if j as usize != self.end {
+            if l > self.longest {
+                (self.longest, self.as_long) = (l, 0);
+            }
+            if l == self.longest {
+                self.as_long += 1;
+                if self.as_long >= self.enough && l as usize >= self.long_enough {
+                    return true;
+                }
+            }
+        }
+        self.visited >= MAX_OCCURRENCES
+    }
+
+    /// Lists the copies, one and more periods back, of the occurrences listed from
+    /// `first` on (one period of a repeated stretch), down to position `floor` where the
+    /// stretch ends: the [`MAX_CURSOR_ENDS`] most recent copies of each, the others
+    /// counted as visited. Returns None when the walk is over, else the oldest copy in
+    /// the stretch (None if there is none), from which the chain goes on.
+    fn repeat(&mut self, first: usize, period: usize, floor: usize) -> Option<Option<usize>> {
+        let last = self.out.len();
+        if first == last {
+            return Some(None);
+        }
+        for k in 1..=MAX_CURSOR_ENDS {
+            for i in first..last {
+                let (j, l) = self.out[i];
+                let Some(copy) = (j as usize).checked_sub(k * period).filter(|&c| c >= floor)
+                else {
+                    // Copies run out in position order: this one and every later one.
+                    return Some(self.oldest_copy(first, last, period, floor));
+                };
+                if self.visit(copy as u32, l) {
+                    return None;
+                }
+            }
+        }
+        // The older copies repeat listed matches: no cursor keeps them.
+        let skipped: usize = (first..last)
+            .map(|i| (self.out[i].0 as usize - floor) / period - MAX_CURSOR_ENDS)
+            .sum();
+        self.visited += skipped;
+        if self.visited >= MAX_OCCURRENCES {
+            return None;
+        }
+        Some(self.oldest_copy(first, last, period, floor))
+    }
+
+    /// The oldest copy, at or after `floor`, of the occurrences listed in `first..last`.
+    fn oldest_copy(&self, first: usize, last: usize, period: usize, floor: usize) -> Option<usize> {
+        (first..last)
+            .map(|i| {
+                let j = self.out[i].0 as usize;
+                j - (j - floor) / period * period
+            })
+            .min()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,9 +616,17 @@ mod tests {
         prompt.push(7);
         let t = RequestTree::new(&prompt, usize::MAX);
         let mut m = Vec::new();
-        t.match_lengths(&[7], 1, usize::MAX, &mut m);
+        t.match_lengths_one_by_one(&[7], 1, usize::MAX, &mut m);
         assert_eq!(m.len(), 301);
+        // Walking the repeated stretches lists only the copies a cursor can keep.
+        let mut skipping = Vec::new();
+        t.match_lengths(&[7], 1, usize::MAX, &mut skipping);
+        assert!(skipping.len() < 200, "{}", skipping.len());
         let c = t.cursor_at(&m, 1, 24).unwrap();
+        assert_eq!(
+            format!("{c:?}"),
+            format!("{:?}", t.cursor_at(&skipping, 1, 24).unwrap())
+        );
         assert_eq!(t.count(&c), MAX_CURSOR_ENDS as u32);
         let best = t.best_child(&c, 1).unwrap();
         assert_eq!((best.token, best.count), (2, MAX_CURSOR_ENDS as u32 - 1));
@@ -431,24 +638,71 @@ mod tests {
         let prompt = vec![5u32; 2000];
         let t = RequestTree::new(&prompt, usize::MAX);
         let mut m = Vec::new();
-        t.match_lengths(&[5; 10], 10, 64, &mut m);
-        // Every recent occurrence matches all 10 tokens: the most recent 64 suffice.
-        assert_eq!(m.len(), 64);
+        t.match_lengths_one_by_one(&[5; 10], 10, 64, &mut m);
+        // Every recent occurrence matches all 10 tokens: the most recent 64 suffice,
+        // besides the context's own, which has nothing after it.
+        assert_eq!(m.len(), 65);
         assert!(m.iter().all(|&(_, l)| l == 10));
-        t.match_lengths(&[5; 10], 10, usize::MAX, &mut m);
+        t.match_lengths_one_by_one(&[5; 10], 10, usize::MAX, &mut m);
         assert_eq!(m.len(), MAX_OCCURRENCES);
         // A context that breaks off after 20 tokens: 64 copies of those 20 suffice too,
         // but not of a match shorter than LONG_MATCH.
         let mut context = vec![6u32; 30];
         context.extend([5; 20]);
-        t.match_lengths(&context, 50, 64, &mut m);
-        assert_eq!(m.len(), 64);
+        t.match_lengths_one_by_one(&context, 50, 64, &mut m);
+        assert_eq!(m.len(), 65);
         assert!(m.iter().all(|&(_, l)| l == 20));
-        t.match_lengths(&context[20..], 30, 64, &mut m);
-        assert_eq!(m.len(), 64);
+        t.match_lengths_one_by_one(&context[20..], 30, 64, &mut m);
+        assert_eq!(m.len(), 65);
         let short = [6u32, 5, 5, 5];
-        t.match_lengths(&short, 4, 64, &mut m);
+        t.match_lengths_one_by_one(&short, 4, 64, &mut m);
         assert_eq!(m.len(), MAX_OCCURRENCES);
+    }
+
+    /// Every cursor a list of matches gives, for p up to `limit`.
+    fn cursors(t: &RequestTree, matches: &[(u32, u32)], limit: usize) -> Vec<String> {
+        (1..=limit)
+            .flat_map(|p| {
+                [
+                    format!("{:?}", t.cursor_at(matches, p, 24)),
+                    format!("{:?}", t.response_cursor_at(matches, p, 24)),
+                ]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_repeated_stretch_is_matched_one_period_deep() {
+        let pattern = [11u32, 12, 13, 11, 14, 15, 11];
+        for (prompt, reply) in [
+            (vec![5u32; 3000], vec![5u32; 40]),
+            (pattern.repeat(400), pattern[..3].repeat(10)),
+            (pattern[2..].repeat(500), pattern.repeat(12)),
+            ([1u32, 2].repeat(900), vec![2, 1, 1, 2, 1, 2]),
+        ] {
+            let mut t = RequestTree::new(&prompt, usize::MAX);
+            let (mut walked, mut skipping) = (Vec::new(), Vec::new());
+            for (i, &tok) in reply.iter().enumerate() {
+                t.extend(&[tok]);
+                let context = t.tokens().to_vec();
+                for (limit, enough) in [(64, 64), (64, usize::MAX), (24, usize::MAX), (3, 64)] {
+                    let window = &context[context.len().saturating_sub(limit)..];
+                    t.match_lengths_one_by_one(window, limit, enough, &mut walked);
+                    t.match_lengths(window, limit, enough, &mut skipping);
+                    assert!(skipping.len() <= walked.len());
+                    assert!(
+                        skipping.len() <= 4 * MAX_CURSOR_ENDS,
+                        "{} listed at {i}",
+                        skipping.len()
+                    );
+                    assert_eq!(
+                        cursors(&t, &walked, limit),
+                        cursors(&t, &skipping, limit),
+                        "reply token {i}, limit {limit}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
