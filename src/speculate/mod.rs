@@ -40,8 +40,10 @@ use crate::tree::{Child, Expand, GlobalCursor, GlobalIndex, RequestTree};
 
 mod bounds;
 mod merged;
+mod rescore;
 use bounds::OccurrenceBounds;
 use merged::Merged;
+use rescore::PathRescorer;
 
 /// How many context tokens extended mode matches against the request tree, and how far
 /// back it follows a unique global occurrence.
@@ -59,6 +61,10 @@ pub const MAX_GROWN_PER_CALL: usize = 8;
 /// a cursor keeps no more, so older ones could only add a longer match further back,
 /// while each one costs speculation time on repetitive text.
 pub const ENOUGH_FULL_MATCHES: usize = crate::tree::MAX_CURSOR_ENDS;
+
+/// Request-tree candidates are scored along the leading draft's path without growing
+/// them (see [`rescore`]) when the context has at least this many earlier occurrences.
+const RESCORE_FROM_MATCHES: usize = 32;
 
 /// Which algorithm to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -230,6 +236,8 @@ pub struct Speculator<C = GlobalCursor> {
     skipped_global: bool,
     global: GlobalMatches<C>,
     drafts: Scratch,
+    /// How far the request tree's occurrences follow the leading path draft.
+    rescorer: PathRescorer,
 }
 
 impl<C> Default for Speculator<C> {
@@ -240,6 +248,7 @@ impl<C> Default for Speculator<C> {
             skipped_global: false,
             global: GlobalMatches::default(),
             drafts: Scratch::default(),
+            rescorer: PathRescorer::default(),
         }
     }
 }
@@ -717,14 +726,19 @@ impl<C: Clone> Speculator<C> {
         // text, the response is most likely copying from there (a quoted field, a code
         // block, an earlier step's output), and a short match already identifies the
         // place. Such a draft gets the full budget instead of α·p.
-        let copying = |p: usize| {
-            params.mode == SpecMode::Extended
-                && matches
-                    .iter()
-                    .filter(|m| m.1 as usize >= p)
-                    .nth(1)
-                    .is_none()
-        };
+        // That is every p beyond the second longest match.
+        let (mut longest, mut second_longest) = (0, 0);
+        if params.mode == SpecMode::Extended {
+            for &(_, l) in matches {
+                if l > longest {
+                    (longest, second_longest) = (l, longest);
+                } else if l > second_longest {
+                    second_longest = l;
+                }
+            }
+        }
+        let copying =
+            |p: usize| params.mode == SpecMode::Extended && p > second_longest as usize;
         let budget = |p: usize| {
             if copying(p) {
                 params.max_spec
@@ -747,6 +761,7 @@ impl<C: Clone> Speculator<C> {
             cuts |= 1u128 << (m.1 as usize).min(p_max).min(127);
         }
         cuts &= !1;
+        let rescorer = &mut self.rescorer;
         let mut candidates = std::mem::take(&mut self.drafts.candidates);
         candidates.clear();
         let mut lo = 1;
@@ -772,6 +787,17 @@ impl<C: Clone> Speculator<C> {
                 expand(tree, &cursor, budget(p), floor, params, d);
                 d.match_len = p;
                 true
+            },
+            |p, leader, changed| {
+                // Telling a score costs a pass over the matches, which only pays where
+                // a draft is grown from many of them.
+                if params.tree || matches.len() < RESCORE_FROM_MATCHES {
+                    return None;
+                }
+                if changed {
+                    rescorer.follow(tree, matches, leader);
+                }
+                rescorer.score(matches, p, limit(p), params)
             },
         );
         self.drafts.candidates = candidates;
@@ -839,6 +865,7 @@ impl<C: Clone> Speculator<C> {
                 d.match_len = matched;
                 true
             },
+            |_, _, _| None,
         );
         self.drafts.best.set_source(DraftSource::Global);
     }
@@ -940,6 +967,7 @@ impl<C: Clone> Speculator<C> {
                 d.set_source(source);
                 true
             },
+            |_, _, _| None,
         );
         self.drafts.response_bounds = response;
         self.drafts.request_bounds = whole_request;
@@ -957,7 +985,10 @@ impl<C: Clone> Speculator<C> {
 ///
 /// `eval(p, floor, d)` grows the draft for `p` into `d` (cleared, its buffers reused),
 /// or returns false where `p` has no match. It may stop growing once the draft's score
-/// cannot reach `floor` (such a draft loses anyway). The winner is left in `drafts.best`.
+/// cannot reach `floor` (such a draft loses anyway). `rescore(p, best, changed)` may
+/// tell the exact score of `p`'s draft without growing it (see [`rescore`]; `changed`
+/// says the best draft is not the one of the last call); a `p` it shows to lose is not
+/// grown. The winner is left in `drafts.best`.
 fn best_over_p(
     drafts: &mut Scratch,
     candidates: impl IntoIterator<Item = usize>,
@@ -966,6 +997,7 @@ fn best_over_p(
     floor: f32,
     bound: impl Fn(usize) -> f32,
     mut eval: impl FnMut(usize, f32, &mut Draft) -> bool,
+    mut rescore: impl FnMut(usize, &Draft, bool) -> Option<f32>,
 ) {
     let Scratch {
         best,
@@ -997,8 +1029,15 @@ fn best_over_p(
     order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
     let mut best_p = 0;
     let mut grown = 0;
+    let mut best_changed = false;
     for &(b, p) in order.iter() {
         if b < best.score || (b == best.score && p < best_p) {
+            continue;
+        }
+        if !best.is_empty()
+            && let Some(score) = rescore(p, best, std::mem::take(&mut best_changed))
+            && (score < best.score || (score == best.score && p < best_p))
+        {
             continue;
         }
         if grown == MAX_GROWN_PER_CALL {
@@ -1013,6 +1052,7 @@ fn best_over_p(
         {
             std::mem::swap(best, next);
             best_p = p;
+            best_changed = true;
         }
     }
 }

@@ -1,0 +1,168 @@
+//! Exact scores of request-tree path candidates without growing them, along the path
+//! of a draft already grown.
+//!
+//! On repetitive text many p draw the same path: their occurrence sets differ by a few
+//! occurrences (one more copy of a period, one that runs out near the end), and the
+//! score bounds cannot tell them apart, so each would be grown in full to find that it
+//! loses. But a path draft follows, at every step, the next token of most occurrences.
+//! Given the occurrences of p and how far each follows the leader's path, the counts
+//! along that path are known at once; while the path's next token holds a strict
+//! majority of the node's occurrences, the greedy step takes it, whatever the other
+//! tokens are. So the draft of p is the leader's path, cut where its own limits cut it,
+//! and its score is computed exactly as growing would compute it (the same f32 steps).
+//! Where the majority fails, the path would go beyond the leader's, or one occurrence
+//! is left (extended mode copies its continuation), the candidate is grown as before.
+
+use super::{Draft, SpecMode, SpecParams, min_count_for};
+use crate::tree::{MAX_CURSOR_ENDS, RequestTree};
+
+/// How far the request tree's occurrences follow one path.
+#[derive(Clone, Debug, Default)]
+pub(super) struct PathRescorer {
+    /// For each match, how many of the path's tokens follow its occurrence.
+    follows: Vec<u32>,
+    /// `at_least[k]`: occurrences of the candidate that follow k tokens or more.
+    at_least: Vec<u32>,
+    /// The path's length.
+    path_len: usize,
+}
+
+impl PathRescorer {
+    /// Measures how far each of `matches` ((end position, match length), most recent
+    /// first) goes on with the tokens of `path`.
+    pub(super) fn follow(&mut self, tree: &RequestTree, matches: &[(u32, u32)], path: &Draft) {
+        let tokens = tree.tokens();
+        self.path_len = path.len();
+        self.follows.clear();
+        self.follows.extend(matches.iter().map(|&(end, _)| {
+            let after = &tokens[(end as usize + 1).min(tokens.len())..];
+            after
+                .iter()
+                .zip(&path.tokens)
+                .take_while(|(a, b)| a == b)
+                .count() as u32
+        }));
+    }
+
+    /// The exact score of the path draft grown from the occurrences matching `p` tokens,
+    /// at most `limit` tokens long, if that draft is the measured path (or a prefix of
+    /// it); None where that cannot be told without growing it.
+    pub(super) fn score(
+        &mut self,
+        matches: &[(u32, u32)],
+        p: usize,
+        limit: usize,
+        params: &SpecParams,
+    ) -> Option<f32> {
+        debug_assert_eq!(matches.len(), self.follows.len(), "follow() the same matches");
+        self.at_least.clear();
+        self.at_least.resize(self.path_len + 2, 0);
+        // The cursor of p: its most recent occurrences (see `RequestTree::cursor_at`).
+        let mut count = 0u32;
+        for (&(end, matched), &follows) in matches.iter().zip(&self.follows) {
+            if matched as usize >= p && end as usize + 1 >= p {
+                self.at_least[follows as usize] += 1;
+                count += 1;
+                if count as usize == MAX_CURSOR_ENDS {
+                    break;
+                }
+            }
+        }
+        for k in (0..=self.path_len).rev() {
+            self.at_least[k] += self.at_least[k + 1];
+        }
+        // The steps of `expand_path`, on known counts.
+        let extended = params.mode == SpecMode::Extended;
+        let (mut prob, mut score, mut len) = (1.0f32, 0.0f32, 0usize);
+        while len < limit {
+            if (extended && count == 1) || len == self.path_len {
+                return None;
+            }
+            let next_count = self.at_least[len + 1];
+            // The other next tokens share what is left, so the path's is the most
+            // frequent child, and no tie is broken.
+            if next_count <= count - next_count {
+                return None;
+            }
+            if next_count < min_count_for(params, prob, count) {
+                break;
+            }
+            let next = prob * (next_count as f32 / count as f32);
+            if next < params.min_prob {
+                break;
+            }
+            prob = next;
+            score += prob;
+            len += 1;
+            count = next_count;
+        }
+        Some(score)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::speculate::expand;
+    use proptest::prelude::*;
+
+    /// The draft that growing candidate `p` gives, with the budget the search uses.
+    fn grown(tree: &RequestTree, matches: &[(u32, u32)], p: usize, params: &SpecParams) -> Draft {
+        let mut d = Draft::default();
+        if let Some(cursor) = tree.cursor_at(matches, p, params.budget(p)) {
+            expand(tree, &cursor, params.budget(p), 0.0, params, &mut d);
+        }
+        d
+    }
+
+    proptest! {
+        /// Wherever a score is told without growing, growing gives that score, on a
+        /// prefix of the leader's path.
+        #[test]
+        fn a_told_score_is_the_grown_score(
+            pattern in prop::collection::vec(0u32..4, 1..9),
+            repeats in 1usize..40,
+            noise in prop::collection::vec((0usize..400, 0u32..6), 0..6),
+            reply in prop::collection::vec(0u32..4, 0..30),
+            min_prob in 0.0f32..0.6,
+            paper in any::<bool>(),
+        ) {
+            let mut prompt: Vec<u32> = pattern.iter().copied().cycle().take(pattern.len() * repeats).collect();
+            for (at, tok) in noise {
+                if let Some(t) = prompt.get_mut(at) {
+                    *t = tok;
+                }
+            }
+            let params = SpecParams {
+                min_prob,
+                mode: if paper { SpecMode::Paper } else { SpecMode::Extended },
+                ..SpecParams::default()
+            };
+            let mut tree = RequestTree::new(&prompt, params.request_depth());
+            tree.extend(&reply);
+            let context = tree.tokens().to_vec();
+            let limit = if paper { params.max_depth } else { 64 };
+            let window = &context[context.len().saturating_sub(limit)..];
+            let mut matches = Vec::new();
+            tree.match_lengths(window, window.len(), usize::MAX, &mut matches);
+            let p_max = matches.iter().map(|m| m.1 as usize).max().unwrap_or(0);
+            let mut rescorer = PathRescorer::default();
+            for leader_p in 1..=p_max {
+                let leader = grown(&tree, &matches, leader_p, &params);
+                if leader.is_empty() {
+                    continue;
+                }
+                rescorer.follow(&tree, &matches, &leader);
+                for p in 1..=p_max {
+                    let room = if paper { params.max_depth.saturating_sub(p) } else { usize::MAX };
+                    let limit = params.budget(p).min(room);
+                    if let Some(score) = rescorer.score(&matches, p, limit, &params) {
+                        let d = grown(&tree, &matches, p, &params);
+                        prop_assert_eq!(d.score, score, "p {} after leader {}", p, leader_p);
+                        prop_assert!(leader.tokens.starts_with(&d.tokens));
+                    }
+                }
+            }
+        }
+    }
+}
