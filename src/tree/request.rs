@@ -228,6 +228,7 @@ impl RequestTree {
             longest: 0,
             as_long: 0,
             visited: 0,
+            listed: [0; ALIKE_CONTEXT + 1],
         };
         let mut j = self.last.get(&lastc).copied().unwrap_or(NIL);
         while j != NIL {
@@ -500,6 +501,9 @@ struct Walk<'a> {
     as_long: usize,
     /// Occurrences walked, or passed over as copies of listed ones.
     visited: usize,
+    /// `listed[l]`: listed occurrences (the context's own aside) that match `l` tokens,
+    /// for the repeated stretches (whose matches are shorter than [`ALIKE_CONTEXT`]).
+    listed: [u32; ALIKE_CONTEXT + 1],
 }
 
 impl Walk<'_> {
@@ -510,6 +514,7 @@ impl Walk<'_> {
         // The occurrence at the very end (the context's own, usually) has nothing
         // after it: it never starts a draft, so it does not count towards `enough`.
         if j as usize != self.end {
+            self.listed[(l as usize).min(ALIKE_CONTEXT)] += 1;
             if l > self.longest {
                 (self.longest, self.as_long) = (l, 0);
             }
@@ -523,17 +528,49 @@ impl Walk<'_> {
         self.visited >= MAX_OCCURRENCES
     }
 
-    /// Lists the copies, one and more periods back, of the occurrences listed from
+    /// Counts an occurrence the walk passes over without listing it (a copy no cursor
+    /// can keep, of a listed one that matches `l`); true when the walk is over.
+    fn pass_over(&mut self, l: u32) -> bool {
+        self.visited += 1;
+        if l == self.longest {
+            self.as_long += 1;
+            if self.as_long >= self.enough && l as usize >= self.long_enough {
+                return true;
+            }
+        }
+        self.visited >= MAX_OCCURRENCES
+    }
+
+    /// Listed occurrences, the context's own aside, that match at least `l` tokens.
+    fn listed_at_least(&self, l: u32) -> usize {
+        self.listed[(l as usize).min(ALIKE_CONTEXT)..].iter().sum::<u32>() as usize
+    }
+
+    /// Walks the copies, one and more periods back, of the occurrences listed from
     /// `first` on (one period of a repeated stretch), down to position `floor` where the
-    /// stretch ends: the [`MAX_CURSOR_ENDS`] most recent copies of each, the others
-    /// counted as visited. Returns None when the walk is over, else the oldest copy in
-    /// the stretch (None if there is none), from which the chain goes on.
+    /// stretch ends. A copy is listed while fewer than [`MAX_CURSOR_ENDS`] listed
+    /// occurrences match as long as it does, since a cursor keeps no more; the others
+    /// are passed over, counted as the walk one by one would count them. Returns None
+    /// when the walk is over, else the oldest copy in the stretch (None if there is
+    /// none), from which the chain goes on.
     fn repeat(&mut self, first: usize, period: usize, floor: usize) -> Option<Option<usize>> {
         let last = self.out.len();
         if first == last {
             return Some(None);
         }
-        for k in 1..=MAX_CURSOR_ENDS {
+        // How many periods back each one's copies can still enter a cursor: each period
+        // adds a copy of every listed one that matches at least as long.
+        let reps: SmallVec<[usize; 16]> = (first..last)
+            .map(|i| {
+                let l = self.out[i].1;
+                let per_period = self.out[first..last].iter().filter(|o| o.1 >= l).count();
+                MAX_CURSOR_ENDS
+                    .saturating_sub(self.listed_at_least(l))
+                    .div_ceil(per_period)
+            })
+            .collect();
+        let most = reps.iter().copied().max().unwrap_or(0);
+        for k in 1..=most {
             for i in first..last {
                 let (j, l) = self.out[i];
                 let Some(copy) = (j as usize).checked_sub(k * period).filter(|&c| c >= floor)
@@ -541,17 +578,29 @@ impl Walk<'_> {
                     // Copies run out in position order: this one and every later one.
                     return Some(self.oldest_copy(first, last, period, floor));
                 };
-                if self.visit(copy as u32, l) {
+                let over = if k <= reps[i - first] {
+                    self.visit(copy as u32, l)
+                } else {
+                    self.pass_over(l)
+                };
+                if over {
                     return None;
                 }
             }
         }
         // The older copies repeat listed matches: no cursor keeps them.
-        let skipped: usize = (first..last)
-            .map(|i| (self.out[i].0 as usize - floor) / period - MAX_CURSOR_ENDS)
-            .sum();
-        self.visited += skipped;
-        if self.visited >= MAX_OCCURRENCES {
+        let mut as_long = 0;
+        for i in first..last {
+            let (j, l) = self.out[i];
+            let passed = ((j as usize - floor) / period).saturating_sub(most);
+            self.visited += passed;
+            if l == self.longest {
+                as_long += passed;
+            }
+        }
+        self.as_long += as_long;
+        let stop = self.as_long >= self.enough && self.longest as usize >= self.long_enough;
+        if stop || self.visited >= MAX_OCCURRENCES {
             return None;
         }
         Some(self.oldest_copy(first, last, period, floor))
@@ -695,13 +744,53 @@ mod tests {
                         "{} listed at {i}",
                         skipping.len()
                     );
-                    assert_eq!(
-                        cursors(&t, &walked, limit),
-                        cursors(&t, &skipping, limit),
-                        "reply token {i}, limit {limit}"
-                    );
+                    assert_same_cursors(&t, &walked, &skipping, limit);
                 }
             }
+        }
+    }
+
+    /// The two walks give the same cursor for every p, and the same longest match.
+    fn assert_same_cursors(
+        t: &RequestTree,
+        walked: &[(u32, u32)],
+        skipping: &[(u32, u32)],
+        limit: usize,
+    ) {
+        let end = t.tokens().len() as u32 - 1;
+        let longest = |m: &[(u32, u32)]| m.iter().filter(|o| o.0 != end).map(|o| o.1).max();
+        assert_eq!(longest(walked), longest(skipping), "limit {limit}");
+        assert_eq!(
+            cursors(t, walked, limit),
+            cursors(t, skipping, limit),
+            "limit {limit}"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn skipping_repeated_stretches_changes_no_cursor(
+            pattern in proptest::collection::vec(0u32..4, 1..12),
+            repeats in 10usize..300,
+            noise in proptest::collection::vec((0usize..3000, 0u32..6), 0..4),
+            reply in proptest::collection::vec(0u32..4, 1..12),
+            limit in proptest::prop_oneof![1usize..8, 8usize..65],
+            enough in proptest::prop_oneof![proptest::strategy::Just(64usize), proptest::strategy::Just(100usize), proptest::strategy::Just(usize::MAX)],
+        ) {
+            let mut prompt: Vec<u32> = pattern.iter().copied().cycle().take(pattern.len() * repeats).collect();
+            for (at, tok) in noise {
+                if let Some(t) = prompt.get_mut(at) {
+                    *t = tok;
+                }
+            }
+            let mut t = RequestTree::new(&prompt, usize::MAX);
+            t.extend(&reply);
+            let context = t.tokens().to_vec();
+            let window = &context[context.len().saturating_sub(limit)..];
+            let (mut walked, mut skipping) = (Vec::new(), Vec::new());
+            t.match_lengths_one_by_one(window, limit, enough, &mut walked);
+            t.match_lengths(window, limit, enough, &mut skipping);
+            assert_same_cursors(&t, &walked, &skipping, limit);
         }
     }
 
