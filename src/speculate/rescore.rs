@@ -16,6 +16,21 @@
 use super::{Draft, SpecMode, SpecParams, min_count_for};
 use crate::tree::{MAX_CURSOR_ENDS, RequestTree};
 
+/// How many leading tokens `a` and `b` share, compared a chunk at a time (most
+/// occurrences on repetitive text follow a path for its whole length).
+fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
+    const CHUNK: usize = 8;
+    let max = a.len().min(b.len());
+    let mut l = 0;
+    while l + CHUNK <= max && a[l..l + CHUNK] == b[l..l + CHUNK] {
+        l += CHUNK;
+    }
+    while l < max && a[l] == b[l] {
+        l += 1;
+    }
+    l
+}
+
 /// How far the request tree's occurrences follow one path.
 #[derive(Clone, Debug, Default)]
 pub(super) struct PathRescorer {
@@ -36,11 +51,7 @@ impl PathRescorer {
         self.follows.clear();
         self.follows.extend(matches.iter().map(|&(end, _)| {
             let after = &tokens[(end as usize + 1).min(tokens.len())..];
-            after
-                .iter()
-                .zip(&path.tokens)
-                .take_while(|(a, b)| a == b)
-                .count() as u32
+            common_prefix_len(after, &path.tokens) as u32
         }));
     }
 
