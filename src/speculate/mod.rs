@@ -991,6 +991,7 @@ impl<C: Clone> Speculator<C> {
 /// tell the exact score of `p`'s draft without growing it (see [`rescore`]; `changed`
 /// says the best draft is not the one of the last call); a `p` it shows to lose is not
 /// grown. The winner is left in `drafts.best`.
+#[allow(clippy::too_many_arguments)]
 fn best_over_p(
     drafts: &mut Scratch,
     candidates: impl IntoIterator<Item = usize>,
