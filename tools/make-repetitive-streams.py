@@ -3,7 +3,8 @@
 {"prompt", "response"}; pipe through `zstd` for the peer, which reads .zst only):
 
   runs     prompts of N copies of one token, the reply the same token
-  periods  prompts of a short pattern (period 7) repeated to N tokens, the reply the pattern
+  periods  prompts of a short pattern (period 7; --period, --alphabet) repeated to N
+           tokens, the reply the pattern from its start
   loops    ordinary prompts (--base, a token-stream file) cut to 800 tokens, whose replies
            start as the recorded reply and fall into an 11-token loop halfway
 
@@ -25,6 +26,14 @@ def main():
     ap.add_argument("--sizes", default="1000,2000,4000,8000,16000")
     ap.add_argument("--per-size", type=int, default=2)
     ap.add_argument("--reply", type=int, default=128, help="reply tokens (runs, periods)")
+    ap.add_argument("--period", type=int, default=7, help="pattern length (periods)")
+    ap.add_argument(
+        "--alphabet",
+        type=int,
+        default=0,
+        help="distinct tokens the pattern is drawn from (periods; default: as many as --period, "
+        "so no token repeats within it)",
+    )
     ap.add_argument("--base", help="token-stream JSONL of ordinary examples (loops)")
     ap.add_argument("--count", type=int, default=60, help="examples (loops)")
     ap.add_argument("--seed", type=int, default=0)
@@ -36,8 +45,11 @@ def main():
             for _ in range(a.per_size):
                 if a.kind == "runs":
                     pattern = [rng.randrange(100, 49000)]
+                elif a.alphabet:
+                    letters = [rng.randrange(100, 49000) for _ in range(a.alphabet)]
+                    pattern = [rng.choice(letters) for _ in range(a.period)]
                 else:
-                    pattern = [rng.randrange(100, 49000) for _ in range(7)]
+                    pattern = [rng.randrange(100, 49000) for _ in range(a.period)]
                 prompt = (pattern * (n // len(pattern) + 1))[:n]
                 reply = (pattern * (a.reply // len(pattern) + 1))[: a.reply]
                 out.append({"prompt": prompt, "response": reply})

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Speculation cost on repetitive text (issue 21), against the reference in one run:
-# runs of one token, a short period repeated, replies that fall into a loop, and a
+# runs of one token, a short period repeated (7 distinct tokens; and 9 tokens drawn from
+# 3, so that tokens repeat within the period), replies that fall into a loop, and a
 # synthetic agentic pipeline. Prints, per stream, suffixd's mean, p50, p99 and slowest
 # speculation call and tokens/step for each BINARY (default: this checkout's release
 # build), and the peer's native speculation time and tokens/step.
@@ -8,8 +9,8 @@
 #   tools/spec-adversarial.sh [BINARY...]        (SHAPE=linear|tree, MODE=extended|paper)
 #
 # Streams are written once to target/spec-adversarial/ (tools/make-repetitive-streams.py
-# with ShareGPT test prompts for the loops, tools/make-agentic-workload.py); the first
-# three use 4,000 ShareGPT responses as the warm cache, the agentic one its own 1,200.
+# with ShareGPT test prompts for the loops, tools/make-agentic-workload.py); all but the
+# agentic one use 4,000 ShareGPT responses as the warm cache, the agentic one its own 1,200.
 # The peer is built as tools/compare-peer.sh builds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,12 @@ if [ ! -f "$OUT/agentic-warm.jsonl.zst" ]; then
     python3 tools/make-agentic-workload.py --tasks 400 --out "$OUT/agentic-warm.jsonl" --seed 1
     for f in runs periods loops agentic agentic-warm; do zst "$OUT/$f.jsonl" "$OUT/$f.jsonl.zst"; done
 fi
-for s in runs periods loops agentic; do
+if [ ! -f "$OUT/periods-repeating.jsonl.zst" ]; then
+    python3 tools/make-repetitive-streams.py --kind periods --period 9 --alphabet 3 \
+        --sizes 1000,2000,4000,8000,16000,32000 --out "$OUT/periods-repeating.jsonl"
+    zst "$OUT/periods-repeating.jsonl" "$OUT/periods-repeating.jsonl.zst"
+fi
+for s in runs periods periods-repeating loops agentic; do
     if [ "$s" = agentic ]; then warm="$OUT/agentic-warm.jsonl.zst"; n=1200; else warm="$DATA/train.jsonl.zst"; n=4000; fi
     "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$warm" --test-file "$OUT/$s.jsonl.zst" \
         --train "$n" --test 1000 "--$SHAPE" --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$s.json"
@@ -55,11 +61,11 @@ done
 python3 - "$OUT" "${BINS[@]}" <<'PY'
 import json, sys
 out, bins = sys.argv[1], sys.argv[2:]
-print(f"{'stream':8} {'binary':28} {'mean us':>8} {'p50':>7} {'p99':>8} {'max':>8} {'tok/step':>8} | {'peer us':>7} {'tok/step':>8} | {'ratio':>6}")
-for s in ["runs", "periods", "loops", "agentic"]:
+print(f"{'stream':17} {'binary':28} {'mean us':>8} {'p50':>7} {'p99':>8} {'max':>8} {'tok/step':>8} | {'peer us':>7} {'tok/step':>8} | {'ratio':>6}")
+for s in ["runs", "periods", "periods-repeating", "loops", "agentic"]:
     p = json.load(open(f"{out}/peer-{s}.json"))
     for i, b in enumerate(bins):
         a = json.load(open(f"{out}/suffixd-{s}.{i}.json"))
         pn = p["native_spec_us_per_call"]
-        print(f"{s:8} {b[-28:]:28} {a['spec_us_per_call']:8.1f} {a['spec_us_p50']:7.1f} {a['spec_us_p99']:8.1f} {a['spec_us_max']:8.1f} {a['tokens_per_step']:8.3f} | {pn:7.1f} {p['tokens_per_step']:8.3f} | {a['spec_us_per_call'] / pn:6.2f}")
+        print(f"{s:17} {b[-28:]:28} {a['spec_us_per_call']:8.1f} {a['spec_us_p50']:7.1f} {a['spec_us_p99']:8.1f} {a['spec_us_max']:8.1f} {a['tokens_per_step']:8.3f} | {pn:7.1f} {p['tokens_per_step']:8.3f} | {a['spec_us_per_call'] / pn:6.2f}")
 PY
