@@ -125,15 +125,15 @@ fn kill_9_loses_no_acknowledged_append_and_doubles_nothing() {
         // must be that response, and it stays from now on.
         if let Some(n) = ns {
             for id in n.ids() {
-                if !acked_total.contains_key(&id) {
+                acked_total.entry(id).or_insert_with(|| {
                     let toks = n.tokens_of(id).unwrap();
                     assert_eq!(
                         Some(&toks),
                         in_flight.as_ref(),
                         "round {round}: unexpected sequence {id}"
                     );
-                    acked_total.insert(id, toks);
-                }
+                    toks
+                });
             }
         }
         recovered += 1;

@@ -64,10 +64,7 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     assert_eq!(st, 200, "{first}");
     assert_eq!(first["object"], "text_completion");
     assert!(!first["choices"][0]["text"].as_str().unwrap().is_empty());
-    assert_eq!(
-        first["usage"]["completion_tokens"].as_u64().unwrap() as usize > 0,
-        true
-    );
+    assert!(first["usage"]["completion_tokens"].as_u64().unwrap() as usize > 0);
     assert!(first["suffixd"]["steps"].as_u64().unwrap() > 0);
 
     // Chat, plain and streamed: the same greedy text.

@@ -102,10 +102,7 @@ fn each_kind_of_damage_has_its_own_error() {
         b[at] ^= 0x10;
     });
     let e = match Snapshot::open(&p, None) {
-        Ok(s) => s
-            .verify()
-            .err()
-            .expect("verify catches a flipped data byte"),
+        Ok(s) => s.verify().expect_err("verify catches a flipped data byte"),
         Err(e) => e,
     };
     assert!(e.to_string().contains("corrupt"), "{e}");

@@ -174,8 +174,7 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
             &mut NoDrafts,
             &mut |_| true,
         )
-        .err()
-        .expect("an 80-token prompt does not fit a 64-token context");
+        .expect_err("an 80-token prompt does not fit a 64-token context");
     assert!(err.to_string().contains("context too long"), "{err}");
 }
 

@@ -283,7 +283,7 @@ pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
                     writeln!(out, "ack {id} {}", ids.len())?;
                     out.flush()?;
                 }
-                if a.snapshot_every > 0 && n % a.snapshot_every == 0 {
+                if a.snapshot_every > 0 && n.is_multiple_of(a.snapshot_every) {
                     store.snapshot()?;
                 }
             }

@@ -739,8 +739,7 @@ impl<C: Clone> Speculator<C> {
                 }
             }
         }
-        let copying =
-            |p: usize| params.mode == SpecMode::Extended && p > second_longest as usize;
+        let copying = |p: usize| params.mode == SpecMode::Extended && p > second_longest as usize;
         let budget = |p: usize| {
             if copying(p) {
                 params.max_spec

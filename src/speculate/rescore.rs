@@ -65,7 +65,11 @@ impl PathRescorer {
         limit: usize,
         params: &SpecParams,
     ) -> Option<f32> {
-        debug_assert_eq!(matches.len(), self.follows.len(), "follow() the same matches");
+        debug_assert_eq!(
+            matches.len(),
+            self.follows.len(),
+            "follow() the same matches"
+        );
         self.at_least.clear();
         self.at_least.resize(self.path_len + 2, 0);
         // The cursor of p: its most recent occurrences (see `RequestTree::cursor_at`).

@@ -270,7 +270,7 @@ impl<S: Storage> GlobalIndex for Layered<'_, S> {
     fn version(&self) -> u64 {
         // Versions are unique per tree state; mix the three so that any change changes it.
         let mix = |h: u64, v: u64| (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-        let base = self.base.map_or(0, |b| GlobalIndex::version(b));
+        let base = self.base.map_or(0, GlobalIndex::version);
         mix(
             mix(mix(0, base), GlobalIndex::version(self.delta)),
             GlobalIndex::version(self.evicted),

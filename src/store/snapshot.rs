@@ -575,14 +575,14 @@ fn cast<P, A, T: PlainRecord<P>>(
     const { assert!(std::mem::size_of::<A>() == std::mem::size_of::<P>()) };
     const { assert!(std::mem::align_of::<A>() == std::mem::align_of::<P>()) };
     let per = std::mem::size_of::<T>() / std::mem::size_of::<P>();
-    if archived.len() % per != 0 {
+    if !archived.len().is_multiple_of(per) {
         return Err(format!(
             "{what}: {} words is not whole records",
             archived.len()
         ));
     }
     let ptr = archived.as_ptr() as *const T;
-    if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(format!("{what}: misaligned"));
     }
     Ok(Mapped {

@@ -261,8 +261,11 @@ impl RequestTree {
     fn match_length(&self, j: usize, context: &[u32], limit: usize) -> u32 {
         // The token at j matches the last one by construction of the chain.
         let n = context.len();
-        (1 + common_suffix_len(&self.tokens[..j], &context[..n - 1], limit.saturating_sub(1)))
-            as u32
+        (1 + common_suffix_len(
+            &self.tokens[..j],
+            &context[..n - 1],
+            limit.saturating_sub(1),
+        )) as u32
     }
 
     /// The cursor of the path made of the last `p` tokens of the context, given the
@@ -543,7 +546,9 @@ impl Walk<'_> {
 
     /// Listed occurrences, the context's own aside, that match at least `l` tokens.
     fn listed_at_least(&self, l: u32) -> usize {
-        self.listed[(l as usize).min(ALIKE_CONTEXT)..].iter().sum::<u32>() as usize
+        self.listed[(l as usize).min(ALIKE_CONTEXT)..]
+            .iter()
+            .sum::<u32>() as usize
     }
 
     /// Walks the copies, one and more periods back, of the occurrences listed from

@@ -529,7 +529,11 @@ impl Model {
         let width = md_u32(content, "llama.embedding_length").map_err(fmt)? as usize;
         let layers_n = md_u32(content, "llama.block_count").map_err(fmt)? as usize;
         let trained_context = md_u32(content, "llama.context_length").map_err(fmt)? as usize;
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || width % heads != 0 {
+        if heads == 0
+            || kv_heads == 0
+            || !heads.is_multiple_of(kv_heads)
+            || !width.is_multiple_of(heads)
+        {
             return Err(fmt(format!(
                 "bad head counts {heads}/{kv_heads} for width {width}"
             )));

@@ -37,7 +37,7 @@ const EXP_POLY: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    5e-1,
 ];
 
 /// e^x for x ≤ 0 to about 2 ulp, by operations the AVX2 path repeats lane by lane:

@@ -58,7 +58,7 @@ mod avx2 {
         out: Out,
     ) {
         let k = w.k;
-        assert!(k % 8 == 0 && (c0 + C) * k <= w.weights.len() && (r0 + R) * k <= x.len());
+        assert!(k.is_multiple_of(8) && (c0 + C) * k <= w.weights.len() && (r0 + R) * k <= x.len());
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         for i in (0..k).step_by(8) {
             // SAFETY: the assert above keeps every load inside its slice.
@@ -131,7 +131,7 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
         match simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: Avx2 is chosen only with AVX2 and FMA; the columns and rows exist.
-            Simd::Avx2 if w.k % 8 == 0 => unsafe {
+            Simd::Avx2 if w.k.is_multiple_of(8) => unsafe {
                 if cols == 2 {
                     avx2::columns::<2>(w, x, rows, c0, out)
                 } else {
