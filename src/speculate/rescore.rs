@@ -119,6 +119,7 @@ impl PathRescorer {
 mod tests {
     use super::*;
     use crate::speculate::expand;
+    use crate::tree::repeated_with_noise;
     use proptest::prelude::*;
 
     /// The draft that growing candidate `p` gives, with the budget the search uses.
@@ -142,12 +143,7 @@ mod tests {
             min_prob in 0.0f32..0.6,
             paper in any::<bool>(),
         ) {
-            let mut prompt: Vec<u32> = pattern.iter().copied().cycle().take(pattern.len() * repeats).collect();
-            for (at, tok) in noise {
-                if let Some(t) = prompt.get_mut(at) {
-                    *t = tok;
-                }
-            }
+            let prompt = repeated_with_noise(&pattern, repeats, &noise);
             let params = SpecParams {
                 min_prob,
                 mode: if paper { SpecMode::Paper } else { SpecMode::Extended },

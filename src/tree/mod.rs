@@ -22,6 +22,8 @@ pub use global::{
     WideChild,
 };
 pub(crate) use global::{SeqBlocks, sort_wide_lists};
+#[cfg(test)]
+pub(crate) use request::repeated_with_noise;
 pub use request::{LONG_MATCH, MAX_CURSOR_ENDS, MAX_OCCURRENCES, RequestCursor, RequestTree};
 pub use wide_index::WideIndex;
 

@@ -129,13 +129,13 @@ impl RequestTree {
             return before + 1;
         }
         let mut a = self.prev[i];
-        let before = self.tokens[i.saturating_sub(1)];
+        let token_before = self.tokens[i.saturating_sub(1)];
         for _ in 0..ALIKE_TRIES {
             if a == NIL || (a as usize) + 1 < ALIKE_CONTEXT {
                 break;
             }
             let au = a as usize;
-            if self.tokens[au - 1] == before
+            if self.tokens[au - 1] == token_before
                 && common_suffix_len(&self.tokens[..i], &self.tokens[..au], ALIKE_CONTEXT - 1)
                     == ALIKE_CONTEXT - 1
             {
@@ -181,10 +181,10 @@ impl RequestTree {
     ///
     /// Inside a stretch that repeats with some period, every occurrence matches as the
     /// one a period later does (see [`ALIKE_CONTEXT`]): one period is compared, and of the
-    /// rest only the [`MAX_CURSOR_ENDS`] most recent copies are listed, since no cursor
-    /// keeps older ones. They count towards [`MAX_OCCURRENCES`] as if walked, so what any
-    /// cursor holds is what walking every occurrence gives
-    /// ([`RequestTree::match_lengths_one_by_one`]).
+    /// rest a copy is listed only while fewer than [`MAX_CURSOR_ENDS`] listed occurrences
+    /// match as long as it does, since no cursor keeps more. The others count towards
+    /// [`MAX_OCCURRENCES`] and the stop as if walked, so what any cursor holds is what
+    /// walking every occurrence gives ([`RequestTree::match_lengths_one_by_one`]).
     pub fn match_lengths(
         &self,
         context: &[u32],
@@ -492,6 +492,23 @@ impl Expand for RequestTree {
     }
 }
 
+/// `pattern` repeated `repeats` times, with the tokens of `noise` ((position, token))
+/// written over it: a prompt for the property tests of repeated stretches.
+#[cfg(test)]
+pub(crate) fn repeated_with_noise(
+    pattern: &[u32],
+    repeats: usize,
+    noise: &[(usize, u32)],
+) -> Vec<u32> {
+    let mut out = pattern.repeat(repeats);
+    for &(at, tok) in noise {
+        if let Some(t) = out.get_mut(at) {
+            *t = tok;
+        }
+    }
+    out
+}
+
 /// The state of one [`RequestTree::match_lengths`] walk.
 struct Walk<'a> {
     out: &'a mut Vec<(u32, u32)>,
@@ -782,12 +799,7 @@ mod tests {
             limit in proptest::prop_oneof![1usize..8, 8usize..65],
             enough in proptest::prop_oneof![proptest::strategy::Just(64usize), proptest::strategy::Just(100usize), proptest::strategy::Just(usize::MAX)],
         ) {
-            let mut prompt: Vec<u32> = pattern.iter().copied().cycle().take(pattern.len() * repeats).collect();
-            for (at, tok) in noise {
-                if let Some(t) = prompt.get_mut(at) {
-                    *t = tok;
-                }
-            }
+            let prompt = repeated_with_noise(&pattern, repeats, &noise);
             let mut t = RequestTree::new(&prompt, usize::MAX);
             t.extend(&reply);
             let context = t.tokens().to_vec();
