@@ -7,10 +7,12 @@
 use std::path::{Path, PathBuf};
 
 use suffixd::corpus::logs::ChatMessage;
+use suffixd::serve::drafter::CacheDrafter;
 use suffixd::speculate::{SpecMode, SpecParams};
+use suffixd::store::Layered;
 use suffixd::tree::GlobalTree;
 use suffixd::verify::cost::CostCurve;
-use suffixd::verify::engine::{Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling};
+use suffixd::verify::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::verify::model::WeightFormat;
 
 fn model() -> Option<PathBuf> {
@@ -106,6 +108,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
         ..SpecParams::default()
     };
     let mut global = GlobalTree::new(params.max_depth).unwrap();
+    let nothing = GlobalTree::new(params.max_depth).unwrap();
     let opts = |speculate| GenerateOptions {
         max_tokens: 24,
         sampling: Sampling::default(),
@@ -131,7 +134,8 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
         let plain = engine
             .generate(&prompt, &opts(false), &mut NoDrafts, &mut |_| true)
             .unwrap();
-        let mut drafter = IndexDrafter::new(&global, params);
+        let view = Layered::new(None, &global, &nothing);
+        let mut drafter = CacheDrafter::new(view, params, &prompt);
         let spec = engine
             .generate(&prompt, &opts(true), &mut drafter, &mut |_| true)
             .unwrap();
@@ -245,9 +249,10 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
     for (i, out) in plain.iter().enumerate().step_by(2) {
         global.insert(i as u64, out).unwrap();
     }
-    let mut drafters: Vec<IndexDrafter<'_, GlobalTree>> = prompts
+    let nothing = GlobalTree::new(params.max_depth).unwrap();
+    let mut drafters: Vec<CacheDrafter<Layered<'_>>> = prompts
         .iter()
-        .map(|_| IndexDrafter::new(&global, params))
+        .map(|p| CacheDrafter::new(Layered::new(None, &global, &nothing), params, p))
         .collect();
     let mut seqs: Vec<Option<Sequence>> = prompts.iter().map(|_| None).collect();
     let mut results: Vec<Option<Vec<u32>>> = prompts.iter().map(|_| None).collect();

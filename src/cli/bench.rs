@@ -10,8 +10,10 @@ use serde::Deserialize;
 
 use crate::corpus::logs::ChatMessage;
 use crate::corpus::open_lines;
+use crate::serve::drafter::CacheDrafter;
+use crate::store::Layered;
 use crate::tree::GlobalTree;
-use crate::verify::engine::{Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling};
+use crate::verify::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 
 use super::SpecArgs;
 use super::generate::ModelArgs;
@@ -83,6 +85,8 @@ impl Pass {
 struct Side {
     speculate: bool,
     global: GlobalTree,
+    /// Nothing evicted: the third layer of the view the drafter reads.
+    evicted: GlobalTree,
     next_id: u64,
     pass: Pass,
 }
@@ -92,6 +96,7 @@ impl Side {
         Ok(Side {
             speculate,
             global: GlobalTree::new(max_depth)?,
+            evicted: GlobalTree::new(max_depth)?,
             next_id: 0,
             pass: Pass::default(),
         })
@@ -135,7 +140,8 @@ impl Side {
                 .map_err(anyhow::Error::msg)?;
             let t0 = Instant::now();
             let g = if self.speculate {
-                let mut d = IndexDrafter::new(&self.global, params);
+                let view = Layered::new(None, &self.global, &self.evicted);
+                let mut d = CacheDrafter::new(view, params, &prompt);
                 engine.generate(&prompt, &opts, &mut d, &mut |_| true)?
             } else {
                 engine.generate(&prompt, &opts, &mut NoDrafts, &mut |_| true)?

@@ -6,11 +6,12 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::corpus::logs::ChatMessage;
+use crate::serve::drafter::CacheDrafter;
 use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};
 use crate::tree::GlobalTree;
 use crate::verify::cost::CostCurve;
-use crate::verify::engine::{Drafter, Engine, GenerateOptions, IndexDrafter, NoDrafts, Sampling};
+use crate::verify::engine::{Drafter, Engine, GenerateOptions, NoDrafts, Sampling};
 use crate::verify::model::WeightFormat;
 
 use super::SpecArgs;
@@ -184,7 +185,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
     let mut drafter: Box<dyn Drafter> = if a.no_spec {
         Box::new(NoDrafts)
     } else {
-        Box::new(IndexDrafter::new(&view, params))
+        Box::new(CacheDrafter::new(view, params, &prompt))
     };
     let g = engine.generate(&prompt, &opts, drafter.as_mut(), &mut |_| true)?;
     if a.json {

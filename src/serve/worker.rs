@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::speculate::{Draft, SpecParams, Speculator};
-use crate::store::LayeredCursor;
+use crate::speculate::SpecParams;
 use crate::store::live::Store;
-use crate::tree::{GlobalIndex, GlobalTree, RequestTree};
+use crate::tree::GlobalTree;
 use crate::verify::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence};
 use crate::verify::model::ModelError;
 
+use super::drafter::{CacheDrafter, NamespaceSource};
 use super::metrics::Metrics;
 
 /// One request for the model thread.
@@ -57,61 +57,10 @@ impl JobError {
     }
 }
 
-/// Drafts from the store: the namespace's base + delta − evicted view, read under the
-/// store's read lock for the duration of one draft.
-struct StoreDrafter<'a> {
-    store: &'a Store,
-    namespace: String,
-    params: SpecParams,
-    speculator: Speculator<LayeredCursor>,
-    empty: GlobalTree,
-}
-
-impl Drafter for StoreDrafter<'_> {
-    fn draft(&mut self, request: &RequestTree, context: &[u32]) -> Draft {
-        let state = self.store.read();
-        match state.namespaces.get(&self.namespace) {
-            Some(ns) => self
-                .speculator
-                .speculate(Some(request), &ns.view(), context, &self.params),
-            None => {
-                let view = crate::store::Layered::new(None, &self.empty, &self.empty);
-                self.speculator
-                    .speculate(Some(request), &view, context, &self.params)
-            }
-        }
-    }
-
-    /// A draft from the cache was (partly) accepted: mark a sequence that holds the
-    /// accepted continuation as used, for LRU eviction.
-    fn accepted(&mut self, context: &[u32], draft: &Draft, accepted: usize) {
-        use crate::speculate::DraftSource;
-        if accepted == 0 || !matches!(draft.source, DraftSource::Global | DraftSource::Both) {
-            return;
-        }
-        let id = {
-            let state = self.store.read();
-            let Some(ns) = state.namespaces.get(&self.namespace) else {
-                return;
-            };
-            let view = ns.view();
-            // The longest tail of the context that the cache holds.
-            let longest = self.params.max_depth.min(context.len());
-            (1..=longest)
-                .rev()
-                .find_map(|p| view.walk(&context[context.len() - p..]))
-                .and_then(|c| view.sequence_at(&c))
-        };
-        if let Some(id) = id {
-            self.store.touch(&self.namespace, &[id]);
-        }
-    }
-}
-
 /// A request in the batch.
 struct Slot<'a> {
     seq: Sequence,
-    drafter: StoreDrafter<'a>,
+    drafter: CacheDrafter<NamespaceSource<'a>>,
     job: Job,
 }
 
@@ -139,17 +88,18 @@ pub fn run(
             };
             match next {
                 Ok(job) => match engine.start(&job.prompt, &job.opts) {
-                    Ok(seq) => slots.push(Slot {
-                        seq,
-                        drafter: StoreDrafter {
+                    Ok(seq) => {
+                        let source = NamespaceSource {
                             store: &store,
                             namespace: job.namespace.clone(),
-                            params,
-                            speculator: Speculator::default(),
-                            empty: empty.clone(),
-                        },
-                        job,
-                    }),
+                            empty: &empty,
+                        };
+                        slots.push(Slot {
+                            seq,
+                            drafter: CacheDrafter::new(source, params, &job.prompt),
+                            job,
+                        });
+                    }
                     Err(e @ (ModelError::BadPrompt(_) | ModelError::ContextFull { .. })) => {
                         let _ = job.done.send(Err(JobError::Rejected(e.to_string())));
                     }

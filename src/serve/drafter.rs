@@ -1,0 +1,246 @@
+//! The drafter every generation path uses (`serve`, `generate`, `bench`): one request's
+//! own suffix tree, speculation parameters and reused speculation state, over a view of
+//! the shared cache.
+//!
+//! It builds the request tree from the prompt with the depth the parameters ask for
+//! ([`SpecParams::request_depth`]), exactly as `simulate` does, so a mode drafts the same
+//! in the server as in the simulator.
+
+use crate::speculate::{Draft, DraftSource, SpecParams, Speculator};
+use crate::store::live::Store;
+use crate::store::{Layered, LayeredCursor};
+use crate::tree::{GlobalIndex, GlobalTree, RequestTree};
+use crate::verify::engine::Drafter;
+
+/// Lends a drafter the shared cache for the span of one call.
+pub trait CacheSource {
+    /// Runs `f` over the cache as it stands now.
+    fn with_view<R>(&self, f: impl FnOnce(&Layered<'_>) -> R) -> R;
+
+    /// A draft from the cache was (partly) accepted and `context` now ends with the
+    /// accepted tokens: a source that evicts by last use marks what drafted them.
+    fn used(&self, _context: &[u32], _params: &SpecParams) {}
+}
+
+/// A fixed view: a snapshot's namespace, an in-memory tree, or nothing.
+impl CacheSource for Layered<'_> {
+    fn with_view<R>(&self, f: impl FnOnce(&Layered<'_>) -> R) -> R {
+        f(self)
+    }
+}
+
+/// One namespace of the live store, read under the store's read lock for one call at a
+/// time; a namespace that does not exist (yet) reads as empty.
+pub struct NamespaceSource<'a> {
+    /// The store.
+    pub store: &'a Store,
+    /// The namespace to draft from.
+    pub namespace: String,
+    /// An empty tree of the store's depth, the view of a missing namespace.
+    pub empty: &'a GlobalTree,
+}
+
+impl CacheSource for NamespaceSource<'_> {
+    fn with_view<R>(&self, f: impl FnOnce(&Layered<'_>) -> R) -> R {
+        let state = self.store.read();
+        match state.namespaces.get(&self.namespace) {
+            Some(ns) => f(&ns.view()),
+            None => f(&Layered::new(None, self.empty, self.empty)),
+        }
+    }
+
+    /// Marks a cached sequence that holds the longest tail of `context` the cache has as
+    /// used, for LRU eviction.
+    fn used(&self, context: &[u32], params: &SpecParams) {
+        let id = {
+            let state = self.store.read();
+            let Some(ns) = state.namespaces.get(&self.namespace) else {
+                return;
+            };
+            let view = ns.view();
+            let longest = params.max_depth.min(context.len());
+            (1..=longest)
+                .rev()
+                .find_map(|p| view.walk(&context[context.len() - p..]))
+                .and_then(|c| view.sequence_at(&c))
+        };
+        if let Some(id) = id {
+            self.store.touch(&self.namespace, &[id]);
+        }
+    }
+}
+
+/// Drafts for one request from its own suffix tree and the shared cache.
+pub struct CacheDrafter<S> {
+    source: S,
+    params: SpecParams,
+    request: RequestTree,
+    speculator: Speculator<LayeredCursor>,
+}
+
+impl<S: CacheSource> CacheDrafter<S> {
+    /// A drafter for the request that starts with `prompt`.
+    pub fn new(source: S, params: SpecParams, prompt: &[u32]) -> Self {
+        CacheDrafter {
+            source,
+            params,
+            request: RequestTree::new(prompt, params.request_depth()),
+            speculator: Speculator::default(),
+        }
+    }
+
+    /// Add the tokens of `context` that the request tree does not hold yet. A context
+    /// shorter than what the tree holds, or one whose last held token differs (a caller
+    /// that broke the contract), restarts the tree from it, so that drafts stay drafts of
+    /// this context. Comparing every held token would cost more than a draft on long
+    /// prompts, so only debug builds do.
+    fn catch_up(&mut self, context: &[u32]) {
+        let held = self.request.tokens();
+        let extends = context.len() >= held.len()
+            && held.last().is_none_or(|&t| context[held.len() - 1] == t);
+        if !extends {
+            self.request = RequestTree::new(context, self.params.request_depth());
+            return;
+        }
+        debug_assert_eq!(
+            &context[..held.len()],
+            held,
+            "each context extends the last"
+        );
+        let new = &context[held.len()..];
+        if !new.is_empty() {
+            self.request.extend(new);
+        }
+    }
+}
+
+impl<S: CacheSource> Drafter for CacheDrafter<S> {
+    fn draft(&mut self, context: &[u32]) -> Draft {
+        self.catch_up(context);
+        let CacheDrafter {
+            source,
+            params,
+            request,
+            speculator,
+        } = self;
+        source.with_view(|view| speculator.speculate(Some(request), view, context, params))
+    }
+
+    fn accepted(&mut self, context: &[u32], draft: &Draft, accepted: usize) {
+        if accepted > 0 && matches!(draft.source, DraftSource::Global | DraftSource::Both) {
+            self.source.used(context, &self.params);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::corpus::read_examples;
+    use crate::simulate::{SimulateConfig, simulate};
+    use crate::speculate::SpecMode;
+
+    const TEST_REQUESTS: usize = 80;
+
+    fn example(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/data")
+            .join(name)
+    }
+
+    /// Steps, drafted and accepted tokens of teacher-forced generation, as `simulate`
+    /// runs it: each step drafts, keeps what the draft shares with the true response,
+    /// then takes the next true token.
+    fn replay(drafter: &mut dyn Drafter, prompt: &[u32], truth: &[u32]) -> [u64; 3] {
+        let mut context = prompt.to_vec();
+        let mut pos = 0;
+        let mut counts = [0u64; 3];
+        while pos < truth.len() {
+            let draft = drafter.draft(&context);
+            let mut new = draft.accept(&truth[pos..]);
+            counts[1] += draft.len() as u64;
+            counts[2] += new.len() as u64;
+            if pos + new.len() < truth.len() {
+                new.push(truth[pos + new.len()]);
+            }
+            pos += new.len();
+            context.extend_from_slice(&new);
+            counts[0] += 1;
+        }
+        counts
+    }
+
+    /// The server's drafter drafts what the simulator drafts, in both modes and both
+    /// shapes: paper mode once built the server's request tree without the paper's depth
+    /// limit.
+    #[test]
+    fn the_drafter_drafts_what_simulate_drafts_in_every_mode() {
+        let (warm, test) = (example("warm.jsonl.zst"), example("test.jsonl.zst"));
+        for mode in [SpecMode::Paper, SpecMode::Extended] {
+            for tree in [false, true] {
+                let params = SpecParams {
+                    mode,
+                    tree,
+                    ..SpecParams::default()
+                };
+                let report = simulate(
+                    &SimulateConfig {
+                        warm: Some(warm.clone()),
+                        warm_limit: None,
+                        test: test.clone(),
+                        test_limit: Some(TEST_REQUESTS),
+                        params,
+                        max_cached_requests: usize::MAX,
+                        online: false,
+                        prompt_tree: true,
+                        snapshot: None,
+                        replay_timing: false,
+                    },
+                    |_| {},
+                )
+                .unwrap();
+                let mut global = GlobalTree::new(params.max_depth).unwrap();
+                for (id, ex) in read_examples(&warm, None).unwrap().enumerate() {
+                    global.insert(id as u64, &ex.unwrap().response).unwrap();
+                }
+                let evicted = GlobalTree::new(params.max_depth).unwrap();
+                let mut counts = [0u64; 3];
+                for ex in read_examples(&test, Some(TEST_REQUESTS)).unwrap() {
+                    let ex = ex.unwrap();
+                    if ex.response.is_empty() {
+                        continue;
+                    }
+                    let view = Layered::new(None, &global, &evicted);
+                    let mut drafter = CacheDrafter::new(view, params, &ex.prompt);
+                    let c = replay(&mut drafter, &ex.prompt, &ex.response);
+                    counts.iter_mut().zip(c).for_each(|(total, c)| *total += c);
+                }
+                let simulated = [report.steps, report.drafted_tokens, report.accepted_tokens];
+                assert_eq!(
+                    counts, simulated,
+                    "{mode:?}, tree {tree}: steps, drafted, accepted"
+                );
+                assert!(
+                    report.accepted_tokens > 1000,
+                    "{mode:?}: drafts were accepted"
+                );
+            }
+        }
+    }
+
+    /// A context that does not extend the last one restarts the request tree rather than
+    /// drafting from a tree of another text.
+    #[test]
+    fn a_context_that_does_not_extend_the_last_restarts_the_request_tree() {
+        let empty = GlobalTree::new(24).unwrap();
+        let params = SpecParams::default();
+        let prompt: Vec<u32> = [1, 2, 3, 4, 5].repeat(4);
+        let mut drafter = CacheDrafter::new(Layered::new(None, &empty, &empty), params, &prompt);
+        assert_eq!(drafter.draft(&prompt).tokens[..3], [1, 2, 3]);
+        let other: Vec<u32> = [7, 8, 9].repeat(4);
+        assert_eq!(drafter.draft(&other).tokens[..3], [7, 8, 9]);
+        assert_eq!(drafter.request.tokens(), &other[..]);
+    }
+}

@@ -1,0 +1,151 @@
+//! Loading a model with its tokenizer, chat template and end-of-sequence tokens, from a
+//! GGUF file or a Hugging Face directory.
+
+use std::path::Path;
+
+use candle_core::Device;
+use candle_core::quantized::gguf_file;
+
+use super::super::chat::ChatTemplate;
+use super::super::model::{Model, ModelError, WeightFormat};
+use super::super::tokenizer::ModelTokenizer;
+use super::Engine;
+
+impl Engine {
+    /// Load a model: a llama GGUF file, or a Hugging Face directory (`config.json`,
+    /// `tokenizer.json`, safetensors weights, and `tokenizer_config.json` for the chat
+    /// template).
+    pub fn load(
+        path: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        if !device.is_cpu() && format != WeightFormat::F32 {
+            tracing::warn!(
+                "{format:?} weights on a GPU: candle's quantized kernels give logits that \
+                 depend on the batch, so speculative output can differ from plain \
+                 decoding; use --weights f32 for exact output"
+            );
+        }
+        if path.is_dir() {
+            Self::load_hf_dir(path, format, max_context, device)
+        } else {
+            Self::load_gguf(path, format, max_context, device)
+        }
+    }
+
+    fn load_gguf(
+        path: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let fmt = |message: String| ModelError::Format {
+            path: path.into(),
+            message,
+        };
+        let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let content = gguf_file::Content::read(&mut f).map_err(|e| {
+            fmt(format!(
+                "not a readable GGUF file (or a model directory): {e}"
+            ))
+        })?;
+        let tokenizer = ModelTokenizer::from_gguf(&content).map_err(|e| fmt(e.to_string()))?;
+        let model = Model::load_gguf(path, &content, format, max_context, device)?;
+        let md_tok = |key: &str| content.metadata.get(key).and_then(|v| v.to_u32().ok());
+        let name = |id: Option<u32>| {
+            id.and_then(|i| tokenizer.decode(&[i], false).ok())
+                .unwrap_or_default()
+        };
+        let template = match content
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.to_string().ok())
+        {
+            Some(src) => Some(
+                ChatTemplate::new(
+                    src,
+                    &name(md_tok("tokenizer.ggml.bos_token_id")),
+                    &name(md_tok("tokenizer.ggml.eos_token_id")),
+                )
+                .map_err(fmt)?,
+            ),
+            None => None,
+        };
+        let eos = md_tok("tokenizer.ggml.eos_token_id").into_iter().collect();
+        Ok(Self::new(model, tokenizer, template, eos))
+    }
+
+    fn load_hf_dir(
+        dir: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let tokenizer = ModelTokenizer::from_file(&dir.join("tokenizer.json")).map_err(|e| {
+            ModelError::Format {
+                path: dir.into(),
+                message: e.to_string(),
+            }
+        })?;
+        let model = Model::load_safetensors(dir, format, max_context, device)?;
+        let json = |name: &str| -> Result<serde_json::Value, ModelError> {
+            let path = dir.join(name);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => serde_json::from_str(&text).map_err(|e| ModelError::Format {
+                    path,
+                    message: format!("not JSON: {e}"),
+                }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(serde_json::Value::Null),
+                Err(source) => Err(ModelError::Io { path, source }),
+            }
+        };
+        let config = json("config.json")?;
+        let tok_config = json("tokenizer_config.json")?;
+        // A special token is written either as its text or as {"content": text}.
+        let token_text = |v: &serde_json::Value| {
+            v.as_str()
+                .or_else(|| v["content"].as_str())
+                .map(str::to_string)
+        };
+        let bos = token_text(&tok_config["bos_token"]).unwrap_or_default();
+        let eos_text = token_text(&tok_config["eos_token"]);
+        // The template is a string, or a list of named templates of which "default" is used.
+        let source = tok_config["chat_template"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| {
+                tok_config["chat_template"].as_array().and_then(|list| {
+                    list.iter()
+                        .find(|t| t["name"] == "default")
+                        .and_then(|t| t["template"].as_str())
+                        .map(str::to_string)
+                })
+            });
+        let template = match source {
+            Some(src) => Some(
+                ChatTemplate::new(&src, &bos, eos_text.as_deref().unwrap_or_default()).map_err(
+                    |message| ModelError::Format {
+                        path: dir.join("tokenizer_config.json"),
+                        message,
+                    },
+                )?,
+            ),
+            None => None,
+        };
+        let mut eos: Vec<u32> = match &config["eos_token_id"] {
+            serde_json::Value::Array(ids) => ids
+                .iter()
+                .filter_map(|i| i.as_u64())
+                .map(|i| i as u32)
+                .collect(),
+            v => v.as_u64().map(|i| i as u32).into_iter().collect(),
+        };
+        eos.extend(eos_text.and_then(|t| tokenizer.token_id(&t)));
+        Ok(Self::new(model, tokenizer, template, eos))
+    }
+}

@@ -1,0 +1,643 @@
+//! The generation engine: prefill, then speculate → verify → accept → extend, until eos,
+//! a stop string or `max_tokens`.
+//!
+//! - Greedy decoding accepts the longest draft path that equals the model's own argmax
+//!   choices, plus the model's next token: exactly the output of plain decoding.
+//! - Sampling uses speculative sampling for deterministic drafts: at a node, child x is
+//!   accepted with probability p(x); on rejection p(x) is set to 0 and p renormalised
+//!   before the next child (the recursive rule for several children); when every child
+//!   is rejected the token is drawn from what is left. This preserves the model's
+//!   distribution exactly.
+//! - Draft size follows the device's measured cost curve: a draft is cut to the k nodes
+//!   that maximise (1 + expected accepted) / (t(1 + k) / t(1)), and dropped when plain
+//!   decoding is better. Expected accepted is SCORE of the kept nodes, scaled by how well
+//!   past SCOREs predicted acceptance.
+
+mod calibration;
+mod drafter;
+mod load;
+mod sampling;
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+use rand::SeedableRng;
+
+use crate::speculate::Draft;
+
+use super::chat::ChatTemplate;
+use super::cost::CostCurve;
+use super::model::{BatchEntry, KvCache, Model, ModelError, argmax_rows};
+use super::tokenizer::ModelTokenizer;
+use calibration::Calibration;
+pub use drafter::{Drafter, NoDrafts};
+pub use sampling::Sampling;
+use sampling::{walk_greedy, walk_sampled};
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most new tokens.
+    pub max_tokens: usize,
+    /// Sampling; greedy by default.
+    pub sampling: Sampling,
+    /// Stop before any of these strings.
+    pub stop: Vec<String>,
+    /// Speculate (false: plain decoding).
+    pub speculate: bool,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// eos or a stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    /// The caller stopped it (a client went away).
+    Cancelled,
+}
+
+/// A finished generation.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Generation {
+    /// Generated token ids (eos and stop strings excluded).
+    pub tokens: Vec<u32>,
+    /// Their text.
+    pub text: String,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Verification steps (forward passes after prefill).
+    pub steps: usize,
+    /// Draft tokens sent to the model.
+    pub drafted_tokens: usize,
+    /// Draft tokens the model accepted.
+    pub accepted_tokens: usize,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Seconds spent in prefill.
+    pub prefill_s: f64,
+    /// Seconds from the end of prefill to the end.
+    pub decode_s: f64,
+    /// Generated tokens per second of decoding.
+    pub tokens_per_s: f64,
+}
+/// The model, its tokenizer and template, and what the engine has learned of its costs.
+pub struct Engine {
+    model: Model,
+    tokenizer: ModelTokenizer,
+    template: Option<ChatTemplate>,
+    eos: Vec<u32>,
+    cost: CostCurve,
+    /// How well SCORE predicted acceptance, per draft source.
+    calibration: Calibration,
+}
+
+impl Engine {
+    /// An engine over a loaded model. `<|endoftext|>` also ends a generation when the
+    /// vocabulary has it.
+    fn new(
+        model: Model,
+        tokenizer: ModelTokenizer,
+        template: Option<ChatTemplate>,
+        mut eos: Vec<u32>,
+    ) -> Self {
+        eos.extend(tokenizer.token_id("<|endoftext|>"));
+        eos.sort_unstable();
+        eos.dedup();
+        Engine {
+            model,
+            tokenizer,
+            template,
+            eos,
+            cost: CostCurve::flat(),
+            calibration: Calibration::default(),
+        }
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &ModelTokenizer {
+        &self.tokenizer
+    }
+
+    /// Which tokenizer the model uses, to check snapshots and logs against.
+    pub fn tokenizer_identity(&self) -> crate::store::TokenizerId {
+        use crate::store::build::TextEncoder;
+        self.tokenizer.identity()
+    }
+
+    /// The chat template, if the model has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// The model's context length (KV capacity).
+    pub fn context_len(&self) -> usize {
+        self.model.config().context
+    }
+
+    /// The cost curve in use.
+    pub fn cost_curve(&self) -> &CostCurve {
+        &self.cost
+    }
+
+    /// Use `curve` instead of measuring.
+    pub fn set_cost_curve(&mut self, curve: CostCurve) {
+        self.cost = curve;
+    }
+
+    /// Measure t(K)/t(1) on this device for K up to `max_k`, after a `context`-token
+    /// prefix: the median of `repeats` runs for each K.
+    pub fn measure_cost_curve(
+        &mut self,
+        max_k: usize,
+        context: usize,
+        repeats: usize,
+    ) -> Result<&CostCurve, ModelError> {
+        let mut cache = KvCache::default();
+        let ctx = context.min(self.context_len().saturating_sub(max_k + 1));
+        let prefix: Vec<u32> = (0..ctx as u32).map(|i| 100 + i % 1000).collect();
+        for chunk in prefix.chunks(PREFILL_CHUNK) {
+            self.model
+                .forward(&mut cache, chunk, &chain_parents(chunk.len()))?;
+            cache.commit(&(0..chunk.len()).collect::<Vec<_>>());
+        }
+        let mut ks = vec![1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128];
+        ks.retain(|&k| k <= max_k.max(1));
+        // Rounds over every K, rather than all repeats of one K in a row, so that a burst
+        // of load on a shared machine falls on one run of several K, not on all runs of
+        // one K, and the medians shrug it off.
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); ks.len()];
+        for _ in 0..repeats.max(1) {
+            for (&k, runs) in ks.iter().zip(&mut runs) {
+                let tokens: Vec<u32> = (0..k as u32).map(|i| 200 + i).collect();
+                let parents = chain_parents(k);
+                let t = Instant::now();
+                let logits = self.model.forward(&mut cache, &tokens, &parents)?;
+                argmax_rows(&logits)?;
+                runs.push(t.elapsed().as_secs_f64());
+                cache.commit(&[]);
+            }
+        }
+        let times: Vec<f64> = runs
+            .iter_mut()
+            .map(|r| {
+                r.sort_by(f64::total_cmp);
+                r[r.len() / 2]
+            })
+            .collect();
+        let t1 = times[0];
+        let mut points: Vec<(usize, f64)> =
+            ks.iter().zip(&times).map(|(&k, &t)| (k, t / t1)).collect();
+        // Costs never fall with K; noise sometimes says otherwise.
+        for i in 1..points.len() {
+            points[i].1 = points[i].1.max(points[i - 1].1);
+        }
+        points[0].1 = 1.0;
+        self.cost = CostCurve::new(points, t1 * 1e3);
+        Ok(&self.cost)
+    }
+
+    /// Cut the drafts of one batched step to what pays for its rows
+    /// ([`CostCurve::best_cut`]), valuing each node at its path's probabilities, each
+    /// corrected by how often tokens of its source have lately been accepted.
+    /// `fixed_rows` run whatever is drafted (prefill chunks and each decoding
+    /// sequence's pending token).
+    pub fn allocate_drafts(&mut self, fixed_rows: usize, drafts: &mut [&mut Draft]) {
+        let values: Vec<Vec<f64>> = drafts.iter().map(|d| self.calibration.values(d)).collect();
+        let cut = self.cost.best_cut(fixed_rows, &values);
+        for (draft, &k) in drafts.iter_mut().zip(&cut) {
+            if k == 0 && !draft.is_empty() {
+                self.calibration.refused(draft.source);
+            }
+            draft.truncate(k);
+        }
+    }
+
+    /// Where to cut `out` when its text contains a stop string: the most tokens whose
+    /// text ends before the earliest one.
+    fn stop_at(&self, out: &[u32], stops: &[String]) -> Option<usize> {
+        if stops.is_empty() {
+            return None;
+        }
+        let text = self.tokenizer.decode(out, true).unwrap_or_default();
+        let cut = stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()))
+            .min()?;
+        let mut n = out.len();
+        while n > 0
+            && self
+                .tokenizer
+                .decode(&out[..n], true)
+                .unwrap_or_default()
+                .len()
+                > cut
+        {
+            n -= 1;
+        }
+        Some(n)
+    }
+
+    /// Start a request: check it, and set up its cache and its own suffix tree. Run it
+    /// with [`Engine::step`] until [`Sequence::is_finished`], then [`Engine::finish`].
+    pub fn start(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<Sequence, ModelError> {
+        if prompt.is_empty() {
+            return Err(ModelError::BadPrompt("the prompt is empty".into()));
+        }
+        let vocab = self.model.config().vocab;
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::BadPrompt(format!(
+                "token id {bad} is outside the model's vocabulary of {vocab}"
+            )));
+        }
+        if prompt.len() >= self.context_len() {
+            return Err(ModelError::ContextFull {
+                needed: prompt.len() + 1,
+                capacity: self.context_len(),
+            });
+        }
+        Ok(Sequence {
+            opts: opts.clone(),
+            cache: KvCache::default(),
+            context: prompt.to_vec(),
+            prompt_len: prompt.len(),
+            prefilled: 0,
+            pending: prompt[prompt.len() - 1],
+            out: Vec::new(),
+            emitted: 0,
+            rng: rand::rngs::StdRng::seed_from_u64(opts.sampling.seed),
+            steps: 0,
+            drafted: 0,
+            accepted: 0,
+            finish: if opts.max_tokens == 0 {
+                Some(FinishReason::Length)
+            } else {
+                None
+            },
+            started: Instant::now(),
+            prefill_s: 0.0,
+            decode_start: None,
+        })
+    }
+
+    /// One forward pass for every unfinished sequence in `batch`: a prefill chunk for
+    /// those still reading their prompt, and pending token + draft for the others, with
+    /// drafts cut to what the cost curve says the whole batch gains from.
+    pub fn step(
+        &mut self,
+        batch: &mut [(&mut Sequence, &mut dyn Drafter)],
+    ) -> Result<StepReport, ModelError> {
+        let mut report = StepReport::default();
+        let plans = self.plan(batch, &mut report);
+        let Some(logits) = self.forward(batch, &plans, &mut report)? else {
+            return Ok(report);
+        };
+        self.accept(batch, plans, &logits, &mut report)?;
+        Ok(report)
+    }
+
+    /// What each sequence of `batch` runs in this step: drafts are asked for, cut to
+    /// what the whole batch gains from, and put after each pending token.
+    fn plan(
+        &mut self,
+        batch: &mut [(&mut Sequence, &mut dyn Drafter)],
+        report: &mut StepReport,
+    ) -> Vec<Plan> {
+        let context_len = self.context_len();
+        let vocab = self.model.config().vocab;
+        let mut prefill_rows = 0;
+        let mut plans: Vec<Plan> = Vec::with_capacity(batch.len());
+        for (seq, drafter) in batch.iter_mut() {
+            if seq.finish.is_none() && seq.cache.len() >= context_len {
+                seq.finish = Some(FinishReason::Length);
+            }
+            if seq.finish.is_some() {
+                plans.push(Plan::Idle);
+            } else if seq.in_prefill() {
+                let end = (seq.prefilled + PREFILL_CHUNK).min(seq.prompt_len - 1);
+                let tokens = seq.context[seq.prefilled..end].to_vec();
+                prefill_rows += tokens.len();
+                let parents = chain_parents(tokens.len());
+                plans.push(Plan::Prefill { tokens, parents });
+            } else {
+                let mut draft = Draft::default();
+                if seq.opts.speculate {
+                    let t = Instant::now();
+                    draft = drafter.draft(&seq.context);
+                    report.draft_s.push(t.elapsed().as_secs_f64());
+                    // A damaged cache may hold ids the model does not have: they cost
+                    // a draft, never the pass (children follow their parents, so a
+                    // cut at the first bad one keeps a tree).
+                    if let Some(bad) = draft.tokens.iter().position(|&t| t as usize >= vocab) {
+                        draft.truncate(bad);
+                    }
+                }
+                plans.push(Plan::Verify {
+                    draft,
+                    tokens: Vec::new(),
+                    parents: Vec::new(),
+                });
+            }
+        }
+        let decoding = plans
+            .iter()
+            .filter(|p| matches!(p, Plan::Verify { .. }))
+            .count();
+        let mut drafts: Vec<&mut Draft> = plans
+            .iter_mut()
+            .filter_map(|p| match p {
+                Plan::Verify { draft, .. } => Some(draft),
+                _ => None,
+            })
+            .collect();
+        self.allocate_drafts(prefill_rows + decoding, &mut drafts);
+        for ((seq, _), plan) in batch.iter().zip(plans.iter_mut()) {
+            let Plan::Verify {
+                draft,
+                tokens,
+                parents,
+            } = plan
+            else {
+                continue;
+            };
+            let room = context_len - seq.cache.len();
+            draft.truncate(
+                draft
+                    .len()
+                    .min(room - 1)
+                    .min(seq.opts.max_tokens - seq.out.len() - 1),
+            );
+            tokens.push(seq.pending);
+            tokens.extend_from_slice(&draft.tokens);
+            parents.push(-1);
+            parents.extend(draft.parents.iter().map(|&p| p + 1));
+        }
+        plans
+    }
+
+    /// The forward pass over every planned row; `None` when nothing runs.
+    fn forward(
+        &mut self,
+        batch: &mut [(&mut Sequence, &mut dyn Drafter)],
+        plans: &[Plan],
+        report: &mut StepReport,
+    ) -> Result<Option<Tensor>, ModelError> {
+        let mut entries: Vec<BatchEntry<'_>> = Vec::with_capacity(batch.len());
+        let mut prefill_rows = 0;
+        for ((seq, _), plan) in batch.iter_mut().zip(plans) {
+            let (tokens, parents, logits) = match plan {
+                Plan::Idle => continue,
+                Plan::Prefill { tokens, parents } => {
+                    prefill_rows += tokens.len();
+                    (tokens, parents, false)
+                }
+                Plan::Verify {
+                    tokens, parents, ..
+                } => (tokens, parents, true),
+            };
+            entries.push(BatchEntry {
+                cache: &mut seq.cache,
+                tokens,
+                parents,
+                logits,
+            });
+        }
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        report.sequences = entries.len();
+        report.rows = entries.iter().map(|e| e.tokens.len()).sum();
+        let t = Instant::now();
+        let logits = self.model.forward_batch(&mut entries)?;
+        report.verify_s = t.elapsed().as_secs_f64();
+        // Prefill rows skip the output head, so only pure decoding steps say what
+        // drafting rows cost.
+        if prefill_rows == 0 {
+            self.cost.observe(report.rows, report.verify_s);
+        }
+        Ok(Some(logits))
+    }
+
+    /// Accept what the model agreed with: commit the accepted path to each cache, hand
+    /// out the new tokens and the bonus token, and finish the sequences that are done.
+    fn accept(
+        &mut self,
+        batch: &mut [(&mut Sequence, &mut dyn Drafter)],
+        plans: Vec<Plan>,
+        logits: &Tensor,
+        report: &mut StepReport,
+    ) -> Result<(), ModelError> {
+        let greedy_rows = if batch.iter().zip(&plans).any(|((s, _), p)| {
+            matches!(p, Plan::Verify { .. }) && s.opts.sampling.temperature <= 0.0
+        }) {
+            argmax_rows(logits)?
+        } else {
+            Vec::new()
+        };
+        let mut row = 0;
+        for ((seq, drafter), plan) in batch.iter_mut().zip(plans) {
+            let (draft, tokens, parents) = match plan {
+                Plan::Idle => continue,
+                Plan::Prefill { tokens, .. } => {
+                    seq.cache.commit(&(0..tokens.len()).collect::<Vec<_>>());
+                    seq.prefilled += tokens.len();
+                    if !seq.in_prefill() {
+                        seq.prefill_s = seq.started.elapsed().as_secs_f64();
+                        seq.decode_start = Some(Instant::now());
+                    }
+                    continue;
+                }
+                Plan::Verify {
+                    draft,
+                    tokens,
+                    parents,
+                } => (draft, tokens, parents),
+            };
+            let rows = row..row + tokens.len();
+            row = rows.end;
+            if seq.decode_start.is_none() {
+                seq.decode_start = Some(Instant::now());
+            }
+            let (path, bonus) = if seq.opts.sampling.temperature <= 0.0 {
+                walk_greedy(&tokens, &parents, &greedy_rows[rows])
+            } else {
+                let own = logits.narrow(0, rows.start, rows.len())?;
+                let sampling = seq.opts.sampling;
+                walk_sampled(&tokens, &parents, &own, &sampling, &mut seq.rng)?
+            };
+            seq.cache.commit(&path);
+            let accepted = path.len() - 1;
+            report.accepted.push(accepted);
+            seq.steps += 1;
+            seq.drafted += draft.len();
+            seq.accepted += accepted;
+            let mut new: Vec<u32> = path[1..].iter().map(|&i| tokens[i]).collect();
+            if !draft.is_empty() {
+                let accepted_nodes: Vec<usize> = path[1..].iter().map(|&i| i - 1).collect();
+                self.calibration.observe(&draft, &accepted_nodes);
+                let mut upto = seq.context.clone();
+                upto.extend_from_slice(&new);
+                drafter.accepted(&upto, &draft, accepted);
+            }
+            new.push(bonus);
+            seq.pending = bonus;
+            let mut stop = false;
+            if let Some(i) = new.iter().position(|t| self.eos.contains(t)) {
+                new.truncate(i);
+                stop = true;
+            }
+            new.truncate(seq.opts.max_tokens - seq.out.len());
+            seq.out.extend_from_slice(&new);
+            seq.context.extend_from_slice(&new);
+            if let Some(cut) = self.stop_at(&seq.out, &seq.opts.stop) {
+                seq.out.truncate(cut);
+                stop = true;
+            }
+            if stop {
+                seq.finish = Some(FinishReason::Stop);
+            } else if seq.out.len() >= seq.opts.max_tokens {
+                seq.finish = Some(FinishReason::Length);
+            }
+        }
+        Ok(())
+    }
+
+    /// The result of a finished (or abandoned) sequence.
+    pub fn finish(&self, seq: Sequence) -> Generation {
+        let decode_s = seq.decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let text = self.tokenizer.decode(&seq.out, true).unwrap_or_default();
+        Generation {
+            tokens_per_s: seq.out.len() as f64 / decode_s.max(1e-9),
+            tokens: seq.out,
+            text,
+            prompt_tokens: seq.prompt_len,
+            steps: seq.steps,
+            drafted_tokens: seq.drafted,
+            accepted_tokens: seq.accepted,
+            finish_reason: seq.finish.unwrap_or(FinishReason::Cancelled),
+            prefill_s: seq.prefill_s,
+            decode_s,
+        }
+    }
+
+    /// Generate from `prompt` (token ids) alone. `on_tokens` gets each batch of new
+    /// tokens as it is accepted and returns false to cancel.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Generation, ModelError> {
+        let mut seq = self.start(prompt, opts)?;
+        while !seq.is_finished() {
+            self.step(&mut [(&mut seq, &mut *drafter)])?;
+            let new = seq.take_new_tokens();
+            if !new.is_empty() && !on_tokens(new) {
+                seq.cancel();
+            }
+        }
+        Ok(self.finish(seq))
+    }
+}
+
+/// What one sequence runs in a step.
+enum Plan {
+    /// Nothing: it is finished.
+    Idle,
+    /// A chunk of its prompt, into the cache.
+    Prefill {
+        /// The chunk.
+        tokens: Vec<u32>,
+        /// A chain: each token follows the one before.
+        parents: Vec<i32>,
+    },
+    /// Its pending token followed by its draft, verified.
+    Verify {
+        /// The draft, cut to what pays.
+        draft: Draft,
+        /// The pending token, then the draft's tokens.
+        tokens: Vec<u32>,
+        /// Their parents: -1 for the pending token, the draft's own shifted by one.
+        parents: Vec<i32>,
+    },
+}
+
+/// What one [`Engine::step`] did, for metrics.
+#[derive(Clone, Debug, Default)]
+pub struct StepReport {
+    /// Seconds each decoding sequence spent drafting.
+    pub draft_s: Vec<f64>,
+    /// Seconds of the forward pass (verification and prefill chunks).
+    pub verify_s: f64,
+    /// Sequences in the forward pass.
+    pub sequences: usize,
+    /// Rows (tokens) in the forward pass.
+    pub rows: usize,
+    /// Draft tokens accepted, per decoding sequence.
+    pub accepted: Vec<usize>,
+}
+
+/// Prompt tokens per prefill pass.
+const PREFILL_CHUNK: usize = 256;
+
+/// Parents of a plain chain of `n` tokens: each follows the one before.
+fn chain_parents(n: usize) -> Vec<i32> {
+    (0..n as i32).map(|i| i - 1).collect()
+}
+
+/// A request in flight: its KV cache and what it has generated. What it drafts from
+/// is its [`Drafter`]'s.
+pub struct Sequence {
+    opts: GenerateOptions,
+    cache: KvCache,
+    /// Prompt + generated tokens.
+    context: Vec<u32>,
+    prompt_len: usize,
+    /// Prompt tokens (all but the last, which decoding starts from) in the cache.
+    prefilled: usize,
+    /// The newest token, not yet in the cache.
+    pending: u32,
+    out: Vec<u32>,
+    /// Tokens of `out` already handed out by [`Sequence::take_new_tokens`].
+    emitted: usize,
+    rng: rand::rngs::StdRng,
+    steps: usize,
+    drafted: usize,
+    accepted: usize,
+    finish: Option<FinishReason>,
+    started: Instant,
+    prefill_s: f64,
+    decode_start: Option<Instant>,
+}
+
+impl Sequence {
+    fn in_prefill(&self) -> bool {
+        self.prefilled + 1 < self.prompt_len
+    }
+
+    /// True once it hit eos, a stop string, its limits, or was cancelled.
+    pub fn is_finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Generated tokens so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.out
+    }
+
+    /// Tokens generated since the last call.
+    pub fn take_new_tokens(&mut self) -> &[u32] {
+        let from = self.emitted.min(self.out.len());
+        self.emitted = self.emitted.max(self.out.len());
+        &self.out[from..]
+    }
+
+    /// Stop it: the caller went away.
+    pub fn cancel(&mut self) {
+        self.finish = Some(FinishReason::Cancelled);
+    }
+}

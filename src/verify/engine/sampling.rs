@@ -1,0 +1,234 @@
+//! Sampling and acceptance: the distribution a sampled token is drawn from, and the
+//! walks that accept a verified draft's path, greedy (exactly plain decoding's output)
+//! or sampled (speculative sampling, which preserves the model's distribution).
+
+use candle_core::Tensor;
+use rand::Rng;
+
+use super::super::model::ModelError;
+
+/// Sampling parameters; temperature 0 is greedy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// Temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus mass (1 keeps everything).
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (0 keeps everything).
+    pub top_k: usize,
+    /// Seed of the random stream.
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
+    }
+}
+
+impl Sampling {
+    /// The sampling distribution from one row of logits: temperature, then top-k, then
+    /// top-p, renormalised.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<f32> {
+        let t = self.temperature.max(1e-6);
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut p: Vec<f32> = logits.iter().map(|&l| ((l - max) / t).exp()).collect();
+        let keep_k = self.top_k > 0 && self.top_k < p.len();
+        if keep_k || self.top_p < 1.0 {
+            let mut order: Vec<usize> = (0..p.len()).collect();
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let total: f32 = p.iter().sum();
+            let mut mass = 0.0;
+            let mut cut = order.len();
+            for (rank, &i) in order.iter().enumerate() {
+                if keep_k && rank >= self.top_k {
+                    cut = rank;
+                    break;
+                }
+                mass += p[i] / total;
+                if mass >= self.top_p {
+                    cut = rank + 1;
+                    break;
+                }
+            }
+            for &i in &order[cut..] {
+                p[i] = 0.0;
+            }
+        }
+        let total: f32 = p.iter().sum();
+        p.iter_mut().for_each(|x| *x /= total);
+        p
+    }
+}
+
+/// Greedy acceptance: from the root, follow the child whose token is the model's argmax
+/// at its parent; the model's argmax at the last accepted node is the bonus token.
+/// Returns the accepted path (indices, root first) and the bonus.
+pub(super) fn walk_greedy(tokens: &[u32], parents: &[i32], argmax: &[u32]) -> (Vec<usize>, u32) {
+    let mut path = vec![0usize];
+    let mut cur = 0usize;
+    loop {
+        let want = argmax[cur];
+        match (cur + 1..tokens.len()).find(|&j| parents[j] == cur as i32 && tokens[j] == want) {
+            Some(j) => {
+                path.push(j);
+                cur = j;
+            }
+            None => return (path, want),
+        }
+    }
+}
+
+/// Sampled acceptance (recursive rejection for deterministic drafts).
+pub(super) fn walk_sampled(
+    tokens: &[u32],
+    parents: &[i32],
+    logits: &Tensor,
+    sampling: &Sampling,
+    rng: &mut impl Rng,
+) -> Result<(Vec<usize>, u32), ModelError> {
+    let mut path = vec![0usize];
+    let mut cur = 0usize;
+    'node: loop {
+        let row: Vec<f32> = logits.get(cur)?.to_vec1()?;
+        let mut p = sampling.distribution(&row);
+        for j in (cur + 1..tokens.len()).filter(|&j| parents[j] == cur as i32) {
+            let x = tokens[j] as usize;
+            let px = p.get(x).copied().unwrap_or(0.0);
+            if px > 0.0 && rng.random::<f32>() < px {
+                path.push(j);
+                cur = j;
+                continue 'node;
+            }
+            // Rejected: the residual distribution max(p − q, 0) for a point mass q at x
+            // is p without x, renormalised.
+            if px > 0.0 {
+                p[x] = 0.0;
+                let total: f32 = p.iter().sum();
+                if total <= 0.0 {
+                    break;
+                }
+                p.iter_mut().for_each(|v| *v /= total);
+            }
+        }
+        return Ok((path, sample(&p, rng)));
+    }
+}
+
+fn sample(p: &[f32], rng: &mut impl Rng) -> u32 {
+    let r: f32 = rng.random();
+    let mut acc = 0.0;
+    for (i, &x) in p.iter().enumerate() {
+        acc += x;
+        if r < acc {
+            return i as u32;
+        }
+    }
+    // Rounding left r above the total: the last token with mass.
+    p.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    #[test]
+    fn greedy_walk_follows_the_argmax_and_adds_the_bonus() {
+        // root(0) -> a(1) -> b(2); root -> c(3)
+        let tokens = [9, 5, 6, 7];
+        let parents = [-1, 0, 1, 0];
+        let (path, bonus) = walk_greedy(&tokens, &parents, &[5, 6, 8, 0]);
+        assert_eq!(path, vec![0, 1, 2]);
+        assert_eq!(bonus, 8);
+        let (path, bonus) = walk_greedy(&tokens, &parents, &[7, 0, 0, 3]);
+        assert_eq!(path, vec![0, 3]);
+        assert_eq!(bonus, 3);
+    }
+
+    #[test]
+    fn top_k_and_top_p_cut_the_tail() {
+        let s = Sampling {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 2,
+            seed: 0,
+        };
+        let p = s.distribution(&[0.0, 1.0, 2.0, -5.0]);
+        assert_eq!(p[0], 0.0);
+        assert_eq!(p[3], 0.0);
+        assert!((p[1] + p[2] - 1.0).abs() < 1e-6);
+        let s = Sampling {
+            top_k: 0,
+            top_p: 0.5,
+            ..s
+        };
+        let p = s.distribution(&[0.0, 0.0, 10.0]);
+        assert_eq!(p, vec![0.0, 0.0, 1.0]);
+    }
+
+    /// Speculative sampling must leave the model's distribution unchanged, whatever the
+    /// draft proposes: chi-square of 200k sampled first tokens against p, for a draft
+    /// tree whose root has two children (the recursive rule) and one that proposes an
+    /// unlikely token.
+    #[test]
+    fn speculative_sampling_preserves_the_distribution() {
+        let logits = [2.0f32, 1.5, 1.0, 0.2, -1.0, 0.0];
+        let sampling = Sampling {
+            temperature: 0.8,
+            top_p: 0.95,
+            top_k: 5,
+            seed: 0,
+        };
+        let p = sampling.distribution(&logits);
+        // Rows: root, then draft nodes (their rows are never read for the first token).
+        let rows: Vec<f32> = logits
+            .iter()
+            .cycle()
+            .take(logits.len() * 4)
+            .cloned()
+            .collect();
+        let t = Tensor::from_vec(rows, (4, logits.len()), &candle_core::Device::Cpu).unwrap();
+        for (tokens, parents) in [
+            (vec![9u32, 1, 0, 3], vec![-1i32, 0, 0, 1]),
+            (vec![9u32, 4, 2, 5], vec![-1i32, 0, 1, 0]),
+        ] {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+            let n = 200_000;
+            let mut hist = vec![0u64; logits.len()];
+            for _ in 0..n {
+                let (path, bonus) =
+                    walk_sampled(&tokens, &parents, &t, &sampling, &mut rng).unwrap();
+                let first = if path.len() > 1 {
+                    tokens[path[1]]
+                } else {
+                    bonus
+                };
+                hist[first as usize] += 1;
+            }
+            let mut chi2 = 0.0;
+            let mut dof = 0;
+            for (i, &pi) in p.iter().enumerate() {
+                if pi == 0.0 {
+                    assert_eq!(hist[i], 0, "token {i} is outside top-k/top-p");
+                    continue;
+                }
+                let e = pi as f64 * n as f64;
+                chi2 += (hist[i] as f64 - e).powi(2) / e;
+                dof += 1;
+            }
+            // 99.9th percentile of chi-square with 4 degrees of freedom is 18.47.
+            assert_eq!(dof, 5);
+            assert!(
+                chi2 < 18.47,
+                "chi2 {chi2} for {tokens:?}, hist {hist:?}, p {p:?}"
+            );
+        }
+    }
+}
