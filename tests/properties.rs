@@ -51,6 +51,10 @@ fn ops_strategy() -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
+/// What a view says of a path's children: each child's (token, count), and the most
+/// likely child.
+type ChildrenAndBest = (Vec<(u32, u32)>, Option<(u32, u32)>);
+
 /// Every path of length 0..=depth+1 over the vocabulary that occurs, plus some that do not.
 fn probe_paths(seqs: &[Vec<u32>], depth: usize) -> Vec<Vec<u32>> {
     let mut out = vec![vec![], vec![VOCAB + 1]];
@@ -637,7 +641,7 @@ proptest! {
         }
         let mut probes = probe_paths(&base_seqs, depth - 1);
         probes.extend(probe_paths(&delta_seqs, depth - 1));
-        let check = |view: &dyn Fn(&[u32], u32) -> Option<(Vec<(u32, u32)>, Option<(u32, u32)>)>| {
+        let check = |view: &dyn Fn(&[u32], u32) -> Option<ChildrenAndBest>| {
             for path in probes.iter().filter(|p| p.len() < depth) {
                 let mut want: Vec<(u32, u32)> = (0..=WIDE_VOCAB)
                     .map(|t| {
@@ -664,7 +668,7 @@ proptest! {
             view: &Layered<'_, S>,
             path: &[u32],
             min_count: u32,
-        ) -> Option<(Vec<(u32, u32)>, Option<(u32, u32)>)> {
+        ) -> Option<ChildrenAndBest> {
             use suffixd::tree::Expand;
             let c = view.walk(path)?;
             let mut kids = Vec::new();

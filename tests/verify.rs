@@ -351,9 +351,9 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
                     },
                 ])
                 .unwrap();
-            for j in 0..k {
+            for (j, want) in alone.iter().take(k).enumerate() {
                 assert!(
-                    bits(&logits, other.len() + j) == alone[j],
+                    bits(&logits, other.len() + j) == *want,
                     "{format:?}: token {j} of a {k}-row draft beside another sequence differs from plain decoding"
                 );
             }

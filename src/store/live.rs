@@ -74,6 +74,9 @@ pub enum StoreError {
     DamagedBase(Box<OpenError>),
 }
 
+/// A live sequence copied out for a snapshot: its metadata and tokens.
+type SeqCopy = (SeqMeta, Vec<u32>);
+
 /// Per-sequence bookkeeping.
 #[derive(Clone, Copy, Debug)]
 struct SeqInfo {
@@ -613,9 +616,10 @@ impl Store {
             let cut = self.wal.rotate()?;
             writer.apply(|st| st.since_cut.clear());
             let st = writer.get();
-            let mut copy: Vec<(String, usize, Vec<(SeqMeta, Vec<u32>)>)> = Vec::new();
+            // Per namespace: its name, depth, and its sequences in insertion order.
+            let mut copy: Vec<(String, usize, Vec<SeqCopy>)> = Vec::new();
             for (name, ns) in &st.namespaces {
-                let mut seqs: Vec<(SeqMeta, Vec<u32>)> = ns
+                let mut seqs: Vec<SeqCopy> = ns
                     .seqs
                     .iter()
                     .filter_map(|(&id, info)| {
