@@ -14,6 +14,9 @@ const LATENCY_BUCKETS: [f64; 9] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30
 const SPECULATION_BUCKETS: [f64; 9] = [1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2];
 /// Upper bounds (seconds) of the verification-latency histogram (one forward pass).
 const VERIFY_BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+/// Upper bounds (seconds) of the store histograms: the model thread's handover of a
+/// completed request, and the append (WAL write, fsync, budget evictions) itself.
+const STORE_BUCKETS: [f64; 10] = [1e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.25];
 /// Upper bounds of the batch-size histogram (sequences per forward pass).
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
@@ -66,6 +69,8 @@ struct Inner {
     speculation: Histogram,
     verification: Histogram,
     batch: Histogram,
+    store_handover: Histogram,
+    store_append: Histogram,
     /// The last 64 generations: (generated, steps, drafted, accepted).
     recent: std::collections::VecDeque<(u64, u64, u64, u64)>,
     /// Forward passes, and the sequences and rows they ran.
@@ -122,6 +127,18 @@ impl Metrics {
             m.pass_sequences += step.sequences as u64;
             m.pass_rows += step.rows as u64;
         }
+    }
+
+    /// Time the model thread spent handing one completed request to the store.
+    pub fn record_store_handover(&self, seconds: f64) {
+        let mut m = self.inner.lock().expect("metrics");
+        m.store_handover.observe(&STORE_BUCKETS, seconds, 1);
+    }
+
+    /// Time one completed request's append took (WAL write, fsync, budget evictions).
+    pub fn record_store_append(&self, seconds: f64) {
+        let mut m = self.inner.lock().expect("metrics");
+        m.store_append.observe(&STORE_BUCKETS, seconds, 1);
     }
 
     /// Publish the verifier's cost curve (it changes as steps correct it).
@@ -271,6 +288,18 @@ impl Metrics {
             "suffixd_batch_sequences",
             "Sequences per batched forward pass.",
             &BATCH_BUCKETS,
+        );
+        m.store_handover.render(
+            &mut out,
+            "suffixd_store_handover_seconds",
+            "Time the model thread spent handing a completed request to the store writer.",
+            &STORE_BUCKETS,
+        );
+        m.store_append.render(
+            &mut out,
+            "suffixd_store_append_seconds",
+            "Time to append a completed request to the store (WAL write, fsync, budget evictions).",
+            &STORE_BUCKETS,
         );
         if let Some(curve) = &m.cost_curve {
             let name = "suffixd_verify_cost_ratio";

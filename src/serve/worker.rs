@@ -3,11 +3,14 @@
 //! chunks for new requests, pending token + draft for the others, drafts cut to what the
 //! cost curve says the whole batch gains. Requests join and leave between steps; a
 //! client that goes away frees its slot at the next step. Each request drafts from the
-//! store's view of its namespace. tokio handles the I/O; the model never runs on tokio's
-//! workers (the quantized matmul spins its own thread pool).
+//! store's view of its namespace. Completed requests go to a store writer thread, so
+//! that WAL writes, fsyncs and budget evictions never hold up a step. tokio handles the
+//! I/O; the model never runs on tokio's workers (the quantized matmul spins its own
+//! thread pool).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -64,15 +67,58 @@ struct Slot<'a> {
     job: Job,
 }
 
+/// A completed request on its way to the store writer.
+struct Completed {
+    namespace: String,
+    generation: Generation,
+    done: oneshot::Sender<Result<Generation, JobError>>,
+}
+
 /// Run jobs until the channel closes and the last request in flight is done, at most
-/// `max_batch` at a time. Completed responses go to the store.
+/// `max_batch` at a time. Completed requests go to a store writer thread, which appends
+/// them (WAL write, fsync, budget evictions) and only then answers: the model thread
+/// never waits for the disk, and an answer still means its response is durable. Returns
+/// once the writer has written every completed request.
 pub fn run(
-    mut engine: Engine,
+    engine: Engine,
     store: Arc<Store>,
     params: SpecParams,
     metrics: Arc<Metrics>,
     jobs: crossbeam::channel::Receiver<Job>,
     max_batch: usize,
+) {
+    let (to_writer, completed) = crossbeam::channel::unbounded::<Completed>();
+    std::thread::scope(|scope| {
+        let writer = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn_scoped(scope, || {
+                for c in completed {
+                    store_completed(&store, &metrics, c);
+                }
+            });
+        if let Err(e) = writer {
+            // The receiver went with the closure: every handover fails and is written
+            // on the model thread instead, as before the writer existed.
+            tracing::error!(
+                "cannot start the store writer thread ({e}); appending on the model thread"
+            );
+        }
+        step_jobs(
+            engine, &store, params, &metrics, jobs, max_batch, &to_writer,
+        );
+        drop(to_writer);
+    });
+}
+
+/// The model thread's loop: admit jobs, step them together, hand completed ones over.
+fn step_jobs(
+    mut engine: Engine,
+    store: &Store,
+    params: SpecParams,
+    metrics: &Metrics,
+    jobs: crossbeam::channel::Receiver<Job>,
+    max_batch: usize,
+    to_writer: &crossbeam::channel::Sender<Completed>,
 ) {
     let empty = GlobalTree::new(params.max_depth).expect("valid depth");
     let mut slots: Vec<Slot<'_>> = Vec::new();
@@ -90,7 +136,7 @@ pub fn run(
                 Ok(job) => match engine.start(&job.prompt, &job.opts) {
                     Ok(seq) => {
                         let source = NamespaceSource {
-                            store: &store,
+                            store,
                             namespace: job.namespace.clone(),
                             empty: &empty,
                         };
@@ -173,21 +219,43 @@ pub fn run(
                 continue;
             }
             let slot = slots.swap_remove(i);
-            let g = engine.finish(slot.seq);
-            finish(&store, &metrics, &slot.job.namespace, &g);
-            let _ = slot.job.done.send(Ok(g));
+            let generation = engine.finish(slot.seq);
+            let t = Instant::now();
+            let c = Completed {
+                namespace: slot.job.namespace,
+                generation,
+                done: slot.job.done,
+            };
+            if let Err(crossbeam::channel::SendError(c)) = to_writer.send(c) {
+                store_completed(store, metrics, c);
+            }
+            let handover = t.elapsed().as_secs_f64();
+            metrics.record_store_handover(handover);
+            tracing::debug!(
+                handover_us = handover * 1e6,
+                "completed request handed over"
+            );
         }
     }
 }
 
-/// Record a finished generation and cache its response (unless it was cut short by a
-/// client that went away: half an answer would teach the cache a wrong ending).
-fn finish(store: &Store, metrics: &Metrics, namespace: &str, g: &Generation) {
-    metrics.record_generation(g);
-    if !g.tokens.is_empty()
-        && g.finish_reason != crate::verify::engine::FinishReason::Cancelled
-        && let Err(e) = store.append(namespace, &g.tokens)
-    {
-        tracing::error!("cannot cache a completed response: {e}");
+/// Record a completed generation, cache its response (unless it was cut short by a
+/// client that went away: half an answer would teach the cache a wrong ending), then
+/// answer. A response the store refuses is still answered: the cache is an optimisation,
+/// and the refusal is logged and counted (`append_failures`).
+fn store_completed(store: &Store, metrics: &Metrics, c: Completed) {
+    let Completed {
+        namespace,
+        generation: g,
+        done,
+    } = c;
+    metrics.record_generation(&g);
+    if !g.tokens.is_empty() && g.finish_reason != crate::verify::engine::FinishReason::Cancelled {
+        let t = Instant::now();
+        if let Err(e) = store.append(&namespace, &g.tokens) {
+            tracing::error!("cannot cache a completed response: {e}");
+        }
+        metrics.record_store_append(t.elapsed().as_secs_f64());
     }
+    let _ = done.send(Ok(g));
 }
