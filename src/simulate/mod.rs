@@ -274,6 +274,8 @@ impl Cache {
         Ok(())
     }
 
+    // Never inlined: `tools/spec-cost.sh` counts instructions per call of this function.
+    #[inline(never)]
     fn speculate<'s>(
         &self,
         spec: &'s mut Speculator<LayeredCursor>,
@@ -307,56 +309,14 @@ pub fn simulate(
         prompt_tree: cfg.prompt_tree,
         ..Default::default()
     };
-
+    let mut next_id = match &cfg.snapshot {
+        Some(path) => open_snapshot(path, &mut cache, &mut report, &mut progress)?,
+        None => 0,
+    };
     // FIFO eviction during warm-up only decides which responses remain, and nothing
     // speculates in between: build the tree from the responses FIFO would keep, as
     // `suffixd build` does, instead of inserting and evicting the rest.
     let mut kept: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
-    let mut next_id = 0u64;
-    if let Some(path) = &cfg.snapshot {
-        memory::trim();
-        let rss0 = memory::rss_bytes();
-        let t = Instant::now();
-        let snap = Snapshot::open(path, None)?;
-        let mut namespaces = snap.namespaces()?;
-        if namespaces.len() != 1 {
-            return Err(SimulateError::SnapshotShape(format!(
-                "{} holds {} namespaces; simulate reads single-namespace snapshots",
-                path.display(),
-                namespaces.len()
-            )));
-        }
-        let base = namespaces.pop().expect("one namespace").tree;
-        if base.max_depth() != params.max_depth {
-            return Err(SimulateError::SnapshotShape(format!(
-                "{} was built with max_depth {}; pass --max-depth {}",
-                path.display(),
-                base.max_depth(),
-                base.max_depth()
-            )));
-        }
-        report.warmup_s = t.elapsed().as_secs_f64();
-        let ids: Vec<u64> = base.ids().collect();
-        next_id = ids.iter().max().map_or(0, |m| m + 1);
-        report.warm_examples = ids.len();
-        cache.base = Base::Frozen(base);
-        cache.order.extend(ids);
-        cache.make_room(0)?;
-        let rss1 = memory::rss_bytes();
-        report.cached_tokens = cache.cached_tokens();
-        report.cached_requests = cache.order.len();
-        report.snapshot_file_bytes = snap.file_len();
-        if report.cached_tokens > 0 {
-            report.store_bytes_per_token =
-                rss1.saturating_sub(rss0) as f64 / report.cached_tokens as f64;
-        }
-        progress(&format!(
-            "snapshot: {} sequences, {} cached tokens, opened in {:.3} ms",
-            report.cached_requests,
-            report.cached_tokens,
-            report.warmup_s * 1e3
-        ));
-    }
     let warm = match (&cfg.snapshot, &cfg.warm) {
         (Some(_), _) => None,
         (None, Some(w)) => Some(read_examples(w, cfg.warm_limit)?),
@@ -382,69 +342,34 @@ pub fn simulate(
     }
 
     let mut spec = Speculator::<LayeredCursor>::default();
-    let (mut spec_ns, mut step_ns, mut append_ns, mut evict_ns) = (0u128, 0u128, 0u128, 0u128);
-    let mut replay_ns = 0u128;
-    // Every call's time, for the distribution: a few bytes per step.
-    let mut call_ns: Vec<u64> = Vec::new();
-    let (mut nonempty, mut from_request, mut from_both) = (0u64, 0u64, 0u64);
-    let mut per_req = 0.0f64;
+    let mut tally = Tally::default();
     let test_start = Instant::now();
     for ex in read_examples(&cfg.test, cfg.test_limit)? {
         let ex = ex?;
-        let (prompt, truth) = (ex.prompt, ex.response);
-        if truth.is_empty() {
+        if ex.response.is_empty() {
             continue;
         }
-        let mut request = RequestTree::new(
-            if cfg.prompt_tree { &prompt } else { &[] },
-            params.request_depth(),
+        let steps = replay_request(
+            cfg,
+            &cache,
+            &mut spec,
+            ex.prompt,
+            &ex.response,
+            &mut report,
+            &mut tally,
         );
-        let mut context = prompt;
-        context.reserve(truth.len());
-        let mut pos = 0;
-        let mut steps = 0u64;
-        while pos < truth.len() {
-            let mut replay = cfg.replay_timing.then(|| spec.clone());
-            let t = Instant::now();
-            let draft = cache.speculate(&mut spec, &request, &context, &params);
-            let took = t.elapsed().as_nanos();
-            spec_ns += took;
-            call_ns.push(took as u64);
-            if let Some(replay) = &mut replay {
-                let t = Instant::now();
-                let again = cache.speculate(replay, &request, &context, &params);
-                replay_ns += t.elapsed().as_nanos();
-                debug_assert_eq!(again, draft, "a replay drafts what the call did");
-            }
-            let mut new = draft.accept(&truth[pos..]);
-            report.accepted_tokens += new.len() as u64;
-            report.drafted_tokens += draft.len() as u64;
-            nonempty += !draft.is_empty() as u64;
-            from_request += (draft.source == DraftSource::Request) as u64;
-            from_both += (draft.source == DraftSource::Both) as u64;
-            if pos + new.len() < truth.len() {
-                new.push(truth[pos + new.len()]);
-            }
-            pos += new.len();
-            let t = Instant::now();
-            request.extend(&new);
-            step_ns += t.elapsed().as_nanos();
-            context.extend_from_slice(&new);
-            report.generated_tokens += new.len() as u64;
-            steps += 1;
-        }
         let id = next_id;
         next_id += 1;
         let t = Instant::now();
-        cache.add(id, &truth)?;
-        append_ns += t.elapsed().as_nanos();
+        cache.add(id, &ex.response)?;
+        tally.append_ns += t.elapsed().as_nanos();
         if !cfg.online {
             let t = Instant::now();
             cache.remove(id)?;
-            evict_ns += t.elapsed().as_nanos();
+            tally.evict_ns += t.elapsed().as_nanos();
         }
         report.steps += steps;
-        per_req += truth.len() as f64 / steps as f64;
+        tally.per_request_tokens_per_step += ex.response.len() as f64 / steps as f64;
         report.test_examples += 1;
         if report.test_examples.is_multiple_of(200) {
             progress(&format!(
@@ -456,34 +381,169 @@ pub fn simulate(
     }
     report.test_wall_s = test_start.elapsed().as_secs_f64();
     report.compactions = cache.compactions;
-    let steps = report.steps.max(1) as f64;
-    report.tokens_per_step = report.generated_tokens as f64 / steps;
-    report.acceptance_rate = if report.drafted_tokens > 0 {
-        report.accepted_tokens as f64 / report.drafted_tokens as f64
-    } else {
-        0.0
-    };
-    report.mean_draft_size = report.drafted_tokens as f64 / steps;
-    report.spec_us_per_call = spec_ns as f64 / 1e3 / steps;
-    report.spec_replay_us_per_call = cfg.replay_timing.then(|| replay_ns as f64 / 1e3 / steps);
-    call_ns.sort_unstable();
-    let quantile = |q: f64| {
-        let i = ((call_ns.len() as f64 * q).ceil() as usize).clamp(1, call_ns.len().max(1)) - 1;
-        call_ns.get(i).map_or(0.0, |&ns| ns as f64 / 1e3)
-    };
-    report.spec_us_p50 = quantile(0.5);
-    report.spec_us_p99 = quantile(0.99);
-    report.spec_us_max = call_ns.last().map_or(0.0, |&ns| ns as f64 / 1e3);
-    let per_token = |ns: u128| ns as f64 / 1e3 / report.generated_tokens.max(1) as f64;
-    report.update_us_per_token = per_token(step_ns + append_ns);
-    report.step_update_us_per_token = per_token(step_ns);
-    report.append_us_per_token = per_token(append_ns);
-    report.evict_us_per_token = per_token(evict_ns);
-    report.nonempty_draft_frac = nonempty as f64 / steps;
-    report.request_tree_chosen_frac = from_request as f64 / nonempty.max(1) as f64;
-    report.merged_chosen_frac = from_both as f64 / nonempty.max(1) as f64;
-    report.mean_req_tokens_per_step = per_req / report.test_examples.max(1) as f64;
+    tally.summarize(cfg, &mut report);
     Ok(report)
+}
+
+/// Open `path` as the warm cache (a single-namespace snapshot of the configured depth)
+/// and measure it. Returns the next free sequence id.
+fn open_snapshot(
+    path: &std::path::Path,
+    cache: &mut Cache,
+    report: &mut SimulateReport,
+    progress: &mut impl FnMut(&str),
+) -> Result<u64, SimulateError> {
+    memory::trim();
+    let rss0 = memory::rss_bytes();
+    let t = Instant::now();
+    let snap = Snapshot::open(path, None)?;
+    let mut namespaces = snap.namespaces()?;
+    if namespaces.len() != 1 {
+        return Err(SimulateError::SnapshotShape(format!(
+            "{} holds {} namespaces; simulate reads single-namespace snapshots",
+            path.display(),
+            namespaces.len()
+        )));
+    }
+    let base = namespaces.pop().expect("one namespace").tree;
+    if base.max_depth() != report.params.max_depth {
+        return Err(SimulateError::SnapshotShape(format!(
+            "{} was built with max_depth {}; pass --max-depth {}",
+            path.display(),
+            base.max_depth(),
+            base.max_depth()
+        )));
+    }
+    report.warmup_s = t.elapsed().as_secs_f64();
+    let ids: Vec<u64> = base.ids().collect();
+    let next_id = ids.iter().max().map_or(0, |m| m + 1);
+    report.warm_examples = ids.len();
+    cache.base = Base::Frozen(base);
+    cache.order.extend(ids);
+    cache.make_room(0)?;
+    let rss1 = memory::rss_bytes();
+    report.cached_tokens = cache.cached_tokens();
+    report.cached_requests = cache.order.len();
+    report.snapshot_file_bytes = snap.file_len();
+    if report.cached_tokens > 0 {
+        report.store_bytes_per_token =
+            rss1.saturating_sub(rss0) as f64 / report.cached_tokens as f64;
+    }
+    progress(&format!(
+        "snapshot: {} sequences, {} cached tokens, opened in {:.3} ms",
+        report.cached_requests,
+        report.cached_tokens,
+        report.warmup_s * 1e3
+    ));
+    Ok(next_id)
+}
+
+/// Times and counts of the test phase that the report derives its figures from.
+#[derive(Default)]
+struct Tally {
+    spec_ns: u128,
+    replay_ns: u128,
+    step_ns: u128,
+    append_ns: u128,
+    evict_ns: u128,
+    /// Every call's time, for the distribution: a few bytes per step.
+    call_ns: Vec<u64>,
+    nonempty: u64,
+    from_request: u64,
+    from_both: u64,
+    /// Σ over requests of each one's tokens per step.
+    per_request_tokens_per_step: f64,
+}
+
+impl Tally {
+    /// Fill in the report's rates, means and latency quantiles.
+    fn summarize(mut self, cfg: &SimulateConfig, report: &mut SimulateReport) {
+        let steps = report.steps.max(1) as f64;
+        report.tokens_per_step = report.generated_tokens as f64 / steps;
+        report.acceptance_rate = if report.drafted_tokens > 0 {
+            report.accepted_tokens as f64 / report.drafted_tokens as f64
+        } else {
+            0.0
+        };
+        report.mean_draft_size = report.drafted_tokens as f64 / steps;
+        report.spec_us_per_call = self.spec_ns as f64 / 1e3 / steps;
+        report.spec_replay_us_per_call = cfg
+            .replay_timing
+            .then(|| self.replay_ns as f64 / 1e3 / steps);
+        let call_ns = &mut self.call_ns;
+        call_ns.sort_unstable();
+        let quantile = |q: f64| {
+            let i = ((call_ns.len() as f64 * q).ceil() as usize).clamp(1, call_ns.len().max(1)) - 1;
+            call_ns.get(i).map_or(0.0, |&ns| ns as f64 / 1e3)
+        };
+        report.spec_us_p50 = quantile(0.5);
+        report.spec_us_p99 = quantile(0.99);
+        report.spec_us_max = call_ns.last().map_or(0.0, |&ns| ns as f64 / 1e3);
+        let per_token = |ns: u128| ns as f64 / 1e3 / report.generated_tokens.max(1) as f64;
+        report.update_us_per_token = per_token(self.step_ns + self.append_ns);
+        report.step_update_us_per_token = per_token(self.step_ns);
+        report.append_us_per_token = per_token(self.append_ns);
+        report.evict_us_per_token = per_token(self.evict_ns);
+        report.nonempty_draft_frac = self.nonempty as f64 / steps;
+        report.request_tree_chosen_frac = self.from_request as f64 / self.nonempty.max(1) as f64;
+        report.merged_chosen_frac = self.from_both as f64 / self.nonempty.max(1) as f64;
+        report.mean_req_tokens_per_step =
+            self.per_request_tokens_per_step / report.test_examples.max(1) as f64;
+    }
+}
+
+/// Generate one test response as a perfect verifier would: each step drafts, accepts
+/// what the draft shares with the true response, then takes the next true token.
+/// Returns the steps it took.
+fn replay_request(
+    cfg: &SimulateConfig,
+    cache: &Cache,
+    spec: &mut Speculator<LayeredCursor>,
+    prompt: Vec<u32>,
+    truth: &[u32],
+    report: &mut SimulateReport,
+    tally: &mut Tally,
+) -> u64 {
+    let params = &cfg.params;
+    let mut request = RequestTree::new(
+        if cfg.prompt_tree { &prompt } else { &[] },
+        params.request_depth(),
+    );
+    let mut context = prompt;
+    context.reserve(truth.len());
+    let mut pos = 0;
+    let mut steps = 0u64;
+    while pos < truth.len() {
+        let mut replay = cfg.replay_timing.then(|| spec.clone());
+        let t = Instant::now();
+        let draft = cache.speculate(spec, &request, &context, params);
+        let took = t.elapsed().as_nanos();
+        tally.spec_ns += took;
+        tally.call_ns.push(took as u64);
+        if let Some(replay) = &mut replay {
+            let t = Instant::now();
+            let again = cache.speculate(replay, &request, &context, params);
+            tally.replay_ns += t.elapsed().as_nanos();
+            debug_assert_eq!(again, draft, "a replay drafts what the call did");
+        }
+        let mut new = draft.accept(&truth[pos..]);
+        report.accepted_tokens += new.len() as u64;
+        report.drafted_tokens += draft.len() as u64;
+        tally.nonempty += !draft.is_empty() as u64;
+        tally.from_request += (draft.source == DraftSource::Request) as u64;
+        tally.from_both += (draft.source == DraftSource::Both) as u64;
+        if pos + new.len() < truth.len() {
+            new.push(truth[pos + new.len()]);
+        }
+        pos += new.len();
+        let t = Instant::now();
+        request.extend(&new);
+        tally.step_ns += t.elapsed().as_nanos();
+        context.extend_from_slice(&new);
+        report.generated_tokens += new.len() as u64;
+        steps += 1;
+    }
+    steps
 }
 
 /// Build the in-memory tree from the warm responses FIFO keeps, and measure it.
