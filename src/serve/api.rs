@@ -331,6 +331,58 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let req: GenerationRequest =
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
+    check_supported(&app, &req)?;
+    let text = prompt_text(&app, &req, chat)?;
+    let opts = generate_options(&app, &req)?;
+    let prompt = tokenize_prompt(&app, &text, opts.max_tokens)?;
+    let namespace = namespace_of(&headers, &req)?;
+    let (tok_tx, tok_rx) = mpsc::unbounded_channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    let job = Job {
+        prompt,
+        opts,
+        namespace,
+        tokens: tok_tx,
+        done: done_tx,
+    };
+    app.jobs.send(job).map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the model thread has stopped",
+        )
+    })?;
+    let id = format!(
+        "{}-{}",
+        if chat { "chatcmpl" } else { "cmpl" },
+        app.next_id()
+    );
+    if req.stream {
+        return Ok(stream_response(app, id, chat, tok_rx, done_rx).into_response());
+    }
+    // Held until the answer is ready: if the client goes away this handler is dropped
+    // with it, the channel closes, and the model thread cancels the generation.
+    let _cancel_on_drop = tok_rx;
+    let g = await_generation(&app, done_rx).await?;
+    let choice = if chat {
+        json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "finish_reason": finish(&g)})
+    } else {
+        json!({"index": 0, "text": g.text, "finish_reason": finish(&g), "logprobs": null})
+    };
+    Ok(Json(json!({
+        "id": id,
+        "object": if chat { "chat.completion" } else { "text_completion" },
+        "created": unix_s(),
+        "model": app.model_id,
+        "choices": [choice],
+        "usage": usage(&g),
+        "suffixd": spec_stats(&g),
+    }))
+    .into_response())
+}
+
+/// Refuse what this server does not do: another model, n > 1, penalties, logprobs.
+fn check_supported(app: &AppState, req: &GenerationRequest) -> Result<(), ApiError> {
     if let Some(m) = &req.model
         && *m != app.model_id
     {
@@ -359,7 +411,12 @@ async fn generate(
             "logprobs are not supported by this server; leave out `logprobs` and `top_logprobs`",
         ));
     }
-    let text = if chat {
+    Ok(())
+}
+
+/// The prompt's text: the chat template over `messages`, or `prompt`.
+fn prompt_text(app: &AppState, req: &GenerationRequest, chat: bool) -> Result<String, ApiError> {
+    Ok(if chat {
         let messages = req
             .messages
             .as_ref()
@@ -385,7 +442,11 @@ async fn generate(
             .clone()
             .filter(|p| !p.is_empty())
             .ok_or_else(|| ApiError::bad_request("`prompt` must be a non-empty string"))?
-    };
+    })
+}
+
+/// Sampling, length and stop strings, checked against the server's limits.
+fn generate_options(app: &AppState, req: &GenerationRequest) -> Result<GenerateOptions, ApiError> {
     let temperature = req.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::bad_request("temperature must be between 0 and 2"));
@@ -404,6 +465,26 @@ async fn generate(
             app.cfg.max_tokens_limit
         )));
     }
+    let stop = match &req.stop {
+        Stop::None => vec![],
+        Stop::One(s) => vec![s.clone()],
+        Stop::Many(v) => v.clone(),
+    };
+    Ok(GenerateOptions {
+        max_tokens,
+        sampling: Sampling {
+            temperature,
+            top_p,
+            top_k: req.top_k.unwrap_or(0),
+            seed: req.seed.unwrap_or_else(rand::random),
+        },
+        stop,
+        speculate: app.cfg.speculate,
+    })
+}
+
+/// The prompt's tokens, refused when they and `max_tokens` cannot fit in the context.
+fn tokenize_prompt(app: &AppState, text: &str, max_tokens: usize) -> Result<Vec<u32>, ApiError> {
     // No token is longer than the tokenizer's longest, so a text this long cannot fit:
     // refuse it before tokenizing costs time and memory.
     let most_bytes = app
@@ -419,7 +500,7 @@ async fn generate(
     }
     let prompt = app
         .tokenizer
-        .encode_text(&text)
+        .encode_text(text)
         .map_err(ApiError::bad_request)?;
     if prompt.len() + max_tokens > app.context_len {
         return Err(ApiError::bad_request(format!(
@@ -430,6 +511,12 @@ async fn generate(
         ))
         .code("context_length_exceeded"));
     }
+    Ok(prompt)
+}
+
+/// The namespace to draft from and learn into: the `x-suffixd-namespace` header, else
+/// `user`, else "default".
+fn namespace_of(headers: &HeaderMap, req: &GenerationRequest) -> Result<String, ApiError> {
     let namespace = match headers.get("x-suffixd-namespace") {
         Some(v) => v
             .to_str()
@@ -440,79 +527,29 @@ async fn generate(
         None => req.user.clone().unwrap_or_else(|| "default".into()),
     };
     check_namespace(&namespace)?;
-    let stop = match req.stop {
-        Stop::None => vec![],
-        Stop::One(s) => vec![s],
-        Stop::Many(v) => v,
-    };
-    let opts = GenerateOptions {
-        max_tokens,
-        sampling: Sampling {
-            temperature,
-            top_p,
-            top_k: req.top_k.unwrap_or(0),
-            seed: req.seed.unwrap_or_else(rand::random),
-        },
-        stop,
-        speculate: app.cfg.speculate,
-    };
-    let (tok_tx, tok_rx) = mpsc::unbounded_channel();
-    let (done_tx, done_rx) = oneshot::channel();
-    let job = Job {
-        prompt,
-        opts,
-        namespace,
-        tokens: tok_tx,
-        done: done_tx,
-    };
-    app.jobs.send(job).map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "the model thread has stopped",
-        )
-    })?;
-    let id = format!(
-        "{}-{}",
-        if chat { "chatcmpl" } else { "cmpl" },
-        app.next_id()
-    );
-    if req.stream {
-        return Ok(stream_response(app, id, chat, tok_rx, done_rx).into_response());
-    }
-    // Held until the answer is ready: if the client goes away this handler is dropped
-    // with it, the channel closes, and the model thread cancels the generation.
-    let _cancel_on_drop = tok_rx;
-    let g = match done_rx.await {
-        Ok(Ok(g)) => g,
+    Ok(namespace)
+}
+
+/// The model thread's answer to a job; failures are counted.
+async fn await_generation(
+    app: &AppState,
+    done: oneshot::Receiver<Result<Generation, JobError>>,
+) -> Result<Generation, ApiError> {
+    match done.await {
+        Ok(Ok(g)) => Ok(g),
         Ok(Err(e)) => {
             app.metrics.record_error();
-            return Err(e.into());
+            Err(e.into())
         }
         Err(_) => {
             app.metrics.record_error();
-            return Err(ApiError::new(
+            Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
                 "generation was dropped",
-            ));
+            ))
         }
-    };
-    let choice = if chat {
-        json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "finish_reason": finish(&g)})
-    } else {
-        json!({"index": 0, "text": g.text, "finish_reason": finish(&g), "logprobs": null})
-    };
-    Ok(Json(json!({
-        "id": id,
-        "object": if chat { "chat.completion" } else { "text_completion" },
-        "created": unix_s(),
-        "model": app.model_id,
-        "choices": [choice],
-        "usage": usage(&g),
-        "suffixd": spec_stats(&g),
-    }))
-    .into_response())
+    }
 }
 
 fn finish(g: &Generation) -> &'static str {
