@@ -31,6 +31,14 @@ pub enum DirError {
         /// What it names.
         name: String,
     },
+    /// Another process (or another `Store` in this one) has the directory open.
+    #[error(
+        "store directory {path} is in use: another suffixd process holds its LOCK file (two writers would interleave their logs and snapshots). Stop that process first, or use another directory"
+    )]
+    Locked {
+        /// The directory.
+        path: PathBuf,
+    },
     /// Snapshot files without a manifest, holding data that the log does not.
     #[error(
         "store directory {path} holds snapshot files but no CURRENT manifest to say which one is live, and the write-ahead log does not hold all of their data, so suffixd will not start from the log alone (that would lose it). {advice}"
@@ -56,6 +64,28 @@ fn snapshot_number(name: &str) -> Option<u64> {
         .strip_suffix(".sfxd")?
         .parse()
         .ok()
+}
+
+/// Take the directory's exclusive lock: `DIR/LOCK`, locked with `flock` for as long as
+/// the returned file stays open (the kernel releases it when the process dies, kill -9
+/// included, so a crash never leaves a stale lock).
+pub fn lock(dir: &Path) -> Result<std::fs::File, DirError> {
+    let path = dir.join("LOCK");
+    let io = |source| DirError::Io {
+        path: path.clone(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(DirError::Locked { path: dir.into() }),
+        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
+    }
 }
 
 /// The snapshot file that the manifest of `dir` names, if any.

@@ -200,6 +200,8 @@ pub struct Store {
     wal_damage: Vec<(PathBuf, Vec<Damage>)>,
     /// The last snapshot file verified, and the outcome: each file is read once.
     verified: Mutex<Option<(PathBuf, Result<(), String>)>>,
+    /// The directory's lock, held while the store is open: one writer per directory.
+    _lock: std::fs::File,
 }
 
 /// What [`Store::verify`] found.
@@ -241,6 +243,7 @@ impl Store {
             path: cfg.dir.clone(),
             source,
         })?;
+        let lock = super::dir::lock(&cfg.dir)?;
         let mut state = State {
             namespaces: BTreeMap::new(),
             snapshot: None,
@@ -344,6 +347,7 @@ impl Store {
             }),
             wal_damage,
             verified: Mutex::new(None),
+            _lock: lock,
         };
         Ok(store)
     }
@@ -847,6 +851,25 @@ mod tests {
         };
         let v = n.view();
         v.walk(path).map_or(0, |c| v.count(&c))
+    }
+
+    #[test]
+    fn a_directory_has_one_store_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Store::open(cfg(dir.path())).unwrap();
+        first.append("a", &[1, 2, 3]).unwrap();
+        let Err(e) = Store::open(cfg(dir.path())) else {
+            panic!("a second store opened the same directory");
+        };
+        assert!(matches!(e, StoreError::Dir(DirError::Locked { .. })), "{e}");
+        assert!(e.to_string().contains("in use"), "{e}");
+        drop(first);
+        let again = Store::open(cfg(dir.path())).unwrap();
+        assert_eq!(
+            count(&again, "a", &[1, 2]),
+            1,
+            "the first store's append is there"
+        );
     }
 
     #[test]
