@@ -13,7 +13,7 @@
 //!   ([`DoubleBuffered`]), and every change is applied to the copy nobody reads first.
 //!   Writers wait for each other, and for the last readers of the old copy.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +22,7 @@ use crate::tree::{GlobalTree, TreeError};
 
 use super::dir::{DirError, current_snapshot, next_snapshot_path, publish, snapshot_files};
 use super::double_buffer::DoubleBuffered;
+use super::last_use::LastUse;
 use super::layered::Layered;
 use super::snapshot::{
     FrozenTree, NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError,
@@ -164,8 +165,8 @@ pub struct State {
     /// Namespaces by name.
     pub namespaces: BTreeMap<String, Namespace>,
     snapshot: Option<Arc<Snapshot>>,
-    /// `(last_use_ms, namespace, id)`, least recent first.
-    lru: BTreeSet<(u64, String, u64)>,
+    /// Cached sequences in last-use order.
+    lru: LastUse,
     next_id: u64,
     /// Changes since the last snapshot's cut, to carry over at the swap.
     since_cut: Vec<(u64, WalOp)>,
@@ -247,7 +248,7 @@ impl Store {
         let mut state = State {
             namespaces: BTreeMap::new(),
             snapshot: None,
-            lru: BTreeSet::new(),
+            lru: LastUse::new(),
             next_id: 1,
             since_cut: Vec::new(),
         };
@@ -259,6 +260,7 @@ impl Store {
         if let Some(path) = current {
             let snap = Snapshot::open(&path, Some(cfg.tokenizer))?;
             wal_seq = snap.header().wal_seq;
+            let mut used = Vec::new();
             for ns in snap.namespaces()? {
                 let mut n = Namespace::new(ns.tree.max_depth())?;
                 for m in &ns.meta {
@@ -272,12 +274,13 @@ impl Store {
                             in_base: true,
                         },
                     );
-                    state.lru.insert((m.last_use_ms, ns.name.clone(), m.id));
+                    used.push((m.last_use_ms, ns.name.clone(), m.id));
                     state.next_id = state.next_id.max(m.id + 1);
                 }
                 n.base = Some(ns.tree);
                 state.namespaces.insert(ns.name, n);
             }
+            state.lru = LastUse::from_times(used);
             state.snapshot = Some(Arc::new(snap));
         }
         // Replay the log after the snapshot.
@@ -445,18 +448,15 @@ impl Store {
                         in_base: false,
                     },
                 );
-                state.lru.insert((*time_ms, namespace.clone(), *id));
+                state.lru.used(namespace, *id, *time_ms);
                 Ok(true)
             }
             WalOp::Evict { namespace, id } => {
                 let Some(ns) = state.namespaces.get_mut(namespace) else {
                     return Ok(false);
                 };
-                let last_use = ns.seqs.get(id).map(|s| s.last_use_ms);
                 let removed = ns.remove(*id)?;
-                if let Some(t) = last_use {
-                    state.lru.remove(&(t, namespace.clone(), *id));
-                }
+                state.lru.remove(namespace, *id);
                 Ok(removed)
             }
         }
@@ -539,9 +539,8 @@ impl Store {
         let victims: Vec<(String, u64)> = {
             let st = self.state.read();
             st.lru
-                .iter()
-                .take_while(|(t, _, _)| *t < cutoff_ms)
-                .map(|(_, ns, id)| (ns.clone(), *id))
+                .unused_since(cutoff_ms)
+                .map(|(ns, id)| (ns.to_string(), id))
                 .collect()
         };
         let mut n = 0;
@@ -567,7 +566,7 @@ impl Store {
                 if total <= budget {
                     return Ok(());
                 }
-                st.lru.iter().next().map(|(_, ns, id)| (ns.clone(), *id))
+                st.lru.coldest().map(|(ns, id)| (ns.to_string(), id))
             };
             match victim {
                 Some((ns, id)) => {
@@ -590,9 +589,8 @@ impl Store {
             };
             for id in ids {
                 if let Some(info) = ns.seqs.get_mut(id) {
-                    lru.remove(&(info.last_use_ms, namespace.to_string(), *id));
                     info.last_use_ms = now;
-                    lru.insert((now, namespace.to_string(), *id));
+                    lru.used(namespace, *id, now);
                 }
             }
         });
@@ -678,7 +676,7 @@ impl Store {
             let st = writer.get();
             let carried = st.since_cut.clone();
             let mut namespaces = BTreeMap::new();
-            let mut lru = BTreeSet::new();
+            let mut used = Vec::new();
             for ns in frozen {
                 let mut n = Namespace::new(ns.tree.max_depth())?;
                 for m in &ns.meta {
@@ -698,7 +696,7 @@ impl Store {
                             in_base: true,
                         },
                     );
-                    lru.insert((last_use, ns.name.clone(), m.id));
+                    used.push((last_use, ns.name.clone(), m.id));
                 }
                 n.base = Some(ns.tree);
                 namespaces.insert(ns.name, n);
@@ -707,7 +705,7 @@ impl Store {
             let mut fresh = State {
                 namespaces,
                 snapshot: Some(Arc::new(snap)),
-                lru,
+                lru: LastUse::from_times(used),
                 next_id,
                 since_cut: Vec::new(),
             };
@@ -911,6 +909,38 @@ mod tests {
         let s = Store::open(cfg(dir.path())).unwrap();
         assert_eq!(count(&s, "a", &[1, 2]), 2);
         assert_eq!(s.counters().replayed, 0);
+    }
+
+    /// Last-use order is rebuilt from the snapshot's last-use times at reopen: a touch
+    /// before the snapshot still counts after it.
+    #[test]
+    fn last_use_order_survives_a_snapshot_and_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(3));
+        {
+            let s = Store::open(cfg(dir.path())).unwrap();
+            let a = s.append("n", &[1, 1, 1]).unwrap();
+            pause();
+            s.append("n", &[2, 2, 2]).unwrap();
+            pause();
+            s.touch("n", &[a]);
+            s.snapshot().unwrap();
+        }
+        pause();
+        let s = Store::open(StoreConfig {
+            budget_tokens: Some(6),
+            ..cfg(dir.path())
+        })
+        .unwrap();
+        s.append("n", &[3, 3, 3]).unwrap();
+        assert_eq!(count(&s, "n", &[2]), 0, "[2 2 2] was used least recently");
+        assert_eq!(count(&s, "n", &[1]), 3);
+        assert_eq!(count(&s, "n", &[3]), 3);
+        let evicted = s.evict_unused_since(now_ms() + 1).unwrap();
+        assert_eq!(
+            evicted, 2,
+            "age eviction takes every sequence used before the cutoff"
+        );
     }
 
     #[test]

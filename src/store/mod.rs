@@ -5,12 +5,20 @@
 //! - [`dir`]: a store directory, its numbered snapshots and the `CURRENT` manifest.
 //! - [`double_buffer`]: two copies of the live state, so that readers never wait.
 //! - [`layered`]: base (snapshot) + delta (appended since) − evicted, read as one tree.
+//! - [`wal`]: the write-ahead log of appends and evictions since the last snapshot.
+//! - [`live`]: the live store: open (snapshot + log replay), append, evict, snapshot
+//!   and compaction, budgets; one process per directory (`dir::lock`).
+//! - `last_use`: cached sequences in last-use order (the `lru` crate), for LRU and age
+//!   eviction.
+//! - [`build`]: a snapshot built from request logs (`suffixd build`, warm starts).
+//! - `faults` and [`fuzzing`]: fault injection for the crash tests, and fuzz harnesses.
 
 pub mod build;
 pub mod dir;
 pub mod double_buffer;
 pub(crate) mod faults;
 pub mod fuzzing;
+mod last_use;
 pub mod layered;
 pub mod live;
 pub mod snapshot;
