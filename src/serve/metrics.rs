@@ -195,69 +195,13 @@ impl Metrics {
     ) -> String {
         let m = self.inner.lock().expect("metrics").clone();
         let mut out = String::new();
-        let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
-        };
-        counter(
-            "suffixd_requests_total",
-            "Completed generation requests.",
-            m.requests,
-        );
-        counter(
-            "suffixd_request_errors_total",
-            "Requests that failed.",
-            m.errors,
-        );
-        counter(
-            "suffixd_prompt_tokens_total",
-            "Prompt tokens processed.",
-            m.prompt_tokens,
-        );
-        counter(
-            "suffixd_generated_tokens_total",
-            "Tokens generated.",
-            m.generated_tokens,
-        );
-        counter("suffixd_steps_total", "Verification steps.", m.steps);
-        counter(
-            "suffixd_drafted_tokens_total",
-            "Draft tokens verified.",
-            m.drafted,
-        );
-        counter(
-            "suffixd_accepted_tokens_total",
-            "Draft tokens accepted.",
-            m.accepted,
-        );
-        counter(
-            "suffixd_evictions_total",
-            "Cached sequences evicted.",
+        render_totals(
+            &m,
+            &mut out,
+            cached_tokens,
+            cached_sequences,
             evicted,
-        );
-        counter(
-            "suffixd_snapshots_total",
-            "Snapshots and compactions written.",
             snapshots,
-        );
-        let rate = if m.drafted == 0 {
-            0.0
-        } else {
-            m.accepted as f64 / m.drafted as f64
-        };
-        let _ = writeln!(
-            out,
-            "# HELP suffixd_acceptance_rate Accepted over drafted tokens.\n# TYPE suffixd_acceptance_rate gauge\nsuffixd_acceptance_rate {rate}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP suffixd_cached_tokens Tokens in the speculation cache.\n# TYPE suffixd_cached_tokens gauge\nsuffixd_cached_tokens {cached_tokens}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP suffixd_cached_sequences Sequences in the speculation cache.\n# TYPE suffixd_cached_sequences gauge\nsuffixd_cached_sequences {cached_sequences}"
         );
         m.accepted_per_step.render(
             &mut out,
@@ -313,4 +257,79 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The counters and gauges of the Prometheus exposition.
+fn render_totals(
+    m: &Inner,
+    out: &mut String,
+    cached_tokens: u64,
+    cached_sequences: u64,
+    evicted: u64,
+    snapshots: u64,
+) {
+    let mut counter = |name: &str, help: &str, v: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    };
+    counter(
+        "suffixd_requests_total",
+        "Completed generation requests.",
+        m.requests,
+    );
+    counter(
+        "suffixd_request_errors_total",
+        "Requests that failed.",
+        m.errors,
+    );
+    counter(
+        "suffixd_prompt_tokens_total",
+        "Prompt tokens processed.",
+        m.prompt_tokens,
+    );
+    counter(
+        "suffixd_generated_tokens_total",
+        "Tokens generated.",
+        m.generated_tokens,
+    );
+    counter("suffixd_steps_total", "Verification steps.", m.steps);
+    counter(
+        "suffixd_drafted_tokens_total",
+        "Draft tokens verified.",
+        m.drafted,
+    );
+    counter(
+        "suffixd_accepted_tokens_total",
+        "Draft tokens accepted.",
+        m.accepted,
+    );
+    counter(
+        "suffixd_evictions_total",
+        "Cached sequences evicted.",
+        evicted,
+    );
+    counter(
+        "suffixd_snapshots_total",
+        "Snapshots and compactions written.",
+        snapshots,
+    );
+    let rate = if m.drafted == 0 {
+        0.0
+    } else {
+        m.accepted as f64 / m.drafted as f64
+    };
+    let _ = writeln!(
+        out,
+        "# HELP suffixd_acceptance_rate Accepted over drafted tokens.\n# TYPE suffixd_acceptance_rate gauge\nsuffixd_acceptance_rate {rate}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP suffixd_cached_tokens Tokens in the speculation cache.\n# TYPE suffixd_cached_tokens gauge\nsuffixd_cached_tokens {cached_tokens}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP suffixd_cached_sequences Sequences in the speculation cache.\n# TYPE suffixd_cached_sequences gauge\nsuffixd_cached_sequences {cached_sequences}"
+    );
 }

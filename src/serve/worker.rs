@@ -110,6 +110,39 @@ pub fn run(
     });
 }
 
+/// Start `job`: its sequence and its drafter over its namespace. A job the engine
+/// refuses is answered here (400 for a bad prompt, 500 otherwise) and gives no slot.
+fn admit<'a>(
+    engine: &Engine,
+    store: &'a Store,
+    empty: &'a GlobalTree,
+    params: SpecParams,
+    job: Job,
+) -> Option<Slot<'a>> {
+    match engine.start(&job.prompt, &job.opts) {
+        Ok(seq) => {
+            let source = NamespaceSource {
+                store,
+                namespace: job.namespace.clone(),
+                empty,
+            };
+            Some(Slot {
+                seq,
+                drafter: CacheDrafter::new(source, params, &job.prompt),
+                job,
+            })
+        }
+        Err(e @ (ModelError::BadPrompt(_) | ModelError::ContextFull { .. })) => {
+            let _ = job.done.send(Err(JobError::Rejected(e.to_string())));
+            None
+        }
+        Err(e) => {
+            let _ = job.done.send(Err(JobError::failed("start", &e)));
+            None
+        }
+    }
+}
+
 /// The model thread's loop: admit jobs, step them together, hand completed ones over.
 fn step_jobs(
     mut engine: Engine,
@@ -133,26 +166,7 @@ fn step_jobs(
                 jobs.try_recv()
             };
             match next {
-                Ok(job) => match engine.start(&job.prompt, &job.opts) {
-                    Ok(seq) => {
-                        let source = NamespaceSource {
-                            store,
-                            namespace: job.namespace.clone(),
-                            empty: &empty,
-                        };
-                        slots.push(Slot {
-                            seq,
-                            drafter: CacheDrafter::new(source, params, &job.prompt),
-                            job,
-                        });
-                    }
-                    Err(e @ (ModelError::BadPrompt(_) | ModelError::ContextFull { .. })) => {
-                        let _ = job.done.send(Err(JobError::Rejected(e.to_string())));
-                    }
-                    Err(e) => {
-                        let _ = job.done.send(Err(JobError::failed("start", &e)));
-                    }
-                },
+                Ok(job) => slots.extend(admit(&engine, store, &empty, params, job)),
                 Err(crossbeam::channel::TryRecvError::Empty) => break,
                 Err(crossbeam::channel::TryRecvError::Disconnected) => open = false,
             }
