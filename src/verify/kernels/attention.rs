@@ -259,6 +259,7 @@ pub fn attend(
         kv_heads,
         head_dim: hd,
     } = s;
+    assert!(simd.is_available(), "{simd:?} is not available on this CPU");
     assert_eq!(
         out.len(),
         total * heads * hd,
@@ -303,10 +304,10 @@ pub fn attend(
             }
             match simd {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: Avx2 is chosen only on CPUs with AVX2 and FMA; hd is a multiple
-                // of 8 (checked); q and o hold group × hd floats; every row lies in the
-                // caches (asserted above).
-                Simd::Avx2 if hd % 8 == 0 => unsafe {
+                // SAFETY: an x86 SIMD path is chosen only on CPUs with AVX2 and FMA
+                // (`Simd::available`); hd is a multiple of 8 (checked); q and o hold
+                // group × hd floats; every row lies in the caches (asserted above).
+                s if s.has_avx2_fma() && hd % 8 == 0 => unsafe {
                     avx2::attend_group(qs, hd, keys, values, rows, stride, scale, scores, o)
                 },
                 _ => {

@@ -117,6 +117,7 @@ mod avx2 {
 /// `out[r][c0 + c] = x[r] · w[c]` for every part of a fused projection, outputs side by
 /// side in `out` (`rows × Σ n`); `x` is `rows × k`. Threads over columns.
 pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, out: &mut [f32]) {
+    assert!(simd.is_available(), "{simd:?} is not available on this CPU");
     let width: usize = parts.iter().map(|p| p.n).sum();
     assert_eq!(out.len(), rows * width, "out is rows × Σ n");
     for p in parts {
@@ -130,8 +131,9 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
         let w = &parts[part];
         match simd {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: Avx2 is chosen only with AVX2 and FMA; the columns and rows exist.
-            Simd::Avx2 if w.k.is_multiple_of(8) => unsafe {
+            // SAFETY: an x86 SIMD path is chosen only with AVX2 and FMA
+            // (`Simd::available`); the columns and rows exist.
+            s if s.has_avx2_fma() && w.k.is_multiple_of(8) => unsafe {
                 if cols == 2 {
                     avx2::columns::<2>(w, x, rows, c0, out)
                 } else {
