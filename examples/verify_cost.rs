@@ -64,6 +64,7 @@ fn main() -> anyhow::Result<()> {
                 "context": context,
                 "t1_ms": curve.t1_ms,
                 "curve": curve.points,
+                "simd": suffixd::verify::kernels::Simd::detect(),
             });
             println!("{line}");
         }

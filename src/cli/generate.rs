@@ -191,6 +191,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
     if a.json {
         let mut v = serde_json::to_value(&g)?;
         v["cost_curve"] = serde_json::to_value(engine.cost_curve())?;
+        v["simd"] = serde_json::to_value(crate::verify::kernels::Simd::detect())?;
         println!("{v}");
     } else {
         println!("{}", g.text);

@@ -69,9 +69,11 @@ pub enum Simd {
     Avx2,
     /// AVX2 and FMA, with the integer dot products by AVX-512 VNNI's 256-bit `vpdpbusd`
     /// (AVX512_VNNI and AVX512VL: Intel Xeon since Ice Lake, AMD since Zen 4).
+    #[serde(rename = "avx512vnni")]
     Avx512Vnni,
     /// AVX2 and FMA, with the integer dot products by AVX-VNNI's `vpdpbusd` (Intel
     /// since Alder Lake, AMD since Zen 5).
+    #[serde(rename = "avxvnni")]
     AvxVnni,
     /// Plain Rust: the same arithmetic, one lane at a time.
     Portable,
