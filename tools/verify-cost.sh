@@ -39,14 +39,23 @@ if [ "$base" != none ]; then
     git -C "$tree" checkout --quiet --force --detach "$rev"
     mkdir -p "$tree/examples"
     cp examples/verify_cost.rs "$tree/examples/"
+    # Both checkouts give suffixd the same artifact names in target/, and cargo's
+    # freshness check reads the source paths of whichever was built last: without a
+    # clean of suffixd (its own artifacts only) before each build, the second build
+    # would reuse the first one's library.
+    cargo clean --release --quiet -p suffixd
     CARGO_TARGET_DIR=$PWD/target cargo build --release --quiet \
         --manifest-path "$tree/Cargo.toml" --example verify_cost
     cp target/release/examples/verify_cost "$out/old"
+    cargo clean --release --quiet -p suffixd
     sides=(new old)
 fi
 rm -f target/release/examples/verify_cost
 cargo build --release --quiet --example verify_cost
 cp target/release/examples/verify_cost "$out/new"
+if [ -f "$out/old" ] && cmp -s "$out/old" "$out/new"; then
+    echo "warning: the old and new binaries are identical; the runs compare nothing" >&2
+fi
 
 for round in $(seq "$rounds"); do
     for side in "${sides[@]}"; do
