@@ -1,6 +1,7 @@
 //! The row-invariant CPU kernels alone: the quantized matmul for each packed format and
 //! the f32 one, at 1, 4, 16 and 64 rows, on the default model's down projection
-//! (1,536 → 576; the K-quants need inputs in whole 256-value blocks); and host attention of 1 and 16 queries over 1,024
+//! (1,536 → 576; the K-quants need inputs in whole 256-value blocks) and, for Q8_0 and
+//! Q4_1, on its gate projection (576 → 1,536); and host attention of 1 and 16 queries over 1,024
 //! cached positions with 9 query and 3 key/value heads.
 //!
 //! `cargo bench --bench kernels`; compare medians within one run. The cost of K rows
@@ -72,6 +73,28 @@ fn matmuls(c: &mut Criterion) {
                 black_box(&out);
             })
         });
+    }
+    group.finish();
+    // The default model's other shape: q, k, v, o, gate and up take 576 inputs, 18
+    // blocks, which a kernel working in groups of blocks ends on a short group.
+    let (n, k) = (1536, 576);
+    let w = values(n * k, 3);
+    let mut group = c.benchmark_group("matmul_576x1536");
+    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
+        let t = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu).unwrap();
+        let packed = PackedMatrix::from_qtensor(&QTensor::quantize(&t, dtype).unwrap()).unwrap();
+        for rows in [1, 4, 16, 64] {
+            let x = values(rows * k, 2);
+            let mut a = QuantizedRows::default();
+            let mut out = vec![0f32; rows * n];
+            group.bench_function(format!("{dtype:?}/rows={rows}"), |b| {
+                b.iter(|| {
+                    a.quantize(black_box(&x), rows, k);
+                    matmul(simd, std::slice::from_ref(&packed), &a, &mut out);
+                    black_box(&out);
+                })
+            });
+        }
     }
     group.finish();
 }
