@@ -478,9 +478,12 @@ impl Engine {
             if !draft.is_empty() {
                 let accepted_nodes: Vec<usize> = path[1..].iter().map(|&i| i - 1).collect();
                 self.calibration.observe(&draft, &accepted_nodes);
-                let mut upto = seq.context.clone();
-                upto.extend_from_slice(&new);
-                drafter.accepted(&upto, &draft, accepted);
+                // The context with the accepted tokens, borrowed for the call: a copy
+                // would cost the whole context (up to the model's length) every step.
+                let before = seq.context.len();
+                seq.context.extend_from_slice(&new);
+                drafter.accepted(&seq.context, &draft, accepted);
+                seq.context.truncate(before);
             }
             new.push(bonus);
             seq.pending = bonus;
