@@ -12,7 +12,8 @@ use std::hint::black_box;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use suffixd::verify::kernels::Simd;
 use suffixd::verify::kernels::attention::{AttnShape, attend};
 use suffixd::verify::kernels::dense::{DenseMatrix, matmul_dense};
@@ -31,18 +32,17 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn matmuls(c: &mut Criterion) {
-    let (n, k) = (576, 1536);
-    let w = values(n * k, 1);
+/// The quantized matmul of an `(n, k)` matrix of `w` in each of `formats`, at 1 to 64
+/// rows, into `group` (activations quantized inside the timed loop, as a pass does).
+fn packed_matmuls(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    w: &[f32],
+    (n, k): (usize, usize),
+    formats: &[GgmlDType],
+) {
     let simd = Simd::detect();
-    let mut group = c.benchmark_group("matmul_1536x576");
-    for dtype in [
-        GgmlDType::Q8_0,
-        GgmlDType::Q4_1,
-        GgmlDType::Q4K,
-        GgmlDType::Q6K,
-    ] {
-        let t = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu).unwrap();
+    for &dtype in formats {
+        let t = Tensor::from_vec(w.to_vec(), (n, k), &Device::Cpu).unwrap();
         let packed = PackedMatrix::from_qtensor(&QTensor::quantize(&t, dtype).unwrap()).unwrap();
         for rows in [1, 4, 16, 64] {
             let x = values(rows * k, 2);
@@ -57,6 +57,20 @@ fn matmuls(c: &mut Criterion) {
             });
         }
     }
+}
+
+fn matmuls(c: &mut Criterion) {
+    let (n, k) = (576, 1536);
+    let w = values(n * k, 1);
+    let simd = Simd::detect();
+    let mut group = c.benchmark_group("matmul_1536x576");
+    let formats = [
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+    ];
+    packed_matmuls(&mut group, &w, (n, k), &formats);
     let dense = DenseMatrix::new(n, k, w.clone());
     for rows in [1, 4, 16, 64] {
         let x = values(rows * k, 2);
@@ -78,24 +92,13 @@ fn matmuls(c: &mut Criterion) {
     // The default model's other shape: q, k, v, o, gate and up take 576 inputs, 18
     // blocks, which a kernel working in groups of blocks ends on a short group.
     let (n, k) = (1536, 576);
-    let w = values(n * k, 3);
     let mut group = c.benchmark_group("matmul_576x1536");
-    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
-        let t = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu).unwrap();
-        let packed = PackedMatrix::from_qtensor(&QTensor::quantize(&t, dtype).unwrap()).unwrap();
-        for rows in [1, 4, 16, 64] {
-            let x = values(rows * k, 2);
-            let mut a = QuantizedRows::default();
-            let mut out = vec![0f32; rows * n];
-            group.bench_function(format!("{dtype:?}/rows={rows}"), |b| {
-                b.iter(|| {
-                    a.quantize(black_box(&x), rows, k);
-                    matmul(simd, std::slice::from_ref(&packed), &a, &mut out);
-                    black_box(&out);
-                })
-            });
-        }
-    }
+    packed_matmuls(
+        &mut group,
+        &values(n * k, 3),
+        (n, k),
+        &[GgmlDType::Q8_0, GgmlDType::Q4_1],
+    );
     group.finish();
 }
 
