@@ -63,17 +63,15 @@ impl QuantizedRows {
 /// operations in the same order, so all of them give the same bits (tested): a machine
 /// with VNNI and one without agree, as a 1-row and a 64-row pass do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(into = "&'static str")]
 pub enum Simd {
     /// x86-64 AVX2 and FMA.
     Avx2,
     /// AVX2 and FMA, with the integer dot products by AVX-512 VNNI's 256-bit `vpdpbusd`
     /// (AVX512_VNNI and AVX512VL: Intel Xeon since Ice Lake, AMD since Zen 4).
-    #[serde(rename = "avx512vnni")]
     Avx512Vnni,
     /// AVX2 and FMA, with the integer dot products by AVX-VNNI's `vpdpbusd` (Intel
     /// since Alder Lake, AMD since Zen 5).
-    #[serde(rename = "avxvnni")]
     AvxVnni,
     /// Plain Rust: the same arithmetic, one lane at a time.
     Portable,
@@ -154,6 +152,13 @@ impl Simd {
     /// which need nothing more, then use their AVX2 code. Only for an available path.
     pub fn has_avx2_fma(self) -> bool {
         cfg!(target_arch = "x86_64") && self != Simd::Portable
+    }
+}
+
+/// Serialized by its [`Simd::name`].
+impl From<Simd> for &'static str {
+    fn from(simd: Simd) -> Self {
+        simd.name()
     }
 }
 
