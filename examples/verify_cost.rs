@@ -3,7 +3,8 @@
 //! `tools/verify-cost.sh`, which builds this file against an older commit too and runs
 //! the two alternately, so that the comparison is made in one run on one machine.
 //!
-//! Uses only `Engine::load` and `Engine::measure_cost_curve`, which older commits have.
+//! Uses only `Engine::load`, `Engine::measure_cost_curve` and `Simd::detect`, which every
+//! commit since the row-invariant kernels has (`tools/verify-cost.sh --base`).
 //!
 //! ```text
 //! cargo run --release --example verify_cost -- MODEL [--weights q8-0,native,f32]
