@@ -140,6 +140,7 @@ fn main() {
             fsync: FsyncPolicy::Never,
             budget_tokens: Some(warm_tokens * 3 / 2),
             max_age_ms: None,
+            id_origin: 0,
         })
         .unwrap(),
     );

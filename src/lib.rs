@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod corpus;
+pub mod replicate;
 pub mod serve;
 pub mod simulate;
 pub mod speculate;

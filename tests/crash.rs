@@ -88,6 +88,7 @@ fn kill_9_loses_no_acknowledged_append_and_doubles_nothing() {
             fsync: FsyncPolicy::Always,
             budget_tokens: None,
             max_age_ms: None,
+            id_origin: 0,
         })
         .unwrap_or_else(|e| panic!("round {round}: store does not reopen: {e}"));
         let state = store.read();

@@ -43,6 +43,7 @@ fn cfg(dir: &Path) -> StoreConfig {
         fsync: FsyncPolicy::Always,
         budget_tokens: None,
         max_age_ms: None,
+        id_origin: 0,
     }
 }
 

@@ -261,6 +261,7 @@ pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
         fsync: crate::store::wal::FsyncPolicy::Always,
         budget_tokens: a.budget_tokens,
         max_age_ms: None,
+        id_origin: 0,
     })?;
     let mut out = std::io::stdout().lock();
     let mut n = 0u64;

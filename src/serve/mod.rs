@@ -220,6 +220,7 @@ pub fn serve(
         fsync: cfg.fsync,
         budget_tokens: cfg.budget_tokens,
         max_age_ms: cfg.max_age_s.map(|s| s * 1000),
+        id_origin: 0,
     })?);
     let stats = store.stats();
     tracing::info!(

@@ -48,6 +48,23 @@ pub struct StoreConfig {
     pub budget_tokens: Option<u64>,
     /// Evict sequences not used for this long.
     pub max_age_ms: Option<u64>,
+    /// The replica tag this store's own appends carry in their ids (see [`own_ids`]);
+    /// 0 for a store that does not replicate.
+    pub id_origin: u16,
+}
+
+/// Bits of a sequence id below the replica tag: a replica appends up to 2^40 sequences.
+pub const ID_ORIGIN_SHIFT: u32 = 40;
+
+/// The largest replica tag: ids stay below 2^52, exact as JSON numbers in any client.
+pub const MAX_ID_ORIGIN: u16 = (1 << 12) - 1;
+
+/// The ids a store with replica tag `origin` hands out to its own appends. Replicas share
+/// ids: a sequence is known by the same id everywhere, so applying a record twice is a
+/// no-op and an eviction by id means the same sequence on every replica.
+pub fn own_ids(origin: u16) -> std::ops::Range<u64> {
+    let first = (origin as u64) << ID_ORIGIN_SHIFT;
+    first..first + (1 << ID_ORIGIN_SHIFT)
 }
 
 /// Errors from the live store.
@@ -218,6 +235,19 @@ pub struct Verification {
     pub wal: WalCheck,
 }
 
+/// One of a store's own cached sequences, for replication.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnSequence {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its id.
+    pub id: u64,
+    /// When it was appended, ms since the epoch.
+    pub time_ms: u64,
+    /// Its tokens.
+    pub tokens: Vec<u32>,
+}
+
 /// A summary of one snapshot written.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct SnapshotInfo {
@@ -229,6 +259,16 @@ pub struct SnapshotInfo {
     pub sequences: u64,
     /// Seconds it took.
     pub seconds: f64,
+}
+
+/// The next id to hand out once `id` is cached: past it if it is one of this store's own,
+/// else unchanged (another replica's ids, or older ones under another tag).
+fn next_own_id(cfg: &StoreConfig, next: u64, id: u64) -> u64 {
+    if own_ids(cfg.id_origin).contains(&id) {
+        next.max(id + 1)
+    } else {
+        next
+    }
 }
 
 fn now_ms() -> u64 {
@@ -249,7 +289,7 @@ impl Store {
             namespaces: BTreeMap::new(),
             snapshot: None,
             lru: LastUse::new(),
-            next_id: 1,
+            next_id: own_ids(cfg.id_origin).start + 1,
             since_cut: Vec::new(),
         };
         let mut wal_seq = 0;
@@ -275,7 +315,7 @@ impl Store {
                         },
                     );
                     used.push((m.last_use_ms, ns.name.clone(), m.id));
-                    state.next_id = state.next_id.max(m.id + 1);
+                    state.next_id = next_own_id(&cfg, state.next_id, m.id);
                 }
                 n.base = Some(ns.tree);
                 state.namespaces.insert(ns.name, n);
@@ -434,7 +474,7 @@ impl Store {
                         .entry(namespace.clone())
                         .or_insert(Namespace::new(cfg.max_depth)?),
                 };
-                state.next_id = state.next_id.max(id + 1);
+                state.next_id = next_own_id(cfg, state.next_id, *id);
                 if ns.seqs.contains_key(id) {
                     return Ok(false);
                 }
@@ -497,6 +537,76 @@ impl Store {
         self.counters.lock().expect("counters").appended += 1;
         self.enforce_budget()?;
         Ok(id)
+    }
+
+    /// Cache a sequence another replica appended, under its id there; returns false when
+    /// it is cached already (a record delivered twice) or the id is one of this store's
+    /// own (which it never takes from outside).
+    pub fn append_replicated(
+        &self,
+        namespace: &str,
+        id: u64,
+        time_ms: u64,
+        tokens: &[u32],
+    ) -> Result<bool, StoreError> {
+        let known = own_ids(self.cfg.id_origin).contains(&id) || {
+            let st = self.state.read();
+            st.namespaces
+                .get(namespace)
+                .is_some_and(|n| n.seqs.contains_key(&id))
+        };
+        if known {
+            return Ok(false);
+        }
+        let added = self.commit(WalOp::Append {
+            namespace: namespace.into(),
+            id,
+            time_ms,
+            tokens: tokens.to_vec(),
+        })?;
+        self.enforce_budget()?;
+        Ok(added)
+    }
+
+    /// The last id this store handed out to its own appends (0: none yet).
+    pub fn last_own_id(&self) -> u64 {
+        let next = self.next_id.load(Ordering::Relaxed);
+        if next > own_ids(self.cfg.id_origin).start + 1 {
+            next - 1
+        } else {
+            0
+        }
+    }
+
+    /// Up to `limit` of this store's own cached sequences with ids above `after`, in id
+    /// order: what a replica still has to publish.
+    pub fn own_sequences_after(&self, after: u64, limit: usize) -> Vec<OwnSequence> {
+        let own = own_ids(self.cfg.id_origin);
+        let st = self.state.read();
+        let mut found: Vec<(u64, &str, u64)> = st
+            .namespaces
+            .iter()
+            .flat_map(|(name, ns)| {
+                ns.seqs
+                    .iter()
+                    .filter(|&(id, _)| *id > after && own.contains(id))
+                    .map(move |(id, info)| (*id, name.as_str(), info.inserted_ms))
+            })
+            .collect();
+        found.sort_unstable_by_key(|f| f.0);
+        found.truncate(limit);
+        found
+            .into_iter()
+            .filter_map(|(id, namespace, time_ms)| {
+                let tokens = st.namespaces.get(namespace)?.tokens_of(id)?;
+                Some(OwnSequence {
+                    namespace: namespace.to_string(),
+                    id,
+                    time_ms,
+                    tokens,
+                })
+            })
+            .collect()
     }
 
     /// Evict one sequence; returns whether it was cached.
@@ -839,6 +949,7 @@ mod tests {
             fsync: FsyncPolicy::Always,
             budget_tokens: None,
             max_age_ms: None,
+            id_origin: 0,
         }
     }
 
@@ -941,6 +1052,49 @@ mod tests {
             evicted, 2,
             "age eviction takes every sequence used before the cutoff"
         );
+    }
+
+    #[test]
+    fn replicas_share_ids_and_a_record_applied_twice_counts_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let replica = |origin| StoreConfig {
+            id_origin: origin,
+            ..cfg(dir.path())
+        };
+        let other = own_ids(9).start + 41;
+        {
+            let s = Store::open(replica(5)).unwrap();
+            assert_eq!(s.last_own_id(), 0);
+            let a = s.append("n", &[1, 2, 3]).unwrap();
+            assert_eq!(a, own_ids(5).start + 1);
+            assert!(s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
+            assert!(!s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
+            assert!(
+                !s.append_replicated("n", own_ids(5).start + 7, 7, &[9])
+                    .unwrap(),
+                "a replica's own ids never come from outside"
+            );
+            assert_eq!(count(&s, "n", &[1, 2]), 2);
+            let mine = s.own_sequences_after(0, 10);
+            assert_eq!(
+                mine.len(),
+                1,
+                "the replicated one is not this store's to publish"
+            );
+            assert_eq!((mine[0].id, &mine[0].tokens[..]), (a, &[1u32, 2, 3][..]));
+            assert!(s.own_sequences_after(a, 10).is_empty());
+        }
+        // Reopened (log replay, then from a snapshot), the next own id follows the last
+        // own one, whatever the other replicas' ids.
+        for snapshot in [false, true] {
+            let s = Store::open(replica(5)).unwrap();
+            assert_eq!(s.last_own_id(), own_ids(5).start + 1 + snapshot as u64);
+            let b = s.append("n", &[5]).unwrap();
+            assert_eq!(b, s.last_own_id());
+            assert!(!s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
+            assert_eq!(count(&s, "n", &[1, 2]), 2);
+            s.snapshot().unwrap();
+        }
     }
 
     #[test]

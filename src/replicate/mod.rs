@@ -1,0 +1,583 @@
+//! Replication through NATS JetStream: replicas behind one load balancer share what they
+//! learn. The stage after the store: it reads a store's own appends and writes other
+//! replicas' into it.
+//!
+//! - Every sequence is known by the same id on every replica: a replica's own appends
+//!   carry its tag in their ids ([`crate::store::live::own_ids`]), drawn once and kept
+//!   in the store directory ([`ReplicaIdentity`]).
+//! - The publisher sends the store's own cached sequences, in id order, to the stream
+//!   `<cluster>` (subject `<cluster>.records`), and records the last id JetStream
+//!   acknowledged. The store itself (log and snapshot) is the outbox: while NATS is down
+//!   nothing is sent and nothing waits; afterwards, or after a restart, publishing
+//!   resumes after the last acknowledged id.
+//! - The consumer reads the stream in order from the position after the last one applied,
+//!   which it keeps durably, and applies other replicas' records to the store under
+//!   their ids: a record delivered twice is cached once.
+//! - Both run on one thread of their own, so neither the model thread nor HTTP handlers
+//!   ever wait on NATS.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::DeliverPolicy, stream};
+use futures_util::StreamExt;
+
+use crate::store::TokenizerId;
+use crate::store::live::{MAX_ID_ORIGIN, Store, own_ids};
+use crate::store::snapshot::replace_file;
+
+/// Where a replica keeps its identity and stream positions, inside the store directory.
+const STATE_DIR: &str = "replication";
+
+/// Most sequences published in one batch, between two position writes.
+const PUBLISH_BATCH: usize = 256;
+
+/// How often the publisher looks for new appends when idle.
+const PUBLISH_POLL: Duration = Duration::from_millis(50);
+
+/// How often the applied position is written while records arrive.
+const POSITION_EVERY: Duration = Duration::from_millis(200);
+
+/// Waits between attempts while NATS is unreachable.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// Errors from starting replication.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicateError {
+    /// The replica's state files could not be read or written.
+    #[error(
+        "replication state in {path}: {source}. Check the store directory's permissions and free space"
+    )]
+    State {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A state file does not parse.
+    #[error(
+        "replication state {path} is damaged ({reason}). Move it aside to draw a new replica identity (this replica's earlier appends keep their ids)"
+    )]
+    BadState {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The replication thread could not start.
+    #[error("cannot start the replication thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// How to replicate.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReplicationConfig {
+    /// The NATS server, `nats://HOST:PORT`.
+    pub url: String,
+    /// Names the JetStream stream and its subject: replicas with the same cluster share.
+    pub cluster: String,
+}
+
+/// Who this replica is: a name for logs and stats, and the tag its ids carry. Drawn at
+/// random on first start and kept in the store directory, so a restart is the same
+/// replica.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplicaIdentity {
+    /// Unique name (random hex).
+    pub name: String,
+    /// The tag in this replica's ids, 1..=4095.
+    pub tag: u16,
+}
+
+impl ReplicaIdentity {
+    /// The identity kept in `store_dir`, or a new one written there.
+    pub fn load_or_create(store_dir: &Path) -> Result<Self, ReplicateError> {
+        let path = store_dir.join(STATE_DIR).join("replica.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let id: ReplicaIdentity =
+                    serde_json::from_slice(&bytes).map_err(|e| ReplicateError::BadState {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?;
+                if id.tag == 0 || id.tag > MAX_ID_ORIGIN {
+                    return Err(ReplicateError::BadState {
+                        path,
+                        reason: format!("tag {} is outside 1..={MAX_ID_ORIGIN}", id.tag),
+                    });
+                }
+                Ok(id)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let id = ReplicaIdentity {
+                    name: format!("{:016x}", rand::random::<u64>()),
+                    tag: rand::random_range(1..=MAX_ID_ORIGIN),
+                };
+                write_state(&path, &id)?;
+                Ok(id)
+            }
+            Err(source) => Err(ReplicateError::State { path, source }),
+        }
+    }
+}
+
+/// How far this replica has got, kept durably in the store directory.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Positions {
+    /// The last own id JetStream acknowledged.
+    published_id: u64,
+    /// The last stream sequence applied (or skipped as this replica's own).
+    applied_seq: u64,
+}
+
+/// One record on the stream.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    /// The replica that appended it ([`ReplicaIdentity::name`]).
+    pub origin: String,
+    /// The tokenizer its token ids come from: other tokenizers' records are refused.
+    pub vocab_size: u32,
+    /// See [`TokenizerId::vocab_hash`].
+    pub vocab_hash: u64,
+    /// The namespace.
+    pub namespace: String,
+    /// The sequence id, the same on every replica.
+    pub id: u64,
+    /// When it was appended, ms since the epoch.
+    pub time_ms: u64,
+    /// The response tokens.
+    pub tokens: Vec<u32>,
+}
+
+/// What `/admin/stats` reports under `replication`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ReplicationStats {
+    /// This replica's name.
+    pub replica: String,
+    /// The tag in its ids.
+    pub tag: u16,
+    /// The NATS server.
+    pub url: String,
+    /// The stream.
+    pub cluster: String,
+    /// Whether the last exchange with NATS succeeded.
+    pub connected: bool,
+    /// The last own id JetStream acknowledged.
+    pub published_id: u64,
+    /// Own sequences published since start.
+    pub published: u64,
+    /// Own appends not yet acknowledged (the last own id minus the last published).
+    pub unpublished: u64,
+    /// The last stream sequence applied.
+    pub applied_seq: u64,
+    /// Other replicas' records applied since start (a record already cached counts).
+    pub applied: u64,
+    /// Records on the stream not yet applied, at the last look.
+    pub lag_records: u64,
+    /// Seconds since the newest applied record was appended at its origin.
+    pub lag_seconds: f64,
+    /// Records refused since start (another tokenizer, an id outside the origin's tag,
+    /// undecodable), each logged with the reason.
+    pub refused: u64,
+    /// Records skipped because the stream no longer held them (retention), since start.
+    pub missed: u64,
+    /// The last error, if the last exchange failed.
+    pub last_error: Option<String>,
+}
+
+/// A running replication: its thread and what it reports.
+pub struct Replication {
+    stats: Arc<Mutex<ReplicationStats>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Replication {
+    /// Start publishing `store`'s own appends and applying the other replicas'. Never
+    /// waits for NATS: an unreachable server is retried in the background.
+    pub fn start(
+        cfg: ReplicationConfig,
+        identity: ReplicaIdentity,
+        store: Arc<Store>,
+        tokenizer: TokenizerId,
+    ) -> Result<Self, ReplicateError> {
+        let positions_path = store.dir().join(STATE_DIR).join("positions.json");
+        let positions = match std::fs::read(&positions_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ReplicateError::BadState {
+                path: positions_path.clone(),
+                reason: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Positions::default(),
+            Err(source) => {
+                return Err(ReplicateError::State {
+                    path: positions_path,
+                    source,
+                });
+            }
+        };
+        let stats = Arc::new(Mutex::new(ReplicationStats {
+            replica: identity.name.clone(),
+            tag: identity.tag,
+            url: cfg.url.clone(),
+            cluster: cfg.cluster.clone(),
+            published_id: positions.published_id,
+            applied_seq: positions.applied_seq,
+            ..Default::default()
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            cfg,
+            identity,
+            store,
+            tokenizer,
+            positions: Mutex::new(positions),
+            positions_path,
+            stats: stats.clone(),
+            stop: stop.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("replicate".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(rt) => rt.block_on(worker.run()),
+                    Err(e) => tracing::error!("replication cannot start its runtime: {e}"),
+                }
+            })?;
+        Ok(Replication {
+            stats,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self, store: &Store) -> ReplicationStats {
+        let mut s = self.stats.lock().expect("replication stats").clone();
+        s.unpublished = store
+            .last_own_id()
+            .saturating_sub(s.published_id.max(own_ids(s.tag).start));
+        s
+    }
+}
+
+impl Drop for Replication {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The replication thread's state.
+struct Worker {
+    cfg: ReplicationConfig,
+    identity: ReplicaIdentity,
+    store: Arc<Store>,
+    tokenizer: TokenizerId,
+    positions: Mutex<Positions>,
+    positions_path: PathBuf,
+    stats: Arc<Mutex<ReplicationStats>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Worker {
+    async fn run(self) {
+        // Dropping the work at a stop is safe: positions only move after a record is
+        // acknowledged or applied.
+        tokio::select! {
+            () = self.work() => {}
+            () = self.stopped() => {}
+        }
+        self.save_positions();
+    }
+
+    async fn stopped(&self) {
+        while !self.stopping() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn work(&self) {
+        let options = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .name(format!("suffixd-{}", self.identity.name));
+        let client = match options.connect(self.cfg.url.as_str()).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.failed(format!("cannot connect to {}: {e}", self.cfg.url));
+                return;
+            }
+        };
+        let js = jetstream::new(client);
+        let stream = loop {
+            match self.stream(&js).await {
+                Ok(s) => break s,
+                Err(e) => {
+                    self.failed(format!("stream {}: {e}", self.cfg.cluster));
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        };
+        tokio::join!(self.publish_loop(&js), self.consume_loop(&stream));
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn subject(&self) -> String {
+        format!("{}.records", self.cfg.cluster)
+    }
+
+    async fn stream(&self, js: &jetstream::Context) -> Result<stream::Stream, String> {
+        js.get_or_create_stream(stream::Config {
+            name: self.cfg.cluster.clone(),
+            subjects: vec![self.subject()],
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    fn failed(&self, error: String) {
+        tracing::warn!("replication: {error}");
+        let mut s = self.stats.lock().expect("replication stats");
+        s.connected = false;
+        s.last_error = Some(error);
+    }
+
+    fn succeeded(&self, update: impl FnOnce(&mut ReplicationStats)) {
+        let mut s = self.stats.lock().expect("replication stats");
+        s.connected = true;
+        s.last_error = None;
+        update(&mut s);
+    }
+
+    /// Publishes own appends in id order, each acknowledged before the next, so the
+    /// published position is a prefix.
+    async fn publish_loop(&self, js: &jetstream::Context) {
+        while !self.stopping() {
+            let after = self.positions.lock().expect("positions").published_id;
+            if self.store.last_own_id() <= after {
+                tokio::time::sleep(PUBLISH_POLL).await;
+                continue;
+            }
+            let batch = self.store.own_sequences_after(after, PUBLISH_BATCH);
+            if batch.is_empty() {
+                // Everything after `after` was evicted before it could go out.
+                self.positions.lock().expect("positions").published_id = self.store.last_own_id();
+                continue;
+            }
+            for seq in batch {
+                let record = Record {
+                    origin: self.identity.name.clone(),
+                    vocab_size: self.tokenizer.vocab_size,
+                    vocab_hash: self.tokenizer.vocab_hash,
+                    namespace: seq.namespace,
+                    id: seq.id,
+                    time_ms: seq.time_ms,
+                    tokens: seq.tokens,
+                };
+                match self.publish(js, &record).await {
+                    Ok(()) => {
+                        self.positions.lock().expect("positions").published_id = record.id;
+                        self.succeeded(|s| {
+                            s.published += 1;
+                            s.published_id = record.id;
+                        });
+                    }
+                    Err(e) => {
+                        self.failed(format!("publishing id {}: {e}", record.id));
+                        tokio::time::sleep(RETRY).await;
+                        break;
+                    }
+                }
+            }
+            self.save_positions();
+        }
+    }
+
+    async fn publish(&self, js: &jetstream::Context, record: &Record) -> Result<(), String> {
+        let payload = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+        let mut headers = async_nats::HeaderMap::new();
+        // JetStream drops a second copy within its duplicate window (a retry after a lost
+        // acknowledgement); the consumer's id check covers the rest.
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("{}:{}", record.origin, record.id).as_str(),
+        );
+        let ack = js
+            .publish_with_headers(self.subject(), headers, payload.into())
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::timeout(Duration::from_secs(5), ack)
+            .await
+            .map_err(|_| "no acknowledgement within 5 s".to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Applies the stream in order from the position after the last one applied.
+    async fn consume_loop(&self, stream: &stream::Stream) {
+        while !self.stopping() {
+            if let Err(e) = self.consume(stream).await {
+                self.failed(format!("reading stream {}: {e}", self.cfg.cluster));
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+
+    async fn consume(&self, stream: &stream::Stream) -> Result<(), String> {
+        let from = self.positions.lock().expect("positions").applied_seq + 1;
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+        let mut saved = Instant::now();
+        let mut expected = from;
+        loop {
+            let next = tokio::time::timeout(POSITION_EVERY, messages.next()).await;
+            if self.stopping() {
+                return Ok(());
+            }
+            let message = match next {
+                Err(_) => {
+                    self.save_positions();
+                    saved = Instant::now();
+                    self.refresh_lag(stream).await;
+                    continue;
+                }
+                Ok(None) => return Err("the consumer ended".into()),
+                Ok(Some(m)) => m.map_err(|e| e.to_string())?,
+            };
+            let info = message.info().map_err(|e| e.to_string())?;
+            let (seq, pending) = (info.stream_sequence, info.pending);
+            if seq > expected {
+                // The stream no longer holds these (its retention): they are lost to
+                // this replica. A published snapshot will restore them (issue 23).
+                tracing::warn!(
+                    "replication: stream records {expected}..{} are gone from the stream",
+                    seq - 1
+                );
+                self.stats.lock().expect("replication stats").missed += seq - expected;
+            }
+            expected = seq + 1;
+            self.apply(&message.payload);
+            self.positions.lock().expect("positions").applied_seq = seq;
+            self.succeeded(|s| {
+                s.applied_seq = seq;
+                s.lag_records = pending;
+            });
+            if saved.elapsed() >= POSITION_EVERY {
+                self.save_positions();
+                saved = Instant::now();
+            }
+        }
+    }
+
+    /// Applies one record from the stream, unless it is this replica's own or refused.
+    fn apply(&self, payload: &[u8]) {
+        let record: Record = match serde_json::from_slice(payload) {
+            Ok(r) => r,
+            Err(e) => return self.refuse(format!("undecodable record: {e}")),
+        };
+        if record.origin == self.identity.name {
+            return;
+        }
+        let theirs = TokenizerId {
+            vocab_size: record.vocab_size,
+            vocab_hash: record.vocab_hash,
+        };
+        if theirs != self.tokenizer {
+            return self.refuse(format!(
+                "record {} from replica {} uses another tokenizer ({theirs:?}, this one {:?}): run every replica of cluster {} with the same model",
+                record.id, record.origin, self.tokenizer, self.cfg.cluster
+            ));
+        }
+        if own_ids(self.identity.tag).contains(&record.id) {
+            return self.refuse(format!(
+                "record {} from replica {} carries this replica's tag {}: two replicas drew the same tag. Stop one, move its {}/replica.json aside and start it again",
+                record.id,
+                record.origin,
+                self.identity.tag,
+                STATE_DIR
+            ));
+        }
+        match self.store.append_replicated(
+            &record.namespace,
+            record.id,
+            record.time_ms,
+            &record.tokens,
+        ) {
+            Ok(_) => {
+                let lag = (now_ms().saturating_sub(record.time_ms)) as f64 / 1e3;
+                let mut s = self.stats.lock().expect("replication stats");
+                s.applied += 1;
+                s.lag_seconds = lag;
+            }
+            Err(e) => tracing::error!(
+                "replication: record {} from {} not applied: {e}",
+                record.id,
+                record.origin
+            ),
+        }
+    }
+
+    fn refuse(&self, why: String) {
+        tracing::error!("replication: refused {why}");
+        self.stats.lock().expect("replication stats").refused += 1;
+    }
+
+    async fn refresh_lag(&self, stream: &stream::Stream) {
+        let mut stream = stream.clone();
+        if let Ok(info) = stream.info().await {
+            let last = info.state.last_sequence;
+            let applied = self.positions.lock().expect("positions").applied_seq;
+            self.succeeded(|s| s.lag_records = last.saturating_sub(applied));
+        }
+    }
+
+    fn save_positions(&self) {
+        let positions = *self.positions.lock().expect("positions");
+        if let Err(e) = write_state(&self.positions_path, &positions) {
+            // The positions only save work: an older one re-sends or re-reads records,
+            // which the ids make harmless.
+            tracing::error!("{e}");
+        }
+    }
+}
+
+/// Write a state file atomically (temporary file, fsync, rename, directory fsync).
+fn write_state(path: &Path, value: &impl serde::Serialize) -> Result<(), ReplicateError> {
+    let error = |source| ReplicateError::State {
+        path: path.into(),
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(error)?;
+    let bytes = serde_json::to_vec(value).map_err(|e| error(e.into()))?;
+    replace_file(&path.with_extension("tmp"), path, "replication", |f| {
+        std::io::Write::write_all(f, &bytes)
+    })
+    .map_err(error)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

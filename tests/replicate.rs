@@ -1,0 +1,236 @@
+//! Replication through a real `nats-server` (installed by `tools/setup.sh`) on loopback,
+//! started and killed by the tests: replicas converge, a NATS outage loses nothing, a
+//! restarted replica resumes, a redelivered stream counts once, and another tokenizer's
+//! records are refused.
+
+use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use suffixd::replicate::{ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats};
+use suffixd::store::TokenizerId;
+use suffixd::store::live::{Store, StoreConfig};
+use suffixd::store::wal::FsyncPolicy;
+use suffixd::tree::{Expand, GlobalIndex};
+
+const TOKENIZER: TokenizerId = TokenizerId {
+    vocab_size: 49152,
+    vocab_hash: 0x5eed,
+};
+
+/// A JetStream server on a free loopback port, keeping its data in `dir`; killed (-9)
+/// on drop.
+struct Nats {
+    child: Child,
+    port: u16,
+}
+
+impl Nats {
+    fn start(dir: &Path, port: Option<u16>) -> Nats {
+        let port = port.unwrap_or_else(|| {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        });
+        let child = Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server is not installed: run tools/setup.sh");
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "nats-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Nats { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A store and its replication, as `suffixd serve --replicate` runs them.
+struct Replica {
+    store: Arc<Store>,
+    replication: Replication,
+}
+
+impl Replica {
+    fn open(dir: &Path, url: &str, tokenizer: TokenizerId) -> Replica {
+        let identity = ReplicaIdentity::load_or_create(dir).unwrap();
+        let store = Arc::new(
+            Store::open(StoreConfig {
+                dir: dir.into(),
+                max_depth: 24,
+                tokenizer,
+                fsync: FsyncPolicy::Always,
+                budget_tokens: None,
+                max_age_ms: None,
+                id_origin: identity.tag,
+            })
+            .unwrap(),
+        );
+        let replication = Replication::start(
+            ReplicationConfig {
+                url: url.into(),
+                cluster: "test".into(),
+            },
+            identity,
+            store.clone(),
+            tokenizer,
+        )
+        .unwrap();
+        Replica { store, replication }
+    }
+
+    /// Every cached (namespace, id, tokens).
+    fn cached(&self) -> BTreeSet<(String, u64, Vec<u32>)> {
+        let st = self.store.read();
+        st.namespaces
+            .iter()
+            .flat_map(|(name, ns)| {
+                ns.ids()
+                    .map(|id| (name.clone(), id, ns.tokens_of(id).unwrap()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn count(&self, namespace: &str, path: &[u32]) -> u32 {
+        let st = self.store.read();
+        let view = st.namespaces[namespace].view();
+        view.walk(path).map_or(0, |c| view.count(&c))
+    }
+
+    fn stats(&self) -> ReplicationStats {
+        self.replication.stats(&self.store)
+    }
+}
+
+fn response(i: u32) -> Vec<u32> {
+    (0..40).map(|k| 100 + (i * 7 + k) % 50).collect()
+}
+
+/// Waits until `done` holds, for at most 30 s.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(30), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn replicas_converge_and_another_tokenizer_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&tmp.path().join("nats"), None);
+    let a = Replica::open(&tmp.path().join("a"), &nats.url(), TOKENIZER);
+    let b = Replica::open(&tmp.path().join("b"), &nats.url(), TOKENIZER);
+    let foreign = TokenizerId {
+        vocab_size: 32000,
+        ..TOKENIZER
+    };
+    let c = Replica::open(&tmp.path().join("c"), &nats.url(), foreign);
+    for i in 0..20 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+    for i in 20..25 {
+        a.store.append("tenant-2", &response(i)).unwrap();
+    }
+    for i in 25..35 {
+        b.store.append("default", &response(i)).unwrap();
+    }
+    c.store.append("default", &response(99)).unwrap();
+    wait_for("a and b hold each other's 35 sequences", || {
+        a.cached().len() == 35 && b.cached().len() == 35
+    });
+    assert_eq!(a.cached(), b.cached(), "same ids, namespaces and tokens");
+    for path in [&response(3)[..5], &response(30)[..3], &[120u32, 121][..]] {
+        assert_eq!(
+            a.count("default", path),
+            b.count("default", path),
+            "{path:?}"
+        );
+    }
+    wait_for(
+        "c refused the other replicas' records and a and b refused c's",
+        || c.stats().refused == 35 && a.stats().refused == 1 && b.stats().refused == 1,
+    );
+    assert_eq!(
+        c.cached().len(),
+        1,
+        "c applied nothing of another tokenizer's"
+    );
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!((sa.published, sa.unpublished, sa.applied), (25, 0, 10));
+    assert_eq!((sb.published, sb.unpublished, sb.applied), (10, 0, 25));
+    assert!(sa.connected && sb.connected, "{sa:?} {sb:?}");
+}
+
+#[test]
+fn a_nats_outage_and_replica_restarts_lose_nothing_and_double_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nats_dir = tmp.path().join("nats");
+    let mut nats = Nats::start(&nats_dir, None);
+    let url = nats.url();
+    let port = nats.port;
+    let a = Replica::open(&tmp.path().join("a"), &url, TOKENIZER);
+    let mut b = Replica::open(&tmp.path().join("b"), &url, TOKENIZER);
+    for i in 0..5 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+    wait_for("b holds a's first 5", || b.cached().len() == 5);
+
+    // NATS dies; a keeps serving (appending), and b restarts meanwhile.
+    drop(nats);
+    for i in 5..15 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+    drop(b);
+    b = Replica::open(&tmp.path().join("b"), &url, TOKENIZER);
+    b.store.append("default", &response(50)).unwrap();
+    wait_for("both notice that NATS is gone", || {
+        !a.stats().connected && !b.stats().connected
+    });
+    assert_eq!(a.stats().unpublished, 10, "{:?}", a.stats());
+    assert_eq!(b.cached().len(), 6);
+
+    nats = Nats::start(&nats_dir, Some(port));
+    wait_for("a and b converge after the outage", || {
+        a.cached().len() == 16 && b.cached().len() == 16
+    });
+    assert_eq!(a.cached(), b.cached());
+    assert_eq!(a.stats().unpublished, 0);
+
+    // b forgets how far it read (as a kill -9 before its position was written could):
+    // the whole stream is delivered again, and every record counts once.
+    let before = b.count("default", &response(2)[..4]);
+    drop(b);
+    std::fs::remove_file(tmp.path().join("b/replication/positions.json")).unwrap();
+    b = Replica::open(&tmp.path().join("b"), &url, TOKENIZER);
+    wait_for("b reads the stream again from its start", || {
+        b.stats().applied_seq >= 16
+    });
+    assert_eq!(b.cached().len(), 16);
+    assert_eq!(b.count("default", &response(2)[..4]), before);
+    assert_eq!(b.stats().refused, 0);
+    drop(nats);
+}
