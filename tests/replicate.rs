@@ -3,6 +3,8 @@
 //! restarted replica resumes, a redelivered stream counts once, and another tokenizer's
 //! records are refused.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::Path;
@@ -15,6 +17,8 @@ use suffixd::store::TokenizerId;
 use suffixd::store::live::{Store, StoreConfig};
 use suffixd::store::wal::FsyncPolicy;
 use suffixd::tree::{Expand, GlobalIndex};
+
+use common::{Server, model_present};
 
 const TOKENIZER: TokenizerId = TokenizerId {
     vocab_size: 49152,
@@ -233,4 +237,59 @@ fn a_nats_outage_and_replica_restarts_lose_nothing_and_double_nothing() {
     assert_eq!(b.count("default", &response(2)[..4]), before);
     assert_eq!(b.stats().refused, 0);
     drop(nats);
+}
+
+/// `suffixd serve --replicate` as users run it: two server processes with the real
+/// model; what one learns from a chat reaches the other, also after a kill -9.
+#[test]
+fn two_servers_share_what_they_learn() {
+    if !model_present() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&tmp.path().join("nats"), None);
+    let url = nats.url();
+    let flags = ["--replicate", url.as_str(), "--cluster", "serve-test"];
+    let a_dir = tmp.path().join("a");
+    let a = Server::start_with(&a_dir, &flags, false);
+    let b = Server::start_with(&tmp.path().join("b"), &flags, false);
+    let chat = |s: &Server, text: &str| {
+        let body = serde_json::json!({
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 24,
+            "temperature": 0,
+        });
+        let (status, reply) = s.post("/v1/chat/completions", &body.to_string(), false);
+        assert_eq!(status, 200, "{reply}");
+    };
+    let stats = |s: &Server| s.get("/admin/stats", true).1;
+    let cached = |s: &Server| stats(s)["cached_sequences"].as_u64().unwrap();
+    chat(&a, "Name three colours.");
+    wait_for("b caches a's reply", || cached(&b) == 1);
+    let rb = &stats(&b)["replication"];
+    assert_eq!(rb["applied"], 1, "{rb}");
+    assert_eq!(rb["refused"], 0, "{rb}");
+    let ra = &stats(&a)["replication"];
+    assert_eq!(
+        (ra["published"].as_u64(), ra["unpublished"].as_u64()),
+        (Some(1), Some(0)),
+        "{ra}"
+    );
+    let metrics = ureq::get(&b.url("/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("suffixd_replication_applied_total 1"),
+        "{metrics}"
+    );
+
+    a.kill();
+    chat(&b, "Name three animals.");
+    let a = Server::start_with(&a_dir, &flags, false);
+    wait_for("the restarted a caches b's reply", || cached(&a) == 2);
+    assert_eq!(cached(&b), 2);
+    b.stop();
+    a.stop();
 }

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 
+use crate::replicate::ReplicationConfig;
 use crate::serve::{ServeConfig, serve};
 use crate::store::wal::FsyncPolicy;
 
@@ -34,6 +35,8 @@ struct FileConfig {
     read_timeout_s: Option<u64>,
     max_connections: Option<usize>,
     shutdown_grace_s: Option<u64>,
+    replicate: Option<String>,
+    cluster: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -89,6 +92,13 @@ pub(super) struct ServeArgs {
     /// and the snapshot is written [default: 30].
     #[arg(long)]
     shutdown_grace_s: Option<u64>,
+    /// Share the learned cache with the other replicas of `--cluster` through this NATS
+    /// JetStream server (`nats://HOST:PORT`) [default: no replication].
+    #[arg(long, env = "SUFFIXD_REPLICATE")]
+    replicate: Option<String>,
+    /// The replicas that share one cache: names the JetStream stream [default: suffixd].
+    #[arg(long, env = "SUFFIXD_CLUSTER")]
+    cluster: Option<String>,
 }
 
 fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
@@ -147,6 +157,17 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         read_timeout_s: a.read_timeout_s.or(file.read_timeout_s).unwrap_or(30),
         max_connections: a.max_connections.or(file.max_connections).unwrap_or(1024),
         shutdown_grace_s: a.shutdown_grace_s.or(file.shutdown_grace_s).unwrap_or(30),
+        replicate: a
+            .replicate
+            .or(file.replicate)
+            .filter(|u| !u.is_empty())
+            .map(|url| ReplicationConfig {
+                url,
+                cluster: a
+                    .cluster
+                    .or(file.cluster)
+                    .unwrap_or_else(|| "suffixd".into()),
+            }),
     };
     let mut model_args = a.model.clone();
     model_args.model = Some(model_path(

@@ -187,6 +187,73 @@ pub struct ReplicationStats {
     pub last_error: Option<String>,
 }
 
+impl ReplicationStats {
+    /// The Prometheus exposition lines (`suffixd_replication_*`).
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        let mut line = |name: &str, kind: &str, help: &str, v: f64| {
+            out.push_str(&format!(
+                "# HELP suffixd_replication_{name} {help}\n# TYPE suffixd_replication_{name} {kind}\nsuffixd_replication_{name} {v}\n"
+            ));
+        };
+        line(
+            "connected",
+            "gauge",
+            "1 when the last exchange with NATS succeeded.",
+            self.connected as u8 as f64,
+        );
+        line(
+            "published_total",
+            "counter",
+            "Own appends published since start.",
+            self.published as f64,
+        );
+        line(
+            "unpublished",
+            "gauge",
+            "Own appends not yet acknowledged by JetStream.",
+            self.unpublished as f64,
+        );
+        line(
+            "applied_total",
+            "counter",
+            "Other replicas' records applied since start.",
+            self.applied as f64,
+        );
+        line(
+            "applied_position",
+            "gauge",
+            "The last stream sequence applied.",
+            self.applied_seq as f64,
+        );
+        line(
+            "lag_records",
+            "gauge",
+            "Stream records not yet applied.",
+            self.lag_records as f64,
+        );
+        line(
+            "lag_seconds",
+            "gauge",
+            "Age of the newest applied record when it was applied.",
+            self.lag_seconds,
+        );
+        line(
+            "refused_total",
+            "counter",
+            "Records refused (another tokenizer, a foreign tag, undecodable).",
+            self.refused as f64,
+        );
+        line(
+            "missed_total",
+            "counter",
+            "Records the stream no longer held when this replica reached them.",
+            self.missed as f64,
+        );
+        out
+    }
+}
+
 /// A running replication: its thread and what it reports.
 pub struct Replication {
     stats: Arc<Mutex<ReplicationStats>>,

@@ -701,6 +701,9 @@ pub async fn admin_stats(State(app): State<Arc<AppState>>, headers: HeaderMap) -
     let mut v = app.store.stats();
     v["serving"] = app.metrics.summary();
     v["cost_curve"] = app.metrics.cost_curve();
+    if let Some(r) = &app.replication {
+        v["replication"] = serde_json::json!(r.stats(&app.store));
+    }
     Json(v).into_response()
 }
 
@@ -789,12 +792,15 @@ pub async fn admin_verify(State(app): State<Arc<AppState>>, headers: HeaderMap) 
 pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     let stats = app.store.stats();
     let c = app.store.counters();
-    let text = app.metrics.render(
+    let mut text = app.metrics.render(
         stats["cached_tokens"].as_u64().unwrap_or(0),
         stats["cached_sequences"].as_u64().unwrap_or(0),
         c.evicted,
         c.snapshots,
     );
+    if let Some(r) = &app.replication {
+        text.push_str(&r.stats(&app.store).prometheus());
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::routing::{get, post};
 
+use crate::replicate::{ReplicaIdentity, Replication, ReplicationConfig};
 use crate::speculate::SpecParams;
 use crate::store::build::{BuildOptions, build_from_logs};
 use crate::store::dir::current_snapshot;
@@ -67,6 +68,8 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// Seconds requests in flight get to finish after SIGTERM before they are cancelled.
     pub shutdown_grace_s: u64,
+    /// Share the cache with other replicas through NATS JetStream (None: single node).
+    pub replicate: Option<ReplicationConfig>,
 }
 
 impl ServeConfig {
@@ -99,6 +102,8 @@ pub struct AppState {
     /// Background admin jobs by id.
     pub jobs_status: Mutex<HashMap<u64, serde_json::Value>>,
     ids: AtomicU64,
+    /// Replication, when `--replicate` is set.
+    pub replication: Option<Replication>,
 }
 
 impl AppState {
@@ -167,6 +172,9 @@ pub enum ServeError {
         /// The cause.
         source: std::io::Error,
     },
+    /// Replication could not start.
+    #[error(transparent)]
+    Replicate(#[from] crate::replicate::ReplicateError),
     /// The server failed.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
@@ -182,7 +190,7 @@ pub fn serve(
     model_id: String,
     params: SpecParams,
 ) -> Result<(), ServeError> {
-    let identity = engine.tokenizer_identity();
+    let tokenizer_id = engine.tokenizer_identity();
     if current_snapshot(&cfg.snapshot_dir)?.is_none() && !cfg.warm_logs.is_empty() {
         tracing::info!(
             "no snapshot in {}: warm start from {:?}",
@@ -212,16 +220,38 @@ pub fn serve(
             t.elapsed().as_secs_f64()
         );
     }
+    let identity = match cfg.replicate {
+        Some(_) => Some(ReplicaIdentity::load_or_create(&cfg.snapshot_dir)?),
+        None => None,
+    };
     let t = std::time::Instant::now();
     let store = Arc::new(Store::open(StoreConfig {
         dir: cfg.snapshot_dir.clone(),
         max_depth: params.max_depth,
-        tokenizer: identity,
+        tokenizer: tokenizer_id,
         fsync: cfg.fsync,
         budget_tokens: cfg.budget_tokens,
         max_age_ms: cfg.max_age_s.map(|s| s * 1000),
-        id_origin: 0,
+        id_origin: identity.as_ref().map_or(0, |i| i.tag),
     })?);
+    let replication = match (&cfg.replicate, identity) {
+        (Some(rcfg), Some(identity)) => {
+            tracing::info!(
+                "replicating through {} (cluster {}) as replica {} (tag {})",
+                rcfg.url,
+                rcfg.cluster,
+                identity.name,
+                identity.tag
+            );
+            Some(Replication::start(
+                rcfg.clone(),
+                identity,
+                store.clone(),
+                tokenizer_id,
+            )?)
+        }
+        _ => None,
+    };
     let stats = store.stats();
     tracing::info!(
         "store {} open in {:.1} ms: {} cached tokens, {} WAL records replayed",
@@ -265,6 +295,7 @@ pub fn serve(
         metrics,
         jobs_status: Mutex::new(HashMap::new()),
         ids: AtomicU64::new(1),
+        replication,
     });
     let limits = http::HttpLimits {
         read_timeout: cfg.read_timeout(),
