@@ -12,7 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use suffixd::replicate::{ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats};
+use suffixd::replicate::{
+    RecordOp, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats,
+};
 use suffixd::store::TokenizerId;
 use suffixd::store::live::{Store, StoreConfig};
 use suffixd::store::wal::FsyncPolicy;
@@ -187,6 +189,36 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
     assert_eq!((sa.published, sa.unpublished, sa.applied), (25, 0, 10));
     assert_eq!((sb.published, sb.unpublished, sb.applied), (10, 0, 25));
     assert!(sa.connected && sb.connected, "{sa:?} {sb:?}");
+
+    // An operator's evictions reach every replica: one of b's sequences evicted on a,
+    // a namespace evicted on b.
+    let id = b.store.last_own_id();
+    assert!(a.store.evict("default", id).unwrap());
+    a.replication
+        .evicted(RecordOp::Evict {
+            namespace: "default".into(),
+            id,
+        })
+        .unwrap();
+    assert_eq!(b.store.evict_namespace("tenant-2").unwrap(), 5);
+    b.replication
+        .evicted(RecordOp::EvictNamespace {
+            namespace: "tenant-2".into(),
+        })
+        .unwrap();
+    wait_for(
+        "both evict b's last sequence and the namespace tenant-2",
+        || a.cached().len() == 29 && b.cached().len() == 29,
+    );
+    assert_eq!(a.cached(), b.cached());
+    assert!(
+        !b.cached()
+            .iter()
+            .any(|(ns, i, _)| ns == "tenant-2" || *i == id)
+    );
+    assert_eq!(a.stats().evictions_applied, 1);
+    assert_eq!(b.stats().evictions_applied, 1);
+    assert_eq!(a.stats().evictions_unpublished, 0);
 }
 
 #[test]
@@ -285,11 +317,20 @@ fn two_servers_share_what_they_learn() {
         "{metrics}"
     );
 
+    // An operator's eviction on b reaches a.
+    let (status, evicted) = b.post("/admin/evict", r#"{"namespace": "default"}"#, true);
+    assert_eq!(
+        (status, evicted["evicted"].as_u64()),
+        (200, Some(1)),
+        "{evicted}"
+    );
+    wait_for("a evicts the namespace too", || cached(&a) == 0);
+
     a.kill();
     chat(&b, "Name three animals.");
     let a = Server::start_with(&a_dir, &flags, false);
-    wait_for("the restarted a caches b's reply", || cached(&a) == 2);
-    assert_eq!(cached(&b), 2);
+    wait_for("the restarted a caches b's reply", || cached(&a) == 1);
+    assert_eq!(cached(&b), 1);
     b.stop();
     a.stop();
 }

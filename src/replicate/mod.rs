@@ -13,6 +13,9 @@
 //! - The consumer reads the stream in order from the position after the last one applied,
 //!   which it keeps durably, and applies other replicas' records to the store under
 //!   their ids: a record delivered twice is cached once.
+//! - An operator's evictions (`POST /admin/evict`) go out as records too, from an
+//!   outbox file of their own (`outbox`), since the store no longer holds what they
+//!   removed.
 //! - Both run on one thread of their own, so neither the model thread nor HTTP handlers
 //!   ever wait on NATS.
 
@@ -21,12 +24,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod outbox;
+
 use async_nats::jetstream::{self, consumer::DeliverPolicy, stream};
 use futures_util::StreamExt;
 
 use crate::store::TokenizerId;
 use crate::store::live::{MAX_ID_ORIGIN, Store, own_ids};
 use crate::store::snapshot::replace_file;
+
+use outbox::EvictionOutbox;
 
 /// Where a replica keeps its identity and stream positions, inside the store directory.
 const STATE_DIR: &str = "replication";
@@ -130,25 +137,58 @@ struct Positions {
     published_id: u64,
     /// The last stream sequence applied (or skipped as this replica's own).
     applied_seq: u64,
+    /// The last entry of the eviction outbox JetStream acknowledged.
+    #[serde(default)]
+    evictions_published: u64,
 }
 
-/// One record on the stream.
+/// One record on the stream: what a replica did, and who it is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
-    /// The replica that appended it ([`ReplicaIdentity::name`]).
+    /// The replica that did it ([`ReplicaIdentity::name`]).
     pub origin: String,
-    /// The tokenizer its token ids come from: other tokenizers' records are refused.
+    /// The tokenizer of its token ids: other tokenizers' records are refused.
     pub vocab_size: u32,
     /// See [`TokenizerId::vocab_hash`].
     pub vocab_hash: u64,
-    /// The namespace.
-    pub namespace: String,
-    /// The sequence id, the same on every replica.
-    pub id: u64,
-    /// When it was appended, ms since the epoch.
-    pub time_ms: u64,
-    /// The response tokens.
-    pub tokens: Vec<u32>,
+    /// What it did.
+    #[serde(flatten)]
+    pub op: RecordOp,
+}
+
+/// What a record does. Budget and age evictions a store makes on its own are not
+/// records: each replica has its own budget and its own last-use times.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum RecordOp {
+    /// A completed request's response, cached under `id` on every replica.
+    Append {
+        /// The namespace.
+        namespace: String,
+        /// The sequence id, the same on every replica.
+        id: u64,
+        /// When it was appended, ms since the epoch.
+        time_ms: u64,
+        /// The response tokens.
+        tokens: Vec<u32>,
+    },
+    /// An operator's eviction of one sequence (`POST /admin/evict` by id).
+    Evict {
+        /// The namespace.
+        namespace: String,
+        /// The sequence id.
+        id: u64,
+    },
+    /// An operator's eviction of a namespace.
+    EvictNamespace {
+        /// The namespace.
+        namespace: String,
+    },
+    /// An operator's eviction by age: every sequence each replica has not used since.
+    EvictUnusedSince {
+        /// ms since the epoch.
+        cutoff_ms: u64,
+    },
 }
 
 /// What `/admin/stats` reports under `replication`.
@@ -178,6 +218,10 @@ pub struct ReplicationStats {
     pub lag_records: u64,
     /// Seconds since the newest applied record was appended at its origin.
     pub lag_seconds: f64,
+    /// Operator evictions not yet acknowledged (kept in `replication/evictions.jsonl`).
+    pub evictions_unpublished: u64,
+    /// Other replicas' operator evictions applied since start.
+    pub evictions_applied: u64,
     /// Records refused since start (another tokenizer, an id outside the origin's tag,
     /// undecodable), each logged with the reason.
     pub refused: u64,
@@ -257,6 +301,7 @@ impl ReplicationStats {
 /// A running replication: its thread and what it reports.
 pub struct Replication {
     stats: Arc<Mutex<ReplicationStats>>,
+    outbox: Arc<Mutex<EvictionOutbox>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -294,7 +339,12 @@ impl Replication {
             ..Default::default()
         }));
         let stop = Arc::new(AtomicBool::new(false));
+        let outbox = Arc::new(Mutex::new(EvictionOutbox::open(
+            &store.dir().join(STATE_DIR).join("evictions.jsonl"),
+            positions.evictions_published,
+        )?));
         let worker = Worker {
+            outbox: outbox.clone(),
             cfg,
             identity,
             store,
@@ -317,6 +367,7 @@ impl Replication {
             })?;
         Ok(Replication {
             stats,
+            outbox,
             stop,
             thread: Some(thread),
         })
@@ -328,7 +379,14 @@ impl Replication {
         s.unpublished = store
             .last_own_id()
             .saturating_sub(s.published_id.max(own_ids(s.tag).start));
+        s.evictions_unpublished = self.outbox.lock().expect("outbox").len() as u64;
         s
+    }
+
+    /// Send an operator's eviction, done on this replica's store, to the others. Returns
+    /// once it is written down (fsynced): it goes out when NATS can take it.
+    pub fn evicted(&self, op: RecordOp) -> Result<(), ReplicateError> {
+        self.outbox.lock().expect("outbox").push(op)
     }
 }
 
@@ -343,6 +401,7 @@ impl Drop for Replication {
 
 /// The replication thread's state.
 struct Worker {
+    outbox: Arc<Mutex<EvictionOutbox>>,
     cfg: ReplicationConfig,
     identity: ReplicaIdentity,
     store: Arc<Store>,
@@ -429,58 +488,100 @@ impl Worker {
     }
 
     /// Publishes own appends in id order, each acknowledged before the next, so the
-    /// published position is a prefix.
+    /// published position is a prefix; then the operator's evictions, in order.
     async fn publish_loop(&self, js: &jetstream::Context) {
         while !self.stopping() {
-            let after = self.positions.lock().expect("positions").published_id;
-            if self.store.last_own_id() <= after {
-                tokio::time::sleep(PUBLISH_POLL).await;
-                continue;
-            }
-            let batch = self.store.own_sequences_after(after, PUBLISH_BATCH);
-            if batch.is_empty() {
-                // Everything after `after` was evicted before it could go out.
-                self.positions.lock().expect("positions").published_id = self.store.last_own_id();
-                continue;
-            }
-            for seq in batch {
-                let record = Record {
-                    origin: self.identity.name.clone(),
-                    vocab_size: self.tokenizer.vocab_size,
-                    vocab_hash: self.tokenizer.vocab_hash,
-                    namespace: seq.namespace,
-                    id: seq.id,
-                    time_ms: seq.time_ms,
-                    tokens: seq.tokens,
-                };
-                match self.publish(js, &record).await {
-                    Ok(()) => {
-                        self.positions.lock().expect("positions").published_id = record.id;
-                        self.succeeded(|s| {
-                            s.published += 1;
-                            s.published_id = record.id;
-                        });
-                    }
-                    Err(e) => {
-                        self.failed(format!("publishing id {}: {e}", record.id));
-                        tokio::time::sleep(RETRY).await;
-                        break;
-                    }
-                }
-            }
+            let sent = match self.publish_appends(js).await {
+                Ok(n) => n + self.publish_evictions(js).await,
+                Err(()) => 0,
+            };
             self.save_positions();
+            if sent == 0 {
+                tokio::time::sleep(PUBLISH_POLL).await;
+            }
         }
     }
 
-    async fn publish(&self, js: &jetstream::Context, record: &Record) -> Result<(), String> {
-        let payload = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+    /// Publishes up to a batch of own appends; how many went out, or Err when NATS
+    /// refused one (retried later from there).
+    async fn publish_appends(&self, js: &jetstream::Context) -> Result<usize, ()> {
+        let after = self.positions.lock().expect("positions").published_id;
+        if self.store.last_own_id() <= after {
+            return Ok(0);
+        }
+        let batch = self.store.own_sequences_after(after, PUBLISH_BATCH);
+        if batch.is_empty() {
+            // Everything after `after` was evicted before it could go out.
+            self.positions.lock().expect("positions").published_id = self.store.last_own_id();
+            return Ok(0);
+        }
+        let mut sent = 0;
+        for seq in batch {
+            let id = seq.id;
+            let op = RecordOp::Append {
+                namespace: seq.namespace,
+                id,
+                time_ms: seq.time_ms,
+                tokens: seq.tokens,
+            };
+            let msg_id = format!("{}:{id}", self.identity.name);
+            if let Err(e) = self.publish(js, &msg_id, op).await {
+                self.failed(format!("publishing id {id}: {e}"));
+                tokio::time::sleep(RETRY).await;
+                return Err(());
+            }
+            self.positions.lock().expect("positions").published_id = id;
+            self.succeeded(|s| {
+                s.published += 1;
+                s.published_id = id;
+            });
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
+    /// Publishes the eviction outbox in order; how many went out.
+    async fn publish_evictions(&self, js: &jetstream::Context) -> usize {
+        let mut sent = 0;
+        loop {
+            let Some((n, op)) = self.outbox.lock().expect("outbox").front() else {
+                return sent;
+            };
+            let msg_id = format!("{}:e{n}", self.identity.name);
+            if let Err(e) = self.publish(js, &msg_id, op).await {
+                self.failed(format!("publishing eviction {n}: {e}"));
+                tokio::time::sleep(RETRY).await;
+                return sent;
+            }
+            self.outbox.lock().expect("outbox").sent(n);
+            self.positions
+                .lock()
+                .expect("positions")
+                .evictions_published = n;
+            self.succeeded(|_| {});
+            sent += 1;
+        }
+    }
+
+    /// Publishes one record and waits for JetStream's acknowledgement. `msg_id` names it
+    /// for JetStream's duplicate window.
+    async fn publish(
+        &self,
+        js: &jetstream::Context,
+        msg_id: &str,
+        op: RecordOp,
+    ) -> Result<(), String> {
+        let record = Record {
+            origin: self.identity.name.clone(),
+            vocab_size: self.tokenizer.vocab_size,
+            vocab_hash: self.tokenizer.vocab_hash,
+            op,
+        };
+        let payload = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
         let mut headers = async_nats::HeaderMap::new();
         // JetStream drops a second copy within its duplicate window (a retry after a lost
         // acknowledgement); the consumer's id check covers the rest.
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("{}:{}", record.origin, record.id).as_str(),
-        );
+        headers.insert("Nats-Msg-Id", msg_id);
         let ack = js
             .publish_with_headers(self.subject(), headers, payload.into())
             .await
@@ -571,36 +672,52 @@ impl Worker {
         };
         if theirs != self.tokenizer {
             return self.refuse(format!(
-                "record {} from replica {} uses another tokenizer ({theirs:?}, this one {:?}): run every replica of cluster {} with the same model",
-                record.id, record.origin, self.tokenizer, self.cfg.cluster
+                "a record from replica {} that uses another tokenizer ({theirs:?}, this one {:?}): run every replica of cluster {} with the same model",
+                record.origin, self.tokenizer, self.cfg.cluster
             ));
         }
-        if own_ids(self.identity.tag).contains(&record.id) {
-            return self.refuse(format!(
-                "record {} from replica {} carries this replica's tag {}: two replicas drew the same tag. Stop one, move its {}/replica.json aside and start it again",
-                record.id,
-                record.origin,
-                self.identity.tag,
-                STATE_DIR
-            ));
-        }
-        match self.store.append_replicated(
-            &record.namespace,
-            record.id,
-            record.time_ms,
-            &record.tokens,
-        ) {
-            Ok(_) => {
-                let lag = (now_ms().saturating_sub(record.time_ms)) as f64 / 1e3;
+        let applied = match &record.op {
+            RecordOp::Append {
+                namespace,
+                id,
+                time_ms,
+                tokens,
+            } => {
+                if own_ids(self.identity.tag).contains(id) {
+                    return self.refuse(format!(
+                        "record {id} from replica {} carries this replica's tag {}: two replicas drew the same tag. Stop one, move its {STATE_DIR}/replica.json aside and start it again",
+                        record.origin, self.identity.tag
+                    ));
+                }
+                let applied = self
+                    .store
+                    .append_replicated(namespace, *id, *time_ms, tokens);
+                let lag = now_ms().saturating_sub(*time_ms) as f64 / 1e3;
                 let mut s = self.stats.lock().expect("replication stats");
                 s.applied += 1;
                 s.lag_seconds = lag;
+                applied.map(|_| ())
             }
-            Err(e) => tracing::error!(
-                "replication: record {} from {} not applied: {e}",
-                record.id,
-                record.origin
-            ),
+            RecordOp::Evict { namespace, id } => self.store.evict(namespace, *id).map(|_| ()),
+            RecordOp::EvictNamespace { namespace } => {
+                self.store.evict_namespace(namespace).map(|_| ())
+            }
+            RecordOp::EvictUnusedSince { cutoff_ms } => {
+                self.store.evict_unused_since(*cutoff_ms).map(|_| ())
+            }
+        };
+        if !matches!(record.op, RecordOp::Append { .. }) {
+            self.stats
+                .lock()
+                .expect("replication stats")
+                .evictions_applied += 1;
+        }
+        if let Err(e) = applied {
+            tracing::error!(
+                "replication: a record from {} was not applied ({:?}): {e}",
+                record.origin,
+                record.op
+            );
         }
     }
 

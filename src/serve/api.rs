@@ -14,6 +14,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::corpus::logs::ChatMessage;
+use crate::replicate::RecordOp;
 use crate::verify::engine::{GenerateOptions, Generation, Sampling};
 
 use super::AppState;
@@ -730,33 +731,51 @@ pub async fn admin_evict(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let store = app.store.clone();
-    let result =
-        tokio::task::spawn_blocking(move || match (req.namespace, req.id, req.older_than_s) {
-            (Some(ns), Some(id), None) => store.evict(&ns, id).map(|b| b as usize),
-            (Some(ns), None, None) => store.evict_namespace(&ns),
+    let app2 = app.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let store = &app2.store;
+        let (evicted, op) = match (req.namespace, req.id, req.older_than_s) {
+            (Some(namespace), Some(id), None) => (
+                store.evict(&namespace, id).map(|b| b as usize),
+                RecordOp::Evict { namespace, id },
+            ),
+            (Some(namespace), None, None) => (
+                store.evict_namespace(&namespace),
+                RecordOp::EvictNamespace { namespace },
+            ),
             (None, None, Some(s)) => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64);
                 // An age past the epoch evicts nothing, however large.
-                store.evict_unused_since(now.saturating_sub(s.saturating_mul(1000)))
+                let cutoff_ms = now.saturating_sub(s.saturating_mul(1000));
+                (
+                    store.evict_unused_since(cutoff_ms),
+                    RecordOp::EvictUnusedSince { cutoff_ms },
+                )
             }
-            _ => Ok(usize::MAX),
-        })
-        .await;
+            _ => return Ok(usize::MAX),
+        };
+        let evicted = evicted.map_err(|e| e.to_string())?;
+        // An operator's eviction reaches every replica: it is written down before the
+        // answer, and goes out when NATS can take it.
+        if let Some(r) = &app2.replication {
+            r.evicted(op).map_err(|e| {
+                format!("evicted {evicted} here, but not sent to the other replicas: {e}. Retry the eviction")
+            })?;
+        }
+        Ok::<usize, String>(evicted)
+    })
+    .await;
     match result {
         Ok(Ok(usize::MAX)) => ApiError::bad_request(
             "give {\"namespace\", \"id\"}, {\"namespace\"} or {\"older_than_s\"}",
         )
         .into_response(),
         Ok(Ok(n)) => Json(json!({"evicted": n})).into_response(),
-        Ok(Err(e)) => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            e.to_string(),
-        )
-        .into_response(),
+        Ok(Err(e)) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e).into_response()
+        }
         Err(e) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server_error",

@@ -1,0 +1,174 @@
+//! The eviction outbox: an operator's evictions, kept durably until JetStream has
+//! acknowledged them. Appends need no such file, since the store holds them; an evicted
+//! sequence is gone from the store, so the eviction itself must be written down.
+//!
+//! One JSON object per line, `{"n": N, ...RecordOp}`, numbered from 1. A torn last
+//! line (a crash mid-write) is ignored: its eviction was never acknowledged to the
+//! operator.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{RecordOp, ReplicateError};
+
+/// Once everything is sent and the file is this large, it is emptied.
+const TRUNCATE_FROM_BYTES: u64 = 1 << 20;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Entry {
+    n: u64,
+    #[serde(flatten)]
+    op: RecordOp,
+}
+
+/// Evictions not yet acknowledged, in order.
+pub(super) struct EvictionOutbox {
+    path: PathBuf,
+    file: File,
+    pending: VecDeque<(u64, RecordOp)>,
+    last: u64,
+}
+
+impl EvictionOutbox {
+    /// The outbox at `path`, holding the entries after `published`.
+    pub(super) fn open(path: &Path, published: u64) -> Result<Self, ReplicateError> {
+        let error = |source| ReplicateError::State {
+            path: path.into(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(error)?;
+        }
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(error(e)),
+        };
+        let mut last = published;
+        let mut pending = VecDeque::new();
+        let mut intact = 0;
+        for line in text.split_inclusive('\n') {
+            let Some(entry) = line
+                .strip_suffix('\n')
+                .and_then(|l| serde_json::from_str::<Entry>(l).ok())
+            else {
+                break;
+            };
+            intact += line.len() as u64;
+            last = last.max(entry.n);
+            if entry.n > published {
+                pending.push_back((entry.n, entry.op));
+            }
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(error)?;
+        // Drop a torn last line, so the next entry starts on a line of its own.
+        file.set_len(intact).map_err(error)?;
+        Ok(EvictionOutbox {
+            path: path.into(),
+            file,
+            pending,
+            last,
+        })
+    }
+
+    /// Write `op` down (fsynced) to be sent.
+    pub(super) fn push(&mut self, op: RecordOp) -> Result<(), ReplicateError> {
+        let n = self.last + 1;
+        let mut line =
+            serde_json::to_vec(&Entry { n, op: op.clone() }).expect("an eviction serializes");
+        line.push(b'\n');
+        let written = self
+            .file
+            .write_all(&line)
+            .and_then(|()| self.file.sync_data());
+        if let Err(source) = written {
+            // Take a partial line back out, so that the next entry is not glued to it.
+            if let Ok(len) = self.file.metadata().map(|m| m.len()) {
+                let _ = self.file.set_len(len.saturating_sub(line.len() as u64));
+            }
+            return Err(ReplicateError::State {
+                path: self.path.clone(),
+                source,
+            });
+        }
+        self.last = n;
+        self.pending.push_back((n, op));
+        Ok(())
+    }
+
+    /// The oldest entry not yet acknowledged.
+    pub(super) fn front(&self) -> Option<(u64, RecordOp)> {
+        self.pending.front().cloned()
+    }
+
+    /// Entry `n` was acknowledged.
+    pub(super) fn sent(&mut self, n: u64) {
+        while self.pending.front().is_some_and(|(m, _)| *m <= n) {
+            self.pending.pop_front();
+        }
+        if self.pending.is_empty()
+            && self
+                .file
+                .metadata()
+                .is_ok_and(|m| m.len() >= TRUNCATE_FROM_BYTES)
+        {
+            // Numbering goes on from `last`; the positions file remembers what was sent.
+            let _ = self.file.set_len(0);
+        }
+    }
+
+    /// Entries not yet acknowledged.
+    pub(super) fn len(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evict(id: u64) -> RecordOp {
+        RecordOp::Evict {
+            namespace: "n".into(),
+            id,
+        }
+    }
+
+    #[test]
+    fn unsent_entries_survive_a_reopen_and_a_torn_line_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("evictions.jsonl");
+        {
+            let mut o = EvictionOutbox::open(&path, 0).unwrap();
+            for id in 1..=3 {
+                o.push(evict(id)).unwrap();
+            }
+            o.sent(1);
+            assert_eq!(o.front(), Some((2, evict(2))));
+        }
+        // A crash mid-write leaves half a line.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"n\":4,\"op\":\"ev")
+            .unwrap();
+        let mut o = EvictionOutbox::open(&path, 1).unwrap();
+        assert_eq!(o.len(), 2);
+        assert_eq!(o.front(), Some((2, evict(2))));
+        o.push(evict(9)).unwrap();
+        let o = EvictionOutbox::open(&path, 3).unwrap();
+        assert_eq!(
+            o.front(),
+            Some((4, evict(9))),
+            "numbering goes on after the torn line"
+        );
+        assert_eq!(o.len(), 1);
+    }
+}
