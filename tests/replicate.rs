@@ -1,7 +1,8 @@
 //! Replication through a real `nats-server` (installed by `tools/setup.sh`) on loopback,
 //! started and killed by the tests: replicas converge, a NATS outage loses nothing, a
-//! restarted replica resumes, a redelivered stream counts once, and another tokenizer's
-//! records are refused.
+//! restarted replica resumes, a redelivered stream counts once, another tokenizer's
+//! records are refused, operator evictions spread, and a new replica starts from a
+//! published snapshot.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use suffixd::replicate::{
-    RecordOp, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats,
+    RecordOp, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats, bootstrap,
 };
 use suffixd::store::TokenizerId;
 use suffixd::store::live::{Store, StoreConfig};
@@ -98,6 +99,7 @@ impl Replica {
             ReplicationConfig {
                 url: url.into(),
                 cluster: "test".into(),
+                keep_snapshots: 2,
             },
             identity,
             store.clone(),
@@ -185,10 +187,11 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
         1,
         "c applied nothing of another tokenizer's"
     );
-    let (sa, sb) = (a.stats(), b.stats());
-    assert_eq!((sa.published, sa.unpublished, sa.applied), (25, 0, 10));
-    assert_eq!((sb.published, sb.unpublished, sb.applied), (10, 0, 25));
-    assert!(sa.connected && sb.connected, "{sa:?} {sb:?}");
+    // The counters move just after the store does: wait for them, then hold them exact.
+    let counts = |s: ReplicationStats| (s.published, s.unpublished, s.applied, s.connected);
+    wait_for("a's and b's counters", || {
+        counts(a.stats()) == (25, 0, 10, true) && counts(b.stats()) == (10, 0, 25, true)
+    });
 
     // An operator's evictions reach every replica: one of b's sequences evicted on a,
     // a namespace evicted on b.
@@ -208,7 +211,12 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
         .unwrap();
     wait_for(
         "both evict b's last sequence and the namespace tenant-2",
-        || a.cached().len() == 29 && b.cached().len() == 29,
+        || {
+            a.cached().len() == 29
+                && b.cached().len() == 29
+                && a.stats().evictions_applied == 1
+                && b.stats().evictions_applied == 1
+        },
     );
     assert_eq!(a.cached(), b.cached());
     assert!(
@@ -216,8 +224,6 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
             .iter()
             .any(|(ns, i, _)| ns == "tenant-2" || *i == id)
     );
-    assert_eq!(a.stats().evictions_applied, 1);
-    assert_eq!(b.stats().evictions_applied, 1);
     assert_eq!(a.stats().evictions_unpublished, 0);
 }
 
@@ -298,15 +304,11 @@ fn two_servers_share_what_they_learn() {
     let cached = |s: &Server| stats(s)["cached_sequences"].as_u64().unwrap();
     chat(&a, "Name three colours.");
     wait_for("b caches a's reply", || cached(&b) == 1);
-    let rb = &stats(&b)["replication"];
-    assert_eq!(rb["applied"], 1, "{rb}");
-    assert_eq!(rb["refused"], 0, "{rb}");
-    let ra = &stats(&a)["replication"];
-    assert_eq!(
-        (ra["published"].as_u64(), ra["unpublished"].as_u64()),
-        (Some(1), Some(0)),
-        "{ra}"
-    );
+    wait_for("the counters: a published 1, b applied 1", || {
+        let (ra, rb) = (&stats(&a)["replication"], &stats(&b)["replication"]);
+        (ra["published"].as_u64(), ra["unpublished"].as_u64()) == (Some(1), Some(0))
+            && (rb["applied"].as_u64(), rb["refused"].as_u64()) == (Some(1), Some(0))
+    });
     let metrics = ureq::get(&b.url("/metrics"))
         .call()
         .unwrap()
@@ -316,6 +318,28 @@ fn two_servers_share_what_they_learn() {
         metrics.contains("suffixd_replication_applied_total 1"),
         "{metrics}"
     );
+
+    // a publishes a snapshot; a new server with an empty directory starts from it.
+    let (status, job) = a.post("/admin/snapshot", "", true);
+    assert_eq!(status, 202, "{job}");
+    let poll = job["poll"].as_str().unwrap().to_string();
+    let mut done = serde_json::Value::Null;
+    wait_for("the snapshot job ends", || {
+        done = a.get(&poll, true).1;
+        done["status"] != "running"
+    });
+    assert_eq!(done["status"], "done", "{done}");
+    let object = done["published"]["object"]
+        .as_str()
+        .expect("published")
+        .to_string();
+    let c = Server::start_with(&tmp.path().join("c"), &flags, false);
+    assert_eq!(cached(&c), 1, "the snapshot's sequence is there at start");
+    assert_eq!(
+        stats(&c)["replication"]["snapshot_fetched"],
+        object.as_str()
+    );
+    c.stop();
 
     // An operator's eviction on b reaches a.
     let (status, evicted) = b.post("/admin/evict", r#"{"namespace": "default"}"#, true);
@@ -333,4 +357,101 @@ fn two_servers_share_what_they_learn() {
     assert_eq!(cached(&b), 1);
     b.stop();
     a.stop();
+}
+
+#[test]
+fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&tmp.path().join("nats"), None);
+    let a = Replica::open(&tmp.path().join("a"), &nats.url(), TOKENIZER);
+    let b = Replica::open(&tmp.path().join("b"), &nats.url(), TOKENIZER);
+    for i in 0..10 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+    for i in 10..15 {
+        b.store.append("default", &response(i)).unwrap();
+    }
+    wait_for("a holds b's 5", || a.cached().len() == 15);
+    wait_for("a has applied b's records", || a.stats().applied_seq >= 15);
+    let position = a.replication.snapshot_position();
+    let info = a.store.snapshot().unwrap();
+    let published = a
+        .replication
+        .publish_snapshot(&info.path, position)
+        .unwrap();
+    assert_eq!(published.position, position);
+    assert_eq!(a.stats().snapshots_published, 1);
+    for i in 15..18 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+
+    // A newer object that is not a snapshot, as a faulty or hostile writer could leave.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let bucket = js.get_object_store("test-snapshots").await.unwrap();
+        let name = format!("snap-{:020}-hostile", position + 1000);
+        bucket
+            .put(name.as_str(), &mut &b"not a snapshot"[..])
+            .await
+            .unwrap();
+    });
+
+    let c_dir = tmp.path().join("c");
+    let cfg = ReplicationConfig {
+        url: nats.url(),
+        cluster: "test".into(),
+        keep_snapshots: 2,
+    };
+    let boot = bootstrap(&cfg, &c_dir, TOKENIZER)
+        .unwrap()
+        .expect("a snapshot");
+    assert_eq!(boot.position, position);
+    assert_eq!(boot.object, published.object);
+    assert_eq!(boot.refused.len(), 1, "{:?}", boot.refused);
+    assert!(
+        bootstrap(&cfg, &c_dir, TOKENIZER).unwrap().is_none(),
+        "only an empty store starts from a snapshot"
+    );
+    let c = Replica::open(&c_dir, &nats.url(), TOKENIZER);
+    wait_for("c holds all 18", || c.cached().len() == 18);
+    assert_eq!(c.cached(), a.cached());
+    assert!(
+        c.stats().applied < 18,
+        "c replays only the stream after the snapshot: {:?}",
+        c.stats()
+    );
+
+    // Another tokenizer's replica refuses the snapshot and replays the stream instead.
+    let foreign = TokenizerId {
+        vocab_size: 32000,
+        ..TOKENIZER
+    };
+    let d_dir = tmp.path().join("d");
+    assert!(bootstrap(&cfg, &d_dir, foreign).unwrap().is_none());
+
+    // The bucket keeps the newest two.
+    for _ in 0..2 {
+        let position = a.replication.snapshot_position();
+        let info = a.store.snapshot().unwrap();
+        a.replication
+            .publish_snapshot(&info.path, position)
+            .unwrap();
+    }
+    let names = runtime.block_on(async {
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let bucket = js.get_object_store("test-snapshots").await.unwrap();
+        let mut list = bucket.list().await.unwrap();
+        let mut names = Vec::new();
+        while let Some(o) = futures_util::StreamExt::next(&mut list).await {
+            names.push(o.unwrap().name);
+        }
+        names
+    });
+    assert_eq!(names.len(), 2, "{names:?}");
 }

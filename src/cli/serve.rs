@@ -37,6 +37,8 @@ struct FileConfig {
     shutdown_grace_s: Option<u64>,
     replicate: Option<String>,
     cluster: Option<String>,
+    publish_snapshots_s: Option<u64>,
+    keep_snapshots: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -99,6 +101,14 @@ pub(super) struct ServeArgs {
     /// The replicas that share one cache: names the JetStream stream [default: suffixd].
     #[arg(long, env = "SUFFIXD_CLUSTER")]
     cluster: Option<String>,
+    /// With --replicate: write and publish a snapshot every this many seconds (on one
+    /// designated replica) [default: only on POST /admin/snapshot].
+    #[arg(long = "publish-snapshots", env = "SUFFIXD_PUBLISH_SNAPSHOTS")]
+    publish_snapshots_s: Option<u64>,
+    /// With --replicate: how many published snapshots the cluster's bucket keeps
+    /// [default: 3].
+    #[arg(long)]
+    keep_snapshots: Option<usize>,
 }
 
 fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
@@ -167,7 +177,12 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
                     .cluster
                     .or(file.cluster)
                     .unwrap_or_else(|| "suffixd".into()),
+                keep_snapshots: a.keep_snapshots.or(file.keep_snapshots).unwrap_or(3).max(1),
             }),
+        publish_snapshots_s: a
+            .publish_snapshots_s
+            .or(file.publish_snapshots_s)
+            .filter(|&s| s > 0),
     };
     let mut model_args = a.model.clone();
     model_args.model = Some(model_path(

@@ -16,6 +16,9 @@
 //! - An operator's evictions (`POST /admin/evict`) go out as records too, from an
 //!   outbox file of their own (`outbox`), since the store no longer holds what they
 //!   removed.
+//! - Snapshots are uploaded to the Object Store, tagged with the stream position they
+//!   cover, and an empty replica starts from the newest one ([`bootstrap`],
+//!   `snapshots`).
 //! - Both run on one thread of their own, so neither the model thread nor HTTP handlers
 //!   ever wait on NATS.
 
@@ -25,6 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod outbox;
+mod snapshots;
+
+pub use snapshots::Bootstrap;
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy, stream};
 use futures_util::StreamExt;
@@ -73,6 +79,14 @@ pub enum ReplicateError {
         /// Why.
         reason: String,
     },
+    /// A snapshot could not be published.
+    #[error("snapshot {path} not published: {reason}")]
+    Publish {
+        /// The local snapshot.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The replication thread could not start.
     #[error("cannot start the replication thread: {0}")]
     Thread(#[from] std::io::Error),
@@ -85,6 +99,8 @@ pub struct ReplicationConfig {
     pub url: String,
     /// Names the JetStream stream and its subject: replicas with the same cluster share.
     pub cluster: String,
+    /// How many published snapshots the bucket keeps (the newest).
+    pub keep_snapshots: usize,
 }
 
 /// Who this replica is: a name for logs and stats, and the tag its ids carry. Drawn at
@@ -227,6 +243,12 @@ pub struct ReplicationStats {
     pub refused: u64,
     /// Records skipped because the stream no longer held them (retention), since start.
     pub missed: u64,
+    /// Snapshots this replica published since start.
+    pub snapshots_published: u64,
+    /// The last one it published (object name).
+    pub last_snapshot_published: Option<String>,
+    /// The published snapshot this replica started from, if it bootstrapped.
+    pub snapshot_fetched: Option<String>,
     /// The last error, if the last exchange failed.
     pub last_error: Option<String>,
 }
@@ -301,6 +323,8 @@ impl ReplicationStats {
 /// A running replication: its thread and what it reports.
 pub struct Replication {
     stats: Arc<Mutex<ReplicationStats>>,
+    positions: Arc<Mutex<Positions>>,
+    uploads: tokio::sync::mpsc::UnboundedSender<Upload>,
     outbox: Arc<Mutex<EvictionOutbox>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -339,9 +363,11 @@ impl Replication {
             ..Default::default()
         }));
         let stop = Arc::new(AtomicBool::new(false));
+        let positions = Arc::new(Mutex::new(positions));
+        let (uploads, upload_queue) = tokio::sync::mpsc::unbounded_channel();
         let outbox = Arc::new(Mutex::new(EvictionOutbox::open(
             &store.dir().join(STATE_DIR).join("evictions.jsonl"),
-            positions.evictions_published,
+            positions.lock().expect("positions").evictions_published,
         )?));
         let worker = Worker {
             outbox: outbox.clone(),
@@ -349,8 +375,9 @@ impl Replication {
             identity,
             store,
             tokenizer,
-            positions: Mutex::new(positions),
+            positions: positions.clone(),
             positions_path,
+            upload_queue: Mutex::new(Some(upload_queue)),
             stats: stats.clone(),
             stop: stop.clone(),
         };
@@ -367,6 +394,8 @@ impl Replication {
             })?;
         Ok(Replication {
             stats,
+            positions,
+            uploads,
             outbox,
             stop,
             thread: Some(thread),
@@ -388,6 +417,120 @@ impl Replication {
     pub fn evicted(&self, op: RecordOp) -> Result<(), ReplicateError> {
         self.outbox.lock().expect("outbox").push(op)
     }
+
+    /// The stream position a snapshot taken now covers: every record up to it is
+    /// applied. Read it before the snapshot starts.
+    pub fn snapshot_position(&self) -> u64 {
+        self.positions.lock().expect("positions").applied_seq
+    }
+
+    /// Upload the snapshot at `path`, taken after [`Replication::snapshot_position`]
+    /// gave `position`, to the cluster's Object Store bucket, and prune the bucket to the
+    /// newest `keep_snapshots`. Waits for the upload (up to 15 minutes).
+    pub fn publish_snapshot(
+        &self,
+        path: &Path,
+        position: u64,
+    ) -> Result<PublishedSnapshot, ReplicateError> {
+        let error = |reason: String| ReplicateError::Publish {
+            path: path.into(),
+            reason,
+        };
+        // Opened now: a newer snapshot may replace the file, and the open file keeps it.
+        let file = std::fs::File::open(path).map_err(|e| error(e.to_string()))?;
+        let (done, answer) = std::sync::mpsc::channel();
+        self.uploads
+            .send(Upload {
+                file,
+                position,
+                done,
+            })
+            .map_err(|_| error("replication has stopped".into()))?;
+        answer
+            .recv_timeout(Duration::from_secs(900))
+            .map_err(|_| error("no answer from the replication thread in 15 minutes".into()))?
+            .map_err(error)
+    }
+
+    /// Record in the stats that this replica started from a published snapshot.
+    pub fn set_bootstrap(&self, bootstrap: &Bootstrap) {
+        self.stats
+            .lock()
+            .expect("replication stats")
+            .snapshot_fetched = Some(bootstrap.object.clone());
+    }
+}
+
+/// A snapshot this replica published.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PublishedSnapshot {
+    /// Its object name in the bucket.
+    pub object: String,
+    /// The stream position it covers.
+    pub position: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// A snapshot to upload, and where to answer.
+struct Upload {
+    file: std::fs::File,
+    position: u64,
+    done: std::sync::mpsc::Sender<Result<PublishedSnapshot, String>>,
+}
+
+/// Start a store directory that holds nothing yet (no snapshot, no log) from the newest
+/// snapshot its cluster published, so that the stream is replayed only after the
+/// position it covers. None when the directory is not empty, NATS cannot be reached in
+/// 10 s, or nothing usable is published: the replica then replays the stream from its
+/// start (or from where it was). Call it before the store is opened.
+pub fn bootstrap(
+    cfg: &ReplicationConfig,
+    dir: &Path,
+    tokenizer: TokenizerId,
+) -> Result<Option<Bootstrap>, ReplicateError> {
+    std::fs::create_dir_all(dir).map_err(|source| ReplicateError::State {
+        path: dir.into(),
+        source,
+    })?;
+    if !snapshots::is_empty_store(dir) {
+        return Ok(None);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let fetched = runtime.block_on(async {
+        let connect = async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(10))
+            .connect(cfg.url.as_str());
+        let client = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("no connection in 10 s".into()),
+        };
+        let js = jetstream::new(client);
+        snapshots::download_newest(&js, &cfg.cluster, dir, tokenizer).await
+    });
+    match fetched {
+        Ok(Some(b)) => {
+            let path = dir.join(STATE_DIR).join("positions.json");
+            let mut positions: Positions = std::fs::read(&path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+                .unwrap_or_default();
+            positions.applied_seq = b.position;
+            write_state(&path, &positions)?;
+            Ok(Some(b))
+        }
+        Ok(None) => Ok(None),
+        Err(e) => {
+            tracing::warn!(
+                "replication: no published snapshot fetched from {} ({e}): replaying the stream instead",
+                cfg.url
+            );
+            Ok(None)
+        }
+    }
 }
 
 impl Drop for Replication {
@@ -406,8 +549,9 @@ struct Worker {
     identity: ReplicaIdentity,
     store: Arc<Store>,
     tokenizer: TokenizerId,
-    positions: Mutex<Positions>,
+    positions: Arc<Mutex<Positions>>,
     positions_path: PathBuf,
+    upload_queue: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Upload>>>,
     stats: Arc<Mutex<ReplicationStats>>,
     stop: Arc<AtomicBool>,
 }
@@ -450,7 +594,12 @@ impl Worker {
                 }
             }
         };
-        tokio::join!(self.publish_loop(&js), self.consume_loop(&stream));
+        let uploads = self.upload_queue.lock().expect("uploads").take();
+        tokio::join!(
+            self.publish_loop(&js),
+            self.consume_loop(&stream),
+            self.upload_loop(&js, uploads)
+        );
     }
 
     fn stopping(&self) -> bool {
@@ -560,6 +709,44 @@ impl Worker {
                 .evictions_published = n;
             self.succeeded(|_| {});
             sent += 1;
+        }
+    }
+
+    /// Uploads the snapshots it is handed, one at a time.
+    async fn upload_loop(
+        &self,
+        js: &jetstream::Context,
+        queue: Option<tokio::sync::mpsc::UnboundedReceiver<Upload>>,
+    ) {
+        let Some(mut queue) = queue else { return };
+        while let Some(upload) = queue.recv().await {
+            let object = snapshots::object_name(upload.position, &self.identity.name);
+            let result = match snapshots::bucket(js, &self.cfg.cluster).await {
+                Ok(bucket) => {
+                    snapshots::upload(&bucket, &object, upload.file, self.cfg.keep_snapshots).await
+                }
+                Err(e) => Err(e),
+            };
+            let result = result.map(|bytes| PublishedSnapshot {
+                object: object.clone(),
+                position: upload.position,
+                bytes,
+            });
+            match &result {
+                Ok(p) => {
+                    tracing::info!(
+                        "replication: published snapshot {} ({} bytes)",
+                        p.object,
+                        p.bytes
+                    );
+                    self.succeeded(|s| {
+                        s.snapshots_published += 1;
+                        s.last_snapshot_published = Some(object);
+                    });
+                }
+                Err(e) => self.failed(format!("publishing snapshot {object}: {e}")),
+            }
+            let _ = upload.done.send(result);
         }
     }
 

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::routing::{get, post};
 
-use crate::replicate::{ReplicaIdentity, Replication, ReplicationConfig};
+use crate::replicate::{ReplicaIdentity, Replication, ReplicationConfig, bootstrap};
 use crate::speculate::SpecParams;
 use crate::store::build::{BuildOptions, build_from_logs};
 use crate::store::dir::current_snapshot;
@@ -70,6 +70,8 @@ pub struct ServeConfig {
     pub shutdown_grace_s: u64,
     /// Share the cache with other replicas through NATS JetStream (None: single node).
     pub replicate: Option<ReplicationConfig>,
+    /// With `replicate`: write and publish a snapshot this often, in seconds.
+    pub publish_snapshots_s: Option<u64>,
 }
 
 impl ServeConfig {
@@ -121,8 +123,21 @@ impl AppState {
             .insert(job, serde_json::json!({"job": job, "status": "running"}));
         let app = self.clone();
         std::thread::spawn(move || {
+            // A replica publishes the snapshot too, tagged with the stream position read
+            // before it started (everything up to there is in it).
+            let position = app.replication.as_ref().map(|r| r.snapshot_position());
             let result = match app.store.snapshot() {
-                Ok(info) => serde_json::json!({"job": job, "status": "done", "snapshot": info}),
+                Ok(info) => {
+                    let mut done =
+                        serde_json::json!({"job": job, "status": "done", "snapshot": info});
+                    if let (Some(r), Some(position)) = (&app.replication, position) {
+                        done["published"] = match r.publish_snapshot(&info.path, position) {
+                            Ok(p) => serde_json::json!(p),
+                            Err(e) => serde_json::json!({"error": e.to_string()}),
+                        };
+                    }
+                    done
+                }
                 Err(e) => {
                     serde_json::json!({"job": job, "status": "failed", "error": e.to_string()})
                 }
@@ -224,6 +239,23 @@ pub fn serve(
         Some(_) => Some(ReplicaIdentity::load_or_create(&cfg.snapshot_dir)?),
         None => None,
     };
+    // A new replica starts from its cluster's newest published snapshot.
+    let bootstrapped = match &cfg.replicate {
+        Some(rcfg) => bootstrap(rcfg, &cfg.snapshot_dir, tokenizer_id)?,
+        None => None,
+    };
+    if let Some(b) = &bootstrapped {
+        tracing::info!(
+            "started from published snapshot {} (stream position {}){}",
+            b.object,
+            b.position,
+            if b.refused.is_empty() {
+                String::new()
+            } else {
+                format!("; newer ones refused: {:?}", b.refused)
+            }
+        );
+    }
     let t = std::time::Instant::now();
     let store = Arc::new(Store::open(StoreConfig {
         dir: cfg.snapshot_dir.clone(),
@@ -243,12 +275,11 @@ pub fn serve(
                 identity.name,
                 identity.tag
             );
-            Some(Replication::start(
-                rcfg.clone(),
-                identity,
-                store.clone(),
-                tokenizer_id,
-            )?)
+            let r = Replication::start(rcfg.clone(), identity, store.clone(), tokenizer_id)?;
+            if let Some(b) = &bootstrapped {
+                r.set_bootstrap(b);
+            }
+            Some(r)
         }
         _ => None,
     };
@@ -297,6 +328,23 @@ pub fn serve(
         ids: AtomicU64::new(1),
         replication,
     });
+    if let (Some(every), Some(_)) = (cfg.publish_snapshots_s, &cfg.replicate) {
+        // A weak reference: the server's shutdown drops the state, which ends this.
+        let app = Arc::downgrade(&app);
+        std::thread::Builder::new()
+            .name("publish-snapshots".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(every));
+                    match app.upgrade() {
+                        Some(app) => {
+                            app.start_snapshot_job();
+                        }
+                        None => return,
+                    }
+                }
+            })?;
+    }
     let limits = http::HttpLimits {
         read_timeout: cfg.read_timeout(),
         max_connections: cfg.max_connections,

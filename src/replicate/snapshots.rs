@@ -1,0 +1,182 @@
+//! Snapshots in the JetStream Object Store: a replica publishes its snapshot, tagged with
+//! the stream position it covers, and a new replica starts from the newest one instead of
+//! replaying the whole stream.
+//!
+//! Objects are named `snap-<position, 20 digits>-<replica>`, so that name order is
+//! position order. A snapshot holds every record the replica had applied up to that
+//! position, and possibly some after it (applied while it was written) and its own
+//! appends not yet published: replaying the stream from the position delivers those
+//! again, and the shared ids make that harmless.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, object_store};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use crate::store::TokenizerId;
+use crate::store::dir::{current_snapshot, next_snapshot_path, publish};
+use crate::store::snapshot::Snapshot;
+use crate::store::wal::segments;
+
+/// The bucket of a cluster's snapshots.
+pub(super) fn bucket_name(cluster: &str) -> String {
+    format!("{cluster}-snapshots")
+}
+
+/// The object name of a snapshot covering the stream up to `position`.
+pub(super) fn object_name(position: u64, replica: &str) -> String {
+    format!("snap-{position:020}-{replica}")
+}
+
+/// The stream position in an object name.
+fn position_of(name: &str) -> Option<u64> {
+    name.strip_prefix("snap-")?.get(..20)?.parse().ok()
+}
+
+/// The bucket, created if it is missing.
+pub(super) async fn bucket(
+    js: &jetstream::Context,
+    cluster: &str,
+) -> Result<object_store::ObjectStore, String> {
+    let name = bucket_name(cluster);
+    match js.get_object_store(&name).await {
+        Ok(b) => Ok(b),
+        Err(_) => js
+            .create_object_store(object_store::Config {
+                bucket: name,
+                description: Some("suffixd snapshots".into()),
+                storage: jetstream::stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// Upload `file` as the snapshot covering `position`, then delete all but the newest
+/// `keep` snapshots of the bucket.
+pub(super) async fn upload(
+    bucket: &object_store::ObjectStore,
+    name: &str,
+    file: std::fs::File,
+    keep: usize,
+) -> Result<u64, String> {
+    let mut file = tokio::fs::File::from_std(file);
+    let info = bucket
+        .put(name, &mut file)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut names = list(bucket).await?;
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    for old in names.iter().skip(keep.max(1)) {
+        if let Err(e) = bucket.delete(old).await {
+            tracing::warn!("replication: cannot prune snapshot {old}: {e}");
+        }
+    }
+    Ok(info.size as u64)
+}
+
+/// The names of the snapshots in the bucket.
+async fn list(bucket: &object_store::ObjectStore) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    let mut objects = bucket.list().await.map_err(|e| e.to_string())?;
+    while let Some(info) = objects.next().await {
+        let info = info.map_err(|e| e.to_string())?;
+        if position_of(&info.name).is_some() {
+            names.push(info.name);
+        }
+    }
+    Ok(names)
+}
+
+/// What a bootstrap did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Bootstrap {
+    /// The object it started from.
+    pub object: String,
+    /// The stream position the snapshot covers: the stream is replayed after it.
+    pub position: u64,
+    /// The snapshot file written to the store directory.
+    pub path: PathBuf,
+    /// Newer objects refused (damaged, another tokenizer), with the reason.
+    pub refused: Vec<(String, String)>,
+}
+
+/// Whether `dir` holds nothing yet: no snapshot and no log.
+pub(super) fn is_empty_store(dir: &Path) -> bool {
+    matches!(current_snapshot(dir), Ok(None)) && segments(dir).map_or(true, |s| s.is_empty())
+}
+
+/// Download the newest snapshot that passes the same checks as a local one (checksum,
+/// token ids, tree invariants, the tokenizer) into `dir` and make it current. Older
+/// ones are tried when a newer one is refused; None when the bucket holds none.
+pub(super) async fn download_newest(
+    js: &jetstream::Context,
+    cluster: &str,
+    dir: &Path,
+    tokenizer: TokenizerId,
+) -> Result<Option<Bootstrap>, String> {
+    let Ok(bucket) = js.get_object_store(bucket_name(cluster)).await else {
+        return Ok(None);
+    };
+    let mut names = list(&bucket).await?;
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    let mut refused = Vec::new();
+    for name in names {
+        let position = position_of(&name).expect("listed names parse");
+        let path = next_snapshot_path(dir).map_err(|e| e.to_string())?;
+        let checked = fetch(&bucket, &name, &path).await.and_then(|()| {
+            let snap = Snapshot::open(&path, Some(tokenizer)).map_err(|e| e.to_string())?;
+            snap.verify().map_err(|e| e.to_string())
+        });
+        match checked {
+            Ok(()) => {
+                publish(dir, &path).map_err(|e| e.to_string())?;
+                return Ok(Some(Bootstrap {
+                    object: name,
+                    position,
+                    path,
+                    refused,
+                }));
+            }
+            Err(why) => {
+                tracing::error!("replication: published snapshot {name} refused: {why}");
+                let _ = std::fs::remove_file(&path);
+                refused.push((name, why));
+            }
+        }
+    }
+    Ok(None)
+}
+
+async fn fetch(bucket: &object_store::ObjectStore, name: &str, path: &Path) -> Result<(), String> {
+    let mut object = bucket.get(name).await.map_err(|e| e.to_string())?;
+    let mut file = tokio::fs::File::create(path)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::time::timeout(
+        Duration::from_secs(600),
+        tokio::io::copy(&mut object, &mut file),
+    )
+    .await
+    .map_err(|_| "download took over 10 minutes".to_string())?
+    .map_err(|e| e.to_string())?;
+    file.flush().await.map_err(|e| e.to_string())?;
+    file.sync_all().await.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_names_sort_by_position() {
+        let (a, b) = (object_name(9, "zz"), object_name(10, "aa"));
+        assert!(a < b);
+        assert_eq!(position_of(&b), Some(10));
+        assert_eq!(position_of("snap-12"), None);
+        assert_eq!(position_of("other"), None);
+    }
+}
