@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use suffixd::replicate::{
     RecordOp, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats, bootstrap,
 };
-use suffixd::store::TokenizerId;
+use suffixd::speculate::{SpecParams, Speculator};
 use suffixd::store::live::{Store, StoreConfig};
 use suffixd::store::wal::FsyncPolicy;
+use suffixd::store::{LayeredCursor, TokenizerId};
 use suffixd::tree::{Expand, GlobalIndex};
 
 use common::{Server, model_present};
@@ -128,6 +129,19 @@ impl Replica {
         view.walk(path).map_or(0, |c| view.count(&c))
     }
 
+    /// The draft the namespace's cache gives for `context` (no request tree).
+    fn draft(&self, namespace: &str, context: &[u32]) -> (Vec<u32>, Vec<i32>) {
+        let st = self.store.read();
+        let view = st.namespaces[namespace].view();
+        let d = Speculator::<LayeredCursor>::default().speculate(
+            None,
+            &view,
+            context,
+            &SpecParams::default(),
+        );
+        (d.tokens, d.parents)
+    }
+
     fn stats(&self) -> ReplicationStats {
         self.replication.stats(&self.store)
     }
@@ -178,6 +192,15 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
             "{path:?}"
         );
     }
+    // The same drafts, from either replica's appends.
+    let mut drafted = 0;
+    for i in [2, 17, 28, 33] {
+        let context = &response(i)[..6];
+        let draft = a.draft("default", context);
+        drafted += draft.0.len();
+        assert_eq!(draft, b.draft("default", context), "context {context:?}");
+    }
+    assert!(drafted > 0, "the contexts draft something");
     wait_for(
         "c refused the other replicas' records and a and b refused c's",
         || c.stats().refused == 35 && a.stats().refused == 1 && b.stats().refused == 1,
