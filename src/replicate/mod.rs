@@ -53,6 +53,9 @@ const PUBLISH_POLL: Duration = Duration::from_millis(50);
 /// How often the applied position is written while records arrive.
 const POSITION_EVERY: Duration = Duration::from_millis(200);
 
+/// How many recent applied appends the lag percentiles cover.
+pub const LAG_WINDOW: usize = 1024;
+
 /// Waits between attempts while NATS is unreachable.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -232,8 +235,15 @@ pub struct ReplicationStats {
     pub applied: u64,
     /// Records on the stream not yet applied, at the last look.
     pub lag_records: u64,
-    /// Seconds since the newest applied record was appended at its origin.
+    /// Seconds from the newest applied record's append at its origin to its apply here.
     pub lag_seconds: f64,
+    /// The median of that lag over the last [`LAG_WINDOW`] applied appends.
+    pub lag_seconds_p50: f64,
+    /// Its 99th percentile over the same window.
+    pub lag_seconds_p99: f64,
+    /// The lags of the last applied appends, for the percentiles.
+    #[serde(skip)]
+    recent_lags: std::collections::VecDeque<f64>,
     /// Operator evictions not yet acknowledged (kept in `replication/evictions.jsonl`).
     pub evictions_unpublished: u64,
     /// Other replicas' operator evictions applied since start.
@@ -303,6 +313,18 @@ impl ReplicationStats {
             "gauge",
             "Age of the newest applied record when it was applied.",
             self.lag_seconds,
+        );
+        line(
+            "lag_seconds_p50",
+            "gauge",
+            "Median lag over the last 1024 applied appends.",
+            self.lag_seconds_p50,
+        );
+        line(
+            "lag_seconds_p99",
+            "gauge",
+            "99th percentile lag over the last 1024 applied appends.",
+            self.lag_seconds_p99,
         );
         line(
             "refused_total",
@@ -409,6 +431,11 @@ impl Replication {
             .last_own_id()
             .saturating_sub(s.published_id.max(own_ids(s.tag).start));
         s.evictions_unpublished = self.outbox.lock().expect("outbox").len() as u64;
+        let mut lags: Vec<f64> = s.recent_lags.iter().copied().collect();
+        lags.sort_unstable_by(f64::total_cmp);
+        let at = |q: f64| lags.get(((lags.len() as f64 - 1.0) * q).round() as usize);
+        s.lag_seconds_p50 = at(0.5).copied().unwrap_or(0.0);
+        s.lag_seconds_p99 = at(0.99).copied().unwrap_or(0.0);
         s
     }
 
@@ -883,6 +910,10 @@ impl Worker {
                 let mut s = self.stats.lock().expect("replication stats");
                 s.applied += 1;
                 s.lag_seconds = lag;
+                if s.recent_lags.len() == LAG_WINDOW {
+                    s.recent_lags.pop_front();
+                }
+                s.recent_lags.push_back(lag);
                 applied.map(|_| ())
             }
             RecordOp::Evict { namespace, id } => self.store.evict(namespace, *id).map(|_| ()),
