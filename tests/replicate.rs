@@ -408,7 +408,11 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         a.store.append("default", &response(i)).unwrap();
     }
 
-    // A newer object that is not a snapshot, as a faulty or hostile writer could leave.
+    // Two newer objects: one that is not a snapshot at all, and a copy of the real one
+    // with a byte of its archive flipped (damage in storage or in transit).
+    let mut damaged = std::fs::read(&info.path).unwrap();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x40;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -417,11 +421,10 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         let client = async_nats::connect(nats.url()).await.unwrap();
         let js = async_nats::jetstream::new(client);
         let bucket = js.get_object_store("test-snapshots").await.unwrap();
-        let name = format!("snap-{:020}-hostile", position + 1000);
-        bucket
-            .put(name.as_str(), &mut &b"not a snapshot"[..])
-            .await
-            .unwrap();
+        for (ahead, bytes) in [(1000, &b"not a snapshot"[..]), (2000, &damaged[..])] {
+            let name = format!("snap-{:020}-hostile", position + ahead);
+            bucket.put(name.as_str(), &mut &bytes[..]).await.unwrap();
+        }
     });
 
     let c_dir = tmp.path().join("c");
@@ -435,7 +438,12 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         .expect("a snapshot");
     assert_eq!(boot.position, position);
     assert_eq!(boot.object, published.object);
-    assert_eq!(boot.refused.len(), 1, "{:?}", boot.refused);
+    assert_eq!(boot.refused.len(), 2, "{:?}", boot.refused);
+    assert!(
+        boot.refused[0].1.contains("checksum"),
+        "the flipped byte is found: {:?}",
+        boot.refused
+    );
     assert!(
         bootstrap(&cfg, &c_dir, TOKENIZER).unwrap().is_none(),
         "only an empty store starts from a snapshot"
