@@ -36,7 +36,7 @@ use async_nats::jetstream::{self, consumer::DeliverPolicy, stream};
 use futures_util::StreamExt;
 
 use crate::store::TokenizerId;
-use crate::store::live::{MAX_ID_ORIGIN, Store, own_ids};
+use crate::store::live::{MAX_ID_ORIGIN, Store, now_ms, own_ids};
 use crate::store::snapshot::replace_file;
 
 use outbox::EvictionOutbox;
@@ -976,10 +976,4 @@ fn write_state(path: &Path, value: &impl serde::Serialize) -> Result<(), Replica
         std::io::Write::write_all(f, &bytes)
     })
     .map_err(error)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -271,7 +271,8 @@ fn next_own_id(cfg: &StoreConfig, next: u64, id: u64) -> u64 {
     }
 }
 
-fn now_ms() -> u64 {
+/// Now, in ms since the epoch (the store's clock for append and last-use times).
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
