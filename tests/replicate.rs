@@ -486,3 +486,129 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
     });
     assert_eq!(names.len(), 2, "{names:?}");
 }
+
+/// A replica that was away longer than the stream keeps records (here: the stream purged
+/// up to a published snapshot's position) catches up from that snapshot, including an
+/// operator's evictions it never read, and then follows the stream again.
+#[test]
+fn a_replica_behind_the_stream_s_retention_catches_up_from_a_published_snapshot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&tmp.path().join("nats"), None);
+    let a = Replica::open(&tmp.path().join("a"), &nats.url(), TOKENIZER);
+    let b_dir = tmp.path().join("b");
+    let b = Replica::open(&b_dir, &nats.url(), TOKENIZER);
+    for i in 0..10 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+    for i in 10..15 {
+        a.store.append("tenant-2", &response(i)).unwrap();
+    }
+    let b_own: Vec<u64> = (15..18)
+        .map(|i| b.store.append("default", &response(i)).unwrap())
+        .collect();
+    wait_for("a and b hold all 18", || {
+        a.cached().len() == 18 && b.cached().len() == 18
+    });
+    wait_for("b has published its own", || b.stats().unpublished == 0);
+    drop(b);
+
+    // While b is away: more appends, a namespace evicted, and one of b's own sequences
+    // evicted by id, all on a; then a publishes a snapshot and the stream drops every
+    // record the snapshot covers.
+    for i in 18..28 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+    assert_eq!(a.store.evict_namespace("tenant-2").unwrap(), 5);
+    a.replication
+        .evicted(RecordOp::EvictNamespace {
+            namespace: "tenant-2".into(),
+        })
+        .unwrap();
+    assert!(a.store.evict("default", b_own[0]).unwrap());
+    a.replication
+        .evicted(RecordOp::Evict {
+            namespace: "default".into(),
+            id: b_own[0],
+        })
+        .unwrap();
+    wait_for("a has published everything", || {
+        let s = a.stats();
+        s.unpublished == 0 && s.evictions_unpublished == 0
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let last_sequence = || {
+        runtime.block_on(async {
+            let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+            let mut stream = js.get_stream("test").await.unwrap();
+            stream.info().await.unwrap().state.last_sequence
+        })
+    };
+    let last = last_sequence();
+    wait_for("a has applied the whole stream", || {
+        a.stats().applied_seq >= last
+    });
+    let position = a.replication.snapshot_position();
+    let info = a.store.snapshot().unwrap();
+    let published = a
+        .replication
+        .publish_snapshot(&info.path, position)
+        .unwrap();
+    runtime.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        let stream = js.get_stream("test").await.unwrap();
+        stream.purge().sequence(position + 1).await.unwrap();
+    });
+    for i in 28..31 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+
+    let b = Replica::open(&b_dir, &nats.url(), TOKENIZER);
+    wait_for("b catches up with a", || {
+        b.stats().catch_ups == 1 && b.cached() == a.cached()
+    });
+    let cached = b.cached();
+    assert_eq!(
+        cached.len(),
+        10 + 10 + 2 + 3,
+        "default only, minus b's evicted one"
+    );
+    assert!(
+        !cached
+            .iter()
+            .any(|(ns, id, _)| ns == "tenant-2" || *id == b_own[0])
+    );
+    let stats = b.stats();
+    assert_eq!(stats.missed, 0, "{stats:?}");
+    assert_eq!(
+        stats.snapshot_fetched.as_deref(),
+        Some(published.object.as_str())
+    );
+
+    // A record after the catch-up is applied as usual.
+    a.store.append("default", &response(40)).unwrap();
+    wait_for("b applies what follows", || {
+        b.cached() == a.cached() && b.cached().len() == 26
+    });
+
+    // When no published snapshot covers the gap, the records are counted as missed.
+    drop(b);
+    for i in 41..44 {
+        a.store.append("default", &response(i)).unwrap();
+    }
+    wait_for("a has published them", || a.stats().unpublished == 0);
+    let last = last_sequence();
+    runtime.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        let stream = js.get_stream("test").await.unwrap();
+        stream.purge().sequence(last + 1).await.unwrap();
+    });
+    a.store.append("default", &response(44)).unwrap();
+    let b = Replica::open(&b_dir, &nats.url(), TOKENIZER);
+    wait_for("b counts the records no snapshot covers", || {
+        b.stats().missed == 3 && b.cached().len() == 27
+    });
+    assert_eq!(b.stats().catch_ups, 0);
+}

@@ -37,7 +37,7 @@ use futures_util::StreamExt;
 
 use crate::store::TokenizerId;
 use crate::store::live::{MAX_ID_ORIGIN, Store, now_ms, own_ids};
-use crate::store::snapshot::replace_file;
+use crate::store::snapshot::{Snapshot, replace_file};
 
 use outbox::EvictionOutbox;
 
@@ -251,13 +251,17 @@ pub struct ReplicationStats {
     /// Records refused since start (another tokenizer, an id outside the origin's tag,
     /// undecodable), each logged with the reason.
     pub refused: u64,
-    /// Records skipped because the stream no longer held them (retention), since start.
+    /// Records the stream no longer held when this replica reached them (its retention)
+    /// and no published snapshot covered, since start.
     pub missed: u64,
+    /// Times this replica found records gone from the stream and caught up from a
+    /// published snapshot, since start.
+    pub catch_ups: u64,
     /// Snapshots this replica published since start.
     pub snapshots_published: u64,
     /// The last one it published (object name).
     pub last_snapshot_published: Option<String>,
-    /// The published snapshot this replica started from, if it bootstrapped.
+    /// The published snapshot this replica last started or caught up from.
     pub snapshot_fetched: Option<String>,
     /// The last error, if the last exchange failed.
     pub last_error: Option<String>,
@@ -335,8 +339,14 @@ impl ReplicationStats {
         line(
             "missed_total",
             "counter",
-            "Records the stream no longer held when this replica reached them.",
+            "Records gone from the stream (retention) that no published snapshot covered.",
             self.missed as f64,
+        );
+        line(
+            "catch_ups_total",
+            "counter",
+            "Catch-ups from a published snapshot after records were gone from the stream.",
+            self.catch_ups as f64,
         );
         out
     }
@@ -624,7 +634,7 @@ impl Worker {
         let uploads = self.upload_queue.lock().expect("uploads").take();
         tokio::join!(
             self.publish_loop(&js),
-            self.consume_loop(&stream),
+            self.consume_loop(&js, &stream),
             self.upload_loop(&js, uploads)
         );
     }
@@ -808,16 +818,20 @@ impl Worker {
     }
 
     /// Applies the stream in order from the position after the last one applied.
-    async fn consume_loop(&self, stream: &stream::Stream) {
+    async fn consume_loop(&self, js: &jetstream::Context, stream: &stream::Stream) {
         while !self.stopping() {
-            if let Err(e) = self.consume(stream).await {
+            if let Err(e) = self.consume(js, stream).await {
                 self.failed(format!("reading stream {}: {e}", self.cfg.cluster));
                 tokio::time::sleep(RETRY).await;
             }
         }
     }
 
-    async fn consume(&self, stream: &stream::Stream) -> Result<(), String> {
+    async fn consume(
+        &self,
+        js: &jetstream::Context,
+        stream: &stream::Stream,
+    ) -> Result<(), String> {
         let from = self.positions.lock().expect("positions").applied_seq + 1;
         let consumer = stream
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
@@ -849,13 +863,8 @@ impl Worker {
             let info = message.info().map_err(|e| e.to_string())?;
             let (seq, pending) = (info.stream_sequence, info.pending);
             if seq > expected {
-                // The stream no longer holds these (its retention): they are lost to
-                // this replica. A published snapshot will restore them (issue 23).
-                tracing::warn!(
-                    "replication: stream records {expected}..{} are gone from the stream",
-                    seq - 1
-                );
-                self.stats.lock().expect("replication stats").missed += seq - expected;
+                // The stream no longer holds these (its retention).
+                self.catch_up(js, expected, seq).await;
             }
             expected = seq + 1;
             self.apply(&message.payload);
@@ -869,6 +878,58 @@ impl Worker {
                 saved = Instant::now();
             }
         }
+    }
+
+    /// The stream no longer holds records `from..next` (its retention dropped them before
+    /// this replica read them): take them from the newest published snapshot that
+    /// covers any of them ([`snapshots::merge`]). What no snapshot covers is counted as
+    /// missed.
+    async fn catch_up(&self, js: &jetstream::Context, from: u64, next: u64) {
+        tracing::warn!(
+            "replication: stream records {from}..{} are gone from the stream: catching up from a published snapshot",
+            next - 1
+        );
+        let path = self.store.dir().join(STATE_DIR).join("catch-up.snapshot");
+        let fetched =
+            snapshots::fetch_newest(js, &self.cfg.cluster, &path, self.tokenizer, from).await;
+        let covered = match fetched {
+            Ok(Some(f)) => {
+                let merged = Snapshot::open(&path, Some(self.tokenizer))
+                    .map_err(|e| e.to_string())
+                    .and_then(|snap| snapshots::merge(&self.store, &snap, self.identity.tag));
+                match merged {
+                    Ok(m) => {
+                        tracing::info!(
+                            "replication: caught up from {} (position {}): {} sequences added, {} evicted",
+                            f.object,
+                            f.position,
+                            m.added,
+                            m.evicted
+                        );
+                        let mut s = self.stats.lock().expect("replication stats");
+                        s.catch_ups += 1;
+                        s.snapshot_fetched = Some(f.object);
+                        f.position.min(next - 1)
+                    }
+                    Err(e) => {
+                        self.failed(format!("catching up from {}: {e}", f.object));
+                        from - 1
+                    }
+                }
+            }
+            Ok(None) => {
+                tracing::warn!(
+                    "replication: no published snapshot covers stream position {from}: publish snapshots more often than the stream's retention drops records (--publish-snapshots)"
+                );
+                from - 1
+            }
+            Err(e) => {
+                self.failed(format!("fetching a snapshot to catch up: {e}"));
+                from - 1
+            }
+        };
+        let _ = std::fs::remove_file(&path);
+        self.stats.lock().expect("replication stats").missed += next - 1 - covered;
     }
 
     /// Applies one record from the stream, unless it is this replica's own or refused.

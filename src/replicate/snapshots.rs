@@ -8,6 +8,7 @@
 //! appends not yet published: replaying the stream from the position delivers those
 //! again, and the shared ids make that harmless.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::store::TokenizerId;
 use crate::store::dir::{current_snapshot, next_snapshot_path, publish};
+use crate::store::live::{Store, own_ids};
 use crate::store::snapshot::Snapshot;
 use crate::store::wal::segments;
 
@@ -91,14 +93,15 @@ async fn list(bucket: &object_store::ObjectStore) -> Result<Vec<String>, String>
     Ok(names)
 }
 
-/// What a bootstrap did.
+/// A published snapshot fetched to start from (an empty store) or to catch up from (a
+/// store that missed records).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Bootstrap {
-    /// The object it started from.
+    /// The object fetched.
     pub object: String,
     /// The stream position the snapshot covers: the stream is replayed after it.
     pub position: u64,
-    /// The snapshot file written to the store directory.
+    /// Where it was written.
     pub path: PathBuf,
     /// Newer objects refused (damaged, another tokenizer), with the reason.
     pub refused: Vec<(String, String)>,
@@ -121,6 +124,25 @@ pub(super) async fn download_newest(
     dir: &Path,
     tokenizer: TokenizerId,
 ) -> Result<Option<Bootstrap>, String> {
+    let path = next_snapshot_path(dir).map_err(|e| e.to_string())?;
+    let Some(fetched) = fetch_newest(js, cluster, &path, tokenizer, 0).await? else {
+        return Ok(None);
+    };
+    publish(dir, &path).map_err(|e| e.to_string())?;
+    Ok(Some(fetched))
+}
+
+/// Download to `path` the newest published snapshot that covers at least stream
+/// position `min_position` and passes the checks a received snapshot gets
+/// ([`Snapshot::verify_received`]); a refused one is deleted and the next older one
+/// tried. None when no such snapshot is published.
+pub(super) async fn fetch_newest(
+    js: &jetstream::Context,
+    cluster: &str,
+    path: &Path,
+    tokenizer: TokenizerId,
+    min_position: u64,
+) -> Result<Option<Bootstrap>, String> {
     let Ok(bucket) = js.get_object_store(bucket_name(cluster)).await else {
         return Ok(None);
     };
@@ -129,29 +151,97 @@ pub(super) async fn download_newest(
     let mut refused = Vec::new();
     for name in names {
         let position = position_of(&name).expect("listed names parse");
-        let path = next_snapshot_path(dir).map_err(|e| e.to_string())?;
-        let checked = fetch(&bucket, &name, &path).await.and_then(|()| {
-            let snap = Snapshot::open(&path, Some(tokenizer)).map_err(|e| e.to_string())?;
+        if position < min_position {
+            break;
+        }
+        let checked = fetch(&bucket, &name, path).await.and_then(|()| {
+            let snap = Snapshot::open(path, Some(tokenizer)).map_err(|e| e.to_string())?;
             snap.verify_received().map_err(|e| e.to_string())
         });
         match checked {
             Ok(()) => {
-                publish(dir, &path).map_err(|e| e.to_string())?;
                 return Ok(Some(Bootstrap {
                     object: name,
                     position,
-                    path,
+                    path: path.into(),
                     refused,
                 }));
             }
             Err(why) => {
                 tracing::error!("replication: published snapshot {name} refused: {why}");
-                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(path);
                 refused.push((name, why));
             }
         }
     }
     Ok(None)
+}
+
+/// What a catch-up from a published snapshot changed in the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Merged {
+    /// Sequences of the snapshot the store did not hold, added under their ids.
+    pub added: usize,
+    /// Sequences the store held that the snapshot's replica had evicted.
+    pub evicted: usize,
+}
+
+/// Bring a store that missed stream records (the stream's retention dropped them before
+/// it read them) to what `snap`, published at a position past the gap, holds:
+/// - what the snapshot holds and the store lacks is added under its id;
+/// - what the store holds from other replicas and the snapshot lacks is evicted: the
+///   store read it from the stream before the gap, so the snapshot's replica had it too
+///   and evicted it since, by an operator's eviction in the gap or its own budget;
+/// - the store's own sequences are evicted only when the snapshot lacks them although it
+///   holds a later own one: own appends are published in id order, so those were on
+///   the stream before the snapshot's position. Later ones may not be published yet.
+///
+/// Every change is an ordinary logged append or eviction, so a crash half way through is
+/// repaired by the next catch-up, which finds the same gap.
+pub(super) fn merge(store: &Store, snap: &Snapshot, own_tag: u16) -> Result<Merged, String> {
+    let own = own_ids(own_tag);
+    let frozen = snap.namespaces().map_err(|e| e.to_string())?;
+    let newest_own = frozen
+        .iter()
+        .flat_map(|ns| ns.meta.iter().map(|m| m.id))
+        .filter(|id| own.contains(id))
+        .max();
+    let mut merged = Merged::default();
+    let mut held = HashSet::new();
+    for ns in &frozen {
+        for m in &ns.meta {
+            held.insert((ns.name.as_str(), m.id));
+            let Some(tokens) = ns.tree.sequence(m.id) else {
+                continue;
+            };
+            if store
+                .append_replicated(&ns.name, m.id, m.inserted_ms, tokens)
+                .map_err(|e| e.to_string())?
+            {
+                merged.added += 1;
+            }
+        }
+    }
+    let evicted_there = |namespace: &str, id: u64| {
+        !held.contains(&(namespace, id))
+            && (!own.contains(&id) || newest_own.is_some_and(|newest| id < newest))
+    };
+    let victims: Vec<(String, u64)> = {
+        let st = store.read();
+        st.namespaces
+            .iter()
+            .flat_map(|(name, ns)| {
+                ns.ids()
+                    .filter(|&id| evicted_there(name, id))
+                    .map(|id| (name.clone(), id))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    for (namespace, id) in victims {
+        merged.evicted += store.evict(&namespace, id).map_err(|e| e.to_string())? as usize;
+    }
+    Ok(merged)
 }
 
 async fn fetch(bucket: &object_store::ObjectStore, name: &str, path: &Path) -> Result<(), String> {
