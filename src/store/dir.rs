@@ -10,6 +10,11 @@ use super::snapshot::replace_file;
 /// Name of the manifest file in a store directory.
 pub const MANIFEST: &str = "CURRENT";
 
+/// Name of the file that keeps the next id of the store's own appends, written at every
+/// snapshot: the ids of sequences appended and evicted before a snapshot's cut are in
+/// neither the snapshot nor the log, and must not be handed out again.
+pub const NEXT_ID: &str = "NEXT_ID";
+
 /// Errors from reading or updating a store directory.
 #[derive(Debug, thiserror::Error)]
 pub enum DirError {
@@ -166,6 +171,33 @@ pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
         }
     }
     Ok(())
+}
+
+/// The next own id recorded at the last snapshot. None when there is none (a store
+/// from before the file existed, or no snapshot yet) or it does not parse (logged):
+/// the ids are then recovered from the snapshot and the log alone.
+pub fn read_next_id(dir: &Path) -> Option<u64> {
+    let path = dir.join(NEXT_ID);
+    let text = std::fs::read_to_string(&path).ok()?;
+    let parsed = text.trim().parse().ok();
+    if parsed.is_none() {
+        tracing::warn!(
+            "{} does not hold a number: own ids are recovered from the snapshot and the log alone",
+            path.display()
+        );
+    }
+    parsed
+}
+
+/// Record `next` as the next own id, atomically (temporary file, fsync, rename).
+pub fn write_next_id(dir: &Path, next: u64) -> Result<(), DirError> {
+    replace_file(
+        &dir.join("NEXT_ID.tmp"),
+        &dir.join(NEXT_ID),
+        "next id",
+        |f| std::io::Write::write_all(f, format!("{next}\n").as_bytes()),
+    )
+    .map_err(io(dir))
 }
 
 /// Bytes of every file in `dir` (snapshots and logs), for stats.

@@ -185,8 +185,68 @@ pub struct State {
     /// Cached sequences in last-use order.
     lru: LastUse,
     next_id: u64,
+    /// This store's own cached sequences (ids under its tag) and their namespaces, in id
+    /// order: what replication publishes, found without scanning every namespace.
+    own: BTreeMap<u64, String>,
     /// Changes since the last snapshot's cut, to carry over at the swap.
     since_cut: Vec<(u64, WalOp)>,
+}
+
+impl State {
+    /// An empty state.
+    fn new(cfg: &StoreConfig) -> State {
+        State {
+            namespaces: BTreeMap::new(),
+            snapshot: None,
+            lru: LastUse::new(),
+            next_id: own_ids(cfg.id_origin).start + 1,
+            own: BTreeMap::new(),
+            since_cut: Vec::new(),
+        }
+    }
+
+    /// The state `snap` holds: its namespaces over their frozen trees, with last-use
+    /// times from the snapshot, or from `fresher` where it knows a later one. Own ids
+    /// move `next_id` past them.
+    fn from_snapshot(
+        cfg: &StoreConfig,
+        snap: Snapshot,
+        next_id: u64,
+        fresher: impl Fn(&str, u64) -> Option<u64>,
+    ) -> Result<State, StoreError> {
+        let mut state = State {
+            next_id,
+            ..State::new(cfg)
+        };
+        let mut used = Vec::new();
+        for ns in snap.namespaces()? {
+            let mut n = Namespace::new(ns.tree.max_depth())?;
+            for m in &ns.meta {
+                let tokens = ns.tree.sequence(m.id).map_or(0, |s| s.len() as u32);
+                let last_use =
+                    fresher(&ns.name, m.id).map_or(m.last_use_ms, |t| t.max(m.last_use_ms));
+                n.seqs.insert(
+                    m.id,
+                    SeqInfo {
+                        tokens,
+                        inserted_ms: m.inserted_ms,
+                        last_use_ms: last_use,
+                        in_base: true,
+                    },
+                );
+                used.push((last_use, ns.name.clone(), m.id));
+                state.next_id = next_own_id(cfg, state.next_id, m.id);
+                if own_ids(cfg.id_origin).contains(&m.id) {
+                    state.own.insert(m.id, ns.name.clone());
+                }
+            }
+            n.base = Some(ns.tree);
+            state.namespaces.insert(ns.name, n);
+        }
+        state.lru = LastUse::from_times(used);
+        state.snapshot = Some(Arc::new(snap));
+        Ok(state)
+    }
 }
 
 /// Counters for stats and metrics.
@@ -286,13 +346,7 @@ impl Store {
             source,
         })?;
         let lock = super::dir::lock(&cfg.dir)?;
-        let mut state = State {
-            namespaces: BTreeMap::new(),
-            snapshot: None,
-            lru: LastUse::new(),
-            next_id: own_ids(cfg.id_origin).start + 1,
-            since_cut: Vec::new(),
-        };
+        let mut state = State::new(&cfg);
         let mut wal_seq = 0;
         let current = current_snapshot(&cfg.dir)?;
         if current.is_none() {
@@ -301,28 +355,7 @@ impl Store {
         if let Some(path) = current {
             let snap = Snapshot::open(&path, Some(cfg.tokenizer))?;
             wal_seq = snap.header().wal_seq;
-            let mut used = Vec::new();
-            for ns in snap.namespaces()? {
-                let mut n = Namespace::new(ns.tree.max_depth())?;
-                for m in &ns.meta {
-                    let tokens = ns.tree.sequence(m.id).map_or(0, |s| s.len() as u32);
-                    n.seqs.insert(
-                        m.id,
-                        SeqInfo {
-                            tokens,
-                            inserted_ms: m.inserted_ms,
-                            last_use_ms: m.last_use_ms,
-                            in_base: true,
-                        },
-                    );
-                    used.push((m.last_use_ms, ns.name.clone(), m.id));
-                    state.next_id = next_own_id(&cfg, state.next_id, m.id);
-                }
-                n.base = Some(ns.tree);
-                state.namespaces.insert(ns.name, n);
-            }
-            state.lru = LastUse::from_times(used);
-            state.snapshot = Some(Arc::new(snap));
+            state = State::from_snapshot(&cfg, snap, state.next_id, |_, _| None)?;
         }
         // Replay the log after the snapshot.
         let io = |source| DirError::Io {
@@ -379,6 +412,12 @@ impl Store {
             last,
             newest.as_ref().map(|(p, i)| (p.as_path(), *i)),
         )?;
+        // Ids handed out and evicted before the last snapshot's cut are only in NEXT_ID.
+        if let Some(next) = super::dir::read_next_id(&cfg.dir)
+            && own_ids(cfg.id_origin).contains(&next)
+        {
+            state.next_id = state.next_id.max(next);
+        }
         let store = Store {
             cfg,
             next_id: AtomicU64::new(state.next_id),
@@ -490,6 +529,9 @@ impl Store {
                     },
                 );
                 state.lru.used(namespace, *id, *time_ms);
+                if own_ids(cfg.id_origin).contains(id) {
+                    state.own.insert(*id, namespace.clone());
+                }
                 Ok(true)
             }
             WalOp::Evict { namespace, id } => {
@@ -498,6 +540,9 @@ impl Store {
                 };
                 let removed = ns.remove(*id)?;
                 state.lru.remove(namespace, *id);
+                if removed {
+                    state.own.remove(id);
+                }
                 Ok(removed)
             }
         }
@@ -582,29 +627,17 @@ impl Store {
     /// Up to `limit` of this store's own cached sequences with ids above `after`, in id
     /// order: what a replica still has to publish.
     pub fn own_sequences_after(&self, after: u64, limit: usize) -> Vec<OwnSequence> {
-        let own = own_ids(self.cfg.id_origin);
         let st = self.state.read();
-        let mut found: Vec<(u64, &str, u64)> = st
-            .namespaces
-            .iter()
-            .flat_map(|(name, ns)| {
-                ns.seqs
-                    .iter()
-                    .filter(|&(id, _)| *id > after && own.contains(id))
-                    .map(move |(id, info)| (*id, name.as_str(), info.inserted_ms))
-            })
-            .collect();
-        found.sort_unstable_by_key(|f| f.0);
-        found.truncate(limit);
-        found
-            .into_iter()
-            .filter_map(|(id, namespace, time_ms)| {
-                let tokens = st.namespaces.get(namespace)?.tokens_of(id)?;
+        st.own
+            .range(after.saturating_add(1)..)
+            .take(limit)
+            .filter_map(|(&id, namespace)| {
+                let ns = st.namespaces.get(namespace)?;
                 Some(OwnSequence {
-                    namespace: namespace.to_string(),
+                    namespace: namespace.clone(),
                     id,
-                    time_ms,
-                    tokens,
+                    time_ms: ns.seqs.get(&id)?.inserted_ms,
+                    tokens: ns.tokens_of(id)?,
                 })
             })
             .collect()
@@ -779,47 +812,20 @@ impl Store {
         let snap = Snapshot::open(&path, Some(self.cfg.tokenizer))?;
         snap.verify()?;
         *self.verified.lock().expect("verified") = Some((path.clone(), Ok(())));
-        let frozen = snap.namespaces()?;
         publish(&self.cfg.dir, &path)?;
         // 3. Swap, carrying over what happened since the cut.
         {
             let mut writer = self.state.writer();
             let st = writer.get();
             let carried = st.since_cut.clone();
-            let mut namespaces = BTreeMap::new();
-            let mut used = Vec::new();
-            for ns in frozen {
-                let mut n = Namespace::new(ns.tree.max_depth())?;
-                for m in &ns.meta {
-                    let tokens = ns.tree.sequence(m.id).map_or(0, |s| s.len() as u32);
-                    // Keep the freshest last-use time (touches after the cut).
-                    let last_use = st
-                        .namespaces
-                        .get(&ns.name)
-                        .and_then(|o| o.seqs.get(&m.id))
-                        .map_or(m.last_use_ms, |i| i.last_use_ms.max(m.last_use_ms));
-                    n.seqs.insert(
-                        m.id,
-                        SeqInfo {
-                            tokens,
-                            inserted_ms: m.inserted_ms,
-                            last_use_ms: last_use,
-                            in_base: true,
-                        },
-                    );
-                    used.push((last_use, ns.name.clone(), m.id));
-                }
-                n.base = Some(ns.tree);
-                namespaces.insert(ns.name, n);
-            }
-            let next_id = st.next_id;
-            let mut fresh = State {
-                namespaces,
-                snapshot: Some(Arc::new(snap)),
-                lru: LastUse::from_times(used),
-                next_id,
-                since_cut: Vec::new(),
-            };
+            // Keep the freshest last-use time (touches after the cut).
+            let mut fresh = State::from_snapshot(&self.cfg, snap, st.next_id, |name, id| {
+                st.namespaces
+                    .get(name)?
+                    .seqs
+                    .get(&id)
+                    .map(|i| i.last_use_ms)
+            })?;
             drop(st);
             for (seq, op) in carried {
                 Self::apply(&self.cfg, &mut fresh, &op)?;
@@ -827,6 +833,8 @@ impl Store {
             }
             writer.apply(|st| *st = fresh.clone());
         }
+        // Before the log that holds the ids since the last snapshot goes.
+        super::dir::write_next_id(&self.cfg.dir, self.next_id.load(Ordering::Relaxed))?;
         self.wal.drop_before(cut)?;
         self.counters.lock().expect("counters").snapshots += 1;
         Ok(SnapshotInfo {
@@ -1086,15 +1094,34 @@ mod tests {
             assert!(s.own_sequences_after(a, 10).is_empty());
         }
         // Reopened (log replay, then from a snapshot), the next own id follows the last
-        // own one, whatever the other replicas' ids.
+        // own one handed out, whatever the other replicas' ids: also when that one (d
+        // below) was evicted before the snapshot's cut, so that neither holds it.
+        let first = own_ids(5).start + 1;
         for snapshot in [false, true] {
             let s = Store::open(replica(5)).unwrap();
-            assert_eq!(s.last_own_id(), own_ids(5).start + 1 + snapshot as u64);
+            assert_eq!(s.last_own_id(), first + 3 * snapshot as u64);
             let b = s.append("n", &[5]).unwrap();
             assert_eq!(b, s.last_own_id());
             assert!(!s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
             assert_eq!(count(&s, "n", &[1, 2]), 2);
+            // Own sequences across namespaces, in id order; an evicted one is not there.
+            let c = s.append("m", &[6]).unwrap();
+            let d = s.append("n", &[7]).unwrap();
+            assert!(s.evict("n", d).unwrap());
+            let after = |from| -> Vec<(String, u64)> {
+                s.own_sequences_after(from, 10)
+                    .into_iter()
+                    .map(|q| (q.namespace, q.id))
+                    .collect()
+            };
+            let expected = vec![("n".to_string(), b), ("m".to_string(), c)];
+            assert_eq!(after(first), expected);
+            assert_eq!(after(b), expected[1..]);
+            assert_eq!(s.own_sequences_after(first, 1).len(), 1);
             s.snapshot().unwrap();
+            assert_eq!(after(first), expected, "the same after the snapshot swap");
+            assert!(s.evict("n", b).unwrap());
+            assert!(s.evict("m", c).unwrap());
         }
     }
 
