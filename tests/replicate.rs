@@ -408,8 +408,11 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         a.store.append("default", &response(i)).unwrap();
     }
 
-    // Two newer objects: one that is not a snapshot at all, and a copy of the real one
-    // with a byte of its archive flipped (damage in storage or in transit).
+    wait_for("a has published them", || a.stats().unpublished == 0);
+
+    // Three newer objects: one that is not a snapshot at all, and two copies of the real
+    // one with a byte of its archive flipped (damage in storage or in transit), one of
+    // them named after a position the stream never reached.
     let mut damaged = std::fs::read(&info.path).unwrap();
     let middle = damaged.len() / 2;
     damaged[middle] ^= 0x40;
@@ -421,7 +424,11 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         let client = async_nats::connect(nats.url()).await.unwrap();
         let js = async_nats::jetstream::new(client);
         let bucket = js.get_object_store("test-snapshots").await.unwrap();
-        for (ahead, bytes) in [(1000, &b"not a snapshot"[..]), (2000, &damaged[..])] {
+        for (ahead, bytes) in [
+            (1, &b"not a snapshot"[..]),
+            (2, &damaged[..]),
+            (1000, &damaged[..]),
+        ] {
             let name = format!("snap-{:020}-hostile", position + ahead);
             bucket.put(name.as_str(), &mut &bytes[..]).await.unwrap();
         }
@@ -438,9 +445,14 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         .expect("a snapshot");
     assert_eq!(boot.position, position);
     assert_eq!(boot.object, published.object);
-    assert_eq!(boot.refused.len(), 2, "{:?}", boot.refused);
+    assert_eq!(boot.refused.len(), 3, "{:?}", boot.refused);
     assert!(
-        boot.refused[0].1.contains("checksum"),
+        boot.refused[0].1.contains("past the stream's last record"),
+        "{:?}",
+        boot.refused
+    );
+    assert!(
+        boot.refused[1].1.contains("checksum"),
         "the flipped byte is found: {:?}",
         boot.refused
     );
@@ -465,15 +477,22 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
     let d_dir = tmp.path().join("d");
     assert!(bootstrap(&cfg, &d_dir, foreign).unwrap().is_none());
 
-    // The bucket keeps the newest two.
-    for _ in 0..2 {
+    // The bucket keeps the newest two snapshots: the hostile objects go too, and none
+    // of them pushes a real snapshot out.
+    let mut objects = Vec::new();
+    for i in 0..2 {
+        b.store.append("default", &response(60 + i)).unwrap();
+        let last = a.stats().applied_seq;
+        wait_for("a applies b's record", || a.stats().applied_seq > last);
         let position = a.replication.snapshot_position();
         let info = a.store.snapshot().unwrap();
-        a.replication
+        let published = a
+            .replication
             .publish_snapshot(&info.path, position)
             .unwrap();
+        objects.push(published.object);
     }
-    let names = runtime.block_on(async {
+    let mut names = runtime.block_on(async {
         let client = async_nats::connect(nats.url()).await.unwrap();
         let js = async_nats::jetstream::new(client);
         let bucket = js.get_object_store("test-snapshots").await.unwrap();
@@ -484,7 +503,8 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         }
         names
     });
-    assert_eq!(names.len(), 2, "{names:?}");
+    names.sort();
+    assert_eq!(names, objects);
 }
 
 /// A replica that was away longer than the stream keeps records (here: the stream purged

@@ -758,11 +758,21 @@ impl Worker {
         let Some(mut queue) = queue else { return };
         while let Some(upload) = queue.recv().await {
             let object = snapshots::object_name(upload.position, &self.identity.name);
-            let result = match snapshots::bucket(js, &self.cfg.cluster).await {
-                Ok(bucket) => {
-                    snapshots::upload(&bucket, &object, upload.file, self.cfg.keep_snapshots).await
+            let last = snapshots::last_sequence(js, &self.cfg.cluster).await;
+            let result = match (snapshots::bucket(js, &self.cfg.cluster).await, last) {
+                (Ok(bucket), Some(last)) => {
+                    snapshots::upload(
+                        &bucket,
+                        &object,
+                        upload.file,
+                        upload.position,
+                        last,
+                        self.cfg.keep_snapshots,
+                    )
+                    .await
                 }
-                Err(e) => Err(e),
+                (Err(e), _) => Err(e),
+                (_, None) => Err(format!("cannot read stream {}", self.cfg.cluster)),
             };
             let result = result.map(|bytes| PublishedSnapshot {
                 object: object.clone(),

@@ -57,12 +57,17 @@ pub(super) async fn bucket(
     }
 }
 
-/// Upload `file` as the snapshot covering `position`, then delete all but the newest
-/// `keep` snapshots of the bucket.
+/// Upload `file` as the snapshot covering `position`, then prune the bucket: objects
+/// named after a position the stream never reached (`last_sequence`) are not snapshots
+/// of this stream and go; of those at or before `position`, the newest `keep` stay.
+/// Objects between `position` and the stream's end are left alone: another replica may
+/// be ahead. So a badly named object can never push a real snapshot out.
 pub(super) async fn upload(
     bucket: &object_store::ObjectStore,
     name: &str,
     file: std::fs::File,
+    position: u64,
+    last_sequence: u64,
     keep: usize,
 ) -> Result<u64, String> {
     let mut file = tokio::fs::File::from_std(file);
@@ -72,12 +77,29 @@ pub(super) async fn upload(
         .map_err(|e| e.to_string())?;
     let mut names = list(bucket).await?;
     names.sort_unstable_by(|a, b| b.cmp(a));
-    for old in names.iter().skip(keep.max(1)) {
-        if let Err(e) = bucket.delete(old).await {
+    let mut kept = 0;
+    for old in &names {
+        let at = position_of(old).expect("listed names parse");
+        let prune = if at > last_sequence {
+            true
+        } else if at <= position {
+            kept += 1;
+            kept > keep.max(1)
+        } else {
+            false
+        };
+        if prune && let Err(e) = bucket.delete(old).await {
             tracing::warn!("replication: cannot prune snapshot {old}: {e}");
         }
     }
     Ok(info.size as u64)
+}
+
+/// The stream's last sequence, which no snapshot's position can pass; None when the
+/// stream cannot be read.
+pub(super) async fn last_sequence(js: &jetstream::Context, cluster: &str) -> Option<u64> {
+    let mut stream = js.get_stream(cluster).await.ok()?;
+    Some(stream.info().await.ok()?.state.last_sequence)
 }
 
 /// The names of the snapshots in the bucket.
@@ -148,11 +170,18 @@ pub(super) async fn fetch_newest(
     };
     let mut names = list(&bucket).await?;
     names.sort_unstable_by(|a, b| b.cmp(a));
+    let last = last_sequence(js, cluster).await;
     let mut refused = Vec::new();
     for name in names {
         let position = position_of(&name).expect("listed names parse");
         if position < min_position {
             break;
+        }
+        if let Some(last) = last.filter(|&last| position > last) {
+            let why = format!("its position {position} is past the stream's last record {last}");
+            tracing::error!("replication: published snapshot {name} refused: {why}");
+            refused.push((name, why));
+            continue;
         }
         let checked = fetch(&bucket, &name, path).await.and_then(|()| {
             let snap = Snapshot::open(path, Some(tokenizer)).map_err(|e| e.to_string())?;
