@@ -1,5 +1,5 @@
 //! Replication through a real `nats-server` (installed by `tools/setup.sh`) on loopback,
-//! started and killed by the tests: replicas converge, a NATS outage loses nothing, a
+//! started and killed by the tests: three replicas converge, a NATS outage loses nothing, a
 //! restarted replica resumes, a redelivered stream counts once, another tokenizer's
 //! records are refused, operator evictions spread, and a new replica starts from a
 //! published snapshot.
@@ -166,6 +166,7 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
     let nats = Nats::start(&tmp.path().join("nats"), None);
     let a = Replica::open(&tmp.path().join("a"), &nats.url(), TOKENIZER);
     let b = Replica::open(&tmp.path().join("b"), &nats.url(), TOKENIZER);
+    let e = Replica::open(&tmp.path().join("e"), &nats.url(), TOKENIZER);
     let foreign = TokenizerId {
         vocab_size: 32000,
         ..TOKENIZER
@@ -180,11 +181,15 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
     for i in 25..35 {
         b.store.append("default", &response(i)).unwrap();
     }
+    for i in 35..40 {
+        e.store.append("default", &response(i)).unwrap();
+    }
     c.store.append("default", &response(99)).unwrap();
-    wait_for("a and b hold each other's 35 sequences", || {
-        a.cached().len() == 35 && b.cached().len() == 35
+    wait_for("a, b and e hold each other's 40 sequences", || {
+        a.cached().len() == 40 && b.cached().len() == 40 && e.cached().len() == 40
     });
     assert_eq!(a.cached(), b.cached(), "same ids, namespaces and tokens");
+    assert_eq!(a.cached(), e.cached());
     for path in [&response(3)[..5], &response(30)[..3], &[120u32, 121][..]] {
         assert_eq!(
             a.count("default", path),
@@ -194,16 +199,17 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
     }
     // The same drafts, from either replica's appends.
     let mut drafted = 0;
-    for i in [2, 17, 28, 33] {
+    for i in [2, 17, 28, 33, 37] {
         let context = &response(i)[..6];
         let draft = a.draft("default", context);
         drafted += draft.0.len();
         assert_eq!(draft, b.draft("default", context), "context {context:?}");
+        assert_eq!(draft, e.draft("default", context), "context {context:?}");
     }
     assert!(drafted > 0, "the contexts draft something");
     wait_for(
         "c refused the other replicas' records and a and b refused c's",
-        || c.stats().refused == 35 && a.stats().refused == 1 && b.stats().refused == 1,
+        || c.stats().refused == 40 && [&a, &b, &e].iter().all(|r| r.stats().refused == 1),
     );
     assert_eq!(
         c.cached().len(),
@@ -212,8 +218,10 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
     );
     // The counters move just after the store does: wait for them, then hold them exact.
     let counts = |s: ReplicationStats| (s.published, s.unpublished, s.applied, s.connected);
-    wait_for("a's and b's counters", || {
-        counts(a.stats()) == (25, 0, 10, true) && counts(b.stats()) == (10, 0, 25, true)
+    wait_for("a's, b's and e's counters", || {
+        counts(a.stats()) == (25, 0, 15, true)
+            && counts(b.stats()) == (10, 0, 30, true)
+            && counts(e.stats()) == (5, 0, 35, true)
     });
 
     // An operator's evictions reach every replica: one of b's sequences evicted on a,
@@ -233,15 +241,16 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
         })
         .unwrap();
     wait_for(
-        "both evict b's last sequence and the namespace tenant-2",
+        "all three evict b's last sequence and the namespace tenant-2",
         || {
-            a.cached().len() == 29
-                && b.cached().len() == 29
+            [&a, &b, &e].iter().all(|r| r.cached().len() == 34)
                 && a.stats().evictions_applied == 1
                 && b.stats().evictions_applied == 1
+                && e.stats().evictions_applied == 2
         },
     );
     assert_eq!(a.cached(), b.cached());
+    assert_eq!(a.cached(), e.cached());
     assert!(
         !b.cached()
             .iter()
