@@ -1,0 +1,474 @@
+//! The replication thread: it publishes the store's own appends and the operator's
+//! evictions, applies the other replicas' records in stream order, catches up from a
+//! published snapshot when the stream dropped records it had not read, and uploads
+//! snapshots.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::DeliverPolicy, stream};
+use futures_util::StreamExt;
+
+use crate::store::TokenizerId;
+use crate::store::live::{Store, now_ms, own_ids};
+use crate::store::snapshot::Snapshot;
+
+use super::outbox::EvictionOutbox;
+use super::{
+    POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL, Positions, PublishedSnapshot, RETRY, Record,
+    RecordOp, ReplicaIdentity, ReplicationConfig, ReplicationStats, STATE_DIR, Upload, snapshots,
+    write_state,
+};
+
+/// The replication thread's state.
+pub(super) struct Worker {
+    pub(super) outbox: Arc<Mutex<EvictionOutbox>>,
+    pub(super) cfg: ReplicationConfig,
+    pub(super) identity: ReplicaIdentity,
+    pub(super) store: Arc<Store>,
+    pub(super) tokenizer: TokenizerId,
+    pub(super) positions: Arc<Mutex<Positions>>,
+    pub(super) positions_path: PathBuf,
+    pub(super) upload_queue: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Upload>>>,
+    pub(super) stats: Arc<Mutex<ReplicationStats>>,
+    pub(super) stop: Arc<AtomicBool>,
+}
+
+impl Worker {
+    pub(super) async fn run(self) {
+        // Dropping the work at a stop is safe: positions only move after a record is
+        // acknowledged or applied.
+        tokio::select! {
+            () = self.work() => {}
+            () = self.stopped() => {}
+        }
+        self.save_positions();
+    }
+
+    async fn stopped(&self) {
+        while !self.stopping() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn work(&self) {
+        let options = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .name(format!("suffixd-{}", self.identity.name));
+        let client = match options.connect(self.cfg.url.as_str()).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.failed(format!("cannot connect to {}: {e}", self.cfg.url));
+                return;
+            }
+        };
+        let js = jetstream::new(client);
+        let stream = loop {
+            match self.stream(&js).await {
+                Ok(s) => break s,
+                Err(e) => {
+                    self.failed(format!("stream {}: {e}", self.cfg.cluster));
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        };
+        let uploads = self.upload_queue.lock().expect("uploads").take();
+        tokio::join!(
+            self.publish_loop(&js),
+            self.consume_loop(&js, &stream),
+            self.upload_loop(&js, uploads)
+        );
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn subject(&self) -> String {
+        format!("{}.records", self.cfg.cluster)
+    }
+
+    async fn stream(&self, js: &jetstream::Context) -> Result<stream::Stream, String> {
+        js.get_or_create_stream(stream::Config {
+            name: self.cfg.cluster.clone(),
+            subjects: vec![self.subject()],
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    fn failed(&self, error: String) {
+        tracing::warn!("replication: {error}");
+        let mut s = self.stats.lock().expect("replication stats");
+        s.connected = false;
+        s.last_error = Some(error);
+    }
+
+    fn succeeded(&self, update: impl FnOnce(&mut ReplicationStats)) {
+        let mut s = self.stats.lock().expect("replication stats");
+        s.connected = true;
+        s.last_error = None;
+        update(&mut s);
+    }
+
+    /// Publishes own appends in id order, each acknowledged before the next, so the
+    /// published position is a prefix; then the operator's evictions, in order.
+    async fn publish_loop(&self, js: &jetstream::Context) {
+        while !self.stopping() {
+            let sent = match self.publish_appends(js).await {
+                Ok(n) => n + self.publish_evictions(js).await,
+                Err(()) => 0,
+            };
+            self.save_positions();
+            if sent == 0 {
+                tokio::time::sleep(PUBLISH_POLL).await;
+            }
+        }
+    }
+
+    /// Publishes up to a batch of own appends; how many went out, or Err when NATS
+    /// refused one (retried later from there).
+    async fn publish_appends(&self, js: &jetstream::Context) -> Result<usize, ()> {
+        let after = self.positions.lock().expect("positions").published_id;
+        if self.store.last_own_id() <= after {
+            return Ok(0);
+        }
+        let batch = self.store.own_sequences_after(after, PUBLISH_BATCH);
+        if batch.is_empty() {
+            // Everything after `after` was evicted before it could go out.
+            self.positions.lock().expect("positions").published_id = self.store.last_own_id();
+            return Ok(0);
+        }
+        let mut sent = 0;
+        for seq in batch {
+            let id = seq.id;
+            let op = RecordOp::Append {
+                namespace: seq.namespace,
+                id,
+                time_ms: seq.time_ms,
+                tokens: seq.tokens,
+            };
+            let msg_id = format!("{}:{id}", self.identity.name);
+            if let Err(e) = self.publish(js, &msg_id, op).await {
+                self.failed(format!("publishing id {id}: {e}"));
+                tokio::time::sleep(RETRY).await;
+                return Err(());
+            }
+            self.positions.lock().expect("positions").published_id = id;
+            self.succeeded(|s| {
+                s.published += 1;
+                s.published_id = id;
+            });
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
+    /// Publishes the eviction outbox in order; how many went out.
+    async fn publish_evictions(&self, js: &jetstream::Context) -> usize {
+        let mut sent = 0;
+        loop {
+            let Some((n, op)) = self.outbox.lock().expect("outbox").front() else {
+                return sent;
+            };
+            let msg_id = format!("{}:e{n}", self.identity.name);
+            if let Err(e) = self.publish(js, &msg_id, op).await {
+                self.failed(format!("publishing eviction {n}: {e}"));
+                tokio::time::sleep(RETRY).await;
+                return sent;
+            }
+            self.outbox.lock().expect("outbox").sent(n);
+            self.positions
+                .lock()
+                .expect("positions")
+                .evictions_published = n;
+            self.succeeded(|_| {});
+            sent += 1;
+        }
+    }
+
+    /// Uploads the snapshots it is handed, one at a time.
+    async fn upload_loop(
+        &self,
+        js: &jetstream::Context,
+        queue: Option<tokio::sync::mpsc::UnboundedReceiver<Upload>>,
+    ) {
+        let Some(mut queue) = queue else { return };
+        while let Some(upload) = queue.recv().await {
+            let object = snapshots::object_name(upload.position, &self.identity.name);
+            let last = snapshots::last_sequence(js, &self.cfg.cluster).await;
+            let result = match (snapshots::bucket(js, &self.cfg.cluster).await, last) {
+                (Ok(bucket), Some(last)) => {
+                    snapshots::upload(
+                        &bucket,
+                        &object,
+                        upload.file,
+                        upload.position,
+                        last,
+                        self.cfg.keep_snapshots,
+                    )
+                    .await
+                }
+                (Err(e), _) => Err(e),
+                (_, None) => Err(format!("cannot read stream {}", self.cfg.cluster)),
+            };
+            let result = result.map(|bytes| PublishedSnapshot {
+                object: object.clone(),
+                position: upload.position,
+                bytes,
+            });
+            match &result {
+                Ok(p) => {
+                    tracing::info!(
+                        "replication: published snapshot {} ({} bytes)",
+                        p.object,
+                        p.bytes
+                    );
+                    self.succeeded(|s| {
+                        s.snapshots_published += 1;
+                        s.last_snapshot_published = Some(object);
+                    });
+                }
+                Err(e) => self.failed(format!("publishing snapshot {object}: {e}")),
+            }
+            let _ = upload.done.send(result);
+        }
+    }
+
+    /// Publishes one record and waits for JetStream's acknowledgement. `msg_id` names it
+    /// for JetStream's duplicate window.
+    async fn publish(
+        &self,
+        js: &jetstream::Context,
+        msg_id: &str,
+        op: RecordOp,
+    ) -> Result<(), String> {
+        let record = Record {
+            origin: self.identity.name.clone(),
+            vocab_size: self.tokenizer.vocab_size,
+            vocab_hash: self.tokenizer.vocab_hash,
+            op,
+        };
+        let payload = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+        let mut headers = async_nats::HeaderMap::new();
+        // JetStream drops a second copy within its duplicate window (a retry after a lost
+        // acknowledgement); the consumer's id check covers the rest.
+        headers.insert("Nats-Msg-Id", msg_id);
+        let ack = js
+            .publish_with_headers(self.subject(), headers, payload.into())
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::timeout(Duration::from_secs(5), ack)
+            .await
+            .map_err(|_| "no acknowledgement within 5 s".to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Applies the stream in order from the position after the last one applied.
+    async fn consume_loop(&self, js: &jetstream::Context, stream: &stream::Stream) {
+        while !self.stopping() {
+            if let Err(e) = self.consume(js, stream).await {
+                self.failed(format!("reading stream {}: {e}", self.cfg.cluster));
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+
+    async fn consume(
+        &self,
+        js: &jetstream::Context,
+        stream: &stream::Stream,
+    ) -> Result<(), String> {
+        let from = self.positions.lock().expect("positions").applied_seq + 1;
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+        let mut saved = Instant::now();
+        let mut expected = from;
+        loop {
+            let next = tokio::time::timeout(POSITION_EVERY, messages.next()).await;
+            if self.stopping() {
+                return Ok(());
+            }
+            let message = match next {
+                Err(_) => {
+                    self.save_positions();
+                    saved = Instant::now();
+                    self.refresh_lag(stream).await;
+                    continue;
+                }
+                Ok(None) => return Err("the consumer ended".into()),
+                Ok(Some(m)) => m.map_err(|e| e.to_string())?,
+            };
+            let info = message.info().map_err(|e| e.to_string())?;
+            let (seq, pending) = (info.stream_sequence, info.pending);
+            if seq > expected {
+                // The stream no longer holds these (its retention).
+                self.catch_up(js, expected, seq).await;
+            }
+            expected = seq + 1;
+            self.apply(&message.payload);
+            self.positions.lock().expect("positions").applied_seq = seq;
+            self.succeeded(|s| {
+                s.applied_seq = seq;
+                s.lag_records = pending;
+            });
+            if saved.elapsed() >= POSITION_EVERY {
+                self.save_positions();
+                saved = Instant::now();
+            }
+        }
+    }
+
+    /// The stream no longer holds records `from..next` (its retention dropped them before
+    /// this replica read them): take them from the newest published snapshot that
+    /// covers any of them ([`snapshots::merge`]). What no snapshot covers is counted as
+    /// missed.
+    async fn catch_up(&self, js: &jetstream::Context, from: u64, next: u64) {
+        tracing::warn!(
+            "replication: stream records {from}..{} are gone from the stream: catching up from a published snapshot",
+            next - 1
+        );
+        let path = self.store.dir().join(STATE_DIR).join("catch-up.snapshot");
+        let fetched =
+            snapshots::fetch_newest(js, &self.cfg.cluster, &path, self.tokenizer, from).await;
+        let covered = match fetched {
+            Ok(Some(f)) => {
+                let merged = Snapshot::open(&path, Some(self.tokenizer))
+                    .map_err(|e| e.to_string())
+                    .and_then(|snap| snapshots::merge(&self.store, &snap, self.identity.tag));
+                match merged {
+                    Ok(m) => {
+                        tracing::info!(
+                            "replication: caught up from {} (position {}): {} sequences added, {} evicted",
+                            f.object,
+                            f.position,
+                            m.added,
+                            m.evicted
+                        );
+                        let mut s = self.stats.lock().expect("replication stats");
+                        s.catch_ups += 1;
+                        s.snapshot_fetched = Some(f.object);
+                        f.position.min(next - 1)
+                    }
+                    Err(e) => {
+                        self.failed(format!("catching up from {}: {e}", f.object));
+                        from - 1
+                    }
+                }
+            }
+            Ok(None) => {
+                tracing::warn!(
+                    "replication: no published snapshot covers stream position {from}: publish snapshots more often than the stream's retention drops records (--publish-snapshots)"
+                );
+                from - 1
+            }
+            Err(e) => {
+                self.failed(format!("fetching a snapshot to catch up: {e}"));
+                from - 1
+            }
+        };
+        let _ = std::fs::remove_file(&path);
+        self.stats.lock().expect("replication stats").missed += next - 1 - covered;
+    }
+
+    /// Applies one record from the stream, unless it is this replica's own or refused.
+    fn apply(&self, payload: &[u8]) {
+        let record: Record = match serde_json::from_slice(payload) {
+            Ok(r) => r,
+            Err(e) => return self.refuse(format!("undecodable record: {e}")),
+        };
+        if record.origin == self.identity.name {
+            return;
+        }
+        let theirs = TokenizerId {
+            vocab_size: record.vocab_size,
+            vocab_hash: record.vocab_hash,
+        };
+        if theirs != self.tokenizer {
+            return self.refuse(format!(
+                "a record from replica {} that uses another tokenizer ({theirs:?}, this one {:?}): run every replica of cluster {} with the same model",
+                record.origin, self.tokenizer, self.cfg.cluster
+            ));
+        }
+        let applied = match &record.op {
+            RecordOp::Append {
+                namespace,
+                id,
+                time_ms,
+                tokens,
+            } => {
+                if own_ids(self.identity.tag).contains(id) {
+                    return self.refuse(format!(
+                        "record {id} from replica {} carries this replica's tag {}: two replicas drew the same tag. Stop one, move its {STATE_DIR}/replica.json aside and start it again",
+                        record.origin, self.identity.tag
+                    ));
+                }
+                let applied = self
+                    .store
+                    .append_replicated(namespace, *id, *time_ms, tokens);
+                let lag = now_ms().saturating_sub(*time_ms) as f64 / 1e3;
+                let mut s = self.stats.lock().expect("replication stats");
+                s.applied += 1;
+                s.record_lag(lag);
+                applied.map(|_| ())
+            }
+            RecordOp::Evict { namespace, id } => self.store.evict(namespace, *id).map(|_| ()),
+            RecordOp::EvictNamespace { namespace } => {
+                self.store.evict_namespace(namespace).map(|_| ())
+            }
+            RecordOp::EvictUnusedSince { cutoff_ms } => {
+                self.store.evict_unused_since(*cutoff_ms).map(|_| ())
+            }
+        };
+        if !matches!(record.op, RecordOp::Append { .. }) {
+            self.stats
+                .lock()
+                .expect("replication stats")
+                .evictions_applied += 1;
+        }
+        if let Err(e) = applied {
+            tracing::error!(
+                "replication: a record from {} was not applied ({:?}): {e}",
+                record.origin,
+                record.op
+            );
+        }
+    }
+
+    fn refuse(&self, why: String) {
+        tracing::error!("replication: refused {why}");
+        self.stats.lock().expect("replication stats").refused += 1;
+    }
+
+    async fn refresh_lag(&self, stream: &stream::Stream) {
+        let mut stream = stream.clone();
+        if let Ok(info) = stream.info().await {
+            let last = info.state.last_sequence;
+            let applied = self.positions.lock().expect("positions").applied_seq;
+            self.succeeded(|s| s.lag_records = last.saturating_sub(applied));
+        }
+    }
+
+    fn save_positions(&self) {
+        let positions = *self.positions.lock().expect("positions");
+        if let Err(e) = write_state(&self.positions_path, &positions) {
+            // The positions only save work: an older one re-sends or re-reads records,
+            // which the ids make harmless.
+            tracing::error!("{e}");
+        }
+    }
+}
