@@ -1,9 +1,15 @@
 //! suffixd: a persistent SuffixDecoding speculation store and the LLM server that uses it.
 //!
 //! The modules follow the data flow (see `ARCHITECTURE.md`):
-//! [`tree`] (suffix trees) → [`speculate`] (drafts) → [`simulate`] (the simulated
-//! verifier) → [`cli`]. [`corpus`] reads token-stream files for all of them.
+//! [`tree`] (suffix trees) → [`speculate`] (drafts) → [`store`] (snapshots, write-ahead
+//! log, eviction, compaction) → [`verify`] (the model that checks drafts) → [`serve`]
+//! (the OpenAI and admin APIs) → [`cli`]. [`replicate`] shares a store's appends,
+//! evictions and snapshots with other replicas through NATS JetStream. [`simulate`] is
+//! the reference benchmark's simulated verifier. Beside the flow: [`corpus`] reads
+//! request logs and token-stream files, [`chat`] holds chat messages and the model's
+//! chat template, and [`vocab`] names the tokenizer token ids come from.
 
+pub mod chat;
 pub mod cli;
 pub mod corpus;
 pub mod replicate;
@@ -13,3 +19,4 @@ pub mod speculate;
 pub mod store;
 pub mod tree;
 pub mod verify;
+pub mod vocab;

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 
-use crate::corpus::logs::ChatMessage;
+use crate::chat::ChatMessage;
 use crate::corpus::open_lines;
 use crate::serve::drafter::CacheDrafter;
 use crate::store::Layered;

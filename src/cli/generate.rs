@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::corpus::logs::ChatMessage;
+use crate::chat::ChatMessage;
 use crate::serve::drafter::CacheDrafter;
 use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};

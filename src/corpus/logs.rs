@@ -12,15 +12,7 @@ use serde::Deserialize;
 
 use super::{CorpusError, read_json_lines};
 
-/// One chat message.
-#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq, Eq)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
-    /// The text.
-    #[serde(default)]
-    pub content: String,
-}
+pub use crate::chat::ChatMessage;
 
 /// What one log line holds.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::corpus::logs::ChatMessage;
+use crate::chat::ChatMessage;
 use crate::replicate::RecordOp;
 use crate::verify::engine::{GenerateOptions, Generation, Sampling};
 

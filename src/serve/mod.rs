@@ -21,13 +21,13 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::routing::{get, post};
 
+use crate::chat::ChatTemplate;
 use crate::replicate::{ReplicaIdentity, Replication, ReplicationConfig, bootstrap};
 use crate::speculate::SpecParams;
 use crate::store::build::{BuildOptions, build_from_logs};
 use crate::store::dir::current_snapshot;
 use crate::store::live::{Store, StoreConfig};
 use crate::store::wal::FsyncPolicy;
-use crate::verify::chat::ChatTemplate;
 use crate::verify::engine::Engine;
 use crate::verify::tokenizer::ModelTokenizer;
 

@@ -34,7 +34,7 @@ pub struct SpecParams {
 impl Default for SpecParams {
     fn default() -> Self {
         Self {
-            max_depth: 24,
+            max_depth: crate::tree::DEFAULT_MAX_DEPTH,
             max_spec: 24,
             spec_factor: 1.0,
             spec_offset: 0.0,

@@ -10,13 +10,7 @@ use crate::tree::{GlobalTree, TreeError};
 use super::dir::{DirError, next_snapshot_path, publish};
 use super::snapshot::{Header, NamespaceInput, SeqMeta, TokenizerId, WriteError, write_snapshot};
 
-/// Turns response text into token ids: the model's tokenizer.
-pub trait TextEncoder {
-    /// The token ids of `text`, without special tokens added.
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
-    /// Which tokenizer this is.
-    fn identity(&self) -> TokenizerId;
-}
+pub use crate::vocab::TextEncoder;
 
 /// How to build.
 #[derive(Clone, Debug)]

@@ -33,55 +33,7 @@ pub const FOOTER_LEN: usize = 32;
 /// descending count order.
 pub const FLAG_WIDE_LISTS_SORTED: u32 = 1;
 
-/// Which tokenizer produced the token ids in a snapshot or WAL. Ids from another
-/// tokenizer would be silently wrong drafts, so a mismatch refuses to open.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct TokenizerId {
-    /// Vocabulary size; 0 when the ids came from token files without a tokenizer.
-    pub vocab_size: u32,
-    /// Hash of the vocabulary (every token string in id order); 0 when unknown.
-    pub vocab_hash: u64,
-}
-
-impl TokenizerId {
-    /// The identity of token ids whose tokenizer is not known (token-id logs).
-    pub const UNKNOWN: TokenizerId = TokenizerId {
-        vocab_size: 0,
-        vocab_hash: 0,
-    };
-
-    /// The identity of a vocabulary given as token strings in id order.
-    pub fn of_vocab<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Self {
-        // FNV-1a: stable across builds and platforms, unlike std's hasher.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut n = 0u32;
-        for t in tokens {
-            for b in t.bytes().chain(std::iter::once(0xff)) {
-                h ^= b as u64;
-                h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-            n += 1;
-        }
-        TokenizerId {
-            vocab_size: n,
-            vocab_hash: h,
-        }
-    }
-}
-
-impl std::fmt::Display for TokenizerId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if *self == Self::UNKNOWN {
-            write!(f, "unknown tokenizer (token-id logs)")
-        } else {
-            write!(
-                f,
-                "vocab {} / hash {:016x}",
-                self.vocab_size, self.vocab_hash
-            )
-        }
-    }
-}
+pub use crate::vocab::TokenizerId;
 
 /// Errors from opening or verifying a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -406,9 +358,7 @@ pub fn write_snapshot(
     drop(image);
     let max_depth = namespaces
         .first()
-        .map_or(crate::speculate::SpecParams::default().max_depth, |n| {
-            n.tree.max_depth()
-        });
+        .map_or(crate::tree::DEFAULT_MAX_DEPTH, |n| n.tree.max_depth());
     let header = Header {
         format_version: FORMAT_VERSION,
         tokenizer,

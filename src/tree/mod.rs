@@ -33,6 +33,10 @@ pub const NIL: u32 = u32::MAX;
 /// The largest supported depth limit; edge lengths are stored in 7 bits.
 pub const MAX_SUPPORTED_DEPTH: usize = 127;
 
+/// The depth limit of trees when nothing else says (the paper's 24; also the default of
+/// `SpecParams::max_depth`).
+pub const DEFAULT_MAX_DEPTH: usize = 24;
+
 /// How many tokens `a` and `b` have in common at their ends, counting at most `max`.
 ///
 /// Matching a context against earlier occurrences is mostly this comparison, and copies

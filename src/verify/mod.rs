@@ -7,9 +7,10 @@
 //! - [`cost`]: what a forward pass of K rows costs, measured at start and kept up to date.
 //! - [`engine`]: the generation loop, exact greedy and distribution-preserving sampling,
 //!   and cost-aware draft sizes.
-//! - [`chat`]: the model's chat template.
+//!
+//! It reads the chat template from [`crate::chat`] and names tokenizers through
+//! [`crate::vocab`]; it does not import the store.
 
-pub mod chat;
 pub mod cost;
 pub mod engine;
 pub mod kernels;

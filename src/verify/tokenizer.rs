@@ -14,8 +14,7 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, PreTokenizerWrapper};
 
-use crate::store::TokenizerId;
-use crate::store::build::TextEncoder;
+use crate::vocab::{TextEncoder, TokenizerId};
 
 /// Errors from loading a tokenizer.
 #[derive(Debug, thiserror::Error)]

@@ -6,10 +6,10 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::gguf_file;
 
-use super::super::chat::ChatTemplate;
 use super::super::model::{Model, ModelError, WeightFormat};
 use super::super::tokenizer::ModelTokenizer;
 use super::Engine;
+use crate::chat::ChatTemplate;
 
 impl Engine {
     /// Load a model: a llama GGUF file, or a Hugging Face directory (`config.json`,

@@ -25,10 +25,10 @@ use rand::SeedableRng;
 
 use crate::speculate::Draft;
 
-use super::chat::ChatTemplate;
 use super::cost::CostCurve;
 use super::model::{BatchEntry, KvCache, Model, ModelError, argmax_rows};
 use super::tokenizer::ModelTokenizer;
+use crate::chat::ChatTemplate;
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
 pub use sampling::Sampling;
@@ -122,8 +122,8 @@ impl Engine {
     }
 
     /// Which tokenizer the model uses, to check snapshots and logs against.
-    pub fn tokenizer_identity(&self) -> crate::store::TokenizerId {
-        use crate::store::build::TextEncoder;
+    pub fn tokenizer_identity(&self) -> crate::vocab::TokenizerId {
+        use crate::vocab::TextEncoder;
         self.tokenizer.identity()
     }
 

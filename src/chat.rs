@@ -1,8 +1,17 @@
 //! The model's chat template (from its metadata), rendered with minijinja.
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, context};
+use serde::Deserialize;
 
-use crate::corpus::logs::ChatMessage;
+/// One chat message.
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    #[serde(default)]
+    pub content: String,
+}
 
 /// A compiled chat template.
 #[derive(Clone)]
