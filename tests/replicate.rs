@@ -83,6 +83,15 @@ struct Replica {
 
 impl Replica {
     fn open(dir: &Path, url: &str, tokenizer: TokenizerId) -> Replica {
+        Replica::open_with(dir, url, tokenizer, None)
+    }
+
+    fn open_with(
+        dir: &Path,
+        url: &str,
+        tokenizer: TokenizerId,
+        stream_max_age: Option<Duration>,
+    ) -> Replica {
         let identity = ReplicaIdentity::load_or_create(dir).unwrap();
         let store = Arc::new(
             Store::open(StoreConfig {
@@ -101,6 +110,7 @@ impl Replica {
                 url: url.into(),
                 cluster: "test".into(),
                 keep_snapshots: 2,
+                stream_max_age,
             },
             identity,
             store.clone(),
@@ -448,6 +458,7 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         url: nats.url(),
         cluster: "test".into(),
         keep_snapshots: 2,
+        stream_max_age: None,
     };
     let boot = bootstrap(&cfg, &c_dir, TOKENIZER)
         .unwrap()
@@ -640,4 +651,36 @@ fn a_replica_behind_the_stream_s_retention_catches_up_from_a_published_snapshot(
         b.stats().missed == 3 && b.cached().len() == 27
     });
     assert_eq!(b.stats().catch_ups, 0);
+}
+
+/// `--stream-max-age` sets the stream's retention, on a new stream and on one that
+/// exists; without it a replica leaves the stream's setting alone.
+#[test]
+fn the_stream_keeps_records_as_long_as_configured() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&tmp.path().join("nats"), None);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let max_age = || {
+        runtime.block_on(async {
+            let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+            match js.get_stream("test").await {
+                Ok(mut stream) => Some(stream.info().await.unwrap().config.max_age),
+                Err(_) => None,
+            }
+        })
+    };
+    let hour = Duration::from_secs(3600);
+    for (replica, age, expected) in [
+        ("a", Some(hour), hour),
+        ("b", None, hour),
+        ("c", Some(2 * hour), 2 * hour),
+    ] {
+        let r = Replica::open_with(&tmp.path().join(replica), &nats.url(), TOKENIZER, age);
+        wait_for("the replica reaches the stream", || {
+            max_age() == Some(expected) && r.stats().connected
+        });
+    }
 }

@@ -39,6 +39,7 @@ struct FileConfig {
     cluster: Option<String>,
     publish_snapshots_s: Option<u64>,
     keep_snapshots: Option<usize>,
+    stream_max_age_s: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -109,6 +110,12 @@ pub(super) struct ServeArgs {
     /// [default: 3].
     #[arg(long)]
     keep_snapshots: Option<usize>,
+    /// With --replicate: how long the cluster's stream keeps records, in seconds (at
+    /// least 120), set on the stream at start. A replica away longer catches up from the
+    /// newest published snapshot, so publish snapshots more often [default: the stream's
+    /// setting; a new stream keeps records forever].
+    #[arg(long = "stream-max-age", env = "SUFFIXD_STREAM_MAX_AGE")]
+    stream_max_age_s: Option<u64>,
 }
 
 fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
@@ -135,6 +142,14 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         .log_internal_errors(false)
         .try_init();
     let file = read_config(a.config.as_deref())?;
+    let stream_max_age = a.stream_max_age_s.or(file.stream_max_age_s);
+    if let Some(age) = stream_max_age {
+        let least = crate::replicate::DUPLICATE_WINDOW.as_secs();
+        anyhow::ensure!(
+            age >= least,
+            "--stream-max-age {age}: the stream must keep records at least {least} s (its duplicate window)"
+        );
+    }
     let cfg = ServeConfig {
         addr: a
             .addr
@@ -178,6 +193,7 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
                     .or(file.cluster)
                     .unwrap_or_else(|| "suffixd".into()),
                 keep_snapshots: a.keep_snapshots.or(file.keep_snapshots).unwrap_or(3).max(1),
+                stream_max_age: stream_max_age.map(std::time::Duration::from_secs),
             }),
         publish_snapshots_s: a
             .publish_snapshots_s

@@ -59,6 +59,10 @@ const POSITION_EVERY: Duration = Duration::from_millis(200);
 /// How many recent applied appends the lag percentiles cover.
 pub const LAG_WINDOW: usize = 1024;
 
+/// JetStream's window for dropping a record published twice (`Nats-Msg-Id`); the
+/// stream's retention must be longer.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
 /// Waits between attempts while NATS is unreachable.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -107,6 +111,10 @@ pub struct ReplicationConfig {
     pub cluster: String,
     /// How many published snapshots the bucket keeps (the newest).
     pub keep_snapshots: usize,
+    /// How long the stream keeps records, set on the stream at start (None: as it is;
+    /// a new stream keeps them forever). At least [`DUPLICATE_WINDOW`]. A replica away
+    /// longer catches up from a published snapshot.
+    pub stream_max_age: Option<Duration>,
 }
 
 /// Who this replica is: a name for logs and stats, and the tag its ids carry. Drawn at

@@ -17,9 +17,9 @@ use crate::store::snapshot::Snapshot;
 
 use super::outbox::EvictionOutbox;
 use super::{
-    POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL, Positions, PublishedSnapshot, RETRY, Record,
-    RecordOp, ReplicaIdentity, ReplicationConfig, ReplicationStats, STATE_DIR, Upload, snapshots,
-    write_state,
+    DUPLICATE_WINDOW, POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL, Positions, PublishedSnapshot,
+    RETRY, Record, RecordOp, ReplicaIdentity, ReplicationConfig, ReplicationStats, STATE_DIR,
+    Upload, snapshots, write_state,
 };
 
 /// The replication thread's state.
@@ -90,16 +90,44 @@ impl Worker {
         format!("{}.records", self.cfg.cluster)
     }
 
+    /// The cluster's stream, created if missing; with `stream_max_age`, its retention set
+    /// to it (a stream that exists keeps its other settings, and its retention when the
+    /// flag is not given).
     async fn stream(&self, js: &jetstream::Context) -> Result<stream::Stream, String> {
-        js.get_or_create_stream(stream::Config {
-            name: self.cfg.cluster.clone(),
-            subjects: vec![self.subject()],
-            storage: stream::StorageType::File,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| e.to_string())
+        let mut stream = js
+            .get_or_create_stream(stream::Config {
+                name: self.cfg.cluster.clone(),
+                subjects: vec![self.subject()],
+                storage: stream::StorageType::File,
+                duplicate_window: DUPLICATE_WINDOW,
+                max_age: self.cfg.stream_max_age.unwrap_or_default(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(age) = self.cfg.stream_max_age {
+            let config = stream
+                .info()
+                .await
+                .map_err(|e| e.to_string())?
+                .config
+                .clone();
+            if config.max_age != age {
+                tracing::info!(
+                    "replication: stream {} now keeps records for {} s (was {} s; 0: forever)",
+                    self.cfg.cluster,
+                    age.as_secs(),
+                    config.max_age.as_secs()
+                );
+                js.update_stream(stream::Config {
+                    max_age: age,
+                    ..config
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(stream)
     }
 
     fn failed(&self, error: String) {
