@@ -13,6 +13,19 @@ pub struct ChatMessage {
     pub content: String,
 }
 
+/// Errors from a chat template.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The model's template is not valid Jinja (or uses what minijinja lacks): the
+    /// model's metadata is at fault.
+    #[error("the model's chat template does not compile: {0}")]
+    Compile(#[source] JinjaError),
+    /// The template refused these messages (`raise_exception`, for example roles out of
+    /// the order it expects): the request is at fault.
+    #[error("the model's chat template refused these messages: {0}")]
+    Render(#[source] JinjaError),
+}
+
 /// A compiled chat template.
 #[derive(Clone)]
 pub struct ChatTemplate {
@@ -27,11 +40,11 @@ fn raise_exception(msg: String) -> Result<String, JinjaError> {
 
 impl ChatTemplate {
     /// Compile `source` (a Hugging Face Jinja chat template).
-    pub fn new(source: &str, bos: &str, eos: &str) -> Result<Self, String> {
+    pub fn new(source: &str, bos: &str, eos: &str) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned("chat", source.to_string())
-            .map_err(|e| format!("chat template does not compile: {e}"))?;
+            .map_err(TemplateError::Compile)?;
         Ok(Self {
             env,
             bos: bos.into(),
@@ -40,15 +53,18 @@ impl ChatTemplate {
     }
 
     /// The prompt text for `messages`, ending where the assistant's answer begins.
-    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
-        let t = self.env.get_template("chat").map_err(|e| e.to_string())?;
+    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, TemplateError> {
+        let t = self
+            .env
+            .get_template("chat")
+            .map_err(TemplateError::Compile)?;
         t.render(context! {
             messages => messages,
             add_generation_prompt => true,
             bos_token => self.bos,
             eos_token => self.eos,
         })
-        .map_err(|e| format!("chat template failed: {e}"))
+        .map_err(TemplateError::Render)
     }
 }
 
@@ -71,6 +87,14 @@ mod tests {
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
         let bad = ChatTemplate::new("{{ raise_exception('no') }}", "", "").unwrap();
-        assert!(bad.render(&[]).unwrap_err().contains("no"));
+        let refused = bad.render(&[]).unwrap_err();
+        assert!(
+            matches!(refused, TemplateError::Render(_)) && refused.to_string().contains("no"),
+            "{refused}"
+        );
+        assert!(matches!(
+            ChatTemplate::new("{% for %}", "", ""),
+            Err(TemplateError::Compile(_))
+        ));
     }
 }

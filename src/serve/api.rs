@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::chat::ChatMessage;
+use crate::chat::{ChatMessage, TemplateError};
 use crate::replicate::RecordOp;
 use crate::verify::engine::{GenerateOptions, Generation, Sampling};
 
@@ -432,7 +432,14 @@ fn prompt_text(app: &AppState, req: &GenerationRequest, chat: bool) -> Result<St
                 ApiError::bad_request("this model has no chat template; use /v1/completions")
             })?
             .render(&messages)
-            .map_err(ApiError::bad_request)?
+            .map_err(|e| match e {
+                TemplateError::Render(_) => ApiError::bad_request(e.to_string()),
+                TemplateError::Compile(_) => ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    e.to_string(),
+                ),
+            })?
     } else {
         if req.messages.is_some() {
             return Err(ApiError::bad_request(
@@ -602,7 +609,15 @@ fn stream_response(
         let mut sent = 0usize;
         while let Some(new) = tokens.recv().await {
             all.extend_from_slice(&new);
-            let text = app.tokenizer.decode(&all, true).unwrap_or_default();
+            let text = match app.tokenizer.decode(&all, true) {
+                Ok(text) => text,
+                Err(e) => {
+                    // The ids come from the model's own vocabulary, so this is a bug;
+                    // the next tokens are tried again with the whole text.
+                    tracing::error!("cannot decode the generated tokens: {e}");
+                    continue;
+                }
+            };
             if text.len() > sent && text.is_char_boundary(sent) && !text.ends_with('\u{fffd}') {
                 let piece = text[sent..].to_string();
                 sent = text.len();

@@ -72,7 +72,7 @@ impl Engine {
                     &name(md_tok("tokenizer.ggml.bos_token_id")),
                     &name(md_tok("tokenizer.ggml.eos_token_id")),
                 )
-                .map_err(fmt)?,
+                .map_err(|e| fmt(e.to_string()))?,
             ),
             None => None,
         };
@@ -129,9 +129,9 @@ impl Engine {
         let template = match source {
             Some(src) => Some(
                 ChatTemplate::new(&src, &bos, eos_text.as_deref().unwrap_or_default()).map_err(
-                    |message| ModelError::Format {
+                    |e| ModelError::Format {
                         path: dir.join("tokenizer_config.json"),
-                        message,
+                        message: e.to_string(),
                     },
                 )?,
             ),
