@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use suffixd::replicate::{
-    RecordOp, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats, bootstrap,
+    PublishedSnapshot, RecordOp, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats,
+    bootstrap,
 };
 use suffixd::speculate::{SpecParams, Speculator};
 use suffixd::store::live::{Store, StoreConfig};
@@ -65,6 +66,19 @@ impl Nats {
 
     fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Run `f` on the server's JetStream as a client of the test's own, to look at or
+    /// change the stream and the bucket behind the replicas' backs.
+    fn jetstream<T>(&self, f: impl AsyncFnOnce(async_nats::jetstream::Context) -> T) -> T {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let client = async_nats::connect(self.url()).await.unwrap();
+            f(async_nats::jetstream::new(client)).await
+        })
     }
 }
 
@@ -154,6 +168,18 @@ impl Replica {
 
     fn stats(&self) -> ReplicationStats {
         self.replication.stats(&self.store)
+    }
+
+    /// Write a snapshot and publish it, as `POST /admin/snapshot` does.
+    fn publish_snapshot(&self) -> (PublishedSnapshot, std::path::PathBuf) {
+        let position = self.replication.snapshot_position();
+        let info = self.store.snapshot().unwrap();
+        let published = self
+            .replication
+            .publish_snapshot(&info.path, position)
+            .unwrap();
+        assert_eq!(published.position, position);
+        (published, info.path)
     }
 }
 
@@ -415,13 +441,8 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
     }
     wait_for("a holds b's 5", || a.cached().len() == 15);
     wait_for("a has applied b's records", || a.stats().applied_seq >= 15);
-    let position = a.replication.snapshot_position();
-    let info = a.store.snapshot().unwrap();
-    let published = a
-        .replication
-        .publish_snapshot(&info.path, position)
-        .unwrap();
-    assert_eq!(published.position, position);
+    let (published, snapshot_path) = a.publish_snapshot();
+    let position = published.position;
     assert_eq!(a.stats().snapshots_published, 1);
     for i in 15..18 {
         a.store.append("default", &response(i)).unwrap();
@@ -432,16 +453,10 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
     // Three newer objects: one that is not a snapshot at all, and two copies of the real
     // one with a byte of its archive flipped (damage in storage or in transit), one of
     // them named after a position the stream never reached.
-    let mut damaged = std::fs::read(&info.path).unwrap();
+    let mut damaged = std::fs::read(&snapshot_path).unwrap();
     let middle = damaged.len() / 2;
     damaged[middle] ^= 0x40;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let client = async_nats::connect(nats.url()).await.unwrap();
-        let js = async_nats::jetstream::new(client);
+    nats.jetstream(async |js| {
         let bucket = js.get_object_store("test-snapshots").await.unwrap();
         for (ahead, bytes) in [
             (1, &b"not a snapshot"[..]),
@@ -504,17 +519,9 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
         b.store.append("default", &response(60 + i)).unwrap();
         let last = a.stats().applied_seq;
         wait_for("a applies b's record", || a.stats().applied_seq > last);
-        let position = a.replication.snapshot_position();
-        let info = a.store.snapshot().unwrap();
-        let published = a
-            .replication
-            .publish_snapshot(&info.path, position)
-            .unwrap();
-        objects.push(published.object);
+        objects.push(a.publish_snapshot().0.object);
     }
-    let mut names = runtime.block_on(async {
-        let client = async_nats::connect(nats.url()).await.unwrap();
-        let js = async_nats::jetstream::new(client);
+    let mut names = nats.jetstream(async |js| {
         let bucket = js.get_object_store("test-snapshots").await.unwrap();
         let mut list = bucket.list().await.unwrap();
         let mut names = Vec::new();
@@ -575,32 +582,24 @@ fn a_replica_behind_the_stream_s_retention_catches_up_from_a_published_snapshot(
         let s = a.stats();
         s.unpublished == 0 && s.evictions_unpublished == 0
     });
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let last_sequence = || {
-        runtime.block_on(async {
-            let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        nats.jetstream(async |js| {
             let mut stream = js.get_stream("test").await.unwrap();
             stream.info().await.unwrap().state.last_sequence
+        })
+    };
+    let purge_before = |sequence| {
+        nats.jetstream(async |js| {
+            let stream = js.get_stream("test").await.unwrap();
+            stream.purge().sequence(sequence).await.unwrap();
         })
     };
     let last = last_sequence();
     wait_for("a has applied the whole stream", || {
         a.stats().applied_seq >= last
     });
-    let position = a.replication.snapshot_position();
-    let info = a.store.snapshot().unwrap();
-    let published = a
-        .replication
-        .publish_snapshot(&info.path, position)
-        .unwrap();
-    runtime.block_on(async {
-        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-        let stream = js.get_stream("test").await.unwrap();
-        stream.purge().sequence(position + 1).await.unwrap();
-    });
+    let (published, _) = a.publish_snapshot();
+    purge_before(published.position + 1);
     for i in 28..31 {
         a.store.append("default", &response(i)).unwrap();
     }
@@ -640,11 +639,7 @@ fn a_replica_behind_the_stream_s_retention_catches_up_from_a_published_snapshot(
     }
     wait_for("a has published them", || a.stats().unpublished == 0);
     let last = last_sequence();
-    runtime.block_on(async {
-        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-        let stream = js.get_stream("test").await.unwrap();
-        stream.purge().sequence(last + 1).await.unwrap();
-    });
+    purge_before(last + 1);
     a.store.append("default", &response(44)).unwrap();
     let b = Replica::open(&b_dir, &nats.url(), TOKENIZER);
     wait_for("b counts the records no snapshot covers", || {
@@ -659,17 +654,10 @@ fn a_replica_behind_the_stream_s_retention_catches_up_from_a_published_snapshot(
 fn the_stream_keeps_records_as_long_as_configured() {
     let tmp = tempfile::tempdir().unwrap();
     let nats = Nats::start(&tmp.path().join("nats"), None);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let max_age = || {
-        runtime.block_on(async {
-            let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-            match js.get_stream("test").await {
-                Ok(mut stream) => Some(stream.info().await.unwrap().config.max_age),
-                Err(_) => None,
-            }
+        nats.jetstream(async |js| match js.get_stream("test").await {
+            Ok(mut stream) => Some(stream.info().await.unwrap().config.max_age),
+            Err(_) => None,
         })
     };
     let hour = Duration::from_secs(3600);
