@@ -59,6 +59,7 @@ start_replica() { # name: appends its port to ports[] once it answers
     echo "replica $name did not start: $(tail -5 "$work/$name.log")" >&2
     exit 1
 }
+since() { python3 -c 'import sys, time; print(time.time() - float(sys.argv[1]))' "$1"; }
 stats() { curl -sf -H "authorization: Bearer $token" "http://127.0.0.1:$1/admin/stats"; }
 
 for i in $(seq "$replicas"); do start_replica "r$i"; done
@@ -66,7 +67,6 @@ echo "replicas on ports ${ports[*]}, nats on $nats_port"
 
 python3 tools/load.py --base "http://127.0.0.1:${ports[0]}" --requests "$requests" \
     --concurrency "$concurrency" --max-tokens "$max_tokens"
-ended=$(date +%s.%N)
 
 # Waits (60 s at most) until every replica reports the same cached tokens (or, with
 # "empty", none); prints the seconds it waited. One process polls all, every 20 ms.
@@ -108,7 +108,7 @@ done
 t0=$(date +%s.%N)
 start_replica empty
 printf 'an empty replica answered %.2f s after it started, from %s\n' \
-    "$(echo "$(date +%s.%N) - $t0" | bc)" \
+    "$(since "$t0")" \
     "$(stats "${ports[-1]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["replication"]["snapshot_fetched"])')"
 await_all same >/dev/null || { echo "the empty replica did not converge within 60 s" >&2; exit 1; }
 echo "and it reports the same cached tokens as the others"
@@ -117,7 +117,7 @@ echo "and it reports the same cached tokens as the others"
 t0=$(date +%s.%N)
 curl -sf -X POST -H "authorization: Bearer $token" -H 'content-type: application/json' \
     -d '{"namespace": "default"}' "http://127.0.0.1:${ports[-1]}/admin/evict" >/dev/null
-answered=$(echo "$(date +%s.%N) - $t0" | bc)
+answered=$(since "$t0")
 waited=$(await_all empty) || { echo "the eviction did not reach every replica within 60 s" >&2; exit 1; }
 printf 'namespace default evicted on the last replica (answered in %.2f s): empty on all %d %s s later\n' \
     "$answered" "${#ports[@]}" "$waited"
