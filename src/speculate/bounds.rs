@@ -16,7 +16,7 @@
 //! and the same few near the end. It costs one pass over the matches, and per candidate
 //! one step per occurrence near the end.
 
-use crate::tree::MAX_CURSOR_ENDS;
+use crate::tree::{MAX_CURSOR_ENDS, Match};
 
 /// Relative margin over the exact bound: a draft's score is computed in f32 (a product of
 /// up to `max_spec` ratios per node, a sum of up to `max_spec` nodes), whose rounding
@@ -39,14 +39,14 @@ pub(super) struct OccurrenceBounds {
 }
 
 impl OccurrenceBounds {
-    /// Prepare the bounds for p up to `p_max`, from `matches` ((end position, match
-    /// length), most recent first, as `RequestTree::match_lengths` gives them) in a
-    /// request of `len` tokens; drafts are at most `horizon` tokens long. Only the part
-    /// of each occurrence from position `from` on counts (0 for the whole request, the
-    /// prompt length for the response alone).
+    /// Prepare the bounds for p up to `p_max`, from `matches` (most recent first, as
+    /// `RequestTree::match_lengths` gives them) in a request of `len` tokens; drafts are
+    /// at most `horizon` tokens long. Only the part of each occurrence from position
+    /// `from` on counts (0 for the whole request, the prompt length for the response
+    /// alone).
     pub(super) fn prepare(
         &mut self,
-        matches: &[(u32, u32)],
+        matches: &[Match],
         len: usize,
         from: usize,
         p_max: usize,
@@ -54,37 +54,59 @@ impl OccurrenceBounds {
     ) {
         self.at_least.clear();
         self.near_end.clear();
-        // The matches come most recent first, so those near the end lead.
+        // How much of an occurrence ending at `end` lies at or after `from`.
         let inside = |end: u32| (end as usize + 1).checked_sub(from).filter(|&n| n > 0);
-        for &(end, matched) in matches {
-            let after = len.saturating_sub(end as usize + 1);
-            if after >= horizon {
-                break;
+        // The matches come most recent first, so those near the end lead; the copies of a
+        // run lie before its first, and interleave with those of the runs beside it.
+        let mut sorted = true;
+        'near: for m in matches {
+            for k in 0..m.copies {
+                let end = m.end_of(k);
+                let after = len.saturating_sub(end as usize + 1);
+                if after >= horizon {
+                    if k == 0 {
+                        break 'near;
+                    }
+                    break;
+                }
+                if let Some(inside) = inside(end) {
+                    sorted &= self.near_end.last().is_none_or(|&(a, _)| a <= after as u32);
+                    self.near_end
+                        .push((after as u32, (m.len as usize).min(inside) as u32));
+                }
             }
-            if let Some(inside) = inside(end) {
-                self.near_end
-                    .push((after as u32, (matched as usize).min(inside) as u32));
-            }
+        }
+        if !sorted {
+            self.near_end.sort_unstable();
         }
         self.only_limits = self.near_end.is_empty();
         if self.only_limits {
             // The whole request's longest match is the caller's p_max; the response's
             // may be shorter, and the merged search needs to know where it has none.
+            // A run's most recent copy has the most of itself inside.
             self.longest = if from == 0 {
                 usize::MAX
             } else {
                 matches
                     .iter()
-                    .filter_map(|&(end, matched)| Some((matched as usize).min(inside(end)?)))
+                    .filter_map(|m| Some((m.len as usize).min(inside(m.end)?)))
                     .max()
                     .unwrap_or(0)
             };
             return;
         }
         self.at_least.resize(p_max + 2, 0);
-        for &(end, matched) in matches {
-            if let Some(inside) = inside(end) {
-                self.at_least[(matched as usize).min(inside).min(p_max + 1)] += 1;
+        let top = p_max + 1;
+        for m in matches {
+            // The copies that lie inside for the whole match, then those cut by `from`,
+            // each shorter than the one before.
+            let whole = m.copies_ending_at_or_after((from + m.len as usize).saturating_sub(1));
+            self.at_least[(m.len as usize).min(top)] += whole;
+            for k in whole..m.copies {
+                let Some(inside) = inside(m.end_of(k)) else {
+                    break;
+                };
+                self.at_least[inside.min(top)] += 1;
             }
         }
         for p in (0..=p_max).rev() {
@@ -95,7 +117,6 @@ impl OccurrenceBounds {
         for n in &mut self.at_least {
             *n = (*n).min(MAX_CURSOR_ENDS as u32);
         }
-        debug_assert!(self.near_end.is_sorted(), "matches come most recent first");
     }
 
     /// Occurrences that match at least `p` tokens (at most the cursor cap), where they
@@ -161,7 +182,7 @@ mod tests {
     fn a_run_of_one_token_is_bounded_by_what_its_occurrences_have_left() {
         // Occurrences at 0..=8 of a 10-token run (the last, the context's own, left out),
         // each matching as far back as the run goes.
-        let matches: Vec<(u32, u32)> = (0..9u32).rev().map(|j| (j, j + 1)).collect();
+        let matches: Vec<Match> = (0..9u32).rev().map(|j| Match::one(j, j + 1)).collect();
         let mut b = OccurrenceBounds::default();
         b.prepare(&matches, 10, 0, 9, 4);
         // p = 1: 9 occurrences; the one at 8 has 1 token after it, 7 has 2, 6 has 3.
@@ -171,7 +192,7 @@ mod tests {
         assert!((b.score_bound(9, 4, 0.1, 0) - 1.0).abs() < 1e-3);
         // min_prob stops the sum where availability falls below it.
         assert!((b.score_bound(9, 4, 0.5, 0) - 1.0).abs() < 1e-3);
-        let two = [(8u32, 3u32), (7, 3)];
+        let two = [Match::one(8, 3), Match::one(7, 3)];
         b.prepare(&two, 10, 0, 3, 4);
         assert!(
             (b.score_bound(3, 4, 0.6, 0) - 1.0).abs() < 1e-3,
@@ -183,7 +204,7 @@ mod tests {
 
     #[test]
     fn far_occurrences_are_bounded_by_the_limit() {
-        let matches = [(10u32, 5u32), (3, 2)];
+        let matches = [Match::one(10, 5), Match::one(3, 2)];
         let mut b = OccurrenceBounds::default();
         b.prepare(&matches, 100, 1, 5, 24);
         assert_eq!(b.score_bound(2, 24, 0.1, 0), 24.0);
@@ -200,7 +221,7 @@ mod tests {
     fn the_response_alone_counts_only_occurrences_after_the_prompt() {
         // A 20-token prompt: the occurrence ending at 21 lies wholly in the response for
         // p <= 2, the one at 12 not at all.
-        let matches = [(21u32, 6u32), (12, 9)];
+        let matches = [Match::one(21, 6), Match::one(12, 9)];
         let mut b = OccurrenceBounds::default();
         b.prepare(&matches, 30, 20, 9, 24);
         assert_eq!(b.occurrences(1), Some(1));

@@ -37,7 +37,7 @@
 //! a node), `bounds` (the upper bounds that let the search skip a p), `rescore` (exact
 //! scores without growing) and `merged` (the response so far read as global evidence).
 
-use crate::tree::{GlobalCursor, GlobalIndex, RequestTree};
+use crate::tree::{GlobalCursor, GlobalIndex, Match, RequestTree};
 
 mod bounds;
 mod cursors;
@@ -82,7 +82,7 @@ const RESCORE_FROM_MATCHES: usize = 32;
 /// `C` is the cursor type of the global index it is used with.
 #[derive(Clone)]
 pub struct Speculator<C = GlobalCursor> {
-    matches: Vec<(u32, u32)>,
+    matches: Vec<Match>,
     exhaustive: bool,
     /// The last call's request-tree draft could not be beaten, and the global tree was
     /// not searched.
@@ -285,7 +285,7 @@ impl<C: Clone> Speculator<C> {
         if self.exhaustive {
             tree.match_lengths_one_by_one(window, max_p, enough, &mut self.matches);
         } else {
-            tree.match_lengths(window, max_p, enough, &mut self.matches);
+            tree.match_lengths(window, max_p, enough, params.max_spec, &mut self.matches);
         }
         // The occurrence at the very end (the context itself, usually) has nothing after
         // it: it counts in every COUNT but cannot start a draft, so it does not make a
@@ -295,12 +295,12 @@ impl<C: Clone> Speculator<C> {
             // An occurrence with nothing after it (usually the context's own) says
             // nothing about the next token; the reference counts it anyway, diluting
             // every request-tree probability.
-            self.matches.retain(|m| m.0 != end);
+            self.matches.retain(|m| m.end != end);
         }
         self.matches
             .iter()
-            .filter(|m| m.0 != end)
-            .map(|m| m.1 as usize)
+            .filter(|m| m.end != end)
+            .map(|m| m.len as usize)
             .max()
             .unwrap_or(0)
             .min(max_p)
@@ -319,11 +319,14 @@ impl<C: Clone> Speculator<C> {
         // That is every p beyond the second longest match.
         let (mut longest, mut second_longest) = (0, 0);
         if params.mode == SpecMode::Extended {
-            for &(_, l) in matches {
-                if l > longest {
-                    (longest, second_longest) = (l, longest);
-                } else if l > second_longest {
-                    second_longest = l;
+            for m in matches {
+                // A run is at least two occurrences of its length.
+                for l in std::iter::repeat_n(m.len, m.copies.min(2) as usize) {
+                    if l > longest {
+                        (longest, second_longest) = (l, longest);
+                    } else if l > second_longest {
+                        second_longest = l;
+                    }
                 }
             }
         }
@@ -347,7 +350,7 @@ impl<C: Clone> Speculator<C> {
         // fit in one bit set.
         let mut cuts = 1u128 << p_max.min(127);
         for m in matches {
-            cuts |= 1u128 << (m.1 as usize).min(p_max).min(127);
+            cuts |= 1u128 << (m.len as usize).min(p_max).min(127);
         }
         cuts &= !1;
         let rescorer = &mut self.rescorer;

@@ -14,7 +14,7 @@
 //! is left (extended mode copies its continuation), the candidate is grown as before.
 
 use super::{Draft, SpecMode, SpecParams, min_count_for};
-use crate::tree::{MAX_CURSOR_ENDS, RequestTree};
+use crate::tree::{MAX_CURSOR_ENDS, Match, RequestTree, for_most_recent};
 
 /// How many leading tokens `a` and `b` share, compared a chunk at a time (most
 /// occurrences on repetitive text follow a path for its whole length).
@@ -43,14 +43,15 @@ pub(super) struct PathRescorer {
 }
 
 impl PathRescorer {
-    /// Measures how far each of `matches` ((end position, match length), most recent
-    /// first) goes on with the tokens of `path`.
-    pub(super) fn follow(&mut self, tree: &RequestTree, matches: &[(u32, u32)], path: &Draft) {
+    /// Measures how far each of `matches` (most recent first, as `match_lengths` gives
+    /// them) goes on with the tokens of `path`. The copies of a run go on as its first
+    /// does, for as long as any draft grows.
+    pub(super) fn follow(&mut self, tree: &RequestTree, matches: &[Match], path: &Draft) {
         let tokens = tree.tokens();
         self.path_len = path.len();
         self.follows.clear();
-        self.follows.extend(matches.iter().map(|&(end, _)| {
-            let after = &tokens[(end as usize + 1).min(tokens.len())..];
+        self.follows.extend(matches.iter().map(|m| {
+            let after = &tokens[(m.end as usize + 1).min(tokens.len())..];
             common_prefix_len(after, &path.tokens) as u32
         }));
     }
@@ -60,7 +61,7 @@ impl PathRescorer {
     /// it); None where that cannot be told without growing it.
     pub(super) fn score(
         &mut self,
-        matches: &[(u32, u32)],
+        matches: &[Match],
         p: usize,
         limit: usize,
         params: &SpecParams,
@@ -74,15 +75,11 @@ impl PathRescorer {
         self.at_least.resize(self.path_len + 2, 0);
         // The cursor of p: its most recent occurrences (see `RequestTree::cursor_at`).
         let mut count = 0u32;
-        for (&(end, matched), &follows) in matches.iter().zip(&self.follows) {
-            if matched as usize >= p && end as usize + 1 >= p {
-                self.at_least[follows as usize] += 1;
-                count += 1;
-                if count as usize == MAX_CURSOR_ENDS {
-                    break;
-                }
-            }
-        }
+        let (follows, at_least) = (&self.follows, &mut self.at_least);
+        for_most_recent(matches, p, 0, MAX_CURSOR_ENDS, |i, _, n| {
+            at_least[follows[i] as usize] += n;
+            count += n;
+        });
         for k in (0..=self.path_len).rev() {
             self.at_least[k] += self.at_least[k + 1];
         }
@@ -123,7 +120,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// The draft that growing candidate `p` gives, with the budget the search uses.
-    fn grown(tree: &RequestTree, matches: &[(u32, u32)], p: usize, params: &SpecParams) -> Draft {
+    fn grown(tree: &RequestTree, matches: &[Match], p: usize, params: &SpecParams) -> Draft {
         let mut d = Draft::default();
         if let Some(cursor) = tree.cursor_at(matches, p, params.budget(p)) {
             expand(tree, &cursor, params.budget(p), 0.0, params, &mut d);
@@ -155,8 +152,8 @@ mod tests {
             let limit = if paper { params.max_depth } else { 64 };
             let window = &context[context.len().saturating_sub(limit)..];
             let mut matches = Vec::new();
-            tree.match_lengths(window, window.len(), usize::MAX, &mut matches);
-            let p_max = matches.iter().map(|m| m.1 as usize).max().unwrap_or(0);
+            tree.match_lengths(window, window.len(), usize::MAX, params.max_spec, &mut matches);
+            let p_max = matches.iter().map(|m| m.len as usize).max().unwrap_or(0);
             let mut rescorer = PathRescorer::default();
             for leader_p in 1..=p_max {
                 let leader = grown(&tree, &matches, leader_p, &params);

@@ -22,9 +22,12 @@ pub use global::{
     WideChild,
 };
 pub(crate) use global::{SeqBlocks, sort_wide_lists};
+pub(crate) use request::for_most_recent;
 #[cfg(test)]
 pub(crate) use request::repeated_with_noise;
-pub use request::{LONG_MATCH, MAX_CURSOR_ENDS, MAX_OCCURRENCES, RequestCursor, RequestTree};
+pub use request::{
+    LONG_MATCH, MAX_CURSOR_ENDS, MAX_OCCURRENCES, Match, RequestCursor, RequestTree,
+};
 pub use wide_index::WideIndex;
 
 /// The "no node" index in the arena's `u32` links.

@@ -15,6 +15,12 @@ use smallvec::{SmallVec, smallvec};
 
 use super::{Child, Expand, NIL, common_suffix_len};
 
+mod matches;
+mod walk;
+pub use matches::Match;
+pub(crate) use matches::for_most_recent;
+use walk::Walk;
+
 /// How many occurrences of the last context token are examined, most recent first.
 /// Bounds the cost of one speculation on pathological prompts (one token repeated
 /// thousands of times); ordinary prompts stay far below it.
@@ -169,7 +175,8 @@ impl RequestTree {
     }
 
     /// Occurrences of the last token of `context`, each with how many tokens of `context`
-    /// it matches backwards (at most `limit`), most recent first.
+    /// it matches backwards (at most `limit`), most recent first, for cursors whose
+    /// drafts grow at most `horizon` tokens.
     ///
     /// Stops after [`MAX_OCCURRENCES`], or once `enough` occurrences match as long as the
     /// longest so far, if that is all `limit` tokens or at least [`LONG_MATCH`]. On
@@ -184,15 +191,18 @@ impl RequestTree {
     /// rest a copy is listed only while fewer than [`MAX_CURSOR_ENDS`] listed occurrences
     /// match as long as it does, since no cursor keeps more. The others count towards
     /// [`MAX_OCCURRENCES`] and the stop as if walked, so what any cursor holds is what
-    /// walking every occurrence gives ([`RequestTree::match_lengths_one_by_one`]).
+    /// walking every occurrence gives ([`RequestTree::match_lengths_one_by_one`]). Copies
+    /// far enough back to be followed by the same `horizon` tokens are listed as one
+    /// [`Match`] per occurrence of the period, with how many copies it stands for.
     pub fn match_lengths(
         &self,
         context: &[u32],
         limit: usize,
         enough: usize,
-        out: &mut Vec<(u32, u32)>,
+        horizon: usize,
+        out: &mut Vec<Match>,
     ) {
-        self.match_lengths_with(context, limit, enough, true, out);
+        self.match_lengths_with(context, limit, enough, horizon, true, out);
     }
 
     /// [`RequestTree::match_lengths`] walking every occurrence, repeated stretches
@@ -203,9 +213,9 @@ impl RequestTree {
         context: &[u32],
         limit: usize,
         enough: usize,
-        out: &mut Vec<(u32, u32)>,
+        out: &mut Vec<Match>,
     ) {
-        self.match_lengths_with(context, limit, enough, false, out);
+        self.match_lengths_with(context, limit, enough, 0, false, out);
     }
 
     fn match_lengths_with(
@@ -213,8 +223,9 @@ impl RequestTree {
         context: &[u32],
         limit: usize,
         enough: usize,
+        horizon: usize,
         skip_periods: bool,
-        out: &mut Vec<(u32, u32)>,
+        out: &mut Vec<Match>,
     ) {
         out.clear();
         let Some(&lastc) = context.last() else { return };
@@ -225,6 +236,7 @@ impl RequestTree {
             end: self.tokens.len().wrapping_sub(1),
             enough,
             long_enough: limit.min(LONG_MATCH),
+            horizon,
             longest: 0,
             as_long: 0,
             visited: 0,
@@ -270,12 +282,7 @@ impl RequestTree {
 
     /// The cursor of the path made of the last `p` tokens of the context, given the
     /// output of [`RequestTree::match_lengths`], for drafts of at most `horizon` tokens.
-    pub fn cursor_at(
-        &self,
-        matches: &[(u32, u32)],
-        p: usize,
-        horizon: usize,
-    ) -> Option<RequestCursor> {
+    pub fn cursor_at(&self, matches: &[Match], p: usize, horizon: usize) -> Option<RequestCursor> {
         self.cursor_from(matches, p, horizon, 0)
     }
 
@@ -284,7 +291,7 @@ impl RequestTree {
     /// the response while it is generated would hold it.
     pub fn response_cursor_at(
         &self,
-        matches: &[(u32, u32)],
+        matches: &[Match],
         p: usize,
         horizon: usize,
     ) -> Option<RequestCursor> {
@@ -296,7 +303,7 @@ impl RequestTree {
     /// first, in groups that go on alike for `horizon` tokens.
     fn cursor_from(
         &self,
-        matches: &[(u32, u32)],
+        matches: &[Match],
         p: usize,
         horizon: usize,
         from: usize,
@@ -304,22 +311,18 @@ impl RequestTree {
         if p > self.max_depth {
             return None;
         }
-        let ends = matches
-            .iter()
-            .filter(|&&(j, l)| l as usize >= p && j as usize + 1 >= from + p)
-            .map(|&(j, _)| j);
         let mut groups = Ends::new();
         let mut count = 0u32;
-        for j in ends.take(MAX_CURSOR_ENDS) {
-            count += 1;
-            if let Some((rep, n)) = groups.last_mut()
+        for_most_recent(matches, p, from, MAX_CURSOR_ENDS, |_, j, n| {
+            count += n;
+            if let Some((rep, m)) = groups.last_mut()
                 && self.go_on_alike(*rep, j, horizon)
             {
-                *n += 1;
-                continue;
+                *m += n;
+                return;
             }
-            groups.push((j, 1));
-        }
+            groups.push((j, n));
+        });
         (count > 0).then_some(RequestCursor {
             ends: groups,
             count,
@@ -351,8 +354,11 @@ impl RequestTree {
             return 0;
         }
         let mut m = Vec::new();
-        self.match_lengths(path, path.len(), usize::MAX, &mut m);
-        m.iter().filter(|(_, l)| *l as usize >= path.len()).count() as u32
+        self.match_lengths(path, path.len(), usize::MAX, 0, &mut m);
+        m.iter()
+            .filter(|m| m.len as usize >= path.len())
+            .map(|m| m.copies)
+            .sum()
     }
 }
 
@@ -509,136 +515,6 @@ pub(crate) fn repeated_with_noise(
     out
 }
 
-/// The state of one [`RequestTree::match_lengths`] walk.
-struct Walk<'a> {
-    out: &'a mut Vec<(u32, u32)>,
-    /// The last position: its occurrence is the context's own.
-    end: usize,
-    enough: usize,
-    long_enough: usize,
-    /// The longest match so far, and how many occurrences match that long.
-    longest: u32,
-    as_long: usize,
-    /// Occurrences walked, or passed over as copies of listed ones.
-    visited: usize,
-    /// `listed[l]`: listed occurrences (the context's own aside) that match `l` tokens,
-    /// for the repeated stretches (whose matches are shorter than [`ALIKE_CONTEXT`]).
-    listed: [u32; ALIKE_CONTEXT + 1],
-}
-
-impl Walk<'_> {
-    /// Lists the occurrence at `j`, matching `l` tokens; true when the walk is over.
-    fn visit(&mut self, j: u32, l: u32) -> bool {
-        self.out.push((j, l));
-        self.visited += 1;
-        // The occurrence at the very end (the context's own, usually) has nothing
-        // after it: it never starts a draft, so it does not count towards `enough`.
-        if j as usize != self.end {
-            self.listed[(l as usize).min(ALIKE_CONTEXT)] += 1;
-            if l > self.longest {
-                (self.longest, self.as_long) = (l, 0);
-            }
-            if l == self.longest {
-                self.as_long += 1;
-                if self.as_long >= self.enough && l as usize >= self.long_enough {
-                    return true;
-                }
-            }
-        }
-        self.visited >= MAX_OCCURRENCES
-    }
-
-    /// Counts an occurrence the walk passes over without listing it (a copy no cursor
-    /// can keep, of a listed one that matches `l`); true when the walk is over.
-    fn pass_over(&mut self, l: u32) -> bool {
-        self.visited += 1;
-        if l == self.longest {
-            self.as_long += 1;
-            if self.as_long >= self.enough && l as usize >= self.long_enough {
-                return true;
-            }
-        }
-        self.visited >= MAX_OCCURRENCES
-    }
-
-    /// Listed occurrences, the context's own aside, that match at least `l` tokens.
-    fn listed_at_least(&self, l: u32) -> usize {
-        self.listed[(l as usize).min(ALIKE_CONTEXT)..]
-            .iter()
-            .sum::<u32>() as usize
-    }
-
-    /// Walks the copies, one and more periods back, of the occurrences listed from
-    /// `first` on (one period of a repeated stretch), down to position `floor` where the
-    /// stretch ends. A copy is listed while fewer than [`MAX_CURSOR_ENDS`] listed
-    /// occurrences match as long as it does, since a cursor keeps no more; the others
-    /// are passed over, counted as the walk one by one would count them. Returns None
-    /// when the walk is over, else the oldest copy in the stretch (None if there is
-    /// none), from which the chain goes on.
-    fn repeat(&mut self, first: usize, period: usize, floor: usize) -> Option<Option<usize>> {
-        let last = self.out.len();
-        if first == last {
-            return Some(None);
-        }
-        // How many periods back each one's copies can still enter a cursor: each period
-        // adds a copy of every listed one that matches at least as long.
-        let reps: SmallVec<[usize; 16]> = (first..last)
-            .map(|i| {
-                let l = self.out[i].1;
-                let per_period = self.out[first..last].iter().filter(|o| o.1 >= l).count();
-                MAX_CURSOR_ENDS
-                    .saturating_sub(self.listed_at_least(l))
-                    .div_ceil(per_period)
-            })
-            .collect();
-        let most = reps.iter().copied().max().unwrap_or(0);
-        for k in 1..=most {
-            for i in first..last {
-                let (j, l) = self.out[i];
-                let Some(copy) = (j as usize).checked_sub(k * period).filter(|&c| c >= floor)
-                else {
-                    // Copies run out in position order: this one and every later one.
-                    return Some(self.oldest_copy(first, last, period, floor));
-                };
-                let over = if k <= reps[i - first] {
-                    self.visit(copy as u32, l)
-                } else {
-                    self.pass_over(l)
-                };
-                if over {
-                    return None;
-                }
-            }
-        }
-        // The older copies repeat listed matches: no cursor keeps them.
-        let mut as_long = 0;
-        for i in first..last {
-            let (j, l) = self.out[i];
-            let passed = ((j as usize - floor) / period).saturating_sub(most);
-            self.visited += passed;
-            if l == self.longest {
-                as_long += passed;
-            }
-        }
-        self.as_long += as_long;
-        let stop = self.as_long >= self.enough && self.longest as usize >= self.long_enough;
-        if stop || self.visited >= MAX_OCCURRENCES {
-            return None;
-        }
-        Some(self.oldest_copy(first, last, period, floor))
-    }
-
-    /// The oldest copy, at or after `floor`, of the occurrences listed in `first..last`.
-    fn oldest_copy(&self, first: usize, last: usize, period: usize, floor: usize) -> Option<usize> {
-        (first..last)
-            .map(|i| {
-                let j = self.out[i].0 as usize;
-                j - (j - floor) / period * period
-            })
-            .min()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -650,7 +526,7 @@ mod tests {
         assert_eq!(t.count_of(&[2, 3]), 1);
         assert_eq!(t.count_of(&[9]), 0);
         let mut m = Vec::new();
-        t.match_lengths(&[1, 2], 24, usize::MAX, &mut m);
+        t.match_lengths(&[1, 2], 24, usize::MAX, 24, &mut m);
         let c = t.cursor_at(&m, 2, 24).unwrap();
         assert_eq!(t.count(&c), 2);
         let best = t.best_child(&c, 1).unwrap();
@@ -669,7 +545,7 @@ mod tests {
             prompt.push(7);
             let t = RequestTree::new(&prompt, usize::MAX);
             let mut m = Vec::new();
-            t.match_lengths(&[7], 1, usize::MAX, &mut m);
+            t.match_lengths(&[7], 1, usize::MAX, 24, &mut m);
             let c = t.cursor_at(&m, 1, 24).unwrap();
             let want = if extra { (3, 6) } else { (2, 5) };
             assert_eq!(t.most_frequent_next(&c), Some(want), "{extra}");
@@ -691,12 +567,12 @@ mod tests {
         assert_eq!(m.len(), 301);
         // Walking the repeated stretches lists only the copies a cursor can keep.
         let mut skipping = Vec::new();
-        t.match_lengths(&[7], 1, usize::MAX, &mut skipping);
+        t.match_lengths(&[7], 1, usize::MAX, 24, &mut skipping);
         assert!(skipping.len() < 200, "{}", skipping.len());
         let c = t.cursor_at(&m, 1, 24).unwrap();
         assert_eq!(
-            format!("{c:?}"),
-            format!("{:?}", t.cursor_at(&skipping, 1, 24).unwrap())
+            profile(&t, Some(&c), 24),
+            profile(&t, t.cursor_at(&skipping, 1, 24).as_ref(), 24)
         );
         assert_eq!(t.count(&c), MAX_CURSOR_ENDS as u32);
         let best = t.best_child(&c, 1).unwrap();
@@ -713,7 +589,7 @@ mod tests {
         // Every recent occurrence matches all 10 tokens: the most recent 64 suffice,
         // besides the context's own, which has nothing after it.
         assert_eq!(m.len(), 65);
-        assert!(m.iter().all(|&(_, l)| l == 10));
+        assert!(m.iter().all(|m| m.len == 10));
         t.match_lengths_one_by_one(&[5; 10], 10, usize::MAX, &mut m);
         assert_eq!(m.len(), MAX_OCCURRENCES);
         // A context that breaks off after 20 tokens: 64 copies of those 20 suffice too,
@@ -722,7 +598,7 @@ mod tests {
         context.extend([5; 20]);
         t.match_lengths_one_by_one(&context, 50, 64, &mut m);
         assert_eq!(m.len(), 65);
-        assert!(m.iter().all(|&(_, l)| l == 20));
+        assert!(m.iter().all(|m| m.len == 20));
         t.match_lengths_one_by_one(&context[20..], 30, 64, &mut m);
         assert_eq!(m.len(), 65);
         let short = [6u32, 5, 5, 5];
@@ -730,13 +606,46 @@ mod tests {
         assert_eq!(m.len(), MAX_OCCURRENCES);
     }
 
-    /// Every cursor a list of matches gives, for p up to `limit`.
-    fn cursors(t: &RequestTree, matches: &[(u32, u32)], limit: usize) -> Vec<String> {
+    /// What a cursor's drafts can see within `horizon` tokens: its COUNT and depth, the
+    /// continuation of each of its occurrences (cut at the end of the request) with how
+    /// many occurrences go on so, in the order of their most recent occurrence (which
+    /// breaks ties), and the position of a lone occurrence (read on beyond the depth
+    /// limit). Cursors that group the same occurrences differently see the same.
+    type Profile = (u32, usize, Vec<(Vec<u32>, u32)>, Option<u32>);
+
+    fn profile(t: &RequestTree, c: Option<&RequestCursor>, horizon: usize) -> Option<Profile> {
+        let c = c?;
+        let mut seen: Vec<(Vec<u32>, u32)> = Vec::new();
+        for &(j, n) in &c.ends {
+            let from = j as usize + 1;
+            let next =
+                t.tokens[from.min(t.tokens.len())..t.tokens.len().min(from + horizon)].to_vec();
+            match seen.iter_mut().find(|(s, _)| *s == next) {
+                Some((_, m)) => *m += n,
+                None => seen.push((next, n)),
+            }
+        }
+        let lone = (c.count == 1).then(|| c.ends[0].0);
+        Some((c.count, c.depth, seen, lone))
+    }
+
+    /// Every cursor a list of matches gives, for p up to `limit`, with drafts of at most
+    /// `horizon` tokens.
+    fn cursors(
+        t: &RequestTree,
+        matches: &[Match],
+        limit: usize,
+        horizon: usize,
+    ) -> Vec<Option<Profile>> {
         (1..=limit)
             .flat_map(|p| {
                 [
-                    format!("{:?}", t.cursor_at(matches, p, 24)),
-                    format!("{:?}", t.response_cursor_at(matches, p, 24)),
+                    profile(t, t.cursor_at(matches, p, horizon).as_ref(), horizon),
+                    profile(
+                        t,
+                        t.response_cursor_at(matches, p, horizon).as_ref(),
+                        horizon,
+                    ),
                 ]
             })
             .collect()
@@ -759,14 +668,15 @@ mod tests {
                 for (limit, enough) in [(64, 64), (64, usize::MAX), (24, usize::MAX), (3, 64)] {
                     let window = &context[context.len().saturating_sub(limit)..];
                     t.match_lengths_one_by_one(window, limit, enough, &mut walked);
-                    t.match_lengths(window, limit, enough, &mut skipping);
+                    t.match_lengths(window, limit, enough, 24, &mut skipping);
                     assert!(skipping.len() <= walked.len());
-                    assert!(
-                        skipping.len() <= 4 * MAX_CURSOR_ENDS,
-                        "{} listed at {i}",
-                        skipping.len()
-                    );
-                    assert_same_cursors(&t, &walked, &skipping, limit);
+                    // Copies 24 tokens back or more are runs: a stretch lists at most
+                    // the single copies within 24 tokens of its end, and a run for each
+                    // occurrence in its last period (here, the reply's and the prompt's).
+                    assert!(skipping.len() <= 3 * 24, "{} listed at {i}", skipping.len());
+                    for horizon in [24, 5] {
+                        assert_same_cursors(&t, &walked, &skipping, limit, horizon);
+                    }
                 }
             }
         }
@@ -775,17 +685,18 @@ mod tests {
     /// The two walks give the same cursor for every p, and the same longest match.
     fn assert_same_cursors(
         t: &RequestTree,
-        walked: &[(u32, u32)],
-        skipping: &[(u32, u32)],
+        walked: &[Match],
+        skipping: &[Match],
         limit: usize,
+        horizon: usize,
     ) {
         let end = t.tokens().len() as u32 - 1;
-        let longest = |m: &[(u32, u32)]| m.iter().filter(|o| o.0 != end).map(|o| o.1).max();
+        let longest = |m: &[Match]| m.iter().filter(|o| o.end != end).map(|o| o.len).max();
         assert_eq!(longest(walked), longest(skipping), "limit {limit}");
         assert_eq!(
-            cursors(t, walked, limit),
-            cursors(t, skipping, limit),
-            "limit {limit}"
+            cursors(t, walked, limit, horizon),
+            cursors(t, skipping, limit, horizon),
+            "limit {limit}, horizon {horizon}"
         );
     }
 
@@ -798,6 +709,8 @@ mod tests {
             reply in proptest::collection::vec(0u32..4, 1..12),
             limit in proptest::prop_oneof![1usize..8, 8usize..65],
             enough in proptest::prop_oneof![proptest::strategy::Just(64usize), proptest::strategy::Just(100usize), proptest::strategy::Just(usize::MAX)],
+            horizon in 0usize..40,
+            shorter in 0usize..40,
         ) {
             let prompt = repeated_with_noise(&pattern, repeats, &noise);
             let mut t = RequestTree::new(&prompt, usize::MAX);
@@ -806,8 +719,10 @@ mod tests {
             let window = &context[context.len().saturating_sub(limit)..];
             let (mut walked, mut skipping) = (Vec::new(), Vec::new());
             t.match_lengths_one_by_one(window, limit, enough, &mut walked);
-            t.match_lengths(window, limit, enough, &mut skipping);
-            assert_same_cursors(&t, &walked, &skipping, limit);
+            t.match_lengths(window, limit, enough, horizon, &mut skipping);
+            // Cursors for drafts of the horizon the matching was made for, or fewer.
+            assert_same_cursors(&t, &walked, &skipping, limit, horizon);
+            assert_same_cursors(&t, &walked, &skipping, limit, horizon.min(shorter));
         }
     }
 
@@ -815,12 +730,12 @@ mod tests {
     fn empty_prompt_and_depth_limit() {
         let mut t = RequestTree::new(&[], 2);
         let mut m = Vec::new();
-        t.match_lengths(&[1], 2, usize::MAX, &mut m);
+        t.match_lengths(&[1], 2, usize::MAX, 24, &mut m);
         assert!(m.is_empty());
         t.extend(&[1, 2, 3]);
         assert_eq!(t.count_of(&[1, 2]), 1);
         assert_eq!(t.count_of(&[1, 2, 3]), 0);
-        let c = t.cursor_at(&[(1, 2)], 2, 24).unwrap();
+        let c = t.cursor_at(&[Match::one(1, 2)], 2, 24).unwrap();
         assert!(t.best_child(&c, 1).is_none());
     }
 }
