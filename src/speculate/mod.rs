@@ -354,6 +354,7 @@ impl<C: Clone> Speculator<C> {
         }
         cuts &= !1;
         let rescorer = &mut self.rescorer;
+        let occurrences: usize = matches.iter().map(|m| m.copies as usize).sum();
         let mut candidates = std::mem::take(&mut self.drafts.candidates);
         candidates.clear();
         let mut lo = 1;
@@ -382,8 +383,8 @@ impl<C: Clone> Speculator<C> {
             },
             |p, leader, changed| {
                 // Telling a score costs a pass over the matches, which only pays where
-                // a draft is grown from many of them.
-                if params.tree || matches.len() < RESCORE_FROM_MATCHES {
+                // a draft is grown from many occurrences.
+                if params.tree || occurrences < RESCORE_FROM_MATCHES {
                     return None;
                 }
                 if changed {
