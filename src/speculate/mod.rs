@@ -506,6 +506,9 @@ impl<C: Clone> Speculator<C> {
                 // ties (this also covers a path neither tree has).
                 (Some(r), Some(w), None) if r == w => 0.0,
                 (Some(0), _, None) => 0.0,
+                // No draft scores above its budget: a budget below the floor needs no
+                // closer bound (most p, on a long context).
+                (Some(r), _, _) if r > 0 && (params.budget(p) as f32) < floor => 0.0,
                 (Some(r), _, elsewhere) if r > 0 => response.score_bound(
                     p,
                     params.budget(p),
