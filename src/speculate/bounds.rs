@@ -60,6 +60,17 @@ impl OccurrenceBounds {
         // run lie before its first, and interleave with those of the runs beside it.
         let mut sorted = true;
         'near: for m in matches {
+            if !m.is_run() {
+                let after = len.saturating_sub(m.end as usize + 1);
+                if after >= horizon {
+                    break;
+                }
+                if let Some(inside) = inside(m.end) {
+                    self.near_end
+                        .push((after as u32, (m.len as usize).min(inside) as u32));
+                }
+                continue;
+            }
             for k in 0..m.copies {
                 let end = m.end_of(k);
                 let after = len.saturating_sub(end as usize + 1);
@@ -70,7 +81,8 @@ impl OccurrenceBounds {
                     break;
                 }
                 if let Some(inside) = inside(end) {
-                    sorted &= self.near_end.last().is_none_or(|&(a, _)| a <= after as u32);
+                    // Copies of the runs beside this one may lie between these.
+                    sorted = false;
                     self.near_end
                         .push((after as u32, (m.len as usize).min(inside) as u32));
                 }
@@ -98,6 +110,12 @@ impl OccurrenceBounds {
         self.at_least.resize(p_max + 2, 0);
         let top = p_max + 1;
         for m in matches {
+            if !m.is_run() {
+                if let Some(inside) = inside(m.end) {
+                    self.at_least[(m.len as usize).min(inside).min(top)] += 1;
+                }
+                continue;
+            }
             // The copies that lie inside for the whole match, then those cut by `from`,
             // each shorter than the one before.
             let whole = m.copies_ending_at_or_after((from + m.len as usize).saturating_sub(1));

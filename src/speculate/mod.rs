@@ -317,18 +317,28 @@ impl<C: Clone> Speculator<C> {
         // block, an earlier step's output), and a short match already identifies the
         // place. Such a draft gets the full budget instead of α·p.
         // That is every p beyond the second longest match.
+        // One pass over the matches for what the search needs of them: the two longest
+        // (counting each occurrence), how many occurrences there are, and every match
+        // length (for the ranges below).
         let (mut longest, mut second_longest) = (0, 0);
-        if params.mode == SpecMode::Extended {
-            for m in matches {
-                // A run is at least two occurrences of its length.
-                for l in std::iter::repeat_n(m.len, m.copies.min(2) as usize) {
-                    if l > longest {
-                        (longest, second_longest) = (l, longest);
-                    } else if l > second_longest {
-                        second_longest = l;
-                    }
-                }
+        let mut occurrences = 0usize;
+        let mut cuts = 1u128 << p_max.min(127);
+        for m in matches {
+            let l = m.len;
+            if l > longest {
+                (longest, second_longest) = (l, longest);
+            } else if l > second_longest {
+                second_longest = l;
             }
+            // A run is at least two occurrences of its length.
+            if m.copies > 1 {
+                second_longest = second_longest.max(l);
+            }
+            occurrences += m.copies as usize;
+            cuts |= 1u128 << (l as usize).min(p_max).min(127);
+        }
+        if params.mode != SpecMode::Extended {
+            second_longest = 0;
         }
         let copying = |p: usize| params.mode == SpecMode::Extended && p > second_longest as usize;
         let budget = |p: usize| {
@@ -347,14 +357,9 @@ impl<C: Clone> Speculator<C> {
         // limit (the longest on ties) can win in its range. A longer p can: its draft is
         // the same when the path ends before its cut, and ties go to the longer p.
         // p_max is below 128 (the depth limit, or the extended window), so the range ends
-        // fit in one bit set.
-        let mut cuts = 1u128 << p_max.min(127);
-        for m in matches {
-            cuts |= 1u128 << (m.len as usize).min(p_max).min(127);
-        }
+        // fit in one bit set (`cuts`, filled above).
         cuts &= !1;
         let rescorer = &mut self.rescorer;
-        let occurrences: usize = matches.iter().map(|m| m.copies as usize).sum();
         let mut candidates = std::mem::take(&mut self.drafts.candidates);
         candidates.clear();
         let mut lo = 1;

@@ -68,6 +68,7 @@ impl Match {
 /// single occurrences, and their copies interleave: copy k of every run is more recent
 /// than copy k + 1 of any, since the runs start within one stride of each other. So the
 /// most recent of them are taken a layer of copies at a time.
+#[inline]
 pub(crate) fn for_most_recent(
     matches: &[Match],
     p: usize,
@@ -81,8 +82,14 @@ pub(crate) fn for_most_recent(
     let mut i = 0;
     while i < matches.len() && left > 0 {
         let m = matches[i];
+        // Most entries are too short for p; a run too short gives none either, so the
+        // block of its neighbours may start after it.
+        if (m.len as usize) < p {
+            i += 1;
+            continue;
+        }
         if !m.is_run() {
-            if m.len as usize >= p && m.end as usize >= first_end {
+            if m.end as usize >= first_end {
                 take(i, m.end, 1);
                 left -= 1;
             }
