@@ -221,6 +221,50 @@ mod tests {
     }
 
     #[test]
+    fn runs_bound_as_the_occurrences_they_stand_for() {
+        // Two single occurrences near the end of a 100-token request, then two runs of
+        // copies every 7 tokens whose copies interleave.
+        let runs = [
+            Match::one(95, 5),
+            Match::one(90, 3),
+            Match {
+                end: 80,
+                len: 4,
+                copies: 6,
+                stride: 7,
+            },
+            Match {
+                end: 78,
+                len: 6,
+                copies: 9,
+                stride: 7,
+            },
+        ];
+        let mut one_by_one: Vec<Match> = runs
+            .iter()
+            .flat_map(|m| (0..m.copies).map(move |k| Match::one(m.end_of(k), m.len)))
+            .collect();
+        one_by_one.sort_by_key(|m| std::cmp::Reverse(m.end));
+        let (mut a, mut b) = (OccurrenceBounds::default(), OccurrenceBounds::default());
+        for from in [0, 50, 70, 85] {
+            for horizon in [4, 24, 40] {
+                a.prepare(&runs, 100, from, 6, horizon);
+                b.prepare(&one_by_one, 100, from, 6, horizon);
+                for p in 1..=7 {
+                    assert_eq!(a.occurrences(p), b.occurrences(p), "{from} {horizon} {p}");
+                    for limit in [1, 5, 24] {
+                        assert_eq!(
+                            a.score_bound(p, limit, 0.1, 2),
+                            b.score_bound(p, limit, 0.1, 2),
+                            "{from} {horizon} {p} {limit}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn far_occurrences_are_bounded_by_the_limit() {
         let matches = [Match::one(10, 5), Match::one(3, 2)];
         let mut b = OccurrenceBounds::default();
