@@ -265,7 +265,7 @@ proptest! {
     #[test]
     fn global_counts_equal_brute_force(seqs in seqs_strategy(), depth in 1usize..8) {
         let t = global_tree(&seqs, depth);
-        t.check_integrity().map_err(TestCaseError::fail)?;
+        t.check_integrity().map_err(|e| TestCaseError::fail(e.to_string()))?;
         for path in probe_paths(&seqs, depth) {
             prop_assert_eq!(t.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
         }
@@ -295,7 +295,7 @@ proptest! {
             if step == compact_at {
                 t.compact();
             }
-            t.check_integrity().map_err(TestCaseError::fail)?;
+            t.check_integrity().map_err(|e| TestCaseError::fail(e.to_string()))?;
         }
         let seqs: Vec<Vec<u32>> = live.iter().map(|x| x.1.clone()).collect();
         prop_assert_eq!(t.cached_tokens(), seqs.iter().map(|s| s.len() as u64).sum::<u64>());
@@ -321,7 +321,7 @@ proptest! {
             threads,
         )
         .unwrap();
-        built.check_integrity().map_err(TestCaseError::fail)?;
+        built.check_integrity().map_err(|e| TestCaseError::fail(e.to_string()))?;
         for path in probe_paths(&seqs, depth) {
             prop_assert_eq!(built.count_of(&path), naive_count(&seqs, &path, depth), "path {:?}", path);
         }
@@ -330,7 +330,7 @@ proptest! {
         // A built tree takes appends and removals like any other.
         built.insert(seqs.len() as u64, &more).unwrap();
         prop_assert!(built.remove(0));
-        built.check_integrity().map_err(TestCaseError::fail)?;
+        built.check_integrity().map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut left: Vec<Vec<u32>> = seqs[1..].to_vec();
         left.push(more);
         for path in probe_paths(&left, depth) {
@@ -622,7 +622,7 @@ proptest! {
         let inserted = global_tree(&base_seqs, depth);
         let built = GlobalTree::build(depth, base_seqs.iter().enumerate().map(|(i, s)| (i as u64, s)))
             .unwrap();
-        built.check_integrity().map_err(TestCaseError::fail)?;
+        built.check_integrity().map_err(|e| TestCaseError::fail(e.to_string()))?;
         let snap = frozen_copy(&built, dir.path());
         snap.verify().map_err(|e| TestCaseError::fail(e.to_string()))?;
         let frozen_base = snap.namespaces().unwrap().pop().unwrap().tree;

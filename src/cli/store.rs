@@ -154,7 +154,7 @@ pub(super) fn run_inspect(a: InspectArgs) -> anyhow::Result<()> {
                 "name": ns.name,
                 "sequences": ns.tree.len(),
                 "tokens": ns.tree.cached_tokens(),
-                "nodes": ns.tree.nodes.len(),
+                "nodes": ns.tree.node_count(),
             })
         })
         .collect();
@@ -195,7 +195,7 @@ pub(super) fn run_inspect(a: InspectArgs) -> anyhow::Result<()> {
             ns.name,
             ns.tree.len(),
             ns.tree.cached_tokens(),
-            ns.tree.nodes.len()
+            ns.tree.node_count()
         );
     }
     if let Some(s) = verified {

@@ -13,9 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rkyv::rancor;
-use rustc_hash::FxHashMap;
 
-use crate::tree::{GlobalTree, Node, SeqEntry, Storage, WideChild};
+use crate::tree::{GlobalTree, Node, SeqEntry, Storage, TreeParts, WideChild};
 
 use super::faults;
 
@@ -186,37 +185,21 @@ pub struct NamespaceInput<'a> {
     pub meta: Vec<SeqMeta>,
 }
 
-/// The tree's nodes with wide children lists in descending count order, as snapshots
-/// promise (header flag bit 0).
-fn sorted_nodes(t: &GlobalTree) -> std::borrow::Cow<'_, [Node]> {
-    if t.wide_lists_sorted {
-        std::borrow::Cow::Borrowed(&t.nodes)
-    } else {
-        let mut nodes = t.nodes.clone();
-        crate::tree::sort_wide_lists(&mut nodes, &t.lens);
-        std::borrow::Cow::Owned(nodes)
-    }
-}
-
 fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
-    let t = ns.tree;
-    let mut wide: Vec<WideChild> = t
-        .child_index
-        .iter()
-        .map(|(node, token, child)| WideChild { node, token, child })
-        .collect();
-    wide.sort_unstable_by_key(|w| (w.node, w.token));
+    let t = ns.tree.parts();
     NamespaceImage {
         name: ns.name.to_string(),
         max_depth: t.max_depth as u32,
-        live_tokens: t.live_tokens,
-        nodes: sorted_nodes(t)
+        live_tokens: ns.tree.cached_tokens(),
+        nodes: t
+            .nodes
             .iter()
             .flat_map(|n| [n.start, n.count, n.first_child, n.next_sibling])
             .collect(),
-        lens: t.lens.clone(),
-        pool: t.pool.clone(),
-        wide: wide
+        lens: t.lens.to_vec(),
+        pool: t.pool.to_vec(),
+        wide: t
+            .child_index
             .iter()
             .flat_map(|w| [w.node, w.token, w.child])
             .collect(),
@@ -474,32 +457,11 @@ impl Storage for Frozen {
     type Seqs = Mapped<SeqEntry>;
     type Index = [WideChild];
     type IndexRef = Mapped<WideChild>;
+    const EDITABLE: bool = false;
 }
 
 /// A global tree read in place from a snapshot.
 pub type FrozenTree = GlobalTree<Frozen>;
-
-/// Cheap: the tables stay where they are, in the shared snapshot bytes.
-impl Clone for FrozenTree {
-    fn clone(&self) -> Self {
-        GlobalTree {
-            max_depth: self.max_depth,
-            nodes: self.nodes.clone(),
-            lens: self.lens.clone(),
-            free_head: self.free_head,
-            free_nodes: self.free_nodes,
-            child_index: self.child_index.clone(),
-            pool: self.pool.clone(),
-            seqs: self.seqs.clone(),
-            seq_by_id: self.seq_by_id.clone(),
-            seq_blocks: self.seq_blocks.clone(),
-            live_tokens: self.live_tokens,
-            dead_tokens: self.dead_tokens,
-            version: self.version,
-            wide_lists_sorted: self.wide_lists_sorted,
-        }
-    }
-}
 
 #[cfg(target_endian = "big")]
 compile_error!("snapshots are read in place and assume a little-endian machine");
@@ -642,30 +604,24 @@ impl Snapshot {
         let archive = self.archive()?;
         let mut out = Vec::with_capacity(archive.namespaces.len());
         for ns in archive.namespaces.iter() {
-            let max_depth = ns.max_depth.to_native() as usize;
-            if max_depth == 0 || max_depth > crate::tree::MAX_SUPPORTED_DEPTH {
-                return Err(self.corrupt(format!("namespace {}: max_depth {max_depth}", ns.name)));
-            }
             let c = |e: String| self.corrupt(format!("namespace {}: {e}", ns.name));
-            let nodes: Mapped<Node> = cast(&self.bytes, &ns.nodes, "nodes").map_err(c)?;
-            let lens: Mapped<u8> = cast(&self.bytes, &ns.lens, "lens").map_err(c)?;
-            let pool: Mapped<u32> = cast(&self.bytes, &ns.pool, "pool").map_err(c)?;
-            let wide: Mapped<WideChild> = cast(&self.bytes, &ns.wide, "index").map_err(c)?;
-            let seqs: Mapped<SeqEntry> = cast(&self.bytes, &ns.seqs, "sequences").map_err(c)?;
-            if nodes.is_empty() || lens.len() != nodes.len() {
-                return Err(c("node and length tables differ".into()));
-            }
-            if ns.meta.len() != seqs.len() {
+            let parts = TreeParts::<Frozen> {
+                max_depth: ns.max_depth.to_native() as usize,
+                nodes: cast(&self.bytes, &ns.nodes, "nodes").map_err(c)?,
+                lens: cast(&self.bytes, &ns.lens, "lens").map_err(c)?,
+                pool: cast(&self.bytes, &ns.pool, "pool").map_err(c)?,
+                child_index: cast(&self.bytes, &ns.wide, "index").map_err(c)?,
+                seqs: cast(&self.bytes, &ns.seqs, "sequences").map_err(c)?,
+                wide_lists_sorted: self.header.wide_lists_sorted,
+            };
+            if ns.meta.len() != parts.seqs.len() {
                 return Err(c(
                     "sequence metadata does not match the sequence table".into()
                 ));
             }
-            let mut seq_by_id = FxHashMap::default();
-            seq_by_id.reserve(seqs.len());
-            for (i, e) in seqs.iter().enumerate() {
-                if e.live != 0 && seq_by_id.insert(e.id, i as u32).is_some() {
-                    return Err(c(format!("sequence id {} appears twice", e.id)));
-                }
+            let tree = GlobalTree::from_parts(parts).map_err(|e| c(e.to_string()))?;
+            if tree.cached_tokens() != ns.live_tokens.to_native() {
+                return Err(c("live token count differs from the sequence table".into()));
             }
             let meta = ns
                 .meta
@@ -676,25 +632,9 @@ impl Snapshot {
                     last_use_ms: m.last_use_ms.to_native(),
                 })
                 .collect();
-            let seq_blocks = crate::tree::SeqBlocks::over(&seqs, pool.len());
             out.push(FrozenNamespace {
                 name: ns.name.to_string(),
-                tree: GlobalTree {
-                    max_depth,
-                    nodes,
-                    lens,
-                    free_head: crate::tree::NIL,
-                    free_nodes: 0,
-                    child_index: wide,
-                    pool,
-                    seq_blocks,
-                    seqs,
-                    seq_by_id,
-                    live_tokens: ns.live_tokens.to_native(),
-                    dead_tokens: 0,
-                    version: crate::tree::global_next_version(),
-                    wide_lists_sorted: self.header.wide_lists_sorted,
-                },
+                tree,
                 meta,
             });
         }
@@ -728,7 +668,7 @@ impl Snapshot {
         for ns in self.namespaces()? {
             // A damaged id would reach the model as a draft token.
             if self.header.tokenizer != TokenizerId::UNKNOWN
-                && let Some(bad) = ns.tree.pool.iter().find(|&&t| t >= vocab)
+                && let Some(bad) = ns.tree.pool_tokens().iter().find(|&&t| t >= vocab)
             {
                 return Err(self.corrupt(format!(
                     "namespace {}: token id {bad} is outside the vocabulary of {vocab}",

@@ -16,12 +16,10 @@ mod global;
 mod request;
 mod wide_index;
 
-pub(crate) use global::next_version as global_next_version;
 pub use global::{
-    ChildIndex, GlobalCursor, GlobalTree, Node, Owned, SeqEntry, Storage, TreeError, TreeStats,
-    WideChild,
+    Borrowed, ChildIndex, GlobalCursor, GlobalTree, IntegrityError, Node, Owned, PartsError, SeqEntry, Storage,
+    TreeError, TreeParts, TreeStats, WideChild,
 };
-pub(crate) use global::{SeqBlocks, sort_wide_lists};
 pub(crate) use request::for_most_recent;
 #[cfg(test)]
 pub(crate) use request::repeated_with_noise;

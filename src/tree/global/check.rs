@@ -2,10 +2,125 @@
 
 use super::*;
 
+/// The first broken invariant [`GlobalTree::check_integrity`] found. Any of them means
+/// the tables are damaged (a bad snapshot) or a bug changed them: rebuild the tree from
+/// its sequences (`suffixd build`, or restore the snapshot from a backup).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IntegrityError {
+    /// A sequence's range is not inside the token pool.
+    #[error("sequence {seq} lies outside the token pool")]
+    SequenceOutsidePool {
+        /// Sequence id.
+        seq: u64,
+    },
+    /// A suffix of a sequence has no path from the root.
+    #[error("sequence {seq} suffix {suffix}: no child at depth {depth}")]
+    MissingPath {
+        /// Sequence id.
+        seq: u64,
+        /// Where the suffix starts in the sequence.
+        suffix: usize,
+        /// Depth at which the path stops.
+        depth: usize,
+    },
+    /// A suffix ends inside an edge instead of at a node.
+    #[error("sequence {seq} suffix {suffix} ends inside an edge")]
+    EndsInsideEdge {
+        /// Sequence id.
+        seq: u64,
+        /// Where the suffix starts in the sequence.
+        suffix: usize,
+    },
+    /// An edge on a suffix's path spells other tokens than the suffix.
+    #[error("sequence {seq} suffix {suffix}: edge tokens differ")]
+    EdgeTokensDiffer {
+        /// Sequence id.
+        seq: u64,
+        /// Where the suffix starts in the sequence.
+        suffix: usize,
+    },
+    /// An edge is empty, or reaches past the depth limit.
+    #[error("node {node}: bad edge length {len} at depth {depth}")]
+    BadEdgeLength {
+        /// The node.
+        node: u32,
+        /// Its edge length.
+        len: usize,
+        /// Depth of its parent.
+        depth: usize,
+    },
+    /// A node's count differs from the suffixes passing through it (the root's
+    /// included).
+    #[error("node {node}: count {count}, {suffixes} suffixes pass through")]
+    CountMismatch {
+        /// The node.
+        node: u32,
+        /// Its count.
+        count: u32,
+        /// Suffixes passing through it.
+        suffixes: u32,
+    },
+    /// A wide list is out of count order though the tree says it is sorted.
+    #[error("node {node}: wide children list out of count order, though the tree says it is sorted")]
+    WideListUnsorted {
+        /// The parent node.
+        node: u32,
+    },
+    /// A node's occurrence (its `start`) is not inside the pool.
+    #[error("node {node}: occurrence out of the pool")]
+    OccurrenceOutsidePool {
+        /// The node.
+        node: u32,
+    },
+    /// An indexed node's child is missing from the child index.
+    #[error("node {node}: child {child} missing from the index")]
+    MissingFromIndex {
+        /// The parent node.
+        node: u32,
+        /// The child.
+        child: u32,
+    },
+    /// The links reach a node twice.
+    #[error("a node is reachable twice: the links form a cycle")]
+    Cycle,
+    /// A children list is not headed by its largest child.
+    #[error("node {node}: head child {head} is not the largest")]
+    HeadNotLargest {
+        /// The parent node.
+        node: u32,
+        /// Its first child.
+        head: u32,
+    },
+    /// The children of a node count more suffixes than the node.
+    #[error("node {node}: children count more than the node")]
+    ChildrenExceedNode {
+        /// The node.
+        node: u32,
+    },
+    /// A node has too many children for a list but no index.
+    #[error("node {node}: {fanout} children but no index")]
+    MissingIndex {
+        /// The node.
+        node: u32,
+        /// Its children.
+        fanout: usize,
+    },
+    /// Reachable and free nodes do not add up to the allocated ones.
+    #[error("{reachable} nodes reachable, {free} free, {allocated} allocated")]
+    NodesUnaccounted {
+        /// Nodes reachable from the root.
+        reachable: usize,
+        /// Nodes on the free list.
+        free: usize,
+        /// Node records.
+        allocated: usize,
+    },
+}
+
 impl<S: Storage> GlobalTree<S> {
     /// Checks every invariant of the arena against the stored sequences; returns the first
     /// problem found. Costs O(tokens × depth): a tool for tests and `verify`, not serving.
-    pub fn check_integrity(&self) -> Result<(), String> {
+    pub fn check_integrity(&self) -> Result<(), IntegrityError> {
         // Counts: walk every suffix and tally.
         let mut visits: FxHashMap<u32, u32> = FxHashMap::default();
         let mut root_visits = 0u32;
@@ -13,27 +128,39 @@ impl<S: Storage> GlobalTree<S> {
             let s = self
                 .pool
                 .get(e.offset as usize..e.offset as usize + e.len as usize)
-                .ok_or_else(|| format!("sequence {} lies outside the token pool", e.id))?;
+                .ok_or(IntegrityError::SequenceOutsidePool { seq: e.id })?;
             for i in 0..s.len() {
                 root_visits += 1;
                 let rem = (s.len() - i).min(self.max_depth);
                 let mut node = ROOT;
                 let mut j = 0;
                 while j < rem {
-                    let child = self.child(node, s[j + i]).ok_or_else(|| {
-                        format!("sequence {} suffix {i}: no child at depth {j}", e.id)
+                    let child = self.child(node, s[j + i]).ok_or(IntegrityError::MissingPath {
+                        seq: e.id,
+                        suffix: i,
+                        depth: j,
                     })?;
                     let len = self.len_of(child);
                     let st = self.node(child).start as usize;
                     if len == 0 {
                         // Only a damaged snapshot has one, and the walk would never advance.
-                        return Err(format!("node {child}: an edge of length 0"));
+                        return Err(IntegrityError::BadEdgeLength {
+                            node: child,
+                            len,
+                            depth: j,
+                        });
                     }
                     if j + len > rem {
-                        return Err(format!("sequence {} suffix {i} ends inside an edge", e.id));
+                        return Err(IntegrityError::EndsInsideEdge {
+                            seq: e.id,
+                            suffix: i,
+                        });
                     }
                     if self.pool.get(st..st + len) != Some(&s[i + j..i + j + len]) {
-                        return Err(format!("sequence {} suffix {i}: edge tokens differ", e.id));
+                        return Err(IntegrityError::EdgeTokensDiffer {
+                            seq: e.id,
+                            suffix: i,
+                        });
                     }
                     *visits.entry(child).or_default() += 1;
                     node = child;
@@ -42,11 +169,11 @@ impl<S: Storage> GlobalTree<S> {
             }
         }
         if self.node(ROOT).count != root_visits {
-            return Err(format!(
-                "root count {} but {} suffixes",
-                self.node(ROOT).count,
-                root_visits
-            ));
+            return Err(IntegrityError::CountMismatch {
+                node: ROOT,
+                count: self.node(ROOT).count,
+                suffixes: root_visits,
+            });
         }
         // Structure: every reachable node's count equals its visits, and children are
         // consistent with the index.
@@ -63,32 +190,36 @@ impl<S: Storage> GlobalTree<S> {
                 guard -= 1;
                 reachable += 1;
                 if reachable > self.nodes.len() {
-                    return Err("a node is reachable twice: the links form a cycle".into());
+                    return Err(IntegrityError::Cycle);
                 }
                 fanout += 1;
                 let cnt = self.node(c).count;
                 if self.wide_lists_sorted && indexed && cnt > previous {
-                    return Err(format!(
-                        "node {n}: wide children list out of count order, though the tree says it is sorted"
-                    ));
+                    return Err(IntegrityError::WideListUnsorted { node: n });
                 }
                 previous = cnt;
                 let want = visits.get(&c).copied().unwrap_or(0);
                 if cnt != want || cnt == 0 {
-                    return Err(format!(
-                        "node {c}: count {cnt}, {want} suffixes pass through"
-                    ));
+                    return Err(IntegrityError::CountMismatch {
+                        node: c,
+                        count: cnt,
+                        suffixes: want,
+                    });
                 }
                 let len = self.len_of(c);
                 if len == 0 || depth + len > self.max_depth {
-                    return Err(format!("node {c}: bad edge length {len} at depth {depth}"));
+                    return Err(IntegrityError::BadEdgeLength {
+                        node: c,
+                        len,
+                        depth,
+                    });
                 }
                 let st = self.node(c).start as usize;
                 if st < depth || st + len > self.pool.len() {
-                    return Err(format!("node {c}: occurrence out of the pool"));
+                    return Err(IntegrityError::OccurrenceOutsidePool { node: c });
                 }
                 if indexed && self.child_index.child_of(n, self.first_token(c)) != Some(c) {
-                    return Err(format!("node {n}: child {c} missing from the index"));
+                    return Err(IntegrityError::MissingFromIndex { node: n, child: c });
                 }
                 child_sum += cnt as u64;
                 stack.push((c, depth + len));
@@ -101,25 +232,24 @@ impl<S: Storage> GlobalTree<S> {
                 while c != NIL && guard > 0 {
                     guard -= 1;
                     if self.node(c).count > self.node(head).count {
-                        return Err(format!("node {n}: head child {head} is not the largest"));
+                        return Err(IntegrityError::HeadNotLargest { node: n, head });
                     }
                     c = self.node(c).next_sibling;
                 }
             }
             if child_sum > self.node(n).count as u64 {
-                return Err(format!("node {n}: children count more than the node"));
+                return Err(IntegrityError::ChildrenExceedNode { node: n });
             }
             if !indexed && fanout > INDEX_FANOUT {
-                return Err(format!("node {n}: {fanout} children but no index"));
+                return Err(IntegrityError::MissingIndex { node: n, fanout });
             }
         }
         if reachable + self.free_nodes != self.nodes.len() {
-            return Err(format!(
-                "{} nodes reachable, {} free, {} allocated",
+            return Err(IntegrityError::NodesUnaccounted {
                 reachable,
-                self.free_nodes,
-                self.nodes.len()
-            ));
+                free: self.free_nodes,
+                allocated: self.nodes.len(),
+            });
         }
         Ok(())
     }

@@ -23,8 +23,9 @@
 //!
 //! Here: the types and the storage. Beside it: `build` (a tree from many sequences at
 //! once, in parallel), `edit` (insert, remove, compact), `read` (walking, counts and
-//! children, the [`GlobalIndex`] speculation reads), `check` (the integrity check) and
-//! `seq_blocks` (which sequence holds a pool position).
+//! children, the [`GlobalIndex`] speculation reads), `check` (the integrity check), `parts` (the tables
+//! a snapshot stores, lent and taken back) and `seq_blocks` (which sequence holds a pool
+//! position).
 
 use rustc_hash::FxHashMap;
 
@@ -34,10 +35,12 @@ use super::{Child, Expand, GlobalIndex, MAX_SUPPORTED_DEPTH, NIL, common_suffix_
 mod build;
 mod check;
 mod edit;
+mod parts;
 mod read;
 mod seq_blocks;
 
-pub(crate) use build::sort_wide_lists;
+pub use check::IntegrityError;
+
 pub(crate) use seq_blocks::SeqBlocks;
 
 const ROOT: u32 = 0;
@@ -146,21 +149,26 @@ impl ChildIndex for [WideChild] {
 }
 
 /// Where the tables of a [`GlobalTree`] live: growable vectors ([`Owned`], the only
-/// storage that can be changed), or read-only slices of a snapshot (see
-/// [`crate::store::snapshot`]).
+/// storage that can be changed), read-only slices of a snapshot (see
+/// [`crate::store::snapshot`]), or tables borrowed from an owned tree to be written
+/// ([`Borrowed`]).
 pub trait Storage {
     /// Node records.
-    type Nodes: std::ops::Deref<Target = [Node]>;
+    type Nodes: std::ops::Deref<Target = [Node]> + Clone;
     /// Edge lengths and flags, parallel to the nodes.
-    type Lens: std::ops::Deref<Target = [u8]>;
+    type Lens: std::ops::Deref<Target = [u8]> + Clone;
     /// The token pool.
-    type Pool: std::ops::Deref<Target = [u32]>;
+    type Pool: std::ops::Deref<Target = [u32]> + Clone;
     /// The sequence table, in pool order.
-    type Seqs: std::ops::Deref<Target = [SeqEntry]>;
+    type Seqs: std::ops::Deref<Target = [SeqEntry]> + Clone;
     /// The child index of wide nodes.
     type Index: ChildIndex + ?Sized;
     /// How the index is held.
-    type IndexRef: std::ops::Deref<Target = Self::Index>;
+    type IndexRef: std::ops::Deref<Target = Self::Index> + Clone;
+    /// Whether trees on this storage can change. A clone of a changeable tree can then
+    /// differ from its source, so it takes a new [`GlobalTree::version`]; a clone of a
+    /// read-only one keeps it, and cursors taken on either stay valid on both.
+    const EDITABLE: bool;
 }
 
 /// In-memory, growable storage: the only kind that accepts inserts and removals.
@@ -174,6 +182,62 @@ impl Storage for Owned {
     type Seqs = Vec<SeqEntry>;
     type Index = WideIndex;
     type IndexRef = Box<WideIndex>;
+    const EDITABLE: bool = true;
+}
+
+/// The tables of an [`Owned`] tree, borrowed in the form a snapshot stores: wide
+/// children lists in descending count order, and the child index as a list sorted by
+/// `(node, token)` (see [`GlobalTree::parts`]).
+#[derive(Clone, Debug)]
+pub struct Borrowed<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'a> Storage for Borrowed<'a> {
+    type Nodes = std::borrow::Cow<'a, [Node]>;
+    type Lens = &'a [u8];
+    type Pool = &'a [u32];
+    type Seqs = &'a [SeqEntry];
+    type Index = [WideChild];
+    type IndexRef = std::borrow::Cow<'a, [WideChild]>;
+    const EDITABLE: bool = false;
+}
+
+/// The tables of a [`GlobalTree`], with nothing derived from them: what a snapshot
+/// stores, what [`GlobalTree::parts`] lends and [`GlobalTree::from_parts`] checks and
+/// assembles. Only compacted trees have parts (no free nodes).
+pub struct TreeParts<S: Storage> {
+    /// The depth limit.
+    pub max_depth: usize,
+    /// Node records; the root first.
+    pub nodes: S::Nodes,
+    /// Edge lengths and flags, one per node.
+    pub lens: S::Lens,
+    /// The child index of wide nodes.
+    pub child_index: S::IndexRef,
+    /// The token pool.
+    pub pool: S::Pool,
+    /// The sequence table, in pool order.
+    pub seqs: S::Seqs,
+    /// Whether the children lists of wide nodes are in descending count order.
+    pub wide_lists_sorted: bool,
+}
+
+/// Why [`GlobalTree::from_parts`] refused a set of tables.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PartsError {
+    /// The depth limit is outside what the arena supports.
+    #[error("max_depth must be between 1 and {MAX_SUPPORTED_DEPTH}, got {0}")]
+    BadDepth(usize),
+    /// There is no root node, or the node and edge-length tables differ in length.
+    #[error("{nodes} node records but {lens} edge lengths (there must be as many, at least the root)")]
+    TablesDiffer {
+        /// Node records.
+        nodes: usize,
+        /// Edge lengths.
+        lens: usize,
+    },
+    /// Two live sequences have the same id.
+    #[error("sequence id {0} appears twice")]
+    DuplicateId(u64),
 }
 
 /// Sizes and occupancy of a [`GlobalTree`].
@@ -226,27 +290,27 @@ enum Lookup {
 /// Generic over where its tables live (see [`Storage`]); reading works the same on
 /// both, changing only on [`Owned`] storage.
 pub struct GlobalTree<S: Storage = Owned> {
-    pub(crate) max_depth: usize,
-    pub(crate) nodes: S::Nodes,
-    pub(crate) lens: S::Lens,
-    pub(crate) free_head: u32,
-    pub(crate) free_nodes: usize,
-    pub(crate) child_index: S::IndexRef,
-    pub(crate) pool: S::Pool,
-    pub(crate) seqs: S::Seqs,
-    pub(crate) seq_by_id: FxHashMap<u64, u32>,
+    max_depth: usize,
+    nodes: S::Nodes,
+    lens: S::Lens,
+    free_head: u32,
+    free_nodes: usize,
+    child_index: S::IndexRef,
+    pool: S::Pool,
+    seqs: S::Seqs,
+    seq_by_id: FxHashMap<u64, u32>,
     /// Where the sequence holding a pool position is: see [`SeqBlocks`].
-    pub(crate) seq_blocks: SeqBlocks,
-    pub(crate) live_tokens: u64,
-    pub(crate) dead_tokens: u64,
-    pub(crate) version: u64,
+    seq_blocks: SeqBlocks,
+    live_tokens: u64,
+    dead_tokens: u64,
+    version: u64,
     /// The children lists of wide (indexed) nodes are in descending count order, not
     /// just headed by their largest. Builds and snapshots are; any insert or removal
     /// clears it. A reader may leave such a list at the first child below what it needs.
-    pub(crate) wide_lists_sorted: bool,
+    wide_lists_sorted: bool,
 }
 
-impl Clone for GlobalTree {
+impl<S: Storage> Clone for GlobalTree<S> {
     fn clone(&self) -> Self {
         Self {
             max_depth: self.max_depth,
@@ -261,7 +325,7 @@ impl Clone for GlobalTree {
             seq_blocks: self.seq_blocks.clone(),
             live_tokens: self.live_tokens,
             dead_tokens: self.dead_tokens,
-            version: next_version(),
+            version: if S::EDITABLE { next_version() } else { self.version },
             wide_lists_sorted: self.wide_lists_sorted,
         }
     }
@@ -281,7 +345,7 @@ impl<S: Storage> std::fmt::Debug for GlobalTree<S> {
 /// Source of [`GlobalTree::version`] values: unique across every tree of the process.
 static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-pub(crate) fn next_version() -> u64 {
+fn next_version() -> u64 {
     VERSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
@@ -336,6 +400,16 @@ impl<S: Storage> GlobalTree<S> {
         self.version
     }
 
+    /// Nodes in use, the root included.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len() - self.free_nodes
+    }
+
+    /// Every token in the pool, removed sequences' included, in pool order.
+    pub fn pool_tokens(&self) -> &[u32] {
+        &self.pool
+    }
+
     /// Number of live sequences.
     pub fn len(&self) -> usize {
         self.seq_by_id.len()
@@ -386,7 +460,7 @@ impl GlobalTree {
             sequences: self.len(),
             live_tokens: self.live_tokens,
             dead_tokens: self.dead_tokens,
-            nodes: self.nodes.len() - self.free_nodes,
+            nodes: self.node_count(),
             indexed_children: self.lens.iter().filter(|l| **l & INDEXED != 0).count(),
             heap_bytes: self.heap_bytes(),
             node_bytes: self.node_bytes(),
