@@ -7,11 +7,14 @@
 //! evictions and snapshots with other replicas through NATS JetStream. [`simulate`] is
 //! the reference benchmark's simulated verifier. Beside the flow: [`corpus`] reads
 //! request logs and token-stream files, [`chat`] holds chat messages and the model's
-//! chat template, and [`vocab`] names the tokenizer token ids come from.
+//! chat template, and [`vocab`] names the tokenizer token ids come from. `fuzzing` (the
+//! `fuzzing` feature) holds the fuzz harnesses over the readers of the store's files.
 
 pub mod chat;
 pub mod cli;
 pub mod corpus;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod replicate;
 pub mod serve;
 pub mod simulate;

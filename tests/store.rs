@@ -134,7 +134,7 @@ proptest! {
             let crc = crc32fast::hash(&bytes[..HEADER_LEN - 4]);
             bytes[HEADER_LEN - 4..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
         }
-        suffixd::store::fuzzing::snapshot_bytes(&bytes);
+        suffixd::fuzzing::snapshot_bytes(&bytes);
     }
 }
 
@@ -231,9 +231,9 @@ fn inputs_that_once_crashed_the_fuzz_targets_are_read_without_panicking() {
     for (target, read) in [
         (
             "snapshot",
-            suffixd::store::fuzzing::snapshot_bytes as fn(&[u8]),
+            suffixd::fuzzing::snapshot_bytes as fn(&[u8]),
         ),
-        ("wal", suffixd::store::fuzzing::wal_bytes),
+        ("wal", suffixd::fuzzing::wal_bytes),
     ] {
         let Ok(entries) = std::fs::read_dir(root.join(target)) else {
             continue;

@@ -11,13 +11,12 @@
 //! - `last_use`: cached sequences in last-use order (the `lru` crate), for LRU and age
 //!   eviction.
 //! - [`build`]: a snapshot built from request logs (`suffixd build`, warm starts).
-//! - `faults` and [`fuzzing`]: fault injection for the crash tests, and fuzz harnesses.
+//! - `faults`: fault injection for the crash tests.
 
 pub mod build;
 pub mod dir;
 pub mod double_buffer;
 pub(crate) mod faults;
-pub mod fuzzing;
 mod last_use;
 pub mod layered;
 pub mod live;

@@ -1,15 +1,19 @@
 //! What the fuzz targets (`fuzz/`) and the damaged-bytes property test run on arbitrary
 //! bytes: every reader of a file the store opens, then everything a reader may do with
 //! what it accepted. None of it may panic or read out of bounds; errors are fine.
+//!
+//! Behind the `fuzzing` feature: a harness is not part of the library's API, and it
+//! drives the store and speculation together, which the store itself never does. The
+//! package's tests turn the feature on (a dev-dependency on itself), as does `fuzz/`.
 
 use std::path::Path;
 
 use crate::speculate::{SpecParams, Speculator};
 use crate::tree::RequestTree;
 
-use super::TokenizerId;
-use super::snapshot::{Snapshot, SnapshotBytes};
-use super::wal::decode_segment;
+use crate::store::TokenizerId;
+use crate::store::snapshot::{Snapshot, SnapshotBytes};
+use crate::store::wal::decode_segment;
 
 /// Open `bytes` as a snapshot; if that succeeds, draft from every namespace, check each
 /// tree's integrity and verify the whole file.
