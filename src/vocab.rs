@@ -52,10 +52,15 @@ impl std::fmt::Display for TokenizerId {
     }
 }
 
+/// Text that a tokenizer could not turn into token ids.
+#[derive(Debug, thiserror::Error)]
+#[error("the tokenizer cannot encode this text: {0}")]
+pub struct EncodeError(pub String);
+
 /// Turns response text into token ids: the model's tokenizer.
 pub trait TextEncoder {
     /// The token ids of `text`, without special tokens added.
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    fn encode(&self, text: &str) -> Result<Vec<u32>, EncodeError>;
     /// Which tokenizer this is.
     fn identity(&self) -> TokenizerId;
 }

@@ -154,7 +154,7 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
         &[NamespaceInput {
             name: "default",
             tree: &tree,
-            meta,
+            meta: &meta,
         }],
     )
     .unwrap();

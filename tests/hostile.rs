@@ -205,7 +205,7 @@ fn damaged_token_ids_give_wrong_drafts_at_worst_and_are_never_copied() {
         &[NamespaceInput {
             name: "default",
             tree: &tree,
-            meta: vec![SeqMeta {
+            meta: &[SeqMeta {
                 id: 1,
                 inserted_ms: 1,
                 last_use_ms: 1,

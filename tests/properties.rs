@@ -523,7 +523,7 @@ fn wide_seqs_strategy() -> impl Strategy<Value = Vec<Vec<u32>>> {
 /// Write `tree` as a one-namespace snapshot and open it again from the file.
 fn frozen_copy(tree: &GlobalTree, dir: &std::path::Path) -> Snapshot {
     let path = dir.join("snap-000001.sfxd");
-    let meta = tree
+    let meta: Vec<_> = tree
         .ids()
         .map(|id| suffixd::store::snapshot::SeqMeta {
             id,
@@ -537,7 +537,7 @@ fn frozen_copy(tree: &GlobalTree, dir: &std::path::Path) -> Snapshot {
         &[NamespaceInput {
             name: "default",
             tree,
-            meta,
+            meta: &meta,
         }],
     )
     .unwrap();

@@ -136,8 +136,7 @@ impl Side {
             };
             let prompt = engine
                 .tokenizer()
-                .encode_text(&text)
-                .map_err(anyhow::Error::msg)?;
+                .encode_text(&text)?;
             let t0 = Instant::now();
             let g = if self.speculate {
                 let view = Layered::new(None, &self.global, &self.evicted);

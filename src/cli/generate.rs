@@ -152,8 +152,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
     };
     let prompt = engine
         .tokenizer()
-        .encode_text(&text)
-        .map_err(anyhow::Error::msg)?;
+        .encode_text(&text)?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: Sampling {

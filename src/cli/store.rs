@@ -275,8 +275,7 @@ pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
                     Response::Text(t) => tokenizer
                         .as_ref()
                         .context("text logs need --tokenizer")?
-                        .encode_text(t)
-                        .map_err(anyhow::Error::msg)?,
+                        .encode_text(t)?,
                 };
                 let id = store.append(&ns, &ids)?;
                 n += 1;

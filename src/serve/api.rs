@@ -509,7 +509,7 @@ fn tokenize_prompt(app: &AppState, text: &str, max_tokens: usize) -> Result<Vec<
     let prompt = app
         .tokenizer
         .encode_text(text)
-        .map_err(ApiError::bad_request)?;
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if prompt.len() + max_tokens > app.context_len {
         return Err(ApiError::bad_request(format!(
             "this model's maximum context length is {} tokens; the prompt has {} and max_tokens asks for {}",

@@ -47,12 +47,12 @@ pub enum BuildError {
         path: PathBuf,
     },
     /// Tokenization failed.
-    #[error("{path}: cannot tokenize a response: {message}")]
+    #[error("{path}: cannot tokenize a response: {source}")]
     Tokenize {
         /// The log.
         path: PathBuf,
         /// What the tokenizer said.
-        message: String,
+        source: crate::vocab::EncodeError,
     },
     /// Token-id logs and text logs were mixed: their ids would not agree.
     #[error(
@@ -113,9 +113,9 @@ pub fn build_from_logs(
                         saw_text = true;
                         let enc = encoder
                             .ok_or_else(|| BuildError::NeedTokenizer { path: path.clone() })?;
-                        enc.encode(text).map_err(|message| BuildError::Tokenize {
+                        enc.encode(text).map_err(|source| BuildError::Tokenize {
                             path: path.clone(),
-                            message,
+                            source,
                         })?
                     }
                 };
@@ -153,14 +153,7 @@ pub fn build_from_logs(
             .collect();
         trees.push((name, tree, meta));
     }
-    let inputs: Vec<NamespaceInput<'_>> = trees
-        .iter()
-        .map(|(name, tree, meta)| NamespaceInput {
-            name,
-            tree,
-            meta: meta.clone(),
-        })
-        .collect();
+    let inputs = NamespaceInput::borrowing(&trees);
     let path = next_snapshot_path(out_dir)?;
     let header = write_snapshot(&path, tokenizer, 0, &inputs)?;
     publish(out_dir, &path)?;

@@ -182,7 +182,21 @@ pub struct NamespaceInput<'a> {
     /// Its tree. Compacted trees only: removed sequences are not written.
     pub tree: &'a GlobalTree,
     /// Metadata of the live sequences, in the order of `tree.ids()`.
-    pub meta: Vec<SeqMeta>,
+    pub meta: &'a [SeqMeta],
+}
+
+/// A namespace built to be written: its name, its tree, and the metadata of its live
+/// sequences in the tree's order.
+pub type BuiltNamespace = (String, GlobalTree, Vec<SeqMeta>);
+
+impl<'a> NamespaceInput<'a> {
+    /// Inputs that borrow namespaces built to be written.
+    pub fn borrowing(built: &'a [BuiltNamespace]) -> Vec<Self> {
+        built
+            .iter()
+            .map(|(name, tree, meta)| NamespaceInput { name, tree, meta })
+            .collect()
+    }
 }
 
 fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
@@ -214,7 +228,7 @@ fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
                 ]
             })
             .collect(),
-        meta: ns.meta.clone(),
+        meta: ns.meta.to_vec(),
     }
 }
 

@@ -14,7 +14,7 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, PreTokenizerWrapper};
 
-use crate::vocab::{TextEncoder, TokenizerId};
+use crate::vocab::{EncodeError, TextEncoder, TokenizerId};
 
 /// Errors from loading a tokenizer.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +30,16 @@ pub enum TokenizerError {
     /// The GGUF metadata lacks or garbles a tokenizer key.
     #[error("the model's GGUF metadata has no usable tokenizer: {0}")]
     Gguf(String),
+    /// The tokenizer could not be written out as tokenizer.json.
+    #[error("cannot write the tokenizer as tokenizer.json: {0}")]
+    Serialize(String),
 }
+
+/// Token ids that the tokenizer could not turn into text. Ids the model produced are in
+/// its vocabulary, so for generated text this is a bug, not bad input.
+#[derive(Debug, thiserror::Error)]
+#[error("the tokenizer cannot decode these token ids: {0}")]
+pub struct DecodeError(pub String);
 
 /// A tokenizer with its identity.
 #[derive(Clone)]
@@ -144,24 +153,25 @@ impl ModelTokenizer {
     }
 
     /// Token ids of `text`. Special-token strings in it (`<|im_start|>`) become their ids.
-    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, String> {
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, EncodeError> {
         self.inner
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| e.to_string())
+            .map_err(|e| EncodeError(e.to_string()))
     }
 
     /// Text of `ids`; special tokens are dropped when `skip_special`.
-    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, String> {
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, DecodeError> {
         self.inner
             .decode(ids, skip_special)
-            .map_err(|e| e.to_string())
+            .map_err(|e| DecodeError(e.to_string()))
     }
 
-    /// The id of a token string, if it is in the vocabulary.
     /// The tokenizer in Hugging Face `tokenizer.json` form.
-    pub fn to_json(&self) -> Result<String, String> {
-        self.inner.to_string(false).map_err(|e| e.to_string())
+    pub fn to_json(&self) -> Result<String, TokenizerError> {
+        self.inner
+            .to_string(false)
+            .map_err(|e| TokenizerError::Serialize(e.to_string()))
     }
 
     /// The id of the token spelled `token`, if the vocabulary has it.
@@ -181,7 +191,7 @@ impl ModelTokenizer {
 }
 
 impl TextEncoder for ModelTokenizer {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, EncodeError> {
         self.encode_text(text)
     }
 

@@ -53,14 +53,7 @@ impl Store {
             ));
         }
         drop(copy);
-        let inputs: Vec<NamespaceInput<'_>> = trees
-            .iter()
-            .map(|(name, tree, meta)| NamespaceInput {
-                name,
-                tree,
-                meta: meta.clone(),
-            })
-            .collect();
+        let inputs = NamespaceInput::borrowing(&trees);
         let path = next_snapshot_path(&self.cfg.dir)?;
         let header = write_snapshot(&path, self.cfg.tokenizer, cut - 1, &inputs)?;
         drop(inputs);

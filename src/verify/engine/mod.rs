@@ -215,27 +215,29 @@ impl Engine {
         }
     }
 
+    /// The text of generated token ids. They come from the model's own vocabulary, so
+    /// a failure is a bug, not bad input: it is logged, and the text is left empty.
+    fn text_of(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, true).unwrap_or_else(|e| {
+            tracing::error!("{e} ({} generated ids)", ids.len());
+            String::new()
+        })
+    }
+
     /// Where to cut `out` when its text contains a stop string: the most tokens whose
     /// text ends before the earliest one.
     fn stop_at(&self, out: &[u32], stops: &[String]) -> Option<usize> {
         if stops.is_empty() {
             return None;
         }
-        let text = self.tokenizer.decode(out, true).unwrap_or_default();
+        let text = self.text_of(out);
         let cut = stops
             .iter()
             .filter(|s| !s.is_empty())
             .filter_map(|s| text.find(s.as_str()))
             .min()?;
         let mut n = out.len();
-        while n > 0
-            && self
-                .tokenizer
-                .decode(&out[..n], true)
-                .unwrap_or_default()
-                .len()
-                > cut
-        {
+        while n > 0 && self.text_of(&out[..n]).len() > cut {
             n -= 1;
         }
         Some(n)
@@ -511,7 +513,7 @@ impl Engine {
     /// The result of a finished (or abandoned) sequence.
     pub fn finish(&self, seq: Sequence) -> Generation {
         let decode_s = seq.decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        let text = self.tokenizer.decode(&seq.out, true).unwrap_or_default();
+        let text = self.text_of(&seq.out);
         Generation {
             tokens_per_s: seq.out.len() as f64 / decode_s.max(1e-9),
             tokens: seq.out,
