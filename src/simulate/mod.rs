@@ -20,14 +20,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+mod cache;
+
 use crate::corpus::{CorpusError, read_examples};
-use crate::speculate::{Draft, DraftSource, SpecParams, Speculator};
-use crate::store::{FrozenTree, Layered, LayeredCursor, OpenError, Snapshot};
+use crate::speculate::{DraftSource, SpecParams, Speculator};
+use crate::store::{LayeredCursor, OpenError, Snapshot};
 use crate::tree::{GlobalTree, RequestTree, TreeError};
 
-/// When removed tokens pass this fraction of the pool, the simulator compacts the tree,
-/// as the store would.
-pub const COMPACT_DEAD_FRACTION: f64 = 0.5;
+use cache::Cache;
 
 /// What to simulate.
 #[derive(Clone, Debug)]
@@ -157,145 +157,6 @@ pub struct SimulateReport {
     pub snapshot_file_bytes: u64,
 }
 
-/// The warm cache a test request speculates from: a snapshot's frozen tree, or the tree
-/// built in memory from the warm responses.
-enum Base {
-    Built(GlobalTree),
-    Frozen(FrozenTree),
-}
-
-/// The global cache, organised as the store organises it: the warm tree (base), what
-/// test requests appended (delta), and base sequences evicted since (evicted), read as
-/// one tree; plus the FIFO order of responses. Test responses never change the base, so
-/// an in-memory build and its snapshot give the same drafts.
-struct Cache {
-    base: Base,
-    tree: GlobalTree,
-    evicted: GlobalTree,
-    order: VecDeque<u64>,
-    capacity: usize,
-    compactions: usize,
-}
-
-impl Cache {
-    fn new(max_depth: usize, capacity: usize) -> Result<Self, TreeError> {
-        Ok(Cache {
-            base: Base::Built(GlobalTree::new(max_depth)?),
-            tree: GlobalTree::new(max_depth)?,
-            evicted: GlobalTree::new(max_depth)?,
-            order: VecDeque::new(),
-            capacity,
-            compactions: 0,
-        })
-    }
-
-    fn base_sequence(&self, id: u64) -> Option<&[u32]> {
-        match &self.base {
-            Base::Built(t) => t.sequence(id),
-            Base::Frozen(t) => t.sequence(id),
-        }
-    }
-
-    fn base_tokens(&self) -> u64 {
-        match &self.base {
-            Base::Built(t) => t.cached_tokens(),
-            Base::Frozen(t) => t.cached_tokens(),
-        }
-    }
-
-    fn make_room(&mut self, slots: usize) -> Result<(), TreeError> {
-        while self.order.len() + slots > self.capacity {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if !self.tree.remove(old)
-                && let Some(seq) = self.base_sequence(old)
-            {
-                let seq = seq.to_vec();
-                self.evicted.insert(old, &seq)?;
-            }
-        }
-        self.maybe_compact()
-    }
-
-    fn cached_tokens(&self) -> u64 {
-        self.tree.cached_tokens() + self.base_tokens() - self.evicted.cached_tokens()
-    }
-
-    /// Warm-up: the base is built from `responses`, in order.
-    fn warm(&mut self, responses: &VecDeque<(u64, Vec<u32>)>) -> Result<(), TreeError> {
-        let depth = self.tree.max_depth();
-        let base = GlobalTree::build(depth, responses.iter().map(|(id, r)| (*id, r.as_slice())))?;
-        self.base = Base::Built(base);
-        self.order.extend(responses.iter().map(|(id, _)| *id));
-        Ok(())
-    }
-
-    fn add(&mut self, id: u64, tokens: &[u32]) -> Result<(), TreeError> {
-        if self.capacity == 0 {
-            return Ok(());
-        }
-        self.make_room(1)?;
-        self.tree.insert(id, tokens)?;
-        self.order.push_back(id);
-        Ok(())
-    }
-
-    fn remove(&mut self, id: u64) -> Result<(), TreeError> {
-        if self.tree.remove(id) {
-            // Usually the newest, removed right after its request.
-            if self.order.back() == Some(&id) {
-                self.order.pop_back();
-            } else {
-                self.order.retain(|x| *x != id);
-            }
-        }
-        self.maybe_compact()
-    }
-
-    /// Reclaim removed space: compact the delta when half of it is dead, and fold
-    /// everything into a new base when evictions reach half of the base.
-    fn maybe_compact(&mut self) -> Result<(), TreeError> {
-        if self.tree.dead_fraction() > COMPACT_DEAD_FRACTION {
-            self.tree.compact();
-            self.compactions += 1;
-        }
-        if self.evicted.cached_tokens() as f64 > COMPACT_DEAD_FRACTION * self.base_tokens() as f64 {
-            let live = self.order.iter().filter_map(|&id| {
-                let seq = self.tree.sequence(id).or_else(|| self.base_sequence(id))?;
-                Some((id, seq))
-            });
-            let fresh = GlobalTree::build(self.tree.max_depth(), live)?;
-            self.base = Base::Built(fresh);
-            self.tree = GlobalTree::new(self.tree.max_depth())?;
-            self.evicted = GlobalTree::new(self.tree.max_depth())?;
-            self.compactions += 1;
-        }
-        Ok(())
-    }
-
-    // Never inlined: `tools/spec-cost.sh` counts instructions per call of this function.
-    #[inline(never)]
-    fn speculate<'s>(
-        &self,
-        spec: &'s mut Speculator<LayeredCursor>,
-        request: &RequestTree,
-        context: &[u32],
-        params: &SpecParams,
-    ) -> &'s Draft {
-        match &self.base {
-            Base::Built(base) => {
-                let view = Layered::over(Some(base), &self.tree, &self.evicted);
-                spec.speculate_in_place(Some(request), &view, context, params)
-            }
-            Base::Frozen(base) => {
-                let view = Layered::over(Some(base), &self.tree, &self.evicted);
-                spec.speculate_in_place(Some(request), &view, context, params)
-            }
-        }
-    }
-}
-
 /// Run the simulation. `progress` is called now and then with a line for a human.
 pub fn simulate(
     cfg: &SimulateConfig,
@@ -415,12 +276,9 @@ fn open_snapshot(
         )));
     }
     report.warmup_s = t.elapsed().as_secs_f64();
-    let ids: Vec<u64> = base.ids().collect();
-    let next_id = ids.iter().max().map_or(0, |m| m + 1);
-    report.warm_examples = ids.len();
-    cache.base = Base::Frozen(base);
-    cache.order.extend(ids);
-    cache.make_room(0)?;
+    let next_id = base.ids().max().map_or(0, |m| m + 1);
+    report.warm_examples = base.len();
+    cache.open(base)?;
     let rss1 = memory::rss_bytes();
     report.cached_tokens = cache.cached_tokens();
     report.cached_requests = cache.order.len();
@@ -556,16 +414,17 @@ fn warm_up(
     memory::trim();
     let rss0 = memory::rss_bytes();
     let t = Instant::now();
-    cache.warm(&kept)?;
+    let base = GlobalTree::build(
+        report.params.max_depth,
+        kept.iter().map(|(id, r)| (*id, r.as_slice())),
+    )?;
     let warm_ns = t.elapsed().as_nanos();
+    let ids: Vec<u64> = kept.iter().map(|(id, _)| *id).collect();
     drop(kept);
     memory::trim();
     let rss1 = memory::rss_bytes();
     report.warmup_s = warm_ns as f64 / 1e9;
-    report.cached_tokens = cache.cached_tokens();
-    let Base::Built(base) = &cache.base else {
-        unreachable!("warm_up builds in memory")
-    };
+    report.cached_tokens = base.cached_tokens();
     report.cached_requests = base.len();
     report.store = base.stats();
     if report.cached_tokens > 0 {
@@ -577,7 +436,7 @@ fn warm_up(
         "warm-up: {} examples, {} cached tokens in {:.2}s, {:?}",
         report.warm_examples, report.cached_tokens, report.warmup_s, report.store,
     ));
-
+    cache.warm(base, ids)?;
     Ok(())
 }
 

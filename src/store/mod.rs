@@ -4,7 +4,9 @@
 //!   and read in place.
 //! - [`dir`]: a store directory, its numbered snapshots and the `CURRENT` manifest.
 //! - [`double_buffer`]: two copies of the live state, so that readers never wait.
-//! - [`layered`]: base (snapshot) + delta (appended since) − evicted, read as one tree.
+//! - [`layered`]: base (snapshot) + delta (appended since) − evicted, read as one tree;
+//!   [`layers`]: the three trees of a namespace, owned and changed (the store's and
+//!   `simulate`'s).
 //! - [`wal`]: the write-ahead log of appends and evictions since the last snapshot.
 //! - [`live`]: the live store: open (snapshot + log replay), append, evict, snapshot
 //!   and compaction, budgets; one process per directory (`dir::lock`).
@@ -19,9 +21,11 @@ pub mod double_buffer;
 pub(crate) mod faults;
 mod last_use;
 pub mod layered;
+pub mod layers;
 pub mod live;
 pub mod snapshot;
 pub mod wal;
 
 pub use layered::{Layered, LayeredCursor};
+pub use layers::Layers;
 pub use snapshot::{FrozenTree, OpenError, Snapshot, TokenizerId, WriteError};

@@ -462,6 +462,7 @@ impl<T> std::ops::Deref for Mapped<T> {
 }
 
 /// Tables read in place from a snapshot: the [`Storage`] of a frozen [`GlobalTree`].
+#[derive(Clone, Debug)]
 pub struct Frozen;
 
 impl Storage for Frozen {

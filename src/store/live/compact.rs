@@ -38,7 +38,7 @@ impl Store {
                     })
                     .collect();
                 seqs.sort_by_key(|(m, _)| (m.inserted_ms, m.id));
-                copy.push((name.clone(), ns.delta.max_depth(), seqs));
+                copy.push((name.clone(), ns.trees.max_depth(), seqs));
             }
             (cut, copy)
         };

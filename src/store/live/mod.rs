@@ -30,8 +30,9 @@ use super::dir::{DirError, current_snapshot, next_snapshot_path, publish, snapsh
 use super::double_buffer::DoubleBuffered;
 use super::last_use::LastUse;
 use super::layered::Layered;
+use super::layers::Layers;
 use super::snapshot::{
-    FrozenTree, NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError,
+    NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError,
     write_snapshot,
 };
 use super::wal::{
@@ -107,31 +108,26 @@ struct SeqInfo {
     tokens: u32,
     inserted_ms: u64,
     last_use_ms: u64,
-    in_base: bool,
 }
 
-/// One namespace: base + delta − evicted.
+/// One namespace: its trees (base + delta − evicted) and its sequences' metadata.
 #[derive(Clone)]
 pub struct Namespace {
-    base: Option<FrozenTree>,
-    delta: GlobalTree,
-    evicted: GlobalTree,
+    trees: Layers,
     seqs: HashMap<u64, SeqInfo>,
 }
 
 impl Namespace {
-    fn new(max_depth: usize) -> Result<Self, TreeError> {
-        Ok(Namespace {
-            base: None,
-            delta: GlobalTree::new(max_depth)?,
-            evicted: GlobalTree::new(max_depth)?,
+    fn new(trees: Layers) -> Self {
+        Namespace {
+            trees,
             seqs: HashMap::new(),
-        })
+        }
     }
 
     /// The view speculation reads.
     pub fn view(&self) -> Layered<'_> {
-        Layered::new(self.base.as_ref(), &self.delta, &self.evicted)
+        self.trees.view()
     }
 
     /// Cached tokens.
@@ -151,33 +147,15 @@ impl Namespace {
 
     /// The tokens of a cached sequence.
     pub fn tokens_of(&self, id: u64) -> Option<Vec<u32>> {
-        let info = self.seqs.get(&id)?;
-        if info.in_base {
-            self.base.as_ref()?.sequence(id).map(<[u32]>::to_vec)
-        } else {
-            self.delta.sequence(id).map(<[u32]>::to_vec)
-        }
+        self.trees.sequence(id).map(<[u32]>::to_vec)
     }
 
     fn remove(&mut self, id: u64) -> Result<bool, TreeError> {
-        let Some(info) = self.seqs.remove(&id) else {
+        if self.seqs.remove(&id).is_none() {
             return Ok(false);
-        };
-        if info.in_base {
-            if let Some(seq) = self
-                .base
-                .as_ref()
-                .and_then(|b| b.sequence(id))
-                .map(<[u32]>::to_vec)
-            {
-                self.evicted.insert(id, &seq)?;
-            }
-        } else {
-            self.delta.remove(id);
-            if self.delta.dead_fraction() > 0.5 {
-                self.delta.compact();
-            }
         }
+        self.trees.remove(id)?;
+        self.trees.compact_delta_if_dead();
         Ok(true)
     }
 }
@@ -226,18 +204,17 @@ impl State {
         };
         let mut used = Vec::new();
         for ns in snap.namespaces()? {
-            let mut n = Namespace::new(ns.tree.max_depth())?;
+            let mut seqs = HashMap::new();
             for m in &ns.meta {
                 let tokens = ns.tree.sequence(m.id).map_or(0, |s| s.len() as u32);
                 let last_use =
                     fresher(&ns.name, m.id).map_or(m.last_use_ms, |t| t.max(m.last_use_ms));
-                n.seqs.insert(
+                seqs.insert(
                     m.id,
                     SeqInfo {
                         tokens,
                         inserted_ms: m.inserted_ms,
                         last_use_ms: last_use,
-                        in_base: true,
                     },
                 );
                 used.push((last_use, ns.name.clone(), m.id));
@@ -246,7 +223,10 @@ impl State {
                     state.own.insert(m.id, ns.name.clone());
                 }
             }
-            n.base = Some(ns.tree);
+            let n = Namespace {
+                trees: Layers::over(ns.tree)?,
+                seqs,
+            };
             state.namespaces.insert(ns.name, n);
         }
         state.lru = LastUse::from_times(used);
@@ -359,20 +339,19 @@ impl Store {
                     None => state
                         .namespaces
                         .entry(namespace.clone())
-                        .or_insert(Namespace::new(cfg.max_depth)?),
+                        .or_insert(Namespace::new(Layers::new(cfg.max_depth)?)),
                 };
                 state.next_id = next_own_id(cfg, state.next_id, *id);
                 if ns.seqs.contains_key(id) {
                     return Ok(false);
                 }
-                ns.delta.insert(*id, tokens)?;
+                ns.trees.insert(*id, tokens)?;
                 ns.seqs.insert(
                     *id,
                     SeqInfo {
                         tokens: tokens.len() as u32,
                         inserted_ms: *time_ms,
                         last_use_ms: *time_ms,
-                        in_base: false,
                     },
                 );
                 state.lru.used(namespace, *id, *time_ms);
@@ -605,10 +584,10 @@ impl Store {
                     serde_json::json!({
                         "sequences": ns.sequences(),
                         "cached_tokens": ns.tokens(),
-                        "base_tokens": ns.base.as_ref().map_or(0, |b| b.cached_tokens()),
-                        "delta_tokens": ns.delta.cached_tokens(),
-                        "evicted_pending_compaction_tokens": ns.evicted.cached_tokens(),
-                        "delta_heap_bytes": ns.delta.heap_bytes() + ns.evicted.heap_bytes(),
+                        "base_tokens": ns.trees.base().map_or(0, |b| b.cached_tokens()),
+                        "delta_tokens": ns.trees.delta().cached_tokens(),
+                        "evicted_pending_compaction_tokens": ns.trees.evicted().cached_tokens(),
+                        "delta_heap_bytes": ns.trees.delta().heap_bytes() + ns.trees.evicted().heap_bytes(),
                     }),
                 )
             })
@@ -618,7 +597,7 @@ impl Store {
         let resident: usize = st
             .namespaces
             .values()
-            .map(|n| n.delta.heap_bytes() + n.evicted.heap_bytes())
+            .map(|n| n.trees.delta().heap_bytes() + n.trees.evicted().heap_bytes())
             .sum();
         serde_json::json!({
             "cached_tokens": total,
