@@ -9,12 +9,13 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chat::{ChatMessage, TemplateError};
-use crate::replicate::RecordOp;
+use crate::replicate::{RecordOp, ReplicationStats};
+use crate::store::live::StoreStats;
 use crate::verify::engine::{GenerateOptions, Generation, Sampling};
 
 use super::AppState;
@@ -714,13 +715,24 @@ pub async fn admin_stats(State(app): State<Arc<AppState>>, headers: HeaderMap) -
     if let Err(e) = authorize(&app, &headers) {
         return e.into_response();
     }
-    let mut v = app.store.stats();
-    v["serving"] = app.metrics.summary();
-    v["cost_curve"] = app.metrics.cost_curve();
-    if let Some(r) = &app.replication {
-        v["replication"] = serde_json::json!(r.stats(&app.store));
-    }
-    Json(v).into_response()
+    Json(AdminStats {
+        store: app.store.stats(),
+        serving: app.metrics.summary(),
+        cost_curve: app.metrics.cost_curve(),
+        replication: app.replication.as_ref().map(|r| r.stats(&app.store)),
+    })
+    .into_response()
+}
+
+/// Body of `GET /admin/stats`: the store's figures, with the serving ones beside them.
+#[derive(Serialize)]
+struct AdminStats {
+    #[serde(flatten)]
+    store: StoreStats,
+    serving: serde_json::Value,
+    cost_curve: serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replication: Option<ReplicationStats>,
 }
 
 /// Body of `POST /admin/evict`.
@@ -825,12 +837,11 @@ pub async fn admin_verify(State(app): State<Arc<AppState>>, headers: HeaderMap) 
 /// `GET /metrics`.
 pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     let stats = app.store.stats();
-    let c = app.store.counters();
     let mut text = app.metrics.render(
-        stats["cached_tokens"].as_u64().unwrap_or(0),
-        stats["cached_sequences"].as_u64().unwrap_or(0),
-        c.evicted,
-        c.snapshots,
+        stats.cached_tokens,
+        stats.cached_sequences as u64,
+        stats.counters.evicted,
+        stats.counters.snapshots,
     );
     if let Some(r) = &app.replication {
         text.push_str(&r.stats(&app.store).prometheus());

@@ -283,12 +283,11 @@ pub fn serve(
         }
         _ => None,
     };
-    let stats = store.stats();
     tracing::info!(
         "store {} open in {:.1} ms: {} cached tokens, {} WAL records replayed",
         cfg.snapshot_dir.display(),
         t.elapsed().as_secs_f64() * 1e3,
-        stats["cached_tokens"],
+        store.stats().cached_tokens,
         store.counters().replayed
     );
     {

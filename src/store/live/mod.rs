@@ -251,6 +251,74 @@ pub struct StoreCounters {
     pub append_failures: u64,
 }
 
+/// What [`Store::stats`] reports.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StoreStats {
+    /// Tokens of the cached sequences, all namespaces.
+    pub cached_tokens: u64,
+    /// Cached sequences, all namespaces.
+    pub cached_sequences: usize,
+    /// Per namespace.
+    pub namespaces: BTreeMap<String, NamespaceStats>,
+    /// The live snapshot, if there is one.
+    pub snapshot: Option<SnapshotStats>,
+    /// Read layers: the snapshot, if any, and the delta.
+    pub segments: u32,
+    /// Bytes of the store directory's files.
+    pub disk_bytes: u64,
+    /// Heap bytes of every delta and evicted tree: what the snapshot does not map.
+    pub delta_resident_bytes: usize,
+    /// Bytes of the current log segment.
+    pub wal_bytes: u64,
+    /// The last log sequence number written.
+    pub wal_last_seq: u64,
+    /// Counters since start.
+    pub counters: StoreCounters,
+    /// Damaged log segments found at open, recovered around.
+    pub wal_damaged_at_open: Vec<DamagedSegment>,
+    /// The token budget, if one is set.
+    pub budget_tokens: Option<u64>,
+}
+
+/// One namespace in [`StoreStats`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NamespaceStats {
+    /// Cached sequences.
+    pub sequences: usize,
+    /// Their tokens.
+    pub cached_tokens: u64,
+    /// Tokens in the snapshot's tree, evicted ones included.
+    pub base_tokens: u64,
+    /// Tokens appended since the snapshot.
+    pub delta_tokens: u64,
+    /// Tokens evicted from the snapshot's tree, until a snapshot drops them.
+    pub evicted_pending_compaction_tokens: u64,
+    /// Heap bytes of the delta and evicted trees.
+    pub delta_heap_bytes: usize,
+}
+
+/// The live snapshot in [`StoreStats`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SnapshotStats {
+    /// Its file.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    /// Tokens it holds.
+    pub tokens: u64,
+    /// When it was written.
+    pub created_unix_ms: u64,
+}
+
+/// A log segment found damaged at open, in [`StoreStats`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DamagedSegment {
+    /// The segment.
+    pub segment: PathBuf,
+    /// Its damaged runs.
+    pub damage: Vec<Damage>,
+}
+
 /// The live store.
 pub struct Store {
     cfg: StoreConfig,
@@ -572,52 +640,51 @@ impl Store {
         self.state.read()
     }
 
-    /// Statistics for the admin API.
-    pub fn stats(&self) -> serde_json::Value {
+    /// Sizes, files and counters: the store's part of `GET /admin/stats`.
+    pub fn stats(&self) -> StoreStats {
         let st = self.read();
-        let per_ns: serde_json::Map<String, serde_json::Value> = st
+        let namespaces: BTreeMap<String, NamespaceStats> = st
             .namespaces
             .iter()
             .map(|(name, ns)| {
-                (
-                    name.clone(),
-                    serde_json::json!({
-                        "sequences": ns.sequences(),
-                        "cached_tokens": ns.tokens(),
-                        "base_tokens": ns.trees.base().map_or(0, |b| b.cached_tokens()),
-                        "delta_tokens": ns.trees.delta().cached_tokens(),
-                        "evicted_pending_compaction_tokens": ns.trees.evicted().cached_tokens(),
-                        "delta_heap_bytes": ns.trees.delta().heap_bytes() + ns.trees.evicted().heap_bytes(),
-                    }),
-                )
+                let t = &ns.trees;
+                let stats = NamespaceStats {
+                    sequences: ns.sequences(),
+                    cached_tokens: ns.tokens(),
+                    base_tokens: t.base().map_or(0, |b| b.cached_tokens()),
+                    delta_tokens: t.delta().cached_tokens(),
+                    evicted_pending_compaction_tokens: t.evicted().cached_tokens(),
+                    delta_heap_bytes: t.delta().heap_bytes() + t.evicted().heap_bytes(),
+                };
+                (name.clone(), stats)
             })
             .collect();
-        let total: u64 = st.namespaces.values().map(Namespace::tokens).sum();
-        let seqs: usize = st.namespaces.values().map(Namespace::sequences).sum();
-        let resident: usize = st
-            .namespaces
-            .values()
-            .map(|n| n.trees.delta().heap_bytes() + n.trees.evicted().heap_bytes())
-            .sum();
-        serde_json::json!({
-            "cached_tokens": total,
-            "cached_sequences": seqs,
-            "namespaces": per_ns,
-            "snapshot": st.snapshot.as_ref().map(|s| serde_json::json!({
-                "path": s.path(),
-                "bytes": s.file_len(),
-                "tokens": s.header().tokens,
-                "created_unix_ms": s.header().created_unix_ms,
-            })),
-            "segments": st.snapshot.is_some() as u32 + 1,
-            "disk_bytes": super::dir::disk_bytes(&self.cfg.dir),
-            "delta_resident_bytes": resident,
-            "wal_bytes": self.wal.current_bytes(),
-            "wal_last_seq": self.wal.last_seq(),
-            "counters": *self.counters.lock().expect("counters"),
-            "wal_damaged_at_open": self.wal_damage.iter().map(|(p, d)| serde_json::json!({"segment": p, "damage": d})).collect::<Vec<_>>(),
-            "budget_tokens": self.cfg.budget_tokens,
-        })
+        StoreStats {
+            cached_tokens: namespaces.values().map(|n| n.cached_tokens).sum(),
+            cached_sequences: namespaces.values().map(|n| n.sequences).sum(),
+            delta_resident_bytes: namespaces.values().map(|n| n.delta_heap_bytes).sum(),
+            namespaces,
+            snapshot: st.snapshot.as_ref().map(|s| SnapshotStats {
+                path: s.path().to_path_buf(),
+                bytes: s.file_len(),
+                tokens: s.header().tokens,
+                created_unix_ms: s.header().created_unix_ms,
+            }),
+            segments: st.snapshot.is_some() as u32 + 1,
+            disk_bytes: super::dir::disk_bytes(&self.cfg.dir),
+            wal_bytes: self.wal.current_bytes(),
+            wal_last_seq: self.wal.last_seq(),
+            counters: self.counters(),
+            wal_damaged_at_open: self
+                .wal_damage
+                .iter()
+                .map(|(segment, damage)| DamagedSegment {
+                    segment: segment.clone(),
+                    damage: damage.clone(),
+                })
+                .collect(),
+            budget_tokens: self.cfg.budget_tokens,
+        }
     }
 
     /// The store directory.
