@@ -75,7 +75,7 @@ fn a_flipped_byte_in_the_log_loses_its_record_only_and_is_reported_and_kept() {
     assert_eq!(held(&s), 14);
     assert_eq!(s.counters().replayed, 9);
     let stats = s.stats();
-    assert_eq!(stats["wal_damaged_at_open"].as_array().unwrap().len(), 1);
+    assert_eq!(stats.wal_damaged_at_open.len(), 1);
     let copy = dir
         .path()
         .join("damaged")

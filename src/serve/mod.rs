@@ -27,6 +27,7 @@ use crate::speculate::SpecParams;
 use crate::store::build::{BuildOptions, build_from_logs};
 use crate::store::dir::current_snapshot;
 use crate::store::live::{Store, StoreConfig};
+use crate::store::TokenizerId;
 use crate::store::wal::FsyncPolicy;
 use crate::verify::engine::Engine;
 use crate::verify::tokenizer::ModelTokenizer;
@@ -205,41 +206,102 @@ pub fn serve(
     model_id: String,
     params: SpecParams,
 ) -> Result<(), ServeError> {
-    let tokenizer_id = engine.tokenizer_identity();
-    if current_snapshot(&cfg.snapshot_dir)?.is_none() && !cfg.warm_logs.is_empty() {
-        tracing::info!(
-            "no snapshot in {}: warm start from {:?}",
-            cfg.snapshot_dir.display(),
-            cfg.warm_logs
-        );
-        let t = std::time::Instant::now();
-        let report = build_from_logs(
-            &cfg.warm_logs,
-            &cfg.snapshot_dir,
-            &BuildOptions {
-                max_depth: params.max_depth,
-                namespace: "default".into(),
-                keep_last: None,
-            },
-            Some(&tokenizer),
-            |n| {
-                if n % 10_000 == 0 {
-                    tracing::info!("warm start: {n} records read");
-                }
-            },
-        )?;
-        tracing::info!(
-            "warm start: {} sequences, {} tokens in {:.1} s",
-            report.header.sequences,
-            report.header.tokens,
-            t.elapsed().as_secs_f64()
-        );
+    warm_start_if_empty(&cfg, &params, &tokenizer)?;
+    let (store, replication) = open_store(&cfg, &params, engine.tokenizer_identity())?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (tx, rx) = crossbeam::channel::unbounded();
+    metrics.publish_cost_curve(engine.cost_curve());
+    let context_len = engine.context_len();
+    let max_batch = cfg.max_batch;
+    let worker = {
+        let (store, metrics) = (store.clone(), metrics.clone());
+        std::thread::Builder::new()
+            .name("model".into())
+            .spawn(move || worker::run(engine, store, params, metrics, rx, max_batch))?
+    };
+    let app = Arc::new(AppState {
+        cfg: cfg.clone(),
+        model_id,
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        tokenizer,
+        template,
+        context_len,
+        jobs: tx,
+        store: store.clone(),
+        metrics,
+        jobs_status: Mutex::new(HashMap::new()),
+        ids: AtomicU64::new(1),
+        replication,
+    });
+    if let (Some(every), Some(_)) = (cfg.publish_snapshots_s, &cfg.replicate) {
+        publish_snapshots_every(&app, std::time::Duration::from_secs(every))?;
     }
+    listen(&cfg, app)?;
+    // The app state is gone with the runtime, and with it the last job senders: the
+    // model thread then ends.
+    let _ = worker.join();
+    if cfg.snapshot_on_exit {
+        match store.snapshot() {
+            Ok(info) => tracing::info!("snapshot on exit: {}", info.path.display()),
+            Err(e) => tracing::error!("snapshot on exit failed: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// With no snapshot yet and warm logs given, build the first snapshot from the logs.
+fn warm_start_if_empty(
+    cfg: &ServeConfig,
+    params: &SpecParams,
+    tokenizer: &ModelTokenizer,
+) -> Result<(), ServeError> {
+    if current_snapshot(&cfg.snapshot_dir)?.is_some() || cfg.warm_logs.is_empty() {
+        return Ok(());
+    }
+    tracing::info!(
+        "no snapshot in {}: warm start from {:?}",
+        cfg.snapshot_dir.display(),
+        cfg.warm_logs
+    );
+    let t = std::time::Instant::now();
+    let report = build_from_logs(
+        &cfg.warm_logs,
+        &cfg.snapshot_dir,
+        &BuildOptions {
+            max_depth: params.max_depth,
+            namespace: "default".into(),
+            keep_last: None,
+        },
+        Some(tokenizer),
+        |n| {
+            if n % 10_000 == 0 {
+                tracing::info!("warm start: {n} records read");
+            }
+        },
+    )?;
+    tracing::info!(
+        "warm start: {} sequences, {} tokens in {:.1} s",
+        report.header.sequences,
+        report.header.tokens,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Open the store (a new replica first fetches its cluster's newest published
+/// snapshot), start replication if configured, and verify the snapshot in the
+/// background.
+fn open_store(
+    cfg: &ServeConfig,
+    params: &SpecParams,
+    tokenizer_id: TokenizerId,
+) -> Result<(Arc<Store>, Option<Replication>), ServeError> {
     let identity = match cfg.replicate {
         Some(_) => Some(ReplicaIdentity::load_or_create(&cfg.snapshot_dir)?),
         None => None,
     };
-    // A new replica starts from its cluster's newest published snapshot.
     let bootstrapped = match &cfg.replicate {
         Some(rcfg) => bootstrap(rcfg, &cfg.snapshot_dir, tokenizer_id)?,
         None => None,
@@ -300,50 +362,33 @@ pub fn serve(
                 Err(e) => tracing::error!("{e}"),
             })?;
     }
-    let metrics = Arc::new(metrics::Metrics::default());
-    let (tx, rx) = crossbeam::channel::unbounded();
-    metrics.publish_cost_curve(engine.cost_curve());
-    let context_len = engine.context_len();
-    let max_batch = cfg.max_batch;
-    let worker = {
-        let (store, metrics) = (store.clone(), metrics.clone());
-        std::thread::Builder::new()
-            .name("model".into())
-            .spawn(move || worker::run(engine, store, params, metrics, rx, max_batch))?
-    };
-    let app = Arc::new(AppState {
-        cfg: cfg.clone(),
-        model_id,
-        started: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        tokenizer,
-        template,
-        context_len,
-        jobs: tx,
-        store: store.clone(),
-        metrics,
-        jobs_status: Mutex::new(HashMap::new()),
-        ids: AtomicU64::new(1),
-        replication,
-    });
-    if let (Some(every), Some(_)) = (cfg.publish_snapshots_s, &cfg.replicate) {
-        // A weak reference: the server's shutdown drops the state, which ends this.
-        let app = Arc::downgrade(&app);
-        std::thread::Builder::new()
-            .name("publish-snapshots".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(std::time::Duration::from_secs(every));
-                    match app.upgrade() {
-                        Some(app) => {
-                            app.start_snapshot_job();
-                        }
-                        None => return,
+    Ok((store, replication))
+}
+
+/// Start a snapshot job every `every`, for replicas to bootstrap from, until the server
+/// shuts down.
+fn publish_snapshots_every(app: &Arc<AppState>, every: std::time::Duration) -> std::io::Result<()> {
+    // A weak reference: the server's shutdown drops the state, which ends this.
+    let app = Arc::downgrade(app);
+    std::thread::Builder::new()
+        .name("publish-snapshots".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                match app.upgrade() {
+                    Some(app) => {
+                        app.start_snapshot_job();
                     }
+                    None => return,
                 }
-            })?;
-    }
+            }
+        })?;
+    Ok(())
+}
+
+/// Serve HTTP on `cfg.addr` until a shutdown signal, then stop the runtime. Dropping the
+/// tasks still running drops their requests, which cancels their generations.
+fn listen(cfg: &ServeConfig, app: Arc<AppState>) -> Result<(), ServeError> {
     let limits = http::HttpLimits {
         read_timeout: cfg.read_timeout(),
         max_connections: cfg.max_connections,
@@ -365,16 +410,7 @@ pub fn serve(
         Ok::<(), ServeError>(())
     })?;
     drop(app);
-    // Dropping the tasks still running drops their requests, which cancels their
-    // generations, and the last job senders: the model thread then ends.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-    let _ = worker.join();
-    if cfg.snapshot_on_exit {
-        match store.snapshot() {
-            Ok(info) => tracing::info!("snapshot on exit: {}", info.path.display()),
-            Err(e) => tracing::error!("snapshot on exit failed: {e}"),
-        }
-    }
     Ok(())
 }
 
