@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use suffixd::store::live::{Store, StoreConfig, StoreError};
+use suffixd::store::live::{SnapshotError, Store, StoreConfig};
 use suffixd::store::snapshot::{NamespaceInput, SeqMeta, write_snapshot};
 use suffixd::store::wal::{FsyncPolicy, segments};
 use suffixd::store::{Snapshot, TokenizerId};
@@ -165,7 +165,7 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
     // Opening stays cheap and works; verification and snapshots refuse.
     let s = Store::open(cfg(dir.path())).unwrap();
     s.append("default", &response(3)).unwrap();
-    assert!(matches!(s.verify_base(), Err(StoreError::DamagedBase(_))));
+    assert!(matches!(s.verify_base(), Err(SnapshotError::DamagedBase(_))));
     let err = s.snapshot().unwrap_err().to_string();
     assert!(err.contains("not writing a snapshot"), "{err}");
     let v = s.verify().unwrap();

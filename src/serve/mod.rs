@@ -173,7 +173,7 @@ pub fn router(app: Arc<AppState>) -> Router {
 pub enum ServeError {
     /// The store could not be opened.
     #[error(transparent)]
-    Store(#[from] crate::store::live::StoreError),
+    Store(#[from] crate::store::live::StoreOpenError),
     /// Warm start failed.
     #[error("warm start from logs failed: {0}")]
     Warm(#[from] crate::store::build::BuildError),

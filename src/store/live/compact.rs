@@ -7,7 +7,7 @@ impl Store {
     /// Write everything live (base + delta − evicted) as a new snapshot and swap it in:
     /// this is also compaction, since evicted data is not written. Speculation and
     /// appends go on while it runs; only the final swap takes the write lock.
-    pub fn snapshot(&self) -> Result<SnapshotInfo, StoreError> {
+    pub fn snapshot(&self) -> Result<SnapshotInfo, SnapshotError> {
         // One at a time: a second request waits for the first, then writes what is live
         // by then.
         let _one = self.snapshotting.lock().expect("snapshot lock");
@@ -100,7 +100,7 @@ impl Store {
     /// was verified before. Serving reads it unverified (opening stays cheap); this
     /// runs in the background at start and before every snapshot, which must not be
     /// built from a damaged base.
-    pub fn verify_base(&self) -> Result<(), StoreError> {
+    pub fn verify_base(&self) -> Result<(), SnapshotError> {
         let Some(snap) = self.read().snapshot.clone() else {
             return Ok(());
         };
@@ -114,7 +114,7 @@ impl Store {
             }
         };
         outcome.map_err(|what| {
-            StoreError::DamagedBase(Box::new(OpenError::Corrupt {
+            SnapshotError::DamagedBase(Box::new(OpenError::Corrupt {
                 path: snap.path().to_path_buf(),
                 what,
             }))
@@ -123,7 +123,7 @@ impl Store {
 
     /// Check the live snapshot completely (checksum, token ids and tree invariants) and
     /// every log segment.
-    pub fn verify(&self) -> Result<Verification, StoreError> {
+    pub fn verify(&self) -> Result<Verification, WalError> {
         let snap = self.read().snapshot.clone();
         let snapshot_error = snap
             .as_ref()

@@ -74,22 +74,52 @@ pub fn own_ids(origin: u16) -> std::ops::Range<u64> {
     first..first + (1 << ID_ORIGIN_SHIFT)
 }
 
-/// Errors from the live store.
+/// Errors from opening a store ([`Store::open`]): it does not start.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The snapshot could not be opened.
+pub enum StoreOpenError {
+    /// The current snapshot could not be opened.
+    #[error(transparent)]
+    Snapshot(#[from] OpenError),
+    /// The directory or manifest (a second process holding the store included).
+    #[error(transparent)]
+    Dir(#[from] DirError),
+    /// The write-ahead log could not be read.
+    #[error(transparent)]
+    Wal(#[from] WalError),
+    /// A logged change could not be replayed.
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+}
+
+/// Errors from changing a store (append, evict, budgets). A change whose log write or
+/// fsync failed was not applied and is not acknowledged; the store goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// The write-ahead log refused the change (a full or failing disk).
+    #[error(transparent)]
+    Wal(#[from] WalError),
+    /// A tree refused the change.
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+}
+
+/// Errors from writing a snapshot (also compaction) or from the check before it. The
+/// live snapshot and the log stay as they were.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The new snapshot did not read back whole.
     #[error(transparent)]
     Open(#[from] OpenError),
-    /// A snapshot could not be written.
+    /// The new snapshot could not be written.
     #[error(transparent)]
     Write(#[from] WriteError),
     /// The directory or manifest.
     #[error(transparent)]
     Dir(#[from] DirError),
-    /// The write-ahead log.
+    /// The log could not be cut or trimmed.
     #[error(transparent)]
     Wal(#[from] WalError),
-    /// A tree refused a change.
+    /// A tree could not be built.
     #[error(transparent)]
     Tree(#[from] TreeError),
     /// The live snapshot failed verification, so no new one is built from it.
@@ -197,7 +227,7 @@ impl State {
         snap: Snapshot,
         next_id: u64,
         fresher: impl Fn(&str, u64) -> Option<u64>,
-    ) -> Result<State, StoreError> {
+    ) -> Result<State, OpenError> {
         let mut state = State {
             next_id,
             ..State::new(cfg)
@@ -224,7 +254,10 @@ impl State {
                 }
             }
             let n = Namespace {
-                trees: Layers::over(ns.tree)?,
+                trees: Layers::over(ns.tree).map_err(|e| OpenError::Corrupt {
+                    path: snap.path().to_path_buf(),
+                    what: format!("namespace {}: {e}", ns.name),
+                })?,
                 seqs,
             };
             state.namespaces.insert(ns.name, n);
@@ -445,7 +478,7 @@ impl Store {
     /// Log, apply, then wait for the log to be durable. Logging and applying happen
     /// under the writer lock, so a snapshot's cut sees a change in both or in neither;
     /// the fsync happens after it, where group commit can share it.
-    fn commit(&self, op: WalOp) -> Result<bool, StoreError> {
+    fn commit(&self, op: WalOp) -> Result<bool, ChangeError> {
         let (seq, changed) = {
             let mut writer = self.state.writer();
             let seq = self.wal.write(op.clone())?;
@@ -462,7 +495,7 @@ impl Store {
 
     /// Add a completed request's response to `namespace`; durable when this returns
     /// (with the default fsync policy). Returns its sequence id.
-    pub fn append(&self, namespace: &str, tokens: &[u32]) -> Result<u64, StoreError> {
+    pub fn append(&self, namespace: &str, tokens: &[u32]) -> Result<u64, ChangeError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let committed = self.commit(WalOp::Append {
             namespace: namespace.into(),
@@ -488,7 +521,7 @@ impl Store {
         id: u64,
         time_ms: u64,
         tokens: &[u32],
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool, ChangeError> {
         let known = own_ids(self.cfg.id_origin).contains(&id) || {
             let st = self.state.read();
             st.namespaces
@@ -538,7 +571,7 @@ impl Store {
     }
 
     /// Evict one sequence; returns whether it was cached.
-    pub fn evict(&self, namespace: &str, id: u64) -> Result<bool, StoreError> {
+    pub fn evict(&self, namespace: &str, id: u64) -> Result<bool, ChangeError> {
         let known = {
             let st = self.state.read();
             st.namespaces
@@ -557,7 +590,7 @@ impl Store {
     }
 
     /// Evict a whole namespace; returns how many sequences went.
-    pub fn evict_namespace(&self, namespace: &str) -> Result<usize, StoreError> {
+    pub fn evict_namespace(&self, namespace: &str) -> Result<usize, ChangeError> {
         let ids: Vec<u64> = {
             let st = self.state.read();
             st.namespaces
@@ -573,7 +606,7 @@ impl Store {
     }
 
     /// Evict every sequence not used since `cutoff_ms` (ms since the epoch).
-    pub fn evict_unused_since(&self, cutoff_ms: u64) -> Result<usize, StoreError> {
+    pub fn evict_unused_since(&self, cutoff_ms: u64) -> Result<usize, ChangeError> {
         let victims: Vec<(String, u64)> = {
             let st = self.state.read();
             st.lru
@@ -590,7 +623,7 @@ impl Store {
 
     /// Evict least recently used sequences while over the token budget, and those older
     /// than the maximum age.
-    pub fn enforce_budget(&self) -> Result<(), StoreError> {
+    pub fn enforce_budget(&self) -> Result<(), ChangeError> {
         if let Some(age) = self.cfg.max_age_ms {
             self.evict_unused_since(now_ms().saturating_sub(age))?;
         }
@@ -732,7 +765,7 @@ mod tests {
         let Err(e) = Store::open(cfg(dir.path())) else {
             panic!("a second store opened the same directory");
         };
-        assert!(matches!(e, StoreError::Dir(DirError::Locked { .. })), "{e}");
+        assert!(matches!(e, StoreOpenError::Dir(DirError::Locked { .. })), "{e}");
         assert!(e.to_string().contains("in use"), "{e}");
         drop(first);
         let again = Store::open(cfg(dir.path())).unwrap();

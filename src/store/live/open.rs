@@ -4,7 +4,7 @@ use super::*;
 
 impl Store {
     /// Open the store in `cfg.dir`: its current snapshot (if any), then the WAL.
-    pub fn open(cfg: StoreConfig) -> Result<Self, StoreError> {
+    pub fn open(cfg: StoreConfig) -> Result<Self, StoreOpenError> {
         std::fs::create_dir_all(&cfg.dir).map_err(|source| DirError::Io {
             path: cfg.dir.clone(),
             source,
@@ -104,7 +104,7 @@ impl Store {
     /// wrong when `CURRENT` was lost: then the log no longer holds what the snapshot
     /// does, and the next snapshot would delete it. So start only when every snapshot
     /// file's sequences are all in the log; otherwise refuse, naming the file to restore.
-    fn refuse_to_orphan_snapshots(cfg: &StoreConfig) -> Result<(), StoreError> {
+    fn refuse_to_orphan_snapshots(cfg: &StoreConfig) -> Result<(), StoreOpenError> {
         let files = snapshot_files(&cfg.dir)?;
         if files.is_empty() {
             return Ok(());
