@@ -121,7 +121,13 @@ impl<S: Storage> GlobalTree<S> {
     /// Checks every invariant of the arena against the stored sequences; returns the first
     /// problem found. Costs O(tokens × depth): a tool for tests and `verify`, not serving.
     pub fn check_integrity(&self) -> Result<(), IntegrityError> {
-        // Counts: walk every suffix and tally.
+        let visits = self.suffix_visits()?;
+        self.check_structure(&visits)
+    }
+
+    /// Walk every suffix of every live sequence, cut at the depth limit, and count the
+    /// suffixes passing through each node; the root's count must be all of them.
+    fn suffix_visits(&self) -> Result<FxHashMap<u32, u32>, IntegrityError> {
         let mut visits: FxHashMap<u32, u32> = FxHashMap::default();
         let mut root_visits = 0u32;
         for e in self.seqs.iter().filter(|e| e.live != 0) {
@@ -175,8 +181,12 @@ impl<S: Storage> GlobalTree<S> {
                 suffixes: root_visits,
             });
         }
-        // Structure: every reachable node's count equals its visits, and children are
-        // consistent with the index.
+        Ok(visits)
+    }
+
+    /// Every reachable node's count equals its visits, children are consistent with
+    /// the index and with their order, and every node is reachable or free.
+    fn check_structure(&self, visits: &FxHashMap<u32, u32>) -> Result<(), IntegrityError> {
         let mut stack = vec![(ROOT, 0usize)];
         let mut reachable = 1;
         while let Some((n, depth)) = stack.pop() {
@@ -252,5 +262,48 @@ impl<S: Storage> GlobalTree<S> {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kind of damage is reported as what it is, with the node it is at.
+    #[test]
+    fn damage_is_named() {
+        let t = GlobalTree::build(8, [(1u64, &[1u32, 2, 3][..]), (2, &[1, 2, 4][..])]).unwrap();
+        assert_eq!(t.check_integrity(), Ok(()));
+
+        let mut bad = t.clone();
+        let one = bad.child(ROOT, 1).unwrap();
+        let count = bad.nodes[one as usize].count;
+        bad.nodes[one as usize].count += 1;
+        assert_eq!(
+            bad.check_integrity(),
+            Err(IntegrityError::CountMismatch {
+                node: one,
+                count: count + 1,
+                suffixes: count,
+            })
+        );
+
+        let mut bad = t.clone();
+        bad.nodes[ROOT as usize].count += 1;
+        assert!(matches!(
+            bad.check_integrity(),
+            Err(IntegrityError::CountMismatch { node: ROOT, .. })
+        ));
+
+        let mut bad = t.clone();
+        bad.pool[1] = 9; // sequence 1 now reads [1, 9, 3]: its suffix at 1 has no path
+        assert!(matches!(
+            bad.check_integrity(),
+            Err(IntegrityError::MissingPath { seq: 1, .. } | IntegrityError::EdgeTokensDiffer { .. })
+        ));
+
+        let mut bad = t.clone();
+        bad.nodes[one as usize].next_sibling = one; // a sibling cycle
+        assert!(bad.check_integrity().is_err());
     }
 }
