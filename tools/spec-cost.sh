@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Work per speculation call, counted instead of timed: instructions, L1 data misses and
-# last-level cache misses per speculation call (`simulate::Cache::speculate`, the call
+# last-level cache misses per speculation call (`simulate::cache::Cache::speculate`, the call
 # `suffixd simulate` times), under valgrind's callgrind with a fixed cache model.
 #
 #   tools/spec-cost.sh [BINARY...]      (default: target/release/suffixd)
@@ -38,7 +38,7 @@ for bin in "${BINS[@]}"; do
     report=$("$bin" "${ARGS[@]}" 2>/dev/null | tail -n 1)
     profile="$OUT/$(basename "$bin").callgrind"
     valgrind --tool=callgrind --cache-sim=yes --D1=49152,12,64 --LL="$LL" \
-        --toggle-collect='*simulate::Cache::speculate*' --callgrind-out-file="$profile" \
+        --toggle-collect='*simulate::*Cache::speculate*' --callgrind-out-file="$profile" \
         "$bin" "${ARGS[@]}" >/dev/null 2>&1
     totals=$(callgrind_annotate "$profile" 2>/dev/null | grep "PROGRAM TOTALS")
     python3 - "$bin" "$report" "$totals" <<'PY'
@@ -47,7 +47,7 @@ bin, report, totals = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 # Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
 n = [int(x.replace(",", "")) for x in re.findall(r"([0-9][0-9,]*) \(", totals)]
 if len(n) < 9:
-    sys.exit(f"{bin}: no simulate::Cache::speculate calls were recorded")
+    sys.exit(f"{bin}: no simulate Cache::speculate calls were recorded")
 steps = report["steps"]
 print(f"{bin}  {steps}  {n[0] / steps:.0f}  {(n[4] + n[5]) / steps:.2f}  "
       f"{(n[7] + n[8]) / steps:.2f}  {report['tokens_per_step']:.4f}")
