@@ -165,7 +165,10 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
     // Opening stays cheap and works; verification and snapshots refuse.
     let s = Store::open(cfg(dir.path())).unwrap();
     s.append("default", &response(3)).unwrap();
-    assert!(matches!(s.verify_base(), Err(SnapshotError::DamagedBase(_))));
+    assert!(matches!(
+        s.verify_base(),
+        Err(SnapshotError::DamagedBase(_))
+    ));
     let err = s.snapshot().unwrap_err().to_string();
     assert!(err.contains("not writing a snapshot"), "{err}");
     let v = s.verify().unwrap();

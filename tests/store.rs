@@ -229,10 +229,7 @@ fn inputs_that_once_crashed_the_fuzz_targets_are_read_without_panicking() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz");
     let mut replayed = 0;
     for (target, read) in [
-        (
-            "snapshot",
-            suffixd::fuzzing::snapshot_bytes as fn(&[u8]),
-        ),
+        ("snapshot", suffixd::fuzzing::snapshot_bytes as fn(&[u8])),
         ("wal", suffixd::fuzzing::wal_bytes),
     ] {
         let Ok(entries) = std::fs::read_dir(root.join(target)) else {

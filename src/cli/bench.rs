@@ -134,9 +134,7 @@ impl Side {
                 Item::Pipeline { .. } => chat_text(engine, &t.replace("{prev}", &prev))?,
                 _ => t.clone(),
             };
-            let prompt = engine
-                .tokenizer()
-                .encode_text(&text)?;
+            let prompt = engine.tokenizer().encode_text(&text)?;
             let t0 = Instant::now();
             let g = if self.speculate {
                 let view = Layered::new(None, &self.global, &self.evicted);

@@ -150,9 +150,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give --prompt or --chat"),
     };
-    let prompt = engine
-        .tokenizer()
-        .encode_text(&text)?;
+    let prompt = engine.tokenizer().encode_text(&text)?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: Sampling {

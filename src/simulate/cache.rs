@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use crate::speculate::{Draft, SpecParams, Speculator};
 use crate::store::snapshot::Frozen;
-use crate::store::{FrozenTree, Layers, LayeredCursor};
+use crate::store::{FrozenTree, LayeredCursor, Layers};
 use crate::tree::{GlobalTree, Owned, RequestTree, TreeError};
 
 /// The layers over a base built in memory from warm responses, or read in place from a

@@ -17,8 +17,8 @@ mod request;
 mod wide_index;
 
 pub use global::{
-    Borrowed, ChildIndex, GlobalCursor, GlobalTree, IntegrityError, Node, Owned, PartsError, SeqEntry, Storage,
-    TreeError, TreeParts, TreeStats, WideChild,
+    Borrowed, ChildIndex, GlobalCursor, GlobalTree, IntegrityError, Node, Owned, PartsError,
+    SeqEntry, Storage, TreeError, TreeParts, TreeStats, WideChild,
 };
 pub(crate) use request::for_most_recent;
 #[cfg(test)]

@@ -32,8 +32,7 @@ use super::last_use::LastUse;
 use super::layered::Layered;
 use super::layers::Layers;
 use super::snapshot::{
-    NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError,
-    write_snapshot,
+    NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError, write_snapshot,
 };
 use super::wal::{
     Damage, FsyncPolicy, Wal, WalCheck, WalError, WalOp, check_dir, quarantine, read_segment,
@@ -765,7 +764,10 @@ mod tests {
         let Err(e) = Store::open(cfg(dir.path())) else {
             panic!("a second store opened the same directory");
         };
-        assert!(matches!(e, StoreOpenError::Dir(DirError::Locked { .. })), "{e}");
+        assert!(
+            matches!(e, StoreOpenError::Dir(DirError::Locked { .. })),
+            "{e}"
+        );
         assert!(e.to_string().contains("in use"), "{e}");
         drop(first);
         let again = Store::open(cfg(dir.path())).unwrap();

@@ -61,7 +61,9 @@ pub enum IntegrityError {
         suffixes: u32,
     },
     /// A wide list is out of count order though the tree says it is sorted.
-    #[error("node {node}: wide children list out of count order, though the tree says it is sorted")]
+    #[error(
+        "node {node}: wide children list out of count order, though the tree says it is sorted"
+    )]
     WideListUnsorted {
         /// The parent node.
         node: u32,
@@ -141,11 +143,13 @@ impl<S: Storage> GlobalTree<S> {
                 let mut node = ROOT;
                 let mut j = 0;
                 while j < rem {
-                    let child = self.child(node, s[j + i]).ok_or(IntegrityError::MissingPath {
-                        seq: e.id,
-                        suffix: i,
-                        depth: j,
-                    })?;
+                    let child = self
+                        .child(node, s[j + i])
+                        .ok_or(IntegrityError::MissingPath {
+                            seq: e.id,
+                            suffix: i,
+                            depth: j,
+                        })?;
                     let len = self.len_of(child);
                     let st = self.node(child).start as usize;
                     if len == 0 {
@@ -299,7 +303,8 @@ mod tests {
         bad.pool[1] = 9; // sequence 1 now reads [1, 9, 3]: its suffix at 1 has no path
         assert!(matches!(
             bad.check_integrity(),
-            Err(IntegrityError::MissingPath { seq: 1, .. } | IntegrityError::EdgeTokensDiffer { .. })
+            Err(IntegrityError::MissingPath { seq: 1, .. }
+                | IntegrityError::EdgeTokensDiffer { .. })
         ));
 
         let mut bad = t.clone();

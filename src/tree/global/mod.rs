@@ -228,7 +228,9 @@ pub enum PartsError {
     #[error("max_depth must be between 1 and {MAX_SUPPORTED_DEPTH}, got {0}")]
     BadDepth(usize),
     /// There is no root node, or the node and edge-length tables differ in length.
-    #[error("{nodes} node records but {lens} edge lengths (there must be as many, at least the root)")]
+    #[error(
+        "{nodes} node records but {lens} edge lengths (there must be as many, at least the root)"
+    )]
     TablesDiffer {
         /// Node records.
         nodes: usize,
@@ -325,7 +327,11 @@ impl<S: Storage> Clone for GlobalTree<S> {
             seq_blocks: self.seq_blocks.clone(),
             live_tokens: self.live_tokens,
             dead_tokens: self.dead_tokens,
-            version: if S::EDITABLE { next_version() } else { self.version },
+            version: if S::EDITABLE {
+                next_version()
+            } else {
+                self.version
+            },
             wide_lists_sorted: self.wide_lists_sorted,
         }
     }
