@@ -9,11 +9,10 @@
 use std::path::Path;
 
 use crate::speculate::{SpecParams, Speculator};
-use crate::tree::RequestTree;
-
 use crate::store::TokenizerId;
 use crate::store::snapshot::{Snapshot, SnapshotBytes};
 use crate::store::wal::decode_segment;
+use crate::tree::RequestTree;
 
 /// Open `bytes` as a snapshot; if that succeeds, draft from every namespace, check each
 /// tree's integrity and verify the whole file.

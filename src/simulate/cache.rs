@@ -12,7 +12,7 @@ use crate::tree::{GlobalTree, Owned, RequestTree, TreeError};
 
 /// The layers over a base built in memory from warm responses, or read in place from a
 /// snapshot. Each is its own type so that speculation reads either without dispatch.
-pub(super) enum Trees {
+enum Trees {
     Built(Layers<Owned>),
     Frozen(Layers<Frozen>),
 }
@@ -29,7 +29,7 @@ macro_rules! each {
 
 /// The global cache: the trees, and the ids they hold, oldest first.
 pub(super) struct Cache {
-    pub(super) trees: Trees,
+    trees: Trees,
     pub(super) order: VecDeque<u64>,
     capacity: usize,
     pub(super) compactions: usize,

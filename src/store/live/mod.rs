@@ -134,7 +134,6 @@ type SeqCopy = (SeqMeta, Vec<u32>);
 /// Per-sequence bookkeeping.
 #[derive(Clone, Copy, Debug)]
 struct SeqInfo {
-    tokens: u32,
     inserted_ms: u64,
     last_use_ms: u64,
 }
@@ -161,7 +160,7 @@ impl Namespace {
 
     /// Cached tokens.
     pub fn tokens(&self) -> u64 {
-        self.seqs.values().map(|s| s.tokens as u64).sum()
+        self.trees.cached_tokens()
     }
 
     /// Cached sequences.
@@ -235,13 +234,11 @@ impl State {
         for ns in snap.namespaces()? {
             let mut seqs = HashMap::new();
             for m in &ns.meta {
-                let tokens = ns.tree.sequence(m.id).map_or(0, |s| s.len() as u32);
                 let last_use =
                     fresher(&ns.name, m.id).map_or(m.last_use_ms, |t| t.max(m.last_use_ms));
                 seqs.insert(
                     m.id,
                     SeqInfo {
-                        tokens,
                         inserted_ms: m.inserted_ms,
                         last_use_ms: last_use,
                     },
@@ -449,7 +446,6 @@ impl Store {
                 ns.seqs.insert(
                     *id,
                     SeqInfo {
-                        tokens: tokens.len() as u32,
                         inserted_ms: *time_ms,
                         last_use_ms: *time_ms,
                     },

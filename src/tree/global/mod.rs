@@ -23,9 +23,9 @@
 //!
 //! Here: the types and the storage. Beside it: `build` (a tree from many sequences at
 //! once, in parallel), `edit` (insert, remove, compact), `read` (walking, counts and
-//! children, the [`GlobalIndex`] speculation reads), `check` (the integrity check), `parts` (the tables
-//! a snapshot stores, lent and taken back) and `seq_blocks` (which sequence holds a pool
-//! position).
+//! children, the [`GlobalIndex`] speculation reads), `check` (the integrity check),
+//! `parts` (the tables a snapshot stores, lent and taken back) and `seq_blocks` (which
+//! sequence holds a pool position).
 
 use rustc_hash::FxHashMap;
 
