@@ -19,6 +19,10 @@
 # call, replayed from a copy of the speculator's state, see `simulate --replay-timing`).
 # On a busy host the cold figure moves with the memory traffic of other tenants and the
 # replayed one much less, which is why the first ratio drifts from run to run.
+#
+# BASE=path/to/suffixd also runs an older binary in the same turns and prints its row
+# under the new one's ("base"), so that a change is judged against its baseline measured
+# in the same run rather than against figures from another day.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED="${SHARED:-../shared}"
@@ -41,6 +45,9 @@ fi
 echo "== building suffixd" >&2
 cargo build --release --quiet
 BIN=target/release/suffixd
+BASE="${BASE:-}"
+SIDES=(suffixd)
+[ -z "$BASE" ] || SIDES+=(base)
 
 for r in $(seq "$REPEAT"); do
     for n in "${SIZES[@]}"; do
@@ -50,22 +57,27 @@ for r in $(seq "$REPEAT"); do
                 --test-file "$DATA/test.jsonl.zst" --train "$n" --test "$TEST" "--$shape" \
                 --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$n-$shape.$r.json"
             for mode in $MODES; do
-                echo "== suffixd ($mode): warm $n, $shape (run $r of $REPEAT)" >&2
-                args=(simulate --warm "$DATA/train.jsonl.zst" --warm-limit "$n"
-                      --test "$DATA/test.jsonl.zst" --test-limit "$TEST" "--$shape" --mode "$mode" --json)
-                "$BIN" "${args[@]}" 2>/dev/null | tail -n 1 > "$OUT/suffixd-$n-$shape-$mode.$r.json"
-                # The replayed figure comes from a run of its own, so that the replays
-                # cannot warm anything for the cold figure above.
-                "$BIN" "${args[@]}" --replay-timing 2>/dev/null | tail -n 1 \
-                    > "$OUT/suffixd-replay-$n-$shape-$mode.$r.json"
+                for side in "${SIDES[@]}"; do
+                    bin="$BIN"
+                    [ "$side" = suffixd ] || bin="$BASE"
+                    echo "== $side ($mode): warm $n, $shape (run $r of $REPEAT)" >&2
+                    args=(simulate --warm "$DATA/train.jsonl.zst" --warm-limit "$n"
+                          --test "$DATA/test.jsonl.zst" --test-limit "$TEST" "--$shape" --mode "$mode" --json)
+                    "$bin" "${args[@]}" 2>/dev/null | tail -n 1 > "$OUT/$side-$n-$shape-$mode.$r.json"
+                    # The replayed figure comes from a run of its own, so that the replays
+                    # cannot warm anything for the cold figure above.
+                    "$bin" "${args[@]}" --replay-timing 2>/dev/null | tail -n 1 \
+                        > "$OUT/$side-replay-$n-$shape-$mode.$r.json"
+                done
             done
         done
     done
 done
 
-python3 - "$OUT" "$SHAPES" "$MODES" "$REPEAT" "${SIZES[@]}" <<'PY'
+python3 - "$OUT" "$SHAPES" "$MODES" "$REPEAT" "${SIDES[*]}" "${SIZES[@]}" <<'PY'
 import json, statistics, sys
-out, shapes, modes, repeat, sizes = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), int(sys.argv[4]), sys.argv[5:]
+out, shapes, modes, repeat, sides, sizes = (sys.argv[1], sys.argv[2].split(), sys.argv[3].split(),
+                                            int(sys.argv[4]), sys.argv[5].split(), sys.argv[6:])
 
 class Median(dict):
     """The runs of one configuration, read as one: each numeric figure is their median."""
@@ -83,10 +95,11 @@ print("warm   shape  mode      tok/step (peer)   ratio | spec us (peer native) r
 for n in sizes:
     for shape in shapes:
         p = load(f"peer-{n}-{shape}")
-        for mode in modes:
-            s = load(f"suffixd-{n}-{shape}-{mode}")
-            replayed = load(f"suffixd-replay-{n}-{shape}-{mode}")['spec_replay_us_per_call']
-            print(f"{n:>6} {shape:<6} {mode:<8} "
+        for mode, side in ((m, s) for m in modes for s in sides):
+            s = load(f"{side}-{n}-{shape}-{mode}")
+            replayed = load(f"{side}-replay-{n}-{shape}-{mode}")['spec_replay_us_per_call']
+            label = mode if side == "suffixd" else f"{mode[:3]}/base"
+            print(f"{n:>6} {shape:<6} {label:<8} "
                   f"{s['tokens_per_step']:.4f} ({p['tokens_per_step']:.4f}) {s['tokens_per_step']/p['tokens_per_step']:6.4f} | "
                   f"{s['spec_us_per_call']:6.2f} ({p['native_spec_us_per_call']:6.2f}) {s['spec_us_per_call']/p['native_spec_us_per_call']:5.2f} | "
                   f"{replayed:6.2f} {replayed/p['native_spec_us_per_call']:5.2f} | "

@@ -107,6 +107,10 @@ impl OccurrenceBounds {
             };
             return;
         }
+        // No p beyond the longest match has an occurrence (`occurrences` reads past the
+        // end as none): on a long context p_max is often far beyond it.
+        let longest = matches.iter().map(|m| m.len as usize).max().unwrap_or(0);
+        let p_max = p_max.min(longest);
         self.at_least.resize(p_max + 2, 0);
         let top = p_max + 1;
         for m in matches {
@@ -127,13 +131,12 @@ impl OccurrenceBounds {
                 self.at_least[inside.min(top)] += 1;
             }
         }
-        for p in (0..=p_max).rev() {
-            self.at_least[p] += self.at_least[p + 1];
-        }
         // A cursor keeps the most recent occurrences only; those near the end are among
         // them (there are fewer than the cap).
-        for n in &mut self.at_least {
-            *n = (*n).min(MAX_CURSOR_ENDS as u32);
+        let cap = MAX_CURSOR_ENDS as u32;
+        self.at_least[top] = self.at_least[top].min(cap);
+        for p in (0..=p_max).rev() {
+            self.at_least[p] = (self.at_least[p] + self.at_least[p + 1]).min(cap);
         }
     }
 

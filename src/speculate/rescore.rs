@@ -14,22 +14,7 @@
 //! is left (extended mode copies its continuation), the candidate is grown as before.
 
 use super::{Draft, SpecMode, SpecParams, min_count_for};
-use crate::tree::{MAX_CURSOR_ENDS, Match, RequestTree, for_most_recent};
-
-/// How many leading tokens `a` and `b` share, compared a chunk at a time (most
-/// occurrences on repetitive text follow a path for its whole length).
-fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
-    const CHUNK: usize = 8;
-    let max = a.len().min(b.len());
-    let mut l = 0;
-    while l + CHUNK <= max && a[l..l + CHUNK] == b[l..l + CHUNK] {
-        l += CHUNK;
-    }
-    while l < max && a[l] == b[l] {
-        l += 1;
-    }
-    l
-}
+use crate::tree::{MAX_CURSOR_ENDS, Match, RequestTree, common_prefix_len, for_most_recent};
 
 /// How far the request tree's occurrences follow one path.
 #[derive(Clone, Debug, Default)]

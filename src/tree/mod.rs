@@ -66,6 +66,27 @@ pub(crate) fn common_suffix_len(a: &[u32], b: &[u32], max: usize) -> usize {
     l
 }
 
+/// How many leading tokens `a` and `b` share, compared eight at a time while they can
+/// (occurrences on repetitive text follow a path for its whole length, and grouping the
+/// occurrences of a cursor compares whole horizons).
+pub(crate) fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
+    const CHUNK: usize = 8;
+    let max = a.len().min(b.len());
+    let mut l = 0;
+    while l + CHUNK <= max {
+        let x: &[u32; CHUNK] = a[l..l + CHUNK].try_into().expect("a chunk");
+        let y: &[u32; CHUNK] = b[l..l + CHUNK].try_into().expect("a chunk");
+        if x != y {
+            break;
+        }
+        l += CHUNK;
+    }
+    while l < max && a[l] == b[l] {
+        l += 1;
+    }
+    l
+}
+
 /// Ask the CPU to start loading `value` into cache. Only a hint: it never faults and
 /// changes nothing, so it is safe on any reference.
 #[inline]

@@ -13,7 +13,7 @@
 use rustc_hash::FxHashMap;
 use smallvec::{SmallVec, smallvec};
 
-use super::{Child, Expand, NIL, common_suffix_len};
+use super::{Child, Expand, NIL, common_prefix_len, common_suffix_len};
 
 mod matches;
 mod walk;
@@ -194,6 +194,11 @@ impl RequestTree {
     /// walking every occurrence gives ([`RequestTree::match_lengths_one_by_one`]). Copies
     /// far enough back to be followed by the same `horizon` tokens are listed as one
     /// [`Match`] per occurrence of the period, with how many copies it stands for.
+    ///
+    /// Outside such stretches the same rule holds: an occurrence that at least
+    /// [`MAX_CURSOR_ENDS`] listed ones already match as long as is passed over. So the
+    /// list stays short where a common token occurs hundreds of times in a long prompt,
+    /// and everything that reads it (cursors, bounds, rescoring) reads that much less.
     pub fn match_lengths(
         &self,
         context: &[u32],
@@ -205,8 +210,8 @@ impl RequestTree {
         self.match_lengths_with(context, limit, enough, horizon, true, out);
     }
 
-    /// [`RequestTree::match_lengths`] walking every occurrence, repeated stretches
-    /// included (tests check that skipping them changes no cursor).
+    /// [`RequestTree::match_lengths`] walking and listing every occurrence, repeated
+    /// stretches included (tests check that passing over some changes no cursor).
     #[doc(hidden)]
     pub fn match_lengths_one_by_one(
         &self,
@@ -224,13 +229,14 @@ impl RequestTree {
         limit: usize,
         enough: usize,
         horizon: usize,
-        skip_periods: bool,
+        pass_over: bool,
         out: &mut Vec<Match>,
     ) {
         out.clear();
         let Some(&lastc) = context.last() else { return };
         let limit = limit.min(context.len()).min(self.max_depth);
-        let skip_periods = skip_periods && limit < ALIKE_CONTEXT;
+        // `listed` tells matches apart only up to ALIKE_CONTEXT tokens.
+        let pass_over = pass_over && limit < ALIKE_CONTEXT;
         let mut walk = Walk {
             out,
             end: self.tokens.len().wrapping_sub(1),
@@ -245,7 +251,7 @@ impl RequestTree {
         let mut j = self.last.get(&lastc).copied().unwrap_or(NIL);
         while j != NIL {
             let ju = j as usize;
-            if skip_periods && let Some((period, since)) = self.period_at(ju) {
+            if pass_over && let Some((period, since)) = self.period_at(ju) {
                 // One period is matched; the stretch before it repeats it.
                 let first = walk.out.len();
                 while j != NIL && j as usize + period > ju {
@@ -261,7 +267,13 @@ impl RequestTree {
                 }
                 continue;
             }
-            if walk.visit(j, self.match_length(ju, context, limit)) {
+            let l = self.match_length(ju, context, limit);
+            let over = if pass_over {
+                walk.visit_unless_kept_out(j, l)
+            } else {
+                walk.visit(j, l)
+            };
+            if over {
                 return;
             }
             j = self.prev[ju];
@@ -334,10 +346,13 @@ impl RequestTree {
     /// followed by the same `horizon` tokens, all of them in the request.
     fn go_on_alike(&self, recent: u32, older: u32, horizon: usize) -> bool {
         let (recent, older) = (recent as usize + 1, older as usize + 1);
-        recent
-            .checked_add(horizon)
-            .is_some_and(|end| end <= self.tokens.len())
-            && self.tokens[recent..recent + horizon] == self.tokens[older..older + horizon]
+        let Some(after_recent) = self.tokens.get(recent..recent.saturating_add(horizon)) else {
+            return false;
+        };
+        // Most occurrences of a path part ways at once: one load settles them.
+        horizon == 0
+            || (after_recent[0] == self.tokens[older]
+                && common_prefix_len(after_recent, &self.tokens[older..older + horizon]) == horizon)
     }
 
     /// Tokens of the prompt (the rest was generated).
@@ -354,7 +369,7 @@ impl RequestTree {
             return 0;
         }
         let mut m = Vec::new();
-        self.match_lengths(path, path.len(), usize::MAX, 0, &mut m);
+        self.match_lengths_one_by_one(path, path.len(), usize::MAX, &mut m);
         m.iter()
             .filter(|m| m.len as usize >= path.len())
             .map(|m| m.copies)
@@ -700,6 +715,37 @@ mod tests {
         );
     }
 
+    /// Tokens from a fixed pseudo-random sequence over `alphabet` symbols: text without
+    /// periods, where every token occurs often.
+    fn scrambled(len: usize, alphabet: u32, seed: u64) -> Vec<u32> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) % alphabet as u64) as u32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_common_token_lists_only_occurrences_a_cursor_can_keep() {
+        // About 1,000 occurrences of each token, matching 1 to a dozen tokens back: most
+        // are kept out of every cursor by 64 more recent ones that match as long.
+        let t = RequestTree::new(&scrambled(4000, 4, 7), usize::MAX);
+        let context = t.tokens().to_vec();
+        let (mut walked, mut skipping) = (Vec::new(), Vec::new());
+        for limit in [64, 24, 3] {
+            let window = &context[context.len() - limit..];
+            t.match_lengths_one_by_one(window, limit, usize::MAX, &mut walked);
+            t.match_lengths(window, limit, usize::MAX, 24, &mut skipping);
+            assert!(walked.len() > 900, "{}", walked.len());
+            assert!(skipping.len() < 400, "{} listed", skipping.len());
+            assert_same_cursors(&t, &walked, &skipping, limit, 24);
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn skipping_repeated_stretches_changes_no_cursor(
@@ -723,6 +769,25 @@ mod tests {
             // Cursors for drafts of the horizon the matching was made for, or fewer.
             assert_same_cursors(&t, &walked, &skipping, limit, horizon);
             assert_same_cursors(&t, &walked, &skipping, limit, horizon.min(shorter));
+        }
+
+        #[test]
+        fn passing_over_kept_out_occurrences_changes_no_cursor(
+            len in 100usize..3000,
+            alphabet in 2u32..12,
+            seed in proptest::num::u64::ANY,
+            limit in proptest::prop_oneof![1usize..8, 8usize..65],
+            enough in proptest::prop_oneof![proptest::strategy::Just(64usize), proptest::strategy::Just(usize::MAX)],
+            horizon in 0usize..40,
+        ) {
+            let t = RequestTree::new(&scrambled(len, alphabet, seed), usize::MAX);
+            let context = t.tokens().to_vec();
+            let window = &context[context.len().saturating_sub(limit)..];
+            let (mut walked, mut skipping) = (Vec::new(), Vec::new());
+            t.match_lengths_one_by_one(window, limit, enough, &mut walked);
+            t.match_lengths(window, limit, enough, horizon, &mut skipping);
+            proptest::prop_assert!(skipping.len() <= walked.len());
+            assert_same_cursors(&t, &walked, &skipping, limit, horizon);
         }
     }
 

@@ -28,13 +28,35 @@ pub(super) struct Walk<'a> {
 
 impl Walk<'_> {
     /// Lists the occurrence at `j`, matching `l` tokens; true when the walk is over.
+    #[inline]
     pub(super) fn visit(&mut self, j: u32, l: u32) -> bool {
         self.out.push(Match::one(j, l));
         self.count(j, l)
     }
 
+    /// Lists the occurrence at `j`, matching `l` tokens, unless [`MAX_CURSOR_ENDS`]
+    /// listed occurrences (the context's own aside) already match at least as long: then
+    /// every cursor it could enter is full of more recent ones, and it is passed over,
+    /// counted as if listed. On ordinary text, most occurrences of a common token in a
+    /// long prompt are such. True when the walk is over.
+    #[inline]
+    pub(super) fn visit_unless_kept_out(&mut self, j: u32, l: u32) -> bool {
+        // The list holds at most one occurrence (the context's own) that `listed` does
+        // not count, so below this length no cursor can be full yet.
+        if self.out.len() > MAX_CURSOR_ENDS
+            && self.listed_at_least(l) >= MAX_CURSOR_ENDS
+            && j as usize != self.end
+        {
+            // The occurrences counted above match at least `l`: it is not longer than
+            // the longest, as `pass_over` requires.
+            return self.pass_over(l);
+        }
+        self.visit(j, l)
+    }
+
     /// Counts an occurrence listed at `j` (alone or in a run), matching `l` tokens; true
     /// when the walk is over.
+    #[inline]
     fn count(&mut self, j: u32, l: u32) -> bool {
         self.visited += 1;
         // The occurrence at the very end (the context's own, usually) has nothing
@@ -56,6 +78,7 @@ impl Walk<'_> {
 
     /// Counts an occurrence the walk passes over without listing it (a copy no cursor
     /// can keep, of a listed one that matches `l`); true when the walk is over.
+    #[inline]
     fn pass_over(&mut self, l: u32) -> bool {
         self.visited += 1;
         if l == self.longest {
