@@ -247,6 +247,7 @@ impl RequestTree {
             as_long: 0,
             visited: 0,
             listed: [0; ALIKE_CONTEXT + 1],
+            kept_out_up_to: 0,
         };
         let mut j = self.last.get(&lastc).copied().unwrap_or(NIL);
         while j != NIL {

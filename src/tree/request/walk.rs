@@ -24,6 +24,10 @@ pub(super) struct Walk<'a> {
     /// `listed[l]`: listed occurrences (the context's own aside) that match `l` tokens,
     /// for the repeated stretches (whose matches are shorter than [`ALIKE_CONTEXT`]).
     pub(super) listed: [u32; ALIKE_CONTEXT + 1],
+    /// Every length up to this one is matched by at least [`MAX_CURSOR_ENDS`] listed
+    /// occurrences (0: none yet), so an occurrence that matches no longer is kept out
+    /// of every cursor.
+    pub(super) kept_out_up_to: u32,
 }
 
 impl Walk<'_> {
@@ -42,11 +46,17 @@ impl Walk<'_> {
     #[inline]
     pub(super) fn visit_unless_kept_out(&mut self, j: u32, l: u32) -> bool {
         // The list holds at most one occurrence (the context's own) that `listed` does
-        // not count, so below this length no cursor can be full yet.
-        if self.out.len() > MAX_CURSOR_ENDS
-            && self.listed_at_least(l) >= MAX_CURSOR_ENDS
-            && j as usize != self.end
-        {
+        // not count, so below this length no cursor can be full yet. Listed counts only
+        // grow, so the bound is raised after a listing, and a pass-over costs a compare
+        // (on text over a few tokens most of a long walk is pass-overs).
+        if l > self.kept_out_up_to && self.out.len() > MAX_CURSOR_ENDS {
+            while (self.kept_out_up_to as usize) < ALIKE_CONTEXT - 1
+                && self.listed_at_least(self.kept_out_up_to + 1) >= MAX_CURSOR_ENDS
+            {
+                self.kept_out_up_to += 1;
+            }
+        }
+        if l <= self.kept_out_up_to && j as usize != self.end {
             // The occurrences counted above match at least `l`: it is not longer than
             // the longest, as `pass_over` requires.
             return self.pass_over(l);
