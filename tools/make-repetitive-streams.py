@@ -7,6 +7,8 @@
            tokens, the reply the pattern from its start
   loops    ordinary prompts (--base, a token-stream file) cut to 800 tokens, whose replies
            start as the recorded reply and fall into an 11-token loop halfway
+  random   prompts of N tokens drawn at random from a few (--alphabet, default 4), the
+           reply drawn alike: no period, and every token thousands of times
 
 N runs over --sizes (default 1000,2000,4000,8000,16000). Deterministic for a --seed.
 
@@ -21,7 +23,7 @@ import sys
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kind", choices=["runs", "periods", "loops"], required=True)
+    ap.add_argument("--kind", choices=["runs", "periods", "loops", "random"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--sizes", default="1000,2000,4000,8000,16000")
     ap.add_argument("--per-size", type=int, default=2)
@@ -32,7 +34,7 @@ def main():
         type=int,
         default=0,
         help="distinct tokens the pattern is drawn from (periods; default: as many as --period, "
-        "so no token repeats within it)",
+        "so no token repeats within it), or the text (random; default 4)",
     )
     ap.add_argument("--base", help="token-stream JSONL of ordinary examples (loops)")
     ap.add_argument("--count", type=int, default=60, help="examples (loops)")
@@ -40,7 +42,14 @@ def main():
     a = ap.parse_args()
     rng = random.Random(a.seed)
     out = []
-    if a.kind in ("runs", "periods"):
+    if a.kind == "random":
+        letters = [rng.randrange(100, 49000) for _ in range(a.alphabet or 4)]
+        for n in [int(s) for s in a.sizes.split(",")]:
+            for _ in range(a.per_size):
+                prompt = [rng.choice(letters) for _ in range(n)]
+                reply = [rng.choice(letters) for _ in range(a.reply)]
+                out.append({"prompt": prompt, "response": reply})
+    elif a.kind in ("runs", "periods"):
         for n in [int(s) for s in a.sizes.split(",")]:
             for _ in range(a.per_size):
                 if a.kind == "runs":

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Speculation cost on repetitive text (issue 21), against the reference in one run:
-# runs of one token, a short period repeated (7 distinct tokens; and 9 tokens drawn from
-# 3, so that tokens repeat within the period), replies that fall into a loop, and a
-# synthetic agentic pipeline. Prints, per stream, suffixd's mean, p50, p99 and slowest
+# runs of one token, a short period repeated (7 distinct tokens; 9 tokens drawn from 3,
+# so that tokens repeat within the period; 3 tokens drawn from 2), replies that fall
+# into a loop, a synthetic agentic pipeline, and text drawn at random from 4 tokens
+# (no period, every token thousands of times). Prints, per stream, suffixd's mean, p50, p99 and slowest
 # speculation call and tokens/step for each BINARY (default: this checkout's release
 # build), and the peer's native speculation time and tokens/step.
 #
@@ -47,7 +48,14 @@ if [ ! -f "$OUT/periods-repeating.jsonl.zst" ]; then
         --sizes 1000,2000,4000,8000,16000,32000 --out "$OUT/periods-repeating.jsonl"
     zst "$OUT/periods-repeating.jsonl" "$OUT/periods-repeating.jsonl.zst"
 fi
-for s in runs periods periods-repeating loops agentic; do
+if [ ! -f "$OUT/random.jsonl.zst" ]; then
+    python3 tools/make-repetitive-streams.py --kind periods --period 3 --alphabet 2 \
+        --sizes 1000,4000,16000,32000 --out "$OUT/period-3.jsonl"
+    python3 tools/make-repetitive-streams.py --kind random --reply 64 \
+        --sizes 1000,4000,16000,32000 --out "$OUT/random.jsonl"
+    for f in period-3 random; do zst "$OUT/$f.jsonl" "$OUT/$f.jsonl.zst"; done
+fi
+for s in runs periods periods-repeating period-3 loops agentic random; do
     if [ "$s" = agentic ]; then warm="$OUT/agentic-warm.jsonl.zst"; n=1200; else warm="$DATA/train.jsonl.zst"; n=4000; fi
     "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$warm" --test-file "$OUT/$s.jsonl.zst" \
         --train "$n" --test 1000 "--$SHAPE" --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$s.json"
@@ -62,7 +70,7 @@ python3 - "$OUT" "${BINS[@]}" <<'PY'
 import json, sys
 out, bins = sys.argv[1], sys.argv[2:]
 print(f"{'stream':17} {'binary':28} {'mean us':>8} {'p50':>7} {'p99':>8} {'max':>8} {'tok/step':>8} | {'peer us':>7} {'tok/step':>8} | {'ratio':>6}")
-for s in ["runs", "periods", "periods-repeating", "loops", "agentic"]:
+for s in ["runs", "periods", "periods-repeating", "period-3", "loops", "agentic", "random"]:
     p = json.load(open(f"{out}/peer-{s}.json"))
     for i, b in enumerate(bins):
         a = json.load(open(f"{out}/suffixd-{s}.{i}.json"))

@@ -41,8 +41,9 @@ impl Walk<'_> {
     /// Lists the occurrence at `j`, matching `l` tokens, unless [`MAX_CURSOR_ENDS`]
     /// listed occurrences (the context's own aside) already match at least as long: then
     /// every cursor it could enter is full of more recent ones, and it is passed over,
-    /// counted as if listed. On ordinary text, most occurrences of a common token in a
-    /// long prompt are such. True when the walk is over.
+    /// counted towards the stops as the walk one by one counts it. On ordinary text, most
+    /// occurrences of a common token in a long prompt are such. True when the walk is
+    /// over.
     #[inline]
     pub(super) fn visit_unless_kept_out(&mut self, j: u32, l: u32) -> bool {
         // The list holds at most one occurrence (the context's own) that `listed` does
