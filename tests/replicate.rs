@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -38,29 +37,47 @@ struct Nats {
 }
 
 impl Nats {
+    /// Starts a server on `port`, or on one the server picks itself: a port found free by
+    /// the test could be taken by another test's server before this one binds it, and
+    /// two tests sharing one server (and one stream) fail each other.
     fn start(dir: &Path, port: Option<u16>) -> Nats {
-        let port = port.unwrap_or_else(|| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        });
-        let child = Command::new("nats-server")
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        let ports_dir = dir.with_extension("ports");
+        std::fs::create_dir_all(&ports_dir).unwrap();
+        let mut child = Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p"])
+            .arg(port.map_or("-1".to_string(), |p| p.to_string()))
+            .arg("--ports_file_dir")
+            .arg(&ports_dir)
+            .arg("-sd")
             .arg(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("nats-server is not installed: run tools/setup.sh");
+        let ports_file = ports_dir.join(format!("nats-server_{}.ports", child.id()));
         let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let port = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("nats-server exited ({status}) before it listened");
+            }
+            let listening = std::fs::read(&ports_file)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+                .and_then(|ports| {
+                    let url = ports["nats"][0].as_str()?.to_string();
+                    url.rsplit(':').next()?.parse::<u16>().ok()
+                });
+            if let Some(port) = listening
+                && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            {
+                break port;
+            }
             assert!(
                 t.elapsed() < Duration::from_secs(10),
                 "nats-server did not start"
             );
             std::thread::sleep(Duration::from_millis(20));
-        }
+        };
         Nats { child, port }
     }
 
@@ -439,7 +456,8 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
     for i in 10..15 {
         b.store.append("default", &response(i)).unwrap();
     }
-    wait_for("a holds b's 5", || a.cached().len() == 15);
+    wait_for("a holds b's 5", || a.cached().len() >= 15);
+    assert_eq!(a.cached().len(), 15, "{:?}", a.stats());
     wait_for("a has applied b's records", || a.stats().applied_seq >= 15);
     let (published, snapshot_path) = a.publish_snapshot();
     let position = published.position;

@@ -56,6 +56,12 @@ const PUBLISH_POLL: Duration = Duration::from_millis(50);
 /// How often the applied position is written while records arrive.
 const POSITION_EVERY: Duration = Duration::from_millis(200);
 
+/// How long the consumer may deliver nothing while the stream holds records this replica
+/// has not applied, before it is recreated from the applied position. A JetStream
+/// consumer can stall without an error (a lost pull request, a server restart between
+/// heartbeats); replication must not wait on it forever.
+const CONSUMER_STALL: Duration = Duration::from_secs(3);
+
 /// How many recent applied appends the lag percentiles cover.
 pub const LAG_WINDOW: usize = 1024;
 

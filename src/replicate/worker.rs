@@ -17,9 +17,9 @@ use crate::store::snapshot::Snapshot;
 
 use super::outbox::EvictionOutbox;
 use super::{
-    DUPLICATE_WINDOW, POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL, Positions, PublishedSnapshot,
-    RETRY, Record, RecordOp, ReplicaIdentity, ReplicationConfig, ReplicationStats, STATE_DIR,
-    Upload, snapshots, write_state,
+    CONSUMER_STALL, DUPLICATE_WINDOW, POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL, Positions,
+    PublishedSnapshot, RETRY, Record, RecordOp, ReplicaIdentity, ReplicationConfig,
+    ReplicationStats, STATE_DIR, Upload, snapshots, write_state,
 };
 
 /// The replication thread's state.
@@ -325,6 +325,7 @@ impl Worker {
             .map_err(|e| e.to_string())?;
         let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
         let mut saved = Instant::now();
+        let mut delivered = Instant::now();
         let mut expected = from;
         loop {
             let next = tokio::time::timeout(POSITION_EVERY, messages.next()).await;
@@ -335,12 +336,19 @@ impl Worker {
                 Err(_) => {
                     self.save_positions();
                     saved = Instant::now();
-                    self.refresh_lag(stream).await;
+                    let unread = self.refresh_lag(stream).await;
+                    if unread > 0 && delivered.elapsed() >= CONSUMER_STALL {
+                        return Err(format!(
+                            "the consumer delivered nothing for {} s while {unread} records wait: recreating it",
+                            CONSUMER_STALL.as_secs()
+                        ));
+                    }
                     continue;
                 }
                 Ok(None) => return Err("the consumer ended".into()),
                 Ok(Some(m)) => m.map_err(|e| e.to_string())?,
             };
+            delivered = Instant::now();
             let info = message.info().map_err(|e| e.to_string())?;
             let (seq, pending) = (info.stream_sequence, info.pending);
             if seq > expected {
@@ -482,13 +490,18 @@ impl Worker {
         self.stats.lock().expect("replication stats").refused += 1;
     }
 
-    async fn refresh_lag(&self, stream: &stream::Stream) {
+    /// Updates the lag from the stream's last sequence; how many records wait (0 when the
+    /// stream cannot be read).
+    async fn refresh_lag(&self, stream: &stream::Stream) -> u64 {
         let mut stream = stream.clone();
-        if let Ok(info) = stream.info().await {
-            let last = info.state.last_sequence;
-            let applied = self.positions.lock().expect("positions").applied_seq;
-            self.succeeded(|s| s.lag_records = last.saturating_sub(applied));
-        }
+        let Ok(info) = stream.info().await else {
+            return 0;
+        };
+        let last = info.state.last_sequence;
+        let applied = self.positions.lock().expect("positions").applied_seq;
+        let unread = last.saturating_sub(applied);
+        self.succeeded(|s| s.lag_records = unread);
+        unread
     }
 
     fn save_positions(&self) {
