@@ -4,27 +4,38 @@
 //!
 //! **Row invariance.** Every output element is computed by the same operations in the
 //! same order, whatever the number of rows in the pass and whichever tile or thread
-//! computes it: per block, an exact integer dot product in eight lanes, converted to f32
-//! and accumulated by one fused multiply-add with the product of the two scales; then a fixed reduction of the lanes, then (affine formats) a
-//! sequential sum of the offsets' contributions. The register tiles only decide which
-//! elements are computed side by side. The AVX2 and portable paths perform the same IEEE
+//! computes it: per block, the exact integer dot product (per half, for Q6_K), converted
+//! to f32 and accumulated by one fused multiply-add with the product of the two scales
+//! into lane `block mod 8` of eight lanes (a tail block after the last whole group of
+//! eight: per four values, into lane `value / 4 mod 8`); then a fixed reduction of the lanes, then (affine formats) the
+//! offsets' contributions the same way. The register tiles only decide which elements are
+//! computed side by side. The x86 paths and the portable one perform the same IEEE
 //! operations, so they agree bit for bit too (tested).
+//!
+//! **Whole blocks per lane.** The grouped layout ([`super::pack`]) puts one block in each
+//! 32-bit lane, so the integer instructions run over a group's eight blocks at once and
+//! the float work is one convert, one multiply and one FMA per block, not per four values.
 //!
 //! **Weight-stationary.** The columns are split among threads; a thread takes two
 //! columns at a time (a few KiB, which stay in L1) through every row of the pass, so each
 //! weight is read from memory once per pass whatever the number of rows.
 
-use super::pack::{BLOCK, PackedMatrix};
+use super::pack::{BLOCK, GROUP, PackedMatrix, grouped_index, whole_blocks};
+#[cfg(target_arch = "x86_64")]
+use super::reduce_lanes_m256;
 use super::{Out, for_each_column_group, reduce_lanes, round_to_integer};
 
-/// Activations quantized for the kernels: per row, `k` signed bytes, and per 32-value
-/// block a scale and the scaled sum of its quants (used by the affine formats).
+/// Activations quantized for the kernels: per row, `k` signed bytes in the grouped
+/// layout, and per 32-value block a scale, the exact sums of its quants (whole, and its
+/// first half), and its scaled sum (used by the affine formats).
 #[derive(Default)]
 pub struct QuantizedRows {
     rows: usize,
     k: usize,
     quants: Vec<i8>,
     scales: Vec<f32>,
+    block_sums: Vec<i32>,
+    first_half_sums: Vec<i32>,
     sums: Vec<f32>,
 }
 
@@ -34,24 +45,40 @@ impl QuantizedRows {
     pub fn quantize(&mut self, x: &[f32], rows: usize, k: usize) {
         assert_eq!(x.len(), rows * k, "x is rows × k");
         assert_eq!(k % BLOCK, 0, "k is whole blocks");
+        let blocks = k / BLOCK;
         self.rows = rows;
         self.k = k;
         self.quants.clear();
+        self.quants.resize(rows * k, 0);
         self.scales.clear();
+        self.block_sums.clear();
+        self.first_half_sums.clear();
         self.sums.clear();
-        for block in x.chunks_exact(BLOCK) {
+        for (b, block) in x.chunks_exact(BLOCK).enumerate() {
+            let (row, first) = (b / blocks, (b % blocks) * BLOCK);
+            let quants = &mut self.quants[row * k..(row + 1) * k];
             let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for &v in block {
+            let (mut sum, mut first_half) = (0i32, 0i32);
+            for (j, &v) in block.iter().enumerate() {
                 let q = round_to_integer(v * id) as i8;
                 sum += q as i32;
-                self.quants.push(q);
+                if j < BLOCK / 2 {
+                    first_half += q as i32;
+                }
+                quants[grouped_index(blocks, first + j)] = q;
             }
             self.scales.push(d);
+            self.block_sums.push(sum);
+            self.first_half_sums.push(first_half);
             self.sums.push(d * sum as f32);
         }
+    }
+
+    /// The quant of input `at` of row `row`.
+    fn quant(&self, row: usize, at: usize) -> i32 {
+        self.quants[row * self.k + grouped_index(self.k / BLOCK, at)] as i32
     }
 }
 
@@ -162,24 +189,12 @@ impl From<Simd> for &'static str {
     }
 }
 
-/// The offsets' contribution to one element: block b's into lane b mod 8, then the
-/// lanes reduced in the fixed order. The AVX2 path does the whole groups of eight
-/// blocks at once, with the same operations.
-#[inline(always)]
-fn offset_term(offsets: &[f32], sums: &[f32], lanes: [f32; 8], from: usize) -> f32 {
-    let mut lanes = lanes;
-    for b in from..offsets.len() {
-        lanes[b % 8] = offsets[b].mul_add(sums[b], lanes[b % 8]);
-    }
-    reduce_lanes(&lanes)
-}
-
 /// Columns per tile.
 const COLS: usize = 2;
 /// Most rows per tile.
 const ROWS: usize = 4;
 
-/// The portable tile: the AVX2 tile's arithmetic one lane at a time.
+/// The portable tile: the x86 tiles' arithmetic, one block at a time.
 fn tile_portable(
     w: &PackedMatrix,
     a: &QuantizedRows,
@@ -188,57 +203,93 @@ fn tile_portable(
     out: Out,
 ) {
     let blocks = w.k / BLOCK;
-    let per = if w.kind.halves { 2 } else { 1 };
+    let whole = whole_blocks(blocks);
+    assert!(
+        !w.kind.halves || whole == blocks,
+        "K-quants come in whole groups"
+    );
     for r in rows {
         for c in cols.clone() {
-            let mut acc = [0f32; 8];
-            for b in 0..blocks {
-                let aq = &a.quants[r * a.k + b * BLOCK..][..BLOCK];
+            let mut lanes = [0f32; 8];
+            let dot = |values: std::ops::Range<usize>| -> i32 {
+                values.map(|at| w.quant(c, at) * a.quant(r, at)).sum()
+            };
+            let (offsets, sums) = (
+                &w.offsets[if w.kind.affine {
+                    c * blocks..(c + 1) * blocks
+                } else {
+                    0..0
+                }],
+                &a.sums[r * blocks..(r + 1) * blocks],
+            );
+            for b in 0..whole {
+                let lane = &mut lanes[b % GROUP];
                 let ad = a.scales[r * blocks + b];
-                for (lane, acc) in acc.iter_mut().enumerate() {
-                    let isum: i32 = (0..4)
-                        .map(|e| {
-                            let at = 4 * lane + e;
-                            w.quant(c, b * BLOCK + at) as i32 * aq[at] as i32
-                        })
-                        .sum();
-                    let scale = ad * w.scales[(c * blocks + b) * per + lane * per / 8];
-                    *acc = (isum as f32).mul_add(scale, *acc);
+                let at = b * BLOCK;
+                if w.kind.halves {
+                    for half in [at..at + BLOCK / 2, at + BLOCK / 2..at + BLOCK] {
+                        let scale = ad * w.scale(c, half.start);
+                        *lane = (dot(half) as f32).mul_add(scale, *lane);
+                    }
+                } else {
+                    let scale = ad * w.scale(c, at);
+                    *lane = (dot(at..at + BLOCK) as f32).mul_add(scale, *lane);
+                }
+                if w.kind.affine {
+                    *lane = offsets[b].mul_add(sums[b], *lane);
                 }
             }
-            let mut v = reduce_lanes(&acc);
-            if w.kind.affine {
-                v += offset_term(
-                    &w.offsets[c * blocks..(c + 1) * blocks],
-                    &a.sums[r * blocks..(r + 1) * blocks],
-                    [0.0; 8],
-                    0,
-                );
+            // The tail: a block at a time, lane l taking values 4l..4l + 4, and the
+            // block's offset term in lane 0 (the other lanes add 0 · 0, as the x86
+            // paths' vector FMA does).
+            for b in whole..blocks {
+                let scale = a.scales[r * blocks + b] * w.scale(c, b * BLOCK);
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    let at = b * BLOCK + 4 * l;
+                    *lane = (dot(at..at + 4) as f32).mul_add(scale, *lane);
+                }
+                if w.kind.affine {
+                    for (l, lane) in lanes.iter_mut().enumerate() {
+                        let (o, s) = if l == 0 {
+                            (offsets[b], sums[b])
+                        } else {
+                            (0.0, 0.0)
+                        };
+                        *lane = o.mul_add(s, *lane);
+                    }
+                }
             }
+            let v = reduce_lanes(&lanes);
             // SAFETY: r < rows of the pass, c < n; this tile alone owns (r, c).
             unsafe { out.write(r, c, v) };
         }
     }
 }
 
-/// The x86 tiles, written once and compiled per instruction set. Each set supplies the
-/// block's exact integer dot product in eight i32 lanes, lane `l` holding
-/// `Σ_{e<4} w[4l + e] · a[4l + e]`, through three steps:
-/// - `column(w, signed)`: a column's 32 weights made into the operand the dot takes,
-///   once per column and block;
-/// - `row(a, signed)`: the accumulator a row's dots start from, once per row and block;
-/// - `dot(start, operand, w, a, signed)`: the lanes, once per (row, column) and block.
+/// The x86 tiles, written once and compiled per instruction set. A group's integer dot
+/// products accumulate in i32 lanes, one block per lane, exactly; each set supplies the
+/// integer steps:
+/// - `column(w, signed)`: one step of a column's weights (4 values of each block) made
+///   into the operand the dot takes, once per column and step;
+/// - `start(sum, first, signed, nibbles, halves)`: the lanes a row's dots start from (per
+///   half with `halves`), from the row's block sums and first-half sums, once per row
+///   and group;
+/// - `dot(acc, operand, w, a, signed)`: `acc` plus the step's products, once per (row,
+///   column) and step.
 ///
-/// Whatever the set, the lanes are the same integers, and everything after them (convert,
-/// scale, accumulate, reduce) is the same float code, so every set gives the same bits.
+/// `signed` there means signed bytes; 4-bit weights are always multiplied as unsigned
+/// nibbles, and Q4_0's `−8 · Σ a` comes from `start`. Whatever the set, the lanes end as
+/// the same integers, and the float code after them is the same, so every set gives the
+/// same bits.
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_tiles {
     (
         $(#[$doc:meta])*
         $module:ident, $features:literal,
         column: |$cw:ident, $cs:ident| $column:expr,
-        row: |$ra:ident, $rs:ident| $row:expr,
-        dot: |$dstart:ident, $dop:ident, $dw:ident, $da:ident, $ds:ident| $dot:expr $(,)?
+        start: |$ss:ident, $sf:ident, $ssg:ident, $sn:ident, $sh:ident| $start:expr,
+        tail_start: |$ta:ident, $ts:ident| $tail_start:expr,
+        dot: |$dacc:ident, $dop:ident, $dw:ident, $da:ident, $ds:ident| $dot:expr $(,)?
     ) => {
         $(#[$doc])*
         mod $module {
@@ -264,112 +315,252 @@ macro_rules! x86_tiles {
                 out: Out,
             ) {
                 let blocks = w.k / BLOCK;
-                let per = if HALVES { 2 } else { 1 };
                 assert!(
-                    r0 + R <= a.rows && c0 + C <= w.n,
+                    r0 + R <= a.rows && c0 + C <= w.n && a.k == w.k,
                     "the tile is inside the pass"
                 );
                 let column = w.column_bytes();
-                let block_bytes = if NIBBLES { BLOCK / 2 } else { BLOCK };
                 assert!(w.quants.len() >= w.n * column && a.quants.len() >= a.rows * a.k);
+                assert!(w.scales.len() >= w.n * blocks && a.scales.len() >= a.rows * blocks);
+                assert!(!HALVES || w.second_scales.len() >= w.n * blocks);
                 assert!(
-                    w.scales.len() >= w.n * blocks * per && a.scales.len() >= a.rows * blocks
+                    a.block_sums.len() >= a.rows * blocks
+                        && a.first_half_sums.len() >= a.rows * blocks
                 );
+                let signed_bytes = SIGNED && !NIBBLES;
+                let zero = _mm256_setzero_si256();
                 let mut acc = [[_mm256_setzero_ps(); C]; R];
                 // SAFETY (every pointer below): the asserts above put columns c0..c0 + C
-                // and rows r0..r0 + R, with all their blocks and scales, inside the slices.
+                // and rows r0..r0 + R, with all their blocks, scales and sums, inside the
+                // slices; the loads below read a whole group's or a tail block's bytes,
+                // which lie inside its column or row.
                 let wq: [*const u8; C] =
                     std::array::from_fn(|j| unsafe { w.quants.as_ptr().add((c0 + j) * column) });
-                let wsc: [*const f32; C] = std::array::from_fn(|j| unsafe {
-                    w.scales.as_ptr().add((c0 + j) * blocks * per)
+                let wsc: [*const f32; C] =
+                    std::array::from_fn(|j| unsafe { w.scales.as_ptr().add((c0 + j) * blocks) });
+                let wsc2: [*const f32; C] = std::array::from_fn(|j| {
+                    if HALVES {
+                        unsafe { w.second_scales.as_ptr().add((c0 + j) * blocks) }
+                    } else {
+                        std::ptr::null()
+                    }
                 });
                 let aq: [*const i8; R] =
                     std::array::from_fn(|i| unsafe { a.quants.as_ptr().add((r0 + i) * a.k) });
                 let asc: [*const f32; R] =
                     std::array::from_fn(|i| unsafe { a.scales.as_ptr().add((r0 + i) * blocks) });
-                for b in 0..blocks {
+                let asum: [*const i32; R] = std::array::from_fn(|i| unsafe {
+                    a.block_sums.as_ptr().add((r0 + i) * blocks)
+                });
+                let afirst: [*const i32; R] = std::array::from_fn(|i| unsafe {
+                    a.first_half_sums.as_ptr().add((r0 + i) * blocks)
+                });
+                let affine = w.kind.affine;
+                assert!(!affine || (w.offsets.len() >= w.n * blocks && a.sums.len() >= a.rows * blocks));
+                let wof: [*const f32; C] = std::array::from_fn(|j| {
+                    if affine {
+                        unsafe { w.offsets.as_ptr().add((c0 + j) * blocks) }
+                    } else {
+                        std::ptr::null()
+                    }
+                });
+                let asums: [*const f32; R] =
+                    std::array::from_fn(|i| unsafe { a.sums.as_ptr().add((r0 + i) * blocks) });
+                let whole = whole_blocks(blocks);
+                assert!(!HALVES || whole == blocks, "K-quants come in whole groups");
+                for g in 0..whole / GROUP {
+                    macro_rules! lanes {
+                        ($p:expr) => {
+                            _mm256_loadu_si256($p as *const __m256i)
+                        };
+                    }
+                    macro_rules! float_lanes {
+                        ($p:expr) => {
+                            _mm256_loadu_ps($p)
+                        };
+                    }
+                    let bytes = g * GROUP * BLOCK; // where the group starts, 8-bit layout
+                    let step = 4 * GROUP; // bytes per step
                     unsafe {
-                        let mut wv = [_mm256_setzero_si256(); C];
-                        let mut wop = [_mm256_setzero_si256(); C];
+                        let mut starts = [(zero, zero); R];
+                        for i in 0..R {
+                            let ($ss, $sf, $ssg, $sn, $sh) = (
+                                lanes!(asum[i].add(g * GROUP)),
+                                if HALVES { lanes!(afirst[i].add(g * GROUP)) } else { zero },
+                                SIGNED,
+                                NIBBLES,
+                                HALVES,
+                            );
+                            starts[i] = $start;
+                        }
+                        let mut dots = [[zero; C]; R];
+                        let mut first_halves = [[zero; C]; R];
+                        for i in 0..R {
+                            for j in 0..C {
+                                dots[i][j] = starts[i].0;
+                            }
+                        }
+                        if NIBBLES {
+                            for pair in 0..4 {
+                                let mut low = [zero; C];
+                                let mut high = [zero; C];
+                                for j in 0..C {
+                                    let packed = lanes!(wq[j].add(bytes / 2 + pair * step));
+                                    let nibble = _mm256_set1_epi8(15);
+                                    low[j] = _mm256_and_si256(packed, nibble);
+                                    high[j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+                                }
+                                for i in 0..R {
+                                    let a_low = lanes!(aq[i].add(bytes + pair * step));
+                                    let a_high = lanes!(aq[i].add(bytes + (pair + 4) * step));
+                                    for j in 0..C {
+                                        for (wv, av) in [(low[j], a_low), (high[j], a_high)] {
+                                            let operand = {
+                                                let ($cw, $cs) = (wv, false);
+                                                $column
+                                            };
+                                            let ($dacc, $dop, $dw, $da, $ds) =
+                                                (dots[i][j], operand, wv, av, false);
+                                            dots[i][j] = $dot;
+                                        }
+                                    }
+                                }
+                            }
+                        } else {
+                            for s in 0..8 {
+                                if HALVES && s == 4 {
+                                    for i in 0..R {
+                                        for j in 0..C {
+                                            first_halves[i][j] = dots[i][j];
+                                            dots[i][j] = starts[i].1;
+                                        }
+                                    }
+                                }
+                                let mut wv = [zero; C];
+                                let mut operand = [zero; C];
+                                for j in 0..C {
+                                    wv[j] = lanes!(wq[j].add(bytes + s * step));
+                                    operand[j] = {
+                                        let ($cw, $cs) = (wv[j], signed_bytes);
+                                        $column
+                                    };
+                                }
+                                for i in 0..R {
+                                    let av = lanes!(aq[i].add(bytes + s * step));
+                                    for j in 0..C {
+                                        let ($dacc, $dop, $dw, $da, $ds) =
+                                            (dots[i][j], operand[j], wv[j], av, signed_bytes);
+                                        dots[i][j] = $dot;
+                                    }
+                                }
+                            }
+                        }
+                        let ws: [__m256; C] =
+                            std::array::from_fn(|j| float_lanes!(wsc[j].add(g * GROUP)));
+                        let ws2: [__m256; C] = std::array::from_fn(|j| {
+                            if HALVES {
+                                float_lanes!(wsc2[j].add(g * GROUP))
+                            } else {
+                                _mm256_setzero_ps()
+                            }
+                        });
+                        for i in 0..R {
+                            let ad = float_lanes!(asc[i].add(g * GROUP));
+                            for j in 0..C {
+                                if HALVES {
+                                    acc[i][j] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(first_halves[i][j]),
+                                        _mm256_mul_ps(ad, ws[j]),
+                                        acc[i][j],
+                                    );
+                                    acc[i][j] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(dots[i][j]),
+                                        _mm256_mul_ps(ad, ws2[j]),
+                                        acc[i][j],
+                                    );
+                                } else {
+                                    acc[i][j] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(dots[i][j]),
+                                        _mm256_mul_ps(ad, ws[j]),
+                                        acc[i][j],
+                                    );
+                                }
+                            }
+                        }
+                        if affine {
+                            let wo: [__m256; C] =
+                                std::array::from_fn(|j| float_lanes!(wof[j].add(g * GROUP)));
+                            for i in 0..R {
+                                let sums = float_lanes!(asums[i].add(g * GROUP));
+                                for j in 0..C {
+                                    acc[i][j] = _mm256_fmadd_ps(wo[j], sums, acc[i][j]);
+                                }
+                            }
+                        }
+                    }
+                }
+                // The tail, a block at a time: lane l takes values 4l..4l + 4, and a
+                // signed nibble is made a signed byte first.
+                for b in whole..blocks {
+                    unsafe {
+                        let mut wv = [zero; C];
+                        let mut operand = [zero; C];
                         let mut ws = [_mm256_setzero_ps(); C];
                         for j in 0..C {
-                            let at = wq[j].add(b * block_bytes);
                             wv[j] = if NIBBLES {
-                                // Byte i holds values i (low nibble) and i + 16 (high).
-                                let packed = _mm_loadu_si128(at as *const __m128i);
-                                let low = _mm_set1_epi8(15);
-                                let lo = _mm_and_si128(packed, low);
-                                let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-                                let v = _mm256_set_m128i(hi, lo);
-                                if SIGNED {
-                                    _mm256_sub_epi8(v, _mm256_set1_epi8(8))
-                                } else {
-                                    v
-                                }
+                                let packed =
+                                    _mm_loadu_si128(wq[j].add(b * BLOCK / 2) as *const __m128i);
+                                let nibble = _mm_set1_epi8(15);
+                                let low = _mm_and_si128(packed, nibble);
+                                let high = _mm_and_si128(_mm_srli_epi16(packed, 4), nibble);
+                                let v = _mm256_set_m128i(high, low);
+                                if SIGNED { _mm256_sub_epi8(v, _mm256_set1_epi8(8)) } else { v }
                             } else {
-                                _mm256_loadu_si256(at as *const __m256i)
+                                _mm256_loadu_si256(wq[j].add(b * BLOCK) as *const __m256i)
                             };
-                            wop[j] = {
+                            operand[j] = {
                                 let ($cw, $cs) = (wv[j], SIGNED);
                                 $column
                             };
-                            ws[j] = if HALVES {
-                                let s = wsc[j].add(2 * b);
-                                _mm256_set_m128(_mm_broadcast_ss(&*s.add(1)), _mm_broadcast_ss(&*s))
-                            } else {
-                                _mm256_broadcast_ss(&*wsc[j].add(b))
-                            };
+                            ws[j] = _mm256_broadcast_ss(&*wsc[j].add(b));
                         }
                         for i in 0..R {
                             let av = _mm256_loadu_si256(aq[i].add(b * BLOCK) as *const __m256i);
                             let ad = _mm256_broadcast_ss(&*asc[i].add(b));
                             let start = {
-                                let ($ra, $rs) = (av, SIGNED);
-                                $row
+                                let ($ta, $ts) = (av, SIGNED);
+                                $tail_start
                             };
                             for j in 0..C {
                                 let quads = {
-                                    let ($dstart, $dop, $dw, $da, $ds) =
-                                        (start, wop[j], wv[j], av, SIGNED);
+                                    let ($dacc, $dop, $dw, $da, $ds) =
+                                        (start, operand[j], wv[j], av, SIGNED);
                                     $dot
                                 };
-                                let scale = _mm256_mul_ps(ad, ws[j]);
-                                acc[i][j] =
-                                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), scale, acc[i][j]);
+                                acc[i][j] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(quads),
+                                    _mm256_mul_ps(ad, ws[j]),
+                                    acc[i][j],
+                                );
+                            }
+                        }
+                        if affine {
+                            // The block's offset term in lane 0, 0 · 0 in the others.
+                            let lane0 = |p: *const f32| _mm256_zextps128_ps256(_mm_load_ss(p));
+                            let wo: [__m256; C] = std::array::from_fn(|j| lane0(wof[j].add(b)));
+                            for i in 0..R {
+                                let sums = lane0(asums[i].add(b));
+                                for j in 0..C {
+                                    acc[i][j] = _mm256_fmadd_ps(wo[j], sums, acc[i][j]);
+                                }
                             }
                         }
                     }
                 }
                 for i in 0..R {
                     for j in 0..C {
-                        let mut lanes = [0f32; 8];
-                        // SAFETY: `lanes` holds eight f32.
-                        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i][j]) };
-                        let (r, c) = (r0 + i, c0 + j);
-                        let mut v = reduce_lanes(&lanes);
-                        if w.kind.affine {
-                            let (offsets, sums) = (
-                                &w.offsets[c * blocks..(c + 1) * blocks],
-                                &a.sums[r * blocks..(r + 1) * blocks],
-                            );
-                            let whole = blocks / 8 * 8;
-                            let mut acc = _mm256_setzero_ps();
-                            for b in (0..whole).step_by(8) {
-                                // SAFETY: b + 8 <= whole <= len of both.
-                                unsafe {
-                                    acc = _mm256_fmadd_ps(
-                                        _mm256_loadu_ps(offsets.as_ptr().add(b)),
-                                        _mm256_loadu_ps(sums.as_ptr().add(b)),
-                                        acc,
-                                    );
-                                }
-                            }
-                            // SAFETY: `lanes` holds eight f32.
-                            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-                            v += offset_term(offsets, sums, lanes, whole);
-                        }
-                        // SAFETY: (r, c) is in the pass and owned by this tile.
-                        unsafe { out.write(r, c, v) };
+                        // SAFETY: (r0 + i, c0 + j) is in the pass and owned by this tile.
+                        unsafe { out.write(r0 + i, c0 + j, reduce_lanes_m256!(acc[i][j])) };
                     }
                 }
             }
@@ -454,25 +645,40 @@ macro_rules! x86_tiles {
     };
 }
 
+/// `−(sum · 2^shift)` per lane: the start that takes `2^shift · Σ a` back out.
+#[cfg(target_arch = "x86_64")]
+macro_rules! minus_shifted {
+    ($sum:expr, $shift:literal) => {
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32($sum, $shift))
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 x86_tiles! {
-    /// AVX2: `maddubs` multiplies unsigned by signed bytes, so a signed weight's sign
+    /// AVX2: `maddubs` multiplies unsigned by signed bytes, so a signed byte's sign
     /// moves onto the activation (`sign`) and its magnitude is the unsigned operand;
     /// `madd` with ones then sums the pairs into fours. Pairs stay exact: at most
-    /// 2 · 128 · 127 < 2^15.
+    /// 2 · 128 · 127 < 2^15. Q4_0's nibbles are multiplied as they are, less `8 · Σ a`.
     avx2, "avx2,fma",
     column: |w, signed| if signed { _mm256_abs_epi8(w) } else { w },
-    row: |_a, _signed| _mm256_setzero_si256(),
-    dot: |_start, operand, w, a, signed| {
+    start: |sum, _first, signed, nibbles, _halves| {
+        let zero = _mm256_setzero_si256();
+        if signed && nibbles { (minus_shifted!(sum, 3), zero) } else { (zero, zero) }
+    },
+    tail_start: |_a, _signed| _mm256_setzero_si256(),
+    dot: |acc, operand, w, a, signed| {
         let a = if signed { _mm256_sign_epi8(a, w) } else { a };
-        _mm256_madd_epi16(_mm256_maddubs_epi16(operand, a), _mm256_set1_epi16(1))
+        _mm256_add_epi32(
+            acc,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(operand, a), _mm256_set1_epi16(1)),
+        )
     },
 }
 
-/// The VNNI dot: `vpdpbusd` sums four unsigned-by-signed byte products into each i32
-/// lane in one instruction. A signed weight `w` is made unsigned as `w + 128` (flip the
-/// top bit), and the row's start takes the `128 · Σ a` it adds back out first, so the
-/// lanes are exactly `Σ w · a`.
+/// The VNNI dot: `vpdpbusd` adds four unsigned-by-signed byte products to each i32 lane
+/// in one instruction. A signed byte `w` is made unsigned as `w + 128` (flip the top
+/// bit), and the row's start takes the `128 · Σ a` that adds back out first (per half
+/// for Q6_K), as Q4_0's start takes out `8 · Σ a`; so the lanes are exactly `Σ w · a`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! vnni_tiles {
     ($(#[$doc:meta])* $module:ident, $features:literal, $dpbusd:ident) => {
@@ -482,7 +688,22 @@ macro_rules! vnni_tiles {
             column: |w, signed| {
                 if signed { _mm256_xor_si256(w, _mm256_set1_epi8(-128)) } else { w }
             },
-            row: |a, signed| {
+            start: |sum, first, signed, nibbles, halves| {
+                let zero = _mm256_setzero_si256();
+                if !signed {
+                    (zero, zero)
+                } else if nibbles {
+                    (minus_shifted!(sum, 3), zero)
+                } else if halves {
+                    (
+                        minus_shifted!(first, 7),
+                        minus_shifted!(_mm256_sub_epi32(sum, first), 7),
+                    )
+                } else {
+                    (minus_shifted!(sum, 7), zero)
+                }
+            },
+            tail_start: |a, signed| {
                 let zero = _mm256_setzero_si256();
                 if signed {
                     _mm256_sub_epi32(zero, $dpbusd(zero, _mm256_set1_epi8(-128), a))
@@ -490,7 +711,7 @@ macro_rules! vnni_tiles {
                     zero
                 }
             },
-            dot: |start, operand, _w, a, _signed| $dpbusd(start, operand, a),
+            dot: |acc, operand, _w, a, _signed| $dpbusd(acc, operand, a),
         }
     };
 }
@@ -567,6 +788,15 @@ mod tests {
         GgmlDType::Q6K,
     ];
 
+    /// Every format with 512 inputs (whole groups), and the 32-value ones with 576 too (a
+    /// short last group); K-quants need multiples of 256.
+    fn shapes() -> impl Iterator<Item = (GgmlDType, usize)> {
+        FORMATS
+            .into_iter()
+            .flat_map(|d| [(d, 96), (d, 288), (d, 512), (d, 576)])
+            .filter(|(d, k)| k % d.block_size() == 0)
+    }
+
     fn packed(dtype: GgmlDType, n: usize, k: usize) -> PackedMatrix {
         let w =
             Tensor::from_vec(values(n * k, 7 + dtype as u64, 0.2), (n, k), &Device::Cpu).unwrap();
@@ -583,9 +813,9 @@ mod tests {
 
     #[test]
     fn products_match_the_dequantized_weights() {
-        let (n, k, rows) = (5, 512, 3);
-        let x = values(rows * k, 99, 2.0);
-        for dtype in FORMATS {
+        for (dtype, k) in shapes() {
+            let (n, rows) = (5, 3);
+            let x = values(rows * k, 99, 2.0);
             let w = packed(dtype, n, k);
             let dense = w.dequantize();
             let got = run(Simd::detect(), &w, &x, rows);
@@ -609,10 +839,9 @@ mod tests {
 
     #[test]
     fn a_row_gets_the_same_bits_alone_and_among_others() {
-        let (n, k) = (7, 256);
-        for (dtype, &simd) in FORMATS
-            .iter()
-            .flat_map(|d| Simd::available().iter().map(move |s| (*d, s)))
+        let n = 7;
+        for ((dtype, k), &simd) in
+            shapes().flat_map(|shape| Simd::available().iter().map(move |s| (shape, s)))
         {
             let w = packed(dtype, n, k);
             let many = values(13 * k, 5, 3.0);
@@ -633,10 +862,12 @@ mod tests {
 
     #[test]
     fn every_simd_path_gives_the_portable_bits() {
-        // Uneven row and column counts reach every tile shape (1-4 rows, 1-2 columns).
-        let (n, k, rows) = (9, 512, 7);
-        let x = values(rows * k, 11, 4.0);
-        for dtype in FORMATS {
+        // Uneven row and column counts reach every tile shape (1-4 rows, 1-2 columns);
+        // 96 inputs are a tail alone, 288 a group and one block, 576 (the model's width)
+        // two groups and two blocks.
+        for (dtype, k) in shapes() {
+            let (n, rows) = (9, 7);
+            let x = values(rows * k, 11, 4.0);
             let w = packed(dtype, n, k);
             let slow = run(Simd::Portable, &w, &x, rows);
             for &simd in Simd::available() {
@@ -645,7 +876,7 @@ mod tests {
                     fast.iter()
                         .zip(&slow)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{dtype:?}: {simd:?} and portable differ"
+                    "{dtype:?}, k {k}: {simd:?} and portable differ"
                 );
             }
         }

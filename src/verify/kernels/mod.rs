@@ -27,6 +27,23 @@ fn reduce_lanes(l: &[f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
+/// [`reduce_lanes`] on a `__m256` in registers, the same additions in the same order:
+/// the high half added to the low one gives `(l0 + l4, l1 + l5, l2 + l6, l3 + l7)`, then
+/// lanes 2 and 3 are added to 0 and 1, then lane 1 to lane 0. (Storing the lanes and
+/// reading them back one by one stalls on store forwarding, once per output element.)
+/// A macro because `#[target_feature]` functions cannot be forced inline.
+#[cfg(target_arch = "x86_64")]
+macro_rules! reduce_lanes_m256 {
+    ($v:expr) => {{
+        let v: __m256 = $v;
+        let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+    }};
+}
+#[cfg(target_arch = "x86_64")]
+use reduce_lanes_m256;
+
 /// `x` rounded to the nearest integer, ties to even, for |x| ≤ 2^22: adding and removing
 /// 1.5 · 2^23 leaves no fraction bits. Plain arithmetic, so it vectorizes and the AVX2
 /// paths can repeat it, where `f32::round` is a libm call per value.
