@@ -8,6 +8,8 @@
 //! verified in a draft tree, or beside other sequences, gets bit for bit the output plain
 //! decoding gives it.
 
+#[cfg(target_arch = "x86_64")]
+use super::reduce_lanes_m256;
 use super::{Out, ROUNDING, Simd, reduce_lanes, round_to_integer};
 
 /// Sizes of one sequence's part of the pass.
@@ -168,10 +170,7 @@ mod avx2 {
                 }
             }
             for (h, acc) in acc.iter().enumerate().take(heads) {
-                let mut l = [0f32; 8];
-                // SAFETY: `l` holds eight f32.
-                unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *acc) };
-                scores[h * n + at] = reduce_lanes(&l) * scale;
+                scores[h * n + at] = reduce_lanes_m256!(*acc) * scale;
             }
         }
         // Softmax of each head's scores.
@@ -200,34 +199,69 @@ mod avx2 {
             }
             *sum = reduce_lanes(&lanes);
         }
-        // Weighted sums, 32 output floats of every head at a time in registers across all
-        // values: each float gets one fused multiply-add per key, in key order.
+        // Each score becomes its weight (the same division the portable path makes per
+        // key), then the weighted sums, 32 output floats of every head at a time in
+        // registers across all values: each float gets one fused multiply-add per key, in
+        // key order.
+        for (h, &sum) in sums.iter().enumerate().take(heads) {
+            for x in &mut scores[h * n..(h + 1) * n] {
+                *x /= sum;
+            }
+        }
         let mut d = 0;
         while d < hd {
             let width = (hd - d).min(32) / 8;
-            let mut acc = [[_mm256_setzero_ps(); 4]; MAX_GROUP];
-            for (at, &r) in rows.iter().enumerate() {
-                let v = &values[r * stride + d..][..8 * width];
-                let mut vv = [_mm256_setzero_ps(); 4];
-                for (j, vv) in vv.iter_mut().enumerate().take(width) {
-                    // SAFETY: 8j + 8 <= 8·width = len of `v`.
-                    *vv = unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * j)) };
-                }
-                for h in 0..heads {
-                    let w = _mm256_set1_ps(scores[h * n + at] / sums[h]);
-                    for j in 0..width {
-                        acc[h][j] = _mm256_fmadd_ps(w, vv[j], acc[h][j]);
-                    }
-                }
-            }
-            for (h, acc) in acc.iter().enumerate().take(heads) {
-                for (j, acc) in acc.iter().enumerate().take(width) {
-                    let out = &mut o[h * hd + d + 8 * j..][..8];
-                    // SAFETY: `out` holds eight f32.
-                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *acc) };
+            // SAFETY: the caller's; d + 8·width <= hd.
+            unsafe {
+                match width {
+                    4 => weighted_sums::<4>(scores, heads, values, rows, stride, hd, d, o),
+                    3 => weighted_sums::<3>(scores, heads, values, rows, stride, hd, d, o),
+                    2 => weighted_sums::<2>(scores, heads, values, rows, stride, hd, d, o),
+                    _ => weighted_sums::<1>(scores, heads, values, rows, stride, hd, d, o),
                 }
             }
             d += 8 * width;
+        }
+    }
+
+    /// Output floats `d..d + 8·W` of each head: the weights (`[head][key]`) times the
+    /// value rows, one FMA per key in key order, held in registers.
+    ///
+    /// SAFETY: the CPU has AVX2 and FMA; `d + 8·W <= hd`; `o` holds `heads × hd` floats
+    /// and `weights` `heads × rows.len()`; every row's slice is inside `values`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weighted_sums<const W: usize>(
+        weights: &[f32],
+        heads: usize,
+        values: &[f32],
+        rows: &[usize],
+        stride: usize,
+        hd: usize,
+        d: usize,
+        o: &mut [f32],
+    ) {
+        let n = rows.len();
+        assert!(heads <= MAX_GROUP && weights.len() >= heads * n && o.len() >= heads * hd);
+        let mut acc = [[_mm256_setzero_ps(); W]; MAX_GROUP];
+        for (at, &r) in rows.iter().enumerate() {
+            let v = &values[r * stride + d..][..8 * W];
+            // SAFETY: 8j + 8 <= 8·W = len of `v`.
+            let vv: [__m256; W] =
+                std::array::from_fn(|j| unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * j)) });
+            for (h, acc) in acc.iter_mut().enumerate().take(heads) {
+                let w = _mm256_set1_ps(weights[h * n + at]);
+                for j in 0..W {
+                    acc[j] = _mm256_fmadd_ps(w, vv[j], acc[j]);
+                }
+            }
+        }
+        for (h, acc) in acc.iter().enumerate().take(heads) {
+            for (j, acc) in acc.iter().enumerate() {
+                let out = &mut o[h * hd + d + 8 * j..][..8];
+                // SAFETY: `out` holds eight f32.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *acc) };
+            }
         }
     }
 }

@@ -3,6 +3,8 @@
 //! reduced in a fixed order, whatever the number of rows, the tile or the thread. The
 //! weights stay in place (two columns at a time through every row), as in [`super::matmul`].
 
+#[cfg(target_arch = "x86_64")]
+use super::reduce_lanes_m256;
 use super::{Out, Simd, for_each_column_group, reduce_lanes};
 
 /// An f32 weight matrix `(n outputs, k inputs)`, each column's weights contiguous.
@@ -76,12 +78,8 @@ mod avx2 {
         }
         for (r, acc) in acc.iter().enumerate() {
             for (j, acc) in acc.iter().enumerate() {
-                let mut lanes = [0f32; 8];
-                // SAFETY: `lanes` holds eight f32; (r0 + r, c0 + j) is this tile's.
-                unsafe {
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-                    out.write(r0 + r, c0 + j, reduce_lanes(&lanes));
-                }
+                // SAFETY: (r0 + r, c0 + j) is this tile's.
+                unsafe { out.write(r0 + r, c0 + j, reduce_lanes_m256!(*acc)) };
             }
         }
     }
