@@ -23,7 +23,7 @@
 use super::pack::{BLOCK, GROUP, PackedMatrix, grouped_index, whole_blocks};
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
-use super::{Out, for_each_column_group, reduce_lanes, round_to_integer};
+use super::{Out, ROUNDING, for_each_column_group, reduce_lanes, round_to_integer};
 
 /// Activations quantized for the kernels: per row, `k` signed bytes in the grouped
 /// layout, and per 32-value block a scale, the exact sums of its quants (whole, and its
@@ -54,31 +54,127 @@ impl QuantizedRows {
         self.block_sums.clear();
         self.first_half_sums.clear();
         self.sums.clear();
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = Simd::detect().has_avx2_fma();
+        let whole = whole_blocks(blocks);
         for (b, block) in x.chunks_exact(BLOCK).enumerate() {
-            let (row, first) = (b / blocks, (b % blocks) * BLOCK);
-            let quants = &mut self.quants[row * k..(row + 1) * k];
-            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let (mut sum, mut first_half) = (0i32, 0i32);
-            for (j, &v) in block.iter().enumerate() {
-                let q = round_to_integer(v * id) as i8;
-                sum += q as i32;
-                if j < BLOCK / 2 {
-                    first_half += q as i32;
+            let (row, at) = (b / blocks, b % blocks);
+            let block: &[f32; BLOCK] = block.try_into().expect("chunks of BLOCK");
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has AVX2 and FMA (`Simd::detect` picks only what it has).
+            let quantized = if avx2 {
+                unsafe { quantize_block_avx2(block) }
+            } else {
+                quantize_block(block)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let quantized = quantize_block(block);
+            let QuantizedBlock {
+                quants,
+                scale,
+                sum,
+                first_half,
+            } = quantized;
+            // Placed as `grouped_index` says: in a group, four values per step.
+            let out = &mut self.quants[row * k..(row + 1) * k];
+            if at < whole {
+                let start = (at / GROUP) * GROUP * BLOCK + 4 * (at % GROUP);
+                for (step, four) in quants.chunks_exact(4).enumerate() {
+                    out[start + step * 4 * GROUP..][..4].copy_from_slice(four);
                 }
-                quants[grouped_index(blocks, first + j)] = q;
+            } else {
+                out[at * BLOCK..][..BLOCK].copy_from_slice(&quants);
             }
-            self.scales.push(d);
+            self.scales.push(scale);
             self.block_sums.push(sum);
             self.first_half_sums.push(first_half);
-            self.sums.push(d * sum as f32);
+            self.sums.push(scale * sum as f32);
         }
     }
 
     /// The quant of input `at` of row `row`.
     fn quant(&self, row: usize, at: usize) -> i32 {
         self.quants[row * self.k + grouped_index(self.k / BLOCK, at)] as i32
+    }
+}
+
+/// One block of activations quantized: GGML's Q8_0 arithmetic.
+struct QuantizedBlock {
+    quants: [i8; BLOCK],
+    scale: f32,
+    /// Σ quants.
+    sum: i32,
+    /// Σ of the first 16 quants.
+    first_half: i32,
+}
+
+/// The scale is the largest magnitude over 127, and each value is rounded to the nearest
+/// multiple of it.
+fn quantize_block(block: &[f32; BLOCK]) -> QuantizedBlock {
+    let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let scale = amax / 127.0;
+    let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    let quants: [i8; BLOCK] = std::array::from_fn(|j| round_to_integer(block[j] * id) as i8);
+    QuantizedBlock {
+        quants,
+        scale,
+        sum: quants.iter().map(|&q| q as i32).sum(),
+        first_half: quants[..BLOCK / 2].iter().map(|&q| q as i32).sum(),
+    }
+}
+
+/// [`quantize_block`] with AVX2, as GGML's `quantize_row_q8_0` does it: the same
+/// multiply, the same rounding (an integral float converts exactly), the same integers.
+///
+/// SAFETY: the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn quantize_block_avx2(block: &[f32; BLOCK]) -> QuantizedBlock {
+    use std::arch::x86_64::*;
+    // SAFETY: `block` holds 32 floats, `quants` 32 bytes.
+    unsafe {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(block.as_ptr().add(8 * i)));
+        // Magnitudes compared as bits: for non-negative floats the orders agree, and a
+        // maximum is exact in any order.
+        let magnitude = _mm256_set1_epi32(0x7fff_ffff);
+        let bits = v.map(|v| _mm256_and_si256(_mm256_castps_si256(v), magnitude));
+        let m = _mm256_max_epu32(
+            _mm256_max_epu32(bits[0], bits[1]),
+            _mm256_max_epu32(bits[2], bits[3]),
+        );
+        let m = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+        let m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0b01_00_11_10));
+        let m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0b10_11_00_01));
+        let amax = f32::from_bits(_mm_cvtsi128_si32(m) as u32);
+        let scale = amax / 127.0;
+        let id = _mm256_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
+        let rounding = _mm256_set1_ps(ROUNDING);
+        let ints = v.map(|v| {
+            let r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v, id), rounding), rounding);
+            _mm256_cvtps_epi32(r)
+        });
+        let lanes_sum = |x: __m256i| {
+            let x = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
+            _mm_cvtsi128_si32(x)
+        };
+        let first_half = lanes_sum(_mm256_add_epi32(ints[0], ints[1]));
+        let sum = first_half + lanes_sum(_mm256_add_epi32(ints[2], ints[3]));
+        let low = _mm256_packs_epi32(ints[0], ints[1]);
+        let high = _mm256_packs_epi32(ints[2], ints[3]);
+        let packed = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(low, high),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+        );
+        let mut quants = [0i8; BLOCK];
+        _mm256_storeu_si256(quants.as_mut_ptr() as *mut __m256i, packed);
+        QuantizedBlock {
+            quants,
+            scale,
+            sum,
+            first_half,
+        }
     }
 }
 
@@ -776,6 +872,38 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use crate::verify::kernels::test_values as values;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn activations_quantize_to_the_same_block_with_avx2() {
+        if !Simd::Avx2.is_available() {
+            return;
+        }
+        let mut blocks: Vec<[f32; BLOCK]> = (0..200)
+            .map(|seed| {
+                values(BLOCK, seed, 10f32.powi(seed as i32 % 9 - 4))
+                    .try_into()
+                    .unwrap()
+            })
+            .collect();
+        blocks.push([0.0; BLOCK]);
+        blocks.push([-0.0; BLOCK]);
+        // Ties: values that land on a half step, and the largest value exactly ±127.
+        blocks.push(std::array::from_fn(|j| {
+            (j as f32 - 15.5) * if j % 2 == 0 { 1.0 } else { -4.1 }
+        }));
+        blocks.push(std::array::from_fn(|j| {
+            if j == 7 { -127.0 } else { j as f32 + 0.5 }
+        }));
+        for block in &blocks {
+            let want = quantize_block(block);
+            // SAFETY: AVX2 and FMA are available (checked above).
+            let got = unsafe { quantize_block_avx2(block) };
+            assert_eq!(got.quants, want.quants, "{block:?}");
+            assert_eq!(got.scale.to_bits(), want.scale.to_bits());
+            assert_eq!((got.sum, got.first_half), (want.sum, want.first_half));
+        }
+    }
 
     const FORMATS: [GgmlDType; 8] = [
         GgmlDType::Q8_0,
