@@ -287,8 +287,6 @@ impl From<Simd> for &'static str {
 
 /// Columns per tile.
 const COLS: usize = 2;
-/// Most rows per tile.
-const ROWS: usize = 4;
 
 /// The portable tile: the x86 tiles' arithmetic, one block at a time.
 fn tile_portable(
@@ -381,7 +379,7 @@ fn tile_portable(
 macro_rules! x86_tiles {
     (
         $(#[$doc:meta])*
-        $module:ident, $features:literal,
+        $module:ident, $features:literal, rows: $rows:literal,
         column: |$cw:ident, $cs:ident| $column:expr,
         start: |$ss:ident, $sf:ident, $ssg:ident, $sn:ident, $sh:ident| $start:expr,
         tail_start: |$ta:ident, $ts:ident| $tail_start:expr,
@@ -391,6 +389,10 @@ macro_rules! x86_tiles {
         mod $module {
             use super::*;
             use std::arch::x86_64::*;
+
+            /// Most rows per tile: as many as keep `ROWS × COLS` accumulators and the
+            /// operands in this set's vector registers.
+            const ROWS: usize = $rows;
 
             /// `R` rows × `C` columns, starting at `(r0, c0)`.
             ///
@@ -682,12 +684,16 @@ macro_rules! x86_tiles {
                         tile::<ROWS, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out);
                         r += ROWS;
                     }
+                    if ROWS > 4 && a.rows - r >= 4 {
+                        tile::<4, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out);
+                        r += 4;
+                    }
                     match a.rows - r {
                         0 => {}
                         1 => tile::<1, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out),
                         2 => tile::<2, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out),
                         3 => tile::<3, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out),
-                        _ => unreachable!("fewer than ROWS rows remain"),
+                        _ => unreachable!("fewer than four rows remain"),
                     }
                 }
             }
@@ -755,7 +761,7 @@ x86_tiles! {
     /// moves onto the activation (`sign`) and its magnitude is the unsigned operand;
     /// `madd` with ones then sums the pairs into fours. Pairs stay exact: at most
     /// 2 · 128 · 127 < 2^15. Q4_0's nibbles are multiplied as they are, less `8 · Σ a`.
-    avx2, "avx2,fma",
+    avx2, "avx2,fma", rows: 4,
     column: |w, signed| if signed { _mm256_abs_epi8(w) } else { w },
     start: |sum, _first, signed, nibbles, _halves| {
         let zero = _mm256_setzero_si256();
@@ -777,10 +783,10 @@ x86_tiles! {
 /// for Q6_K), as Q4_0's start takes out `8 · Σ a`; so the lanes are exactly `Σ w · a`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! vnni_tiles {
-    ($(#[$doc:meta])* $module:ident, $features:literal, $dpbusd:ident) => {
+    ($(#[$doc:meta])* $module:ident, $features:literal, rows: $rows:literal, $dpbusd:ident) => {
         x86_tiles! {
             $(#[$doc])*
-            $module, $features,
+            $module, $features, rows: $rows,
             column: |w, signed| {
                 if signed { _mm256_xor_si256(w, _mm256_set1_epi8(-128)) } else { w }
             },
@@ -814,14 +820,15 @@ macro_rules! vnni_tiles {
 
 #[cfg(target_arch = "x86_64")]
 vnni_tiles! {
-    /// AVX-512 VNNI's 256-bit `vpdpbusd` (it needs AVX512VL for that width).
-    avx512vnni, "avx2,fma,avx512vnni,avx512vl", _mm256_dpbusd_epi32
+    /// AVX-512 VNNI's 256-bit `vpdpbusd` (it needs AVX512VL for that width); AVX-512's
+    /// 32 vector registers hold eight rows' accumulators.
+    avx512vnni, "avx2,fma,avx512vnni,avx512vl", rows: 8, _mm256_dpbusd_epi32
 }
 
 #[cfg(target_arch = "x86_64")]
 vnni_tiles! {
     /// AVX-VNNI's `vpdpbusd`, the VEX-encoded twin for CPUs without AVX-512.
-    avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32
+    avxvnni, "avx2,fma,avxvnni", rows: 4, _mm256_dpbusd_avx_epi32
 }
 
 /// Columns `c0..c0 + width` (`width` ≤ [`COLS`]) of `w`, for every row of `a`.
@@ -990,22 +997,23 @@ mod tests {
 
     #[test]
     fn every_simd_path_gives_the_portable_bits() {
-        // Uneven row and column counts reach every tile shape (1-4 rows, 1-2 columns);
-        // 96 inputs are a tail alone, 288 a group and one block, 576 (the model's width)
-        // two groups and two blocks.
+        // 13, 14 and 15 rows and 9 columns reach every tile shape (8 or 4 rows, then 4,
+        // then 1-3; 1-2 columns); 96 inputs are a tail alone, 288 a group and one block,
+        // 576 (the model's width) two groups and two blocks.
         for (dtype, k) in shapes() {
-            let (n, rows) = (9, 7);
-            let x = values(rows * k, 11, 4.0);
-            let w = packed(dtype, n, k);
-            let slow = run(Simd::Portable, &w, &x, rows);
-            for &simd in Simd::available() {
-                let fast = run(simd, &w, &x, rows);
-                assert!(
-                    fast.iter()
-                        .zip(&slow)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{dtype:?}, k {k}: {simd:?} and portable differ"
-                );
+            let w = packed(dtype, 9, k);
+            for rows in [13, 14, 15] {
+                let x = values(rows * k, 11, 4.0);
+                let slow = run(Simd::Portable, &w, &x, rows);
+                for &simd in Simd::available() {
+                    let fast = run(simd, &w, &x, rows);
+                    assert!(
+                        fast.iter()
+                            .zip(&slow)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{dtype:?}, k {k}, {rows} rows: {simd:?} and portable differ"
+                    );
+                }
             }
         }
     }
