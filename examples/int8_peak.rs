@@ -105,7 +105,8 @@ mod x86 {
                 // SAFETY: as in `per_block`: a fresh scale product per group.
                 unsafe { asm!("/* {0} */", inout(ymm_reg) d, options(pure, nomem, nostack)) };
                 for i in 0..N {
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[i]), _mm256_mul_ps(s, d), acc[i]);
+                    acc[i] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[i]), _mm256_mul_ps(s, d), acc[i]);
                     lanes[i] = _mm256_setzero_si256();
                 }
             }
