@@ -23,7 +23,7 @@
 use super::pack::{BLOCK, GROUP, PackedMatrix, grouped_index, whole_blocks};
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
-use super::{Out, ROUNDING, for_each_column_group, reduce_lanes, round_to_integer};
+use super::{Out, for_each_column_group, reduce_lanes, round_to_integer};
 
 /// Activations quantized for the kernels: per row, `k` signed bytes in the grouped
 /// layout, and per 32-value block a scale, the exact sums of its quants (whole, and its
@@ -148,7 +148,7 @@ fn quantize_block_avx2(block: &[f32; BLOCK]) -> QuantizedBlock {
         let amax = f32::from_bits(_mm_cvtsi128_si32(m) as u32);
         let scale = amax / 127.0;
         let id = _mm256_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
-        let rounding = _mm256_set1_ps(ROUNDING);
+        let rounding = _mm256_set1_ps(super::ROUNDING);
         let ints = v.map(|v| {
             let r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v, id), rounding), rounding);
             _mm256_cvtps_epi32(r)
