@@ -923,8 +923,8 @@ mod tests {
         GgmlDType::Q6K,
     ];
 
-    /// Every format with 512 inputs (whole groups), and the 32-value ones with 576 too (a
-    /// short last group); K-quants need multiples of 256.
+    /// Every format with 512 inputs (whole groups), and the 32-value ones with 96 (a tail
+    /// alone), 288 and 576 too (groups and a tail); K-quants need multiples of 256.
     fn shapes() -> impl Iterator<Item = (GgmlDType, usize)> {
         FORMATS
             .into_iter()
