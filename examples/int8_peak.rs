@@ -111,18 +111,11 @@ mod x86 {
                 }
             }
         }
-        let mut total = _mm256_setzero_ps();
-        for a in acc {
-            total = _mm256_add_ps(total, a);
-        }
-        let mut out = [0f32; 8];
-        // SAFETY: `out` holds eight f32.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), total) };
-        out.iter().sum()
+        sum(acc)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    fn sum(acc: [__m256; CHAINS]) -> f32 {
+    fn sum<const N: usize>(acc: [__m256; N]) -> f32 {
         let mut total = _mm256_setzero_ps();
         for a in acc {
             total = _mm256_add_ps(total, a);
