@@ -12,6 +12,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{D, DType, Device, Module, Tensor};
 
 use super::kernels::Simd;
+use super::kernels::activation::silu_mul;
 use super::kernels::attention::{AttnShape, attend};
 use super::kernels::dense::{DenseMatrix, matmul_dense};
 use super::kernels::matmul::{QuantizedRows, matmul};
@@ -841,9 +842,16 @@ impl Model {
             let f = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.rms_eps)?;
             let gate_up = layer.gate_up.forward(&f)?;
             let ffn = gate_up.dim(1)? / 2;
-            let g = candle_nn::ops::silu(&gate_up.narrow(1, 0, ffn)?)?;
-            let u = gate_up.narrow(1, ffn, ffn)?;
-            x = (x + layer.down.forward(&(g * u)?)?)?;
+            let h = if self.device.is_cpu() {
+                let gate_up: Vec<f32> = gate_up.flatten_all()?.to_vec1()?;
+                let h = silu_mul(simd, &gate_up, total, ffn);
+                Tensor::from_vec(h, (total, ffn), &self.device)?
+            } else {
+                // On a GPU the gate stays there.
+                let g = candle_nn::ops::silu(&gate_up.narrow(1, 0, ffn)?)?;
+                (g * gate_up.narrow(1, ffn, ffn)?)?
+            };
+            x = (x + layer.down.forward(&h)?)?;
         }
         let wanted: Vec<u32> = parts
             .iter()

@@ -45,7 +45,7 @@ const EXP_POLY: [f32; 6] = [
 /// e^x for x ≤ 0 to about 2 ulp, by operations the AVX2 path repeats lane by lane:
 /// x = n·ln 2 + r, e^r by a polynomial, 2^n from the exponent bits.
 #[inline(always)]
-fn exp_portable(x: f32) -> f32 {
+pub(super) fn exp_portable(x: f32) -> f32 {
     let x = x.max(EXP_FLOOR);
     let n = round_to_integer(x * LOG2E);
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
@@ -97,13 +97,13 @@ fn attend_one_portable(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use super::*;
     use std::arch::x86_64::*;
 
     /// `exp_portable` on eight lanes.
     #[target_feature(enable = "avx2,fma")]
-    fn exp8(x: __m256) -> __m256 {
+    pub(in crate::verify::kernels) fn exp8(x: __m256) -> __m256 {
         let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
         let magic = _mm256_set1_ps(ROUNDING);
         let n = _mm256_sub_ps(

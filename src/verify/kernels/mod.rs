@@ -10,10 +10,12 @@
 //!   time, and a portable path that gives the same bits), threaded over output columns.
 //! - [`dense`]: the same for f32 weights (`--weights f32`).
 //! - [`attention`]: host attention, threaded over (head, query), in a fixed order.
+//! - [`activation`]: the feed-forward gate, `silu(gate) · up`, element by element.
 //!
 //! This module holds what they share: the fixed lane reduction, rounding, the output
 //! handle threads write through, and the split of a fused projection's columns.
 
+pub mod activation;
 pub mod attention;
 pub mod dense;
 pub mod matmul;
