@@ -20,7 +20,7 @@
 //! columns at a time (a few KiB, which stay in L1) through every row of the pass, so each
 //! weight is read from memory once per pass whatever the number of rows.
 
-use super::pack::{BLOCK, GROUP, PackedMatrix, grouped_index, whole_blocks};
+use super::pack::{BLOCK, GROUP, PackedMatrix, grouped_index, place_block, whole_blocks};
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
 use super::{Out, for_each_column_group, reduce_lanes, round_to_integer};
@@ -56,7 +56,6 @@ impl QuantizedRows {
         self.sums.clear();
         #[cfg(target_arch = "x86_64")]
         let avx2 = Simd::detect().has_avx2_fma();
-        let whole = whole_blocks(blocks);
         for (b, block) in x.chunks_exact(BLOCK).enumerate() {
             let (row, at) = (b / blocks, b % blocks);
             let block: &[f32; BLOCK] = block.try_into().expect("chunks of BLOCK");
@@ -75,16 +74,12 @@ impl QuantizedRows {
                 sum,
                 first_half,
             } = quantized;
-            // Placed as `grouped_index` says: in a group, four values per step.
-            let out = &mut self.quants[row * k..(row + 1) * k];
-            if at < whole {
-                let start = (at / GROUP) * GROUP * BLOCK + 4 * (at % GROUP);
-                for (step, four) in quants.chunks_exact(4).enumerate() {
-                    out[start + step * 4 * GROUP..][..4].copy_from_slice(four);
-                }
-            } else {
-                out[at * BLOCK..][..BLOCK].copy_from_slice(&quants);
-            }
+            place_block(
+                &mut self.quants[row * k..(row + 1) * k],
+                blocks,
+                at,
+                &quants,
+            );
             self.scales.push(scale);
             self.block_sums.push(sum);
             self.first_half_sums.push(first_half);
@@ -434,15 +429,19 @@ macro_rules! x86_tiles {
                 // which lie inside its column or row.
                 let wq: [*const u8; C] =
                     std::array::from_fn(|j| unsafe { w.quants.as_ptr().add((c0 + j) * column) });
-                let wsc: [*const f32; C] =
-                    std::array::from_fn(|j| unsafe { w.scales.as_ptr().add((c0 + j) * blocks) });
-                let wsc2: [*const f32; C] = std::array::from_fn(|j| {
-                    if HALVES {
-                        unsafe { w.second_scales.as_ptr().add((c0 + j) * blocks) }
-                    } else {
-                        std::ptr::null()
-                    }
-                });
+                // Each column's first per-block value; null for a table the format lacks
+                // (empty: no second scales without halves, no offsets unless affine).
+                let per_column = |table: &[f32]| -> [*const f32; C] {
+                    std::array::from_fn(|j| {
+                        if table.is_empty() {
+                            std::ptr::null()
+                        } else {
+                            unsafe { table.as_ptr().add((c0 + j) * blocks) }
+                        }
+                    })
+                };
+                let wsc = per_column(&w.scales);
+                let wsc2 = per_column(&w.second_scales);
                 let aq: [*const i8; R] =
                     std::array::from_fn(|i| unsafe { a.quants.as_ptr().add((r0 + i) * a.k) });
                 let asc: [*const f32; R] =
@@ -455,28 +454,18 @@ macro_rules! x86_tiles {
                 });
                 let affine = w.kind.affine;
                 assert!(!affine || (w.offsets.len() >= w.n * blocks && a.sums.len() >= a.rows * blocks));
-                let wof: [*const f32; C] = std::array::from_fn(|j| {
-                    if affine {
-                        unsafe { w.offsets.as_ptr().add((c0 + j) * blocks) }
-                    } else {
-                        std::ptr::null()
-                    }
-                });
+                let wof = per_column(&w.offsets);
                 let asums: [*const f32; R] =
                     std::array::from_fn(|i| unsafe { a.sums.as_ptr().add((r0 + i) * blocks) });
                 let whole = whole_blocks(blocks);
                 assert!(!HALVES || whole == blocks, "K-quants come in whole groups");
+                // Eight 32-bit lanes (or 32 bytes) from `p`.
+                macro_rules! lanes {
+                    ($p:expr) => {
+                        _mm256_loadu_si256($p as *const __m256i)
+                    };
+                }
                 for g in 0..whole / GROUP {
-                    macro_rules! lanes {
-                        ($p:expr) => {
-                            _mm256_loadu_si256($p as *const __m256i)
-                        };
-                    }
-                    macro_rules! float_lanes {
-                        ($p:expr) => {
-                            _mm256_loadu_ps($p)
-                        };
-                    }
                     let bytes = g * GROUP * BLOCK; // where the group starts, 8-bit layout
                     let step = 4 * GROUP; // bytes per step
                     unsafe {
@@ -554,16 +543,16 @@ macro_rules! x86_tiles {
                             }
                         }
                         let ws: [__m256; C] =
-                            std::array::from_fn(|j| float_lanes!(wsc[j].add(g * GROUP)));
+                            std::array::from_fn(|j| _mm256_loadu_ps(wsc[j].add(g * GROUP)));
                         let ws2: [__m256; C] = std::array::from_fn(|j| {
                             if HALVES {
-                                float_lanes!(wsc2[j].add(g * GROUP))
+                                _mm256_loadu_ps(wsc2[j].add(g * GROUP))
                             } else {
                                 _mm256_setzero_ps()
                             }
                         });
                         for i in 0..R {
-                            let ad = float_lanes!(asc[i].add(g * GROUP));
+                            let ad = _mm256_loadu_ps(asc[i].add(g * GROUP));
                             for j in 0..C {
                                 if HALVES {
                                     acc[i][j] = _mm256_fmadd_ps(
@@ -587,9 +576,9 @@ macro_rules! x86_tiles {
                         }
                         if affine {
                             let wo: [__m256; C] =
-                                std::array::from_fn(|j| float_lanes!(wof[j].add(g * GROUP)));
+                                std::array::from_fn(|j| _mm256_loadu_ps(wof[j].add(g * GROUP)));
                             for i in 0..R {
-                                let sums = float_lanes!(asums[i].add(g * GROUP));
+                                let sums = _mm256_loadu_ps(asums[i].add(g * GROUP));
                                 for j in 0..C {
                                     acc[i][j] = _mm256_fmadd_ps(wo[j], sums, acc[i][j]);
                                 }

@@ -62,6 +62,21 @@ pub(super) fn grouped_nibble(blocks: usize, at: usize) -> (usize, bool) {
     )
 }
 
+/// Writes block `block`'s 32 values into a row (activations) or column (8-bit weights) of
+/// `blocks` blocks, where [`grouped_index`] puts them: four values per step in a group,
+/// all 32 in order in the tail.
+pub(super) fn place_block<T: Copy>(line: &mut [T], blocks: usize, block: usize, values: &[T]) {
+    assert_eq!(values.len(), BLOCK, "one block");
+    if block >= whole_blocks(blocks) {
+        line[block * BLOCK..][..BLOCK].copy_from_slice(values);
+        return;
+    }
+    let start = (block / GROUP) * GROUP * BLOCK + 4 * (block % GROUP);
+    for (step, four) in values.chunks_exact(4).enumerate() {
+        line[start + step * 4 * GROUP..][..4].copy_from_slice(four);
+    }
+}
+
 /// The blocks in whole groups; the rest are the tail.
 pub(super) fn whole_blocks(blocks: usize) -> usize {
     blocks / GROUP * GROUP
@@ -308,8 +323,8 @@ impl PackedMatrix {
         } else {
             let mut quants = vec![0u8; n * k];
             for (column, out) in values.chunks_exact(k).zip(quants.chunks_exact_mut(k)) {
-                for (at, &v) in column.iter().enumerate() {
-                    out[grouped_index(blocks, at)] = v;
+                for (block, block_values) in column.chunks_exact(BLOCK).enumerate() {
+                    place_block(out, blocks, block, block_values);
                 }
             }
             quants
@@ -451,6 +466,18 @@ mod tests {
     fn the_grouped_layout_places_every_value_once() {
         for blocks in [1, 2, 7, 8, 9, 18, 48] {
             let k = blocks * BLOCK;
+            let mut placed = vec![usize::MAX; k];
+            let order: Vec<usize> = (0..k).collect();
+            for (block, values) in order.chunks_exact(BLOCK).enumerate() {
+                place_block(&mut placed, blocks, block, values);
+            }
+            for (at, &i) in order.iter().enumerate() {
+                assert_eq!(
+                    placed[grouped_index(blocks, at)],
+                    i,
+                    "{blocks} blocks, value {at}"
+                );
+            }
             let mut seen = vec![false; k];
             for at in 0..k {
                 let i = grouped_index(blocks, at);
