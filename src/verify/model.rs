@@ -16,6 +16,7 @@ use super::kernels::activation::silu_mul;
 use super::kernels::attention::{AttnShape, attend};
 use super::kernels::dense::{DenseMatrix, matmul_dense};
 use super::kernels::matmul::{QuantizedRows, matmul};
+use super::kernels::norm::{add_assign, gather_heads, rms_norm};
 use super::kernels::pack::{PackError, PackedMatrix};
 
 /// Errors from loading or running the model.
@@ -196,11 +197,39 @@ impl Linear {
         Linear::Mixed(parts)
     }
 
-    /// `x (rows, k)` times every part, outputs concatenated: `(rows, Σ n)`.
+    /// `x (rows, k)` times every part, outputs concatenated: `(rows, Σ n)`. Candle's
+    /// matmul for weights on a device; on the CPU, [`Linear::forward_host`].
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let k = x.dims2()?.1;
+        if let Linear::Mixed(parts) = self
+            && !x.device().is_cpu()
+        {
+            let outs = parts
+                .iter()
+                .map(|w| match w {
+                    Weights::Candle(m) => m.forward(x),
+                    _ => candle_core::bail!("host weights cannot multiply a device tensor"),
+                })
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            return Tensor::cat(&outs, 1);
+        }
+        let (rows, _) = x.dims2()?;
+        let input: Vec<f32> = x.flatten_all()?.to_vec1()?;
+        let mut out = Vec::new();
+        self.forward_host(&input, rows, &mut out)?;
+        let width = out.len().checked_div(rows).unwrap_or(0);
+        Tensor::from_vec(out, (rows, width), x.device())
+    }
+
+    /// `x` (`rows × k`, on the host) times every part, outputs side by side in `out`
+    /// (`rows × Σ n`).
+    fn forward_host(&self, x: &[f32], rows: usize, out: &mut Vec<f32>) -> candle_core::Result<()> {
+        out.clear();
+        if rows == 0 {
+            return Ok(());
+        }
+        let k = x.len() / rows;
         let check = |inputs: usize| -> candle_core::Result<()> {
-            if inputs != k {
+            if inputs != k || x.len() != rows * k {
                 candle_core::bail!("a weight matrix takes {inputs} inputs, the layer gives {k}");
             }
             Ok(())
@@ -208,41 +237,75 @@ impl Linear {
         match self {
             Linear::Packed(parts) => {
                 parts.iter().try_for_each(|p| check(p.inputs()))?;
-                packed_forward(parts, x)
+                resize_for(out, rows, parts.iter().map(|p| p.outputs()).sum());
+                packed_forward(parts, x, rows, out);
             }
             Linear::Dense(parts) => {
                 parts.iter().try_for_each(|d| check(d.inputs()))?;
-                dense_forward(parts, x)
+                resize_for(out, rows, parts.iter().map(|d| d.outputs()).sum());
+                matmul_dense(Simd::detect(), parts, x, rows, out);
             }
             Linear::Mixed(parts) => {
-                let outs = parts
-                    .iter()
-                    .map(|w| match w {
+                let mut products = Vec::with_capacity(parts.len());
+                for w in parts {
+                    let mut product = Vec::new();
+                    match w {
                         Weights::Packed(p) => {
                             check(p.inputs())?;
-                            packed_forward(std::slice::from_ref(p), x)
+                            resize_for(&mut product, rows, p.outputs());
+                            packed_forward(std::slice::from_ref(p), x, rows, &mut product);
                         }
                         Weights::Dense(d) => {
                             check(d.inputs())?;
-                            dense_forward(std::slice::from_ref(d), x)
+                            resize_for(&mut product, rows, d.outputs());
+                            matmul_dense(
+                                Simd::detect(),
+                                std::slice::from_ref(d),
+                                x,
+                                rows,
+                                &mut product,
+                            );
                         }
-                        Weights::Candle(m) => m.forward(x),
-                    })
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                Tensor::cat(&outs, 1)
+                        Weights::Candle(m) => {
+                            let t = Tensor::from_slice(x, (rows, k), &Device::Cpu)?;
+                            product = m.forward(&t)?.flatten_all()?.to_vec1()?;
+                        }
+                    }
+                    products.push(product);
+                }
+                let widths: Vec<usize> = products.iter().map(|p| p.len() / rows).collect();
+                let width: usize = widths.iter().sum();
+                resize_for(out, rows, width);
+                for r in 0..rows {
+                    let mut at = r * width;
+                    for (product, &n) in products.iter().zip(&widths) {
+                        out[at..at + n].copy_from_slice(&product[r * n..(r + 1) * n]);
+                        at += n;
+                    }
+                }
             }
         }
+        Ok(())
     }
 }
 
-/// The f32 parts' product on the host.
-fn dense_forward(parts: &[DenseMatrix], x: &Tensor) -> candle_core::Result<Tensor> {
-    let (rows, _) = x.dims2()?;
-    let width: usize = parts.iter().map(|p| p.outputs()).sum();
-    let input: Vec<f32> = x.flatten_all()?.to_vec1()?;
-    let mut out = vec![0f32; rows * width];
-    matmul_dense(Simd::detect(), parts, &input, rows, &mut out);
-    Tensor::from_vec(out, (rows, width), x.device())
+/// `out` holding `rows × width` floats, every one of which the caller overwrites.
+fn resize_for(out: &mut Vec<f32>, rows: usize, width: usize) {
+    out.clear();
+    out.resize(rows * width, 0.0);
+}
+
+/// `x (rows × k)` times the packed parts, outputs side by side in `out`; the activations
+/// are quantized once, into a buffer this thread keeps.
+fn packed_forward(parts: &[PackedMatrix], x: &[f32], rows: usize, out: &mut [f32]) {
+    thread_local! {
+        static ROWS: std::cell::RefCell<QuantizedRows> = std::cell::RefCell::default();
+    }
+    ROWS.with(|cell| {
+        let mut a = cell.borrow_mut();
+        a.quantize(x, rows, x.len().checked_div(rows).unwrap_or(0));
+        matmul(Simd::detect(), parts, &a, out);
+    });
 }
 
 /// `t (n, k)` as f32 weights for the forward pass: the row-invariant f32 kernel on the
@@ -256,29 +319,25 @@ fn dense_of(t: Tensor, device: &Device) -> candle_core::Result<Weights> {
     Ok(Weights::Dense(DenseMatrix::new(n, k, weights)))
 }
 
-/// The packed parts' product on the host.
-fn packed_forward(parts: &[PackedMatrix], x: &Tensor) -> candle_core::Result<Tensor> {
-    thread_local! {
-        static ROWS: std::cell::RefCell<QuantizedRows> = std::cell::RefCell::default();
+/// An RMS norm's weights, on the model's device and on the host.
+struct NormWeights {
+    device: Tensor,
+    host: Vec<f32>,
+}
+
+impl NormWeights {
+    fn new(device: Tensor) -> candle_core::Result<Self> {
+        let host = device.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        Ok(NormWeights { device, host })
     }
-    let (rows, k) = x.dims2()?;
-    let width: usize = parts.iter().map(|p| p.outputs()).sum();
-    let input: Vec<f32> = x.flatten_all()?.to_vec1()?;
-    let mut out = vec![0f32; rows * width];
-    ROWS.with(|cell| {
-        let mut a = cell.borrow_mut();
-        a.quantize(&input, rows, k);
-        matmul(Simd::detect(), parts, &a, &mut out);
-    });
-    Tensor::from_vec(out, (rows, width), x.device())
 }
 
 struct Layer {
-    attn_norm: Tensor,
+    attn_norm: NormWeights,
     /// q, k and v side by side.
     qkv: Linear,
     wo: Linear,
-    ffn_norm: Tensor,
+    ffn_norm: NormWeights,
     /// Gate and up side by side.
     gate_up: Linear,
     down: Linear,
@@ -370,15 +429,76 @@ pub struct BatchEntry<'a> {
     pub logits: bool,
 }
 
+/// The layout of one batched forward pass: where each sequence's rows start and what
+/// each of its tokens attends to, every row's position and token, and the rows whose
+/// logits are wanted.
+struct BatchPlan {
+    /// Per sequence: its first row, and per token the indices (after the committed
+    /// context) it attends to: its ancestors from the root down, then itself.
+    parts: Vec<(usize, Vec<Vec<usize>>)>,
+    positions: Vec<u32>,
+    ids: Vec<u32>,
+    total: usize,
+    wanted: Vec<u32>,
+}
+
+impl BatchPlan {
+    /// The plan of `batch`, whose caches are made ready for its rows (`layers` layers of
+    /// `row` floats per position). A token attends to the committed context, then its
+    /// ancestors from the root down, then itself: in plain decoding it attends to exactly
+    /// these keys in this order, which is what makes the result bit-identical.
+    fn new(batch: &mut [BatchEntry<'_>], layers: usize, row: usize) -> Self {
+        let total: usize = batch.iter().map(|e| e.tokens.len()).sum();
+        let mut parts = Vec::with_capacity(batch.len());
+        let mut positions = Vec::with_capacity(total);
+        let mut ids = Vec::with_capacity(total);
+        let mut wanted = Vec::new();
+        let mut offset = 0;
+        for e in batch.iter_mut() {
+            let t = e.tokens.len();
+            let mut sets: Vec<Vec<usize>> = Vec::with_capacity(t);
+            for (i, &p) in e.parents.iter().enumerate() {
+                assert!(p < i as i32, "parents come before their children");
+                let mut chain = if p < 0 {
+                    Vec::new()
+                } else {
+                    sets[p as usize].clone()
+                };
+                chain.push(i);
+                positions.push((e.cache.len + chain.len() - 1) as u32);
+                sets.push(chain);
+            }
+            ids.extend_from_slice(e.tokens);
+            e.cache.prepare(layers, row, t);
+            if e.logits {
+                wanted.extend(offset as u32..(offset + t) as u32);
+            }
+            parts.push((offset, sets));
+            offset += t;
+        }
+        BatchPlan {
+            parts,
+            positions,
+            ids,
+            total,
+            wanted,
+        }
+    }
+}
+
 /// The model's weights; sequences bring their own [`KvCache`].
 pub struct Model {
     cfg: LlamaConfig,
     embed: Tensor,
     layers: Vec<Layer>,
-    norm: Tensor,
+    norm: NormWeights,
     head: Linear,
+    /// RoPE's cosines and sines, `head_dim / 2` per position, on the device (`cos`,
+    /// `sin`) and on the host.
     cos: Tensor,
     sin: Tensor,
+    cos_host: Vec<f32>,
+    sin_host: Vec<f32>,
     device: Device,
 }
 
@@ -564,21 +684,21 @@ impl Model {
             // Tied to the embedding, as in SmolLM2.
             Err(_) => matrix(embed_q)?,
         }]);
-        let norm = tensor("output_norm.weight")?.dequantize(device)?;
+        let norm = NormWeights::new(tensor("output_norm.weight")?.dequantize(device)?)?;
         let head_dim = width / heads;
         let context = max_context.min(trained_context).max(1);
         let mut layers = Vec::with_capacity(layers_n);
         for i in 0..layers_n {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             layers.push(Layer {
-                attn_norm: tensor(&p("attn_norm"))?.dequantize(device)?,
+                attn_norm: NormWeights::new(tensor(&p("attn_norm"))?.dequantize(device)?)?,
                 qkv: Linear::new(vec![
                     matrix(tensor(&p("attn_q"))?)?,
                     matrix(tensor(&p("attn_k"))?)?,
                     matrix(tensor(&p("attn_v"))?)?,
                 ]),
                 wo: Linear::new(vec![matrix(tensor(&p("attn_output"))?)?]),
-                ffn_norm: tensor(&p("ffn_norm"))?.dequantize(device)?,
+                ffn_norm: NormWeights::new(tensor(&p("ffn_norm"))?.dequantize(device)?)?,
                 gate_up: Linear::new(vec![
                     matrix(tensor(&p("ffn_gate"))?)?,
                     matrix(tensor(&p("ffn_up"))?)?,
@@ -656,7 +776,7 @@ impl Model {
         for i in 0..hf.num_hidden_layers {
             let p = |s: &str| format!("model.layers.{i}.{s}.weight");
             layers.push(Layer {
-                attn_norm: tensor(&p("input_layernorm"))?,
+                attn_norm: NormWeights::new(tensor(&p("input_layernorm"))?)?,
                 qkv: Linear::new(vec![
                     matrix(rope_rows_interleaved(
                         &tensor(&p("self_attn.q_proj"))?,
@@ -669,7 +789,7 @@ impl Model {
                     matrix(tensor(&p("self_attn.v_proj"))?)?,
                 ]),
                 wo: Linear::new(vec![matrix(tensor(&p("self_attn.o_proj"))?)?]),
-                ffn_norm: tensor(&p("post_attention_layernorm"))?,
+                ffn_norm: NormWeights::new(tensor(&p("post_attention_layernorm"))?)?,
                 gate_up: Linear::new(vec![
                     matrix(tensor(&p("mlp.gate_proj"))?)?,
                     matrix(tensor(&p("mlp.up_proj"))?)?,
@@ -677,7 +797,7 @@ impl Model {
                 down: Linear::new(vec![matrix(tensor(&p("mlp.down_proj"))?)?]),
             });
         }
-        let norm = tensor("model.norm.weight")?;
+        let norm = NormWeights::new(tensor("model.norm.weight")?)?;
         let cfg = LlamaConfig {
             layers: hf.num_hidden_layers,
             heads,
@@ -697,7 +817,7 @@ impl Model {
         cfg: LlamaConfig,
         embed: Tensor,
         layers: Vec<Layer>,
-        norm: Tensor,
+        norm: NormWeights,
         head: Linear,
         device: &Device,
     ) -> Result<Self, ModelError> {
@@ -710,14 +830,17 @@ impl Model {
             .to_dtype(DType::F32)?
             .reshape((context, 1))?;
         let freqs = pos.broadcast_mul(&inv)?;
+        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
         Ok(Model {
             cfg,
             embed,
             layers,
             norm,
             head,
-            cos: freqs.cos()?,
-            sin: freqs.sin()?,
+            cos_host: cos.flatten_all()?.to_vec1()?,
+            sin_host: sin.flatten_all()?.to_vec1()?,
+            cos,
+            sin,
             device: device.clone(),
         })
     }
@@ -763,39 +886,101 @@ impl Model {
                 });
             }
         }
-        let (h, kvh, hd) = (self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim);
-        let total: usize = batch.iter().map(|e| e.tokens.len()).sum();
-        // Each sequence's rows, attention sets and positions. A token attends to the
-        // committed context, then its ancestors from the root down, then itself: in
-        // plain decoding it attends to exactly these keys in this order, which is what
-        // makes the result bit-identical.
-        let mut parts = Vec::with_capacity(batch.len());
-        let mut positions = Vec::with_capacity(total);
-        let mut ids = Vec::with_capacity(total);
-        let mut offset = 0;
-        for e in batch.iter_mut() {
-            let t = e.tokens.len();
-            let mut sets: Vec<Vec<usize>> = Vec::with_capacity(t);
-            for (i, &p) in e.parents.iter().enumerate() {
-                assert!(p < i as i32, "parents come before their children");
-                let mut chain = if p < 0 {
-                    Vec::new()
-                } else {
-                    sets[p as usize].clone()
-                };
-                chain.push(i);
-                positions.push((e.cache.len + chain.len() - 1) as u32);
-                sets.push(chain);
-            }
-            ids.extend_from_slice(e.tokens);
-            e.cache.prepare(self.layers.len(), kvh * hd, t);
-            parts.push((offset, sets));
-            offset += t;
+        let plan = BatchPlan::new(
+            batch,
+            self.layers.len(),
+            self.cfg.kv_heads * self.cfg.head_dim,
+        );
+        if plan.total == 0 {
+            return Ok(Tensor::zeros(
+                (0, self.cfg.vocab),
+                DType::F32,
+                &self.device,
+            )?);
         }
-        let positions = Tensor::new(positions, &self.device)?;
+        if self.device.is_cpu() {
+            self.forward_host(batch, &plan)
+        } else {
+            self.forward_device(batch, &plan)
+        }
+    }
+
+    /// The pass on the CPU: every step on host vectors, through the row-invariant
+    /// kernels, with no tensor between them (a tensor operation per step costs more
+    /// than the step at a few rows, and runs on one thread while the pool waits).
+    fn forward_host(
+        &self,
+        batch: &mut [BatchEntry<'_>],
+        plan: &BatchPlan,
+    ) -> Result<Tensor, ModelError> {
+        let LlamaConfig {
+            heads: h,
+            kv_heads: kvh,
+            head_dim: hd,
+            rms_eps: eps,
+            ..
+        } = self.cfg;
+        let total = plan.total;
+        let simd = Simd::detect();
+        let ids = Tensor::new(plan.ids.as_slice(), &self.device)?;
+        let mut x: Vec<f32> = self.embed.index_select(&ids, 0)?.flatten_all()?.to_vec1()?;
+        let (mut normed, mut product) = (Vec::new(), Vec::new());
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        let rotary = Some((
+            plan.positions.as_slice(),
+            self.cos_host.as_slice(),
+            self.sin_host.as_slice(),
+        ));
+        let qkv_width = (h + 2 * kvh) * hd;
+        for (l, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.attn_norm.host, eps, &mut normed);
+            layer.qkv.forward_host(&normed, total, &mut product)?;
+            gather_heads(&product, qkv_width, 0, h, hd, rotary, &mut q);
+            gather_heads(&product, qkv_width, h * hd, kvh, hd, rotary, &mut k);
+            gather_heads(&product, qkv_width, (h + kvh) * hd, kvh, hd, None, &mut v);
+            let attended = self.attention(l, batch, plan, &q, &k, &v);
+            layer.wo.forward_host(&attended, total, &mut product)?;
+            add_assign(&mut x, &product);
+            rms_norm(&x, &layer.ffn_norm.host, eps, &mut normed);
+            layer.gate_up.forward_host(&normed, total, &mut product)?;
+            let gated = silu_mul(simd, &product, total, product.len() / (2 * total));
+            layer.down.forward_host(&gated, total, &mut product)?;
+            add_assign(&mut x, &product);
+        }
+        let width = self.cfg.width;
+        let rows = plan.wanted.len();
+        if rows < total {
+            x = plan
+                .wanted
+                .iter()
+                .flat_map(|&r| {
+                    x[r as usize * width..(r as usize + 1) * width]
+                        .iter()
+                        .copied()
+                })
+                .collect();
+        }
+        rms_norm(&x, &self.norm.host, eps, &mut normed);
+        self.head.forward_host(&normed, rows, &mut product)?;
+        Ok(Tensor::from_vec(
+            product,
+            (rows, self.cfg.vocab),
+            &self.device,
+        )?)
+    }
+
+    /// The pass on a device: candle's operations, with attention on the host.
+    fn forward_device(
+        &self,
+        batch: &mut [BatchEntry<'_>],
+        plan: &BatchPlan,
+    ) -> Result<Tensor, ModelError> {
+        let (h, kvh, hd) = (self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim);
+        let total = plan.total;
+        let positions = Tensor::new(plan.positions.as_slice(), &self.device)?;
         let cos = self.cos.index_select(&positions, 0)?.contiguous()?;
         let sin = self.sin.index_select(&positions, 0)?.contiguous()?;
-        let ids = Tensor::new(ids, &self.device)?;
+        let ids = Tensor::new(plan.ids.as_slice(), &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
         // Columns `from..from + n·hd` of the fused q|k|v product as `(1, n, total, hd)`.
         let heads = |qkv: &Tensor, from: usize, n: usize| -> Result<Tensor, candle_core::Error> {
@@ -805,72 +990,74 @@ impl Model {
                 .transpose(1, 2)?
                 .contiguous()
         };
-        let simd = Simd::detect();
         for (l, layer) in self.layers.iter().enumerate() {
-            let a = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps)?;
+            let a = candle_nn::ops::rms_norm(&x, &layer.attn_norm.device, self.cfg.rms_eps)?;
             let qkv = layer.qkv.forward(&a)?;
             let q = candle_nn::rotary_emb::rope_i(&heads(&qkv, 0, h)?, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&heads(&qkv, h * hd, kvh)?, &cos, &sin)?;
             let v = heads(&qkv, (h + kvh) * hd, kvh)?;
-            // `[head][row][head_dim]` on the host.
             let q: Vec<f32> = q.flatten_all()?.to_vec1()?;
             let k: Vec<f32> = k.flatten_all()?.to_vec1()?;
             let v: Vec<f32> = v.flatten_all()?.to_vec1()?;
-            let mut out = vec![0f32; total * h * hd];
-            for (e, (offset, sets)) in batch.iter_mut().zip(&parts) {
-                let (base, t) = (e.cache.len, e.tokens.len());
-                let (keys, values) = (&mut e.cache.keys[l], &mut e.cache.values[l]);
-                for i in 0..t {
-                    for g in 0..kvh {
-                        let src = (g * total + offset + i) * hd;
-                        let dst = ((base + i) * kvh + g) * hd;
-                        keys[dst..dst + hd].copy_from_slice(&k[src..src + hd]);
-                        values[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
-                    }
-                }
-                let shape = AttnShape {
-                    total,
-                    offset: *offset,
-                    heads: h,
-                    kv_heads: kvh,
-                    head_dim: hd,
-                };
-                attend(simd, &q, keys, values, sets, base, shape, &mut out);
-            }
+            let out = self.attention(l, batch, plan, &q, &k, &v);
             let out = Tensor::from_vec(out, (total, h * hd), &self.device)?;
             x = (x + layer.wo.forward(&out)?)?;
-            let f = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.rms_eps)?;
+            let f = candle_nn::ops::rms_norm(&x, &layer.ffn_norm.device, self.cfg.rms_eps)?;
             let gate_up = layer.gate_up.forward(&f)?;
             let ffn = gate_up.dim(1)? / 2;
-            let h = if self.device.is_cpu() {
-                let gate_up: Vec<f32> = gate_up.flatten_all()?.to_vec1()?;
-                let h = silu_mul(simd, &gate_up, total, ffn);
-                Tensor::from_vec(h, (total, ffn), &self.device)?
-            } else {
-                // On a GPU the gate stays there.
-                let g = candle_nn::ops::silu(&gate_up.narrow(1, 0, ffn)?)?;
-                (g * gate_up.narrow(1, ffn, ffn)?)?
-            };
-            x = (x + layer.down.forward(&h)?)?;
+            let g = candle_nn::ops::silu(&gate_up.narrow(1, 0, ffn)?)?;
+            x = (x + layer.down.forward(&(g * gate_up.narrow(1, ffn, ffn)?)?)?)?;
         }
-        let wanted: Vec<u32> = parts
-            .iter()
-            .zip(batch.iter())
-            .filter(|(_, e)| e.logits)
-            .flat_map(|((offset, sets), _)| *offset as u32..(offset + sets.len()) as u32)
-            .collect();
-        if wanted.is_empty() {
+        if plan.wanted.is_empty() {
             return Ok(Tensor::zeros(
                 (0, self.cfg.vocab),
                 DType::F32,
                 &self.device,
             )?);
         }
-        if wanted.len() < total {
-            x = x.index_select(&Tensor::new(wanted, &self.device)?, 0)?;
+        if plan.wanted.len() < total {
+            x = x.index_select(&Tensor::new(plan.wanted.as_slice(), &self.device)?, 0)?;
         }
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.cfg.rms_eps)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.norm.device, self.cfg.rms_eps)?;
         Ok(self.head.forward(&x)?.to_dtype(DType::F32)?)
+    }
+
+    /// Layer `l`'s attention for every sequence of the batch: their new keys and values
+    /// (`k`, `v`: `[kv_head][row][head_dim]`) into their caches, then every query (`q`:
+    /// `[head][row][head_dim]`) over its attention set. Returns `[row][head][head_dim]`.
+    fn attention(
+        &self,
+        l: usize,
+        batch: &mut [BatchEntry<'_>],
+        plan: &BatchPlan,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+    ) -> Vec<f32> {
+        let (h, kvh, hd) = (self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim);
+        let total = plan.total;
+        let mut out = vec![0f32; total * h * hd];
+        for (e, (offset, sets)) in batch.iter_mut().zip(&plan.parts) {
+            let (base, t) = (e.cache.len, e.tokens.len());
+            let (keys, values) = (&mut e.cache.keys[l], &mut e.cache.values[l]);
+            for i in 0..t {
+                for g in 0..kvh {
+                    let src = (g * total + offset + i) * hd;
+                    let dst = ((base + i) * kvh + g) * hd;
+                    keys[dst..dst + hd].copy_from_slice(&k[src..src + hd]);
+                    values[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
+                }
+            }
+            let shape = AttnShape {
+                total,
+                offset: *offset,
+                heads: h,
+                kv_heads: kvh,
+                head_dim: hd,
+            };
+            attend(Simd::detect(), q, keys, values, sets, base, shape, &mut out);
+        }
+        out
     }
 
     /// The device the model runs on.
@@ -883,4 +1070,54 @@ impl Model {
 /// lowest index, as plain greedy decoding does.
 pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>, ModelError> {
     Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n × k` weights quantized to `dtype`, from a seed.
+    fn weights(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> QTensor {
+        let w = crate::verify::kernels::test_values(n * k, seed, 1.0);
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        QTensor::quantize(&t, dtype).unwrap()
+    }
+
+    #[test]
+    fn a_mixed_projection_puts_each_part_s_columns_side_by_side() {
+        let (rows, k) = (3, 64);
+        let x = crate::verify::kernels::test_values(rows * k, 9, 2.0);
+        // F16 has no row-invariant kernel: candle multiplies it.
+        let packed = || weights(GgmlDType::Q8_0, 40, k, 1);
+        let candle = || weights(GgmlDType::F16, 24, k, 2);
+        let alone = |qt: QTensor| {
+            let mut out = Vec::new();
+            Linear::new(vec![weights_of(qt, &Device::Cpu).unwrap()])
+                .forward_host(&x, rows, &mut out)
+                .unwrap();
+            out
+        };
+        let (a, b) = (alone(packed()), alone(candle()));
+        let mixed = Linear::new(vec![
+            weights_of(packed(), &Device::Cpu).unwrap(),
+            weights_of(candle(), &Device::Cpu).unwrap(),
+        ]);
+        assert!(matches!(mixed, Linear::Mixed(_)));
+        let mut out = Vec::new();
+        mixed.forward_host(&x, rows, &mut out).unwrap();
+        for r in 0..rows {
+            assert_eq!(out[r * 64..r * 64 + 40], a[r * 40..(r + 1) * 40]);
+            assert_eq!(out[r * 64 + 40..(r + 1) * 64], b[r * 24..(r + 1) * 24]);
+        }
+        // Through a tensor, the same values.
+        let t = Tensor::from_slice(&x, (rows, k), &Device::Cpu).unwrap();
+        let y: Vec<f32> = mixed
+            .forward(&t)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(y, out);
+    }
 }

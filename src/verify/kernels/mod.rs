@@ -11,6 +11,7 @@
 //! - [`dense`]: the same for f32 weights (`--weights f32`).
 //! - [`attention`]: host attention, threaded over (head, query), in a fixed order.
 //! - [`activation`]: the feed-forward gate, `silu(gate) · up`, element by element.
+//! - [`norm`]: RMS normalization, the residual addition and rotary embeddings, row by row.
 //!
 //! This module holds what they share: the fixed lane reduction, rounding, the output
 //! handle threads write through, and the split of a fused projection's columns.
@@ -19,6 +20,7 @@ pub mod activation;
 pub mod attention;
 pub mod dense;
 pub mod matmul;
+pub mod norm;
 pub mod pack;
 
 pub use matmul::Simd;
@@ -137,7 +139,7 @@ fn for_each_column_group(
 
 /// Pseudo-random values in ±scale/2, the same for the same seed: test inputs.
 #[cfg(test)]
-fn test_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+pub(crate) fn test_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut x = seed;
     (0..len)
         .map(|_| {
