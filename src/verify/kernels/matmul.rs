@@ -667,6 +667,7 @@ macro_rules! x86_tiles {
                 c0: usize,
                 out: Out,
             ) {
+                prefetch_columns(w, c0 + PREFETCH_AHEAD, C);
                 let mut r = 0;
                 unsafe {
                     while r + ROWS <= a.rows {
@@ -734,6 +735,36 @@ macro_rules! x86_tiles {
             }
         }
     };
+}
+
+/// How many columns ahead of the ones being multiplied a thread asks for the weights.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Ask the cache for columns `c0..c0 + count` of `w` (quants and per-block tables), if
+/// they exist. A column pair is a few hundred bytes, so the hardware's stream prefetcher,
+/// which stops at every 4 KiB page, leaves each tile's first loads waiting on memory.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_columns(w: &PackedMatrix, c0: usize, count: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    if c0 + count > w.n {
+        return;
+    }
+    let lines = |start: *const u8, bytes: usize| {
+        for at in (0..bytes).step_by(64) {
+            // SAFETY: `at` < `bytes`, and the caller's range lies inside one slice.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(at) as *const i8) };
+        }
+    };
+    let column = w.column_bytes();
+    let quants = &w.quants[c0 * column..(c0 + count) * column];
+    lines(quants.as_ptr(), quants.len());
+    let blocks = w.k / BLOCK;
+    for table in [&w.scales, &w.second_scales, &w.offsets] {
+        if !table.is_empty() {
+            let part = &table[c0 * blocks..(c0 + count) * blocks];
+            lines(part.as_ptr() as *const u8, std::mem::size_of_val(part));
+        }
+    }
 }
 
 /// `−(sum · 2^shift)` per lane: the start that takes `2^shift · Σ a` back out.
