@@ -127,17 +127,18 @@ pub(super) mod avx2 {
         _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
     }
 
-    /// `attend_one_portable` for each of the query heads that share one key/value head,
-    /// with the same operations per head, but reading each key and value row once for
-    /// all of them. `q` and `o` hold the heads one after another (`heads × hd`);
-    /// `scores` is scratch.
+    /// `attend_one_portable` for each of the `G` query heads that share one key/value
+    /// head, with the same operations per head, but reading each key and value row once
+    /// for all of them. `q` and `o` hold the heads one after another (`G × hd`);
+    /// `scores` is scratch. `G` is a constant so that every loop over the heads unrolls
+    /// and the accumulators stay in the 16 registers.
     ///
     /// SAFETY: the CPU has AVX2 and FMA; `hd` is a multiple of 8; `q` and `o` hold
-    /// `heads × hd` floats; every row's `stride`-spaced slice of `hd` floats is inside
+    /// `G × hd` floats; every row's `stride`-spaced slice of `hd` floats is inside
     /// `keys` and `values`.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attend_group(
+    pub(super) unsafe fn attend_group<const G: usize>(
         q: &[f32],
         hd: usize,
         keys: &[f32],
@@ -148,34 +149,44 @@ pub(super) mod avx2 {
         scores: &mut Vec<f32>,
         o: &mut [f32],
     ) {
-        let heads = q.len() / hd;
         let n = rows.len();
-        assert!(heads <= MAX_GROUP && q.len() == heads * hd && o.len() == q.len());
+        assert!(q.len() == G * hd && o.len() == q.len() && hd.is_multiple_of(8));
         scores.clear();
-        scores.resize(heads * n, 0.0);
-        // Scores: one pass over the keys; each head's dot is an 8-lane FMA chain.
-        for (at, &r) in rows.iter().enumerate() {
-            let k = &keys[r * stride..][..hd];
-            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
+        scores.resize(G * n, 0.0);
+        // Scores: one pass over the keys, two keys at a time so that each load of q
+        // serves both; each (key, head) dot is its own 8-lane FMA chain, as alone.
+        let key = |at: usize| &keys[rows[at] * stride..][..hd];
+        let mut at = 0;
+        while at < n {
+            let pair = if at + 1 < n { 2 } else { 1 };
+            let (k0, k1) = (key(at), key(at + pair - 1));
+            let mut acc = [[_mm256_setzero_ps(); G]; 2];
             for i in (0..hd).step_by(8) {
-                // SAFETY: i + 8 <= hd = len of `k` and of each head's part of `q`.
-                let kv = unsafe { _mm256_loadu_ps(k.as_ptr().add(i)) };
-                for (h, acc) in acc.iter_mut().enumerate().take(heads) {
-                    // SAFETY: h·hd + i + 8 <= heads·hd = len of `q`.
-                    *acc = _mm256_fmadd_ps(
-                        unsafe { _mm256_loadu_ps(q.as_ptr().add(h * hd + i)) },
-                        kv,
-                        *acc,
-                    );
+                // SAFETY: i + 8 <= hd = len of `k0`, `k1` and of each head's part of `q`.
+                let kv = unsafe {
+                    [
+                        _mm256_loadu_ps(k0.as_ptr().add(i)),
+                        _mm256_loadu_ps(k1.as_ptr().add(i)),
+                    ]
+                };
+                for h in 0..G {
+                    // SAFETY: h·hd + i + 8 <= G·hd = len of `q`.
+                    let qv = unsafe { _mm256_loadu_ps(q.as_ptr().add(h * hd + i)) };
+                    for p in 0..2 {
+                        acc[p][h] = _mm256_fmadd_ps(qv, kv[p], acc[p][h]);
+                    }
                 }
             }
-            for (h, acc) in acc.iter().enumerate().take(heads) {
-                scores[h * n + at] = reduce_lanes_m256!(*acc) * scale;
+            for (p, acc) in acc.iter().enumerate().take(pair) {
+                for (h, acc) in acc.iter().enumerate() {
+                    scores[h * n + at + p] = reduce_lanes_m256!(*acc) * scale;
+                }
             }
+            at += pair;
         }
         // Softmax of each head's scores.
-        let mut sums = [0f32; MAX_GROUP];
-        for (h, sum) in sums.iter_mut().enumerate().take(heads) {
+        let mut sums = [0f32; G];
+        for (h, sum) in sums.iter_mut().enumerate() {
             let sc = &mut scores[h * n..(h + 1) * n];
             let max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let maxv = _mm256_set1_ps(max);
@@ -200,40 +211,44 @@ pub(super) mod avx2 {
             *sum = reduce_lanes(&lanes);
         }
         // Each score becomes its weight (the same division the portable path makes per
-        // key), then the weighted sums, 32 output floats of every head at a time in
-        // registers across all values: each float gets one fused multiply-add per key, in
-        // key order.
-        for (h, &sum) in sums.iter().enumerate().take(heads) {
+        // key), then the weighted sums, up to 8·W output floats of every head at a time
+        // in registers across all values (W as wide as G heads' accumulators allow):
+        // each float gets one fused multiply-add per key, in key order.
+        for (h, &sum) in sums.iter().enumerate() {
             for x in &mut scores[h * n..(h + 1) * n] {
                 *x /= sum;
             }
         }
+        let widest = match G {
+            1 | 2 => 4,
+            3 => 3,
+            _ => 2,
+        };
         let mut d = 0;
         while d < hd {
-            let width = (hd - d).min(32) / 8;
+            let width = ((hd - d) / 8).min(widest);
             // SAFETY: the caller's; d + 8·width <= hd.
             unsafe {
                 match width {
-                    4 => weighted_sums::<4>(scores, heads, values, rows, stride, hd, d, o),
-                    3 => weighted_sums::<3>(scores, heads, values, rows, stride, hd, d, o),
-                    2 => weighted_sums::<2>(scores, heads, values, rows, stride, hd, d, o),
-                    _ => weighted_sums::<1>(scores, heads, values, rows, stride, hd, d, o),
+                    4 => weighted_sums::<G, 4>(scores, values, rows, stride, hd, d, o),
+                    3 => weighted_sums::<G, 3>(scores, values, rows, stride, hd, d, o),
+                    2 => weighted_sums::<G, 2>(scores, values, rows, stride, hd, d, o),
+                    _ => weighted_sums::<G, 1>(scores, values, rows, stride, hd, d, o),
                 }
             }
             d += 8 * width;
         }
     }
 
-    /// Output floats `d..d + 8·W` of each head: the weights (`[head][key]`) times the
-    /// value rows, one FMA per key in key order, held in registers.
+    /// Output floats `d..d + 8·W` of each of the `G` heads: the weights
+    /// (`[head][key]`) times the value rows, one FMA per key in key order, held in
+    /// registers.
     ///
-    /// SAFETY: the CPU has AVX2 and FMA; `d + 8·W <= hd`; `o` holds `heads × hd` floats
-    /// and `weights` `heads × rows.len()`; every row's slice is inside `values`.
+    /// SAFETY: the CPU has AVX2 and FMA; `d + 8·W <= hd`; `o` holds `G × hd` floats
+    /// and `weights` `G × rows.len()`; every row's slice is inside `values`.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn weighted_sums<const W: usize>(
+    unsafe fn weighted_sums<const G: usize, const W: usize>(
         weights: &[f32],
-        heads: usize,
         values: &[f32],
         rows: &[usize],
         stride: usize,
@@ -242,21 +257,21 @@ pub(super) mod avx2 {
         o: &mut [f32],
     ) {
         let n = rows.len();
-        assert!(heads <= MAX_GROUP && weights.len() >= heads * n && o.len() >= heads * hd);
-        let mut acc = [[_mm256_setzero_ps(); W]; MAX_GROUP];
+        assert!(weights.len() >= G * n && o.len() >= G * hd);
+        let mut acc = [[_mm256_setzero_ps(); W]; G];
         for (at, &r) in rows.iter().enumerate() {
             let v = &values[r * stride + d..][..8 * W];
             // SAFETY: 8j + 8 <= 8·W = len of `v`.
             let vv: [__m256; W] =
                 std::array::from_fn(|j| unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * j)) });
-            for (h, acc) in acc.iter_mut().enumerate().take(heads) {
+            for (h, acc) in acc.iter_mut().enumerate() {
                 let w = _mm256_set1_ps(weights[h * n + at]);
                 for j in 0..W {
                     acc[j] = _mm256_fmadd_ps(w, vv[j], acc[j]);
                 }
             }
         }
-        for (h, acc) in acc.iter().enumerate().take(heads) {
+        for (h, acc) in acc.iter().enumerate() {
             for (j, acc) in acc.iter().enumerate() {
                 let out = &mut o[h * hd + d + 8 * j..][..8];
                 // SAFETY: `out` holds eight f32.
@@ -342,7 +357,20 @@ pub fn attend(
                 // (`Simd::available`); hd is a multiple of 8 (checked); q and o hold
                 // group × hd floats; every row lies in the caches (asserted above).
                 s if s.has_avx2_fma() && hd % 8 == 0 => unsafe {
-                    avx2::attend_group(qs, hd, keys, values, rows, stride, scale, scores, o)
+                    match group {
+                        1 => avx2::attend_group::<1>(
+                            qs, hd, keys, values, rows, stride, scale, scores, o,
+                        ),
+                        2 => avx2::attend_group::<2>(
+                            qs, hd, keys, values, rows, stride, scale, scores, o,
+                        ),
+                        3 => avx2::attend_group::<3>(
+                            qs, hd, keys, values, rows, stride, scale, scores, o,
+                        ),
+                        _ => avx2::attend_group::<4>(
+                            qs, hd, keys, values, rows, stride, scale, scores, o,
+                        ),
+                    }
                 },
                 _ => {
                     for (qh, oh) in qs.chunks_exact(hd).zip(o.chunks_exact_mut(hd)) {
