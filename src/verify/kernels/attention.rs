@@ -159,8 +159,12 @@ pub(super) mod avx2 {
         let mut at = 0;
         while at < n {
             let pair = if at + 1 < n { 2 } else { 1 };
+            for ahead in at + PREFETCH_ROWS..(at + PREFETCH_ROWS + pair).min(n) {
+                prefetch_row(key(ahead));
+            }
             let (k0, k1) = (key(at), key(at + pair - 1));
-            let mut acc = [[_mm256_setzero_ps(); G]; 2];
+            // Per head, the chains of the two keys.
+            let mut acc = [[_mm256_setzero_ps(); 2]; G];
             for i in (0..hd).step_by(8) {
                 // SAFETY: i + 8 <= hd = len of `k0`, `k1` and of each head's part of `q`.
                 let kv = unsafe {
@@ -169,16 +173,16 @@ pub(super) mod avx2 {
                         _mm256_loadu_ps(k1.as_ptr().add(i)),
                     ]
                 };
-                for h in 0..G {
+                for (h, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: h·hd + i + 8 <= G·hd = len of `q`.
                     let qv = unsafe { _mm256_loadu_ps(q.as_ptr().add(h * hd + i)) };
-                    for p in 0..2 {
-                        acc[p][h] = _mm256_fmadd_ps(qv, kv[p], acc[p][h]);
+                    for (acc, &kv) in acc.iter_mut().zip(&kv) {
+                        *acc = _mm256_fmadd_ps(qv, kv, *acc);
                     }
                 }
             }
-            for (p, acc) in acc.iter().enumerate().take(pair) {
-                for (h, acc) in acc.iter().enumerate() {
+            for (h, acc) in acc.iter().enumerate() {
+                for (p, acc) in acc.iter().enumerate().take(pair) {
                     scores[h * n + at + p] = reduce_lanes_m256!(*acc) * scale;
                 }
             }
@@ -260,6 +264,9 @@ pub(super) mod avx2 {
         assert!(weights.len() >= G * n && o.len() >= G * hd);
         let mut acc = [[_mm256_setzero_ps(); W]; G];
         for (at, &r) in rows.iter().enumerate() {
+            if let Some(&ahead) = rows.get(at + PREFETCH_ROWS) {
+                prefetch_row(&values[ahead * stride + d..][..8 * W]);
+            }
             let v = &values[r * stride + d..][..8 * W];
             // SAFETY: 8j + 8 <= 8·W = len of `v`.
             let vv: [__m256; W] =
@@ -278,6 +285,22 @@ pub(super) mod avx2 {
                 unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *acc) };
             }
         }
+    }
+}
+
+/// How many cached rows ahead of the one in use attention asks the cache for: the rows
+/// of one key/value head are a few hundred bytes apart, and at one query attention is
+/// bound by reading them.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_ROWS: usize = 8;
+
+/// Ask the cache for the lines of `row`.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_row(row: &[f32]) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    for at in (0..row.len()).step_by(16) {
+        // SAFETY: `at` < `row.len()`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at) as *const i8) };
     }
 }
 
