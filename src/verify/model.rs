@@ -436,9 +436,13 @@ struct BatchPlan {
     /// Per sequence: its first row, and per token the indices (after the committed
     /// context) it attends to: its ancestors from the root down, then itself.
     parts: Vec<(usize, Vec<Vec<usize>>)>,
+    /// Each row's position in its sequence: committed length + depth in the tree.
     positions: Vec<u32>,
+    /// Each row's token.
     ids: Vec<u32>,
+    /// Rows in the pass.
     total: usize,
+    /// The rows whose logits are returned, ascending.
     wanted: Vec<u32>,
 }
 
