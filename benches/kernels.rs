@@ -15,7 +15,7 @@ use candle_core::{Device, Tensor};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use suffixd::verify::kernels::Simd;
-use suffixd::verify::kernels::attention::{AttnShape, attend};
+use suffixd::verify::kernels::attention::{AttnShape, SequenceCache, attend};
 use suffixd::verify::kernels::dense::{DenseMatrix, matmul_dense};
 use suffixd::verify::kernels::matmul::{QuantizedRows, matmul};
 use suffixd::verify::kernels::pack::PackedMatrix;
@@ -113,23 +113,20 @@ fn attention(c: &mut Criterion) {
         let mut out = vec![0f32; t * heads * hd];
         let shape = AttnShape {
             total: t,
-            offset: 0,
             heads,
             kv_heads,
             head_dim: hd,
         };
+        let seq = SequenceCache {
+            keys: &keys,
+            values: &vals,
+            sets: &sets,
+            base,
+            offset: 0,
+        };
         group.bench_function(format!("queries={t}"), |b| {
             b.iter(|| {
-                attend(
-                    Simd::detect(),
-                    &q,
-                    &keys,
-                    &vals,
-                    &sets,
-                    base,
-                    shape,
-                    &mut out,
-                );
+                attend(Simd::detect(), &q, &[seq], shape, &mut out);
                 black_box(&out);
             })
         });

@@ -13,7 +13,7 @@ use candle_core::{D, DType, Device, Module, Tensor};
 
 use super::kernels::Simd;
 use super::kernels::activation::silu_mul;
-use super::kernels::attention::{AttnShape, attend};
+use super::kernels::attention::{AttnShape, SequenceCache, attend};
 use super::kernels::dense::{DenseMatrix, matmul_dense};
 use super::kernels::matmul::{QuantizedRows, matmul};
 use super::kernels::norm::{add_assign, gather_heads, rms_norm};
@@ -1040,8 +1040,7 @@ impl Model {
     ) -> Vec<f32> {
         let (h, kvh, hd) = (self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim);
         let total = plan.total;
-        let mut out = vec![0f32; total * h * hd];
-        for (e, (offset, sets)) in batch.iter_mut().zip(&plan.parts) {
+        for (e, (offset, _)) in batch.iter_mut().zip(&plan.parts) {
             let (base, t) = (e.cache.len, e.tokens.len());
             let (keys, values) = (&mut e.cache.keys[l], &mut e.cache.values[l]);
             for i in 0..t {
@@ -1052,15 +1051,28 @@ impl Model {
                     values[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
                 }
             }
-            let shape = AttnShape {
-                total,
-                offset: *offset,
-                heads: h,
-                kv_heads: kvh,
-                head_dim: hd,
-            };
-            attend(Simd::detect(), q, keys, values, sets, base, shape, &mut out);
         }
+        // Every sequence in one call: one meeting of the threads per layer, and the
+        // work of all of them to share between the threads.
+        let sequences: Vec<SequenceCache<'_>> = batch
+            .iter()
+            .zip(&plan.parts)
+            .map(|(e, (offset, sets))| SequenceCache {
+                keys: &e.cache.keys[l],
+                values: &e.cache.values[l],
+                sets,
+                base: e.cache.len,
+                offset: *offset,
+            })
+            .collect();
+        let shape = AttnShape {
+            total,
+            heads: h,
+            kv_heads: kvh,
+            head_dim: hd,
+        };
+        let mut out = vec![0f32; total * h * hd];
+        attend(Simd::detect(), q, &sequences, shape, &mut out);
         out
     }
 

@@ -12,13 +12,11 @@
 use super::reduce_lanes_m256;
 use super::{Out, ROUNDING, Simd, reduce_lanes, round_to_integer};
 
-/// Sizes of one sequence's part of the pass.
+/// Sizes of the pass.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
     /// Rows in the whole batch.
     pub total: usize,
-    /// This sequence's first row in the batch.
-    pub offset: usize,
     /// Query heads.
     pub heads: usize,
     /// Key/value heads.
@@ -307,26 +305,36 @@ fn prefetch_row(row: &[f32]) {
 /// Most query heads per key/value head that the grouped path takes at once.
 const MAX_GROUP: usize = 4;
 
-/// Attention of the new tokens of one sequence over their attention sets (committed
+/// One sequence's part of an [`attend`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceCache<'a> {
+    /// The sequence's cached keys, `[position][kv_head][head_dim]`, holding its new
+    /// tokens' rows after the committed ones.
+    pub keys: &'a [f32],
+    /// Its cached values, laid out as the keys.
+    pub values: &'a [f32],
+    /// Per new token, the rows after `base` it attends to: its ancestors, then itself.
+    pub sets: &'a [Vec<usize>],
+    /// Committed context rows, which every new token attends to first.
+    pub base: usize,
+    /// The sequence's first row in the batch.
+    pub offset: usize,
+}
+
+/// Attention of the new tokens of every sequence over their attention sets (committed
 /// context rows `0..base`, then the token's ancestors and itself, `sets[i]`, as indices
-/// after `base`), into that sequence's rows of `out` (`[row][head][head_dim]`). `q` is
-/// `[head][row][head_dim]` for the whole batch; `keys` and `values` are the sequence's
-/// cache, `[position][kv_head][head_dim]`. Work is spread over candle's CPU thread pool
-/// by (head, query).
-#[allow(clippy::too_many_arguments)]
+/// after `base`), into the sequences' rows of `out` (`[row][head][head_dim]`). `q` is
+/// `[head][row][head_dim]` for the whole batch. Work is spread over candle's CPU thread
+/// pool by (sequence, head, query), in one call for the whole batch.
 pub fn attend(
     simd: Simd,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    sets: &[Vec<usize>],
-    base: usize,
+    sequences: &[SequenceCache<'_>],
     s: AttnShape,
     out: &mut [f32],
 ) {
     let AttnShape {
         total,
-        offset,
         heads,
         kv_heads,
         head_dim: hd,
@@ -337,16 +345,18 @@ pub fn attend(
         total * heads * hd,
         "out is [row][head][head_dim]"
     );
-    assert!(
-        offset + sets.len() <= total,
-        "the sequence's rows are in the batch"
-    );
-    let rows_used = base + sets.iter().flatten().map(|&a| a + 1).max().unwrap_or(0);
-    let needed = rows_used * kv_heads * hd;
-    assert!(
-        keys.len() >= needed && values.len() >= needed,
-        "the cache holds every row"
-    );
+    for seq in sequences {
+        assert!(
+            seq.offset + seq.sets.len() <= total,
+            "the sequence's rows are in the batch"
+        );
+        let rows_used = seq.base + seq.sets.iter().flatten().map(|&a| a + 1).max().unwrap_or(0);
+        let needed = rows_used * kv_heads * hd;
+        assert!(
+            seq.keys.len() >= needed && seq.values.len() >= needed,
+            "the cache holds every row"
+        );
+    }
     let rep = heads / kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let dst = Out::new(out, heads * hd);
@@ -358,7 +368,23 @@ pub fn attend(
     // row is read once for all of them; a head's arithmetic is the same either way.
     let group = if rep <= MAX_GROUP { rep } else { 1 };
     let groups = heads / group;
+    // Each sequence's first work item.
+    let mut starts = Vec::with_capacity(sequences.len());
+    let mut items = 0;
+    for seq in sequences {
+        starts.push(items);
+        items += groups * seq.sets.len();
+    }
     let one = |item: usize| {
+        let at = starts.partition_point(|&s| s <= item) - 1;
+        let SequenceCache {
+            keys,
+            values,
+            sets,
+            base,
+            offset,
+        } = sequences[at];
+        let item = item - starts[at];
         let (first, i) = ((item / sets.len()) * group, item % sets.len());
         let g = first / rep;
         let row = offset + i;
@@ -403,7 +429,7 @@ pub fn attend(
             }
         });
     };
-    candle_core::utils::barrier_pool().execute_chunked(groups * sets.len(), |range| {
+    candle_core::utils::barrier_pool().execute_chunked(items, |range| {
         for item in range {
             one(item)
         }
@@ -428,12 +454,18 @@ mod tests {
         let mut out = vec![0f32; total * heads * hd];
         let shape = AttnShape {
             total,
-            offset,
             heads,
             kv_heads,
             head_dim: hd,
         };
-        attend(simd, &q, &keys, &vals, &sets, base, shape, &mut out);
+        let seq = SequenceCache {
+            keys: &keys,
+            values: &vals,
+            sets: &sets,
+            base,
+            offset,
+        };
+        attend(simd, &q, &[seq], shape, &mut out);
         out
     }
 
@@ -453,21 +485,19 @@ mod tests {
         let mut alone = vec![0f32; heads * hd];
         let shape = AttnShape {
             total: 1,
-            offset: 0,
             heads,
             kv_heads: 2,
             head_dim: hd,
         };
-        attend(
-            Simd::detect(),
-            &q_one,
-            &keys,
-            &vals,
-            &[(0..t).collect()],
+        let sets = [(0..t).collect()];
+        let seq = SequenceCache {
+            keys: &keys,
+            values: &vals,
+            sets: &sets,
             base,
-            shape,
-            &mut alone,
-        );
+            offset: 0,
+        };
+        attend(Simd::detect(), &q_one, &[seq], shape, &mut alone);
         let row = 2 + t - 1;
         let same = alone
             .iter()
@@ -512,23 +542,76 @@ mod tests {
         let mut out = vec![0f32; heads * hd];
         let shape = AttnShape {
             total: 1,
-            offset: 0,
             heads,
             kv_heads,
             head_dim: hd,
         };
+        let sets = [vec![0]];
+        let seq = SequenceCache {
+            keys: &keys,
+            values: &vals,
+            sets: &sets,
+            base,
+            offset: 0,
+        };
+        attend(Simd::detect(), &q, &[seq], shape, &mut out);
+        for (i, o) in out.iter().enumerate() {
+            assert!((o - (i % hd) as f32).abs() < 1e-4, "{i}: {o}");
+        }
+    }
+
+    #[test]
+    fn sequences_in_one_call_get_the_bits_each_gets_alone() {
+        let (heads, kv_heads, hd, total) = (6, 2, 16, 9);
+        let q = values(heads * total * hd, 6);
+        let shape = AttnShape {
+            total,
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        // A chain of 4 after 30 rows at rows 0..4, a branching tree of 3 after 11 rows
+        // at rows 4..7, an empty sequence, then one token after 50 rows at row 8.
+        let caches: Vec<(Vec<f32>, Vec<f32>)> = [34usize, 14, 0, 51]
+            .iter()
+            .enumerate()
+            .map(|(s, &rows)| {
+                let seed = 10 + 2 * s as u64;
+                let row = kv_heads * hd;
+                (values(rows * row, seed), values(rows * row, seed + 1))
+            })
+            .collect();
+        let sets: [Vec<Vec<usize>>; 4] = [
+            (0..4).map(|i| (0..=i).collect()).collect(),
+            vec![vec![0], vec![0, 1], vec![0, 2]],
+            vec![],
+            vec![vec![0]],
+        ];
+        let (bases, offsets) = ([30, 11, 0, 50], [0, 4, 7, 8]);
+        let seq = |s: usize| SequenceCache {
+            keys: &caches[s].0,
+            values: &caches[s].1,
+            sets: &sets[s],
+            base: bases[s],
+            offset: offsets[s],
+        };
+        let mut together = vec![0f32; total * heads * hd];
         attend(
             Simd::detect(),
             &q,
-            &keys,
-            &vals,
-            &[vec![0]],
-            base,
+            &(0..4).map(seq).collect::<Vec<_>>(),
             shape,
-            &mut out,
+            &mut together,
         );
-        for (i, o) in out.iter().enumerate() {
-            assert!((o - (i % hd) as f32).abs() < 1e-4, "{i}: {o}");
+        for s in 0..4 {
+            let mut alone = vec![0f32; total * heads * hd];
+            attend(Simd::detect(), &q, &[seq(s)], shape, &mut alone);
+            let rows = offsets[s] * heads * hd..(offsets[s] + sets[s].len()) * heads * hd;
+            let same = together[rows.clone()]
+                .iter()
+                .zip(&alone[rows])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "sequence {s} differs in the batched call");
         }
     }
 }
