@@ -1,5 +1,5 @@
-//! Attention of one sequence's new tokens, on the host, one query at a time with fixed
-//! summation orders, spread over the CPU threads by (head, query).
+//! Attention of the new tokens of a batch's sequences, on the host, one query at a time
+//! with fixed summation orders, spread over the CPU threads by (sequence, head, query).
 //!
 //! A batched matmul and softmax would sum in an order that depends on the batch and the
 //! row count; with quantized activations such 1e-6 differences flip a rounding and grow
