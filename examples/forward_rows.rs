@@ -27,7 +27,9 @@ fn main() -> anyhow::Result<()> {
     let chain = |n: usize| (0..n as i32).map(|i| i - 1).collect::<Vec<i32>>();
     let mut caches: Vec<KvCache> = (0..sequences).map(|_| KvCache::default()).collect();
     for (s, cache) in caches.iter_mut().enumerate() {
-        let prefix: Vec<u32> = (0..context as u32).map(|i| 100 + (i + 7 * s as u32) % 1000).collect();
+        let prefix: Vec<u32> = (0..context as u32)
+            .map(|i| 100 + (i + 7 * s as u32) % 1000)
+            .collect();
         model.forward(cache, &prefix, &chain(prefix.len()))?;
         cache.commit(&(0..prefix.len()).collect::<Vec<_>>());
     }
