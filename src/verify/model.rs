@@ -228,43 +228,22 @@ impl Linear {
             return Ok(());
         }
         let k = x.len() / rows;
-        let check = |inputs: usize| -> candle_core::Result<()> {
-            if inputs != k || x.len() != rows * k {
-                candle_core::bail!("a weight matrix takes {inputs} inputs, the layer gives {k}");
-            }
-            Ok(())
-        };
+        if x.len() != rows * k {
+            candle_core::bail!("{} inputs are not {rows} whole rows", x.len());
+        }
         match self {
-            Linear::Packed(parts) => {
-                parts.iter().try_for_each(|p| check(p.inputs()))?;
-                resize_for(out, rows, parts.iter().map(|p| p.outputs()).sum());
-                packed_forward(parts, x, rows, out);
-            }
-            Linear::Dense(parts) => {
-                parts.iter().try_for_each(|d| check(d.inputs()))?;
-                resize_for(out, rows, parts.iter().map(|d| d.outputs()).sum());
-                matmul_dense(Simd::detect(), parts, x, rows, out);
-            }
+            Linear::Packed(parts) => packed_product(parts, x, rows, k, out)?,
+            Linear::Dense(parts) => dense_product(parts, x, rows, k, out)?,
             Linear::Mixed(parts) => {
                 let mut products = Vec::with_capacity(parts.len());
                 for w in parts {
                     let mut product = Vec::new();
                     match w {
                         Weights::Packed(p) => {
-                            check(p.inputs())?;
-                            resize_for(&mut product, rows, p.outputs());
-                            packed_forward(std::slice::from_ref(p), x, rows, &mut product);
+                            packed_product(std::slice::from_ref(p), x, rows, k, &mut product)?
                         }
                         Weights::Dense(d) => {
-                            check(d.inputs())?;
-                            resize_for(&mut product, rows, d.outputs());
-                            matmul_dense(
-                                Simd::detect(),
-                                std::slice::from_ref(d),
-                                x,
-                                rows,
-                                &mut product,
-                            );
+                            dense_product(std::slice::from_ref(d), x, rows, k, &mut product)?
                         }
                         Weights::Candle(m) => {
                             let t = Tensor::from_slice(x, (rows, k), &Device::Cpu)?;
@@ -295,15 +274,51 @@ fn resize_for(out: &mut Vec<f32>, rows: usize, width: usize) {
     out.resize(rows * width, 0.0);
 }
 
+/// An error unless a matrix of `inputs` inputs takes rows of `k` values.
+fn check_inputs(inputs: usize, k: usize) -> candle_core::Result<()> {
+    if inputs != k {
+        candle_core::bail!("a weight matrix takes {inputs} inputs, the layer gives {k}");
+    }
+    Ok(())
+}
+
+/// `x (rows × k)` times the packed parts, fused, outputs side by side in `out`.
+fn packed_product(
+    parts: &[PackedMatrix],
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    out: &mut Vec<f32>,
+) -> candle_core::Result<()> {
+    parts.iter().try_for_each(|p| check_inputs(p.inputs(), k))?;
+    resize_for(out, rows, parts.iter().map(|p| p.outputs()).sum());
+    packed_forward(parts, x, rows, k, out);
+    Ok(())
+}
+
+/// `x (rows × k)` times the f32 parts, fused, outputs side by side in `out`.
+fn dense_product(
+    parts: &[DenseMatrix],
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    out: &mut Vec<f32>,
+) -> candle_core::Result<()> {
+    parts.iter().try_for_each(|d| check_inputs(d.inputs(), k))?;
+    resize_for(out, rows, parts.iter().map(|d| d.outputs()).sum());
+    matmul_dense(Simd::detect(), parts, x, rows, out);
+    Ok(())
+}
+
 /// `x (rows × k)` times the packed parts, outputs side by side in `out`; the activations
 /// are quantized once, into a buffer this thread keeps.
-fn packed_forward(parts: &[PackedMatrix], x: &[f32], rows: usize, out: &mut [f32]) {
+fn packed_forward(parts: &[PackedMatrix], x: &[f32], rows: usize, k: usize, out: &mut [f32]) {
     thread_local! {
         static ROWS: std::cell::RefCell<QuantizedRows> = std::cell::RefCell::default();
     }
     ROWS.with(|cell| {
         let mut a = cell.borrow_mut();
-        a.quantize(x, rows, x.len().checked_div(rows).unwrap_or(0));
+        a.quantize(x, rows, k);
         matmul(Simd::detect(), parts, &a, out);
     });
 }
