@@ -125,7 +125,7 @@ fn for_each_column_group(
         column += n;
     }
     let out = Out::new(out, total);
-    candle_core::utils::barrier_pool().execute_chunked(items, |range| {
+    execute_guided(items, |range| {
         for item in range {
             let part = starts.partition_point(|&(s, _)| s <= item) - 1;
             let (first, offset) = starts[part];
@@ -133,6 +133,42 @@ fn for_each_column_group(
             // SAFETY: `offset` < total: this part's columns start there in each row.
             let shifted = unsafe { out.shifted(offset) };
             group(part, c0, width.min(outputs[part] - c0), shifted);
+        }
+    });
+}
+
+/// Run `f` over `0..items` on candle's CPU thread pool, each thread taking a range at a
+/// time from a shared cursor: half of what is left over the thread count, so the ranges
+/// shrink towards the end (guided scheduling) and the threads finish together. (The
+/// pool's `execute_chunked` hands out equal ranges of 1/8 per thread; a thread that takes
+/// the last one while the other has nothing left idles for it, on every call.)
+fn execute_guided(items: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    if items == 0 {
+        return;
+    }
+    let pool = candle_core::utils::barrier_pool();
+    let threads = pool.n_workers() + 1;
+    if threads == 1 {
+        return f(0..items);
+    }
+    let cursor = AtomicUsize::new(0);
+    pool.execute(|_| {
+        let mut start = cursor.load(Ordering::Relaxed);
+        while start < items {
+            let take = ((items - start) / (2 * threads)).max(1);
+            match cursor.compare_exchange_weak(
+                start,
+                start + take,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    f(start..start + take);
+                    start = cursor.load(Ordering::Relaxed);
+                }
+                Err(now) => start = now,
+            }
         }
     });
 }
