@@ -140,8 +140,10 @@ fn for_each_column_group(
 /// Run `f` over `0..items` on candle's CPU thread pool, each thread taking a range at a
 /// time from a shared cursor: half of what is left over the thread count, so the ranges
 /// shrink towards the end (guided scheduling) and the threads finish together. (The
-/// pool's `execute_chunked` hands out equal ranges of 1/8 per thread; a thread that takes
-/// the last one while the other has nothing left idles for it, on every call.)
+/// pool's `execute_chunked` hands out equal ranges, eight per thread, and the other
+/// thread idled while one ran the last of them, on every call.) Unlike
+/// `execute_chunked`, it must not be called from inside a job of the pool, whose call
+/// lock it would wait on forever; the kernels run from the engine's thread.
 fn execute_guided(items: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     if items == 0 {
