@@ -80,17 +80,18 @@ pub(super) fn expand_path<T: Expand>(
             }
         }
         // Children below this count cannot reach min_prob: the tree need not look at them.
-        let Some(child) = tree.best_child(&cur, min_count_for(params, prob, count)) else {
+        let Some((token, child_count)) =
+            tree.step_to_best_child(&mut cur, min_count_for(params, prob, count))
+        else {
             break;
         };
-        let next = prob * (child.count as f32 / count as f32);
+        let next = prob * (child_count as f32 / count as f32);
         if next < params.min_prob {
             break;
         }
         prob = next;
         let parent = d.len() as i32 - 1;
-        d.push(child.token, parent, prob);
-        cur = child.cursor;
+        d.push(token, parent, prob);
     }
 }
 

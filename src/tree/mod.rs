@@ -135,6 +135,16 @@ pub trait Expand {
         out.into_iter().next()
     }
 
+    /// [`Expand::best_child`] in place: moves `cursor` to the most likely child, if any has
+    /// a count of at least `min_count`, and returns that child's token and count. On
+    /// `None` the cursor is unchanged. A tree whose cursors own buffers overrides it to
+    /// reuse them: a path draft takes one such step per token.
+    fn step_to_best_child(&self, cursor: &mut Self::Cursor, min_count: u32) -> Option<(u32, u32)> {
+        let child = self.best_child(cursor, min_count)?;
+        *cursor = child.cursor;
+        Some((child.token, child.count))
+    }
+
     /// The child of `cursor` for `token`, if there is one.
     fn child(&self, cursor: &Self::Cursor, token: u32) -> Option<Child<Self::Cursor>> {
         let mut out = Vec::new();

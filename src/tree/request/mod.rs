@@ -482,6 +482,39 @@ impl Expand for RequestTree {
         })
     }
 
+    fn step_to_best_child(&self, c: &mut RequestCursor, min_count: u32) -> Option<(u32, u32)> {
+        if c.depth >= self.max_depth {
+            return None;
+        }
+        // As `best_child`, without building a new list of ends at every step.
+        let (token, count) = {
+            let mut next = self.next_tokens(c);
+            let (token, (_, first)) = next.next()?;
+            let mut count = first;
+            let mut alike = true;
+            for (t, (_, n)) in next {
+                alike &= t == token;
+                count += n;
+            }
+            if alike {
+                (token, count)
+            } else {
+                self.most_frequent_next(c)?
+            }
+        };
+        if count < min_count {
+            return None;
+        }
+        let tokens = &self.tokens;
+        c.ends.retain(|&mut (j, _)| tokens.get(j as usize + 1) == Some(&token));
+        for (j, _) in &mut c.ends {
+            *j += 1;
+        }
+        c.count = count;
+        c.depth += 1;
+        Some((token, count))
+    }
+
     fn child(&self, c: &RequestCursor, token: u32) -> Option<Child<RequestCursor>> {
         if c.depth >= self.max_depth {
             return None;
