@@ -408,12 +408,16 @@ proptest! {
         pattern in prop::collection::vec(0..VOCAB, 1..8),
         repeats in prop_oneof![2usize..60, 60usize..400],
         reply in 0usize..40,
+        cut in 0usize..8,
         seqs in seqs_strategy(),
         tree in any::<bool>(),
     ) {
         // A prompt that repeats a short pattern, and a reply that goes on repeating it:
-        // every match length has a bound above the best score.
-        let prompt: Vec<u32> = pattern.iter().copied().cycle().take(pattern.len() * repeats).collect();
+        // every match length has a bound above the best score. Where the prompt stops
+        // inside a copy (`cut`), the reply starts the pattern over, out of phase: each of
+        // its occurrences then matches back to a different length.
+        let cut = cut % pattern.len();
+        let prompt: Vec<u32> = pattern.iter().copied().cycle().take(pattern.len() * repeats + cut).collect();
         let context: Vec<u32> = prompt.iter().chain(pattern.iter().cycle().take(reply)).copied().collect();
         let t = global_tree(&seqs, 8);
         let mut params = paper(8, 32, 0.1, tree);
@@ -425,6 +429,8 @@ proptest! {
         let (grown, capped) = bounded.last_call_work();
         // Three searches at most (request tree, global tree, both), each capped.
         prop_assert!(grown <= 3 * suffixd::speculate::MAX_GROWN_PER_CALL, "{grown} drafts grown");
+        let rescored = bounded.last_call_rescored();
+        prop_assert!(rescored <= 3 * suffixd::speculate::MAX_RESCORED_PER_CALL, "{rescored} examined");
         let mut exhaustive = Speculator::exhaustive();
         let slow = exhaustive.speculate(Some(&r), &t, &context, &params);
         if !capped {

@@ -65,6 +65,16 @@ pub const EXTENDED_WINDOW: usize = 64;
 /// grows the same long draft. Beyond this many, the best found so far is kept.
 pub const MAX_GROWN_PER_CALL: usize = 8;
 
+/// Most candidates examined for one candidate set in one call once a first draft has
+/// been grown. Each costs a pass over the occurrences, to tell its score or to grow it.
+/// Where a reply repeats a period out of phase with the prompt's copies of it, every
+/// occurrence in the reply matches back to a different length, so dozens of match
+/// lengths have bounds above the best score and each is examined to find it loses
+/// (up to 14 per call on `tools/spec-adversarial.sh`'s period-3 stream). Beyond this
+/// many the best found so far is kept. On ShareGPT the steps are the same with this
+/// bound as without; at 6 they are not (2 more in 196,935).
+pub const MAX_RESCORED_PER_CALL: usize = 8;
+
 /// In extended mode, how many occurrences of its longest match (the whole window, or at
 /// least [`crate::tree::LONG_MATCH`] tokens) the request tree looks for before it stops:
 /// a cursor keeps no more, so older ones could only add a longer match further back,
@@ -128,6 +138,9 @@ struct Scratch {
     candidates: Vec<usize>,
     /// Drafts grown in the current call, over every search.
     grown: usize,
+    /// Candidates examined after the first draft (told or grown) in the current call,
+    /// over every search.
+    rescored: usize,
     /// Whether a search of the current call stopped at [`MAX_GROWN_PER_CALL`] with
     /// candidates left whose bound could still win.
     capped: bool,
@@ -161,6 +174,13 @@ impl<C: Clone> Speculator<C> {
     #[doc(hidden)]
     pub fn last_call_work(&self) -> (usize, bool) {
         (self.drafts.grown, self.drafts.capped)
+    }
+
+    /// Candidates the last call examined once a first draft was grown, whether their
+    /// score was told without growing or not (tests check [`MAX_RESCORED_PER_CALL`]).
+    #[doc(hidden)]
+    pub fn last_call_rescored(&self) -> usize {
+        self.drafts.rescored
     }
 
     /// Request-tree occurrences the last call matched against its context, less the
@@ -197,6 +217,7 @@ impl<C: Clone> Speculator<C> {
         // request tree is matched, unless the last call did not search it: the call
         // after a skipped search usually skips it too.
         self.drafts.grown = 0;
+        self.drafts.rescored = 0;
         self.drafts.capped = false;
         let early = (!self.skipped_global).then(|| self.global.prefetch(global, context));
         let local_pmax = match request {
@@ -581,8 +602,9 @@ impl<C: Clone> Speculator<C> {
 /// beat the best so far, nor reach `floor` (the score of a draft found elsewhere that
 /// wins ties). `bound(p)` must be at least the score `eval(p)` can give.
 /// With `exhaustive`, every p is tried, as the reference loop does. Otherwise at most
-/// [`MAX_GROWN_PER_CALL`] drafts are grown: the result is the exhaustive one whenever
-/// the search ends before that (`capped` stays false), and the best of those grown after.
+/// [`MAX_GROWN_PER_CALL`] drafts are grown and [`MAX_RESCORED_PER_CALL`] candidates
+/// examined after the first: the result is the exhaustive one whenever the search ends
+/// before either (`capped` stays false), and the best of those grown after.
 ///
 /// `eval(p, floor, d)` grows the draft for `p` into `d` (cleared, its buffers reused),
 /// or returns false where `p` has no match. It may stop growing once the draft's score
@@ -606,6 +628,7 @@ fn best_over_p(
         next,
         order,
         grown: grown_in_call,
+        rescored: rescored_in_call,
         capped,
         ..
     } = drafts;
@@ -632,15 +655,24 @@ fn best_over_p(
     let mut best_p = 0;
     let mut grown = 0;
     let mut best_changed = false;
+    let mut rescored = 0;
     for &(b, p) in order.iter() {
+        // The order is by bound, then p, both falling: no later candidate can win either.
         if b < best.score || (b == best.score && p < best_p) {
-            continue;
+            break;
         }
-        if !best.is_empty()
-            && let Some(score) = rescore(p, best, std::mem::take(&mut best_changed))
-            && (score < best.score || (score == best.score && p < best_p))
-        {
-            continue;
+        if !best.is_empty() {
+            if rescored == MAX_RESCORED_PER_CALL {
+                *capped = true;
+                break;
+            }
+            rescored += 1;
+            *rescored_in_call += 1;
+            if let Some(score) = rescore(p, best, std::mem::take(&mut best_changed))
+                && (score < best.score || (score == best.score && p < best_p))
+            {
+                continue;
+            }
         }
         if grown == MAX_GROWN_PER_CALL {
             *capped = true;
