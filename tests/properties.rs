@@ -728,6 +728,36 @@ fn a_long_run_of_one_token_grows_a_bounded_number_of_drafts() {
     assert_eq!(capped_calls, 0);
 }
 
+/// A reply that repeats a short period out of phase with the prompt's copies of it (the
+/// prompt stops inside a copy, the reply starts the pattern over): every occurrence in
+/// the reply matches back to the junction, each to its own length, and dozens of match
+/// lengths have bounds above the best score. Each search examines at most
+/// `MAX_RESCORED_PER_CALL` of them after its first draft, the cap is reached, and the
+/// drafts still follow the period and score no better than the exhaustive search's.
+#[test]
+fn a_reply_out_of_phase_examines_a_bounded_number_of_candidates() {
+    use suffixd::speculate::MAX_RESCORED_PER_CALL;
+    let pattern = [5u32, 5, 9];
+    let prompt: Vec<u32> = pattern.iter().copied().cycle().take(1000).collect();
+    let params = SpecParams::default();
+    let mut r = RequestTree::new(&prompt, params.request_depth());
+    let t = suffixd::tree::GlobalTree::new(24).unwrap();
+    let mut s = Speculator::new();
+    let mut context = prompt.clone();
+    let mut capped_calls = 0;
+    for &next in pattern.iter().cycle().take(128) {
+        let d = s.speculate(Some(&r), &t, &context, &params);
+        let rescored = s.last_call_rescored();
+        assert!(rescored <= 3 * MAX_RESCORED_PER_CALL, "{rescored} candidates examined");
+        capped_calls += s.last_call_work().1 as usize;
+        let slow = Speculator::exhaustive().speculate(Some(&r), &t, &context, &params);
+        assert!(d.score <= slow.score + 1e-4);
+        r.extend(&[next]);
+        context.push(next);
+    }
+    assert!(capped_calls > 0, "the cap was never reached");
+}
+
 /// Issue 21: on runs, short periods and looping replies, at prompts of 1k to 32k tokens,
 /// in both modes and both draft shapes, a call visits a bounded number of occurrences
 /// and grows a bounded number of drafts, and each draft follows the repetition.
