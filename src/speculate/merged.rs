@@ -137,6 +137,20 @@ impl<A: Expand, B: Expand> Expand for Merged<'_, A, B> {
         best.filter(|b| b.count >= min_count)
     }
 
+    fn step_to_best_child(&self, c: &mut Self::Cursor, min_count: u32) -> Option<(u32, u32)> {
+        // A path only one tree has steps in that tree, in place (see `best_child`).
+        let min_count = min_count.max(1);
+        match c {
+            (Some(x), None) => self.a.step_to_best_child(x, min_count),
+            (None, Some(y)) => self.b.step_to_best_child(y, min_count),
+            _ => {
+                let child = self.best_child(c, min_count)?;
+                *c = child.cursor;
+                Some((child.token, child.count))
+            }
+        }
+    }
+
     fn continuation_beyond_depth(&self, c: &Self::Cursor, max: usize) -> &[u32] {
         match (&c.0, &c.1) {
             (Some(x), None) => self.a.continuation_beyond_depth(x, max),

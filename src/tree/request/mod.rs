@@ -825,6 +825,45 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Stepping a cursor in place goes where `best_child` leads, with the same token,
+        /// count and occurrences, step after step, and leaves it alone where there is none.
+        #[test]
+        fn stepping_in_place_follows_best_child(
+            pattern in proptest::collection::vec(0u32..4, 1..9),
+            repeats in 1usize..60,
+            noise in proptest::collection::vec((0usize..400, 0u32..6), 0..6),
+            reply in proptest::collection::vec(0u32..4, 0..30),
+            p in 1usize..20,
+            min_count in 0u32..6,
+            max_depth in proptest::prop_oneof![proptest::strategy::Just(usize::MAX), 4usize..30],
+        ) {
+            let prompt = repeated_with_noise(&pattern, repeats, &noise);
+            let mut t = RequestTree::new(&prompt, max_depth);
+            t.extend(&reply);
+            let context = t.tokens().to_vec();
+            let window = &context[context.len().saturating_sub(p)..];
+            let mut m = Vec::new();
+            t.match_lengths(window, p, usize::MAX, 24, &mut m);
+            let Some(mut cursor) = t.cursor_at(&m, p, 24) else {
+                return Ok(());
+            };
+            for _ in 0..30 {
+                let child = t.best_child(&cursor, min_count);
+                let before = cursor.clone();
+                let stepped = t.step_to_best_child(&mut cursor, min_count);
+                proptest::prop_assert_eq!(stepped, child.as_ref().map(|k| (k.token, k.count)));
+                let Some(child) = child else {
+                    proptest::prop_assert_eq!(&cursor.ends, &before.ends);
+                    proptest::prop_assert_eq!((cursor.count, cursor.depth), (before.count, before.depth));
+                    break;
+                };
+                proptest::prop_assert_eq!(&cursor.ends, &child.cursor.ends);
+                proptest::prop_assert_eq!((cursor.count, cursor.depth), (child.cursor.count, child.cursor.depth));
+            }
+        }
+    }
+
     #[test]
     fn empty_prompt_and_depth_limit() {
         let mut t = RequestTree::new(&[], 2);
