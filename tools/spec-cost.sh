@@ -11,8 +11,10 @@
 # last-level miss. Environment: SHARED (default ../shared), WARM (default 15266), TEST
 # (default 150 requests; callgrind runs about 50 times slower than native), MODE
 # (default extended), SHAPE (default linear), LL (default 8388608,16,64: an 8 MiB
-# 16-way cache, about one core's share of a server's L3). Needs valgrind (apt install
-# valgrind).
+# 16-way cache, about one core's share of a server's L3), TEST_FILE and WARM_FILE (default
+# ShareGPT's test and train streams; e.g. TEST_FILE=target/spec-adversarial/period-3.jsonl.zst
+# WARM=4000 counts one of `tools/spec-adversarial.sh`'s streams). Needs valgrind (apt
+# install valgrind).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED="${SHARED:-../shared}"
@@ -22,6 +24,8 @@ MODE="${MODE:-extended}"
 SHAPE="${SHAPE:-linear}"
 LL="${LL:-8388608,16,64}"
 DATA="$SHARED/data/sharegpt"
+TEST_FILE="${TEST_FILE:-$DATA/test.jsonl.zst}"
+WARM_FILE="${WARM_FILE:-$DATA/train.jsonl.zst}"
 command -v valgrind >/dev/null || { echo "valgrind is needed: apt install valgrind" >&2; exit 1; }
 BINS=("$@")
 if [ ${#BINS[@]} -eq 0 ]; then
@@ -30,7 +34,7 @@ if [ ${#BINS[@]} -eq 0 ]; then
 fi
 OUT=target/spec-cost
 mkdir -p "$OUT"
-ARGS=(simulate --warm "$DATA/train.jsonl.zst" --warm-limit "$WARM" --test "$DATA/test.jsonl.zst"
+ARGS=(simulate --warm "$WARM_FILE" --warm-limit "$WARM" --test "$TEST_FILE"
       --test-limit "$TEST" "--$SHAPE" --mode "$MODE" --json)
 
 echo "binary  steps  instructions/call  L1d misses/call  LL misses/call  tokens/step"
