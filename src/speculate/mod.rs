@@ -141,8 +141,8 @@ struct Scratch {
     /// Candidates examined after the first draft (told or grown) in the current call,
     /// over every search.
     rescored: usize,
-    /// Whether a search of the current call stopped at [`MAX_GROWN_PER_CALL`] with
-    /// candidates left whose bound could still win.
+    /// Whether a search of the current call stopped at [`MAX_GROWN_PER_CALL`] or
+    /// [`MAX_RESCORED_PER_CALL`] with candidates left whose bound could still win.
     capped: bool,
 }
 
@@ -169,8 +169,9 @@ impl<C: Clone> Speculator<C> {
         self
     }
 
-    /// Drafts grown by the last call, and whether [`MAX_GROWN_PER_CALL`] cut one of its
-    /// searches short (tests check the bound, and that an uncut search is exact).
+    /// Drafts grown by the last call, and whether [`MAX_GROWN_PER_CALL`] or
+    /// [`MAX_RESCORED_PER_CALL`] cut one of its searches short (tests check the bounds,
+    /// and that an uncut search is exact).
     #[doc(hidden)]
     pub fn last_call_work(&self) -> (usize, bool) {
         (self.drafts.grown, self.drafts.capped)
