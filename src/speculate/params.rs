@@ -46,7 +46,8 @@ impl Default for SpecParams {
 }
 
 impl SpecParams {
-    /// The depth limit a [`RequestTree`] should be built with for these parameters.
+    /// The depth limit a [`RequestTree`](crate::tree::RequestTree) should be built with
+    /// for these parameters.
     pub fn request_depth(&self) -> usize {
         match self.mode {
             SpecMode::Paper => self.max_depth,
