@@ -748,7 +748,10 @@ fn a_reply_out_of_phase_examines_a_bounded_number_of_candidates() {
     for &next in pattern.iter().cycle().take(128) {
         let d = s.speculate(Some(&r), &t, &context, &params);
         let rescored = s.last_call_rescored();
-        assert!(rescored <= 3 * MAX_RESCORED_PER_CALL, "{rescored} candidates examined");
+        assert!(
+            rescored <= 3 * MAX_RESCORED_PER_CALL,
+            "{rescored} candidates examined"
+        );
         capped_calls += s.last_call_work().1 as usize;
         let slow = Speculator::exhaustive().speculate(Some(&r), &t, &context, &params);
         assert!(d.score <= slow.score + 1e-4);

@@ -506,7 +506,8 @@ impl Expand for RequestTree {
             return None;
         }
         let tokens = &self.tokens;
-        c.ends.retain(|&mut (j, _)| tokens.get(j as usize + 1) == Some(&token));
+        c.ends
+            .retain(|&mut (j, _)| tokens.get(j as usize + 1) == Some(&token));
         for (j, _) in &mut c.ends {
             *j += 1;
         }
