@@ -37,7 +37,7 @@
 //! a node), `bounds` (the upper bounds that let the search skip a p), `rescore` (exact
 //! scores without growing) and `merged` (the response so far read as global evidence).
 
-use crate::tree::{GlobalCursor, GlobalIndex, Match, RequestTree};
+use crate::tree::{GlobalCursor, GlobalIndex, MAX_CURSOR_ENDS, Match, RequestTree};
 
 mod bounds;
 mod cursors;
@@ -547,9 +547,22 @@ impl<C: Clone> Speculator<C> {
                 _ => params.budget(p) as f32,
             }
         };
+        // Beyond the global match (so for p + 1 too) a candidate reads the response
+        // alone. Where p + 1 has the same occurrences there (nested sets of equal size,
+        // under the cursor's cap), p grows the same path with a budget no larger, and
+        // ties go to the longer p: as in the request tree's search, it cannot win.
+        let same_as_longer = |p: usize| {
+            p > global_pmax
+                && p < p_max
+                && p < request.max_depth()
+                && matches!(
+                    (response.occurrences(p), response.occurrences(p + 1)),
+                    (Some(n), Some(m)) if n == m && (n as usize) < MAX_CURSOR_ENDS
+                )
+        };
         best_over_p(
             &mut self.drafts,
-            1..=p_max,
+            (1..=p_max).filter(|&p| !same_as_longer(p)),
             p_max,
             self.exhaustive,
             floor,
