@@ -39,6 +39,15 @@ pub(super) struct OccurrenceBounds {
 }
 
 impl OccurrenceBounds {
+    /// Bounds with room for `candidates` p and `near_end` occurrences near the end.
+    pub(super) fn with_capacity(candidates: usize, near_end: usize) -> Self {
+        OccurrenceBounds {
+            at_least: Vec::with_capacity(candidates + 2),
+            near_end: Vec::with_capacity(near_end),
+            ..Self::default()
+        }
+    }
+
     /// Prepare the bounds for p up to `p_max`, from `matches` (most recent first, as
     /// `RequestTree::match_lengths` gives them) in a request of `len` tokens; drafts are
     /// at most `horizon` tokens long. Only the part of each occurrence from position

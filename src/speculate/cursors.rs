@@ -16,14 +16,15 @@ pub(super) struct GlobalMatches<C> {
     previous: Vec<C>,
 }
 
-impl<C> Default for GlobalMatches<C> {
-    fn default() -> Self {
+impl<C> GlobalMatches<C> {
+    /// No cursors yet, with room for `depth` of them.
+    pub(super) fn with_capacity(depth: usize) -> Self {
         Self {
             version: 0,
             context_len: 0,
-            tail: Vec::new(),
-            cursors: Vec::new(),
-            previous: Vec::new(),
+            tail: Vec::with_capacity(depth),
+            cursors: Vec::with_capacity(depth),
+            previous: Vec::with_capacity(depth),
         }
     }
 }

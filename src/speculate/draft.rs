@@ -35,6 +35,16 @@ pub struct Draft {
 }
 
 impl Draft {
+    /// An empty draft with room for `n` tokens.
+    pub(super) fn with_capacity(n: usize) -> Self {
+        Draft {
+            tokens: Vec::with_capacity(n),
+            parents: Vec::with_capacity(n),
+            probs: Vec::with_capacity(n),
+            ..Draft::default()
+        }
+    }
+
     /// Number of draft tokens.
     pub fn len(&self) -> usize {
         self.tokens.len()

@@ -85,6 +85,20 @@ pub const ENOUGH_FULL_MATCHES: usize = crate::tree::MAX_CURSOR_ENDS;
 /// them (see [`rescore`]) when the context has at least this many earlier occurrences.
 const RESCORE_FROM_MATCHES: usize = 32;
 
+/// Room reserved at construction for the request tree's matches: more than ordinary and
+/// repetitive contexts list (69 on a reply out of phase with a period-3 prompt), so that
+/// no call, the first included, grows the buffers (growing them took 97 reallocations
+/// and about half the time of the first call of a process on `tools/spec-adversarial.sh`'s
+/// streams).
+const RESERVED_MATCHES: usize = 256;
+
+/// Room reserved at construction for each draft (the default `max_spec` is 24).
+const RESERVED_DRAFT: usize = 64;
+
+/// Room reserved for the candidate p of a search: p is below 128 (the depth limit, or
+/// the extended window).
+const RESERVED_CANDIDATES: usize = 128;
+
 /// Reusable speculation state: scratch buffers, so that a call does not allocate, and
 /// the global-tree cursors of the previous call, so that the next call on a longer
 /// context only steps them over the new tokens.
@@ -106,12 +120,12 @@ pub struct Speculator<C = GlobalCursor> {
 impl<C> Default for Speculator<C> {
     fn default() -> Self {
         Self {
-            matches: Vec::new(),
+            matches: Vec::with_capacity(RESERVED_MATCHES),
             exhaustive: false,
             skipped_global: false,
-            global: GlobalMatches::default(),
-            drafts: Scratch::default(),
-            rescorer: PathRescorer::default(),
+            global: GlobalMatches::with_capacity(EXTENDED_WINDOW),
+            drafts: Scratch::reserved(),
+            rescorer: PathRescorer::with_capacity(RESERVED_MATCHES, RESERVED_DRAFT),
         }
     }
 }
@@ -146,8 +160,26 @@ struct Scratch {
     capped: bool,
 }
 
+impl Scratch {
+    /// Scratch space with the room reserved that speculation on ordinary input needs.
+    fn reserved() -> Self {
+        let draft = || Draft::with_capacity(RESERVED_DRAFT);
+        let bounds = || OccurrenceBounds::with_capacity(RESERVED_CANDIDATES, RESERVED_DRAFT);
+        Scratch {
+            best: draft(),
+            next: draft(),
+            local: draft(),
+            order: Vec::with_capacity(RESERVED_CANDIDATES),
+            request_bounds: bounds(),
+            response_bounds: bounds(),
+            candidates: Vec::with_capacity(RESERVED_CANDIDATES),
+            ..Scratch::default()
+        }
+    }
+}
+
 impl Speculator {
-    /// A speculator for the global tree's cursors, with empty scratch space.
+    /// A speculator for the global tree's cursors, with its scratch space reserved.
     pub fn new() -> Self {
         Self::default()
     }

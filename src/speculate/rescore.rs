@@ -28,6 +28,15 @@ pub(super) struct PathRescorer {
 }
 
 impl PathRescorer {
+    /// A rescorer with room for `matches` matches and paths of `path_len` tokens.
+    pub(super) fn with_capacity(matches: usize, path_len: usize) -> Self {
+        PathRescorer {
+            follows: Vec::with_capacity(matches),
+            at_least: Vec::with_capacity(path_len + 2),
+            path_len: 0,
+        }
+    }
+
     /// Measures how far each of `matches` (most recent first, as `match_lengths` gives
     /// them) goes on with the tokens of `path`. The copies of a run go on as its first
     /// does, for as long as any draft grows.
