@@ -172,6 +172,9 @@ impl OccurrenceBounds {
             return 0.0;
         }
         let total = (here + elsewhere) as f64;
+        // A product instead of a quotient per step: it differs by an ulp of f64, far
+        // inside the rounding margin.
+        let per_occurrence = 1.0 / total;
         let mut gone = 0u32;
         let mut sum = 0.0f64;
         let mut depth = 0usize;
@@ -180,7 +183,7 @@ impl OccurrenceBounds {
             if matched as usize >= p {
                 let until = (after as usize).min(limit);
                 if until > depth {
-                    let prob = (total - gone as f64) / total;
+                    let prob = (total - gone as f64) * per_occurrence;
                     if prob < min_prob as f64 {
                         return finish(sum, limit);
                     }
@@ -191,7 +194,7 @@ impl OccurrenceBounds {
             }
         }
         if depth < limit {
-            let prob = (total - gone as f64) / total;
+            let prob = (total - gone as f64) * per_occurrence;
             if prob >= min_prob as f64 {
                 sum += prob * (limit - depth) as f64;
             }

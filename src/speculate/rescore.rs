@@ -25,6 +25,13 @@ pub(super) struct PathRescorer {
     at_least: Vec<u32>,
     /// The path's length.
     path_len: usize,
+    /// The last score told since [`PathRescorer::follow`]: the candidate's occurrence
+    /// count and limit, and the score. On repetitive text the candidates told one after
+    /// another often hold the same counts along the path (each range swaps an older copy
+    /// for a newer one, both following the whole path), and then the same score.
+    last_told: Option<(u32, usize, Option<f32>)>,
+    /// `at_least` of that candidate, before its suffix sums.
+    last_counts: Vec<u32>,
 }
 
 impl PathRescorer {
@@ -34,6 +41,8 @@ impl PathRescorer {
             follows: Vec::with_capacity(matches),
             at_least: Vec::with_capacity(path_len + 2),
             path_len: 0,
+            last_told: None,
+            last_counts: Vec::with_capacity(path_len + 2),
         }
     }
 
@@ -43,6 +52,7 @@ impl PathRescorer {
     pub(super) fn follow(&mut self, tree: &RequestTree, matches: &[Match], path: &Draft) {
         let tokens = tree.tokens();
         self.path_len = path.len();
+        self.last_told = None;
         self.follows.clear();
         self.follows.extend(matches.iter().map(|m| {
             let after = &tokens[(m.end as usize + 1).min(tokens.len())..];
@@ -74,6 +84,27 @@ impl PathRescorer {
             at_least[follows[i] as usize] += n;
             count += n;
         });
+        if let Some((told_count, told_limit, score)) = self.last_told
+            && (told_count, told_limit) == (count, limit)
+            && self.last_counts == self.at_least
+        {
+            return score;
+        }
+        self.last_counts.clone_from(&self.at_least);
+        let score = self.score_from_counts(count, limit, params);
+        self.last_told = Some((count, limit, score));
+        score
+    }
+
+    /// The score along the path of a candidate with `count` occurrences, of which
+    /// `at_least[k]` follow exactly k of its tokens (the last entry: all of them), at
+    /// most `limit` tokens long; None where the path is not the draft's.
+    fn score_from_counts(
+        &mut self,
+        mut count: u32,
+        limit: usize,
+        params: &SpecParams,
+    ) -> Option<f32> {
         for k in (0..=self.path_len).rev() {
             self.at_least[k] += self.at_least[k + 1];
         }

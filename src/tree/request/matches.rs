@@ -103,6 +103,16 @@ pub(crate) fn for_most_recent(
                 !r.is_run() || r.stride != m.stride || m.end - r.end.min(m.end) >= m.stride
             })
             .map_or(matches.len(), |n| i + n);
+        if block_end == i + 1 {
+            // A run alone: its most recent copies, as many as are left.
+            let n = m.copies_ending_at_or_after(first_end).min(left);
+            if n > 0 {
+                take(i, m.end, n);
+                left -= n;
+            }
+            i = block_end;
+            continue;
+        }
         let block = &matches[i..block_end];
         let available: SmallVec<[u32; 16]> = block
             .iter()
