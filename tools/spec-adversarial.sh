@@ -7,7 +7,11 @@
 # speculation call and tokens/step for each BINARY (default: this checkout's release
 # build), and the peer's native speculation time and tokens/step.
 #
-#   tools/spec-adversarial.sh [BINARY...]        (SHAPE=linear|tree, MODE=extended|paper)
+#   tools/spec-adversarial.sh [BINARY...]        (SHAPE=linear|tree, MODE=extended|paper, ROUNDS=3)
+#
+# Each stream is run ROUNDS times (the peer, then every binary in turn); the table gives
+# the median over rounds of each figure, and each round's mean. Some streams have only
+# a few dozen calls, where one hiccup of this shared machine moves the mean by a third.
 #
 # Streams are written once to target/spec-adversarial/ (tools/make-repetitive-streams.py
 # with ShareGPT test prompts for the loops, tools/make-agentic-workload.py); all but the
@@ -18,6 +22,7 @@ cd "$(dirname "$0")/.."
 SHARED="${SHARED:-../shared}"
 SHAPE="${SHAPE:-linear}"
 MODE="${MODE:-extended}"
+ROUNDS="${ROUNDS:-3}"
 DATA="$SHARED/data/sharegpt"
 PEER_HOME="${PEER_HOME:-$HOME/.cache/suffixd-peer}"
 PEER_PY="$PEER_HOME/.venv/bin/python"
@@ -57,23 +62,29 @@ if [ ! -f "$OUT/random.jsonl.zst" ]; then
 fi
 for s in runs periods periods-repeating period-3 loops agentic random; do
     if [ "$s" = agentic ]; then warm="$OUT/agentic-warm.jsonl.zst"; n=1200; else warm="$DATA/train.jsonl.zst"; n=4000; fi
-    "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$warm" --test-file "$OUT/$s.jsonl.zst" \
-        --train "$n" --test 1000 "--$SHAPE" --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$s.json"
-    i=0
-    for bin in "${BINS[@]}"; do
-        "$bin" simulate --warm "$warm" --warm-limit "$n" --test "$OUT/$s.jsonl.zst" "--$SHAPE" \
-            --mode "$MODE" --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$s.$i.json"
-        i=$((i + 1))
+    for r in $(seq 1 "$ROUNDS"); do
+        "$PEER_PY" "$SHARED/peer/run_arctic.py" --train-file "$warm" --test-file "$OUT/$s.jsonl.zst" \
+            --train "$n" --test 1000 "--$SHAPE" --native-timing 2>/dev/null | tail -n 1 > "$OUT/peer-$s.$r.json"
+        i=0
+        for bin in "${BINS[@]}"; do
+            "$bin" simulate --warm "$warm" --warm-limit "$n" --test "$OUT/$s.jsonl.zst" "--$SHAPE" \
+                --mode "$MODE" --json 2>/dev/null | tail -n 1 > "$OUT/suffixd-$s.$i.$r.json"
+            i=$((i + 1))
+        done
     done
 done
-python3 - "$OUT" "${BINS[@]}" <<'PY'
-import json, sys
-out, bins = sys.argv[1], sys.argv[2:]
-print(f"{'stream':17} {'binary':28} {'mean us':>8} {'p50':>7} {'p99':>8} {'max':>8} {'tok/step':>8} | {'peer us':>7} {'tok/step':>8} | {'ratio':>6}")
+python3 - "$OUT" "$ROUNDS" "${BINS[@]}" <<'PY'
+import json, statistics, sys
+out, rounds, bins = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+med = lambda xs: statistics.median(xs)
+print(f"medians of {rounds} round(s); 'means' lists each round's mean")
+print(f"{'stream':17} {'binary':28} {'mean us':>8} {'p50':>7} {'p99':>8} {'max':>8} {'tok/step':>8} | {'peer us':>7} {'tok/step':>8} | {'ratio':>6} | means")
 for s in ["runs", "periods", "periods-repeating", "period-3", "loops", "agentic", "random"]:
-    p = json.load(open(f"{out}/peer-{s}.json"))
+    peer = [json.load(open(f"{out}/peer-{s}.{r}.json")) for r in range(1, rounds + 1)]
+    pn = med([p["native_spec_us_per_call"] for p in peer])
     for i, b in enumerate(bins):
-        a = json.load(open(f"{out}/suffixd-{s}.{i}.json"))
-        pn = p["native_spec_us_per_call"]
-        print(f"{s:17} {b[-28:]:28} {a['spec_us_per_call']:8.1f} {a['spec_us_p50']:7.1f} {a['spec_us_p99']:8.1f} {a['spec_us_max']:8.1f} {a['tokens_per_step']:8.3f} | {pn:7.1f} {p['tokens_per_step']:8.3f} | {a['spec_us_per_call'] / pn:6.2f}")
+        runs = [json.load(open(f"{out}/suffixd-{s}.{i}.{r}.json")) for r in range(1, rounds + 1)]
+        m = {k: med([a[k] for a in runs]) for k in ["spec_us_per_call", "spec_us_p50", "spec_us_p99", "spec_us_max", "tokens_per_step"]}
+        means = " ".join(f"{a['spec_us_per_call']:.1f}" for a in runs)
+        print(f"{s:17} {b[-28:]:28} {m['spec_us_per_call']:8.1f} {m['spec_us_p50']:7.1f} {m['spec_us_p99']:8.1f} {m['spec_us_max']:8.1f} {m['tokens_per_step']:8.3f} | {pn:7.1f} {peer[0]['tokens_per_step']:8.3f} | {m['spec_us_per_call'] / pn:6.2f} | {means}")
 PY
