@@ -25,12 +25,13 @@ pub(super) struct PathRescorer {
     at_least: Vec<u32>,
     /// The path's length.
     path_len: usize,
-    /// The last score told since [`PathRescorer::follow`]: the candidate's occurrence
-    /// count and limit, and the score. On repetitive text the candidates told one after
-    /// another often hold the same counts along the path (each range swaps an older copy
-    /// for a newer one, both following the whole path), and then the same score.
-    last_told: Option<(u32, usize, Option<f32>)>,
-    /// `at_least` of that candidate, before its suffix sums.
+    /// The last score told since [`PathRescorer::follow`], and the candidate's limit.
+    /// On repetitive text the candidates told one after another often hold the same
+    /// counts along the path (each range swaps an older copy for a newer one, both
+    /// following the whole path), and then the same score.
+    last_told: Option<(usize, Option<f32>)>,
+    /// `at_least` of that candidate, before its suffix sums (their sum is its
+    /// occurrence count, so equal counts here mean an equal candidate).
     last_counts: Vec<u32>,
 }
 
@@ -84,15 +85,15 @@ impl PathRescorer {
             at_least[follows[i] as usize] += n;
             count += n;
         });
-        if let Some((told_count, told_limit, score)) = self.last_told
-            && (told_count, told_limit) == (count, limit)
+        if let Some((told_limit, score)) = self.last_told
+            && told_limit == limit
             && self.last_counts == self.at_least
         {
             return score;
         }
         self.last_counts.clone_from(&self.at_least);
         let score = self.score_from_counts(count, limit, params);
-        self.last_told = Some((count, limit, score));
+        self.last_told = Some((limit, score));
         score
     }
 
