@@ -416,11 +416,16 @@ impl<C: Clone> Speculator<C> {
         let rescorer = &mut self.rescorer;
         let mut candidates = std::mem::take(&mut self.drafts.candidates);
         candidates.clear();
+        // Extended mode has no depth limit, so with α ≥ 0 the limit never falls as p
+        // grows and the range's largest p has the largest: no need to ask every p.
+        let limit_rises = params.mode == SpecMode::Extended && params.spec_factor >= 0.0;
         let mut lo = 1;
         while cuts != 0 {
             let hi = cuts.trailing_zeros() as usize;
             cuts &= cuts - 1;
-            if let Some(p) = (lo..=hi).max_by_key(|&p| (limit(p), p)) {
+            if limit_rises {
+                candidates.push(hi);
+            } else if let Some(p) = (lo..=hi).max_by_key(|&p| (limit(p), p)) {
                 candidates.extend(p..=hi);
             }
             lo = hi + 1;
