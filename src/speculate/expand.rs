@@ -51,6 +51,10 @@ pub(super) fn cannot_reach(d: &Draft, room: usize, prob: f32, floor: f32) -> boo
     (d.score + room as f32 * prob) * (1.0 + 1e-4) < floor
 }
 
+/// Most steps a path draft takes at once where its occurrences go on alike (more than
+/// any default draft: `max_spec` is 24).
+const ALIKE_AHEAD: usize = 64;
+
 /// Grow a single-path draft from `start` into `d`, stopping early once it cannot reach
 /// `floor` (every later token is at most as likely as the last).
 pub(super) fn expand_path<T: Expand>(
@@ -64,11 +68,46 @@ pub(super) fn expand_path<T: Expand>(
     let mut prob = 1.0f32;
     let mut cur = start.clone();
     let extended = params.mode == SpecMode::Extended;
+    let mut ahead = [(0u32, 0u32); ALIKE_AHEAD];
     while d.len() < max_tokens {
-        if cannot_reach(d, max_tokens - d.len(), prob, floor) {
+        // Where every occurrence goes on alike, the steps are known at once; each is
+        // taken by the same checks and arithmetic as the step below.
+        let asked = (max_tokens - d.len()).min(ALIKE_AHEAD);
+        let known = tree.alike_ahead(&cur, &mut ahead[..asked]);
+        let mut count = tree.count(&cur);
+        let mut taken = 0;
+        for &(token, child_count) in &ahead[..known] {
+            if cannot_reach(d, max_tokens - d.len(), prob, floor) {
+                return;
+            }
+            // A single occurrence is read on below (extended mode).
+            if extended && count == 1 {
+                break;
+            }
+            if child_count < min_count_for(params, prob, count) {
+                return;
+            }
+            let next = prob * (child_count as f32 / count as f32);
+            if next < params.min_prob {
+                return;
+            }
+            prob = next;
+            let parent = d.len() as i32 - 1;
+            d.push(token, parent, prob);
+            count = child_count;
+            taken += 1;
+        }
+        if taken > 0 {
+            tree.advance_alike(&mut cur, taken, count);
+            // Fewer steps than asked: the next one is not known at once (the majority
+            // fails, or nothing goes on), so it is taken below.
+            if taken == ALIKE_AHEAD {
+                continue;
+            }
+        }
+        if d.len() >= max_tokens || cannot_reach(d, max_tokens - d.len(), prob, floor) {
             break;
         }
-        let count = tree.count(&cur);
         if extended && count == 1 {
             let rest = tree.continuation_beyond_depth(&cur, max_tokens - d.len());
             if !rest.is_empty() {

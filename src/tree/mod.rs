@@ -145,6 +145,24 @@ pub trait Expand {
         Some((child.token, child.count))
     }
 
+    /// Where every occurrence at `cursor` that goes on goes on with the same token, for
+    /// a stretch of steps: writes into `steps` (at most its length) each step's token and
+    /// child count, as successive [`Expand::step_to_best_child`] calls would return them
+    /// (before their `min_count` check), and returns how many it wrote. A path draft then
+    /// takes them without asking every occurrence at every step, and moves the cursor
+    /// once with [`Expand::advance_alike`]. The default writes none: the caller steps one
+    /// token at a time.
+    fn alike_ahead(&self, _cursor: &Self::Cursor, _steps: &mut [(u32, u32)]) -> usize {
+        0
+    }
+
+    /// Moves `cursor` down the first `taken` steps that [`Expand::alike_ahead`] wrote
+    /// for it, where the `taken`-th step's child count was `count`: the cursor
+    /// `taken` calls to [`Expand::step_to_best_child`] would leave.
+    fn advance_alike(&self, _cursor: &mut Self::Cursor, taken: usize, _count: u32) {
+        assert_eq!(taken, 0, "alike_ahead wrote no steps");
+    }
+
     /// The child of `cursor` for `token`, if there is one.
     fn child(&self, cursor: &Self::Cursor, token: u32) -> Option<Child<Self::Cursor>> {
         let mut out = Vec::new();

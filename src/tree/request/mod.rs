@@ -42,6 +42,9 @@ pub const LONG_MATCH: usize = 16;
 /// match limit simply walks every occurrence.
 pub const ALIKE_CONTEXT: usize = 65;
 
+/// Most steps [`RequestTree::alike_ahead`](Expand::alike_ahead) reports at once.
+const ALIKE_AHEAD: usize = 64;
+
 /// How many earlier occurrences of a token are tried when looking for one alike with a
 /// new position (a pattern that repeats one token needs the second or third).
 const ALIKE_TRIES: usize = 4;
@@ -501,6 +504,70 @@ impl Expand for RequestTree {
         Some((token, count))
     }
 
+    fn alike_ahead(&self, c: &RequestCursor, steps: &mut [(u32, u32)]) -> usize {
+        // The oldest occurrence has the most tokens after it. Each step, the others that
+        // are still on its path either go on with its token or part from it there (or
+        // have run out); while those going on hold a strict majority, the greedy step
+        // takes its token, whatever the others are (as `most_frequent_next` would), and
+        // keeps only them. So one comparison per occurrence gives every step.
+        let Some(lead) = c.ends.iter().map(|&(j, _)| j as usize).min() else {
+            return 0;
+        };
+        let tokens = &self.tokens;
+        let lead_after = &tokens[(lead + 1).min(tokens.len())..];
+        let room = steps
+            .len()
+            .min(ALIKE_AHEAD)
+            .min(self.max_depth.saturating_sub(c.depth))
+            .min(lead_after.len());
+        if room == 0 {
+            return 0;
+        }
+        // `steps[k].1`: occurrences that follow the lead through step k, as differences
+        // first; `parting[k]`: those that follow it up to step k and part there.
+        let mut parting = [0u32; ALIKE_AHEAD];
+        for (step, &token) in steps[..room].iter_mut().zip(lead_after) {
+            *step = (token, 0);
+        }
+        for &(j, n) in &c.ends {
+            let after = &tokens[j as usize + 1..];
+            let agree = common_prefix_len(after, &lead_after[..room]);
+            if agree > 0 {
+                steps[0].1 += n;
+                if agree < room {
+                    steps[agree].1 = steps[agree].1.wrapping_sub(n);
+                }
+            }
+            if agree < room && agree < after.len() {
+                parting[agree] += n;
+            }
+        }
+        for k in 0..room {
+            if k > 0 {
+                steps[k].1 = steps[k].1.wrapping_add(steps[k - 1].1);
+            }
+            let on_path = steps[k].1;
+            if on_path <= parting[k] {
+                return k;
+            }
+        }
+        room
+    }
+
+    fn advance_alike(&self, c: &mut RequestCursor, taken: usize, count: u32) {
+        let tokens = &self.tokens;
+        let lead = c.ends.iter().map(|&(j, _)| j as usize).min().unwrap_or(0);
+        let path = &tokens[(lead + 1).min(tokens.len())..];
+        let path = &path[..taken.min(path.len())];
+        c.ends
+            .retain(|&mut (j, _)| tokens[j as usize + 1..].starts_with(path));
+        for (j, _) in &mut c.ends {
+            *j += taken as u32;
+        }
+        c.count = count;
+        c.depth += taken;
+    }
+
     fn child(&self, c: &RequestCursor, token: u32) -> Option<Child<RequestCursor>> {
         if c.depth >= self.max_depth {
             return None;
@@ -849,6 +916,51 @@ mod tests {
                 };
                 proptest::prop_assert_eq!(&cursor.ends, &child.cursor.ends);
                 proptest::prop_assert_eq!((cursor.count, cursor.depth), (child.cursor.count, child.cursor.depth));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The steps [`Expand::alike_ahead`] knows at once are those that stepping one
+        /// token at a time takes (token and count), and advancing over any number of them
+        /// leaves the cursor that many steps leave.
+        #[test]
+        fn steps_known_at_once_are_the_steps_taken_one_by_one(
+            pattern in proptest::collection::vec(0u32..4, 1..9),
+            repeats in 1usize..60,
+            noise in proptest::collection::vec((0usize..400, 0u32..6), 0..6),
+            reply in proptest::collection::vec(0u32..4, 0..30),
+            p in 1usize..20,
+            asked in 0usize..40,
+            advance_by in 0usize..40,
+            max_depth in proptest::prop_oneof![proptest::strategy::Just(usize::MAX), 4usize..30],
+        ) {
+            let prompt = repeated_with_noise(&pattern, repeats, &noise);
+            let mut t = RequestTree::new(&prompt, max_depth);
+            t.extend(&reply);
+            let context = t.tokens().to_vec();
+            let window = &context[context.len().saturating_sub(p)..];
+            let mut m = Vec::new();
+            t.match_lengths(window, p, usize::MAX, 24, &mut m);
+            let Some(start) = t.cursor_at(&m, p, 24) else {
+                return Ok(());
+            };
+            let mut steps = vec![(0, 0); asked];
+            let known = t.alike_ahead(&start, &mut steps);
+            proptest::prop_assert!(known <= asked);
+            let mut one_by_one = start.clone();
+            let taken = advance_by.min(known);
+            for (k, &step) in steps[..known].iter().enumerate() {
+                proptest::prop_assert_eq!(t.step_to_best_child(&mut one_by_one, 0), Some(step));
+                if k + 1 == taken {
+                    let mut at_once = start.clone();
+                    t.advance_alike(&mut at_once, taken, step.1);
+                    proptest::prop_assert_eq!(&at_once.ends, &one_by_one.ends);
+                    proptest::prop_assert_eq!(
+                        (at_once.count, at_once.depth),
+                        (one_by_one.count, one_by_one.depth)
+                    );
+                }
             }
         }
     }
