@@ -69,12 +69,20 @@ pub(super) fn expand_path<T: Expand>(
     let mut cur = start.clone();
     let extended = params.mode == SpecMode::Extended;
     let mut ahead = [(0u32, 0u32); ALIKE_AHEAD];
+    // Asked at the start, and again after a step that every occurrence took: on
+    // ordinary text the occurrences part at most steps, and asking would not pay.
+    let mut ask = T::KNOWS_ALIKE_STEPS;
     while d.len() < max_tokens {
         // Where every occurrence goes on alike, the steps are known at once; each is
         // taken by the same checks and arithmetic as the step below.
-        let asked = (max_tokens - d.len()).min(ALIKE_AHEAD);
-        let known = tree.alike_ahead(&cur, &mut ahead[..asked]);
         let mut count = tree.count(&cur);
+        // A single occurrence is read on below (extended mode) in one go.
+        let known = if ask && !(extended && count == 1) {
+            let asked = (max_tokens - d.len()).min(ALIKE_AHEAD);
+            tree.alike_ahead(&cur, &mut ahead[..asked])
+        } else {
+            0
+        };
         let mut taken = 0;
         for &(token, child_count) in &ahead[..known] {
             if cannot_reach(d, max_tokens - d.len(), prob, floor) {
@@ -131,6 +139,7 @@ pub(super) fn expand_path<T: Expand>(
         prob = next;
         let parent = d.len() as i32 - 1;
         d.push(token, parent, prob);
+        ask = T::KNOWS_ALIKE_STEPS && child_count == count;
     }
 }
 

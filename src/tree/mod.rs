@@ -145,6 +145,9 @@ pub trait Expand {
         Some((child.token, child.count))
     }
 
+    /// True when [`Expand::alike_ahead`] can know steps: a path draft then asks it.
+    const KNOWS_ALIKE_STEPS: bool = false;
+
     /// Where every occurrence at `cursor` that goes on goes on with the same token, for
     /// a stretch of steps: writes into `steps` (at most its length) each step's token and
     /// child count, as successive [`Expand::step_to_best_child`] calls would return them

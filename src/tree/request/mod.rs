@@ -42,9 +42,6 @@ pub const LONG_MATCH: usize = 16;
 /// match limit simply walks every occurrence.
 pub const ALIKE_CONTEXT: usize = 65;
 
-/// Most steps [`RequestTree::alike_ahead`](Expand::alike_ahead) reports at once.
-const ALIKE_AHEAD: usize = 64;
-
 /// How many earlier occurrences of a token are tried when looking for one alike with a
 /// new position (a pattern that repeats one token needs the second or third).
 const ALIKE_TRIES: usize = 4;
@@ -504,6 +501,8 @@ impl Expand for RequestTree {
         Some((token, count))
     }
 
+    const KNOWS_ALIKE_STEPS: bool = true;
+
     fn alike_ahead(&self, c: &RequestCursor, steps: &mut [(u32, u32)]) -> usize {
         // The oldest occurrence has the most tokens after it. Each step, the others that
         // are still on its path either go on with its token or part from it there (or
@@ -517,18 +516,28 @@ impl Expand for RequestTree {
         let lead_after = &tokens[(lead + 1).min(tokens.len())..];
         let room = steps
             .len()
-            .min(ALIKE_AHEAD)
             .min(self.max_depth.saturating_sub(c.depth))
             .min(lead_after.len());
         if room == 0 {
             return 0;
         }
-        // `steps[k].1`: occurrences that follow the lead through step k, as differences
-        // first; `parting[k]`: those that follow it up to step k and part there.
-        let mut parting = [0u32; ALIKE_AHEAD];
-        for (step, &token) in steps[..room].iter_mut().zip(lead_after) {
-            *step = (token, 0);
+        // Where the first step is already not the lead's (ordinary text, mostly), one
+        // look at each next token says so.
+        let (mut with_lead, mut against) = (0u32, 0u32);
+        for &(j, n) in &c.ends {
+            match tokens.get(j as usize + 1) {
+                Some(&t) if t == lead_after[0] => with_lead += n,
+                Some(_) => against += n,
+                None => {}
+            }
         }
+        if with_lead <= against {
+            return 0;
+        }
+        // Until the last pass, `steps[k]` holds (occurrences that follow the lead up to
+        // step k and part there, occurrences that follow it through step k as
+        // differences); the last pass writes the tokens over the first.
+        steps[..room].fill((0, 0));
         for &(j, n) in &c.ends {
             let after = &tokens[j as usize + 1..];
             let agree = common_prefix_len(after, &lead_after[..room]);
@@ -539,17 +548,18 @@ impl Expand for RequestTree {
                 }
             }
             if agree < room && agree < after.len() {
-                parting[agree] += n;
+                steps[agree].0 += n;
             }
         }
         for k in 0..room {
             if k > 0 {
                 steps[k].1 = steps[k].1.wrapping_add(steps[k - 1].1);
             }
-            let on_path = steps[k].1;
-            if on_path <= parting[k] {
+            let (parting, on_path) = steps[k];
+            if on_path <= parting {
                 return k;
             }
+            steps[k].0 = lead_after[k];
         }
         room
     }
