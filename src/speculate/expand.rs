@@ -55,6 +55,11 @@ pub(super) fn cannot_reach(d: &Draft, room: usize, prob: f32, floor: f32) -> boo
 /// any default draft: `max_spec` is 24).
 const ALIKE_AHEAD: usize = 64;
 
+/// Fewest occurrences at which a path draft asks for the steps known at once: below it,
+/// one token at a time costs as little (ShareGPT's request-tree cursors mostly hold two
+/// or three occurrences).
+const ALIKE_FROM_OCCURRENCES: u32 = 8;
+
 /// Grow a single-path draft from `start` into `d`, stopping early once it cannot reach
 /// `floor` (every later token is at most as likely as the last).
 pub(super) fn expand_path<T: Expand>(
@@ -68,54 +73,18 @@ pub(super) fn expand_path<T: Expand>(
     let mut prob = 1.0f32;
     let mut cur = start.clone();
     let extended = params.mode == SpecMode::Extended;
-    let mut ahead = [(0u32, 0u32); ALIKE_AHEAD];
-    // Asked at the start, and again after a step that every occurrence took: on
-    // ordinary text the occurrences part at most steps, and asking would not pay.
-    let mut ask = T::KNOWS_ALIKE_STEPS;
+    // A few occurrences step as cheaply one token at a time (ordinary text).
+    if T::KNOWS_ALIKE_STEPS
+        && tree.count(&cur) >= ALIKE_FROM_OCCURRENCES
+        && !take_alike_steps(tree, &mut cur, max_tokens, floor, params, d, &mut prob)
+    {
+        return;
+    }
     while d.len() < max_tokens {
-        // Where every occurrence goes on alike, the steps are known at once; each is
-        // taken by the same checks and arithmetic as the step below.
-        let mut count = tree.count(&cur);
-        // A single occurrence is read on below (extended mode) in one go.
-        let known = if ask && !(extended && count == 1) {
-            let asked = (max_tokens - d.len()).min(ALIKE_AHEAD);
-            tree.alike_ahead(&cur, &mut ahead[..asked])
-        } else {
-            0
-        };
-        let mut taken = 0;
-        for &(token, child_count) in &ahead[..known] {
-            if cannot_reach(d, max_tokens - d.len(), prob, floor) {
-                return;
-            }
-            // A single occurrence is read on below (extended mode).
-            if extended && count == 1 {
-                break;
-            }
-            if child_count < min_count_for(params, prob, count) {
-                return;
-            }
-            let next = prob * (child_count as f32 / count as f32);
-            if next < params.min_prob {
-                return;
-            }
-            prob = next;
-            let parent = d.len() as i32 - 1;
-            d.push(token, parent, prob);
-            count = child_count;
-            taken += 1;
-        }
-        if taken > 0 {
-            tree.advance_alike(&mut cur, taken, count);
-            // Fewer steps than asked: the next one is not known at once (the majority
-            // fails, or nothing goes on), so it is taken below.
-            if taken == ALIKE_AHEAD {
-                continue;
-            }
-        }
-        if d.len() >= max_tokens || cannot_reach(d, max_tokens - d.len(), prob, floor) {
+        if cannot_reach(d, max_tokens - d.len(), prob, floor) {
             break;
         }
+        let count = tree.count(&cur);
         if extended && count == 1 {
             let rest = tree.continuation_beyond_depth(&cur, max_tokens - d.len());
             if !rest.is_empty() {
@@ -139,7 +108,54 @@ pub(super) fn expand_path<T: Expand>(
         prob = next;
         let parent = d.len() as i32 - 1;
         d.push(token, parent, prob);
-        ask = T::KNOWS_ALIKE_STEPS && child_count == count;
+    }
+}
+
+/// The first steps of [`expand_path`] where every occurrence goes on alike
+/// ([`Expand::alike_ahead`]): each taken by the same checks and arithmetic as one step
+/// at a time, then the cursor moved once. False when the draft ended among them; true
+/// when the rest is left to one step at a time (from a step where the occurrences part
+/// without a majority). A single occurrence left among them is stepped through here:
+/// its continuation is what extended mode would read on, at the same probability.
+fn take_alike_steps<T: Expand>(
+    tree: &T,
+    cur: &mut T::Cursor,
+    max_tokens: usize,
+    floor: f32,
+    params: &SpecParams,
+    d: &mut Draft,
+    prob: &mut f32,
+) -> bool {
+    let mut ahead = [(0u32, 0u32); ALIKE_AHEAD];
+    loop {
+        let asked = (max_tokens - d.len()).min(ALIKE_AHEAD);
+        let known = tree.alike_ahead(cur, &mut ahead[..asked]);
+        let mut count = tree.count(cur);
+        let mut taken = 0;
+        for &(token, child_count) in &ahead[..known] {
+            if cannot_reach(d, max_tokens - d.len(), *prob, floor) {
+                return false;
+            }
+            if child_count < min_count_for(params, *prob, count) {
+                return false;
+            }
+            let next = *prob * (child_count as f32 / count as f32);
+            if next < params.min_prob {
+                return false;
+            }
+            *prob = next;
+            let parent = d.len() as i32 - 1;
+            d.push(token, parent, *prob);
+            count = child_count;
+            taken += 1;
+        }
+        if taken > 0 {
+            tree.advance_alike(cur, taken, count);
+        }
+        // Only a full buffer leaves more steps that may be known at once.
+        if taken < ALIKE_AHEAD {
+            return true;
+        }
     }
 }
 
@@ -214,5 +230,73 @@ pub(super) fn expand<T: Expand>(
         expand_tree(tree, start, max_tokens, floor, params, d)
     } else {
         expand_path(tree, start, max_tokens, floor, params, d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{RequestCursor, RequestTree, repeated_with_noise};
+
+    /// The request tree, stepped one token at a time only.
+    struct OneByOne<'a>(&'a RequestTree);
+
+    impl Expand for OneByOne<'_> {
+        type Cursor = RequestCursor;
+
+        fn count(&self, c: &RequestCursor) -> u32 {
+            self.0.count(c)
+        }
+
+        fn children(&self, c: &RequestCursor, min_count: u32, out: &mut Vec<Child<RequestCursor>>) {
+            self.0.children(c, min_count, out)
+        }
+
+        fn step_to_best_child(&self, c: &mut RequestCursor, min_count: u32) -> Option<(u32, u32)> {
+            self.0.step_to_best_child(c, min_count)
+        }
+
+        fn continuation_beyond_depth(&self, c: &RequestCursor, max: usize) -> &[u32] {
+            self.0.continuation_beyond_depth(c, max)
+        }
+    }
+
+    proptest::proptest! {
+        /// A path draft that takes the steps known at once is, token for token and bit
+        /// for bit, the draft grown one step at a time.
+        #[test]
+        fn steps_known_at_once_grow_the_same_draft(
+            pattern in proptest::collection::vec(0u32..4, 1..9),
+            repeats in 1usize..80,
+            noise in proptest::collection::vec((0usize..500, 0u32..6), 0..6),
+            reply in proptest::collection::vec(0u32..4, 0..40),
+            p in 1usize..24,
+            max_tokens in 1usize..100,
+            floor in proptest::prop_oneof![proptest::strategy::Just(0.0f32), 0.0f32..30.0],
+            paper in proptest::bool::ANY,
+        ) {
+            let params = SpecParams {
+                mode: if paper { SpecMode::Paper } else { SpecMode::Extended },
+                ..SpecParams::default()
+            };
+            let prompt = repeated_with_noise(&pattern, repeats, &noise);
+            let mut t = RequestTree::new(&prompt, params.request_depth());
+            t.extend(&reply);
+            let context = t.tokens().to_vec();
+            let window = &context[context.len().saturating_sub(p)..];
+            let mut m = Vec::new();
+            t.match_lengths(window, p, usize::MAX, 24, &mut m);
+            let Some(start) = t.cursor_at(&m, p, max_tokens) else {
+                return Ok(());
+            };
+            let (mut at_once, mut one_by_one) = (Draft::default(), Draft::default());
+            expand_path(&t, &start, max_tokens, floor, &params, &mut at_once);
+            expand_path(&OneByOne(&t), &start, max_tokens, floor, &params, &mut one_by_one);
+            proptest::prop_assert_eq!(&at_once.tokens, &one_by_one.tokens);
+            proptest::prop_assert_eq!(&at_once.parents, &one_by_one.parents);
+            let bits = |d: &Draft| d.probs.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            proptest::prop_assert_eq!(bits(&at_once), bits(&one_by_one));
+            proptest::prop_assert_eq!(at_once.score.to_bits(), one_by_one.score.to_bits());
+        }
     }
 }
