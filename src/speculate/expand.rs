@@ -56,9 +56,11 @@ pub(super) fn cannot_reach(d: &Draft, room: usize, prob: f32, floor: f32) -> boo
 const ALIKE_AHEAD: usize = 64;
 
 /// Fewest occurrences at which a path draft asks for the steps known at once: below it,
-/// one token at a time costs as little (ShareGPT's request-tree cursors mostly hold two
-/// or three occurrences).
-const ALIKE_FROM_OCCURRENCES: u32 = 8;
+/// one token at a time costs about as little, and asking costs a pass (ShareGPT, whose
+/// request-tree cursors mostly hold a few occurrences: 6,447 instructions per call
+/// before, 6,548 asking from 2 occurrences, 6,466 from 8, 6,432 from 32). The same
+/// threshold as telling scores (`RESCORE_FROM_MATCHES`): repetitive text has more.
+const ALIKE_FROM_OCCURRENCES: u32 = 32;
 
 /// Grow a single-path draft from `start` into `d`, stopping early once it cannot reach
 /// `floor` (every later token is at most as likely as the last).
