@@ -207,10 +207,21 @@ fn response(i: u32) -> Vec<u32> {
 /// Waits until `done` holds, for at most 120 s. Idle, every wait here ends within a few
 /// seconds (the whole file runs in about 9 s); with the machine's two cores busy beside
 /// the suite, one convergence took over 30 s, the limit before.
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+fn wait_for(what: &str, done: impl FnMut() -> bool) {
+    wait_for_or(what, done, String::new);
+}
+
+/// [`wait_for`], and on a timeout the replicas' state as `state` gives it: two runs of
+/// `.ci/run` on 2026-11-25 timed out in such waits at 120 s on an idle machine while the
+/// file alone passes in 9 s, and the message said nothing of why.
+fn wait_for_or(what: &str, mut done: impl FnMut() -> bool, state: impl Fn() -> String) {
     let t = Instant::now();
     while !done() {
-        assert!(t.elapsed() < Duration::from_secs(120), "timed out: {what}");
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "timed out: {what}; {}",
+            state()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -240,9 +251,21 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
         e.store.append("default", &response(i)).unwrap();
     }
     c.store.append("default", &response(99)).unwrap();
-    wait_for("a, b and e hold each other's 40 sequences", || {
-        a.cached().len() == 40 && b.cached().len() == 40 && e.cached().len() == 40
-    });
+    wait_for_or(
+        "a, b and e hold each other's 40 sequences",
+        || a.cached().len() == 40 && b.cached().len() == 40 && e.cached().len() == 40,
+        || {
+            format!(
+                "a holds {}: {:?}; b holds {}: {:?}; e holds {}: {:?}",
+                a.cached().len(),
+                a.stats(),
+                b.cached().len(),
+                b.stats(),
+                e.cached().len(),
+                e.stats()
+            )
+        },
+    );
     assert_eq!(a.cached(), b.cached(), "same ids, namespaces and tokens");
     assert_eq!(a.cached(), e.cached());
     for path in [&response(3)[..5], &response(30)[..3], &[120u32, 121][..]] {
@@ -458,7 +481,11 @@ fn a_new_replica_starts_from_the_published_snapshot_and_refuses_a_damaged_one() 
     for i in 10..15 {
         b.store.append("default", &response(i)).unwrap();
     }
-    wait_for("a holds b's 5", || a.cached().len() >= 15);
+    wait_for_or(
+        "a holds b's 5",
+        || a.cached().len() >= 15,
+        || format!("a: {:?}; b: {:?}", a.stats(), b.stats()),
+    );
     assert_eq!(a.cached().len(), 15, "{:?}", a.stats());
     wait_for("a has applied b's records", || a.stats().applied_seq >= 15);
     let (published, snapshot_path) = a.publish_snapshot();
