@@ -238,7 +238,7 @@ pub(super) fn expand<T: Expand>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::{RequestCursor, RequestTree, repeated_with_noise};
+    use crate::tree::{RequestCursor, RequestTree, repeated_with_noise, tree_and_cursor_at_end};
 
     /// The request tree, stepped one token at a time only.
     struct OneByOne<'a>(&'a RequestTree);
@@ -282,13 +282,9 @@ mod tests {
                 ..SpecParams::default()
             };
             let prompt = repeated_with_noise(&pattern, repeats, &noise);
-            let mut t = RequestTree::new(&prompt, params.request_depth());
-            t.extend(&reply);
-            let context = t.tokens().to_vec();
-            let window = &context[context.len().saturating_sub(p)..];
-            let mut m = Vec::new();
-            t.match_lengths(window, p, usize::MAX, 24, &mut m);
-            let Some(start) = t.cursor_at(&m, p, max_tokens) else {
+            let (t, start) =
+                tree_and_cursor_at_end(&prompt, &reply, params.request_depth(), p, max_tokens);
+            let Some(start) = start else {
                 return Ok(());
             };
             let (mut at_once, mut one_by_one) = (Draft::default(), Draft::default());

@@ -21,11 +21,11 @@ pub use global::{
     SeqEntry, Storage, TreeError, TreeParts, TreeStats, WideChild,
 };
 pub(crate) use request::for_most_recent;
-#[cfg(test)]
-pub(crate) use request::repeated_with_noise;
 pub use request::{
     LONG_MATCH, MAX_CURSOR_ENDS, MAX_OCCURRENCES, Match, RequestCursor, RequestTree,
 };
+#[cfg(test)]
+pub(crate) use request::{repeated_with_noise, tree_and_cursor_at_end};
 pub use wide_index::WideIndex;
 
 /// The "no node" index in the arena's `u32` links.

@@ -627,6 +627,27 @@ pub(crate) fn repeated_with_noise(
     out
 }
 
+/// The request tree over `prompt` followed by `reply`, and the cursor of its last `p`
+/// tokens for drafts of at most `horizon` tokens (None where they occur nowhere
+/// earlier): where the property tests of stepping and drafting start.
+#[cfg(test)]
+pub(crate) fn tree_and_cursor_at_end(
+    prompt: &[u32],
+    reply: &[u32],
+    max_depth: usize,
+    p: usize,
+    horizon: usize,
+) -> (RequestTree, Option<RequestCursor>) {
+    let mut t = RequestTree::new(prompt, max_depth);
+    t.extend(reply);
+    let context = t.tokens().to_vec();
+    let window = &context[context.len().saturating_sub(p)..];
+    let mut m = Vec::new();
+    t.match_lengths(window, p, usize::MAX, 24, &mut m);
+    let cursor = t.cursor_at(&m, p, horizon);
+    (t, cursor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -903,13 +924,8 @@ mod tests {
             max_depth in proptest::prop_oneof![proptest::strategy::Just(usize::MAX), 4usize..30],
         ) {
             let prompt = repeated_with_noise(&pattern, repeats, &noise);
-            let mut t = RequestTree::new(&prompt, max_depth);
-            t.extend(&reply);
-            let context = t.tokens().to_vec();
-            let window = &context[context.len().saturating_sub(p)..];
-            let mut m = Vec::new();
-            t.match_lengths(window, p, usize::MAX, 24, &mut m);
-            let Some(mut cursor) = t.cursor_at(&m, p, 24) else {
+            let (t, cursor) = tree_and_cursor_at_end(&prompt, &reply, max_depth, p, 24);
+            let Some(mut cursor) = cursor else {
                 return Ok(());
             };
             for _ in 0..30 {
@@ -946,13 +962,8 @@ mod tests {
             max_depth in proptest::prop_oneof![proptest::strategy::Just(usize::MAX), 4usize..30],
         ) {
             let prompt = repeated_with_noise(&pattern, repeats, &noise);
-            let mut t = RequestTree::new(&prompt, max_depth);
-            t.extend(&reply);
-            let context = t.tokens().to_vec();
-            let window = &context[context.len().saturating_sub(p)..];
-            let mut m = Vec::new();
-            t.match_lengths(window, p, usize::MAX, 24, &mut m);
-            let Some(start) = t.cursor_at(&m, p, 24) else {
+            let (t, start) = tree_and_cursor_at_end(&prompt, &reply, max_depth, p, 24);
+            let Some(start) = start else {
                 return Ok(());
             };
             let mut steps = vec![(0, 0); asked];
