@@ -15,7 +15,7 @@ use super::kernels::Simd;
 use super::kernels::activation::silu_mul;
 use super::kernels::attention::{AttnShape, SequenceCache, attend};
 use super::kernels::dense::{DenseMatrix, matmul_dense};
-use super::kernels::matmul::{QuantizedRows, matmul};
+use super::kernels::matmul::{QuantizedRows, matmul_into};
 use super::kernels::norm::{add_assign, gather_heads, rms_norm};
 use super::kernels::pack::{PackError, PackedMatrix};
 
@@ -284,7 +284,9 @@ fn check_inputs(inputs: usize, k: usize) -> candle_core::Result<()> {
     Ok(())
 }
 
-/// `x (rows × k)` times the packed parts, fused, outputs side by side in `out`.
+/// `x (rows × k)` times the packed parts, fused, outputs side by side in `out`, which is
+/// filled without being zeroed first: the kernel writes every element, and zeroing the
+/// output head's rows cost 1.5–3% of a pass.
 fn packed_product(
     parts: &[PackedMatrix],
     x: &[f32],
@@ -293,8 +295,12 @@ fn packed_product(
     out: &mut Vec<f32>,
 ) -> candle_core::Result<()> {
     parts.iter().try_for_each(|p| check_inputs(p.inputs(), k))?;
-    resize_for(out, rows, parts.iter().map(|p| p.outputs()).sum());
-    packed_forward(parts, x, rows, k, out);
+    let len = rows * parts.iter().map(|p| p.outputs()).sum::<usize>();
+    out.clear();
+    out.reserve(len);
+    packed_forward(parts, x, rows, k, &mut out.spare_capacity_mut()[..len]);
+    // SAFETY: `matmul_into` wrote all `len` elements.
+    unsafe { out.set_len(len) };
     Ok(())
 }
 
@@ -314,14 +320,20 @@ fn dense_product(
 
 /// `x (rows × k)` times the packed parts, outputs side by side in `out`; the activations
 /// are quantized once, into a buffer this thread keeps.
-fn packed_forward(parts: &[PackedMatrix], x: &[f32], rows: usize, k: usize, out: &mut [f32]) {
+fn packed_forward(
+    parts: &[PackedMatrix],
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    out: &mut [std::mem::MaybeUninit<f32>],
+) {
     thread_local! {
         static ROWS: std::cell::RefCell<QuantizedRows> = std::cell::RefCell::default();
     }
     ROWS.with(|cell| {
         let mut a = cell.borrow_mut();
         a.quantize(x, rows, k);
-        matmul(Simd::detect(), parts, &a, out);
+        matmul_into(Simd::detect(), parts, &a, out);
     });
 }
 

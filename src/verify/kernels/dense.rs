@@ -5,7 +5,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
-use super::{Out, Simd, for_each_column_group, reduce_lanes};
+use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
 
 /// An f32 weight matrix `(n outputs, k inputs)`, each column's weights contiguous.
 #[derive(Clone, Debug)]
@@ -125,7 +125,7 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
         return;
     }
     let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
-    for_each_column_group(&outputs, 2, out, |part, c0, cols, out| {
+    for_each_column_group(&outputs, 2, as_uninit(out), |part, c0, cols, out| {
         let w = &parts[part];
         match simd {
             #[cfg(target_arch = "x86_64")]

@@ -23,7 +23,8 @@
 use super::pack::{BLOCK, GROUP, PackedMatrix, grouped_index, place_block, whole_blocks};
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
-use super::{Out, for_each_column_group, reduce_lanes, round_to_integer};
+use super::{Out, as_uninit, for_each_column_group, reduce_lanes, round_to_integer};
+use std::mem::MaybeUninit;
 
 /// Activations quantized for the kernels: per row, `k` signed bytes in the grouped
 /// layout, and per 32-value block a scale, the exact sums of its quants (whole, and its
@@ -877,6 +878,18 @@ fn column_group(
 /// their inputs, and their outputs lie side by side in `out` (`rows × Σ n`).
 /// Columns are spread over candle's CPU thread pool (`CANDLE_NUM_THREADS`).
 pub fn matmul(simd: Simd, parts: &[PackedMatrix], a: &QuantizedRows, out: &mut [f32]) {
+    matmul_into(simd, parts, a, as_uninit(out));
+}
+
+/// [`matmul`] into storage that need not hold values yet: it writes every element of
+/// `out`, so a caller can hand it a vector's spare capacity instead of zeroing it first
+/// (the output head's 49,152 columns: 3 MB at 16 rows, per pass).
+pub fn matmul_into(
+    simd: Simd,
+    parts: &[PackedMatrix],
+    a: &QuantizedRows,
+    out: &mut [MaybeUninit<f32>],
+) {
     assert!(simd.is_available(), "{simd:?} is not available on this CPU");
     let width: usize = parts.iter().map(|p| p.n).sum();
     assert_eq!(out.len(), a.rows * width, "out is rows × Σ n");

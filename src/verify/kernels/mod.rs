@@ -25,6 +25,8 @@ pub mod pack;
 
 pub use matmul::Simd;
 
+use std::mem::MaybeUninit;
+
 /// Eight lanes summed in one fixed order, on every path and for every row count.
 #[inline(always)]
 fn reduce_lanes(l: &[f32; 8]) -> f32 {
@@ -75,8 +77,14 @@ unsafe impl Sync for Out {}
 impl Out {
     /// Rows of `stride` floats in `buffer`.
     fn new(buffer: &mut [f32], stride: usize) -> Out {
+        Out::uninit(as_uninit(buffer), stride)
+    }
+
+    /// Rows of `stride` floats in storage that need not hold values yet: the threads
+    /// only write through it.
+    fn uninit(buffer: &mut [MaybeUninit<f32>], stride: usize) -> Out {
         Out {
-            ptr: buffer.as_mut_ptr(),
+            ptr: buffer.as_mut_ptr().cast(),
             stride,
         }
     }
@@ -105,6 +113,14 @@ impl Out {
     }
 }
 
+/// `out` as storage that the kernels write every element of: old values are simply
+/// overwritten.
+fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and whoever holds the view can
+    // only write initialised floats through it, so `out` stays initialised.
+    unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
+
 /// Run `group(part, c0, cols, out)` for every group of `width` output columns (the last of
 /// a part may be narrower) of a fused projection whose parts have `outputs` columns each,
 /// side by side in `out` (`Σ outputs` floats per row); `out` is shifted to the part's
@@ -112,7 +128,7 @@ impl Out {
 fn for_each_column_group(
     outputs: &[usize],
     width: usize,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
     group: impl Fn(usize, usize, usize, Out) + Sync,
 ) {
     let total: usize = outputs.iter().sum();
@@ -124,7 +140,7 @@ fn for_each_column_group(
         items += n.div_ceil(width);
         column += n;
     }
-    let out = Out::new(out, total);
+    let out = Out::uninit(out, total);
     execute_guided(items, |range| {
         for item in range {
             let part = starts.partition_point(|&(s, _)| s <= item) - 1;
