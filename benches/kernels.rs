@@ -1,7 +1,8 @@
 //! The row-invariant CPU kernels alone: the quantized matmul for each packed format and
 //! the f32 one, at 1, 4, 16 and 64 rows, on the default model's down projection
 //! (1,536 → 576; the K-quants need inputs in whole 256-value blocks) and, for Q8_0 and
-//! Q4_1, on its gate projection (576 → 1,536); and host attention of 1 and 16 queries over 1,024
+//! Q4_1, on its gate projection (576 → 1,536), also with its weights streamed from
+//! memory; and host attention of 1 and 16 queries over 1,024
 //! cached positions with 9 query and 3 key/value heads.
 //!
 //! `cargo bench --bench kernels`; compare medians within one run. The cost of K rows
@@ -99,6 +100,41 @@ fn matmuls(c: &mut Criterion) {
         (n, k),
         &[GgmlDType::Q8_0, GgmlDType::Q4_1],
     );
+    group.finish();
+    streamed(c);
+}
+
+/// The gate projection's shape again, but cycling through 64 copies of the matrix (42 MB
+/// in Q4_1, more than the caches hold), so each multiply streams its weights from memory
+/// as a forward pass does; time per matrix. Against `matmul_576x1536`, whose one matrix
+/// stays in L2, it separates what memory costs from what the kernel costs. (Session 30,
+/// one run, two threads, one row: 24.1 µs streamed against 21.8 µs in L2. So a one-row
+/// pass is not bound by bandwidth, 27 of the 46 GB/s this machine streams: each column
+/// pair's 1,152 multiply-adds cost about 57 ns of a thread, mostly fixed cost.)
+fn streamed(c: &mut Criterion) {
+    const COPIES: usize = 64;
+    let (n, k) = (1536, 576);
+    let simd = Simd::detect();
+    let t = Tensor::from_vec(values(n * k, 3), (n, k), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&t, GgmlDType::Q4_1).unwrap();
+    let copies: Vec<PackedMatrix> = (0..COPIES)
+        .map(|_| PackedMatrix::from_qtensor(&q).unwrap())
+        .collect();
+    let mut group = c.benchmark_group("matmul_576x1536_streamed");
+    for rows in [1, 4, 16] {
+        let x = values(rows * k, 2);
+        let mut a = QuantizedRows::default();
+        let mut out = vec![0f32; rows * n];
+        let mut next = 0;
+        group.bench_function(format!("Q4_1/rows={rows}"), |b| {
+            b.iter(|| {
+                a.quantize(black_box(&x), rows, k);
+                matmul(simd, std::slice::from_ref(&copies[next]), &a, &mut out);
+                next = (next + 1) % COPIES;
+                black_box(&out);
+            })
+        });
+    }
     group.finish();
 }
 
