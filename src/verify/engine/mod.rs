@@ -209,7 +209,7 @@ impl Engine {
         let cut = self.cost.best_cut(fixed_rows, &values);
         for (draft, &k) in drafts.iter_mut().zip(&cut) {
             if k == 0 && !draft.is_empty() {
-                self.calibration.refused(draft.source);
+                self.calibration.refused(draft);
             }
             draft.truncate(k);
         }
