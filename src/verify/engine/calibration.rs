@@ -24,7 +24,7 @@ use crate::speculate::{Draft, DraftSource};
 /// from a 30-token match is a copy, and their counts mean different things. Measured on
 /// `tools/e2e-bench`'s agentic workload with one q per source, the first token of
 /// request-tree drafts grown from a 1-token pattern was accepted 45% of the time where
-/// the corrected counts said 70%, and from 8 tokens or more 95–100% where they said
+/// the corrected counts said 70%, and from 8 to 24 tokens 95–100% where they said
 /// 86–94%: one factor overrated the guesses and underrated the copies.
 #[derive(Clone, Debug)]
 pub(super) struct Calibration {
