@@ -238,7 +238,7 @@ pub(super) fn expand<T: Expand>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::{RequestCursor, RequestTree, repeated_with_noise, tree_and_cursor_at_end};
+    use crate::tree::{RequestCursor, RequestTree, repetitive_prompt, tree_and_cursor_at_end};
 
     /// The request tree, stepped one token at a time only.
     struct OneByOne<'a>(&'a RequestTree);
@@ -268,9 +268,7 @@ mod tests {
         /// for bit, the draft grown one step at a time.
         #[test]
         fn steps_known_at_once_grow_the_same_draft(
-            pattern in proptest::collection::vec(0u32..4, 1..9),
-            repeats in 1usize..80,
-            noise in proptest::collection::vec((0usize..500, 0u32..6), 0..6),
+            prompt in repetitive_prompt(1..80, 500),
             reply in proptest::collection::vec(0u32..4, 0..40),
             p in 1usize..24,
             max_tokens in 1usize..100,
@@ -281,7 +279,6 @@ mod tests {
                 mode: if paper { SpecMode::Paper } else { SpecMode::Extended },
                 ..SpecParams::default()
             };
-            let prompt = repeated_with_noise(&pattern, repeats, &noise);
             let (t, start) =
                 tree_and_cursor_at_end(&prompt, &reply, params.request_depth(), p, max_tokens);
             let Some(start) = start else {

@@ -142,7 +142,7 @@ impl PathRescorer {
 mod tests {
     use super::*;
     use crate::speculate::expand;
-    use crate::tree::repeated_with_noise;
+    use crate::tree::repetitive_prompt;
     use proptest::prelude::*;
 
     /// The draft that growing candidate `p` gives, with the budget the search uses.
@@ -159,14 +159,11 @@ mod tests {
         /// prefix of the leader's path.
         #[test]
         fn a_told_score_is_the_grown_score(
-            pattern in prop::collection::vec(0u32..4, 1..9),
-            repeats in 1usize..40,
-            noise in prop::collection::vec((0usize..400, 0u32..6), 0..6),
+            prompt in repetitive_prompt(1..40, 400),
             reply in prop::collection::vec(0u32..4, 0..30),
             min_prob in 0.0f32..0.6,
             paper in any::<bool>(),
         ) {
-            let prompt = repeated_with_noise(&pattern, repeats, &noise);
             let params = SpecParams {
                 min_prob,
                 mode: if paper { SpecMode::Paper } else { SpecMode::Extended },

@@ -25,7 +25,7 @@ pub use request::{
     LONG_MATCH, MAX_CURSOR_ENDS, MAX_OCCURRENCES, Match, RequestCursor, RequestTree,
 };
 #[cfg(test)]
-pub(crate) use request::{repeated_with_noise, tree_and_cursor_at_end};
+pub(crate) use request::{repetitive_prompt, tree_and_cursor_at_end};
 pub use wide_index::WideIndex;
 
 /// The "no node" index in the arena's `u32` links.

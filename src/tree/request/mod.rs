@@ -627,6 +627,23 @@ pub(crate) fn repeated_with_noise(
     out
 }
 
+/// Property-test prompts: a pattern of 1 to 8 tokens over 4, repeated a number of
+/// times in `repeats`, with up to 5 positions below `noise_span` overwritten by one of 6
+/// tokens ([`repeated_with_noise`]).
+#[cfg(test)]
+pub(crate) fn repetitive_prompt(
+    repeats: std::ops::Range<usize>,
+    noise_span: usize,
+) -> impl proptest::strategy::Strategy<Value = Vec<u32>> {
+    use proptest::strategy::Strategy;
+    (
+        proptest::collection::vec(0u32..4, 1..9),
+        repeats,
+        proptest::collection::vec((0usize..noise_span, 0u32..6), 0..6),
+    )
+        .prop_map(|(pattern, repeats, noise)| repeated_with_noise(&pattern, repeats, &noise))
+}
+
 /// The request tree over `prompt` followed by `reply`, and the cursor of its last `p`
 /// tokens for drafts of at most `horizon` tokens (None where they occur nowhere
 /// earlier): where the property tests of stepping and drafting start.
@@ -915,15 +932,12 @@ mod tests {
         /// occurrences, step after step, and leaves it alone where there is none.
         #[test]
         fn stepping_in_place_goes_to_the_likeliest_child(
-            pattern in proptest::collection::vec(0u32..4, 1..9),
-            repeats in 1usize..60,
-            noise in proptest::collection::vec((0usize..400, 0u32..6), 0..6),
+            prompt in repetitive_prompt(1..60, 400),
             reply in proptest::collection::vec(0u32..4, 0..30),
             p in 1usize..20,
             min_count in 0u32..6,
             max_depth in proptest::prop_oneof![proptest::strategy::Just(usize::MAX), 4usize..30],
         ) {
-            let prompt = repeated_with_noise(&pattern, repeats, &noise);
             let (t, cursor) = tree_and_cursor_at_end(&prompt, &reply, max_depth, p, 24);
             let Some(mut cursor) = cursor else {
                 return Ok(());
@@ -952,16 +966,13 @@ mod tests {
         /// leaves the cursor that many steps leave.
         #[test]
         fn steps_known_at_once_are_the_steps_taken_one_by_one(
-            pattern in proptest::collection::vec(0u32..4, 1..9),
-            repeats in 1usize..60,
-            noise in proptest::collection::vec((0usize..400, 0u32..6), 0..6),
+            prompt in repetitive_prompt(1..60, 400),
             reply in proptest::collection::vec(0u32..4, 0..30),
             p in 1usize..20,
             asked in 0usize..40,
             advance_by in 0usize..40,
             max_depth in proptest::prop_oneof![proptest::strategy::Just(usize::MAX), 4usize..30],
         ) {
-            let prompt = repeated_with_noise(&pattern, repeats, &noise);
             let (t, start) = tree_and_cursor_at_end(&prompt, &reply, max_depth, p, 24);
             let Some(start) = start else {
                 return Ok(());
