@@ -20,7 +20,11 @@ fn model() -> Option<PathBuf> {
     // pool collapses when oversubscribed.
     // SAFETY: set before any thread of this test reads the environment.
     unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    // SUFFIXD_MODEL names the model where the checkout is not where it was built (a
+    // test binary carried to a GPU machine).
+    let p = std::env::var_os("SUFFIXD_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
     if p.exists() {
         return Some(p);
     }
@@ -29,6 +33,26 @@ fn model() -> Option<PathBuf> {
         return None;
     }
     panic!("the default model is missing: run tools/setup.sh (or set SUFFIXD_SKIP_MODEL_TESTS=1)");
+}
+
+/// The device the tests run the model on: the CPU, or with the `cuda` feature and
+/// `SUFFIXD_TEST_DEVICE=cuda`, the first GPU (tools/gpu-check.sh runs them there).
+fn device() -> candle_core::Device {
+    #[cfg(feature = "cuda")]
+    if std::env::var("SUFFIXD_TEST_DEVICE").is_ok_and(|d| d == "cuda") {
+        return candle_core::Device::new_cuda(0).expect("a CUDA GPU");
+    }
+    candle_core::Device::Cpu
+}
+
+/// The weight formats that are exact on `device()`: all of them on the CPU; on a GPU,
+/// those its own kernels run.
+fn exact_formats() -> Vec<WeightFormat> {
+    if device().is_cpu() {
+        vec![WeightFormat::Q8_0, WeightFormat::Native, WeightFormat::F32, WeightFormat::Bf16]
+    } else {
+        vec![WeightFormat::F32, WeightFormat::Bf16]
+    }
 }
 
 fn prompts() -> Vec<String> {
@@ -96,7 +120,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
         &path,
         WeightFormat::default_for_build(),
         1024,
-        &candle_core::Device::Cpu,
+        &device(),
     )
     .unwrap();
     // Verify every draft whole: the most tree verification and KV compaction to check.
@@ -193,7 +217,7 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
         &path,
         WeightFormat::default_for_build(),
         1024,
-        &candle_core::Device::Cpu,
+        &device(),
     )
     .unwrap();
     engine.set_cost_curve(CostCurve::flat());
@@ -312,9 +336,8 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
         let v: Vec<f32> = t.get(row).unwrap().to_vec1().unwrap();
         v.into_iter().map(f32::to_bits).collect()
     };
-    for format in [WeightFormat::Q8_0, WeightFormat::Native, WeightFormat::F32] {
-        let model =
-            Model::load_gguf(&path, &content, format, 256, &candle_core::Device::Cpu).unwrap();
+    for format in exact_formats() {
+        let model = Model::load_gguf(&path, &content, format, 256, &device()).unwrap();
         let prefilled = || {
             let mut cache = KvCache::default();
             model
@@ -358,5 +381,47 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
                 );
             }
         }
+    }
+}
+
+/// On a GPU, its own kernels compute what the CPU's compute: the logits of a prefix and
+/// of a draft agree with the CPU's f32 pass to float32 rounding (relative error under
+/// 1e-3 (summation orders differ) with f32 weights, and with bf16 weights against the
+/// CPU's bf16 values).
+#[test]
+fn the_gpu_pass_agrees_with_the_cpu_pass() {
+    use candle_core::quantized::gguf_file;
+    use suffixd::verify::model::{KvCache, Model};
+    let gpu = device();
+    if gpu.is_cpu() {
+        return;
+    }
+    let Some(path) = model() else { return };
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let context: Vec<u32> = (0..300).map(|i| 300 + 17 * i).collect();
+    let draft: Vec<u32> = vec![1000, 1031, 1062, 1093];
+    let parents = [-1, 0, 0, 2];
+    let chain: Vec<i32> = (0..context.len() as i32).map(|i| i - 1).collect();
+    let logits = |device: &candle_core::Device, format: WeightFormat| -> Vec<f32> {
+        let model = Model::load_gguf(&path, &content, format, 512, device).unwrap();
+        let mut cache = KvCache::default();
+        let first = model.forward(&mut cache, &context, &chain).unwrap();
+        let first: Vec<f32> = first.get(context.len() - 1).unwrap().to_vec1().unwrap();
+        cache.commit(&(0..context.len()).collect::<Vec<_>>());
+        let rest = model.forward(&mut cache, &draft, &parents).unwrap();
+        let mut all = first;
+        all.extend(rest.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        all
+    };
+    for format in [WeightFormat::F32, WeightFormat::Bf16] {
+        let (cpu, dev) = (logits(&candle_core::Device::Cpu, format), logits(&gpu, format));
+        assert_eq!(cpu.len(), dev.len());
+        assert!(dev.iter().all(|x| x.is_finite()), "{format:?}: finite GPU logits");
+        let diff: f64 = cpu.iter().zip(&dev).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
+        let rel = (diff / norm).sqrt();
+        eprintln!("{format:?}: relative difference GPU vs CPU {rel:.3e}");
+        assert!(rel < 1e-3, "{format:?}: GPU logits differ from the CPU's by {rel:.3e}");
     }
 }

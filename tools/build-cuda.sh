@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build suffixd with the `cuda` feature, on any x86_64 Linux machine, with or without a GPU.
 #   tools/build-cuda.sh [extra cargo build flags]
+#   CARGO_COMMAND=test tools/build-cuda.sh [cargo test flags]
 #
 # The CUDA toolkit comes from NVIDIA's packages on PyPI (nvcc with the crt headers and nvvm
 # it needs, the runtime headers, CCCL, NVRTC, cuBLAS, cuRAND), installed into .cuda-toolkit/
@@ -65,6 +66,9 @@ read -r major minor <<<"$release"
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-$((major * 1000 + minor * 10))}"
 echo "nvcc $major.$minor, compute capability $CUDA_COMPUTE_CAP, CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION" >&2
 
-cargo build --release --features cuda --target-dir target/cuda "$@"
+# CARGO_COMMAND=test runs the tests of the CUDA build instead (NVRTC compiles the
+# kernels without a GPU: `CARGO_COMMAND=test tools/build-cuda.sh --lib cuda`).
+cargo "${CARGO_COMMAND:-build}" --release --features cuda --target-dir target/cuda "$@"
+[ "${CARGO_COMMAND:-build}" = build ] || exit 0
 echo "built target/cuda/release/suffixd"
 echo "on the GPU machine: export LD_LIBRARY_PATH=$cuda_home/lib:\$LD_LIBRARY_PATH"

@@ -48,9 +48,10 @@ pub struct ModelArgs {
     /// tokenizer.json and safetensors weights (default: the model tools/setup.sh installs).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// How weights are held: native (as in the file), q8-0 or f32. All three are exact
+    /// How weights are held: native (as in the file), q8-0, f32 or bf16. All are exact
     /// on the CPU (speculative greedy output is plain greedy output). The default is
-    /// native, and f32 in a CUDA build, where only f32 keeps speculative output exact.
+    /// native, and bf16 in a CUDA build, where bf16 and f32 run on suffixd's own exact
+    /// kernels and native and q8-0 on candle's, which are not exact.
     #[arg(long, value_enum, default_value_t = WeightFormat::default_for_build())]
     pub weights: WeightFormat,
     /// KV cache capacity in tokens (capped by the model's context length).

@@ -4,6 +4,8 @@
 //! - [`model`]: a llama forward pass over a draft tree, with a KV cache that keeps only
 //!   the accepted path.
 //! - [`kernels`]: the row-invariant CPU matmul and attention the model runs on.
+//! - `cuda` (with the `cuda` feature): the same guarantee on a GPU, through kernels
+//!   compiled at run time, with the KV cache on the device.
 //! - [`cost`]: what a forward pass of K rows costs, measured at start and kept up to date.
 //! - [`engine`]: the generation loop, exact greedy and distribution-preserving sampling,
 //!   and cost-aware draft sizes.
@@ -12,6 +14,8 @@
 //! [`crate::vocab`]; it does not import the store.
 
 pub mod cost;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod engine;
 pub mod kernels;
 pub mod model;

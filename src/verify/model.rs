@@ -54,6 +54,10 @@ pub enum ModelError {
     /// A tensor operation failed.
     #[error("model computation failed: {0}")]
     Candle(#[from] candle_core::Error),
+    /// The GPU's own kernels could not be set up or run.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] super::cuda::CudaError),
 }
 
 /// How the matrices are held in memory. On the CPU every choice runs on the row-invariant
@@ -71,6 +75,9 @@ pub enum WeightFormat {
     Q8_0,
     /// Dequantized to f32: four times the memory traffic of Q8_0 per decoding step.
     F32,
+    /// Rounded to bf16: on a GPU, half the bytes of f32 through the same exact kernels
+    /// (the CUDA build's default); on the CPU, bf16 values held as f32.
+    Bf16,
 }
 
 impl WeightFormat {
@@ -82,9 +89,11 @@ impl WeightFormat {
     /// kernel by row count, so a token verified in a draft does not get the logits plain
     /// decoding gives it. On an H100, `e2e-bench` on tools/workloads/agentic.jsonl gave
     /// 15 of 36 outputs identical with q8-0, 3 of 36 with native and 36 of 36 with f32.
+    /// The GPU's own kernels (`verify::cuda`) run f32 and bf16 exactly; bf16 reads half
+    /// the bytes.
     pub const fn default_for_build() -> Self {
         if cfg!(feature = "cuda") {
-            WeightFormat::F32
+            WeightFormat::Bf16
         } else {
             WeightFormat::Native
         }
@@ -152,7 +161,7 @@ pub struct LlamaConfig {
 
 /// One weight matrix: for the row-invariant kernels on the CPU (quantized and packed, or
 /// f32), or candle's (formats without a kernel, and GPUs).
-enum Weights {
+pub(super) enum Weights {
     Packed(PackedMatrix),
     Dense(DenseMatrix),
     Candle(QMatMul),
@@ -161,7 +170,7 @@ enum Weights {
 /// A projection of one input into one or more outputs side by side (q, k and v; gate
 /// and up), so that the activations are quantized once and the threads meet once. How
 /// it runs is settled when it is built, not at every call.
-enum Linear {
+pub(super) enum Linear {
     /// Every part packed: one fused quantized call.
     Packed(Vec<PackedMatrix>),
     /// Every part f32 on the CPU: one fused call.
@@ -171,6 +180,23 @@ enum Linear {
 }
 
 impl Linear {
+    /// The parts' f32 matrices on a device, stacked (`Σ n × k`): what the GPU kernels
+    /// take. None unless every part is one.
+    #[cfg(feature = "cuda")]
+    pub(super) fn device_matrix(&self) -> Option<Tensor> {
+        let Linear::Mixed(parts) = self else {
+            return None;
+        };
+        let tensors = parts
+            .iter()
+            .map(|w| match w {
+                Weights::Candle(QMatMul::Tensor(t)) if !t.device().is_cpu() => Some(t.clone()),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Tensor::cat(&tensors, 0).ok()
+    }
+
     fn new(parts: Vec<Weights>) -> Self {
         if parts.iter().all(|w| matches!(w, Weights::Packed(_))) {
             return Linear::Packed(
@@ -348,9 +374,14 @@ fn dense_of(t: Tensor, device: &Device) -> candle_core::Result<Weights> {
     Ok(Weights::Dense(DenseMatrix::new(n, k, weights)))
 }
 
+/// `t` rounded to bf16 and held as f32: the values the bf16 format multiplies by.
+fn rounded_to_bf16(t: &Tensor) -> candle_core::Result<Tensor> {
+    t.to_dtype(DType::BF16)?.to_dtype(DType::F32)
+}
+
 /// An RMS norm's weights, on the model's device and on the host.
-struct NormWeights {
-    device: Tensor,
+pub(super) struct NormWeights {
+    pub(super) device: Tensor,
     host: Vec<f32>,
 }
 
@@ -361,15 +392,15 @@ impl NormWeights {
     }
 }
 
-struct Layer {
-    attn_norm: NormWeights,
+pub(super) struct Layer {
+    pub(super) attn_norm: NormWeights,
     /// q, k and v side by side.
-    qkv: Linear,
-    wo: Linear,
-    ffn_norm: NormWeights,
+    pub(super) qkv: Linear,
+    pub(super) wo: Linear,
+    pub(super) ffn_norm: NormWeights,
     /// Gate and up side by side.
-    gate_up: Linear,
-    down: Linear,
+    pub(super) gate_up: Linear,
+    pub(super) down: Linear,
 }
 
 /// The KV cache of one sequence, on the host: per layer, keys and values laid out
@@ -385,6 +416,10 @@ pub struct KvCache {
     len: usize,
     /// Rows written by the last forward pass, after `len`.
     pending: usize,
+    /// The cache on the GPU, when the model runs there through its own kernels (then
+    /// `keys` and `values` stay empty).
+    #[cfg(feature = "cuda")]
+    pub(super) device: Option<super::cuda::DeviceKv>,
 }
 
 impl KvCache {
@@ -402,6 +437,12 @@ impl KvCache {
     pub fn reset(&mut self) {
         self.len = 0;
         self.pending = 0;
+    }
+
+    /// `t` rows of the pass now running follow the committed ones (on the device).
+    #[cfg(feature = "cuda")]
+    pub(super) fn set_pending(&mut self, t: usize) {
+        self.pending = t;
     }
 
     /// Make room for `t` new rows after the committed ones, in `layers` layers.
@@ -427,6 +468,16 @@ impl KvCache {
             accepted.iter().all(|&i| i < self.pending),
             "accepted rows were computed"
         );
+        #[cfg(feature = "cuda")]
+        if let Some(device) = &self.device {
+            // A failed launch leaves the device in error, and the next pass reports it.
+            if let Err(e) = device.keep(self.len, accepted) {
+                tracing::error!("moving the accepted rows of the KV cache failed: {e}");
+            }
+            self.len += accepted.len();
+            self.pending = 0;
+            return;
+        }
         let row = self.row;
         let is_prefix = accepted.iter().enumerate().all(|(k, &i)| k == i);
         for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
@@ -461,18 +512,18 @@ pub struct BatchEntry<'a> {
 /// The layout of one batched forward pass: where each sequence's rows start and what
 /// each of its tokens attends to, every row's position and token, and the rows whose
 /// logits are wanted.
-struct BatchPlan {
+pub(super) struct BatchPlan {
     /// Per sequence: its first row, and per token the indices (after the committed
     /// context) it attends to: its ancestors from the root down, then itself.
-    parts: Vec<(usize, Vec<Vec<usize>>)>,
+    pub(super) parts: Vec<(usize, Vec<Vec<usize>>)>,
     /// Each row's position in its sequence: committed length + depth in the tree.
-    positions: Vec<u32>,
+    pub(super) positions: Vec<u32>,
     /// Each row's token.
-    ids: Vec<u32>,
+    pub(super) ids: Vec<u32>,
     /// Rows in the pass.
-    total: usize,
+    pub(super) total: usize,
     /// The rows whose logits are returned, ascending.
-    wanted: Vec<u32>,
+    pub(super) wanted: Vec<u32>,
 }
 
 impl BatchPlan {
@@ -480,7 +531,7 @@ impl BatchPlan {
     /// `row` floats per position). A token attends to the committed context, then its
     /// ancestors from the root down, then itself: in plain decoding it attends to exactly
     /// these keys in this order, which is what makes the result bit-identical.
-    fn new(batch: &mut [BatchEntry<'_>], layers: usize, row: usize) -> Self {
+    fn new(batch: &mut [BatchEntry<'_>], layers: usize, row: usize, host_cache: bool) -> Self {
         let total: usize = batch.iter().map(|e| e.tokens.len()).sum();
         let mut parts = Vec::with_capacity(batch.len());
         let mut positions = Vec::with_capacity(total);
@@ -502,7 +553,9 @@ impl BatchPlan {
                 sets.push(chain);
             }
             ids.extend_from_slice(e.tokens);
-            e.cache.prepare(layers, row, t);
+            if host_cache {
+                e.cache.prepare(layers, row, t);
+            }
             if e.logits {
                 wanted.extend(offset as u32..(offset + t) as u32);
             }
@@ -533,6 +586,9 @@ pub struct Model {
     cos_host: Vec<f32>,
     sin_host: Vec<f32>,
     device: Device,
+    /// The pass through suffixd's own GPU kernels, for f32 and bf16 weights on CUDA.
+    #[cfg(feature = "cuda")]
+    cuda: Option<super::cuda::CudaForward>,
 }
 
 fn md_u32(c: &gguf_file::Content, key: &str) -> Result<u32, String> {
@@ -706,6 +762,9 @@ impl Model {
                 (WeightFormat::Native, _) | (WeightFormat::Q8_0, GgmlDType::Q8_0) => qt,
                 (WeightFormat::Q8_0, _) => requantize_q8_0(&qt, device)?,
                 (WeightFormat::F32, _) => return Ok(dense_of(qt.dequantize(device)?, device)?),
+                (WeightFormat::Bf16, _) => {
+                    return Ok(dense_of(rounded_to_bf16(&qt.dequantize(device)?)?, device)?);
+                }
             };
             weights_of(qt, device).map_err(|e| fmt(e.to_string()))
         };
@@ -750,7 +809,7 @@ impl Model {
             rope_base: md_f32(content, "llama.rope.freq_base").unwrap_or(10000.0),
             rms_eps: md_f32(content, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
         };
-        Self::assemble(cfg, embed, layers, norm, head, device)
+        Self::assemble(cfg, embed, layers, norm, head, device, format)
     }
 
     /// Load a Hugging Face llama directory: `config.json` and `model.safetensors` (or the
@@ -794,6 +853,7 @@ impl Model {
         let matrix = |t: Tensor| -> Result<Weights, ModelError> {
             match format {
                 WeightFormat::Native | WeightFormat::F32 => Ok(dense_of(t, device)?),
+                WeightFormat::Bf16 => Ok(dense_of(rounded_to_bf16(&t)?, device)?),
                 WeightFormat::Q8_0 => weights_of(QTensor::quantize(&t, GgmlDType::Q8_0)?, device)
                     .map_err(|e| fmt(e.to_string())),
             }
@@ -842,7 +902,7 @@ impl Model {
             rope_base: hf.rope_theta,
             rms_eps: hf.rms_norm_eps as f32,
         };
-        Self::assemble(cfg, embed, layers, norm, head, device)
+        Self::assemble(cfg, embed, layers, norm, head, device, format)
     }
 
     /// The model from its weights, with RoPE tables for its whole context.
@@ -853,6 +913,7 @@ impl Model {
         norm: NormWeights,
         head: Linear,
         device: &Device,
+        format: WeightFormat,
     ) -> Result<Self, ModelError> {
         let (head_dim, context) = (cfg.head_dim, cfg.context);
         let inv: Vec<f32> = (0..head_dim / 2)
@@ -864,7 +925,13 @@ impl Model {
             .reshape((context, 1))?;
         let freqs = pos.broadcast_mul(&inv)?;
         let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        #[cfg(feature = "cuda")]
+        let cuda = super::cuda::build(&cfg, &embed, &layers, &norm, &head, &cos, &sin, device, format)?;
+        #[cfg(not(feature = "cuda"))]
+        let _ = format;
         Ok(Model {
+            #[cfg(feature = "cuda")]
+            cuda,
             cfg,
             embed,
             layers,
@@ -919,10 +986,15 @@ impl Model {
                 });
             }
         }
+        #[cfg(feature = "cuda")]
+        let host_cache = self.cuda.is_none();
+        #[cfg(not(feature = "cuda"))]
+        let host_cache = true;
         let plan = BatchPlan::new(
             batch,
             self.layers.len(),
             self.cfg.kv_heads * self.cfg.head_dim,
+            host_cache,
         );
         if plan.total == 0 {
             return Ok(Tensor::zeros(
@@ -930,6 +1002,10 @@ impl Model {
                 DType::F32,
                 &self.device,
             )?);
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            return Ok(cuda.forward(batch, &plan)?);
         }
         if self.device.is_cpu() {
             self.forward_host(batch, &plan)

@@ -21,11 +21,11 @@ impl Engine {
         max_context: usize,
         device: &Device,
     ) -> Result<Self, ModelError> {
-        if !device.is_cpu() && format != WeightFormat::F32 {
+        if !device.is_cpu() && !matches!(format, WeightFormat::F32 | WeightFormat::Bf16) {
             tracing::warn!(
                 "{format:?} weights on a GPU: candle's quantized kernels give logits that \
                  depend on the batch, so speculative output can differ from plain \
-                 decoding; use --weights f32 for exact output"
+                 decoding; use --weights bf16 or f32 for exact output"
             );
         }
         if path.is_dir() {

@@ -1,0 +1,666 @@
+//! The forward pass on a CUDA GPU through suffixd's own kernels ([`KERNELS`], compiled at
+//! run time by NVRTC), with the KV cache on the device.
+//!
+//! Every kernel is row-invariant (see the head of `kernels.cu`): a token's logits are the
+//! same bits whether it is decoded alone or verified as one row of a draft tree beside
+//! other sequences, so speculative greedy output is plain greedy output on the GPU too.
+//! cuBLAS cannot promise that (it picks its algorithm by shape), nor can candle's
+//! quantized kernels, so neither is on this path.
+//!
+//! A layer is five launches: q|k|v with the RMS norm fused before it and RoPE and the KV
+//! write after it; attention over each row's own keys; the output projection added to the
+//! residual; gate|up with the norm before and SiLU·up after; the down projection added to
+//! the residual. Per pass, one upload of the rows' fields and one launch each for the
+//! embedding and the head.
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+use candle_core::cuda_backend::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
+
+use super::model::{BatchEntry, BatchPlan, Layer, LlamaConfig, Linear, ModelError, NormWeights, WeightFormat};
+
+/// The kernels' source.
+pub const KERNELS: &str = include_str!("kernels.cu");
+
+/// Why the device pass cannot be set up or run.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// NVRTC refused the kernels (a toolkit or driver mismatch).
+    #[error("cannot compile the device kernels with NVRTC: {0}")]
+    Compile(String),
+    /// A driver call failed.
+    #[error("CUDA driver call failed: {0}")]
+    Driver(String),
+    /// The model's shape is outside what the kernels handle.
+    #[error("the device kernels cannot run this model: {0}")]
+    Shape(String),
+    /// A candle operation on the weights failed.
+    #[error("{0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+impl From<candle_core::cuda_backend::cudarc::driver::DriverError> for CudaError {
+    fn from(e: candle_core::cuda_backend::cudarc::driver::DriverError) -> Self {
+        CudaError::Driver(e.to_string())
+    }
+}
+
+impl From<CudaError> for candle_core::Error {
+    fn from(e: CudaError) -> Self {
+        candle_core::Error::Msg(e.to_string())
+    }
+}
+
+/// Compile the kernels for the GPU's architecture, to PTX (no GPU needed).
+pub fn compile(arch: &'static str) -> Result<String, CudaError> {
+    let opts = CompileOptions {
+        // No contraction of a*b+c into fma behind our back: the kernels say where
+        // they fuse, so the same source gives the same arithmetic in every unrolled copy.
+        fmad: Some(false),
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        arch: Some(arch),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(KERNELS, opts).map_err(|e| CudaError::Compile(e.to_string()))?;
+    Ok(ptx.to_src())
+}
+
+/// The NVRTC target for a GPU of compute capability `(major, minor)`: its own where NVRTC
+/// knows it, else the newest below it (the driver JIT-compiles PTX forward).
+fn arch_of((major, minor): (i32, i32)) -> &'static str {
+    match major * 10 + minor {
+        cc if cc >= 120 => "compute_120",
+        cc if cc >= 100 => "compute_100",
+        cc if cc >= 90 => "compute_90",
+        89 => "compute_89",
+        cc if cc >= 86 => "compute_86",
+        _ => "compute_80",
+    }
+}
+
+/// `#[repr(C)]` twin of `struct MatmulArgs` in kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MatmulArgs {
+    x: u64,
+    row_map: u64,
+    norm_w: u64,
+    w: u64,
+    out: u64,
+    resid: u64,
+    cos_tab: u64,
+    sin_tab: u64,
+    meta: u64,
+    q_out: u64,
+    k: i32,
+    groups: i32,
+    rows: i32,
+    out_stride: i32,
+    eps: f32,
+    q_width: i32,
+    kv_width: i32,
+    head_dim: i32,
+    layer: i32,
+    meta_rows: i32,
+}
+// SAFETY: plain old data with the C layout kernels.cu declares.
+unsafe impl DeviceRepr for MatmulArgs {}
+
+/// `#[repr(C)]` twin of `struct AttentionArgs` in kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AttentionArgs {
+    q: u64,
+    out: u64,
+    meta: u64,
+    ancestors: u64,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    layer: i32,
+    scale: f32,
+    meta_rows: i32,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for AttentionArgs {}
+
+/// The per-row fields of a pass, in the order of kernels.cu's ROW_* constants.
+const ROW_FIELDS: usize = 8;
+
+/// A weight matrix on the device, `n × k` row-major.
+enum Matrix {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<half::bf16>),
+}
+
+struct DeviceLayer {
+    attn_norm: CudaSlice<f32>,
+    qkv: Matrix,
+    wo: Matrix,
+    ffn_norm: CudaSlice<f32>,
+    gate_up: Matrix,
+    down: Matrix,
+}
+
+/// A layer's tensors, as the loader has them on the device (f32, `n × k`).
+struct LayerTensors {
+    attn_norm: Tensor,
+    /// q, k and v stacked.
+    qkv: Tensor,
+    wo: Tensor,
+    ffn_norm: Tensor,
+    /// Gate and up stacked.
+    gate_up: Tensor,
+    down: Tensor,
+}
+
+/// The launchable kernels.
+struct Kernels {
+    plain: [CudaFunction; 2],
+    residual: [CudaFunction; 2],
+    silu: [CudaFunction; 2],
+    qkv: [CudaFunction; 2],
+    embed: CudaFunction,
+    attention: CudaFunction,
+    _module: Arc<CudaModule>,
+}
+
+/// What moves a sequence's accepted rows into place (shared by every [`DeviceKv`]).
+struct KvKeeper {
+    stream: Arc<CudaStream>,
+    keep: CudaFunction,
+    layers: usize,
+    row: usize,
+    context: usize,
+}
+
+/// One sequence's KV cache on the device: `[layer][key|value][capacity][row]` floats.
+pub struct DeviceKv {
+    buf: CudaSlice<f32>,
+    cap: usize,
+    keeper: Arc<KvKeeper>,
+}
+
+impl DeviceKv {
+    /// An empty cache with room for `need` rows.
+    fn new(keeper: Arc<KvKeeper>, need: usize) -> Result<Self, CudaError> {
+        let cap = need.max(256).next_multiple_of(256).min(keeper.context.max(need));
+        let buf = keeper.stream.alloc_zeros::<f32>(keeper.layers * 2 * cap * keeper.row)?;
+        Ok(DeviceKv { buf, cap, keeper })
+    }
+
+    fn base(&self) -> u64 {
+        self.buf.device_ptr(&self.keeper.stream).0
+    }
+
+    /// Make room for `need` rows, keeping the first `len`.
+    fn reserve(&mut self, need: usize, len: usize) -> Result<(), CudaError> {
+        if need <= self.cap {
+            return Ok(());
+        }
+        let k = &self.keeper;
+        let cap = need.max(2 * self.cap).max(256).next_multiple_of(256).min(k.context.max(need));
+        let mut buf = k.stream.alloc_zeros::<f32>(k.layers * 2 * cap * k.row)?;
+        for region in (0..k.layers * 2).filter(|_| len > 0) {
+            let from = self.buf.slice(region * self.cap * k.row..(region * self.cap + len) * k.row);
+            let mut to = buf.slice_mut(region * cap * k.row..(region * cap + len) * k.row);
+            k.stream.memcpy_dtod(&from, &mut to)?;
+        }
+        self.buf = buf;
+        self.cap = cap;
+        Ok(())
+    }
+
+    /// Keep rows `accepted` of the last pass (after `len` committed) at `len..`.
+    pub fn keep(&self, len: usize, accepted: &[usize]) -> Result<(), CudaError> {
+        if accepted.iter().enumerate().all(|(j, &i)| i == j) {
+            return Ok(());
+        }
+        let k = &self.keeper;
+        let ids: Vec<i32> = accepted.iter().map(|&i| i as i32).collect();
+        let ids = k.stream.clone_htod(&ids)?;
+        let (base, cap, row, len, n) = (self.base(), self.cap as i32, k.row as i32, len as i32, ids.len() as i32);
+        let cfg = LaunchConfig {
+            grid_dim: ((k.layers * 2) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = k.stream.launch_builder(&k.keep);
+        b.arg(&base).arg(&cap).arg(&row).arg(&len).arg(&ids).arg(&n);
+        // SAFETY: the arguments match kv_keep's signature; every row index is below
+        // len + pending <= cap (the engine accepts only computed rows).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// Buffers a pass reuses, grown as needed.
+#[derive(Default)]
+struct Scratch {
+    x: Option<CudaSlice<f32>>,
+    q: Option<CudaSlice<f32>>,
+    attended: Option<CudaSlice<f32>>,
+    hidden: Option<CudaSlice<f32>>,
+    fields: Option<CudaSlice<i32>>,
+    host_fields: Vec<i32>,
+}
+
+/// `slot` holding at least `len` elements.
+fn ensure<'a>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<CudaSlice<f32>>,
+    len: usize,
+) -> Result<&'a mut CudaSlice<f32>, CudaError> {
+    if slot.as_ref().is_none_or(|s| s.len() < len) {
+        *slot = Some(stream.alloc_zeros::<f32>(len.next_multiple_of(4096))?);
+    }
+    Ok(slot.as_mut().expect("just set"))
+}
+
+/// The device pass for a model loaded on `device`, when it can run there: a CUDA GPU,
+/// f32 or bf16 weights, a shape the kernels take, and `SUFFIXD_DEVICE_KERNELS` not
+/// `off` (which keeps candle's operations, with attention on the host: the path before
+/// these kernels, kept to compare against). None otherwise.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn build(
+    cfg: &LlamaConfig,
+    embed: &Tensor,
+    layers: &[Layer],
+    norm: &NormWeights,
+    head: &Linear,
+    cos: &Tensor,
+    sin: &Tensor,
+    device: &candle_core::Device,
+    format: WeightFormat,
+) -> Result<Option<CudaForward>, ModelError> {
+    let candle_core::Device::Cuda(gpu) = device else {
+        return Ok(None);
+    };
+    let bf16 = match format {
+        WeightFormat::F32 => false,
+        WeightFormat::Bf16 => true,
+        WeightFormat::Native | WeightFormat::Q8_0 => return Ok(None),
+    };
+    if std::env::var("SUFFIXD_DEVICE_KERNELS").is_ok_and(|v| v == "off") {
+        tracing::warn!("SUFFIXD_DEVICE_KERNELS=off: candle's operations, attention on the host");
+        return Ok(None);
+    }
+    let tensors = layers
+        .iter()
+        .map(|l| {
+            Some(LayerTensors {
+                attn_norm: l.attn_norm.device.clone(),
+                qkv: l.qkv.device_matrix()?,
+                wo: l.wo.device_matrix()?,
+                ffn_norm: l.ffn_norm.device.clone(),
+                gate_up: l.gate_up.device_matrix()?,
+                down: l.down.device_matrix()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>();
+    let (Some(tensors), Some(head)) = (tensors, head.device_matrix()) else {
+        return Ok(None);
+    };
+    match CudaForward::new(gpu, cfg, embed, &tensors, &norm.device, &head, cos, sin, bf16) {
+        Ok(forward) => Ok(Some(forward)),
+        Err(CudaError::Shape(why)) => {
+            tracing::warn!("{why}: candle's operations run this model, with attention on the host");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The device pass: weights, kernels and scratch buffers.
+pub struct CudaForward {
+    cfg: LlamaConfig,
+    device: CudaDevice,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    keeper: Arc<KvKeeper>,
+    embed: CudaSlice<f32>,
+    layers: Vec<DeviceLayer>,
+    norm: CudaSlice<f32>,
+    head: Matrix,
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+    ffn: usize,
+    scratch: Mutex<Scratch>,
+}
+
+/// `t`'s elements, contiguous, as a fresh device buffer of `T`.
+fn buffer_of<T: candle_core::cuda_backend::CudaDType + DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    t: &Tensor,
+) -> Result<CudaSlice<T>, CudaError> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(c) = &*storage else {
+        return Err(CudaError::Shape("a weight is not on the GPU".into()));
+    };
+    let s = c.as_cuda_slice::<T>()?;
+    let start = layout.start_offset();
+    let view = s.slice(start..start + t.elem_count());
+    Ok(stream.clone_dtod(&view)?)
+}
+
+impl CudaForward {
+    /// Upload the model to the kernels' layout: f32 weights, or bf16 when `bf16`.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        device: &CudaDevice,
+        cfg: &LlamaConfig,
+        embed: &Tensor,
+        layers: &[LayerTensors],
+        norm: &Tensor,
+        head: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        bf16: bool,
+    ) -> Result<Self, CudaError> {
+        let (w, hd) = (cfg.width, cfg.head_dim);
+        let qw = cfg.heads * hd;
+        let kvw = cfg.kv_heads * hd;
+        let ffn = layers
+            .first()
+            .map(|l| l.gate_up.dim(0))
+            .transpose()?
+            .unwrap_or(0)
+            / 2;
+        let need = |ok: bool, what: &str| {
+            if ok { Ok(()) } else { Err(CudaError::Shape(what.into())) }
+        };
+        need(w % 8 == 0 && qw % 8 == 0 && ffn % 8 == 0, "widths must be multiples of 8")?;
+        need(hd % 4 == 0 && hd <= 128 && 256 % hd == 0, "head_dim must be 32, 64 or 128")?;
+        need(cfg.heads % cfg.kv_heads == 0, "heads must be a multiple of kv_heads")?;
+        need(cfg.vocab % 4 == 0, "the vocabulary must be a multiple of 4")?;
+        let stream = device.cuda_stream();
+        let ptx = compile(arch_of(stream.context().compute_capability()?))?;
+        let module = stream
+            .context()
+            .load_module(candle_core::cuda_backend::cudarc::nvrtc::Ptx::from_src(ptx))?;
+        let f = |name: &str| module.load_function(name);
+        let pair = |name: &str| -> Result<[CudaFunction; 2], CudaError> {
+            Ok([f(&format!("{name}_f32"))?, f(&format!("{name}_bf16"))?])
+        };
+        let kernels = Kernels {
+            plain: pair("matmul_plain")?,
+            residual: pair("matmul_residual")?,
+            silu: pair("matmul_silu")?,
+            qkv: pair("matmul_qkv")?,
+            embed: f("embed_rows")?,
+            attention: f("attention")?,
+            _module: module.clone(),
+        };
+        let keeper = Arc::new(KvKeeper {
+            stream: stream.clone(),
+            keep: f("kv_keep")?,
+            layers: cfg.layers,
+            row: kvw,
+            context: cfg.context,
+        });
+        let matrix = |t: &Tensor| -> Result<Matrix, CudaError> {
+            Ok(if bf16 {
+                Matrix::Bf16(buffer_of(&stream, &t.to_dtype(DType::BF16)?)?)
+            } else {
+                Matrix::F32(buffer_of(&stream, &t.to_dtype(DType::F32)?)?)
+            })
+        };
+        let f32s = |t: &Tensor| buffer_of::<f32>(&stream, &t.to_dtype(DType::F32)?);
+        let layers = layers
+            .iter()
+            .map(|l| {
+                Ok(DeviceLayer {
+                    attn_norm: f32s(&l.attn_norm)?,
+                    qkv: matrix(&l.qkv)?,
+                    wo: matrix(&l.wo)?,
+                    ffn_norm: f32s(&l.ffn_norm)?,
+                    gate_up: matrix(&l.gate_up)?,
+                    down: matrix(&l.down)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        let (embed, norm, head) = (f32s(embed)?, f32s(norm)?, matrix(head)?);
+        let (cos, sin) = (f32s(cos)?, f32s(sin)?);
+        // The copies ran on this thread's stream; the passes may run on another's.
+        stream.synchronize()?;
+        Ok(CudaForward {
+            cfg: cfg.clone(),
+            device: device.clone(),
+            embed,
+            norm,
+            head,
+            cos,
+            sin,
+            layers,
+            ffn,
+            kernels,
+            keeper,
+            stream,
+            scratch: Mutex::default(),
+        })
+    }
+
+    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+
+    fn matrix_ptr(&self, m: &Matrix) -> (u64, usize) {
+        match m {
+            Matrix::F32(s) => (self.ptr(s), 0),
+            Matrix::Bf16(s) => (self.ptr(s), 1),
+        }
+    }
+
+    fn launch_matmul(
+        &self,
+        kernels: &[CudaFunction; 2],
+        m: &Matrix,
+        mut args: MatmulArgs,
+    ) -> Result<(), CudaError> {
+        let (w, which) = self.matrix_ptr(m);
+        args.w = w;
+        let cfg = LaunchConfig {
+            grid_dim: ((args.groups as u32).div_ceil(8), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&kernels[which]);
+        b.arg(&args);
+        // SAFETY: args matches MatmulArgs in kernels.cu; every pointer addresses a live
+        // buffer sized for `rows` rows of its width (checked by the caller's layout).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The pass: see [`super::model::Model::forward_batch`].
+    pub(super) fn forward(
+        &self,
+        batch: &mut [BatchEntry<'_>],
+        plan: &BatchPlan,
+    ) -> Result<Tensor, CudaError> {
+        let cfg = &self.cfg;
+        let (width, hd) = (cfg.width, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let rows = plan.total;
+        let wanted = plan.wanted.len();
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = &mut *scratch;
+
+        // The rows' fields: ROW_FIELDS arrays of `rows`, then the ids, the head's row
+        // map and the in-pass key slots.
+        let host = &mut scratch.host_fields;
+        host.clear();
+        host.resize(ROW_FIELDS * rows, 0);
+        let mut ancestors: Vec<i32> = Vec::new();
+        for (e, (offset, sets)) in batch.iter_mut().zip(&plan.parts) {
+            let (len, t) = (e.cache.len(), e.tokens.len());
+            match &mut e.cache.device {
+                Some(kv) => kv.reserve(len + t, len)?,
+                None => e.cache.device = Some(DeviceKv::new(self.keeper.clone(), len + t)?),
+            }
+            e.cache.set_pending(t);
+            let kv = e.cache.device.as_ref().expect("just made");
+            let base = kv.base();
+            for (i, set) in sets.iter().enumerate() {
+                let r = offset + i;
+                let field = |f: usize| f * rows + r;
+                host[field(0)] = plan.positions[r] as i32;
+                host[field(1)] = (len + i) as i32;
+                host[field(2)] = kv.cap as i32;
+                host[field(3)] = base as u32 as i32;
+                host[field(4)] = (base >> 32) as u32 as i32;
+                host[field(5)] = len as i32;
+                host[field(6)] = ancestors.len() as i32;
+                host[field(7)] = set.len() as i32;
+                ancestors.extend(set.iter().map(|&j| (len + j) as i32));
+            }
+        }
+        let ids_at = host.len();
+        host.extend(plan.ids.iter().map(|&t| t as i32));
+        let map_at = host.len();
+        host.extend(plan.wanted.iter().map(|&r| r as i32));
+        let anc_at = host.len();
+        host.extend_from_slice(&ancestors);
+        if scratch.fields.as_ref().is_none_or(|s| s.len() < host.len()) {
+            scratch.fields = Some(self.stream.alloc_zeros::<i32>(host.len().next_multiple_of(4096))?);
+        }
+        let fields = scratch.fields.as_mut().expect("just set");
+        self.stream.memcpy_htod(host.as_slice(), &mut fields.slice_mut(..host.len()))?;
+        let fields = self.ptr(scratch.fields.as_ref().expect("just set"));
+        let at = |i: usize| fields + 4 * i as u64;
+
+        let x = self.ptr(ensure(&self.stream, &mut scratch.x, rows * width)?);
+        let q = self.ptr(ensure(&self.stream, &mut scratch.q, rows * qw)?);
+        let attended = self.ptr(ensure(&self.stream, &mut scratch.attended, rows * qw)?);
+        let hidden = self.ptr(ensure(&self.stream, &mut scratch.hidden, rows * self.ffn)?);
+
+        let mut b = self.stream.launch_builder(&self.kernels.embed);
+        let (embed, ids, w32) = (self.ptr(&self.embed), at(ids_at), width as i32);
+        b.arg(&embed).arg(&ids).arg(&x).arg(&w32);
+        // SAFETY: embed_rows(table, ids, x, width); ids are below the vocabulary (the
+        // engine checks prompts and drafts), x holds rows × width.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+
+        let base = MatmulArgs {
+            rows: rows as i32,
+            eps: cfg.rms_eps,
+            q_width: qw as i32,
+            kv_width: kvw as i32,
+            head_dim: hd as i32,
+            meta: fields,
+            meta_rows: rows as i32,
+            cos_tab: self.ptr(&self.cos),
+            sin_tab: self.ptr(&self.sin),
+            ..Default::default()
+        };
+        let attention = AttentionArgs {
+            q,
+            out: attended,
+            meta: fields,
+            ancestors: at(anc_at),
+            heads: cfg.heads as i32,
+            kv_heads: cfg.kv_heads as i32,
+            head_dim: hd as i32,
+            layer: 0,
+            scale: 1.0 / (hd as f32).sqrt(),
+            meta_rows: rows as i32,
+        };
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.launch_matmul(&self.kernels.qkv, &layer.qkv, MatmulArgs {
+                x,
+                norm_w: self.ptr(&layer.attn_norm),
+                q_out: q,
+                k: width as i32,
+                groups: ((qw + 2 * kvw) / 4) as i32,
+                layer: l as i32,
+                ..base
+            })?;
+            let args = AttentionArgs { layer: l as i32, ..attention };
+            let mut b = self.stream.launch_builder(&self.kernels.attention);
+            b.arg(&args);
+            // SAFETY: args matches AttentionArgs; every row's keys were written by this
+            // pass or committed before it, within its sequence's capacity.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (rows as u32, cfg.heads as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }?;
+            self.launch_matmul(&self.kernels.residual, &layer.wo, MatmulArgs {
+                x: attended,
+                out: x,
+                resid: x,
+                k: qw as i32,
+                groups: (width / 4) as i32,
+                out_stride: width as i32,
+                ..base
+            })?;
+            self.launch_matmul(&self.kernels.silu, &layer.gate_up, MatmulArgs {
+                x,
+                norm_w: self.ptr(&layer.ffn_norm),
+                out: hidden,
+                k: width as i32,
+                groups: (self.ffn / 2) as i32,
+                out_stride: self.ffn as i32,
+                kv_width: self.ffn as i32,
+                ..base
+            })?;
+            self.launch_matmul(&self.kernels.residual, &layer.down, MatmulArgs {
+                x: hidden,
+                out: x,
+                resid: x,
+                k: self.ffn as i32,
+                groups: (width / 4) as i32,
+                out_stride: width as i32,
+                ..base
+            })?;
+        }
+        // SAFETY: the head's kernel writes every element before anything reads one.
+        let logits = unsafe { self.stream.alloc::<f32>((wanted * cfg.vocab).max(1)) }?;
+        if wanted > 0 {
+            self.launch_matmul(&self.kernels.plain, &self.head, MatmulArgs {
+                x,
+                row_map: at(map_at),
+                norm_w: self.ptr(&self.norm),
+                out: self.ptr(&logits),
+                k: width as i32,
+                groups: (cfg.vocab / 4) as i32,
+                rows: wanted as i32,
+                out_stride: cfg.vocab as i32,
+                ..base
+            })?;
+        }
+        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(logits, self.device.clone()));
+        let t = Tensor::from_storage(storage, (wanted * cfg.vocab).max(1), BackpropOp::none(), false);
+        Ok(t.narrow(0, 0, wanted * cfg.vocab)?.reshape((wanted, cfg.vocab))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// NVRTC compiles the kernels (it needs no GPU): the first check of any change to them.
+    #[test]
+    fn the_kernels_compile_for_hopper() {
+        let ptx = super::compile("compute_90").unwrap();
+        for name in ["matmul_qkv_bf16", "matmul_silu_f32", "attention", "kv_keep", "embed_rows"] {
+            assert!(ptx.contains(name), "{name} is in the PTX");
+        }
+    }
+}

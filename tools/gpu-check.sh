@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Every GPU check of the CUDA build in one run, for a lent GPU machine where device time is
+# short: the exactness tests on the GPU, then speed (e2e-bench: the device kernels in bf16
+# and f32 against candle's path with host attention, agentic, chat and an unseen pipeline
+# workload), the transformers peer on the same GPU and prompts, the server under load
+# with speculation on and off, and a kernel profile of plain decoding. Each stage has its
+# own time limit and writes its log under $RESULTS; a summary is printed last.
+#
+#   tools/gpu-check.sh
+#
+# BIN (default target/cuda/release/suffixd), TEST_BIN (the `verify` test binary of the
+# CUDA build: `CARGO_COMMAND=test tools/build-cuda.sh --no-run --test verify`), MODEL
+# (default: the setup model), UNSEEN (a workload not in this repository; skipped when
+# unset), RESULTS (default target/gpu-check) and CUDA_LIBS (the CUDA 13 libraries; default:
+# those of the machine's PyTorch install, else .cuda-toolkit/) override the defaults.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${BIN:-target/cuda/release/suffixd}
+TEST_BIN=${TEST_BIN:-}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+RESULTS=${RESULTS:-target/gpu-check}
+UNSEEN=${UNSEEN:-}
+PORT=${PORT:-18080}
+mkdir -p "$RESULTS"
+if [ -z "${CUDA_LIBS:-}" ]; then
+    CUDA_LIBS=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)
+    [ -d "$CUDA_LIBS" ] || CUDA_LIBS=$PWD/.cuda-toolkit/nvidia/cu13/lib
+fi
+export LD_LIBRARY_PATH="$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+summary=()
+note() { summary+=("$*"); echo "== $*"; }
+# Every stage fits inside DEADLINE seconds from the start (a lease's command limit);
+# limit N prints the seconds a stage of N may take, 0 when too few are left to start it.
+DEADLINE=${DEADLINE:-540}
+limit() { local rest=$((DEADLINE - SECONDS)); [ "$rest" -gt 15 ] || rest=0; echo $((rest < $1 ? rest : $1)); }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$RESULTS/gpu.txt"
+
+# A first pass through the device kernels: if the model cannot generate, nothing after
+# this can run, and the device time is better given back.
+if ! timeout 120 "$BIN" generate --model "$MODEL" --max-tokens 48 --no-spec --cost flat \
+    --chat "Write a haiku about rain." >"$RESULTS/smoke.log" 2>&1; then
+    note "smoke: generate failed"; tail -30 "$RESULTS/smoke.log"; exit 1
+fi
+note "smoke: $(tail -3 "$RESULTS/smoke.log" | tr '\n' ' ')"
+
+if [ -n "$TEST_BIN" ]; then
+    SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 200)" "$TEST_BIN" --test-threads 2 \
+        >"$RESULTS/tests.log" 2>&1
+    note "tests (rc $?): $(grep -E '^test result|FAILED|panicked|relative difference' "$RESULTS/tests.log" | tr '\n' ' ')"
+fi
+
+bench() {  # label, time limit, then e2e-bench flags
+    local label=$1 secs
+    secs=$(limit "$2")
+    shift 2
+    [ "$secs" -gt 0 ] || { note "e2e $label: skipped (out of time)"; return; }
+    timeout "$secs" "$BIN" e2e-bench --model "$MODEL" --max-tokens 128 --json "$@" \
+        >"$RESULTS/e2e-$label.log" 2>&1
+    note "e2e $label (rc $?): $(grep -E '^plain ' "$RESULTS/e2e-$label.log")"
+    grep -o '"cost_curve":.*' "$RESULTS/e2e-$label.log" | head -c 400; echo
+}
+bench agentic-bf16 90 --workload tools/workloads/agentic.jsonl --weights bf16
+# Before: candle's operations with attention on the host (the path these kernels replace),
+# on the first 4 pipelines, and the kernels on the same 4.
+SUFFIXD_DEVICE_KERNELS=off bench agentic4-f32-candle 90 \
+    --workload tools/workloads/agentic.jsonl --weights f32 --limit 4
+bench agentic4-f32 45 --workload tools/workloads/agentic.jsonl --weights f32 --limit 4
+
+# The peer on the same GPU and the same first 4 pipelines.
+if python3 -c 'import gguf' 2>/dev/null && [ "$(limit 120)" -gt 0 ]; then
+    PYTHONUNBUFFERED=1 timeout "$(limit 120)" python3 tools/peer-transformers.py --model "$MODEL" \
+        --workload tools/workloads/agentic.jsonl --limit 4 >"$RESULTS/peer.log" 2>&1
+    note "peer (rc $?): $(grep -E '^transformers|^\{' "$RESULTS/peer.log" | tr '\n' ' ')"
+else
+    note "peer: skipped (no gguf package for transformers, or out of time)"
+fi
+[ -n "$UNSEEN" ] && bench unseen-bf16 90 --workload "$UNSEEN" --weights bf16
+bench chat-bf16 60 --workload tools/workloads/chat.jsonl --weights bf16
+bench agentic-f32 90 --workload tools/workloads/agentic.jsonl --weights f32
+
+serve_load() {  # label, then serve flags
+    local label=$1
+    shift
+    [ "$(limit 60)" -gt 0 ] || { note "load $label: skipped (out of time)"; return; }
+    local dir
+    dir=$(mktemp -d)
+    SUFFIXD_ADMIN_TOKEN=gpu-check "$BIN" serve --model "$MODEL" --snapshot-dir "$dir" \
+        --addr "127.0.0.1:$PORT" "$@" >"$RESULTS/serve-$label.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 120); do
+        python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+            "http://127.0.0.1:$PORT/metrics" 2>/dev/null && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    timeout "$(limit 90)" python3 tools/load.py --base "http://127.0.0.1:$PORT" --requests 128 \
+        --concurrency 32 --max-tokens 128 --admin-token gpu-check >"$RESULTS/load-$label.log" 2>&1
+    note "load $label (rc $?): $(tail -4 "$RESULTS/load-$label.log" | tr '\n' ' ')"
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    rm -rf "$dir"
+}
+serve_load spec
+serve_load plain --no-spec
+
+# Where a plain decoding step's time goes: every kernel of a few steps, timed by ncu.
+if command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
+    timeout "$(limit 90)" ncu --clock-control none --launch-skip 1000 --launch-count 320 \
+        --metrics gpu__time_duration.sum --csv \
+        "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat \
+        --chat "Write a haiku about rain." >"$RESULTS/ncu.csv" 2>"$RESULTS/ncu.err"
+    note "ncu (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu.csv" 2>&1 | tr '\n' ' ')"
+fi
+
+printf '%s\n' "${summary[@]}" | tee "$RESULTS/summary.txt"
