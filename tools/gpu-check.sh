@@ -36,6 +36,11 @@ DEADLINE=${DEADLINE:-540}
 limit() { local rest=$((DEADLINE - SECONDS)); [ "$rest" -gt 15 ] || rest=0; echo $((rest < $1 ? rest : $1)); }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$RESULTS/gpu.txt"
+# The SM clock and load through the run (the card's own power management sets the clock;
+# it is read, never changed).
+nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu --format=csv,noheader,nounits \
+    -lms 250 >"$RESULTS/clocks.csv" 2>/dev/null &
+clocks_pid=$!
 
 # A first pass through the device kernels: if the model cannot generate, nothing after
 # this can run, and the device time is better given back.
@@ -62,20 +67,14 @@ bench() {  # label, time limit, then e2e-bench flags
     grep -o '"cost_curve":.*' "$RESULTS/e2e-$label.log" | head -c 400; echo
 }
 bench agentic-bf16 90 --workload tools/workloads/agentic.jsonl --weights bf16
+SUFFIXD_CUDA_GRAPHS=off bench agentic-bf16-nographs 90 \
+    --workload tools/workloads/agentic.jsonl --weights bf16
 # Before: candle's operations with attention on the host (the path these kernels replace),
 # on the first 4 pipelines, and the kernels on the same 4.
 SUFFIXD_DEVICE_KERNELS=off bench agentic4-f32-candle 90 \
     --workload tools/workloads/agentic.jsonl --weights f32 --limit 4
 bench agentic4-f32 45 --workload tools/workloads/agentic.jsonl --weights f32 --limit 4
 
-# The peer on the same GPU and the same first 4 pipelines.
-if python3 -c 'import gguf' 2>/dev/null && [ "$(limit 120)" -gt 0 ]; then
-    PYTHONUNBUFFERED=1 timeout "$(limit 120)" python3 tools/peer-transformers.py --model "$MODEL" \
-        --workload tools/workloads/agentic.jsonl --limit 4 >"$RESULTS/peer.log" 2>&1
-    note "peer (rc $?): $(grep -E '^transformers|^\{' "$RESULTS/peer.log" | tr '\n' ' ')"
-else
-    note "peer: skipped (no gguf package for transformers, or out of time)"
-fi
 [ -n "$UNSEEN" ] && bench unseen-bf16 90 --workload "$UNSEEN" --weights bf16
 bench chat-bf16 60 --workload tools/workloads/chat.jsonl --weights bf16
 bench agentic-f32 90 --workload tools/workloads/agentic.jsonl --weights f32
@@ -105,6 +104,14 @@ serve_load() {  # label, then serve flags
 serve_load spec
 serve_load plain --no-spec
 
+# The peer on the same GPU and the same first 4 pipelines.
+if python3 -c 'import gguf' 2>/dev/null && [ "$(limit 120)" -gt 0 ]; then
+    PYTHONUNBUFFERED=1 timeout "$(limit 120)" python3 tools/peer-transformers.py --model "$MODEL" \
+        --workload tools/workloads/agentic.jsonl --limit 4 >"$RESULTS/peer.log" 2>&1
+    note "peer (rc $?): $(grep -E '^transformers|^\{' "$RESULTS/peer.log" | tr '\n' ' ')"
+else
+    note "peer: skipped (no gguf package for transformers, or out of time)"
+fi
 # Where a plain decoding step's time goes: every kernel of a few steps, timed by ncu.
 if command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
     timeout "$(limit 90)" ncu --clock-control none --launch-skip 1000 --launch-count 320 \
@@ -113,5 +120,20 @@ if command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
         --chat "Write a haiku about rain." >"$RESULTS/ncu.csv" 2>"$RESULTS/ncu.err"
     note "ncu (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu.csv" 2>&1 | tr '\n' ' ')"
 fi
+# The same for candle's path (attention on the host: its time is not in these kernels).
+if command -v ncu >/dev/null && [ "$(limit 45)" -gt 0 ]; then
+    SUFFIXD_DEVICE_KERNELS=off timeout "$(limit 60)" ncu --clock-control none \
+        --launch-skip 3000 --launch-count 1500 --metrics gpu__time_duration.sum --csv \
+        "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat --weights f32 \
+        --chat "Write a haiku about rain." >"$RESULTS/ncu-candle.csv" 2>"$RESULTS/ncu-candle.err"
+    note "ncu candle (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu-candle.csv" fast_argmax 2>&1 | head -8 | tr '\n' ' ')"
+fi
 
+kill "$clocks_pid" 2>/dev/null
+note "SM clock (MHz) while the GPU was busy: $(python3 -c '
+import sys, statistics
+rows = [l.split(",") for l in open(sys.argv[1]) if l.count(",") == 2]
+busy = sorted(int(r[1]) for r in rows if r[2].strip().isdigit() and int(r[2]) >= 10)
+print(f"{len(busy)} samples, min {busy[0]}, median {statistics.median(busy)}, max {busy[-1]}" if busy else "no busy samples")
+' "$RESULTS/clocks.csv" 2>&1)"
 printf '%s\n' "${summary[@]}" | tee "$RESULTS/summary.txt"

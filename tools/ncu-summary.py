@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Sum an `ncu --csv --metrics gpu__time_duration.sum` log by kernel: launches, total and
-mean device time, and the time per decoding step (a step launches `embed_rows` once).
+mean device time, and the time per decoding step (a step launches MARKER once: by
+default `embed_rows`, the device kernels' first; `fast_argmax` for candle's path).
 
-    python3 tools/ncu-summary.py ncu.csv
+    python3 tools/ncu-summary.py ncu.csv [MARKER]
 """
 import csv
 import sys
@@ -17,7 +18,8 @@ for r in body:
     name = r[name_at].split("(")[0].split("<")[0].strip()
     by[name][0] += 1
     by[name][1] += float(r[value_at].replace(",", "")) * scale.get(r[unit_at], 1.0)
-steps = max(by.get("embed_rows", [1])[0], 1)
+marker = sys.argv[2] if len(sys.argv) > 2 else "embed_rows"
+steps = max(next((v[0] for k, v in by.items() if k.startswith(marker)), 1), 1)
 total = sum(v[1] for v in by.values())
 print(f"{sum(v[0] for v in by.values())} launches over {steps} steps: {total / steps:.1f} us of kernels per step")
 for name, (n, us) in sorted(by.items(), key=lambda kv: -kv[1][1]):

@@ -6,8 +6,9 @@
 //   - each output is one thread's or one warp's fixed-order chain of explicit fmaf
 //     (compiled with --fmad=false, so nothing is contracted behind our back), reduced
 //     across the warp by a fixed xor butterfly;
-//   - tiles of rows run the same code for every row (a short tile repeats its last row
-//     and drops the copies), and nothing is split along K by row count;
+//   - a row's arithmetic is the same in every tile size and tile position (a short tile
+//     repeats its last row and drops the copies), and nothing is split along K by row
+//     count, so the host may pick the tile (1, 4 or 8 rows) by the pass's row count;
 //   - attention walks a row's keys in chunks fixed by the key's absolute index, so the
 //     committed prefix and the draft's ancestors chunk exactly as plain decoding does.
 // Weights are f32 or bf16 (raw 16-bit words, widened by a shift: exact).
@@ -16,7 +17,6 @@ typedef unsigned short bf16_t;
 typedef unsigned long long u64;
 
 #define WARPS_PER_BLOCK 8
-#define ROW_TILE 8
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -120,7 +120,7 @@ template <> struct Vec<bf16_t> {
 // One warp computes four weight rows' dot products with every row of the pass, ROW_TILE
 // rows at a time, and writes them as MODE says. Lane l reads columns l*N.., then
 // l*N + 32*N.., and so on; its partial sums meet in warp_sum.
-template <typename W, int MODE>
+template <typename W, int MODE, int ROW_TILE>
 __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
     constexpr int N = Vec<W>::N;
     const int lane = threadIdx.x & 31;
@@ -144,17 +144,27 @@ __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
             int ri = a.row_map ? a.row_map[r] : r;
             xr[j] = a.x + (size_t)ri * a.k;
             inv[j] = 1.0f;
-            if (a.norm_w) {
-                float ss = 0.0f;
-                for (int col = lane * 4; col < a.k; col += 128) {
+        }
+        if (a.norm_w) {
+            // Every row's sum of squares in the same lane order; the rows side by side so
+            // their loads overlap.
+            float ss[ROW_TILE];
+#pragma unroll
+            for (int j = 0; j < ROW_TILE; j++) ss[j] = 0.0f;
+            for (int col = lane * 4; col < a.k; col += 128) {
+#pragma unroll
+                for (int j = 0; j < ROW_TILE; j++) {
                     float4 v = *(const float4*)(xr[j] + col);
-                    ss = fmaf(v.x, v.x, ss);
-                    ss = fmaf(v.y, v.y, ss);
-                    ss = fmaf(v.z, v.z, ss);
-                    ss = fmaf(v.w, v.w, ss);
+                    ss[j] = fmaf(v.x, v.x, ss[j]);
+                    ss[j] = fmaf(v.y, v.y, ss[j]);
+                    ss[j] = fmaf(v.z, v.z, ss[j]);
+                    ss[j] = fmaf(v.w, v.w, ss[j]);
                 }
-                ss = warp_sum(ss);
-                inv[j] = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)a.k), a.eps)));
+            }
+#pragma unroll
+            for (int j = 0; j < ROW_TILE; j++) {
+                float total = warp_sum(ss[j]);
+                inv[j] = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)a.k), a.eps)));
             }
         }
         float acc[ROW_TILE][4];
@@ -210,7 +220,7 @@ __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
                     pair_odd = acc[jj][(cc & 2) + 1];
                     up = acc[jj][(cc & 1) + 2];
                 }
-        if (r >= a.rows) continue;
+        if (j >= ROW_TILE || r >= a.rows) continue;
         if (MODE == MODE_PLAIN) {
             a.out[(size_t)r * a.out_stride + 4 * g + c] = mine;
         } else if (MODE == MODE_RESIDUAL) {
@@ -251,18 +261,20 @@ __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
     }
 }
 
-#define MATMUL_KERNEL(name, W, MODE) \
-    extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32) name(MatmulArgs a) { \
-        matmul_warp<W, MODE>(a); \
+#define MATMUL_KERNEL(name, W, MODE, TILE) \
+    extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32) name##_r##TILE(MatmulArgs a) { \
+        matmul_warp<W, MODE, TILE>(a); \
     }
-MATMUL_KERNEL(matmul_plain_f32, float, MODE_PLAIN)
-MATMUL_KERNEL(matmul_plain_bf16, bf16_t, MODE_PLAIN)
-MATMUL_KERNEL(matmul_residual_f32, float, MODE_RESIDUAL)
-MATMUL_KERNEL(matmul_residual_bf16, bf16_t, MODE_RESIDUAL)
-MATMUL_KERNEL(matmul_silu_f32, float, MODE_SILU)
-MATMUL_KERNEL(matmul_silu_bf16, bf16_t, MODE_SILU)
-MATMUL_KERNEL(matmul_qkv_f32, float, MODE_QKV)
-MATMUL_KERNEL(matmul_qkv_bf16, bf16_t, MODE_QKV)
+#define MATMUL_TILES(name, W, MODE) \
+    MATMUL_KERNEL(name, W, MODE, 1) MATMUL_KERNEL(name, W, MODE, 4) MATMUL_KERNEL(name, W, MODE, 8)
+MATMUL_TILES(matmul_plain_f32, float, MODE_PLAIN)
+MATMUL_TILES(matmul_plain_bf16, bf16_t, MODE_PLAIN)
+MATMUL_TILES(matmul_residual_f32, float, MODE_RESIDUAL)
+MATMUL_TILES(matmul_residual_bf16, bf16_t, MODE_RESIDUAL)
+MATMUL_TILES(matmul_silu_f32, float, MODE_SILU)
+MATMUL_TILES(matmul_silu_bf16, bf16_t, MODE_SILU)
+MATMUL_TILES(matmul_qkv_f32, float, MODE_QKV)
+MATMUL_TILES(matmul_qkv_bf16, bf16_t, MODE_QKV)
 
 // Row r of the pass takes row ids[r] of the embedding table.
 extern "C" __global__ void embed_rows(const float* table, const int* ids, float* x, int width) {

@@ -16,8 +16,8 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg, sys,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use candle_core::op::BackpropOp;
@@ -163,12 +163,20 @@ struct LayerTensors {
     down: Tensor,
 }
 
+/// The row tiles the projections come in: a pass uses the smallest that holds all its
+/// rows, else the largest. A row's arithmetic is the same in each (kernels.cu), so the
+/// choice changes speed, not bits; a one-row step does an eighth of an 8-row tile's work.
+const TILES: [usize; 3] = [1, 4, 8];
+
+/// One projection kernel per weight type (f32, bf16) and row tile ([`TILES`]).
+type Projection = [[CudaFunction; TILES.len()]; 2];
+
 /// The launchable kernels.
 struct Kernels {
-    plain: [CudaFunction; 2],
-    residual: [CudaFunction; 2],
-    silu: [CudaFunction; 2],
-    qkv: [CudaFunction; 2],
+    plain: Projection,
+    residual: Projection,
+    silu: Projection,
+    qkv: Projection,
     embed: CudaFunction,
     attention: CudaFunction,
     _module: Arc<CudaModule>,
@@ -250,18 +258,24 @@ struct Scratch {
     q: Option<CudaSlice<f32>>,
     attended: Option<CudaSlice<f32>>,
     hidden: Option<CudaSlice<f32>>,
+    logits: Option<CudaSlice<f32>>,
     fields: Option<CudaSlice<i32>>,
     host_fields: Vec<i32>,
+    /// Bumped whenever a buffer above moves: graphs hold their addresses.
+    generation: u64,
+    graphs: Graphs,
 }
 
-/// `slot` holding at least `len` elements.
+/// `slot` holding at least `len` elements; `generation` counts the moves.
 fn ensure<'a>(
     stream: &Arc<CudaStream>,
     slot: &'a mut Option<CudaSlice<f32>>,
     len: usize,
+    generation: &mut u64,
 ) -> Result<&'a mut CudaSlice<f32>, CudaError> {
     if slot.as_ref().is_none_or(|s| s.len() < len) {
         *slot = Some(stream.alloc_zeros::<f32>(len.next_multiple_of(4096))?);
+        *generation += 1;
     }
     Ok(slot.as_mut().expect("just set"))
 }
@@ -389,8 +403,12 @@ impl CudaForward {
             .context()
             .load_module(candle_core::cuda_backend::cudarc::nvrtc::Ptx::from_src(ptx))?;
         let f = |name: &str| module.load_function(name);
-        let pair = |name: &str| -> Result<[CudaFunction; 2], CudaError> {
-            Ok([f(&format!("{name}_f32"))?, f(&format!("{name}_bf16"))?])
+        let pair = |name: &str| -> Result<Projection, CudaError> {
+            let tiles = |dtype: &str| -> Result<[CudaFunction; TILES.len()], CudaError> {
+                let [a, b, c] = TILES.map(|t| f(&format!("{name}_{dtype}_r{t}")));
+                Ok([a?, b?, c?])
+            };
+            Ok([tiles("f32")?, tiles("bf16")?])
         };
         let kernels = Kernels {
             plain: pair("matmul_plain")?,
@@ -463,18 +481,20 @@ impl CudaForward {
 
     fn launch_matmul(
         &self,
-        kernels: &[CudaFunction; 2],
+        kernels: &Projection,
         m: &Matrix,
         mut args: MatmulArgs,
     ) -> Result<(), CudaError> {
         let (w, which) = self.matrix_ptr(m);
         args.w = w;
+        let rows = args.rows as usize;
+        let tile = TILES.iter().position(|&t| t >= rows).unwrap_or(TILES.len() - 1);
         let cfg = LaunchConfig {
             grid_dim: ((args.groups as u32).div_ceil(8), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&kernels[which]);
+        let mut b = self.stream.launch_builder(&kernels[which][tile]);
         b.arg(&args);
         // SAFETY: args matches MatmulArgs in kernels.cu; every pointer addresses a live
         // buffer sized for `rows` rows of its width (checked by the caller's layout).
@@ -490,7 +510,7 @@ impl CudaForward {
     ) -> Result<Tensor, CudaError> {
         let cfg = &self.cfg;
         let (width, hd) = (cfg.width, cfg.head_dim);
-        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let qw = cfg.heads * hd;
         let rows = plan.total;
         let wanted = plan.wanted.len();
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
@@ -532,21 +552,60 @@ impl CudaForward {
         let anc_at = host.len();
         host.extend_from_slice(&ancestors);
         if scratch.fields.as_ref().is_none_or(|s| s.len() < host.len()) {
-            scratch.fields = Some(self.stream.alloc_zeros::<i32>(host.len().next_multiple_of(4096))?);
+            // Room for deep trees, so that a graph's buffer rarely moves.
+            let len = host.len().max(1 << 16).next_multiple_of(1 << 16);
+            scratch.fields = Some(self.stream.alloc_zeros::<i32>(len)?);
+            scratch.generation += 1;
         }
         let fields = scratch.fields.as_mut().expect("just set");
         self.stream.memcpy_htod(host.as_slice(), &mut fields.slice_mut(..host.len()))?;
         let fields = self.ptr(scratch.fields.as_ref().expect("just set"));
         let at = |i: usize| fields + 4 * i as u64;
 
-        let x = self.ptr(ensure(&self.stream, &mut scratch.x, rows * width)?);
-        let q = self.ptr(ensure(&self.stream, &mut scratch.q, rows * qw)?);
-        let attended = self.ptr(ensure(&self.stream, &mut scratch.attended, rows * qw)?);
-        let hidden = self.ptr(ensure(&self.stream, &mut scratch.hidden, rows * self.ffn)?);
+        let generation = &mut scratch.generation;
+        let mut buffer = |slot: &mut Option<CudaSlice<f32>>, len: usize| -> Result<u64, CudaError> {
+            Ok(self.ptr(ensure(&self.stream, slot, len, generation)?))
+        };
+        let pass = Pass {
+            rows,
+            wanted,
+            x: buffer(&mut scratch.x, rows * width)?,
+            q: buffer(&mut scratch.q, rows * qw)?,
+            attended: buffer(&mut scratch.attended, rows * qw)?,
+            hidden: buffer(&mut scratch.hidden, rows * self.ffn)?,
+            logits: buffer(&mut scratch.logits, (wanted * cfg.vocab).max(1))?,
+            fields,
+            ids: at(ids_at),
+            head_rows: at(map_at),
+            ancestors: at(anc_at),
+        };
+        let key = (rows, wanted, scratch.generation);
+        scratch.graphs.run(&self.stream, key, || self.launch_pass(&pass))?;
 
+        // The logits, out of the scratch buffer into a tensor of their own.
+        let n = wanted * cfg.vocab;
+        // SAFETY: the copy below writes the first n elements; the rest is cut off.
+        let mut logits = unsafe { self.stream.alloc::<f32>(n.max(1)) }?;
+        if n > 0 {
+            let from = scratch.logits.as_ref().expect("made above");
+            self.stream.memcpy_dtod(&from.slice(..n), &mut logits.slice_mut(..n))?;
+        }
+        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(logits, self.device.clone()));
+        let t = Tensor::from_storage(storage, n.max(1), BackpropOp::none(), false);
+        Ok(t.narrow(0, 0, n)?.reshape((wanted, cfg.vocab))?)
+    }
+
+    /// Every launch of one pass, in order, on the pass's buffers: all a pass's launches
+    /// read from device memory what changes between passes of the same shape, so a CUDA
+    /// graph of them replays any such pass.
+    fn launch_pass(&self, p: &Pass) -> Result<(), CudaError> {
+        let cfg = &self.cfg;
+        let (width, hd) = (cfg.width, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let rows = p.rows;
         let mut b = self.stream.launch_builder(&self.kernels.embed);
-        let (embed, ids, w32) = (self.ptr(&self.embed), at(ids_at), width as i32);
-        b.arg(&embed).arg(&ids).arg(&x).arg(&w32);
+        let (embed, w32) = (self.ptr(&self.embed), width as i32);
+        b.arg(&embed).arg(&p.ids).arg(&p.x).arg(&w32);
         // SAFETY: embed_rows(table, ids, x, width); ids are below the vocabulary (the
         // engine checks prompts and drafts), x holds rows × width.
         unsafe {
@@ -563,17 +622,17 @@ impl CudaForward {
             q_width: qw as i32,
             kv_width: kvw as i32,
             head_dim: hd as i32,
-            meta: fields,
+            meta: p.fields,
             meta_rows: rows as i32,
             cos_tab: self.ptr(&self.cos),
             sin_tab: self.ptr(&self.sin),
             ..Default::default()
         };
         let attention = AttentionArgs {
-            q,
-            out: attended,
-            meta: fields,
-            ancestors: at(anc_at),
+            q: p.q,
+            out: p.attended,
+            meta: p.fields,
+            ancestors: p.ancestors,
             heads: cfg.heads as i32,
             kv_heads: cfg.kv_heads as i32,
             head_dim: hd as i32,
@@ -583,9 +642,9 @@ impl CudaForward {
         };
         for (l, layer) in self.layers.iter().enumerate() {
             self.launch_matmul(&self.kernels.qkv, &layer.qkv, MatmulArgs {
-                x,
+                x: p.x,
                 norm_w: self.ptr(&layer.attn_norm),
-                q_out: q,
+                q_out: p.q,
                 k: width as i32,
                 groups: ((qw + 2 * kvw) / 4) as i32,
                 layer: l as i32,
@@ -604,18 +663,18 @@ impl CudaForward {
                 })
             }?;
             self.launch_matmul(&self.kernels.residual, &layer.wo, MatmulArgs {
-                x: attended,
-                out: x,
-                resid: x,
+                x: p.attended,
+                out: p.x,
+                resid: p.x,
                 k: qw as i32,
                 groups: (width / 4) as i32,
                 out_stride: width as i32,
                 ..base
             })?;
             self.launch_matmul(&self.kernels.silu, &layer.gate_up, MatmulArgs {
-                x,
+                x: p.x,
                 norm_w: self.ptr(&layer.ffn_norm),
-                out: hidden,
+                out: p.hidden,
                 k: width as i32,
                 groups: (self.ffn / 2) as i32,
                 out_stride: self.ffn as i32,
@@ -623,33 +682,134 @@ impl CudaForward {
                 ..base
             })?;
             self.launch_matmul(&self.kernels.residual, &layer.down, MatmulArgs {
-                x: hidden,
-                out: x,
-                resid: x,
+                x: p.hidden,
+                out: p.x,
+                resid: p.x,
                 k: self.ffn as i32,
                 groups: (width / 4) as i32,
                 out_stride: width as i32,
                 ..base
             })?;
         }
-        // SAFETY: the head's kernel writes every element before anything reads one.
-        let logits = unsafe { self.stream.alloc::<f32>((wanted * cfg.vocab).max(1)) }?;
-        if wanted > 0 {
+        if p.wanted > 0 {
             self.launch_matmul(&self.kernels.plain, &self.head, MatmulArgs {
-                x,
-                row_map: at(map_at),
+                x: p.x,
+                row_map: p.head_rows,
                 norm_w: self.ptr(&self.norm),
-                out: self.ptr(&logits),
+                out: p.logits,
                 k: width as i32,
                 groups: (cfg.vocab / 4) as i32,
-                rows: wanted as i32,
+                rows: p.wanted as i32,
                 out_stride: cfg.vocab as i32,
                 ..base
             })?;
         }
-        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(logits, self.device.clone()));
-        let t = Tensor::from_storage(storage, (wanted * cfg.vocab).max(1), BackpropOp::none(), false);
-        Ok(t.narrow(0, 0, wanted * cfg.vocab)?.reshape((wanted, cfg.vocab))?)
+        Ok(())
+    }
+}
+
+/// The device addresses one pass reads and writes.
+struct Pass {
+    rows: usize,
+    wanted: usize,
+    x: u64,
+    q: u64,
+    attended: u64,
+    hidden: u64,
+    logits: u64,
+    /// The rows' fields (kernels.cu's ROW_*).
+    fields: u64,
+    ids: u64,
+    /// The rows the head reads.
+    head_rows: u64,
+    ancestors: u64,
+}
+
+/// Passes of at most this many rows are captured as CUDA graphs: decoding steps and
+/// drafts, whose shapes recur; prefill chunks and large batches vary too much to pay back
+/// a capture.
+const GRAPH_MAX_ROWS: usize = 128;
+/// Graphs kept before the cache starts over.
+const GRAPH_CACHE: usize = 256;
+
+/// A pass shape: (rows, rows with logits, generation of the scratch buffers).
+type PassShape = (usize, usize, u64);
+
+/// CUDA graphs of whole passes, by shape. A pass of a shape seen before is captured
+/// once and replayed after: one launch instead of five per layer, which on a one-row
+/// step is most of its time on the host. `SUFFIXD_CUDA_GRAPHS=off` turns them off.
+struct Graphs {
+    enabled: bool,
+    seen: std::collections::HashMap<PassShape, u32>,
+    ready: std::collections::HashMap<PassShape, SendGraph>,
+}
+
+/// A captured graph. CUDA graphs may be used from any thread when calls on them are
+/// serialised, which the scratch mutex does.
+struct SendGraph(CudaGraph);
+// SAFETY: see above: only used under `CudaForward::scratch`'s lock.
+unsafe impl Send for SendGraph {}
+
+impl Default for Graphs {
+    fn default() -> Self {
+        Graphs {
+            enabled: !std::env::var("SUFFIXD_CUDA_GRAPHS").is_ok_and(|v| v == "off"),
+            seen: Default::default(),
+            ready: Default::default(),
+        }
+    }
+}
+
+impl Graphs {
+    /// Run the pass `launch` makes, of shape `key`: replayed from its graph, captured on
+    /// its second sight, or launched one kernel at a time.
+    fn run(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        key: PassShape,
+        launch: impl Fn() -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        if !self.enabled || key.0 > GRAPH_MAX_ROWS {
+            return launch();
+        }
+        if let Some(graph) = self.ready.get(&key) {
+            graph.0.launch()?;
+            return Ok(());
+        }
+        let seen = self.seen.entry(key).or_insert(0);
+        *seen += 1;
+        if *seen < 2 {
+            return launch();
+        }
+        if self.ready.len() >= GRAPH_CACHE {
+            self.ready.clear();
+            self.seen.clear();
+        }
+        match Self::capture(stream, &launch) {
+            Ok(graph) => {
+                graph.launch()?;
+                self.ready.insert(key, SendGraph(graph));
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!("capturing a pass as a CUDA graph failed ({e}): passes are launched kernel by kernel from now on");
+                self.enabled = false;
+                launch()
+            }
+        }
+    }
+
+    /// The launches of `launch`, recorded on `stream` rather than run.
+    fn capture(
+        stream: &Arc<CudaStream>,
+        launch: &impl Fn() -> Result<(), CudaError>,
+    ) -> Result<CudaGraph, CudaError> {
+        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let launched = launch();
+        // The capture ends whatever happened, so that the stream runs work again.
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        launched?;
+        graph?.ok_or_else(|| CudaError::Driver("the capture recorded no graph".into()))
     }
 }
 
@@ -659,7 +819,7 @@ mod tests {
     #[test]
     fn the_kernels_compile_for_hopper() {
         let ptx = super::compile("compute_90").unwrap();
-        for name in ["matmul_qkv_bf16", "matmul_silu_f32", "attention", "kv_keep", "embed_rows"] {
+        for name in ["matmul_qkv_bf16_r1", "matmul_silu_f32_r8", "attention", "kv_keep", "embed_rows"] {
             assert!(ptx.contains(name), "{name} is in the PTX");
         }
     }
