@@ -13,6 +13,7 @@
 # (default: the setup model), UNSEEN (a workload not in this repository; skipped when
 # unset), RESULTS (default target/gpu-check) and CUDA_LIBS (the CUDA 13 libraries; default:
 # those of the machine's PyTorch install, else .cuda-toolkit/) override the defaults.
+# QUICK=1 runs only the suffixd stages of this build (no candle path, peer or profiles).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,13 +68,16 @@ bench() {  # label, time limit, then e2e-bench flags
     grep -o '"cost_curve":.*' "$RESULTS/e2e-$label.log" | head -c 400; echo
 }
 bench agentic-bf16 90 --workload tools/workloads/agentic.jsonl --weights bf16
-SUFFIXD_CUDA_GRAPHS=off bench agentic-bf16-nographs 90 \
-    --workload tools/workloads/agentic.jsonl --weights bf16
-# Before: candle's operations with attention on the host (the path these kernels replace),
-# on the first 4 pipelines, and the kernels on the same 4.
-SUFFIXD_DEVICE_KERNELS=off bench agentic4-f32-candle 90 \
-    --workload tools/workloads/agentic.jsonl --weights f32 --limit 4
-bench agentic4-f32 45 --workload tools/workloads/agentic.jsonl --weights f32 --limit 4
+QUICK=${QUICK:-0}
+if [ "$QUICK" = 0 ]; then
+    SUFFIXD_CUDA_GRAPHS=off bench agentic-bf16-nographs 90 \
+        --workload tools/workloads/agentic.jsonl --weights bf16
+    # Before: candle's operations with attention on the host (the path these kernels
+    # replace), on the first 4 pipelines, and the kernels on the same 4.
+    SUFFIXD_DEVICE_KERNELS=off bench agentic4-f32-candle 90 \
+        --workload tools/workloads/agentic.jsonl --weights f32 --limit 4
+    bench agentic4-f32 45 --workload tools/workloads/agentic.jsonl --weights f32 --limit 4
+fi
 
 [ -n "$UNSEEN" ] && bench unseen-bf16 90 --workload "$UNSEEN" --weights bf16
 bench chat-bf16 60 --workload tools/workloads/chat.jsonl --weights bf16
@@ -105,7 +109,7 @@ serve_load spec
 serve_load plain --no-spec
 
 # The peer on the same GPU and the same first 4 pipelines.
-if python3 -c 'import gguf' 2>/dev/null && [ "$(limit 120)" -gt 0 ]; then
+if [ "$QUICK" = 0 ] && python3 -c 'import gguf' 2>/dev/null && [ "$(limit 120)" -gt 0 ]; then
     PYTHONUNBUFFERED=1 timeout "$(limit 120)" python3 tools/peer-transformers.py --model "$MODEL" \
         --workload tools/workloads/agentic.jsonl --limit 4 >"$RESULTS/peer.log" 2>&1
     note "peer (rc $?): $(grep -E '^transformers|^\{' "$RESULTS/peer.log" | tr '\n' ' ')"
@@ -113,7 +117,7 @@ else
     note "peer: skipped (no gguf package for transformers, or out of time)"
 fi
 # Where a plain decoding step's time goes: every kernel of a few steps, timed by ncu.
-if command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
+if [ "$QUICK" = 0 ] && command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
     timeout "$(limit 90)" ncu --clock-control none --launch-skip 1000 --launch-count 320 \
         --metrics gpu__time_duration.sum --csv \
         "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat \
@@ -121,7 +125,7 @@ if command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
     note "ncu (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu.csv" 2>&1 | tr '\n' ' ')"
 fi
 # The same for candle's path (attention on the host: its time is not in these kernels).
-if command -v ncu >/dev/null && [ "$(limit 45)" -gt 0 ]; then
+if [ "$QUICK" = 0 ] && command -v ncu >/dev/null && [ "$(limit 45)" -gt 0 ]; then
     SUFFIXD_DEVICE_KERNELS=off timeout "$(limit 60)" ncu --clock-control none \
         --launch-skip 3000 --launch-count 1500 --metrics gpu__time_duration.sum --csv \
         "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat --weights f32 \

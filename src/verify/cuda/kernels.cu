@@ -151,6 +151,7 @@ __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
             float ss[ROW_TILE];
 #pragma unroll
             for (int j = 0; j < ROW_TILE; j++) ss[j] = 0.0f;
+#pragma unroll 4
             for (int col = lane * 4; col < a.k; col += 128) {
 #pragma unroll
                 for (int j = 0; j < ROW_TILE; j++) {
@@ -172,6 +173,10 @@ __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
         for (int j = 0; j < ROW_TILE; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[j][c] = 0.0f;
+        // Unrolled so that a one-row tile has several chunks' weight loads in flight
+        // at once: its time is their latency, not arithmetic. (Unrolling keeps every
+        // chain's order.) Wider tiles have the registers for one chunk only.
+#pragma unroll(ROW_TILE == 1 ? 4 : 1)
         for (int col = lane * N; col < a.k; col += 32 * N) {
             float wv[4][N];
 #pragma unroll
@@ -335,6 +340,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
             slots[t] = slot;
             const float* k = keys + (size_t)slot * kvw;
             float dot = 0.0f;
+#pragma unroll 8
             for (int e = 0; e < hd; e += 4) {
                 float4 kv = *(const float4*)(k + e);
                 dot = fmaf(q[e], kv.x, dot);
@@ -360,6 +366,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
         // This thread's share of the weighted values: keys grp, grp + groups, ...
         float pv = 0.0f;
         const int in_chunk = min(ATTN_CHUNK, n - c0);
+#pragma unroll 8
         for (int j = grp; j < in_chunk; j += groups)
             pv = fmaf(p[j], values[(size_t)slots[j] * kvw + d], pv);
         part[t] = pv;
