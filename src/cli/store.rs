@@ -17,9 +17,16 @@ pub(super) struct BuildArgs {
     /// Log files (.jsonl or .jsonl.zst): token ids, text, or OpenAI chat records.
     #[arg(long, num_args = 1.., required = true)]
     logs: Vec<PathBuf>,
-    /// Store directory to write the snapshot into (created if absent).
+    /// Store directory to write the snapshot into (created if absent). A directory that
+    /// already holds a store is refused: the new snapshot would replace it. Add to such a
+    /// store with --append.
     #[arg(long)]
     out: PathBuf,
+    /// Add the logs' responses to the store in --out through its write-ahead log, as a
+    /// server records completed requests (and as `suffixd ingest` does), keeping all it
+    /// holds; refused while a server has the store open.
+    #[arg(long, conflicts_with = "keep_last")]
+    append: bool,
     /// Depth limit of the trees.
     #[arg(long, default_value_t = 24)]
     max_depth: usize,
@@ -53,6 +60,18 @@ pub(super) fn load_tokenizer(path: &Path) -> anyhow::Result<ModelTokenizer> {
 }
 
 pub(super) fn run_build(a: BuildArgs) -> anyhow::Result<()> {
+    if a.append {
+        return run_ingest(IngestArgs {
+            dir: a.out,
+            logs: a.logs,
+            namespace: a.namespace,
+            tokenizer: a.tokenizer,
+            max_depth: a.max_depth,
+            snapshot_every: 0,
+            budget_tokens: None,
+            print_acks: false,
+        });
+    }
     let tokenizer = a.tokenizer.as_deref().map(load_tokenizer).transpose()?;
     let opts = BuildOptions {
         max_depth: a.max_depth,
@@ -109,8 +128,15 @@ pub(super) fn resolve_snapshot(path: &Path) -> anyhow::Result<PathBuf> {
     if path.is_dir() {
         match current_snapshot(path)? {
             Some(p) => Ok(p),
+            // Never advice that writes: a store without a manifest may still hold data
+            // (its log, or snapshot files whose manifest was lost).
             None => bail!(
-                "{} holds no snapshot (no CURRENT manifest); create one with `suffixd build --out {}`",
+                "{} holds no snapshot (no CURRENT manifest). A store that has not snapshotted \
+                 keeps everything in its write-ahead log, which `suffixd serve --snapshot-dir` \
+                 replays; if snapshot files are there, inspect each one (`suffixd inspect \
+                 {}/snap-NNNNNN.sfxd --verify`) and write the name of the newest good one \
+                 into {}/CURRENT",
+                path.display(),
                 path.display(),
                 path.display()
             ),

@@ -7,7 +7,7 @@ use crate::corpus::CorpusError;
 use crate::corpus::logs::{Response, read_log};
 use crate::tree::{GlobalTree, TreeError};
 
-use super::dir::{DirError, next_snapshot_path, publish};
+use super::dir::{DirError, holds_store, lock, next_snapshot_path, publish};
 use super::snapshot::{Header, NamespaceInput, SeqMeta, TokenizerId, WriteError, write_snapshot};
 
 pub use crate::vocab::TextEncoder;
@@ -54,6 +54,14 @@ pub enum BuildError {
         /// What the tokenizer said.
         source: crate::vocab::EncodeError,
     },
+    /// The output directory already holds a store, which a build would replace.
+    #[error(
+        "{path} already holds a store (a snapshot, a manifest or a write-ahead log): a build writes a new store and would replace what it holds. To add these logs to it through its log, as a server would, run `suffixd build --append` (or `suffixd ingest --dir {path}`); to start afresh, build into a new directory"
+    )]
+    StoreExists {
+        /// The directory.
+        path: PathBuf,
+    },
     /// Token-id logs and text logs were mixed: their ids would not agree.
     #[error(
         "{path}: mixes token-id and text records; the ids of token-id logs come from an unknown tokenizer"
@@ -83,8 +91,11 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Read `logs`, build one tree per namespace and write them as the new current snapshot
-/// of `out_dir`. `progress` is called after each record with the count so far.
+/// Read `logs`, build one tree per namespace and write them as the snapshot of a new
+/// store in `out_dir`. `out_dir` must not hold a store already ([`BuildError::StoreExists`]:
+/// the new snapshot would replace it), and its `LOCK` is held throughout, as every writer
+/// holds it, so no server can start on the directory meanwhile. `progress` is called after
+/// each record with the count so far.
 pub fn build_from_logs(
     logs: &[PathBuf],
     out_dir: &Path,
@@ -92,6 +103,16 @@ pub fn build_from_logs(
     encoder: Option<&dyn TextEncoder>,
     mut progress: impl FnMut(u64),
 ) -> Result<BuildReport, BuildError> {
+    std::fs::create_dir_all(out_dir).map_err(|source| DirError::Io {
+        path: out_dir.into(),
+        source,
+    })?;
+    let _lock = lock(out_dir)?;
+    if holds_store(out_dir)? {
+        return Err(BuildError::StoreExists {
+            path: out_dir.into(),
+        });
+    }
     let mut kept: BTreeMap<String, VecDeque<Vec<u32>>> = BTreeMap::new();
     let mut records = 0u64;
     let (mut saw_ids, mut saw_text) = (false, false);

@@ -128,6 +128,27 @@ pub fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
     Ok(found.into_iter().map(|(_, p)| p).collect())
 }
 
+/// Whether `dir` holds a store's data: a manifest, a snapshot file, a write-ahead log
+/// segment or the next-id record. Operators' commands that would start a store afresh
+/// must not run on such a directory.
+pub fn holds_store(dir: &Path) -> Result<bool, DirError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    for entry in entries {
+        let name = entry.map_err(io(dir))?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let wal_segment = name.starts_with("wal-") && name.ends_with(".log");
+        if name == MANIFEST || name == NEXT_ID || snapshot_number(name).is_some() || wal_segment
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// A path for the next snapshot file of `dir` (one past the highest number present).
 pub fn next_snapshot_path(dir: &Path) -> Result<PathBuf, DirError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;

@@ -1,0 +1,140 @@
+//! The operator commands that write to a store directory (`build`, `build --append`,
+//! `ingest`), run as real processes against a stopped store and against a live server:
+//! none of them may replace or lose what the store holds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use suffixd::store::live::{Store, StoreConfig};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_suffixd"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// A token-id log of `n` responses, the k-th starting at `first + 10 k`.
+fn log(dir: &Path, name: &str, first: u32, n: u32) -> PathBuf {
+    let path = dir.join(name);
+    let lines: Vec<String> = (0..n)
+        .map(|k| {
+            let start = first + 10 * k;
+            let response: Vec<u32> = (start..start + 12).collect();
+            serde_json::json!({"prompt": [1, 2, 3], "response": response}).to_string()
+        })
+        .collect();
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+/// Every file of a store directory but its LOCK, with its bytes.
+fn contents(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.file_name().unwrap() != "LOCK")
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .collect()
+}
+
+/// Sequences the store in `dir` holds, opened as a server would open it.
+fn sequences(dir: &Path) -> usize {
+    let store = Store::open(StoreConfig {
+        dir: dir.into(),
+        max_depth: 24,
+        tokenizer: suffixd::store::TokenizerId::UNKNOWN,
+        fsync: suffixd::store::wal::FsyncPolicy::Always,
+        budget_tokens: None,
+        max_age_ms: None,
+        id_origin: 0,
+    })
+    .unwrap();
+    store.stats().cached_sequences
+}
+
+fn assert_refused(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
+    assert!(stderr.contains(needle), "stderr says {needle:?}: {stderr}");
+}
+
+#[test]
+fn build_onto_a_stopped_store_is_refused_and_append_keeps_what_it_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = log(tmp.path(), "first.jsonl", 100, 6);
+    let second = log(tmp.path(), "second.jsonl", 5000, 4);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    // A store with a snapshot (after 4 appends) and 2 records in its log; and one that
+    // has only a log.
+    let store = tmp.path().join("store");
+    let wal_only = tmp.path().join("wal-only");
+    for (dir, every) in [(&store, "4"), (&wal_only, "0")] {
+        let out = run(&["ingest", "--dir", &s(dir), "--logs", &s(&first), "--snapshot-every", every]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(sequences(dir), 6);
+    }
+    assert!(store.join("CURRENT").exists() && !wal_only.join("CURRENT").exists());
+    for dir in [&store, &wal_only] {
+        let before = contents(dir);
+        let out = run(&["build", "--logs", &s(&second), "--out", &s(dir)]);
+        assert_refused(&out, "already holds a store");
+        assert_refused(&out, "--append");
+        assert_eq!(contents(dir), before, "{}: not a byte changed", dir.display());
+        assert_eq!(sequences(dir), 6);
+    }
+    // `inspect` on a store with no snapshot advises nothing that writes.
+    let out = run(&["inspect", &s(&wal_only), "--verify"]);
+    assert_refused(&out, "write-ahead log");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("build --out"));
+    // --append adds through the log and keeps everything.
+    for dir in [&store, &wal_only] {
+        let out = run(&["build", "--logs", &s(&second), "--out", &s(dir), "--append"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(sequences(dir), 10, "{}", dir.display());
+    }
+    // A new directory is built as before.
+    let fresh = tmp.path().join("fresh");
+    let out = run(&["build", "--logs", &s(&second), "--out", &s(&fresh)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(sequences(&fresh), 4);
+}
+
+#[test]
+fn no_command_writes_to_the_store_of_a_live_server() {
+    if !common::model_present() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = log(tmp.path(), "logs.jsonl", 100, 3);
+    let dir = tmp.path().join("store");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    // Made with the model's tokenizer, so that the server takes the store.
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = run(&[
+        "ingest", "--dir", &s(&dir), "--logs", &s(&logs), "--snapshot-every", "2",
+        "--tokenizer", &s(&model),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let server = common::Server::start(&dir);
+    let before = contents(&dir);
+    let (logs, dir_arg) = (s(&logs), s(&dir));
+    for args in [
+        ["build", "--logs", &logs, "--out", &dir_arg, ""],
+        ["build", "--logs", &logs, "--out", &dir_arg, "--append"],
+        ["ingest", "--dir", &dir_arg, "--logs", &logs, ""],
+    ] {
+        let args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
+        assert_refused(&run(&args), "in use");
+    }
+    assert_eq!(contents(&dir), before, "the live store's files are untouched");
+    let (status, _) = common::answer(ureq::get(&format!("{}/metrics", server.base)).call());
+    assert_eq!(status, 200, "the server still answers");
+    server.stop();
+    let out = run(&["inspect", &dir_arg, "--verify"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
