@@ -98,6 +98,59 @@ fn a_flipped_byte_in_the_log_loses_its_record_only_and_is_reported_and_kept() {
     assert!(copy.exists());
 }
 
+/// The last record is no exception: written whole and acknowledged, a bad byte in it is
+/// damage (ERROR, a copy in damaged/, reported by verify), not a write torn by a crash,
+/// which leaves a record shorter than its length says.
+#[test]
+fn a_flipped_byte_in_the_last_record_is_damage_and_a_cut_one_is_a_torn_write() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(cfg(dir.path())).unwrap();
+        for i in 0..5 {
+            s.append("default", &response(i)).unwrap();
+        }
+        s.snapshot().unwrap();
+        for i in 5..8 {
+            s.append("default", &response(i)).unwrap();
+        }
+    }
+    let (_, segment) = segments(dir.path()).unwrap().pop().unwrap();
+    let clean = std::fs::read(&segment).unwrap();
+    let inspect = || {
+        Command::new(env!("CARGO_BIN_EXE_suffixd"))
+            .args(["inspect", "--verify"])
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+
+    // Cut short by 3 bytes: a torn write. Verify passes; opening drops the 3rd record.
+    std::fs::write(&segment, &clean[..clean.len() - 3]).unwrap();
+    let out = inspect();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("torn write"));
+
+    // Whole, with one byte flipped: damage.
+    let mut bytes = clean.clone();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x40;
+    std::fs::write(&segment, &bytes).unwrap();
+    let out = inspect();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("damaged"), "{err}");
+    let s = Store::open(cfg(dir.path())).unwrap();
+    assert_eq!(held(&s), 7, "the two good records after the snapshot are recovered");
+    assert_eq!(s.stats().wal_damaged_at_open.len(), 1);
+    assert!(!s.verify().unwrap().ok);
+    let copy = dir.path().join("damaged").join(segment.file_name().unwrap());
+    assert_eq!(std::fs::read(&copy).unwrap(), bytes, "the evidence is kept");
+    // Later appends go to a fresh segment; the damaged one is never cut.
+    s.append("default", &response(99)).unwrap();
+    assert_eq!(std::fs::read(&segment).unwrap(), bytes);
+    drop(s);
+    assert_eq!(held(&Store::open(cfg(dir.path())).unwrap()), 8);
+}
+
 #[test]
 fn a_lost_manifest_is_refused_with_the_snapshot_to_restore_and_nothing_is_deleted() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,11 +8,14 @@
 //!   `seq u64 | kind u8 | namespace (u16 length + UTF-8) | id u64 | time_ms u64 |
 //!   n u32 | n × token u32` (n = 0 for evictions).
 //!
-//! A torn write at the tail of the newest segment (a short or bad record with no good
-//! one after it) is what a crash mid-append leaves: replay stops there and the next
-//! writer truncates it. A bad record *followed by good ones* is damage, not a torn
-//! tail: replay reports it at ERROR, skips it, recovers every good record after it,
-//! and keeps a copy of the segment in `damaged/`. It never truncates damage away.
+//! A torn write at the tail of the newest segment (a record cut short, with no good one
+//! after it) is what a crash mid-append leaves: the file grows only as a write's bytes
+//! land, so a process killed mid-write leaves a short record. Replay stops there and
+//! the next writer truncates it. A bad record whose whole length is there is damage, not
+//! a torn write, wherever it is (the last record too: its bytes were written and, once
+//! acknowledged, fsynced), as is a bad record *followed by good ones*: replay reports it
+//! at ERROR, skips it, recovers every good record around it, and keeps a copy of the
+//! segment in `damaged/`. It never truncates damage away.
 //!
 //! A write that fails (a full disk) is taken back out of the file before the error
 //! returns, and a failed fsync takes out everything written since the last good one
@@ -238,7 +241,8 @@ pub struct Damage {
 pub struct SegmentScan {
     /// Every good record, in order.
     pub records: Vec<WalRecord>,
-    /// Bad byte runs with good records after them (damage, never a torn write).
+    /// Bad byte runs with good records after them, or a whole last record that fails its
+    /// checks (damage, never a torn write).
     pub damage: Vec<Damage>,
     /// Where trailing bytes that hold no good record start, if there are any: a torn
     /// write in the newest segment, damage in an older one.
@@ -306,6 +310,19 @@ fn record_at(bytes: &[u8], at: usize, after: u64) -> Option<(WalRecord, usize)> 
     Some((rec, FRAME + len as usize))
 }
 
+/// Whether the bytes from `at` to the end are exactly one record's frame and payload by
+/// its length field: a record written whole (a write cut short by a crash leaves fewer
+/// bytes than its length says).
+fn whole_last_record(bytes: &[u8], at: usize) -> bool {
+    let Some(head) = bytes.get(at..at + FRAME) else {
+        return false;
+    };
+    let len = u32::from_le_bytes(head[0..4].try_into().expect("4"));
+    len <= MAX_RECORD
+        && len as usize >= MIN_PAYLOAD
+        && bytes.len() - at - FRAME == len as usize
+}
+
 /// [`read_segment`] on bytes already in memory; `path` is only used in error messages.
 pub fn decode_segment(
     path: &Path,
@@ -344,7 +361,8 @@ pub fn decode_segment(
             at += len;
             continue;
         }
-        // A bad record: damage if a good one follows, a torn tail if none does.
+        // A bad record: damage if a good one follows, or if it is a whole record to
+        // the end of the file; a torn tail if it is cut short.
         match (at + 1..bytes.len()).find(|&p| record_at(bytes, p, last).is_some()) {
             Some(next) => {
                 scan.damage.push(Damage {
@@ -352,6 +370,13 @@ pub fn decode_segment(
                     len: (next - at) as u64,
                 });
                 at = next;
+            }
+            None if whole_last_record(bytes, at) => {
+                scan.damage.push(Damage {
+                    offset: at as u64,
+                    len: (bytes.len() - at) as u64,
+                });
+                break;
             }
             None => {
                 scan.tail = Some(at as u64);
@@ -788,11 +813,23 @@ mod tests {
         let scan = decode_segment(&path, &bytes, tok).unwrap();
         assert_eq!(scan.records.len(), 4);
         assert_eq!(scan.damage.len(), 1);
-        // The same bytes in the last record are a torn tail, not damage.
+        // The same bytes in the last record are damage too: it is there whole.
         let mut bytes = clean.clone();
         let last = bytes.len() - 3;
         bytes[last] ^= 0x40;
         let scan = decode_segment(&path, &bytes, tok).unwrap();
+        assert_eq!(scan.records.len(), 4);
+        assert_eq!(
+            scan.damage,
+            [Damage {
+                offset: HEADER_LEN + 4 * record as u64,
+                len: record as u64
+            }]
+        );
+        assert_eq!(scan.tail, None);
+        // The last record cut short is a torn write, not damage.
+        let cut = &clean[..clean.len() - 3];
+        let scan = decode_segment(&path, cut, tok).unwrap();
         assert_eq!(scan.records.len(), 4);
         assert!(scan.damage.is_empty());
         assert_eq!(scan.tail, Some(HEADER_LEN + 4 * record as u64));
