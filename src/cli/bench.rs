@@ -48,15 +48,17 @@ pub(super) struct BenchArgs {
     json: bool,
 }
 
-fn chat_text(engine: &Engine, content: &str) -> anyhow::Result<String> {
-    engine
+/// The prompt of one user turn, tokenized as the server tokenizes chat requests.
+fn chat_prompt(engine: &Engine, content: &str) -> anyhow::Result<Vec<u32>> {
+    let pieces = engine
         .template()
         .context("the model has no chat template")?
-        .render(&[ChatMessage {
+        .render_pieces(&[ChatMessage {
             role: "user".into(),
             content: content.into(),
         }])
-        .map_err(anyhow::Error::msg)
+        .map_err(anyhow::Error::msg)?;
+    Ok(engine.tokenizer().encode_pieces(&pieces)?)
 }
 
 #[derive(Default, Debug, serde::Serialize)]
@@ -130,11 +132,10 @@ impl Side {
         let (mut tokens, mut seconds) = (0, 0.0);
         let mut prev = String::new();
         for t in &texts {
-            let text = match item {
-                Item::Pipeline { .. } => chat_text(engine, &t.replace("{prev}", &prev))?,
-                _ => t.clone(),
+            let prompt = match item {
+                Item::Pipeline { .. } => chat_prompt(engine, &t.replace("{prev}", &prev))?,
+                _ => engine.tokenizer().encode_text(t)?,
             };
-            let prompt = engine.tokenizer().encode_text(&text)?;
             let t0 = Instant::now();
             let g = if self.speculate {
                 let view = Layered::new(None, &self.global, &self.evicted);

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::chat::ChatMessage;
+use crate::chat::{ChatMessage, PromptPiece};
 use crate::serve::drafter::CacheDrafter;
 use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};
@@ -136,14 +136,16 @@ pub(super) struct GenerateArgs {
 pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
     let params: SpecParams = a.spec.params()?;
     let mut engine = a.model.load()?;
-    let text = match (&a.prompt, &a.chat) {
-        (Some(p), _) => p.clone(),
+    // A raw --prompt is the caller's own markup; a --chat message is content, tokenized
+    // as the server tokenizes it.
+    let pieces = match (&a.prompt, &a.chat) {
+        (Some(p), _) => vec![PromptPiece::Markup(p.clone())],
         (None, Some(c)) => {
             let template = engine
                 .template()
                 .context("the model has no chat template; use --prompt")?;
             template
-                .render(&[ChatMessage {
+                .render_pieces(&[ChatMessage {
                     role: "user".into(),
                     content: c.clone(),
                 }])
@@ -151,7 +153,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give --prompt or --chat"),
     };
-    let prompt = engine.tokenizer().encode_text(&text)?;
+    let prompt = engine.tokenizer().encode_pieces(&pieces)?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: Sampling {

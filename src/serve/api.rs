@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::chat::{ChatMessage, TemplateError};
+use crate::chat::{ChatMessage, PromptPiece, TemplateError};
 use crate::replicate::{RecordOp, ReplicationStats};
 use crate::store::live::StoreStats;
 use crate::verify::engine::{GenerateOptions, Generation, Sampling};
@@ -334,9 +334,9 @@ async fn generate(
     let req: GenerationRequest =
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
     check_supported(&app, &req)?;
-    let text = prompt_text(&app, &req, chat)?;
+    let pieces = prompt_pieces(&app, &req, chat)?;
     let opts = generate_options(&app, &req)?;
-    let prompt = tokenize_prompt(&app, &text, opts.max_tokens)?;
+    let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
     let namespace = namespace_of(&headers, &req)?;
     let (tok_tx, tok_rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
@@ -417,7 +417,14 @@ fn check_supported(app: &AppState, req: &GenerationRequest) -> Result<(), ApiErr
 }
 
 /// The prompt's text: the chat template over `messages`, or `prompt`.
-fn prompt_text(app: &AppState, req: &GenerationRequest, chat: bool) -> Result<String, ApiError> {
+/// The prompt: the chat template's rendering of `messages` (its markup apart from the
+/// contents, which are text whatever they hold), or the completion `prompt`, text too
+/// unless the server allows control tokens in it (`--allow-control-tokens`).
+fn prompt_pieces(
+    app: &AppState,
+    req: &GenerationRequest,
+    chat: bool,
+) -> Result<Vec<PromptPiece>, ApiError> {
     Ok(if chat {
         let messages = req
             .messages
@@ -432,7 +439,7 @@ fn prompt_text(app: &AppState, req: &GenerationRequest, chat: bool) -> Result<St
             .ok_or_else(|| {
                 ApiError::bad_request("this model has no chat template; use /v1/completions")
             })?
-            .render(&messages)
+            .render_pieces(&messages)
             .map_err(|e| match e {
                 TemplateError::Render(_) => ApiError::bad_request(e.to_string()),
                 TemplateError::Compile(_) => ApiError::new(
@@ -447,10 +454,16 @@ fn prompt_text(app: &AppState, req: &GenerationRequest, chat: bool) -> Result<St
                 "`messages` belongs to /v1/chat/completions",
             ));
         }
-        req.prompt
+        let prompt = req
+            .prompt
             .clone()
             .filter(|p| !p.is_empty())
-            .ok_or_else(|| ApiError::bad_request("`prompt` must be a non-empty string"))?
+            .ok_or_else(|| ApiError::bad_request("`prompt` must be a non-empty string"))?;
+        vec![if app.cfg.allow_control_tokens {
+            PromptPiece::Markup(prompt)
+        } else {
+            PromptPiece::Content(prompt)
+        }]
     })
 }
 
@@ -493,23 +506,33 @@ fn generate_options(app: &AppState, req: &GenerationRequest) -> Result<GenerateO
 }
 
 /// The prompt's tokens, refused when they and `max_tokens` cannot fit in the context.
-fn tokenize_prompt(app: &AppState, text: &str, max_tokens: usize) -> Result<Vec<u32>, ApiError> {
+fn tokenize_prompt(
+    app: &AppState,
+    pieces: &[PromptPiece],
+    max_tokens: usize,
+) -> Result<Vec<u32>, ApiError> {
+    let bytes: usize = pieces
+        .iter()
+        .map(|p| match p {
+            PromptPiece::Markup(t) | PromptPiece::Content(t) => t.len(),
+        })
+        .sum();
     // No token is longer than the tokenizer's longest, so a text this long cannot fit:
     // refuse it before tokenizing costs time and memory.
     let most_bytes = app
         .context_len
         .saturating_mul(app.tokenizer.max_token_bytes());
-    if text.len() > most_bytes {
+    if bytes > most_bytes {
         return Err(ApiError::bad_request(format!(
             "this model's maximum context length is {} tokens, and a prompt of {} bytes cannot fit in it",
             app.context_len,
-            text.len()
+            bytes
         ))
         .code("context_length_exceeded"));
     }
     let prompt = app
         .tokenizer
-        .encode_text(text)
+        .encode_pieces(pieces)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if prompt.len() + max_tokens > app.context_len {
         return Err(ApiError::bad_request(format!(

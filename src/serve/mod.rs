@@ -52,6 +52,11 @@ pub struct ServeConfig {
     pub max_tokens_limit: usize,
     /// Speculate (false: plain decoding, for comparison).
     pub speculate: bool,
+    /// Read control-token strings in `/v1/completions` prompts as control tokens (for
+    /// trusted callers that write raw prompts); off: every prompt and message content is
+    /// text.
+    #[serde(default)]
+    pub allow_control_tokens: bool,
     /// Most requests decoded together in one batch.
     pub max_batch: usize,
     /// Most cached tokens (LRU eviction beyond).

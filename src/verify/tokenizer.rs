@@ -45,6 +45,8 @@ pub struct DecodeError(pub String);
 #[derive(Clone)]
 pub struct ModelTokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with control-token strings read as plain text.
+    literal: tokenizers::Tokenizer,
     identity: TokenizerId,
     /// Bytes of the longest vocabulary entry: no token covers more text than that.
     max_token_bytes: usize,
@@ -145,8 +147,11 @@ impl ModelTokenizer {
         // A vocabulary entry spells its text with at least one byte per byte it covers
         // (byte-level BPE: one char per byte; SentencePiece: `▁` for a space).
         let max_token_bytes = vocab.iter().map(|(s, _)| s.len()).max().unwrap_or(1).max(1);
+        let mut literal = inner.clone();
+        literal.set_encode_special_tokens(true);
         Self {
             inner,
+            literal,
             identity,
             max_token_bytes,
         }
@@ -158,6 +163,28 @@ impl ModelTokenizer {
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| EncodeError(e.to_string()))
+    }
+
+    /// Token ids of `text` read as plain text: a control-token string in it (`<|im_end|>`)
+    /// is tokenized as the characters it is made of, never as the control token.
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>, EncodeError> {
+        self.literal
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| EncodeError(e.to_string()))
+    }
+
+    /// Token ids of a chat prompt: markup as [`ModelTokenizer::encode_text`], contents as
+    /// [`ModelTokenizer::encode_literal`].
+    pub fn encode_pieces(&self, pieces: &[crate::chat::PromptPiece]) -> Result<Vec<u32>, EncodeError> {
+        let mut ids = Vec::new();
+        for piece in pieces {
+            ids.extend(match piece {
+                crate::chat::PromptPiece::Markup(text) => self.encode_text(text)?,
+                crate::chat::PromptPiece::Content(text) => self.encode_literal(text)?,
+            });
+        }
+        Ok(ids)
     }
 
     /// Text of `ids`; special tokens are dropped when `skip_special`.
