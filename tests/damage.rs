@@ -127,7 +127,11 @@ fn a_flipped_byte_in_the_last_record_is_damage_and_a_cut_one_is_a_torn_write() {
     // Cut short by 3 bytes: a torn write. Verify passes; opening drops the 3rd record.
     std::fs::write(&segment, &clean[..clean.len() - 3]).unwrap();
     let out = inspect();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("torn write"));
 
     // Whole, with one byte flipped: damage.
@@ -139,10 +143,17 @@ fn a_flipped_byte_in_the_last_record_is_damage_and_a_cut_one_is_a_torn_write() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("damaged"), "{err}");
     let s = Store::open(cfg(dir.path())).unwrap();
-    assert_eq!(held(&s), 7, "the two good records after the snapshot are recovered");
+    assert_eq!(
+        held(&s),
+        7,
+        "the two good records after the snapshot are recovered"
+    );
     assert_eq!(s.stats().wal_damaged_at_open.len(), 1);
     assert!(!s.verify().unwrap().ok);
-    let copy = dir.path().join("damaged").join(segment.file_name().unwrap());
+    let copy = dir
+        .path()
+        .join("damaged")
+        .join(segment.file_name().unwrap());
     assert_eq!(std::fs::read(&copy).unwrap(), bytes, "the evidence is kept");
     // Later appends go to a fresh segment; the damaged one is never cut.
     s.append("default", &response(99)).unwrap();

@@ -37,7 +37,12 @@ fn contents(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.is_file() && p.file_name().unwrap() != "LOCK")
-        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -74,8 +79,20 @@ fn build_onto_a_stopped_store_is_refused_and_append_keeps_what_it_holds() {
     let store = tmp.path().join("store");
     let wal_only = tmp.path().join("wal-only");
     for (dir, every) in [(&store, "4"), (&wal_only, "0")] {
-        let out = run(&["ingest", "--dir", &s(dir), "--logs", &s(&first), "--snapshot-every", every]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = run(&[
+            "ingest",
+            "--dir",
+            &s(dir),
+            "--logs",
+            &s(&first),
+            "--snapshot-every",
+            every,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(sequences(dir), 6);
     }
     assert!(store.join("CURRENT").exists() && !wal_only.join("CURRENT").exists());
@@ -84,7 +101,12 @@ fn build_onto_a_stopped_store_is_refused_and_append_keeps_what_it_holds() {
         let out = run(&["build", "--logs", &s(&second), "--out", &s(dir)]);
         assert_refused(&out, "already holds a store");
         assert_refused(&out, "--append");
-        assert_eq!(contents(dir), before, "{}: not a byte changed", dir.display());
+        assert_eq!(
+            contents(dir),
+            before,
+            "{}: not a byte changed",
+            dir.display()
+        );
         assert_eq!(sequences(dir), 6);
     }
     // `inspect` on a store with no snapshot advises nothing that writes.
@@ -94,13 +116,21 @@ fn build_onto_a_stopped_store_is_refused_and_append_keeps_what_it_holds() {
     // --append adds through the log and keeps everything.
     for dir in [&store, &wal_only] {
         let out = run(&["build", "--logs", &s(&second), "--out", &s(dir), "--append"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(sequences(dir), 10, "{}", dir.display());
     }
     // A new directory is built as before.
     let fresh = tmp.path().join("fresh");
     let out = run(&["build", "--logs", &s(&second), "--out", &s(&fresh)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(sequences(&fresh), 4);
 }
 
@@ -114,12 +144,24 @@ fn no_command_writes_to_the_store_of_a_live_server() {
     let dir = tmp.path().join("store");
     let s = |p: &Path| p.to_str().unwrap().to_string();
     // Made with the model's tokenizer, so that the server takes the store.
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let out = run(&[
-        "ingest", "--dir", &s(&dir), "--logs", &s(&logs), "--snapshot-every", "2",
-        "--tokenizer", &s(&model),
+        "ingest",
+        "--dir",
+        &s(&dir),
+        "--logs",
+        &s(&logs),
+        "--snapshot-every",
+        "2",
+        "--tokenizer",
+        &s(&model),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let server = common::Server::start(&dir);
     let before = contents(&dir);
     let (logs, dir_arg) = (s(&logs), s(&dir));
@@ -131,10 +173,18 @@ fn no_command_writes_to_the_store_of_a_live_server() {
         let args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
         assert_refused(&run(&args), "in use");
     }
-    assert_eq!(contents(&dir), before, "the live store's files are untouched");
+    assert_eq!(
+        contents(&dir),
+        before,
+        "the live store's files are untouched"
+    );
     let (status, _) = common::answer(ureq::get(&format!("{}/metrics", server.base)).call());
     assert_eq!(status, 200, "the server still answers");
     server.stop();
     let out = run(&["inspect", &dir_arg, "--verify"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

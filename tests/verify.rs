@@ -22,9 +22,11 @@ fn model() -> Option<PathBuf> {
     unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
     // SUFFIXD_MODEL names the model where the checkout is not where it was built (a
     // test binary carried to a GPU machine).
-    let p = std::env::var_os("SUFFIXD_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
+    let p = std::env::var_os("SUFFIXD_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
     if p.exists() {
         return Some(p);
     }
@@ -49,7 +51,12 @@ fn device() -> candle_core::Device {
 /// those its own kernels run.
 fn exact_formats() -> Vec<WeightFormat> {
     if device().is_cpu() {
-        vec![WeightFormat::Q8_0, WeightFormat::Native, WeightFormat::F32, WeightFormat::Bf16]
+        vec![
+            WeightFormat::Q8_0,
+            WeightFormat::Native,
+            WeightFormat::F32,
+            WeightFormat::Bf16,
+        ]
     } else {
         vec![WeightFormat::F32, WeightFormat::Bf16]
     }
@@ -116,13 +123,8 @@ fn prompts() -> Vec<String> {
 #[test]
 fn speculative_greedy_output_equals_plain_greedy_output() {
     let Some(path) = model() else { return };
-    let mut engine = Engine::load(
-        &path,
-        WeightFormat::default_for_build(),
-        1024,
-        &device(),
-    )
-    .unwrap();
+    let mut engine =
+        Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
     // Verify every draft whole: the most tree verification and KV compaction to check.
     engine.set_cost_curve(CostCurve::flat());
     let params = SpecParams {
@@ -213,13 +215,8 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
 fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
     use suffixd::verify::engine::{Drafter, Sequence};
     let Some(path) = model() else { return };
-    let mut engine = Engine::load(
-        &path,
-        WeightFormat::default_for_build(),
-        1024,
-        &device(),
-    )
-    .unwrap();
+    let mut engine =
+        Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
     engine.set_cost_curve(CostCurve::flat());
     let params = SpecParams {
         tree: true,
@@ -415,13 +412,26 @@ fn the_gpu_pass_agrees_with_the_cpu_pass() {
         all
     };
     for format in [WeightFormat::F32, WeightFormat::Bf16] {
-        let (cpu, dev) = (logits(&candle_core::Device::Cpu, format), logits(&gpu, format));
+        let (cpu, dev) = (
+            logits(&candle_core::Device::Cpu, format),
+            logits(&gpu, format),
+        );
         assert_eq!(cpu.len(), dev.len());
-        assert!(dev.iter().all(|x| x.is_finite()), "{format:?}: finite GPU logits");
-        let diff: f64 = cpu.iter().zip(&dev).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        assert!(
+            dev.iter().all(|x| x.is_finite()),
+            "{format:?}: finite GPU logits"
+        );
+        let diff: f64 = cpu
+            .iter()
+            .zip(&dev)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
         let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
         let rel = (diff / norm).sqrt();
         eprintln!("{format:?}: relative difference GPU vs CPU {rel:.3e}");
-        assert!(rel < 1e-3, "{format:?}: GPU logits differ from the CPU's by {rel:.3e}");
+        assert!(
+            rel < 1e-3,
+            "{format:?}: GPU logits differ from the CPU's by {rel:.3e}"
+        );
     }
 }

@@ -141,8 +141,7 @@ pub fn holds_store(dir: &Path) -> Result<bool, DirError> {
         let name = entry.map_err(io(dir))?.file_name();
         let Some(name) = name.to_str() else { continue };
         let wal_segment = name.starts_with("wal-") && name.ends_with(".log");
-        if name == MANIFEST || name == NEXT_ID || snapshot_number(name).is_some() || wal_segment
-        {
+        if name == MANIFEST || name == NEXT_ID || snapshot_number(name).is_some() || wal_segment {
             return Ok(true);
         }
     }

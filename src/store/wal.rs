@@ -318,9 +318,7 @@ fn whole_last_record(bytes: &[u8], at: usize) -> bool {
         return false;
     };
     let len = u32::from_le_bytes(head[0..4].try_into().expect("4"));
-    len <= MAX_RECORD
-        && len as usize >= MIN_PAYLOAD
-        && bytes.len() - at - FRAME == len as usize
+    len <= MAX_RECORD && len as usize >= MIN_PAYLOAD && bytes.len() - at - FRAME == len as usize
 }
 
 /// [`read_segment`] on bytes already in memory; `path` is only used in error messages.

@@ -926,7 +926,9 @@ impl Model {
         let freqs = pos.broadcast_mul(&inv)?;
         let (cos, sin) = (freqs.cos()?, freqs.sin()?);
         #[cfg(feature = "cuda")]
-        let cuda = super::cuda::build(&cfg, &embed, &layers, &norm, &head, &cos, &sin, device, format)?;
+        let cuda = super::cuda::build(
+            &cfg, &embed, &layers, &norm, &head, &cos, &sin, device, format,
+        )?;
         #[cfg(not(feature = "cuda"))]
         let _ = format;
         Ok(Model {

@@ -176,7 +176,10 @@ impl ModelTokenizer {
 
     /// Token ids of a chat prompt: markup as [`ModelTokenizer::encode_text`], contents as
     /// [`ModelTokenizer::encode_literal`].
-    pub fn encode_pieces(&self, pieces: &[crate::chat::PromptPiece]) -> Result<Vec<u32>, EncodeError> {
+    pub fn encode_pieces(
+        &self,
+        pieces: &[crate::chat::PromptPiece],
+    ) -> Result<Vec<u32>, EncodeError> {
         let mut ids = Vec::new();
         for piece in pieces {
             ids.extend(match piece {

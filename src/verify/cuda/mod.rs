@@ -23,7 +23,9 @@ use candle_core::cuda_backend::cudarc::nvrtc::{CompileOptions, compile_ptx_with_
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
 
-use super::model::{BatchEntry, BatchPlan, Layer, LlamaConfig, Linear, ModelError, NormWeights, WeightFormat};
+use super::model::{
+    BatchEntry, BatchPlan, Layer, Linear, LlamaConfig, ModelError, NormWeights, WeightFormat,
+};
 
 /// The kernels' source.
 pub const KERNELS: &str = include_str!("kernels.cu");
@@ -70,7 +72,8 @@ pub fn compile(arch: &'static str) -> Result<String, CudaError> {
         options: vec!["--std=c++17".into()],
         ..Default::default()
     };
-    let ptx = compile_ptx_with_opts(KERNELS, opts).map_err(|e| CudaError::Compile(e.to_string()))?;
+    let ptx =
+        compile_ptx_with_opts(KERNELS, opts).map_err(|e| CudaError::Compile(e.to_string()))?;
     Ok(ptx.to_src())
 }
 
@@ -201,8 +204,13 @@ pub struct DeviceKv {
 impl DeviceKv {
     /// An empty cache with room for `need` rows.
     fn new(keeper: Arc<KvKeeper>, need: usize) -> Result<Self, CudaError> {
-        let cap = need.max(256).next_multiple_of(256).min(keeper.context.max(need));
-        let buf = keeper.stream.alloc_zeros::<f32>(keeper.layers * 2 * cap * keeper.row)?;
+        let cap = need
+            .max(256)
+            .next_multiple_of(256)
+            .min(keeper.context.max(need));
+        let buf = keeper
+            .stream
+            .alloc_zeros::<f32>(keeper.layers * 2 * cap * keeper.row)?;
         Ok(DeviceKv { buf, cap, keeper })
     }
 
@@ -216,10 +224,16 @@ impl DeviceKv {
             return Ok(());
         }
         let k = &self.keeper;
-        let cap = need.max(2 * self.cap).max(256).next_multiple_of(256).min(k.context.max(need));
+        let cap = need
+            .max(2 * self.cap)
+            .max(256)
+            .next_multiple_of(256)
+            .min(k.context.max(need));
         let mut buf = k.stream.alloc_zeros::<f32>(k.layers * 2 * cap * k.row)?;
         for region in (0..k.layers * 2).filter(|_| len > 0) {
-            let from = self.buf.slice(region * self.cap * k.row..(region * self.cap + len) * k.row);
+            let from = self
+                .buf
+                .slice(region * self.cap * k.row..(region * self.cap + len) * k.row);
             let mut to = buf.slice_mut(region * cap * k.row..(region * cap + len) * k.row);
             k.stream.memcpy_dtod(&from, &mut to)?;
         }
@@ -236,7 +250,13 @@ impl DeviceKv {
         let k = &self.keeper;
         let ids: Vec<i32> = accepted.iter().map(|&i| i as i32).collect();
         let ids = k.stream.clone_htod(&ids)?;
-        let (base, cap, row, len, n) = (self.base(), self.cap as i32, k.row as i32, len as i32, ids.len() as i32);
+        let (base, cap, row, len, n) = (
+            self.base(),
+            self.cap as i32,
+            k.row as i32,
+            len as i32,
+            ids.len() as i32,
+        );
         let cfg = LaunchConfig {
             grid_dim: ((k.layers * 2) as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -324,7 +344,17 @@ pub(super) fn build(
     let (Some(tensors), Some(head)) = (tensors, head.device_matrix()) else {
         return Ok(None);
     };
-    match CudaForward::new(gpu, cfg, embed, &tensors, &norm.device, &head, cos, sin, bf16) {
+    match CudaForward::new(
+        gpu,
+        cfg,
+        embed,
+        &tensors,
+        &norm.device,
+        &head,
+        cos,
+        sin,
+        bf16,
+    ) {
         Ok(forward) => Ok(Some(forward)),
         Err(CudaError::Shape(why)) => {
             tracing::warn!("{why}: candle's operations run this model, with attention on the host");
@@ -391,11 +421,24 @@ impl CudaForward {
             .unwrap_or(0)
             / 2;
         let need = |ok: bool, what: &str| {
-            if ok { Ok(()) } else { Err(CudaError::Shape(what.into())) }
+            if ok {
+                Ok(())
+            } else {
+                Err(CudaError::Shape(what.into()))
+            }
         };
-        need(w % 8 == 0 && qw % 8 == 0 && ffn % 8 == 0, "widths must be multiples of 8")?;
-        need(hd % 4 == 0 && hd <= 128 && 256 % hd == 0, "head_dim must be 32, 64 or 128")?;
-        need(cfg.heads % cfg.kv_heads == 0, "heads must be a multiple of kv_heads")?;
+        need(
+            w % 8 == 0 && qw % 8 == 0 && ffn % 8 == 0,
+            "widths must be multiples of 8",
+        )?;
+        need(
+            hd % 4 == 0 && hd <= 128 && 256 % hd == 0,
+            "head_dim must be 32, 64 or 128",
+        )?;
+        need(
+            cfg.heads % cfg.kv_heads == 0,
+            "heads must be a multiple of kv_heads",
+        )?;
         need(cfg.vocab % 4 == 0, "the vocabulary must be a multiple of 4")?;
         let stream = device.cuda_stream();
         let ptx = compile(arch_of(stream.context().compute_capability()?))?;
@@ -488,7 +531,10 @@ impl CudaForward {
         let (w, which) = self.matrix_ptr(m);
         args.w = w;
         let rows = args.rows as usize;
-        let tile = TILES.iter().position(|&t| t >= rows).unwrap_or(TILES.len() - 1);
+        let tile = TILES
+            .iter()
+            .position(|&t| t >= rows)
+            .unwrap_or(TILES.len() - 1);
         let cfg = LaunchConfig {
             grid_dim: ((args.groups as u32).div_ceil(8), 1, 1),
             block_dim: (256, 1, 1),
@@ -558,14 +604,16 @@ impl CudaForward {
             scratch.generation += 1;
         }
         let fields = scratch.fields.as_mut().expect("just set");
-        self.stream.memcpy_htod(host.as_slice(), &mut fields.slice_mut(..host.len()))?;
+        self.stream
+            .memcpy_htod(host.as_slice(), &mut fields.slice_mut(..host.len()))?;
         let fields = self.ptr(scratch.fields.as_ref().expect("just set"));
         let at = |i: usize| fields + 4 * i as u64;
 
         let generation = &mut scratch.generation;
-        let mut buffer = |slot: &mut Option<CudaSlice<f32>>, len: usize| -> Result<u64, CudaError> {
-            Ok(self.ptr(ensure(&self.stream, slot, len, generation)?))
-        };
+        let mut buffer =
+            |slot: &mut Option<CudaSlice<f32>>, len: usize| -> Result<u64, CudaError> {
+                Ok(self.ptr(ensure(&self.stream, slot, len, generation)?))
+            };
         let pass = Pass {
             rows,
             wanted,
@@ -580,7 +628,9 @@ impl CudaForward {
             ancestors: at(anc_at),
         };
         let key = (rows, wanted, scratch.generation);
-        scratch.graphs.run(&self.stream, key, || self.launch_pass(&pass))?;
+        scratch
+            .graphs
+            .run(&self.stream, key, || self.launch_pass(&pass))?;
 
         // The logits, out of the scratch buffer into a tensor of their own.
         let n = wanted * cfg.vocab;
@@ -588,7 +638,8 @@ impl CudaForward {
         let mut logits = unsafe { self.stream.alloc::<f32>(n.max(1)) }?;
         if n > 0 {
             let from = scratch.logits.as_ref().expect("made above");
-            self.stream.memcpy_dtod(&from.slice(..n), &mut logits.slice_mut(..n))?;
+            self.stream
+                .memcpy_dtod(&from.slice(..n), &mut logits.slice_mut(..n))?;
         }
         let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(logits, self.device.clone()));
         let t = Tensor::from_storage(storage, n.max(1), BackpropOp::none(), false);
@@ -641,16 +692,23 @@ impl CudaForward {
             meta_rows: rows as i32,
         };
         for (l, layer) in self.layers.iter().enumerate() {
-            self.launch_matmul(&self.kernels.qkv, &layer.qkv, MatmulArgs {
-                x: p.x,
-                norm_w: self.ptr(&layer.attn_norm),
-                q_out: p.q,
-                k: width as i32,
-                groups: ((qw + 2 * kvw) / 4) as i32,
+            self.launch_matmul(
+                &self.kernels.qkv,
+                &layer.qkv,
+                MatmulArgs {
+                    x: p.x,
+                    norm_w: self.ptr(&layer.attn_norm),
+                    q_out: p.q,
+                    k: width as i32,
+                    groups: ((qw + 2 * kvw) / 4) as i32,
+                    layer: l as i32,
+                    ..base
+                },
+            )?;
+            let args = AttentionArgs {
                 layer: l as i32,
-                ..base
-            })?;
-            let args = AttentionArgs { layer: l as i32, ..attention };
+                ..attention
+            };
             let mut b = self.stream.launch_builder(&self.kernels.attention);
             b.arg(&args);
             // SAFETY: args matches AttentionArgs; every row's keys were written by this
@@ -662,47 +720,63 @@ impl CudaForward {
                     shared_mem_bytes: 0,
                 })
             }?;
-            self.launch_matmul(&self.kernels.residual, &layer.wo, MatmulArgs {
-                x: p.attended,
-                out: p.x,
-                resid: p.x,
-                k: qw as i32,
-                groups: (width / 4) as i32,
-                out_stride: width as i32,
-                ..base
-            })?;
-            self.launch_matmul(&self.kernels.silu, &layer.gate_up, MatmulArgs {
-                x: p.x,
-                norm_w: self.ptr(&layer.ffn_norm),
-                out: p.hidden,
-                k: width as i32,
-                groups: (self.ffn / 2) as i32,
-                out_stride: self.ffn as i32,
-                kv_width: self.ffn as i32,
-                ..base
-            })?;
-            self.launch_matmul(&self.kernels.residual, &layer.down, MatmulArgs {
-                x: p.hidden,
-                out: p.x,
-                resid: p.x,
-                k: self.ffn as i32,
-                groups: (width / 4) as i32,
-                out_stride: width as i32,
-                ..base
-            })?;
+            self.launch_matmul(
+                &self.kernels.residual,
+                &layer.wo,
+                MatmulArgs {
+                    x: p.attended,
+                    out: p.x,
+                    resid: p.x,
+                    k: qw as i32,
+                    groups: (width / 4) as i32,
+                    out_stride: width as i32,
+                    ..base
+                },
+            )?;
+            self.launch_matmul(
+                &self.kernels.silu,
+                &layer.gate_up,
+                MatmulArgs {
+                    x: p.x,
+                    norm_w: self.ptr(&layer.ffn_norm),
+                    out: p.hidden,
+                    k: width as i32,
+                    groups: (self.ffn / 2) as i32,
+                    out_stride: self.ffn as i32,
+                    kv_width: self.ffn as i32,
+                    ..base
+                },
+            )?;
+            self.launch_matmul(
+                &self.kernels.residual,
+                &layer.down,
+                MatmulArgs {
+                    x: p.hidden,
+                    out: p.x,
+                    resid: p.x,
+                    k: self.ffn as i32,
+                    groups: (width / 4) as i32,
+                    out_stride: width as i32,
+                    ..base
+                },
+            )?;
         }
         if p.wanted > 0 {
-            self.launch_matmul(&self.kernels.plain, &self.head, MatmulArgs {
-                x: p.x,
-                row_map: p.head_rows,
-                norm_w: self.ptr(&self.norm),
-                out: p.logits,
-                k: width as i32,
-                groups: (cfg.vocab / 4) as i32,
-                rows: p.wanted as i32,
-                out_stride: cfg.vocab as i32,
-                ..base
-            })?;
+            self.launch_matmul(
+                &self.kernels.plain,
+                &self.head,
+                MatmulArgs {
+                    x: p.x,
+                    row_map: p.head_rows,
+                    norm_w: self.ptr(&self.norm),
+                    out: p.logits,
+                    k: width as i32,
+                    groups: (cfg.vocab / 4) as i32,
+                    rows: p.wanted as i32,
+                    out_stride: cfg.vocab as i32,
+                    ..base
+                },
+            )?;
         }
         Ok(())
     }
@@ -792,7 +866,9 @@ impl Graphs {
                 Ok(())
             }
             Err(e) => {
-                tracing::warn!("capturing a pass as a CUDA graph failed ({e}): passes are launched kernel by kernel from now on");
+                tracing::warn!(
+                    "capturing a pass as a CUDA graph failed ({e}): passes are launched kernel by kernel from now on"
+                );
                 self.enabled = false;
                 launch()
             }
@@ -819,7 +895,13 @@ mod tests {
     #[test]
     fn the_kernels_compile_for_hopper() {
         let ptx = super::compile("compute_90").unwrap();
-        for name in ["matmul_qkv_bf16_r1", "matmul_silu_f32_r8", "attention", "kv_keep", "embed_rows"] {
+        for name in [
+            "matmul_qkv_bf16_r1",
+            "matmul_silu_f32_r8",
+            "attention",
+            "kv_keep",
+            "embed_rows",
+        ] {
             assert!(ptx.contains(name), "{name} is in the PTX");
         }
     }
