@@ -428,18 +428,21 @@ impl CudaForward {
             }
         };
         need(
-            w % 8 == 0 && qw % 8 == 0 && ffn % 8 == 0,
+            w.is_multiple_of(8) && qw.is_multiple_of(8) && ffn.is_multiple_of(8),
             "widths must be multiples of 8",
         )?;
         need(
-            hd % 4 == 0 && hd <= 128 && 256 % hd == 0,
-            "head_dim must be 32, 64 or 128",
+            hd.is_multiple_of(4) && hd <= 128 && 256usize.is_multiple_of(hd),
+            "head_dim must be a multiple of 4 that divides 256, at most 128",
         )?;
         need(
-            cfg.heads % cfg.kv_heads == 0,
+            cfg.heads.is_multiple_of(cfg.kv_heads),
             "heads must be a multiple of kv_heads",
         )?;
-        need(cfg.vocab % 4 == 0, "the vocabulary must be a multiple of 4")?;
+        need(
+            cfg.vocab.is_multiple_of(4),
+            "the vocabulary must be a multiple of 4",
+        )?;
         let stream = device.cuda_stream();
         let ptx = compile(arch_of(stream.context().compute_capability()?))?;
         let module = stream
