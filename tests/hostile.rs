@@ -432,3 +432,39 @@ fn control_token_strings_in_content_are_text_not_control_tokens() {
         parsed as u64
     );
 }
+
+/// Guessing the admin token runs at 20 tries a second, not at the speed of a connection:
+/// past that, admin requests get 429 for the rest of the second, then the right token
+/// works again. Tokens that differ early and late are refused alike.
+#[test]
+fn wrong_admin_tokens_are_rate_limited() {
+    if !model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path());
+    let wrong = |token: &str| {
+        let r = ureq::get(&format!("{}/admin/stats", s.base))
+            .set("authorization", &format!("Bearer {token}"))
+            .call();
+        common::answer(r).0
+    };
+    // Until the first 429 (a slow machine may cross into a new second on the way, which
+    // starts the count again; so the 429 is looked for over many tries).
+    let mut statuses = Vec::new();
+    for i in 0..200 {
+        let near_miss = format!("{}{}", &common::TOKEN[..common::TOKEN.len() - 1], i % 10);
+        statuses.push(wrong(if i % 2 == 0 { "x" } else { &near_miss }));
+        if statuses.last() == Some(&429) {
+            break;
+        }
+    }
+    assert!(statuses[..20].iter().all(|&st| st == 401), "{statuses:?}");
+    assert_eq!(
+        statuses.last(),
+        Some(&429),
+        "wrong tokens past 20 a second wait: {statuses:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(s.get("/admin/stats", true).0, 200);
+}

@@ -188,3 +188,40 @@ fn no_command_writes_to_the_store_of_a_live_server() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A FIFO where a snapshot, a manifest or a log segment should be is refused at once,
+/// never waited on (opening a FIFO for reading blocks until a writer comes).
+#[test]
+fn fifos_in_a_store_are_refused_not_waited_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let fifo = |p: &Path| {
+        let made = Command::new("mkfifo").arg(p).status().unwrap();
+        assert!(made.success());
+    };
+    let t = std::time::Instant::now();
+    let snap = tmp.path().join("snap-000001.sfxd");
+    fifo(&snap);
+    assert_refused(&run(&["inspect", &s(&snap)]), "not a regular file");
+    let dir = tmp.path().join("store");
+    std::fs::create_dir(&dir).unwrap();
+    fifo(&dir.join("CURRENT"));
+    assert_refused(&run(&["inspect", &s(&dir)]), "not a regular file");
+    let logs = log(tmp.path(), "logs.jsonl", 100, 2);
+    let wal_dir = tmp.path().join("wal");
+    std::fs::create_dir(&wal_dir).unwrap();
+    fifo(&wal_dir.join("wal-0000000000000001.log"));
+    let out = run(&[
+        "build",
+        "--append",
+        "--logs",
+        &s(&logs),
+        "--out",
+        &s(&wal_dir),
+    ]);
+    assert_refused(&out, "not a regular file");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "nothing waited"
+    );
+}

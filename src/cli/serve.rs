@@ -227,8 +227,14 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     let tokenizer = engine.tokenizer().clone();
     let template = engine.template().cloned();
     let params = a.spec.params()?;
-    if cfg.admin_token.is_none() {
-        tracing::warn!("SUFFIXD_ADMIN_TOKEN is not set: the admin API is disabled");
+    match &cfg.admin_token {
+        None => tracing::warn!("SUFFIXD_ADMIN_TOKEN is not set: the admin API is disabled"),
+        // An Authorization header carries visible ASCII; clients cannot send a token with
+        // whitespace (a trailing newline from a file), control or non-ASCII characters.
+        Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => tracing::warn!(
+            "SUFFIXD_ADMIN_TOKEN holds whitespace, control or non-ASCII characters, which no HTTP client can send in an Authorization header: the admin API will refuse every request. Set it to visible ASCII (strip a trailing newline)"
+        ),
+        Some(_) => {}
     }
     serve(cfg, engine, tokenizer, template, model_id, params)?;
     Ok(())

@@ -685,11 +685,22 @@ fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
             "the admin API is disabled: set SUFFIXD_ADMIN_TOKEN to enable it",
         ));
     };
+    if !app.admin_guard.may_try() {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "more than {} wrong admin tokens in the last second: admin requests are refused until it has passed",
+                AdminGuard::FAILURES_PER_SECOND
+            ),
+        ));
+    }
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given != Some(token.as_str()) {
+    if !given.is_some_and(|g| same_secret(g.as_bytes(), token.as_bytes())) {
+        app.admin_guard.failed();
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
@@ -697,6 +708,48 @@ fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// Whether `given` equals `secret`, in a time that depends on their lengths only, not on
+/// where they first differ (which would let a client find the token byte by byte).
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != secret.len());
+    for (i, &s) in secret.iter().enumerate() {
+        diff |= s ^ given.get(i).copied().unwrap_or(!s);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// A cap on wrong admin tokens: past [`AdminGuard::FAILURES_PER_SECOND`] in one second,
+/// every admin request is refused (429) for the rest of it, so guessing runs at that
+/// rate rather than as fast as a connection carries requests.
+#[derive(Default)]
+pub struct AdminGuard {
+    /// The current one-second window and the failures in it.
+    window: std::sync::Mutex<(Option<std::time::Instant>, u32)>,
+}
+
+impl AdminGuard {
+    /// Wrong tokens allowed per second.
+    pub const FAILURES_PER_SECOND: u32 = 20;
+
+    fn current(&self) -> std::sync::MutexGuard<'_, (Option<std::time::Instant>, u32)> {
+        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        if w.0
+            .is_none_or(|start| start.elapsed() >= std::time::Duration::from_secs(1))
+        {
+            *w = (Some(std::time::Instant::now()), 0);
+        }
+        w
+    }
+
+    fn may_try(&self) -> bool {
+        self.current().1 < Self::FAILURES_PER_SECOND
+    }
+
+    fn failed(&self) {
+        self.current().1 += 1;
+    }
 }
 
 /// `POST /admin/snapshot` and `POST /admin/compact`: start in the background, answer 202

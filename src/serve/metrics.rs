@@ -59,6 +59,8 @@ impl Histogram {
 struct Inner {
     requests: u64,
     errors: u64,
+    /// Admin snapshot jobs that failed.
+    failed_jobs: u64,
     prompt_tokens: u64,
     generated_tokens: u64,
     steps: u64,
@@ -150,6 +152,11 @@ impl Metrics {
     pub fn cost_curve(&self) -> serde_json::Value {
         let m = self.inner.lock().expect("metrics");
         serde_json::to_value(&m.cost_curve).unwrap_or_default()
+    }
+
+    /// Count an admin job that failed.
+    pub fn record_failed_job(&self) {
+        self.inner.lock().expect("metrics").failed_jobs += 1;
     }
 
     /// Count a request that failed.
@@ -283,6 +290,11 @@ fn render_totals(
         "suffixd_request_errors_total",
         "Requests that failed.",
         m.errors,
+    );
+    counter(
+        "suffixd_admin_jobs_failed_total",
+        "Admin snapshot jobs that failed (each logged at ERROR).",
+        m.failed_jobs,
     );
     counter(
         "suffixd_prompt_tokens_total",

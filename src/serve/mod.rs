@@ -112,6 +112,8 @@ pub struct AppState {
     ids: AtomicU64,
     /// Replication, when `--replicate` is set.
     pub replication: Option<Replication>,
+    /// The cap on wrong admin tokens.
+    pub admin_guard: api::AdminGuard,
 }
 
 impl AppState {
@@ -145,6 +147,8 @@ impl AppState {
                     done
                 }
                 Err(e) => {
+                    app.metrics.record_failed_job();
+                    tracing::error!("admin job {job}: the snapshot failed: {e}");
                     serde_json::json!({"job": job, "status": "failed", "error": e.to_string()})
                 }
             };
@@ -239,6 +243,7 @@ pub fn serve(
         jobs_status: Mutex::new(HashMap::new()),
         ids: AtomicU64::new(1),
         replication,
+        admin_guard: Default::default(),
     });
     if let (Some(every), Some(_)) = (cfg.publish_snapshots_s, &cfg.replicate) {
         publish_snapshots_every(&app, std::time::Duration::from_secs(every))?;

@@ -48,6 +48,11 @@ pub enum OpenError {
     /// The file is empty.
     #[error("snapshot {0} is empty (zero bytes): it was never written completely; delete it")]
     Empty(PathBuf),
+    /// The path is not a regular file (a directory, a FIFO, a device).
+    #[error(
+        "{0} is not a regular file, so it is not a snapshot; point at a snapshot file or a store directory"
+    )]
+    NotAFile(PathBuf),
     /// The file does not start with the snapshot magic.
     #[error("{0} is not a suffixd snapshot (wrong magic bytes)")]
     ForeignFile(PathBuf),
@@ -63,7 +68,7 @@ pub enum OpenError {
     },
     /// The file is shorter than its header says.
     #[error(
-        "snapshot {path} is truncated: {actual} bytes, the header says {expected}; restore it or rebuild it with `suffixd build`"
+        "snapshot {path} is truncated: {actual} bytes, the header says {expected}; restore it, or rebuild it with `suffixd build` into a new directory"
     )]
     Truncated {
         /// The file.
@@ -74,7 +79,9 @@ pub enum OpenError {
         expected: u64,
     },
     /// A checksum or structural check failed.
-    #[error("snapshot {path} is corrupt: {what}; restore it or rebuild it with `suffixd build`")]
+    #[error(
+        "snapshot {path} is corrupt: {what}; restore it, or rebuild it with `suffixd build` into a new directory"
+    )]
     Corrupt {
         /// The file.
         path: PathBuf,
@@ -545,6 +552,10 @@ impl Snapshot {
             path: path.into(),
             source,
         };
+        // Opening a FIFO for reading waits for a writer: look before opening.
+        if !std::fs::metadata(path).map_err(io)?.is_file() {
+            return Err(OpenError::NotAFile(path.into()));
+        }
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
