@@ -600,9 +600,21 @@ fn a_replica_behind_the_stream_s_retention_catches_up_from_a_published_snapshot(
     let b_own: Vec<u64> = (15..18)
         .map(|i| b.store.append("default", &response(i)).unwrap())
         .collect();
-    wait_for("a and b hold all 18", || {
-        a.cached().len() == 18 && b.cached().len() == 18
-    });
+    // This wait timed out once in a full .ci/run (2026-11-26; the file alone passed in
+    // 9 s right after): the replicas' state says why next time.
+    wait_for_or(
+        "a and b hold all 18",
+        || a.cached().len() == 18 && b.cached().len() == 18,
+        || {
+            format!(
+                "a holds {}: {:?}; b holds {}: {:?}",
+                a.cached().len(),
+                a.stats(),
+                b.cached().len(),
+                b.stats()
+            )
+        },
+    );
     wait_for("b has published its own", || b.stats().unpublished == 0);
     drop(b);
 
