@@ -3,20 +3,16 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_suffixd"))
-}
+mod common;
+
+use common::{assert_clean_failure, run};
 
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("examples/data")
         .join(name)
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("the binary runs")
 }
 
 /// `suffixd simulate --warm WARM --test TEST EXTRA...`
@@ -36,19 +32,6 @@ fn last_json(out: &Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().expect("some output");
     serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
-}
-
-fn assert_clean_failure(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "expected failure, got success; stderr: {stderr}"
-    );
-    assert!(
-        !stderr.contains("panicked"),
-        "panicked instead of reporting: {stderr}"
-    );
-    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
 }
 
 fn total_response_tokens(path: &Path) -> u64 {

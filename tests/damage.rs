@@ -41,21 +41,26 @@ fn held(store: &Store) -> usize {
         .sum()
 }
 
+/// A store in `dir` with 5 responses in its snapshot and `logged` more in its log only;
+/// returns the newest log segment.
+fn store_with_log(dir: &Path, logged: u32) -> std::path::PathBuf {
+    let s = Store::open(cfg(dir)).unwrap();
+    for i in 0..5 {
+        s.append("default", &response(i)).unwrap();
+    }
+    s.snapshot().unwrap();
+    for i in 5..5 + logged {
+        s.append("default", &response(i)).unwrap();
+    }
+    drop(s);
+    segments(dir).unwrap().pop().unwrap().1
+}
+
 #[test]
 fn a_flipped_byte_in_the_log_loses_its_record_only_and_is_reported_and_kept() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let s = Store::open(cfg(dir.path())).unwrap();
-        for i in 0..5 {
-            s.append("default", &response(i)).unwrap();
-        }
-        s.snapshot().unwrap();
-        for i in 5..15 {
-            s.append("default", &response(i)).unwrap();
-        }
-    }
     // One byte inside the third record after the snapshot.
-    let (_, segment) = segments(dir.path()).unwrap().pop().unwrap();
+    let segment = store_with_log(dir.path(), 10);
     let mut bytes = std::fs::read(&segment).unwrap();
     let record = (bytes.len() - 24) / 10;
     bytes[24 + 2 * record + 30] ^= 0x10;
@@ -104,17 +109,7 @@ fn a_flipped_byte_in_the_log_loses_its_record_only_and_is_reported_and_kept() {
 #[test]
 fn a_flipped_byte_in_the_last_record_is_damage_and_a_cut_one_is_a_torn_write() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let s = Store::open(cfg(dir.path())).unwrap();
-        for i in 0..5 {
-            s.append("default", &response(i)).unwrap();
-        }
-        s.snapshot().unwrap();
-        for i in 5..8 {
-            s.append("default", &response(i)).unwrap();
-        }
-    }
-    let (_, segment) = segments(dir.path()).unwrap().pop().unwrap();
+    let segment = store_with_log(dir.path(), 3);
     let clean = std::fs::read(&segment).unwrap();
     let inspect = || {
         Command::new(env!("CARGO_BIN_EXE_suffixd"))

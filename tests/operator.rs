@@ -6,16 +6,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
+use common::{assert_clean_failure as assert_refused, run};
 use suffixd::store::live::{Store, StoreConfig};
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_suffixd"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
 
 /// A token-id log of `n` responses, the k-th starting at `first + 10 k`.
 fn log(dir: &Path, name: &str, first: u32, n: u32) -> PathBuf {
@@ -59,13 +53,6 @@ fn sequences(dir: &Path) -> usize {
     })
     .unwrap();
     store.stats().cached_sequences
-}
-
-fn assert_refused(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "refused; stderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
-    assert!(stderr.contains(needle), "stderr says {needle:?}: {stderr}");
 }
 
 #[test]
@@ -144,8 +131,7 @@ fn no_command_writes_to_the_store_of_a_live_server() {
     let dir = tmp.path().join("store");
     let s = |p: &Path| p.to_str().unwrap().to_string();
     // Made with the model's tokenizer, so that the server takes the store.
-    let model =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let model = common::model_path();
     let out = run(&[
         "ingest",
         "--dir",

@@ -96,16 +96,7 @@ pub fn lock(dir: &Path) -> Result<std::fs::File, DirError> {
 /// The snapshot file that the manifest of `dir` names, if any.
 pub fn current_snapshot(dir: &Path) -> Result<Option<PathBuf>, DirError> {
     let manifest = dir.join(MANIFEST);
-    // Reading a FIFO waits for a writer: look before reading.
-    match std::fs::metadata(&manifest) {
-        Ok(m) if !m.is_file() => {
-            return Err(io(&manifest)(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file, so not a manifest: move it aside",
-            )));
-        }
-        _ => {}
-    }
+    super::snapshot::refuse_non_regular(&manifest, "manifest").map_err(io(&manifest))?;
     let name = match std::fs::read_to_string(&manifest) {
         Ok(s) => s.trim().to_string(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

@@ -48,11 +48,6 @@ pub enum OpenError {
     /// The file is empty.
     #[error("snapshot {0} is empty (zero bytes): it was never written completely; delete it")]
     Empty(PathBuf),
-    /// The path is not a regular file (a directory, a FIFO, a device).
-    #[error(
-        "{0} is not a regular file, so it is not a snapshot; point at a snapshot file or a store directory"
-    )]
-    NotAFile(PathBuf),
     /// The file does not start with the snapshot magic.
     #[error("{0} is not a suffixd snapshot (wrong magic bytes)")]
     ForeignFile(PathBuf),
@@ -389,6 +384,18 @@ pub fn write_snapshot(
     Ok(header)
 }
 
+/// An error unless `path` is a regular file or absent: opening a FIFO for reading waits
+/// for a writer, so a store looks before it opens. `what` names what the file should be.
+pub(crate) fn refuse_non_regular(path: &Path, what: &str) -> std::io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a regular file, so not a {what}: move it aside"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Write a file whole or not at all: `write` fills `tmp`, which is fsynced, renamed over
 /// `path`, and the directory fsynced. A failure before the rename removes `tmp` (a
 /// half-written file would hold the space a full disk needs back). `fault_prefix` names
@@ -552,10 +559,7 @@ impl Snapshot {
             path: path.into(),
             source,
         };
-        // Opening a FIFO for reading waits for a writer: look before opening.
-        if !std::fs::metadata(path).map_err(io)?.is_file() {
-            return Err(OpenError::NotAFile(path.into()));
-        }
+        refuse_non_regular(path, "snapshot").map_err(io)?;
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {

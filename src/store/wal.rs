@@ -282,13 +282,7 @@ pub fn read_segment(path: &Path, expected: TokenizerId) -> Result<SegmentScan, W
         path: path.into(),
         source,
     };
-    // Opening a FIFO for reading waits for a writer: look before opening.
-    if !std::fs::metadata(path).map_err(io)?.is_file() {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file, so not a log segment: move it out of the store directory",
-        )));
-    }
+    super::snapshot::refuse_non_regular(path, "log segment").map_err(io)?;
     let mut bytes = Vec::new();
     File::open(path)
         .map_err(io)?

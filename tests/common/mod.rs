@@ -13,11 +13,37 @@ use serde_json::Value;
 /// The admin token the servers are started with.
 pub const TOKEN: &str = "test-admin-token";
 
+/// Where tools/setup.sh installs the default model.
+pub fn model_path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Run the `suffixd` binary with `args` to completion.
+pub fn run(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_suffixd"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// `out` is a failure that says `needle` on stderr, without a panic.
+pub fn assert_clean_failure(out: &std::process::Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "panicked instead of reporting: {stderr}"
+    );
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}
+
 /// Whether the default model is installed; without it, panic unless the environment
 /// asks to skip model tests.
 pub fn model_present() -> bool {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
+    if model_path().exists() {
         return true;
     }
     if std::env::var_os("SUFFIXD_SKIP_MODEL_TESTS").is_some() {

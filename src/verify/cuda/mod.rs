@@ -53,12 +53,6 @@ impl From<candle_core::cuda_backend::cudarc::driver::DriverError> for CudaError 
     }
 }
 
-impl From<CudaError> for candle_core::Error {
-    fn from(e: CudaError) -> Self {
-        candle_core::Error::Msg(e.to_string())
-    }
-}
-
 /// Compile the kernels for the GPU's architecture, to PTX (no GPU needed).
 pub fn compile(arch: &'static str) -> Result<String, CudaError> {
     let opts = CompileOptions {
