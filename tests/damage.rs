@@ -209,7 +209,7 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
     write_snapshot(
         &path,
         TOKENIZER,
-        0,
+        (0, 0),
         &[NamespaceInput {
             name: "default",
             tree: &tree,

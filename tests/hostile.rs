@@ -201,7 +201,7 @@ fn damaged_token_ids_give_wrong_drafts_at_worst_and_are_never_copied() {
     write_snapshot(
         &bad,
         tokenizer,
-        u64::MAX >> 1,
+        (0, u64::MAX >> 1),
         &[NamespaceInput {
             name: "default",
             tree: &tree,

@@ -211,3 +211,93 @@ fn fifos_in_a_store_are_refused_not_waited_on() {
         "nothing waited"
     );
 }
+
+/// The sequences of the store in `dir`, as `(id, tokens)`, opened as a server would.
+fn held(dir: &Path) -> BTreeMap<u64, Vec<u32>> {
+    let store = Store::open(StoreConfig {
+        dir: dir.into(),
+        max_depth: 24,
+        tokenizer: suffixd::store::TokenizerId::UNKNOWN,
+        fsync: suffixd::store::wal::FsyncPolicy::Always,
+        budget_tokens: None,
+        max_age_ms: None,
+        id_origin: 0,
+    })
+    .unwrap();
+    let view = store.read();
+    let ns = &view.namespaces["default"];
+    ns.ids().map(|id| (id, ns.tokens_of(id).unwrap())).collect()
+}
+
+fn ingest(dir: &Path, logs: &Path, snapshot_every: &str) {
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let out = run(&[
+        "ingest",
+        "--dir",
+        &s(dir),
+        "--logs",
+        &s(logs),
+        "--snapshot-every",
+        snapshot_every,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The documented restore (copy a snapshot and its CURRENT into a store directory) of a
+/// snapshot from another store, whose log position counts that store's log: the local
+/// log's records, which it does not hold, are all kept; the ones whose ids the other
+/// store also used keep their tokens under fresh ids.
+#[test]
+fn restoring_another_stores_snapshot_keeps_every_record_of_this_stores_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local = tmp.path().join("local");
+    let other = tmp.path().join("other");
+    // The local store: 3 acknowledged appends, only in its log (ids 1, 2, 3).
+    ingest(&local, &log(tmp.path(), "local.jsonl", 100, 3), "0");
+    // The other store: 6 appends and a snapshot of them (ids 1..6, log position 6).
+    ingest(&other, &log(tmp.path(), "other.jsonl", 5000, 6), "6");
+    let before: Vec<Vec<u32>> = held(&local).into_values().collect();
+    let theirs: Vec<Vec<u32>> = held(&other).into_values().collect();
+    assert_eq!((before.len(), theirs.len()), (3, 6));
+    let current = std::fs::read_to_string(other.join("CURRENT")).unwrap();
+    std::fs::copy(other.join(current.trim()), local.join(current.trim())).unwrap();
+    std::fs::copy(other.join("CURRENT"), local.join("CURRENT")).unwrap();
+    for start in 0..2 {
+        let after = held(&local);
+        let mut tokens: Vec<Vec<u32>> = after.values().cloned().collect();
+        tokens.sort();
+        let mut expected = [before.clone(), theirs.clone()].concat();
+        expected.sort();
+        assert_eq!(tokens, expected, "start {start}: both stores' sequences");
+    }
+    // Appends after the restore, a snapshot, and a restart keep all of it.
+    ingest(&local, &log(tmp.path(), "more.jsonl", 9000, 2), "2");
+    assert_eq!(held(&local).len(), 11);
+}
+
+/// A snapshot whose log position is past anything the log has written (here the
+/// counter's last value, as a forged or damaged file could hold) does not hide the
+/// appends made after it: the log's numbering never wraps to 0 behind it.
+#[test]
+fn a_snapshot_position_past_the_log_hides_no_later_append() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    ingest(&dir, &log(tmp.path(), "first.jsonl", 100, 3), "3");
+    let current = std::fs::read_to_string(dir.join("CURRENT")).unwrap();
+    let snap = dir.join(current.trim());
+    let mut bytes = std::fs::read(&snap).unwrap();
+    use suffixd::store::snapshot::HEADER_LEN;
+    bytes[56..64].copy_from_slice(&u64::MAX.to_le_bytes());
+    bytes[80..88].copy_from_slice(&0u64.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..HEADER_LEN - 4]);
+    bytes[HEADER_LEN - 4..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&snap, bytes).unwrap();
+    // Five acknowledged appends after it, then a stop without a snapshot.
+    ingest(&dir, &log(tmp.path(), "later.jsonl", 7000, 5), "0");
+    assert_eq!(held(&dir).len(), 8);
+    assert_eq!(held(&dir).len(), 8, "and again after a second start");
+}

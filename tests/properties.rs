@@ -539,7 +539,7 @@ fn frozen_copy(tree: &GlobalTree, dir: &std::path::Path) -> Snapshot {
     write_snapshot(
         &path,
         TokenizerId::UNKNOWN,
-        0,
+        (0, 0),
         &[NamespaceInput {
             name: "default",
             tree,

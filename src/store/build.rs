@@ -176,7 +176,7 @@ pub fn build_from_logs(
     }
     let inputs = NamespaceInput::borrowing(&trees);
     let path = next_snapshot_path(out_dir)?;
-    let header = write_snapshot(&path, tokenizer, 0, &inputs)?;
+    let header = write_snapshot(&path, tokenizer, (0, 0), &inputs)?;
     publish(out_dir, &path)?;
     Ok(BuildReport {
         path,

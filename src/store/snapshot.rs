@@ -134,6 +134,9 @@ pub struct Header {
     pub created_unix_ms: u64,
     /// The last write-ahead-log record folded into this snapshot (0: none).
     pub wal_seq: u64,
+    /// The id of the log `wal_seq` counts in ([`crate::store::wal::Wal::log_id`]); 0 for
+    /// snapshots built from files and for files written before the field existed.
+    pub log_id: u64,
     /// Bytes in the archive.
     pub archive_len: u64,
     /// Every tree's wide children lists are in descending count order (flag bit 0).
@@ -255,6 +258,7 @@ fn encode_header(h: &Header) -> [u8; HEADER_LEN] {
     b[64..72].copy_from_slice(&h.archive_len.to_le_bytes());
     b[72..76].copy_from_slice(&h.namespaces.to_le_bytes());
     b[76..80].copy_from_slice(&(h.wide_lists_sorted as u32 * FLAG_WIDE_LISTS_SORTED).to_le_bytes());
+    b[80..88].copy_from_slice(&h.log_id.to_le_bytes());
     let crc = crc32fast::hash(&b[..HEADER_LEN - 4]);
     b[HEADER_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
     b
@@ -314,6 +318,7 @@ fn decode_frame(path: &Path, b: &[u8]) -> Result<Header, OpenError> {
         archive_len: u64_at(b, 64),
         namespaces: u32_at(b, 72),
         wide_lists_sorted: u32_at(b, 76) & FLAG_WIDE_LISTS_SORTED != 0,
+        log_id: u64_at(b, 80),
     };
     let expected = (HEADER_LEN as u64)
         .checked_add(h.archive_len)
@@ -342,7 +347,7 @@ fn decode_frame(path: &Path, b: &[u8]) -> Result<Header, OpenError> {
 pub fn write_snapshot(
     path: &Path,
     tokenizer: TokenizerId,
-    wal_seq: u64,
+    (log_id, wal_seq): (u64, u64),
     namespaces: &[NamespaceInput<'_>],
 ) -> Result<Header, WriteError> {
     let io = |source| WriteError::Io {
@@ -367,6 +372,7 @@ pub fn write_snapshot(
         sequences: namespaces.iter().map(|n| n.tree.len() as u64).sum(),
         created_unix_ms: unix_ms(),
         wal_seq,
+        log_id,
         archive_len: archive.len() as u64,
         wide_lists_sorted: true,
     };

@@ -2,8 +2,12 @@
 //! before it changes the in-memory delta, so that an acknowledged append survives kill -9.
 //!
 //! File `wal-<first seq>.log` in the store directory:
-//! - header (24 bytes): magic `SFXDWAL\0`, format version u32, vocabulary size u32,
-//!   vocabulary hash u64;
+//! - header (32 bytes): magic `SFXDWAL\0`, format version u32 (2), vocabulary size
+//!   u32, vocabulary hash u64, log id u64. Version 1 segments (24 bytes, no log id) are
+//!   still read. The log id is drawn at random when a log starts and every segment of it
+//!   carries it; a snapshot records the id of the log it cut, so that replay can tell
+//!   this log's snapshot from one restored from another store (whose position counts
+//!   another log's records);
 //! - records: `len u32 | crc32 u32 | payload[len]`, little-endian. The payload is
 //!   `seq u64 | kind u8 | namespace (u16 length + UTF-8) | id u64 | time_ms u64 |
 //!   n u32 | n × token u32` (n = 0 for evictions).
@@ -37,8 +41,11 @@ use super::faults;
 use super::snapshot::TokenizerId;
 
 const MAGIC: [u8; 8] = *b"SFXDWAL\0";
-const VERSION: u32 = 1;
-const HEADER_LEN: u64 = 24;
+const VERSION: u32 = 2;
+/// Header bytes of a version 2 segment (the one written).
+const HEADER_LEN: u64 = 32;
+/// Header bytes of a version 1 segment (no log id).
+const HEADER_LEN_V1: u64 = 24;
 /// Largest record accepted on replay: anything bigger is damage, not data.
 const MAX_RECORD: u32 = 64 << 20;
 
@@ -113,6 +120,14 @@ pub enum WalError {
         path: PathBuf,
         /// The record.
         seq: u64,
+    },
+    /// Sequence numbers ran out (a log reaches this only from a forged snapshot or log).
+    #[error(
+        "write-ahead log {path}: its sequence numbers are exhausted; start a new store directory and ingest the data"
+    )]
+    Exhausted {
+        /// The segment.
+        path: PathBuf,
     },
     /// The log was written for another tokenizer.
     #[error(
@@ -249,6 +264,9 @@ pub struct SegmentScan {
     pub tail: Option<u64>,
     /// Bytes of the segment.
     pub len: u64,
+    /// The id of the log the segment belongs to (0: a version 1 segment, or one torn
+    /// before its header was whole).
+    pub log_id: u64,
 }
 
 impl SegmentScan {
@@ -332,13 +350,25 @@ pub fn decode_segment(
         len: bytes.len() as u64,
         ..SegmentScan::default()
     };
-    if bytes.len() < HEADER_LEN as usize {
+    if bytes.len() < HEADER_LEN_V1 as usize {
         // A segment torn before its header was complete holds no records.
         scan.tail = Some(0);
         return Ok(scan);
     }
-    if bytes[..8] != MAGIC || u32::from_le_bytes(bytes[8..12].try_into().expect("4")) != VERSION {
+    if bytes[..8] != MAGIC {
         return Err(WalError::Foreign { path: path.into() });
+    }
+    let header_len = match u32::from_le_bytes(bytes[8..12].try_into().expect("4")) {
+        1 => HEADER_LEN_V1,
+        VERSION => HEADER_LEN,
+        _ => return Err(WalError::Foreign { path: path.into() }),
+    };
+    if bytes.len() < header_len as usize {
+        scan.tail = Some(0);
+        return Ok(scan);
+    }
+    if header_len == HEADER_LEN {
+        scan.log_id = u64::from_le_bytes(bytes[24..32].try_into().expect("8"));
     }
     let found = TokenizerId {
         vocab_size: u32::from_le_bytes(bytes[12..16].try_into().expect("4")),
@@ -351,7 +381,7 @@ pub fn decode_segment(
             expected,
         });
     }
-    let mut at = HEADER_LEN as usize;
+    let mut at = header_len as usize;
     let mut last = 0;
     while at < bytes.len() {
         if let Some((rec, len)) = record_at(bytes, at, last) {
@@ -458,6 +488,8 @@ struct Writer {
     discarded_through: u64,
     /// A failed write or fsync left bytes past `bytes` that are not yet taken out.
     needs_repair: bool,
+    /// The log's id, written into every new segment.
+    log_id: u64,
 }
 
 impl Writer {
@@ -513,16 +545,23 @@ pub struct Wal {
 impl Wal {
     /// Open the log of `dir` for appending after `last_seq`: to the newest segment,
     /// truncating its torn tail (`intact_len` from [`SegmentScan::intact_len`]), or to a
-    /// new segment when `newest` is `None`.
+    /// new segment when `newest` is `None`. New segments carry `log_id`, the id of the
+    /// log found in the directory ([`SegmentScan::log_id`]); 0 starts a new log with a
+    /// random id.
     pub fn open(
         dir: &Path,
         tokenizer: TokenizerId,
         policy: FsyncPolicy,
         last_seq: u64,
         newest: Option<(&Path, u64)>,
+        log_id: u64,
     ) -> Result<Self, WalError> {
+        let log_id = match log_id {
+            0 => new_log_id(),
+            id => id,
+        };
         let writer = match newest {
-            Some((path, intact)) if intact >= HEADER_LEN => {
+            Some((path, intact)) if intact >= HEADER_LEN_V1 => {
                 let io = |source| WalError::Io {
                     path: path.into(),
                     source,
@@ -539,9 +578,13 @@ impl Wal {
                     synced_bytes: intact,
                     discarded_through: 0,
                     needs_repair: false,
+                    log_id,
                 }
             }
-            _ => new_segment(dir, tokenizer, last_seq + 1, last_seq)?,
+            _ => {
+                let first = next_seq(dir, last_seq)?;
+                new_segment(dir, tokenizer, first, last_seq, log_id)?
+            }
         };
         Ok(Wal {
             dir: dir.into(),
@@ -565,7 +608,7 @@ impl Wal {
     pub fn write(&self, op: WalOp) -> Result<u64, WalError> {
         let mut w = self.writer.lock().expect("wal writer lock");
         w.repair()?;
-        let seq = w.written + 1;
+        let seq = next_seq(&w.path, w.written)?;
         let bytes = encode(&WalRecord { seq, op });
         if let Err(source) = faults::write_all("wal-write", &mut w.file, &bytes) {
             w.take_back();
@@ -631,8 +674,9 @@ impl Wal {
             return Err(w.io(source));
         }
         *synced = w.written;
-        let next = w.written + 1;
-        *w = new_segment(&self.dir, self.tokenizer, next, w.written)?;
+        let next = next_seq(&w.path, w.written)?;
+        let log_id = w.log_id;
+        *w = new_segment(&self.dir, self.tokenizer, next, w.written, log_id)?;
         Ok(next)
     }
 
@@ -663,6 +707,27 @@ impl Wal {
     pub fn current_bytes(&self) -> u64 {
         self.writer.lock().expect("wal writer lock").bytes
     }
+
+    /// The log's id: what a snapshot of it records ([`super::snapshot::Header::log_id`]).
+    pub fn log_id(&self) -> u64 {
+        self.writer.lock().expect("wal writer lock").log_id
+    }
+}
+
+/// A fresh log id: random, never 0 (which means "unknown").
+fn new_log_id() -> u64 {
+    loop {
+        let id = rand::random::<u64>();
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// The sequence number after `last`: an error rather than a wrap to 0, which would put
+/// every later record behind the snapshot's cut.
+fn next_seq(path: &Path, last: u64) -> Result<u64, WalError> {
+    last.checked_add(1).ok_or_else(|| WalError::Exhausted { path: path.into() })
 }
 
 fn new_segment(
@@ -670,6 +735,7 @@ fn new_segment(
     tokenizer: TokenizerId,
     first_seq: u64,
     written: u64,
+    log_id: u64,
 ) -> Result<Writer, WalError> {
     let path = dir.join(segment_name(first_seq));
     let io = |source| WalError::Io {
@@ -688,6 +754,7 @@ fn new_segment(
     h.extend_from_slice(&VERSION.to_le_bytes());
     h.extend_from_slice(&tokenizer.vocab_size.to_le_bytes());
     h.extend_from_slice(&tokenizer.vocab_hash.to_le_bytes());
+    h.extend_from_slice(&log_id.to_le_bytes());
     let created = faults::write_all("wal-new-segment", &mut file, &h)
         .and_then(|_| file.sync_all())
         .and_then(|_| super::snapshot::sync_dir(dir));
@@ -705,6 +772,7 @@ fn new_segment(
         synced_bytes: HEADER_LEN,
         discarded_through: 0,
         needs_repair: false,
+        log_id,
     })
 }
 
@@ -716,7 +784,7 @@ mod tests {
     fn records_round_trip_and_a_torn_tail_ends_the_log() {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
-        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None).unwrap();
+        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         let a = WalOp::Append {
             namespace: "acme".into(),
             id: 7,
@@ -751,6 +819,7 @@ mod tests {
             FsyncPolicy::Always,
             1,
             Some((&path, intact2)),
+            0,
         )
         .unwrap();
         assert_eq!(
@@ -772,6 +841,36 @@ mod tests {
             Err(WalError::TokenizerMismatch { .. })
         ));
     }
+
+    #[test]
+    fn every_segment_of_a_log_carries_its_id_and_version_1_segments_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = TokenizerId::UNKNOWN;
+        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
+        let id = wal.log_id();
+        assert_ne!(id, 0);
+        wal.append(append("n", 1)).unwrap();
+        wal.rotate().unwrap();
+        wal.append(append("n", 2)).unwrap();
+        assert_eq!(wal.log_id(), id);
+        for (_, path) in segments(dir.path()).unwrap() {
+            assert_eq!(read_segment(&path, tok).unwrap().log_id, id);
+        }
+        // A version 1 segment: the same records behind the 24-byte header.
+        let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
+        let v2 = std::fs::read(&path).unwrap();
+        let mut v1 = v2[..24].to_vec();
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&v2[32..]);
+        let scan = decode_segment(&path, &v1, tok).unwrap();
+        assert_eq!(scan.log_id, 0);
+        assert_eq!(scan.records, read_segment(&path, tok).unwrap().records);
+        assert!(scan.damage.is_empty() && scan.tail.is_none());
+        // The counter never wraps.
+        let opened = Wal::open(dir.path(), tok, FsyncPolicy::Always, u64::MAX, None, id);
+        assert!(matches!(opened, Err(WalError::Exhausted { .. })));
+    }
+
     fn append(ns: &str, id: u64) -> WalOp {
         WalOp::Append {
             namespace: ns.into(),
@@ -785,7 +884,7 @@ mod tests {
     fn a_bad_record_between_good_ones_is_damage_and_the_good_ones_are_recovered() {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
-        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None).unwrap();
+        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         for id in 1..=5 {
             wal.append(append("n", id)).unwrap();
         }
@@ -838,7 +937,7 @@ mod tests {
     fn check_dir_reports_damage_and_a_bad_tail_of_a_sealed_segment() {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
-        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None).unwrap();
+        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         wal.append(append("n", 1)).unwrap();
         wal.append(append("n", 2)).unwrap();
         wal.rotate().unwrap();

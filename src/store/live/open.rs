@@ -1,6 +1,7 @@
 //! Opening a store: its current snapshot, then the write-ahead log after it.
 
 use super::*;
+use crate::store::wal::SegmentScan;
 
 impl Store {
     /// Open the store in `cfg.dir`: its current snapshot (if any), then the WAL.
@@ -11,25 +12,23 @@ impl Store {
         })?;
         let lock = crate::store::dir::lock(&cfg.dir)?;
         let mut state = State::new(&cfg);
-        let mut wal_seq = 0;
         let current = current_snapshot(&cfg.dir)?;
         if current.is_none() {
             Self::refuse_to_orphan_snapshots(&cfg)?;
         }
+        let mut cut = None;
         if let Some(path) = current {
             let snap = Snapshot::open(&path, Some(cfg.tokenizer))?;
-            wal_seq = snap.header().wal_seq;
+            let h = snap.header();
+            cut = Some((path.clone(), h.log_id, h.wal_seq));
             state = State::from_snapshot(&cfg, snap, state.next_id, |_, _| None)?;
         }
-        // Replay the log after the snapshot.
         let io = |source| DirError::Io {
             path: cfg.dir.clone(),
             source,
         };
         let segs = segments(&cfg.dir).map_err(io)?;
-        let mut last = wal_seq;
-        let mut newest = None;
-        let mut replayed = 0;
+        let mut scans = Vec::with_capacity(segs.len());
         let mut wal_damage = Vec::new();
         for (i, (_, path)) in segs.iter().enumerate() {
             let scan = read_segment(path, cfg.tokenizer)?;
@@ -42,8 +41,7 @@ impl Store {
                 );
             }
             let damage = scan.damage(is_newest);
-            let damaged = !damage.is_empty();
-            if damaged {
+            if !damage.is_empty() {
                 let copy = quarantine(&cfg.dir, path).map_err(io)?;
                 tracing::error!(
                     "write-ahead log {} is damaged: {} bad byte run(s) ({} bytes, at offsets {:?}) were skipped and the records in them are lost; the {} good records around them were recovered. A copy of the segment is in {}; the next snapshot folds the recovered records in",
@@ -56,25 +54,55 @@ impl Store {
                 );
                 wal_damage.push((path.clone(), damage));
             }
-            for r in scan.records.iter().cloned() {
-                last = last.max(r.seq);
-                if r.seq <= wal_seq {
-                    continue;
+            scans.push(scan);
+        }
+        let log = LogPosition::of(&segs, &scans);
+        // Replay the log after the snapshot: from its cut when it was taken of this log,
+        // every record otherwise.
+        let replay = match &cut {
+            Some((path, log_id, wal_seq)) => log.replay_after(path, *log_id, *wal_seq),
+            None => Replay::After(0),
+        };
+        let mut replayed = 0;
+        let mut over_foreign = ForeignReplay::new(&cfg, &state, &scans);
+        for r in scans.iter().flat_map(|s| s.records.iter()) {
+            let applied = match replay {
+                Replay::After(cut) if r.seq <= cut => None,
+                Replay::After(_) => {
+                    Self::apply(&cfg, &mut state, &r.op)?;
+                    Some(r.op.clone())
                 }
-                Self::apply(&cfg, &mut state, &r.op)?;
-                state.since_cut.push((r.seq, r.op));
+                Replay::Everything => over_foreign.apply(&cfg, &mut state, &r.op)?,
+            };
+            if let Some(op) = applied {
+                state.since_cut.push((r.seq, op));
                 replayed += 1;
             }
-            // Appending goes on in the newest segment, unless it is damaged: then in a
-            // fresh one, so that the damaged file is only ever read.
-            newest = (!damaged).then(|| (path.clone(), scan.intact_len()));
         }
+        if let (Replay::Everything, Some((path, _, wal_seq))) = (replay, &cut) {
+            over_foreign.report(path, *wal_seq, &log);
+        }
+        // Appending goes on in the newest segment, unless it is damaged: then in a
+        // fresh one, so that the damaged file is only ever read.
+        let newest = match (segs.last(), scans.last()) {
+            (Some((_, path)), Some(scan)) if scan.damage(true).is_empty() => {
+                Some((path.clone(), scan.intact_len()))
+            }
+            _ => None,
+        };
+        let last = match (replay, &cut) {
+            // A cut of this log past its end (its newest segments were removed): carry
+            // on after the cut, so no number the snapshot holds is used twice.
+            (Replay::After(cut), _) => log.last.max(cut),
+            _ => log.last,
+        };
         let wal = Wal::open(
             &cfg.dir,
             cfg.tokenizer,
             cfg.fsync,
             last,
             newest.as_ref().map(|(p, i)| (p.as_path(), *i)),
+            log.id,
         )?;
         // Ids handed out and evicted before the last snapshot's cut are only in NEXT_ID.
         if let Some(next) = crate::store::dir::read_next_id(&cfg.dir)
@@ -160,5 +188,186 @@ impl Store {
             advice,
         }
         .into())
+    }
+}
+
+/// Where the directory's log stands, as read at open.
+struct LogPosition {
+    /// Its id (0: no segment, or only version 1 segments).
+    id: u64,
+    /// The highest sequence number it has used: its last record, or the number before
+    /// its newest segment's first (a segment is named by the first number it holds).
+    last: u64,
+    /// Whether any segment is there at all.
+    exists: bool,
+    /// Records in it.
+    records: usize,
+}
+
+impl LogPosition {
+    fn of(segs: &[(u64, PathBuf)], scans: &[SegmentScan]) -> Self {
+        let last_record = scans
+            .iter()
+            .flat_map(|s| s.records.last())
+            .map(|r| r.seq)
+            .max()
+            .unwrap_or(0);
+        let named = segs.last().map_or(0, |(first, _)| first.saturating_sub(1));
+        LogPosition {
+            id: scans.iter().rev().map(|s| s.log_id).find(|&id| id != 0).unwrap_or(0),
+            last: last_record.max(named),
+            exists: !segs.is_empty(),
+            records: scans.iter().map(|s| s.records.len()).sum(),
+        }
+    }
+
+    /// How to replay this log over a snapshot that cut log `log_id` at `wal_seq`.
+    ///
+    /// A snapshot's position counts the records of the log it was taken from. Skipping
+    /// this log's records up to it is right only when that log is this one: the same
+    /// id, or, for files that predate log ids, a position this log has reached. A
+    /// snapshot restored from another store, one built from files, or one whose position
+    /// is past anything this log has written (a wrapped or forged counter) says nothing
+    /// about which of this log's records it holds, so every record is replayed over it.
+    fn replay_after(&self, path: &Path, log_id: u64, wal_seq: u64) -> Replay {
+        let same_log = log_id != 0 && log_id == self.id;
+        let legacy = log_id == 0 && self.id == 0 && self.exists && wal_seq <= self.last;
+        if same_log && wal_seq > self.last {
+            tracing::warn!(
+                "snapshot {} holds this log's records up to {wal_seq}, but the log ends at {}: its newest segments were removed. Starting from the snapshot; nothing it holds is lost",
+                path.display(),
+                self.last
+            );
+        }
+        if same_log || legacy {
+            Replay::After(wal_seq)
+        } else {
+            Replay::Everything
+        }
+    }
+}
+
+/// Which of the log's records replay applies.
+#[derive(Clone, Copy, Debug)]
+enum Replay {
+    /// Those after this sequence number (the snapshot's cut of this log).
+    After(u64),
+    /// All of them: the snapshot was not taken of this log.
+    Everything,
+}
+
+/// Replaying every record of a log over a snapshot that was not taken of it:
+/// - an append the snapshot already holds (the same tokens under the same id: it came
+///   through replication, or the snapshot is an older copy of this store) is skipped;
+/// - an append whose id the snapshot holds with other tokens (two stores that both
+///   number their sequences from 1) is kept under a fresh id, above every id in the
+///   snapshot and the log, so replaying the same files again renames it the same way;
+/// - an eviction applies only to a sequence this log appended (under its new id, if it
+///   was renamed): an id the log did not append may name another store's sequence.
+struct ForeignReplay {
+    appended: std::collections::HashMap<(String, u64), u64>,
+    next_fresh: u64,
+    applied: usize,
+    renamed: usize,
+    already_held: usize,
+    evictions_skipped: usize,
+}
+
+impl ForeignReplay {
+    fn new(cfg: &StoreConfig, state: &State, scans: &[SegmentScan]) -> Self {
+        let logged = scans
+            .iter()
+            .flat_map(|s| &s.records)
+            .filter_map(|r| match r.op {
+                WalOp::Append { id, .. } if own_ids(cfg.id_origin).contains(&id) => Some(id + 1),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        ForeignReplay {
+            appended: Default::default(),
+            next_fresh: state.next_id.max(logged),
+            applied: 0,
+            renamed: 0,
+            already_held: 0,
+            evictions_skipped: 0,
+        }
+    }
+
+    /// Apply `op` as described above; returns the change applied, if any.
+    fn apply(
+        &mut self,
+        cfg: &StoreConfig,
+        state: &mut State,
+        op: &WalOp,
+    ) -> Result<Option<WalOp>, StoreOpenError> {
+        let op = match op {
+            WalOp::Append {
+                namespace,
+                id,
+                tokens,
+                time_ms,
+            } => {
+                let held = state
+                    .namespaces
+                    .get(namespace)
+                    .filter(|ns| ns.seqs.contains_key(id))
+                    .map(|ns| ns.tokens_of(*id));
+                let id = match held {
+                    Some(held) if held.as_ref() == Some(tokens) => {
+                        self.already_held += 1;
+                        return Ok(None);
+                    }
+                    Some(_) => {
+                        self.renamed += 1;
+                        self.next_fresh += 1;
+                        self.next_fresh - 1
+                    }
+                    None => *id,
+                };
+                self.appended.insert((namespace.clone(), op_id(op)), id);
+                WalOp::Append {
+                    namespace: namespace.clone(),
+                    id,
+                    time_ms: *time_ms,
+                    tokens: tokens.clone(),
+                }
+            }
+            WalOp::Evict { namespace, id } => {
+                let Some(&id) = self.appended.get(&(namespace.clone(), *id)) else {
+                    self.evictions_skipped += 1;
+                    return Ok(None);
+                };
+                WalOp::Evict {
+                    namespace: namespace.clone(),
+                    id,
+                }
+            }
+        };
+        Store::apply(cfg, state, &op)?;
+        self.applied += 1;
+        Ok(Some(op))
+    }
+
+    fn report(&self, snapshot: &Path, wal_seq: u64, log: &LogPosition) {
+        if !log.exists {
+            return;
+        }
+        tracing::warn!(
+            "snapshot {} was not taken of this directory's log (restored from another store, built from files, or its log position {wal_seq} is past this log's last record {}): every one of the log's {} records was replayed over it instead of those after its position: {} applied ({} of them under a fresh id, as the snapshot holds other tokens under theirs), {} already in the snapshot, {} evictions of sequences this log did not append left out (the budget evicts them in time). Nothing acknowledged is lost; the next snapshot records this log's position",
+            snapshot.display(),
+            log.last,
+            log.records,
+            self.applied,
+            self.renamed,
+            self.already_held,
+            self.evictions_skipped
+        );
+    }
+}
+
+fn op_id(op: &WalOp) -> u64 {
+    match op {
+        WalOp::Append { id, .. } | WalOp::Evict { id, .. } => *id,
     }
 }
