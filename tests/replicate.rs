@@ -387,6 +387,71 @@ fn a_nats_outage_and_replica_restarts_lose_nothing_and_double_nothing() {
     drop(nats);
 }
 
+/// NATS restarted without its storage (an empty `-sd` directory): the running replicas
+/// notice that the stream is gone, one makes it again, every replica republishes its
+/// own sequences and rereads the new stream from its start, and all converge, with the
+/// reset in their stats; a replica that joins afterwards gets everything.
+#[test]
+fn replicas_converge_again_after_nats_loses_its_storage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&tmp.path().join("nats"), None);
+    let (url, port) = (nats.url(), nats.port);
+    let replicas: Vec<Replica> = ["a", "b", "c"]
+        .iter()
+        .map(|name| Replica::open(&tmp.path().join(name), &url, TOKENIZER))
+        .collect();
+    for (k, r) in replicas.iter().enumerate() {
+        for i in 0..5 {
+            r.store.append("default", &response(10 * k as u32 + i)).unwrap();
+        }
+    }
+    let state = |rs: &[&Replica]| {
+        rs.iter()
+            .map(|r| format!("{} held: {:?}", r.cached().len(), r.stats()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let all: Vec<&Replica> = replicas.iter().collect();
+    wait_for_or(
+        "the three hold each other's 15 sequences",
+        || all.iter().all(|r| r.cached().len() == 15),
+        || state(&all),
+    );
+
+    // The server comes back on the same port with nothing: no stream, no bucket.
+    drop(nats);
+    let _nats = Nats::start(&tmp.path().join("nats-empty"), Some(port));
+    for (k, r) in replicas.iter().enumerate().take(2) {
+        for i in 5..8 {
+            r.store.append("default", &response(10 * k as u32 + i)).unwrap();
+        }
+    }
+    wait_for_or(
+        "the three converge on 21 sequences after the reset",
+        || all.iter().all(|r| r.cached().len() == 21),
+        || state(&all),
+    );
+    assert_eq!(all[0].cached(), all[1].cached());
+    assert_eq!(all[0].cached(), all[2].cached());
+    for r in &all {
+        let s = r.stats();
+        assert!(s.stream_resets >= 1, "the reset is reported: {s:?}");
+        assert!(s.last_stream_reset_ms.is_some());
+    }
+    // The new stream holds every replica's sequences again: a new replica gets them all.
+    let d = Replica::open(&tmp.path().join("d"), &url, TOKENIZER);
+    wait_for_or(
+        "a replica started after the reset holds all 21",
+        || d.cached().len() == 21,
+        || state(&[&d]),
+    );
+    assert_eq!(d.cached(), all[0].cached());
+    assert_eq!(d.stats().stream_resets, 0, "d saw only the new stream");
+    let s = all[0].stats();
+    let line = format!("suffixd_replication_stream_resets_total {}", s.stream_resets);
+    assert!(s.prometheus().contains(&line), "{}", s.prometheus());
+}
+
 /// `suffixd serve --replicate` as users run it: two server processes with the real
 /// model; what one learns from a chat reaches the other, also after a kill -9.
 #[test]

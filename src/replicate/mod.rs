@@ -176,6 +176,12 @@ struct Positions {
     /// The last entry of the eviction outbox JetStream acknowledged.
     #[serde(default)]
     evictions_published: u64,
+    /// When the stream these positions count in was created (µs since the epoch; None
+    /// before this replica first saw it). A stream created at another time is a new
+    /// stream: NATS lost its storage, or the stream was deleted, and the positions
+    /// count in one that is gone.
+    #[serde(default)]
+    stream_created_us: Option<i64>,
 }
 
 /// One record on the stream: what a replica did, and who it is.

@@ -49,6 +49,12 @@ pub struct ReplicationStats {
     /// Times this replica found records gone from the stream and caught up from a
     /// published snapshot, since start.
     pub catch_ups: u64,
+    /// Times this replica found the stream gone or made anew (NATS restarted without its
+    /// storage, or the stream was deleted) and started over on the new one: it
+    /// republished its own cached sequences and read the new stream from its start.
+    pub stream_resets: u64,
+    /// When it last did, ms since the epoch.
+    pub last_stream_reset_ms: Option<u64>,
     /// Snapshots this replica published since start.
     pub snapshots_published: u64,
     /// The last one it published (object name).
@@ -151,6 +157,12 @@ impl ReplicationStats {
             "counter",
             "Records gone from the stream (retention) that no published snapshot covered.",
             self.missed as f64,
+        );
+        line(
+            "stream_resets_total",
+            "counter",
+            "Times the stream was found gone or made anew (NATS lost its storage) and this replica republished its own sequences and reread it from its start.",
+            self.stream_resets as f64,
         );
         line(
             "catch_ups_total",

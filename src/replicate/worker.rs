@@ -65,19 +65,10 @@ impl Worker {
             }
         };
         let js = jetstream::new(client);
-        let stream = loop {
-            match self.stream(&js).await {
-                Ok(s) => break s,
-                Err(e) => {
-                    self.failed(format!("stream {}: {e}", self.cfg.cluster));
-                    tokio::time::sleep(RETRY).await;
-                }
-            }
-        };
         let uploads = self.upload_queue.lock().expect("uploads").take();
         tokio::join!(
             self.publish_loop(&js),
-            self.consume_loop(&js, &stream),
+            self.consume_loop(&js),
             self.upload_loop(&js, uploads)
         );
     }
@@ -169,10 +160,14 @@ impl Worker {
         let batch = self.store.own_sequences_after(after, PUBLISH_BATCH);
         if batch.is_empty() {
             // Everything after `after` was evicted before it could go out.
-            self.positions.lock().expect("positions").published_id = self.store.last_own_id();
+            let mut p = self.positions.lock().expect("positions");
+            if p.published_id == after {
+                p.published_id = self.store.last_own_id();
+            }
             return Ok(0);
         }
         let mut sent = 0;
+        let mut acknowledged = after;
         for seq in batch {
             let id = seq.id;
             let op = RecordOp::Append {
@@ -187,7 +182,16 @@ impl Worker {
                 tokio::time::sleep(RETRY).await;
                 return Err(());
             }
-            self.positions.lock().expect("positions").published_id = id;
+            {
+                let mut p = self.positions.lock().expect("positions");
+                if p.published_id != acknowledged {
+                    // A stream reset moved the position back meanwhile: publish again
+                    // from there.
+                    return Ok(sent);
+                }
+                p.published_id = id;
+                acknowledged = id;
+            }
             self.succeeded(|s| {
                 s.published += 1;
                 s.published_id = id;
@@ -298,14 +302,64 @@ impl Worker {
         Ok(())
     }
 
-    /// Applies the stream in order from the position after the last one applied.
-    async fn consume_loop(&self, js: &jetstream::Context, stream: &stream::Stream) {
+    /// Applies the stream in order from the position after the last one applied. After
+    /// any error the stream is looked up again, and made again if it is gone, so that a
+    /// NATS server that lost its storage gets its stream back from the first replica
+    /// that notices, with no restart.
+    async fn consume_loop(&self, js: &jetstream::Context) {
         while !self.stopping() {
-            if let Err(e) = self.consume(js, stream).await {
+            let consumed = async {
+                let stream = self.stream(js).await?;
+                self.check_stream(&stream).await?;
+                self.consume(js, &stream).await
+            };
+            if let Err(e) = consumed.await {
                 self.failed(format!("reading stream {}: {e}", self.cfg.cluster));
                 tokio::time::sleep(RETRY).await;
             }
         }
+    }
+
+    /// Whether `stream` is still the stream this replica's positions count in; if it is
+    /// not (created at another time, or holding fewer records than were applied from
+    /// it), start over on it: republish every own cached sequence and read it from its
+    /// start. Records applied twice are cached once (ids are the same everywhere).
+    /// Returns the stream's last sequence.
+    async fn check_stream(&self, stream: &stream::Stream) -> Result<u64, String> {
+        let mut stream = stream.clone();
+        let info = stream.info().await.map_err(|e| e.to_string())?;
+        let created = (info.created.unix_timestamp_nanos() / 1000) as i64;
+        let last = info.state.last_sequence;
+        let reset = {
+            let mut p = self.positions.lock().expect("positions");
+            let reset = match p.stream_created_us {
+                Some(known) => known != created || last < p.applied_seq,
+                None => last < p.applied_seq,
+            };
+            if reset {
+                p.applied_seq = 0;
+                p.published_id = 0;
+            }
+            p.stream_created_us = Some(created);
+            reset.then_some(*p)
+        };
+        if let Some(p) = reset {
+            tracing::warn!(
+                "replication: stream {} was made anew (NATS lost its storage, or the stream was deleted): it holds {last} records. Republishing this replica's own cached sequences and reading the new stream from its start",
+                self.cfg.cluster
+            );
+            {
+                let mut s = self.stats.lock().expect("replication stats");
+                s.stream_resets += 1;
+                s.last_stream_reset_ms = Some(now_ms());
+                s.applied_seq = p.applied_seq;
+                s.published_id = p.published_id;
+            }
+            self.save_positions();
+            return Err("the stream was made anew: starting over on it".into());
+        }
+        self.save_positions();
+        Ok(last)
     }
 
     async fn consume(
@@ -336,7 +390,8 @@ impl Worker {
                 Err(_) => {
                     self.save_positions();
                     saved = Instant::now();
-                    let unread = self.refresh_lag(stream).await;
+                    let last = self.check_stream(stream).await?;
+                    let unread = self.refresh_lag(last);
                     if unread > 0 && delivered.elapsed() >= CONSUMER_STALL {
                         return Err(format!(
                             "the consumer delivered nothing for {} s while {unread} records wait: recreating it",
@@ -490,14 +545,8 @@ impl Worker {
         self.stats.lock().expect("replication stats").refused += 1;
     }
 
-    /// Updates the lag from the stream's last sequence; how many records wait (0 when the
-    /// stream cannot be read).
-    async fn refresh_lag(&self, stream: &stream::Stream) -> u64 {
-        let mut stream = stream.clone();
-        let Ok(info) = stream.info().await else {
-            return 0;
-        };
-        let last = info.state.last_sequence;
+    /// Updates the lag from the stream's last sequence; how many records wait.
+    fn refresh_lag(&self, last: u64) -> u64 {
         let applied = self.positions.lock().expect("positions").applied_seq;
         let unread = last.saturating_sub(applied);
         self.succeeded(|s| s.lag_records = unread);
