@@ -402,7 +402,9 @@ fn replicas_converge_again_after_nats_loses_its_storage() {
         .collect();
     for (k, r) in replicas.iter().enumerate() {
         for i in 0..5 {
-            r.store.append("default", &response(10 * k as u32 + i)).unwrap();
+            r.store
+                .append("default", &response(10 * k as u32 + i))
+                .unwrap();
         }
     }
     let state = |rs: &[&Replica]| {
@@ -423,7 +425,9 @@ fn replicas_converge_again_after_nats_loses_its_storage() {
     let _nats = Nats::start(&tmp.path().join("nats-empty"), Some(port));
     for (k, r) in replicas.iter().enumerate().take(2) {
         for i in 5..8 {
-            r.store.append("default", &response(10 * k as u32 + i)).unwrap();
+            r.store
+                .append("default", &response(10 * k as u32 + i))
+                .unwrap();
         }
     }
     wait_for_or(
@@ -448,7 +452,10 @@ fn replicas_converge_again_after_nats_loses_its_storage() {
     assert_eq!(d.cached(), all[0].cached());
     assert_eq!(d.stats().stream_resets, 0, "d saw only the new stream");
     let s = all[0].stats();
-    let line = format!("suffixd_replication_stream_resets_total {}", s.stream_resets);
+    let line = format!(
+        "suffixd_replication_stream_resets_total {}",
+        s.stream_resets
+    );
     assert!(s.prometheus().contains(&line), "{}", s.prometheus());
 }
 

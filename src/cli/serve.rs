@@ -35,6 +35,7 @@ struct FileConfig {
     snapshot_on_exit: Option<bool>,
     read_timeout_s: Option<u64>,
     max_connections: Option<usize>,
+    max_connections_per_client: Option<usize>,
     shutdown_grace_s: Option<u64>,
     replicate: Option<String>,
     cluster: Option<String>,
@@ -95,9 +96,15 @@ pub(super) struct ServeArgs {
     /// of a kept-alive connection [default: 30].
     #[arg(long)]
     read_timeout_s: Option<u64>,
-    /// Most connections open at once; more are closed on arrival [default: 1024].
+    /// Most connections open at once; as they near it, each new one closes the one idle
+    /// longest, and beyond it new ones are closed on arrival [default: 1024].
     #[arg(long)]
     max_connections: Option<usize>,
+    /// Most connections open at once from one client address; more are closed on
+    /// arrival. Behind a proxy or load balancer every connection comes from its address:
+    /// raise it to `--max-connections` there [default: half of --max-connections].
+    #[arg(long)]
+    max_connections_per_client: Option<usize>,
     /// Seconds requests in flight get to finish after SIGTERM, before they are cancelled
     /// and the snapshot is written [default: 30].
     #[arg(long)]
@@ -157,6 +164,7 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
             "--stream-max-age {age}: the stream must keep records at least {least} s (its duplicate window)"
         );
     }
+    let max_connections = a.max_connections.or(file.max_connections).unwrap_or(1024);
     let cfg = ServeConfig {
         addr: a
             .addr
@@ -188,7 +196,11 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         fsync: a.fsync.or(file.fsync).unwrap_or(FsyncPolicy::Always),
         snapshot_on_exit: a.snapshot_on_exit.or(file.snapshot_on_exit).unwrap_or(true),
         read_timeout_s: a.read_timeout_s.or(file.read_timeout_s).unwrap_or(30),
-        max_connections: a.max_connections.or(file.max_connections).unwrap_or(1024),
+        max_connections,
+        max_connections_per_client: a
+            .max_connections_per_client
+            .or(file.max_connections_per_client)
+            .unwrap_or((max_connections / 2).max(1)),
         shutdown_grace_s: a.shutdown_grace_s.or(file.shutdown_grace_s).unwrap_or(30),
         replicate: a
             .replicate

@@ -72,6 +72,8 @@ pub struct ServeConfig {
     pub read_timeout_s: u64,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most connections open at once from one client address.
+    pub max_connections_per_client: usize,
     /// Seconds requests in flight get to finish after SIGTERM before they are cancelled.
     pub shutdown_grace_s: u64,
     /// Share the cache with other replicas through NATS JetStream (None: single node).
@@ -402,6 +404,7 @@ fn listen(cfg: &ServeConfig, app: Arc<AppState>) -> Result<(), ServeError> {
     let limits = http::HttpLimits {
         read_timeout: cfg.read_timeout(),
         max_connections: cfg.max_connections,
+        max_connections_per_client: cfg.max_connections_per_client,
         shutdown_grace: std::time::Duration::from_secs(cfg.shutdown_grace_s),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -727,7 +727,8 @@ fn new_log_id() -> u64 {
 /// The sequence number after `last`: an error rather than a wrap to 0, which would put
 /// every later record behind the snapshot's cut.
 fn next_seq(path: &Path, last: u64) -> Result<u64, WalError> {
-    last.checked_add(1).ok_or_else(|| WalError::Exhausted { path: path.into() })
+    last.checked_add(1)
+        .ok_or_else(|| WalError::Exhausted { path: path.into() })
 }
 
 fn new_segment(

@@ -55,7 +55,12 @@ impl Store {
         drop(copy);
         let inputs = NamespaceInput::borrowing(&trees);
         let path = next_snapshot_path(&self.cfg.dir)?;
-        let header = write_snapshot(&path, self.cfg.tokenizer, (self.wal.log_id(), cut - 1), &inputs)?;
+        let header = write_snapshot(
+            &path,
+            self.cfg.tokenizer,
+            (self.wal.log_id(), cut - 1),
+            &inputs,
+        )?;
         drop(inputs);
         drop(trees);
         // Publishing deletes the old snapshot: only a file that reads back whole may

@@ -214,7 +214,12 @@ impl LogPosition {
             .unwrap_or(0);
         let named = segs.last().map_or(0, |(first, _)| first.saturating_sub(1));
         LogPosition {
-            id: scans.iter().rev().map(|s| s.log_id).find(|&id| id != 0).unwrap_or(0),
+            id: scans
+                .iter()
+                .rev()
+                .map(|s| s.log_id)
+                .find(|&id| id != 0)
+                .unwrap_or(0),
             last: last_record.max(named),
             exists: !segs.is_empty(),
             records: scans.iter().map(|s| s.records.len()).sum(),
