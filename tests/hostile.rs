@@ -374,6 +374,59 @@ fn odd_inputs_get_clear_answers() {
     let (st, v) = s.get("/v1/completions", false);
     assert_eq!(st, 405);
     assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    // A path that does not parse (axum's own answer was plain text): 400 in JSON.
+    let (st, v) = s.get("/admin/jobs/abc", true);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("abc"),
+        "{v}"
+    );
+    s.kill();
+}
+
+/// Thirty snapshot requests at once are a few snapshots, not thirty: at any moment one
+/// runs and one is queued behind it, which later requests join.
+#[test]
+fn concurrent_snapshot_requests_share_one_queued_job() {
+    if !model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path());
+    complete(&s, "Say yes:", 4);
+    let jobs: Vec<u64> = std::thread::scope(|scope| {
+        let asks: Vec<_> = (0..30)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (st, v) = s.post("/admin/snapshot", "", true);
+                    assert_eq!(st, 202, "{v}");
+                    v["job"].as_u64().unwrap()
+                })
+            })
+            .collect();
+        asks.into_iter().map(|a| a.join().unwrap()).collect()
+    });
+    let distinct: std::collections::BTreeSet<u64> = jobs.iter().copied().collect();
+    // Each new job after the second needs one to have finished first: 30 requests sent
+    // at once span a few small snapshots at most (before, each was its own job).
+    assert!(
+        distinct.len() <= 10,
+        "requests joined the queued job: {distinct:?}"
+    );
+    for job in distinct {
+        let t = std::time::Instant::now();
+        loop {
+            let (st, v) = s.get(&format!("/admin/jobs/{job}"), true);
+            assert_eq!(st, 200, "{v}");
+            if v["status"] == "done" {
+                break;
+            }
+            assert_ne!(v["status"], "failed", "{v}");
+            assert!(t.elapsed().as_secs() < 60, "job {job}: {v}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
     s.kill();
 }
 

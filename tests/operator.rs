@@ -301,3 +301,26 @@ fn a_snapshot_position_past_the_log_hides_no_later_append() {
     assert_eq!(held(&dir).len(), 8);
     assert_eq!(held(&dir).len(), 8, "and again after a second start");
 }
+
+/// A crash mid-snapshot leaves a full-size snapshot no manifest names, or a temporary
+/// file; the next start removes them and keeps what the store holds.
+#[test]
+fn files_a_crash_left_behind_are_removed_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    ingest(&dir, &log(tmp.path(), "first.jsonl", 100, 4), "4");
+    let current = std::fs::read_to_string(dir.join("CURRENT")).unwrap();
+    let current = current.trim();
+    let bytes = std::fs::read(dir.join(current)).unwrap();
+    // An unpublished later snapshot, and a half-written one.
+    std::fs::write(dir.join("snap-999999.sfxd"), &bytes).unwrap();
+    std::fs::write(dir.join("snap-999998.tmp"), &bytes[..bytes.len() / 2]).unwrap();
+    assert_eq!(held(&dir).len(), 4);
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("snap-"))
+        .collect();
+    left.sort();
+    assert_eq!(left, [current.to_string()]);
+}

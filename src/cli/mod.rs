@@ -237,8 +237,54 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes on one line, `outer: cause: ...`, each cause printed once: many
+/// of the project's errors already name their cause in their own message (`cannot write
+/// X: No space left on device`), and repeating it after them says nothing new.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot write {path}: {source}")]
+    struct Named {
+        path: String,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device");
+        let named = anyhow::Error::new(Named {
+            path: "snap-000002.sfxd".into(),
+            source: io,
+        })
+        .context("snapshot failed");
+        assert_eq!(
+            error_chain(&named),
+            "snapshot failed: cannot write snap-000002.sfxd: No space left on device"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&plain), "outer: inner");
     }
 }

@@ -74,7 +74,9 @@ pub(super) struct ServeArgs {
     /// Most requests decoded together in one batch; more wait in the queue [default: 16].
     #[arg(long, env = "SUFFIXD_MAX_BATCH")]
     max_batch: Option<usize>,
-    /// Most cached tokens; least recently used responses are evicted beyond it.
+    /// Most cached tokens; least recently used responses are evicted beyond it
+    /// [default: a sixteenth of the memory (the cgroup's limit in a container) at 80
+    /// bytes a token, at most 8,000,000].
     #[arg(long, env = "SUFFIXD_BUDGET_TOKENS")]
     budget_tokens: Option<u64>,
     /// Evict cached responses unused for this many seconds.
@@ -191,7 +193,11 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         speculate: !a.no_spec && file.speculate.unwrap_or(true),
         allow_control_tokens: a.allow_control_tokens || file.allow_control_tokens.unwrap_or(false),
         max_batch: a.max_batch.or(file.max_batch).unwrap_or(16).max(1),
-        budget_tokens: a.budget_tokens.or(file.budget_tokens),
+        budget_tokens: Some(
+            a.budget_tokens
+                .or(file.budget_tokens)
+                .unwrap_or_else(crate::store::live::default_budget_tokens),
+        ),
         max_age_s: a.max_age_s.or(file.max_age_s),
         fsync: a.fsync.or(file.fsync).unwrap_or(FsyncPolicy::Always),
         snapshot_on_exit: a.snapshot_on_exit.or(file.snapshot_on_exit).unwrap_or(true),

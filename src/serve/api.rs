@@ -69,6 +69,41 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Every error answer in the API's JSON shape: an error that axum's extractors or
+/// layers wrote as plain text (a path that does not parse, say) is rewritten with its
+/// text as the message, keeping its status and headers. (A request hyper cannot parse
+/// as HTTP at all gets hyper's bare 400 before it reaches the router.)
+pub async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let message = match text.trim() {
+        "" => status.canonical_reason().unwrap_or("error").to_string(),
+        t => t.to_string(),
+    };
+    let kind = if status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    let rewritten = ApiError::new(status, kind, message).into_response();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    parts.headers.remove(axum::http::header::CONTENT_TYPE);
+    let (fresh, body) = rewritten.into_parts();
+    parts.headers.extend(fresh.headers);
+    Response::from_parts(parts, body)
+}
+
 /// `stop` may be a string or a list of strings.
 #[derive(Deserialize, Debug, Default)]
 #[serde(untagged)]

@@ -12,7 +12,6 @@ pub mod http;
 pub mod metrics;
 pub mod worker;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,14 +108,23 @@ pub struct AppState {
     pub store: Arc<Store>,
     /// Serving metrics.
     pub metrics: Arc<metrics::Metrics>,
-    /// Background admin jobs by id.
-    pub jobs_status: Mutex<HashMap<u64, serde_json::Value>>,
+    /// Background admin jobs by id: the newest [`JOBS_KEPT`].
+    pub jobs_status: Mutex<std::collections::BTreeMap<u64, serde_json::Value>>,
+    /// The snapshot job waiting for the one running to finish, if any: later requests
+    /// join it instead of queueing another, since the snapshot it writes once it starts
+    /// holds what they asked to be saved.
+    queued_snapshot: Mutex<Option<u64>>,
+    /// Held by the snapshot job that runs: one at a time.
+    snapshot_job: Mutex<()>,
     ids: AtomicU64,
     /// Replication, when `--replicate` is set.
     pub replication: Option<Replication>,
     /// The cap on wrong admin tokens.
     pub admin_guard: api::AdminGuard,
 }
+
+/// Admin jobs whose status `GET /admin/jobs/{id}` still answers: the newest.
+pub const JOBS_KEPT: usize = 256;
 
 impl AppState {
     /// A fresh id for responses and jobs.
@@ -125,14 +133,25 @@ impl AppState {
     }
 
     /// Start a snapshot (which also compacts) on its own thread; returns the job id.
+    /// At most two are in flight: the one running and one queued behind it, which every
+    /// later request joins until it starts.
     pub fn start_snapshot_job(self: &Arc<Self>) -> u64 {
+        let mut queued = self.queued_snapshot.lock().expect("queued snapshot");
+        if let Some(job) = *queued {
+            return job;
+        }
         let job = self.next_id();
-        self.jobs_status
-            .lock()
-            .expect("jobs")
-            .insert(job, serde_json::json!({"job": job, "status": "running"}));
+        *queued = Some(job);
+        drop(queued);
+        self.record_job(job, serde_json::json!({"job": job, "status": "running"}));
         let app = self.clone();
         std::thread::spawn(move || {
+            let _one = app.snapshot_job.lock().expect("snapshot job");
+            // From here a request queues a new job: this one's cut may precede it.
+            app.queued_snapshot
+                .lock()
+                .expect("queued snapshot")
+                .take_if(|queued| *queued == job);
             // A replica publishes the snapshot too, tagged with the stream position read
             // before it started (everything up to there is in it).
             let position = app.replication.as_ref().map(|r| r.snapshot_position());
@@ -155,9 +174,18 @@ impl AppState {
                 }
             };
             tracing::info!("admin job {job}: {result}");
-            app.jobs_status.lock().expect("jobs").insert(job, result);
+            app.record_job(job, result);
         });
         job
+    }
+
+    /// Set a job's status, forgetting the oldest beyond [`JOBS_KEPT`].
+    fn record_job(&self, job: u64, status: serde_json::Value) {
+        let mut jobs = self.jobs_status.lock().expect("jobs");
+        jobs.insert(job, status);
+        while jobs.len() > JOBS_KEPT {
+            jobs.pop_first();
+        }
     }
 }
 
@@ -176,6 +204,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
+        .layer(axum::middleware::map_response(api::json_errors))
         .with_state(app)
 }
 
@@ -242,7 +271,9 @@ pub fn serve(
         jobs: tx,
         store: store.clone(),
         metrics,
-        jobs_status: Mutex::new(HashMap::new()),
+        jobs_status: Mutex::default(),
+        queued_snapshot: Mutex::default(),
+        snapshot_job: Mutex::default(),
         ids: AtomicU64::new(1),
         replication,
         admin_guard: Default::default(),

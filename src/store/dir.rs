@@ -180,18 +180,33 @@ pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
         |f| faults::write_all("manifest-write", f, format!("{name}\n").as_bytes()),
     )
     .map_err(io(dir))?;
+    remove_stale(dir, Some(&name))?;
+    Ok(())
+}
+
+/// Delete what no manifest names: every snapshot file but `current` (with `current`
+/// None, none is deleted: without a manifest they may be all the store has), and every
+/// `.tmp` file (a write a crash cut short; only a rename makes one live). Returns the
+/// files and bytes removed. Only the store's writer (the holder of its `LOCK`) may call
+/// it. Best effort: a file that cannot be removed costs disk space, not correctness.
+pub fn remove_stale(dir: &Path, current: Option<&str>) -> Result<(usize, u64), DirError> {
+    let (mut files, mut bytes) = (0, 0);
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let entry = entry.map_err(io(dir))?;
         let file = entry.file_name();
         let Some(file) = file.to_str() else { continue };
-        let stale_snapshot = snapshot_number(file).is_some() && file != name;
+        let stale_snapshot =
+            current.is_some_and(|current| snapshot_number(file).is_some() && file != current);
         let stale_tmp = file.ends_with(".tmp");
-        if stale_snapshot || stale_tmp {
-            // Best effort: a leftover file costs disk space, not correctness.
-            let _ = std::fs::remove_file(entry.path());
+        if (stale_snapshot || stale_tmp) && entry.file_type().is_ok_and(|t| t.is_file()) {
+            let len = entry.metadata().map_or(0, |m| m.len());
+            if std::fs::remove_file(entry.path()).is_ok() {
+                files += 1;
+                bytes += len;
+            }
         }
     }
-    Ok(())
+    Ok((files, bytes))
 }
 
 /// The next own id recorded at the last snapshot. None when there is none (a store

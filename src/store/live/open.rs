@@ -19,6 +19,16 @@ impl Store {
         let mut cut = None;
         if let Some(path) = current {
             let snap = Snapshot::open(&path, Some(cfg.tokenizer))?;
+            // Snapshots a crash left unpublished (or undeleted after the manifest moved
+            // on), and half-written temporary files: full-size until the next snapshot.
+            let name = path.file_name().and_then(|n| n.to_str());
+            let (files, bytes) = crate::store::dir::remove_stale(&cfg.dir, name)?;
+            if files > 0 {
+                tracing::info!(
+                    "store directory {}: removed {files} file(s) ({bytes} bytes) that no manifest names, left by a crash",
+                    cfg.dir.display()
+                );
+            }
             let h = snap.header();
             cut = Some((path.clone(), h.log_id, h.wal_seq));
             state = State::from_snapshot(&cfg, snap, state.next_id, |_, _| None)?;
