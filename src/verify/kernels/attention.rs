@@ -429,7 +429,7 @@ pub fn attend(
             }
         });
     };
-    candle_core::utils::barrier_pool().execute_chunked(items, |range| {
+    super::pool::pool().run(items, |range| {
         for item in range {
             one(item)
         }

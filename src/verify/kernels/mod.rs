@@ -12,6 +12,7 @@
 //! - [`attention`]: host attention, threaded over (head, query), in a fixed order.
 //! - [`activation`]: the feed-forward gate, `silu(gate) · up`, element by element.
 //! - [`norm`]: RMS normalization, the residual addition and rotary embeddings, row by row.
+//! - [`pool`]: the threads they run on, which keep going when a core is taken away.
 //!
 //! This module holds what they share: the fixed lane reduction, rounding, the output
 //! handle threads write through, and the split of a fused projection's columns.
@@ -22,6 +23,7 @@ pub mod dense;
 pub mod matmul;
 pub mod norm;
 pub mod pack;
+pub mod pool;
 
 pub use matmul::Simd;
 
@@ -124,7 +126,7 @@ fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
 /// Run `group(part, c0, cols, out)` for every group of `width` output columns (the last of
 /// a part may be narrower) of a fused projection whose parts have `outputs` columns each,
 /// side by side in `out` (`Σ outputs` floats per row); `out` is shifted to the part's
-/// first column. Groups are spread over candle's CPU thread pool (`CANDLE_NUM_THREADS`).
+/// first column. Groups are spread over the kernels' pool ([`pool`], `CANDLE_NUM_THREADS`).
 fn for_each_column_group(
     outputs: &[usize],
     width: usize,
@@ -153,42 +155,10 @@ fn for_each_column_group(
     });
 }
 
-/// Run `f` over `0..items` on candle's CPU thread pool, each thread taking a range at a
-/// time from a shared cursor: half of what is left over the thread count, so the ranges
-/// shrink towards the end (guided scheduling) and the threads finish together. (The
-/// pool's `execute_chunked` hands out equal ranges, eight per thread, and the other
-/// thread idled while one ran the last of them, on every call.) Unlike
-/// `execute_chunked`, it must not be called from inside a job of the pool, whose call
-/// lock it would wait on forever; the kernels run from the engine's thread.
+/// Run `f` over `0..items` on the kernels' pool ([`pool`]), every thread that takes
+/// part claiming shrinking ranges from a shared cursor.
 fn execute_guided(items: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    if items == 0 {
-        return;
-    }
-    let pool = candle_core::utils::barrier_pool();
-    let threads = pool.n_workers() + 1;
-    if threads == 1 {
-        return f(0..items);
-    }
-    let cursor = AtomicUsize::new(0);
-    pool.execute(|_| {
-        let mut start = cursor.load(Ordering::Relaxed);
-        while start < items {
-            let take = ((items - start) / (2 * threads)).max(1);
-            match cursor.compare_exchange_weak(
-                start,
-                start + take,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    f(start..start + take);
-                    start = cursor.load(Ordering::Relaxed);
-                }
-                Err(now) => start = now,
-            }
-        }
-    });
+    pool::pool().run(items, f)
 }
 
 /// Pseudo-random values in ±scale/2, the same for the same seed: test inputs.
