@@ -18,6 +18,8 @@ pub mod cost;
 pub mod cuda;
 pub mod engine;
 pub mod kernels;
+mod linear;
+mod load;
 pub mod model;
 pub mod tokenizer;
 

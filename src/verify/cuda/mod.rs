@@ -23,9 +23,8 @@ use candle_core::cuda_backend::cudarc::nvrtc::{CompileOptions, compile_ptx_with_
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
 
-use super::model::{
-    BatchEntry, BatchPlan, Layer, Linear, LlamaConfig, ModelError, NormWeights, WeightFormat,
-};
+use super::linear::{Linear, NormWeights};
+use super::model::{BatchEntry, BatchPlan, Layer, LlamaConfig, ModelError, WeightFormat};
 
 /// The kernels' source.
 pub const KERNELS: &str = include_str!("kernels.cu");
