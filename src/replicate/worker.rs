@@ -330,7 +330,7 @@ impl Worker {
         let info = stream.info().await.map_err(|e| e.to_string())?;
         let created = (info.created.unix_timestamp_nanos() / 1000) as i64;
         let last = info.state.last_sequence;
-        let reset = {
+        let (reset, changed) = {
             let mut p = self.positions.lock().expect("positions");
             let reset = match p.stream_created_us {
                 Some(known) => known != created || last < p.applied_seq,
@@ -340,8 +340,9 @@ impl Worker {
                 p.applied_seq = 0;
                 p.published_id = 0;
             }
+            let changed = p.stream_created_us != Some(created);
             p.stream_created_us = Some(created);
-            reset.then_some(*p)
+            (reset.then_some(*p), changed)
         };
         if let Some(p) = reset {
             tracing::warn!(
@@ -358,7 +359,10 @@ impl Worker {
             self.save_positions();
             return Err("the stream was made anew: starting over on it".into());
         }
-        self.save_positions();
+        // Only a newly seen stream changes what is on disk (the idle loop saves anyway).
+        if changed {
+            self.save_positions();
+        }
         Ok(last)
     }
 

@@ -74,23 +74,25 @@ impl Store {
             None => Replay::After(0),
         };
         let mut replayed = 0;
-        let mut over_foreign = ForeignReplay::new(&cfg, &state, &scans);
+        // Set up only where it is used: it reads every record's id.
+        let mut over_foreign =
+            matches!(replay, Replay::Everything).then(|| ForeignReplay::new(&cfg, &state, &scans));
         for r in scans.iter().flat_map(|s| s.records.iter()) {
-            let applied = match replay {
-                Replay::After(cut) if r.seq <= cut => None,
-                Replay::After(_) => {
+            let applied = match (over_foreign.as_mut(), replay) {
+                (Some(foreign), _) => foreign.apply(&cfg, &mut state, &r.op)?,
+                (None, Replay::After(cut)) if r.seq <= cut => None,
+                (None, _) => {
                     Self::apply(&cfg, &mut state, &r.op)?;
                     Some(r.op.clone())
                 }
-                Replay::Everything => over_foreign.apply(&cfg, &mut state, &r.op)?,
             };
             if let Some(op) = applied {
                 state.since_cut.push((r.seq, op));
                 replayed += 1;
             }
         }
-        if let (Replay::Everything, Some((path, _, wal_seq))) = (replay, &cut) {
-            over_foreign.report(path, *wal_seq, &log);
+        if let (Some(foreign), Some((path, _, wal_seq))) = (&over_foreign, &cut) {
+            foreign.report(path, *wal_seq, &log);
         }
         // Appending goes on in the newest segment, unless it is damaged: then in a
         // fresh one, so that the damaged file is only ever read.
