@@ -76,6 +76,8 @@ fn main() -> anyhow::Result<()> {
                 sampling: Sampling::default(),
                 stop: Vec::new(),
                 speculate: false,
+                // Engine::load leaves the prefix cache off: every repeat prefills.
+                namespace: "default".into(),
             };
             let mut times = Vec::new();
             for _ in 0..repeats.max(1) {

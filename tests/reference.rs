@@ -314,6 +314,7 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
         sampling: Sampling::default(),
         stop: vec![],
         speculate: false,
+        namespace: "default".into(),
     };
     let mut gguf_engine = gguf_engine;
     let mut hf_engine = hf_engine;

@@ -10,7 +10,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use common::{Server, model_present, raw_exchange};
+use common::{Server, answer, model_present, raw_exchange};
 use serde_json::{Value, json};
 
 /// Parse an SSE body as an OpenAI client does: `data:` lines, JSON until `[DONE]`.
@@ -88,6 +88,25 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
         second["suffixd"]["accepted_tokens"].as_u64().unwrap() > 0,
         "{second}"
     );
+    // The prefix cache: the repeat reuses its prompt's keys and values (all but its
+    // last token, in whole 16-token blocks); another namespace reuses nothing.
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached_prompt = |r: &Value| {
+        r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(cached_prompt(&first), 0);
+    assert!(
+        prompt_tokens > 16 && cached_prompt(&second) + 16 >= prompt_tokens,
+        "{second}"
+    );
+    let elsewhere = ureq::post(&s.url("/v1/completions"))
+        .set("x-suffixd-namespace", "tenant-b")
+        .send_string(&req.to_string());
+    let (st, elsewhere) = answer(elsewhere);
+    assert_eq!(st, 200, "{elsewhere}");
+    assert_eq!(cached_prompt(&elsewhere), 0, "{elsewhere}");
 
     // Admin: refused without the token, working with it.
     assert_eq!(s.get("/admin/stats", false).0, 401);
@@ -95,7 +114,8 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     let (st, stats) = s.get("/admin/stats", true);
     assert_eq!(st, 200);
     let cached = stats["cached_tokens"].as_u64().unwrap();
-    assert!(cached > 0 && stats["namespaces"]["default"]["cached_tokens"].as_u64() == Some(cached));
+    let in_namespace = |n: &str| stats["namespaces"][n]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && in_namespace("default") + in_namespace("tenant-b") == cached);
     let (st, metrics) = (
         200,
         ureq::get(&s.url("/metrics"))
@@ -110,6 +130,17 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
         "{metrics}"
     );
     assert!(metrics.contains("suffixd_accepted_tokens_per_step_bucket"));
+    // The repeated completion and the streamed repeat of the chat request reused.
+    let reused: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("suffixd_prefix_cache_reused_tokens_total ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no prefix cache counter: {metrics}"));
+    assert!(reused > cached_prompt(&second), "{reused}");
+    assert_eq!(stats["serving"]["prefix_cache"]["hits"], 2, "{stats}");
     // Drafting and verifying were timed at every step.
     for name in [
         "suffixd_speculation_seconds_count",

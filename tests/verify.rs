@@ -140,6 +140,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
         sampling: Sampling::default(),
         stop: vec![],
         speculate,
+        namespace: "default".into(),
     };
     let prompts = prompts();
     assert_eq!(prompts.len(), 50);
@@ -200,6 +201,7 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
                 sampling: Sampling::default(),
                 stop: vec![],
                 speculate: true,
+                namespace: "default".into(),
             },
             &mut NoDrafts,
             &mut |_| true,
@@ -254,6 +256,7 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
         sampling: Sampling::default(),
         stop: vec![],
         speculate,
+        namespace: "default".into(),
     };
     let plain: Vec<Vec<u32>> = prompts
         .iter()
@@ -433,5 +436,205 @@ fn the_gpu_pass_agrees_with_the_cpu_pass() {
             rel < 1e-3,
             "{format:?}: GPU logits differ from the CPU's by {rel:.3e}"
         );
+    }
+}
+
+/// A chat prompt: a long shared system prompt (several prefill chunks), then `turns`
+/// (user, assistant, user, ...), rendered by the model's template and tokenized.
+fn agent_prompt(engine: &Engine, turns: &[&str]) -> Vec<u32> {
+    let system = format!(
+        "You are the review stage of a coding pipeline. {}Answer in one short paragraph.",
+        "Read the change, name the function it touches, say whether it handles empty input, and give one concrete fix. ".repeat(14)
+    );
+    let mut messages = vec![ChatMessage {
+        role: "system".into(),
+        content: system,
+    }];
+    for (i, t) in turns.iter().enumerate() {
+        messages.push(ChatMessage {
+            role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+            content: (*t).into(),
+        });
+    }
+    let text = engine.template().unwrap().render(&messages).unwrap();
+    engine.tokenizer().encode_text(&text).unwrap()
+}
+
+/// The prefix cache changes no output. Greedy answers with the cache equal those
+/// without it, plain and speculative, alone and batched; a second turn reuses the first
+/// turn's prompt and answer; another namespace reuses nothing; and a request whose
+/// prefix is evicted while it runs (other requests' prompts take the room) still
+/// answers exactly.
+#[test]
+fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
+    use suffixd::verify::engine::{Drafter, Sequence};
+    let Some(path) = model() else { return };
+    let mut engine =
+        Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
+    if !device().is_cpu() {
+        return; // The prefix cache runs on the CPU only.
+    }
+    engine.set_cost_curve(CostCurve::flat());
+    let params = SpecParams {
+        tree: true,
+        max_spec: 8,
+        ..SpecParams::default()
+    };
+    let nothing = GlobalTree::new(params.max_depth).unwrap();
+    let opts = |speculate, namespace: &str| GenerateOptions {
+        max_tokens: 20,
+        sampling: Sampling::default(),
+        stop: vec![],
+        speculate,
+        namespace: namespace.into(),
+    };
+    let questions = [
+        "def first(xs): return xs[0]",
+        "def total(xs): return sum(x for x in xs)",
+        "def mean(xs): return sum(xs) / len(xs)",
+        "def last(xs): return xs[-1]",
+        "def head(xs, n): return xs[:n]",
+    ];
+    let mut prompts: Vec<Vec<u32>> = questions
+        .iter()
+        .map(|q| agent_prompt(&engine, &[q]))
+        .collect();
+    assert!(
+        prompts[0].len() > 300,
+        "the shared prefix spans prefill chunks"
+    );
+    // Without the cache.
+    engine.set_prefix_cache_bytes(0);
+    let plain = |engine: &mut Engine, p: &[u32]| {
+        engine
+            .generate(p, &opts(false, "default"), &mut NoDrafts, &mut |_| true)
+            .unwrap()
+    };
+    let mut want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| plain(&mut engine, p).tokens)
+        .collect();
+    // A second turn that resends the first and its answer.
+    let answer = engine.tokenizer().decode(&want[0], false).unwrap();
+    prompts.push(agent_prompt(
+        &engine,
+        &[questions[0], &answer, "Now handle None too."],
+    ));
+    want.push(plain(&mut engine, prompts.last().unwrap()).tokens);
+    assert_eq!(engine.prefix_cache_stats().lookups, 0, "the cache was off");
+
+    engine.set_prefix_cache_bytes(256 << 20);
+    for (i, p) in prompts.iter().enumerate() {
+        let spec = {
+            let mut drafter = CacheDrafter::new(Layered::new(None, &nothing, &nothing), params, p);
+            engine
+                .generate(p, &opts(true, "default"), &mut drafter, &mut |_| true)
+                .unwrap()
+        };
+        let again = engine
+            .generate(p, &opts(false, "default"), &mut NoDrafts, &mut |_| true)
+            .unwrap();
+        assert_eq!(spec.tokens, want[i], "prompt {i}, speculative");
+        assert_eq!(again.tokens, want[i], "prompt {i}, plain");
+        // The repeat reuses all of its prompt but the last token, to a whole block.
+        assert!(
+            again.cached_prompt_tokens + 16 >= p.len(),
+            "prompt {i}: {} of {}",
+            again.cached_prompt_tokens,
+            p.len()
+        );
+        if i > 0 {
+            assert!(
+                spec.cached_prompt_tokens >= 300,
+                "prompt {i} reused the system prompt: {}",
+                spec.cached_prompt_tokens
+            );
+        }
+    }
+    // The second turn reused the first turn's prompt and answer (cached at its finish).
+    let first_turn = prompts[0].len() + want[0].len();
+    let second = engine
+        .generate(
+            prompts.last().unwrap(),
+            &opts(false, "default"),
+            &mut NoDrafts,
+            &mut |_| true,
+        )
+        .unwrap();
+    assert!(
+        second.cached_prompt_tokens + 16 > first_turn - 16,
+        "{} of {first_turn}",
+        second.cached_prompt_tokens
+    );
+    // Another namespace starts cold, and answers the same.
+    let other = engine
+        .generate(
+            &prompts[1],
+            &opts(false, "tenant-b"),
+            &mut NoDrafts,
+            &mut |_| true,
+        )
+        .unwrap();
+    assert_eq!(other.cached_prompt_tokens, 0);
+    assert_eq!(other.tokens, want[1]);
+
+    // Batched, speculative, and the prefix evicted mid-flight: a budget of 24 blocks
+    // (384 tokens) holds one prompt's system prompt and little more.
+    let block = engine.kv_bytes_per_token() * 16 + 256;
+    engine.set_prefix_cache_bytes(24 * block);
+    // Cache one stage-prompt, then run all of them together: the first restores the
+    // prefix, and the others' prefill (in other namespaces) evicts it while it decodes.
+    engine
+        .generate(
+            &prompts[0],
+            &opts(false, "default"),
+            &mut NoDrafts,
+            &mut |_| true,
+        )
+        .unwrap();
+    let evicted_before = engine.prefix_cache_stats().blocks_evicted;
+    let namespaces = ["default", "n1", "n2", "n3", "n4"];
+    let mut drafters: Vec<CacheDrafter<Layered<'_>>> = prompts[..5]
+        .iter()
+        .map(|p| CacheDrafter::new(Layered::new(None, &nothing, &nothing), params, p))
+        .collect();
+    let mut seqs: Vec<Option<Sequence>> = prompts[..5]
+        .iter()
+        .zip(namespaces)
+        .map(|(p, n)| Some(engine.start(p, &opts(true, n)).unwrap()))
+        .collect();
+    let mut results: Vec<Option<suffixd::verify::engine::Generation>> =
+        (0..5).map(|_| None).collect();
+    while seqs.iter().any(Option::is_some) {
+        let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = seqs
+            .iter_mut()
+            .zip(drafters.iter_mut())
+            .filter_map(|(s, d)| s.as_mut().map(|s| (s, d as &mut dyn Drafter)))
+            .collect();
+        engine.step(&mut batch).unwrap();
+        for i in 0..5 {
+            if seqs[i].as_ref().is_some_and(|s| s.is_finished()) {
+                results[i] = Some(engine.finish(seqs[i].take().unwrap()));
+            }
+        }
+    }
+    let stats = engine.prefix_cache_stats();
+    assert!(stats.blocks_evicted > evicted_before, "{stats:?}");
+    assert!(stats.bytes <= stats.budget_bytes, "{stats:?}");
+    let results: Vec<_> = results.into_iter().map(Option::unwrap).collect();
+    assert!(
+        results[0].cached_prompt_tokens >= 300,
+        "{}",
+        results[0].cached_prompt_tokens
+    );
+    for (i, g) in results.iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "batched prompt {i}");
+        if i > 0 {
+            assert_eq!(
+                g.cached_prompt_tokens, 0,
+                "namespace {} starts cold",
+                namespaces[i]
+            );
+        }
     }
 }

@@ -69,6 +69,10 @@ struct Pass {
     accepted: usize,
     drafted: usize,
     outputs: Vec<Vec<u32>>,
+    /// Seconds of prefill, prompt tokens, and those restored from the prefix cache.
+    prefill_s: f64,
+    prompt_tokens: usize,
+    cached_prompt_tokens: usize,
 }
 
 impl Pass {
@@ -117,6 +121,13 @@ impl Side {
             sampling: Sampling::default(),
             stop: vec![],
             speculate: self.speculate,
+            // Each side reuses only its own prompts' prefixes.
+            namespace: if self.speculate {
+                "speculative"
+            } else {
+                "plain"
+            }
+            .into(),
         };
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],
@@ -150,6 +161,9 @@ impl Side {
             self.pass.steps += g.steps;
             self.pass.accepted += g.accepted_tokens;
             self.pass.drafted += g.drafted_tokens;
+            self.pass.prefill_s += g.prefill_s;
+            self.pass.prompt_tokens += g.prompt_tokens;
+            self.pass.cached_prompt_tokens += g.cached_prompt_tokens;
             if self.speculate {
                 self.global.insert(self.next_id, &g.tokens)?;
                 self.next_id += 1;
@@ -233,6 +247,12 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         "spec_tokens_per_step": spec.tokens() as f64 / spec.steps.max(1) as f64,
         "mean_accepted_per_step": spec.accepted as f64 / spec.steps.max(1) as f64,
         "acceptance_rate": spec.accepted as f64 / spec.drafted.max(1) as f64,
+        "prompt_tokens": spec.prompt_tokens,
+        "plain_prefill_s": plain.prefill_s,
+        "spec_prefill_s": spec.prefill_s,
+        "plain_cached_prompt_tokens": plain.cached_prompt_tokens,
+        "spec_cached_prompt_tokens": spec.cached_prompt_tokens,
+        "prefix_cache": engine.prefix_cache_stats(),
         "cost_curve": engine.cost_curve(),
     });
     println!(
@@ -244,6 +264,14 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         spec.tokens() as f64 / spec.steps.max(1) as f64,
         same,
         plain.outputs.len()
+    );
+    println!(
+        "prefill: plain {:.2} s, speculative {:.2} s; {} prompt tokens, {} (plain) and {} (speculative) from the prefix cache",
+        plain.prefill_s,
+        spec.prefill_s,
+        spec.prompt_tokens,
+        plain.cached_prompt_tokens,
+        spec.cached_prompt_tokens
     );
     if a.json {
         println!("{report}");

@@ -61,6 +61,12 @@ pub struct ModelArgs {
     /// draft whole (as on a GPU).
     #[arg(long, value_enum, default_value_t = CostMode::Measure)]
     pub cost: CostMode,
+    /// Bytes of earlier prompts' keys and values kept for reuse by later requests that
+    /// start the same way (in the same namespace); 0 turns the prefix cache off. CPU
+    /// only [default: four full contexts of --max-context, at most an eighth of the
+    /// memory (the cgroup's limit in a container)].
+    #[arg(long, env = "SUFFIXD_PREFIX_CACHE_BYTES")]
+    pub prefix_cache_bytes: Option<u64>,
 }
 
 /// How the engine learns its cost curve.
@@ -85,8 +91,27 @@ impl ModelArgs {
             }
             CostMode::Flat => engine.set_cost_curve(CostCurve::flat()),
         }
+        let prefix_bytes = self.prefix_cache_bytes.unwrap_or_else(|| {
+            default_prefix_cache_bytes(
+                engine.kv_bytes_per_token(),
+                engine.context_len(),
+                crate::store::live::usable_memory_bytes(),
+            )
+        });
+        engine.set_prefix_cache_bytes(prefix_bytes);
         Ok(engine)
     }
+}
+
+/// The prefix cache's budget when none is given: the keys and values of four full
+/// contexts, at most an eighth of `memory` (when known).
+pub fn default_prefix_cache_bytes(
+    kv_bytes_per_token: u64,
+    context: usize,
+    memory: Option<u64>,
+) -> u64 {
+    let contexts = 4 * context as u64 * kv_bytes_per_token;
+    memory.map_or(contexts, |m| contexts.min(m / 8))
 }
 
 #[derive(Args, Debug)]
@@ -164,6 +189,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         },
         stop: a.stop.clone(),
         speculate: !a.no_spec,
+        namespace: a.namespace.clone(),
     };
     let empty = GlobalTree::new(params.max_depth)?;
     let snapshot = match &a.snapshot {

@@ -42,6 +42,7 @@ struct FileConfig {
     publish_snapshots_s: Option<u64>,
     keep_snapshots: Option<usize>,
     stream_max_age_s: Option<u64>,
+    prefix_cache_bytes: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -227,6 +228,7 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
             .filter(|&s| s > 0),
     };
     let mut model_args = a.model.clone();
+    model_args.prefix_cache_bytes = a.model.prefix_cache_bytes.or(file.prefix_cache_bytes);
     model_args.model = Some(model_path(
         a.model.model.as_deref().or(file.model.as_deref()),
     )?);
@@ -241,6 +243,12 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         "verifier cost curve t(K)/t(1): {:?}",
         engine.cost_curve().points
+    );
+    let prefix = engine.prefix_cache_stats();
+    tracing::info!(
+        "prefix cache: {} MB ({} tokens of keys and values)",
+        prefix.budget_bytes / 1_000_000,
+        prefix.budget_bytes / engine.kv_bytes_per_token().max(1)
     );
     let tokenizer = engine.tokenizer().clone();
     let template = engine.template().cloned();

@@ -370,15 +370,14 @@ async fn generate(
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
     check_supported(&app, &req)?;
     let pieces = prompt_pieces(&app, &req, chat)?;
-    let opts = generate_options(&app, &req)?;
-    let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
     let namespace = namespace_of(&headers, &req)?;
+    let opts = generate_options(&app, &req, namespace)?;
+    let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
     let (tok_tx, tok_rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
     let job = Job {
         prompt,
         opts,
-        namespace,
         tokens: tok_tx,
         done: done_tx,
     };
@@ -503,7 +502,11 @@ fn prompt_pieces(
 }
 
 /// Sampling, length and stop strings, checked against the server's limits.
-fn generate_options(app: &AppState, req: &GenerationRequest) -> Result<GenerateOptions, ApiError> {
+fn generate_options(
+    app: &AppState,
+    req: &GenerationRequest,
+    namespace: String,
+) -> Result<GenerateOptions, ApiError> {
     let temperature = req.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::bad_request("temperature must be between 0 and 2"));
@@ -537,6 +540,7 @@ fn generate_options(app: &AppState, req: &GenerationRequest) -> Result<GenerateO
         },
         stop,
         speculate: app.cfg.speculate,
+        namespace,
     })
 }
 
@@ -627,7 +631,12 @@ fn finish(g: &Generation) -> &'static str {
 }
 
 fn usage(g: &Generation) -> serde_json::Value {
-    json!({"prompt_tokens": g.prompt_tokens, "completion_tokens": g.tokens.len(), "total_tokens": g.prompt_tokens + g.tokens.len()})
+    json!({
+        "prompt_tokens": g.prompt_tokens,
+        "completion_tokens": g.tokens.len(),
+        "total_tokens": g.prompt_tokens + g.tokens.len(),
+        "prompt_tokens_details": {"cached_tokens": g.cached_prompt_tokens},
+    })
 }
 
 fn spec_stats(g: &Generation) -> serde_json::Value {

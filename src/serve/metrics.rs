@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use crate::verify::cost::CostCurve;
 use crate::verify::engine::{Generation, StepReport};
+use crate::verify::prefix::PrefixCacheStats;
 
 /// Upper bounds of the accepted-tokens-per-step histogram.
 const ACCEPT_BUCKETS: [f64; 8] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0];
@@ -81,6 +82,8 @@ struct Inner {
     pass_rows: u64,
     /// The verifier's cost curve as the model thread last published it.
     cost_curve: Option<CostCurve>,
+    /// The prefix cache's counters as the model thread last published them.
+    prefix_cache: PrefixCacheStats,
 }
 
 /// Serving metrics, shared by the handlers and the model thread.
@@ -148,6 +151,11 @@ impl Metrics {
         self.inner.lock().expect("metrics").cost_curve = Some(curve.clone());
     }
 
+    /// Publish the prefix cache's counters.
+    pub fn publish_prefix_cache(&self, stats: PrefixCacheStats) {
+        self.inner.lock().expect("metrics").prefix_cache = stats;
+    }
+
     /// The cost curve last published, as JSON (null before the first).
     pub fn cost_curve(&self) -> serde_json::Value {
         let m = self.inner.lock().expect("metrics");
@@ -189,6 +197,7 @@ impl Metrics {
                 "mean_sequences": ratio(m.pass_sequences, m.passes),
                 "mean_rows": ratio(m.pass_rows, m.passes),
             },
+            "prefix_cache": m.prefix_cache,
         })
     }
 
@@ -327,6 +336,27 @@ fn render_totals(
         "Snapshots and compactions written.",
         snapshots,
     );
+    let p = &m.prefix_cache;
+    counter(
+        "suffixd_prefix_cache_lookups_total",
+        "Requests that looked for a cached prompt prefix.",
+        p.lookups,
+    );
+    counter(
+        "suffixd_prefix_cache_hits_total",
+        "Requests that reused a cached prompt prefix.",
+        p.hits,
+    );
+    counter(
+        "suffixd_prefix_cache_reused_tokens_total",
+        "Prompt tokens restored from the prefix cache instead of prefilled.",
+        p.tokens_reused,
+    );
+    counter(
+        "suffixd_prefix_cache_evicted_blocks_total",
+        "Prefix cache blocks evicted for room.",
+        p.blocks_evicted,
+    );
     let rate = if m.drafted == 0 {
         0.0
     } else {
@@ -343,5 +373,15 @@ fn render_totals(
     let _ = writeln!(
         out,
         "# HELP suffixd_cached_sequences Sequences in the speculation cache.\n# TYPE suffixd_cached_sequences gauge\nsuffixd_cached_sequences {cached_sequences}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP suffixd_prefix_cache_bytes Bytes the prefix cache holds.\n# TYPE suffixd_prefix_cache_bytes gauge\nsuffixd_prefix_cache_bytes {}",
+        p.bytes
+    );
+    let _ = writeln!(
+        out,
+        "# HELP suffixd_prefix_cache_budget_bytes The prefix cache's byte budget (0: off).\n# TYPE suffixd_prefix_cache_budget_bytes gauge\nsuffixd_prefix_cache_budget_bytes {}",
+        p.budget_bytes
     );
 }

@@ -27,10 +27,9 @@ use super::metrics::Metrics;
 pub struct Job {
     /// Prompt token ids.
     pub prompt: Vec<u32>,
-    /// Generation options.
+    /// Generation options, with the namespace to draft from, to learn into, and whose
+    /// cached prompt prefixes to reuse.
     pub opts: GenerateOptions,
-    /// The namespace to draft from and to learn into.
-    pub namespace: String,
     /// New tokens as they are accepted.
     pub tokens: mpsc::UnboundedSender<Vec<u32>>,
     /// The result.
@@ -113,7 +112,7 @@ pub fn run(
 /// Start `job`: its sequence and its drafter over its namespace. A job the engine
 /// refuses is answered here (400 for a bad prompt, 500 otherwise) and gives no slot.
 fn admit<'a>(
-    engine: &Engine,
+    engine: &mut Engine,
     store: &'a Store,
     empty: &'a GlobalTree,
     params: SpecParams,
@@ -123,7 +122,7 @@ fn admit<'a>(
         Ok(seq) => {
             let source = NamespaceSource {
                 store,
-                namespace: job.namespace.clone(),
+                namespace: job.opts.namespace.clone(),
                 empty,
             };
             Some(Slot {
@@ -166,7 +165,7 @@ fn step_jobs(
                 jobs.try_recv()
             };
             match next {
-                Ok(job) => slots.extend(admit(&engine, store, &empty, params, job)),
+                Ok(job) => slots.extend(admit(&mut engine, store, &empty, params, job)),
                 Err(crossbeam::channel::TryRecvError::Empty) => break,
                 Err(crossbeam::channel::TryRecvError::Disconnected) => open = false,
             }
@@ -236,7 +235,7 @@ fn step_jobs(
             let generation = engine.finish(slot.seq);
             let t = Instant::now();
             let c = Completed {
-                namespace: slot.job.namespace,
+                namespace: slot.job.opts.namespace,
                 generation,
                 done: slot.job.done,
             };
@@ -250,6 +249,7 @@ fn step_jobs(
                 "completed request handed over"
             );
         }
+        metrics.publish_prefix_cache(engine.prefix_cache_stats());
     }
 }
 

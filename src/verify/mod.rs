@@ -6,6 +6,8 @@
 //! - [`kernels`]: the row-invariant CPU matmul and attention the model runs on.
 //! - `cuda` (with the `cuda` feature): the same guarantee on a GPU, through kernels
 //!   compiled at run time, with the KV cache on the device.
+//! - [`prefix`]: the keys and values of earlier prompts' prefixes, reused by later
+//!   requests in the same namespace instead of prefilled again.
 //! - [`cost`]: what a forward pass of K rows costs, measured at start and kept up to date.
 //! - [`engine`]: the generation loop, exact greedy and distribution-preserving sampling,
 //!   and cost-aware draft sizes.
@@ -21,6 +23,7 @@ pub mod kernels;
 mod linear;
 mod load;
 pub mod model;
+pub mod prefix;
 pub mod tokenizer;
 
 /// The device models run on: the first CUDA GPU with the `cuda` feature, else the CPU.

@@ -177,6 +177,38 @@ impl KvCache {
         self.pending = t;
     }
 
+    /// The committed keys and values of `layer` at positions `from..from + n`; `None`
+    /// when they are not on the host (a GPU's cache) or not committed.
+    pub fn committed_rows(&self, layer: usize, from: usize, n: usize) -> Option<(&[f32], &[f32])> {
+        if from + n > self.len || layer >= self.keys.len() {
+            return None;
+        }
+        let span = from * self.row..(from + n) * self.row;
+        Some((&self.keys[layer][span.clone()], &self.values[layer][span]))
+    }
+
+    /// Append `n` committed positions whose keys and values `fill` writes, layer by
+    /// layer (`fill(layer, keys, values)`, each `n × row` floats): a cached prefix put
+    /// back. The cache must be on the host and hold nothing pending.
+    pub fn extend_committed(
+        &mut self,
+        layers: usize,
+        row: usize,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut [f32], &mut [f32]),
+    ) {
+        assert_eq!(self.pending, 0, "no pass is pending");
+        #[cfg(feature = "cuda")]
+        assert!(self.device.is_none(), "the cache is on the host");
+        self.prepare(layers, row, n);
+        let span = self.len * row..(self.len + n) * row;
+        for (l, (keys, values)) in self.keys.iter_mut().zip(&mut self.values).enumerate() {
+            fill(l, &mut keys[span.clone()], &mut values[span.clone()]);
+        }
+        self.len += n;
+        self.pending = 0;
+    }
+
     /// Make room for `t` new rows after the committed ones, in `layers` layers.
     fn prepare(&mut self, layers: usize, row: usize, t: usize) {
         if self.keys.len() != layers || self.row != row {

@@ -95,7 +95,7 @@ pub fn default_budget_tokens() -> u64 {
 
 /// The memory this process may use: the smaller of the cgroup v2 limit (`max` means
 /// none) and the machine's total.
-fn usable_memory_bytes() -> Option<u64> {
+pub fn usable_memory_bytes() -> Option<u64> {
     let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok());

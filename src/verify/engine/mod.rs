@@ -27,6 +27,7 @@ use crate::speculate::Draft;
 
 use super::cost::CostCurve;
 use super::model::{BatchEntry, KvCache, Model, ModelError, argmax_rows};
+use super::prefix::{PrefixCache, PrefixCacheStats};
 use super::tokenizer::ModelTokenizer;
 use crate::chat::ChatTemplate;
 use calibration::Calibration;
@@ -45,6 +46,9 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Speculate (false: plain decoding).
     pub speculate: bool,
+    /// The namespace the request belongs to: it reuses the cached prompt prefixes of
+    /// earlier requests of this namespace only, and adds its own to them.
+    pub namespace: String,
 }
 
 /// Why generation ended.
@@ -68,6 +72,8 @@ pub struct Generation {
     pub text: String,
     /// Prompt tokens.
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache, not prefill.
+    pub cached_prompt_tokens: usize,
     /// Verification steps (forward passes after prefill).
     pub steps: usize,
     /// Draft tokens sent to the model.
@@ -92,6 +98,8 @@ pub struct Engine {
     cost: CostCurve,
     /// How well SCORE predicted acceptance, per draft source.
     calibration: Calibration,
+    /// Earlier requests' prompt prefixes (off until given a budget).
+    prefix: PrefixCache,
 }
 
 impl Engine {
@@ -106,7 +114,10 @@ impl Engine {
         eos.extend(tokenizer.token_id("<|endoftext|>"));
         eos.sort_unstable();
         eos.dedup();
+        let cfg = model.config();
+        let prefix = PrefixCache::new(cfg.layers, cfg.kv_heads * cfg.head_dim, 0);
         Engine {
+            prefix,
             model,
             tokenizer,
             template,
@@ -114,6 +125,27 @@ impl Engine {
             cost: CostCurve::flat(),
             calibration: Calibration::default(),
         }
+    }
+
+    /// Give the prefix cache `bytes` (0 turns it off). It runs on the CPU only: on a GPU
+    /// the KV cache lives on the device, and the cache stays off.
+    pub fn set_prefix_cache_bytes(&mut self, bytes: u64) {
+        if bytes > 0 && !self.model.device().is_cpu() {
+            tracing::warn!("the prefix cache runs on the CPU only: it is off on this device");
+            self.prefix.set_budget(0);
+            return;
+        }
+        self.prefix.set_budget(bytes);
+    }
+
+    /// The prefix cache's counters.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefix.stats()
+    }
+
+    /// Bytes of keys and values one token of context holds in a KV cache.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.prefix.bytes_per_token()
     }
 
     /// The tokenizer.
@@ -243,9 +275,14 @@ impl Engine {
         Some(n)
     }
 
-    /// Start a request: check it, and set up its cache and its own suffix tree. Run it
-    /// with [`Engine::step`] until [`Sequence::is_finished`], then [`Engine::finish`].
-    pub fn start(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<Sequence, ModelError> {
+    /// Start a request: check it, and set up its cache (with the longest prefix of its
+    /// prompt that its namespace has cached) and its own suffix tree. Run it with
+    /// [`Engine::step`] until [`Sequence::is_finished`], then [`Engine::finish`].
+    pub fn start(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+    ) -> Result<Sequence, ModelError> {
         if prompt.is_empty() {
             return Err(ModelError::BadPrompt("the prompt is empty".into()));
         }
@@ -261,12 +298,13 @@ impl Engine {
                 capacity: self.context_len(),
             });
         }
-        Ok(Sequence {
+        let mut seq = Sequence {
             opts: opts.clone(),
             cache: KvCache::default(),
             context: prompt.to_vec(),
             prompt_len: prompt.len(),
             prefilled: 0,
+            reused: 0,
             pending: prompt[prompt.len() - 1],
             out: Vec::new(),
             emitted: 0,
@@ -282,7 +320,17 @@ impl Engine {
             started: Instant::now(),
             prefill_s: 0.0,
             decode_start: None,
-        })
+        };
+        // Prefill runs all but the prompt's last token (decoding starts from it).
+        let reused =
+            self.prefix
+                .restore(&opts.namespace, &prompt[..prompt.len() - 1], &mut seq.cache);
+        seq.prefilled = reused;
+        seq.reused = reused;
+        if reused > 0 && !seq.in_prefill() {
+            seq.prefill_s = seq.started.elapsed().as_secs_f64();
+        }
+        Ok(seq)
     }
 
     /// One forward pass for every unfinished sequence in `batch`: a prefill chunk for
@@ -447,6 +495,13 @@ impl Engine {
                     seq.cache.commit(&(0..tokens.len()).collect::<Vec<_>>());
                     seq.prefilled += tokens.len();
                     if !seq.in_prefill() {
+                        // Offered now, not only at the end, so that a request of the
+                        // same stage arriving meanwhile reuses it.
+                        self.prefix.insert(
+                            &seq.opts.namespace,
+                            &seq.context[..seq.prefilled],
+                            &seq.cache,
+                        );
                         seq.prefill_s = seq.started.elapsed().as_secs_f64();
                         seq.decode_start = Some(Instant::now());
                     }
@@ -510,15 +565,22 @@ impl Engine {
         Ok(())
     }
 
-    /// The result of a finished (or abandoned) sequence.
-    pub fn finish(&self, seq: Sequence) -> Generation {
+    /// The result of a finished (or abandoned) sequence. Its context (prompt and
+    /// answer) is offered to the prefix cache: the next turn of a conversation resends it.
+    pub fn finish(&mut self, seq: Sequence) -> Generation {
         let decode_s = seq.decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        // The cache's rows are the context's tokens up to the shorter of the two: an
+        // accepted path cut at eos leaves rows past the context's end.
+        let rows = seq.cache.len().min(seq.context.len());
+        self.prefix
+            .insert(&seq.opts.namespace, &seq.context[..rows], &seq.cache);
         let text = self.text_of(&seq.out);
         Generation {
             tokens_per_s: seq.out.len() as f64 / decode_s.max(1e-9),
             tokens: seq.out,
             text,
             prompt_tokens: seq.prompt_len,
+            cached_prompt_tokens: seq.reused,
             steps: seq.steps,
             drafted_tokens: seq.drafted,
             accepted_tokens: seq.accepted,
@@ -604,6 +666,8 @@ pub struct Sequence {
     prompt_len: usize,
     /// Prompt tokens (all but the last, which decoding starts from) in the cache.
     prefilled: usize,
+    /// Of those, the ones restored from the prefix cache.
+    reused: usize,
     /// The newest token, not yet in the cache.
     pending: u32,
     out: Vec<u32>,
