@@ -2,14 +2,17 @@
 """Resident memory of `suffixd serve` over rounds of long generations (standard library only).
 
     tools/memory-rounds.py [--binary target/release/suffixd] [--rounds 4] [--concurrency 16]
-                           [--max-tokens 1024] [-- EXTRA SERVE FLAGS...]
+                           [--max-tokens 1024] [--prompt-words 0] [-- EXTRA SERVE FLAGS...]
 
 Starts a server on a fresh snapshot directory with its default settings (plus any flags
 after `--`), sends `rounds` rounds of `concurrency` concurrent chat requests of up to
 `max-tokens` sampled tokens each (every request a different prompt and seed, so every
 response is new to the cache), and prints after each round the server's resident memory
 (VmRSS), the tokens its cache holds and its budget. Resident memory should level off once
-the cache reaches its budget.
+the cache reaches its budget. With --prompt-words N every prompt also carries N words of
+its own (a long prompt no other request shares), which fills the prefix cache; the rounds
+then print the prefix cache's bytes and budget too, and resident memory should level off
+once it reaches its budget (`--prefix-cache-bytes`).
 """
 import argparse
 import json
@@ -27,6 +30,7 @@ ap.add_argument("--binary", default="target/release/suffixd")
 ap.add_argument("--rounds", type=int, default=4)
 ap.add_argument("--concurrency", type=int, default=16)
 ap.add_argument("--max-tokens", type=int, default=1024)
+ap.add_argument("--prompt-words", type=int, default=0)
 ap.add_argument("serve_flags", nargs="*")
 args = ap.parse_args()
 
@@ -54,10 +58,20 @@ def get(url, token):
         return json.load(r)
 
 
+WORDS = ["river", "ledger", "copper", "signal", "harbor", "orchard", "lantern", "quarry",
+         "meadow", "engine", "canvas", "timber", "glacier", "market", "archive", "compass"]
+
+
+def long_text(i):
+    """`--prompt-words` words that start differently for every request."""
+    return " ".join(f"{WORDS[(i * 7 + k * 3) % len(WORDS)]}{(i * 31 + k) % 97}"
+                    for k in range(args.prompt_words))
+
+
 def one(base, i, tokens_out):
     body = json.dumps({
         "messages": [{"role": "user", "content":
-                      f"Write a long, detailed story about {TOPICS[i % len(TOPICS)]} (number {i})."}],
+                      f"Request {i}. {long_text(i)}\nWrite a long, detailed story about {TOPICS[i % len(TOPICS)]} (number {i})."}],
         "max_tokens": args.max_tokens, "temperature": 0.9, "seed": i,
     }).encode()
     req = urllib.request.Request(base + "/v1/chat/completions", data=body,
@@ -95,7 +109,9 @@ def main():
                 stats = get(base + "/admin/stats", token)
                 print(f"round {r + 1}: {sum(tokens)} tokens generated in {time.time() - t0:.0f} s; "
                       f"rss {rss_mib(server.pid):.0f} MiB; cache {stats['cached_tokens']} tokens "
-                      f"(budget {stats.get('budget_tokens')})", flush=True)
+                      f"(budget {stats.get('budget_tokens')}); prefix cache "
+                      f"{stats['serving']['prefix_cache']['bytes'] / 2**20:.0f} MiB "
+                      f"(budget {stats['serving']['prefix_cache']['budget_bytes'] / 2**20:.0f})", flush=True)
         finally:
             server.terminate()
             server.wait()

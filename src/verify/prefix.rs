@@ -20,9 +20,11 @@
 //! - **Budget.** The blocks' keys and values stay within a byte budget. When a new block
 //!   does not fit, the least recently used leaf block is evicted (a leaf: no cached block
 //!   continues it, so every cached chain stays whole) and its memory is reused for the
-//!   new block, which keeps the allocator from fragmenting. Restored prefixes are copies,
-//!   so a request never holds a block: evicting one in the middle of a request's life
-//!   changes nothing for it.
+//!   new block. Each block is an anonymous mapping of its own, outside the heap: the
+//!   requests' KV caches come and go on the heap, and blocks among them would pin the
+//!   memory they free (measured: 120 MB more resident than the budget explains, under
+//!   200 different long prompts). Restored prefixes are copies, so a request never holds
+//!   a block: evicting one in the middle of a request's life changes nothing for it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -58,7 +60,37 @@ struct Block {
     /// When it was last restored or offered (the cache's clock).
     last_used: u64,
     /// Per layer, the block's keys then its values: `2 × BLOCK_TOKENS × row` floats.
-    kv: Box<[f32]>,
+    kv: BlockMemory,
+}
+
+/// One block's floats, in an anonymous mapping of its own (see the module docs).
+struct BlockMemory(memmap2::MmapMut);
+
+impl BlockMemory {
+    /// `floats` zeroed floats; `None` when the system refuses the memory.
+    fn new(floats: usize) -> Option<Self> {
+        match memmap2::MmapMut::map_anon(floats * std::mem::size_of::<f32>()) {
+            Ok(map) => Some(BlockMemory(map)),
+            Err(e) => {
+                tracing::warn!("the prefix cache cannot map a block ({e}); it holds what it has");
+                None
+            }
+        }
+    }
+
+    fn floats(&self) -> &[f32] {
+        // SAFETY: any bytes are a valid f32, and a mapping is page-aligned.
+        let (head, floats, tail) = unsafe { self.0.align_to::<f32>() };
+        debug_assert!(head.is_empty() && tail.is_empty());
+        floats
+    }
+
+    fn floats_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `floats`.
+        let (head, floats, tail) = unsafe { self.0.align_to_mut::<f32>() };
+        debug_assert!(head.is_empty() && tail.is_empty());
+        floats
+    }
 }
 
 /// The cache's counters, for `/metrics` and `/admin/stats`.
@@ -198,7 +230,7 @@ impl PrefixCache {
         let blocks = &self.blocks;
         cache.extend_committed(self.layers, self.row, n, |layer, keys, values| {
             for (b, &id) in path.iter().enumerate() {
-                let kv = &blocks[&id].kv[layer * 2 * span..(layer + 1) * 2 * span];
+                let kv = &blocks[&id].kv.floats()[layer * 2 * span..(layer + 1) * 2 * span];
                 keys[b * span..(b + 1) * span].copy_from_slice(&kv[..span]);
                 values[b * span..(b + 1) * span].copy_from_slice(&kv[span..]);
             }
@@ -250,7 +282,7 @@ impl PrefixCache {
                     whole = false;
                     break;
                 };
-                let dst = &mut kv[layer * 2 * span..(layer + 1) * 2 * span];
+                let dst = &mut kv.floats_mut()[layer * 2 * span..(layer + 1) * 2 * span];
                 dst[..span].copy_from_slice(keys);
                 dst[span..].copy_from_slice(values);
             }
@@ -309,20 +341,22 @@ impl PrefixCache {
         }
     }
 
-    /// Memory for one more block within the budget: a fresh buffer, or the buffer of
-    /// the least recently used leaf, evicted. `None` when nothing can be evicted.
-    fn make_room(&mut self) -> Option<Box<[f32]>> {
+    /// Memory for one more block within the budget: a fresh mapping, or the memory of
+    /// the least recently used leaf, evicted. `None` when nothing can be evicted (or the
+    /// system has no memory to give).
+    fn make_room(&mut self) -> Option<BlockMemory> {
         let mut reused = None;
         while self.held_bytes() + self.block_bytes() > self.budget_bytes {
             reused = Some(self.evict_oldest_leaf()?);
         }
-        Some(reused.unwrap_or_else(|| {
-            vec![0.0; self.layers * 2 * BLOCK_TOKENS * self.row].into_boxed_slice()
-        }))
+        match reused {
+            Some(memory) => Some(memory),
+            None => BlockMemory::new(self.layers * 2 * BLOCK_TOKENS * self.row),
+        }
     }
 
     /// Evict the least recently used leaf; returns its memory.
-    fn evict_oldest_leaf(&mut self) -> Option<Box<[f32]>> {
+    fn evict_oldest_leaf(&mut self) -> Option<BlockMemory> {
         let (_, id) = self.leaves.pop_first()?;
         let block = self.blocks.remove(&id).expect("a leaf is a block");
         self.index.remove(&block.key);
