@@ -1,0 +1,251 @@
+//! The admin API: snapshots and their jobs, stats, evictions and checks, behind
+//! `SUFFIXD_ADMIN_TOKEN`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::replicate::{RecordOp, ReplicationStats};
+use crate::store::live::StoreStats;
+
+use super::{ApiError, read_json};
+use crate::serve::AppState;
+
+fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &app.cfg.admin_token else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "the admin API is disabled: set SUFFIXD_ADMIN_TOKEN to enable it",
+        ));
+    };
+    if !app.admin_guard.may_try() {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "more than {} wrong admin tokens in the last second: admin requests are refused until it has passed",
+                AdminGuard::FAILURES_PER_SECOND
+            ),
+        ));
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !given.is_some_and(|g| same_secret(g.as_bytes(), token.as_bytes())) {
+        app.admin_guard.failed();
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "missing or wrong admin token: send Authorization: Bearer $SUFFIXD_ADMIN_TOKEN",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `given` equals `secret`, in a time that depends on their lengths only, not on
+/// where they first differ (which would let a client find the token byte by byte).
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != secret.len());
+    for (i, &s) in secret.iter().enumerate() {
+        diff |= s ^ given.get(i).copied().unwrap_or(!s);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// A cap on wrong admin tokens: past [`AdminGuard::FAILURES_PER_SECOND`] in one second,
+/// every admin request is refused (429) for the rest of it, so guessing runs at that
+/// rate rather than as fast as a connection carries requests.
+#[derive(Default)]
+pub struct AdminGuard {
+    /// The current one-second window and the failures in it.
+    window: std::sync::Mutex<(Option<std::time::Instant>, u32)>,
+}
+
+impl AdminGuard {
+    /// Wrong tokens allowed per second.
+    pub const FAILURES_PER_SECOND: u32 = 20;
+
+    fn current(&self) -> std::sync::MutexGuard<'_, (Option<std::time::Instant>, u32)> {
+        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        if w.0
+            .is_none_or(|start| start.elapsed() >= std::time::Duration::from_secs(1))
+        {
+            *w = (Some(std::time::Instant::now()), 0);
+        }
+        w
+    }
+
+    fn may_try(&self) -> bool {
+        self.current().1 < Self::FAILURES_PER_SECOND
+    }
+
+    fn failed(&self) {
+        self.current().1 += 1;
+    }
+}
+
+/// `POST /admin/snapshot` and `POST /admin/compact`: start in the background, answer 202
+/// with a job to poll.
+pub async fn admin_snapshot(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    let job = app.start_snapshot_job();
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"job": job, "status": "running", "poll": format!("/admin/jobs/{job}")})),
+    )
+        .into_response()
+}
+
+/// `GET /admin/jobs/{id}`.
+pub async fn admin_job(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<u64>,
+) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    match app.jobs_status.lock().expect("jobs").get(&id) {
+        Some(v) => Json(v.clone()).into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("no job {id}"),
+        )
+        .into_response(),
+    }
+}
+
+/// `GET /admin/stats`.
+pub async fn admin_stats(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    Json(AdminStats {
+        store: app.store.stats(),
+        serving: app.metrics.summary(),
+        cost_curve: app.metrics.cost_curve(),
+        replication: app.replication.as_ref().map(|r| r.stats(&app.store)),
+    })
+    .into_response()
+}
+
+/// Body of `GET /admin/stats`: the store's figures, with the serving ones beside them.
+#[derive(Serialize)]
+struct AdminStats {
+    #[serde(flatten)]
+    store: StoreStats,
+    serving: serde_json::Value,
+    cost_curve: serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replication: Option<ReplicationStats>,
+}
+
+/// Body of `POST /admin/evict`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvictRequest {
+    namespace: Option<String>,
+    id: Option<u64>,
+    /// Evict everything not used for this many seconds.
+    older_than_s: Option<u64>,
+}
+
+/// `POST /admin/evict`: by id (with its namespace), a whole namespace, or by age.
+pub async fn admin_evict(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    let req: EvictRequest = match read_json(body, 64 << 10, app.cfg.read_timeout()).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let app2 = app.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let store = &app2.store;
+        let (evicted, op) = match (req.namespace, req.id, req.older_than_s) {
+            (Some(namespace), Some(id), None) => (
+                store.evict(&namespace, id).map(|b| b as usize),
+                RecordOp::Evict { namespace, id },
+            ),
+            (Some(namespace), None, None) => (
+                store.evict_namespace(&namespace),
+                RecordOp::EvictNamespace { namespace },
+            ),
+            (None, None, Some(s)) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                // An age past the epoch evicts nothing, however large.
+                let cutoff_ms = now.saturating_sub(s.saturating_mul(1000));
+                (
+                    store.evict_unused_since(cutoff_ms),
+                    RecordOp::EvictUnusedSince { cutoff_ms },
+                )
+            }
+            _ => return Ok(usize::MAX),
+        };
+        let evicted = evicted.map_err(|e| e.to_string())?;
+        // An operator's eviction reaches every replica: it is written down before the
+        // answer, and goes out when NATS can take it.
+        if let Some(r) = &app2.replication {
+            r.evicted(op).map_err(|e| {
+                format!("evicted {evicted} here, but not sent to the other replicas: {e}. Retry the eviction")
+            })?;
+        }
+        Ok::<usize, String>(evicted)
+    })
+    .await;
+    match result {
+        Ok(Ok(usize::MAX)) => ApiError::bad_request(
+            "give {\"namespace\", \"id\"}, {\"namespace\"} or {\"older_than_s\"}",
+        )
+        .into_response(),
+        Ok(Ok(n)) => Json(json!({"evicted": n})).into_response(),
+        Ok(Err(e)) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e).into_response()
+        }
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+        .into_response(),
+    }
+}
+
+/// `GET /admin/verify`: check the current snapshot completely.
+pub async fn admin_verify(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&app, &headers) {
+        return e.into_response();
+    }
+    let store = app.store.clone();
+    match tokio::task::spawn_blocking(move || store.verify()).await {
+        Ok(Ok(report)) => Json(report).into_response(),
+        Ok(Err(e)) => (
+            StatusCode::OK,
+            Json(json!({"ok": false, "error": e.to_string()})),
+        )
+            .into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+        .into_response(),
+    }
+}
