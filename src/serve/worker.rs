@@ -155,6 +155,8 @@ fn step_jobs(
     let empty = GlobalTree::new(params.max_depth).expect("valid depth");
     let mut slots: Vec<Slot<'_>> = Vec::new();
     let mut open = true;
+    let mut published_prefix = engine.prefix_cache_stats();
+    metrics.publish_prefix_cache(published_prefix);
     loop {
         // Admit: wait for work when idle, otherwise take what is queued.
         while open && slots.len() < max_batch.max(1) {
@@ -249,7 +251,12 @@ fn step_jobs(
                 "completed request handed over"
             );
         }
-        metrics.publish_prefix_cache(engine.prefix_cache_stats());
+        // Its counters change only when requests start, finish prefill or finish.
+        let prefix = engine.prefix_cache_stats();
+        if prefix != published_prefix {
+            metrics.publish_prefix_cache(prefix);
+            published_prefix = prefix;
+        }
     }
 }
 

@@ -263,6 +263,14 @@ impl PrefixCache {
                 parent = Parent::Block(id);
                 continue;
             }
+            // Every layer's rows, before anything changes: a cache not on the host has
+            // none to copy.
+            let Some(rows) = (0..self.layers)
+                .map(|layer| cache.committed_rows(layer, b * BLOCK_TOKENS, BLOCK_TOKENS))
+                .collect::<Option<Vec<_>>>()
+            else {
+                break;
+            };
             // Its parent gets a child first, so that making room never evicts the
             // chain being extended.
             if let Parent::Block(p) = &parent {
@@ -274,24 +282,10 @@ impl PrefixCache {
                 }
                 break;
             };
-            let mut whole = true;
-            for layer in 0..self.layers {
-                let Some((keys, values)) =
-                    cache.committed_rows(layer, b * BLOCK_TOKENS, BLOCK_TOKENS)
-                else {
-                    whole = false;
-                    break;
-                };
+            for (layer, (keys, values)) in rows.into_iter().enumerate() {
                 let dst = &mut kv.floats_mut()[layer * 2 * span..(layer + 1) * 2 * span];
                 dst[..span].copy_from_slice(keys);
                 dst[span..].copy_from_slice(values);
-            }
-            if !whole {
-                // Not on the host: nothing to copy.
-                if let Parent::Block(p) = &parent {
-                    self.disown(*p);
-                }
-                break;
             }
             let id = self.next_id;
             self.next_id += 1;

@@ -302,7 +302,9 @@ impl Pool {
         let split = 2;
         *s.operation.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Operation { run, items, split });
-        *s.caller.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+        let caller = std::thread::current();
+        let caller_id = caller.id();
+        *s.caller.lock().unwrap_or_else(|e| e.into_inner()) = Some(caller);
         s.cursor.store(0, Ordering::SeqCst);
         let generation = s.generation.load(Ordering::Relaxed) + 1;
         s.open.store(generation, Ordering::SeqCst);
@@ -319,13 +321,7 @@ impl Pool {
         };
         claim_and_run(s, items, &f, self.threads(), split);
         let parked = drain.finish();
-        adaptive.observe(
-            std::thread::current().id(),
-            started,
-            Instant::now(),
-            parked,
-            thread_cpu_time,
-        );
+        adaptive.observe(caller_id, started, Instant::now(), parked, thread_cpu_time);
     }
 
     /// Spells the pool has run on the calling thread alone.
