@@ -328,7 +328,9 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
     let Some(path) = model() else { return };
     let mut file = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
-    let context: Vec<u32> = (0..40).map(|i| 300 + 17 * i).collect();
+    // Long enough that attention's key chunks wrap around its splits on the GPU (chunks
+    // of 64 keys, 16 splits by default): some splits take two chunks.
+    let context: Vec<u32> = (0..1100).map(|i| 300 + 17 * (i % 500)).collect();
     let draft: Vec<u32> = (0..64).map(|i| 1000 + 31 * i).collect();
     let other: Vec<u32> = (0..9).map(|i| 5000 + 7 * i).collect();
     let chain = |n: usize| -> Vec<i32> { (0..n as i32).map(|i| i - 1).collect() };
@@ -337,7 +339,7 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
         v.into_iter().map(f32::to_bits).collect()
     };
     for format in exact_formats() {
-        let model = Model::load_gguf(&path, &content, format, 256, &device()).unwrap();
+        let model = Model::load_gguf(&path, &content, format, 2048, &device()).unwrap();
         let prefilled = || {
             let mut cache = KvCache::default();
             model
@@ -437,6 +439,78 @@ fn the_gpu_pass_agrees_with_the_cpu_pass() {
             "{format:?}: GPU logits differ from the CPU's by {rel:.3e}"
         );
     }
+}
+
+/// The greedy choice, on whatever device the model runs (the GPU's own kernel there), is
+/// the CPU's: the largest value, the lowest index of equal ones, NaN never the largest;
+/// on the model's own logits and on rows made to have ties, NaN, infinities and signed
+/// zeros.
+#[test]
+fn the_greedy_argmax_is_the_cpus_on_every_device() {
+    use candle_core::quantized::gguf_file;
+    use candle_core::{Device, Tensor};
+    use suffixd::verify::model::{KvCache, Model, argmax_rows};
+    let Some(path) = model() else { return };
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let dev = device();
+    let format = exact_formats()[0];
+    let model = Model::load_gguf(&path, &content, format, 512, &dev).unwrap();
+    let prompt: Vec<u32> = (0..200).map(|i| 300 + 13 * i).collect();
+    let parents: Vec<i32> = (0..prompt.len() as i32).map(|i| i - 1).collect();
+    let logits = model
+        .forward(&mut KvCache::default(), &prompt, &parents)
+        .unwrap();
+    let on_cpu = logits.to_device(&Device::Cpu).unwrap();
+    assert_eq!(
+        model.argmax_rows(&logits).unwrap(),
+        argmax_rows(&on_cpu).unwrap()
+    );
+
+    let vocab = model.config().vocab;
+    let (nan, inf) = (f32::NAN, f32::INFINITY);
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    let mut row = |edit: &dyn Fn(&mut Vec<f32>)| {
+        let mut r: Vec<f32> = (0..vocab)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0)
+            .collect();
+        edit(&mut r);
+        rows.push(r);
+    };
+    row(&|r| {
+        r[vocab - 1] = 5.0; // the largest at the very end
+    });
+    row(&|r| {
+        for i in [vocab - 3, 4000, 1025, 1024] {
+            r[i] = 5.0; // ties: the lowest index wins
+        }
+    });
+    row(&|r| r.iter_mut().for_each(|x| *x = nan)); // all NaN: 0
+    row(&|r| {
+        r.iter_mut().for_each(|x| *x = nan);
+        r[777] = -inf; // NaN is never the largest
+    });
+    row(&|r| r.iter_mut().for_each(|x| *x = -inf)); // all -inf: the first
+    row(&|r| {
+        r.iter_mut().for_each(|x| *x = -1.0);
+        r[3000] = 0.0;
+        r[2000] = -0.0; // equal zeros: the first of either sign
+    });
+    row(&|r| {
+        r[100] = nan;
+        r[200] = inf;
+        r[50] = inf;
+    });
+    let crafted: Vec<f32> = rows.concat();
+    let crafted = Tensor::from_vec(crafted, (rows.len(), vocab), &Device::Cpu).unwrap();
+    let want = argmax_rows(&crafted).unwrap();
+    assert_eq!(want, [vocab as u32 - 1, 1024, 0, 777, 0, 2000, 50]);
+    assert_eq!(
+        model
+            .argmax_rows(&crafted.to_device(&dev).unwrap())
+            .unwrap(),
+        want
+    );
 }
 
 /// A chat prompt: a long shared system prompt (several prefill chunks), then `turns`

@@ -13,7 +13,15 @@
 # (default: the setup model), UNSEEN (a workload not in this repository; skipped when
 # unset), RESULTS (default target/gpu-check) and CUDA_LIBS (the CUDA 13 libraries; default:
 # those of the machine's PyTorch install, else .cuda-toolkit/) override the defaults.
-# QUICK=1 runs only the suffixd stages of this build (no candle path, peer or profiles).
+# QUICK=1 runs only the suffixd stages of this build (no candle path, peer or profiles);
+# CANDLE=0 leaves out only the candle path and the run without graphs.
+# BASE (a binary of an earlier commit) runs plain decoding and the agentic workload through
+# it too, alternated with BIN, so that a change is judged on the same card in the same run;
+# BASE_ENV (say SUFFIXD_CUDA_MMA=off) runs the base with those variables set (BASE defaults
+# to BIN then: a path of this build against another).
+# TUNE=1 times plain decoding at a long context for each launch shape the kernels take
+# (SUFFIXD_CUDA_WARPS x SUFFIXD_CUDA_ATTN_SPLITS) and runs the later stages with the
+# fastest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +38,8 @@ if [ -z "${CUDA_LIBS:-}" ]; then
 fi
 export LD_LIBRARY_PATH="$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 summary=()
+BASE_ENV=${BASE_ENV:-}
+[ -n "$BASE_ENV" ] && BASE=${BASE:-$BIN}
 note() { summary+=("$*"); echo "== $*"; }
 # Every stage fits inside DEADLINE seconds from the start (a lease's command limit);
 # limit N prints the seconds a stage of N may take, 0 when too few are left to start it.
@@ -51,10 +61,52 @@ if ! timeout 120 "$BIN" generate --model "$MODEL" --max-tokens 48 --no-spec --co
 fi
 note "smoke: $(tail -3 "$RESULTS/smoke.log" | tr '\n' ' ')"
 
+# Plain decoding, one stream, at a long context: tok/s of `generate` (its own count).
+LONG_PROMPT=$(python3 -c '
+import json, sys
+stages = [json.loads(l)["stages"][0] for l in open(sys.argv[1])]
+print("\n\n".join(stages * 3) + "\n\nSummarise every order above as one JSON list.")' tools/workloads/agentic.jsonl)
+decode_rate() {  # binary, then env assignments
+    local bin=$1
+    shift
+    env "$@" timeout 60 "$bin" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
+        --chat "$LONG_PROMPT" 2>&1 | grep -oE '[0-9.]+ tokens/s' | cut -d' ' -f1
+}
+if [ -n "${BASE:-}" ] && [ "$(limit 90)" -gt 0 ]; then
+    for round in 1 2; do
+        b=$(decode_rate "$BASE" $BASE_ENV) n=$(decode_rate "$BIN")
+        echo "round $round: base $b new $n" >>"$RESULTS/decode-base.txt"
+    done
+    note "plain decoding, long prompt, tok/s (base new, alternated): $(cut -d: -f2 "$RESULTS/decode-base.txt" | tr '\n' ';')"
+fi
 if [ -n "$TEST_BIN" ]; then
     SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 200)" "$TEST_BIN" --test-threads 2 \
         >"$RESULTS/tests.log" 2>&1
     note "tests (rc $?): $(grep -E '^test result|FAILED|panicked|relative difference' "$RESULTS/tests.log" | tr '\n' ' ')"
+fi
+
+if [ "${TUNE:-0}" = 1 ] && [ "$(limit 120)" -gt 0 ]; then
+    best=0 best_env=""
+    for w in 2 4 8; do
+        for s in 4 8 16; do
+            [ "$(limit 20)" -gt 0 ] || break 2
+            r=$(decode_rate "$BIN" SUFFIXD_CUDA_WARPS=$w SUFFIXD_CUDA_ATTN_SPLITS=$s)
+            echo "warps $w splits $s: $r tok/s" >>"$RESULTS/tune.txt"
+            if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1] or 0) > float(sys.argv[2]) else 1)' "${r:-0}" "$best"; then
+                best=$r best_env="SUFFIXD_CUDA_WARPS=$w SUFFIXD_CUDA_ATTN_SPLITS=$s"
+            fi
+        done
+    done
+    note "tuning: $(tr '\n' ';' <"$RESULTS/tune.txt") best: $best_env ($best tok/s)"
+    if [ -n "$best_env" ]; then
+        export $best_env
+        # The tests above ran with the default shapes; row invariance with these too.
+        if [ -n "$TEST_BIN" ] && [ "$(limit 60)" -gt 0 ]; then
+            SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 60)" "$TEST_BIN" \
+                a_token_gets_the_same_logits >"$RESULTS/tests-tuned.log" 2>&1
+            note "row invariance with $best_env (rc $?): $(grep -E '^test result|FAILED|panicked' "$RESULTS/tests-tuned.log" | tr '\n' ' ')"
+        fi
+    fi
 fi
 
 bench() {  # label, time limit, then e2e-bench flags
@@ -62,14 +114,20 @@ bench() {  # label, time limit, then e2e-bench flags
     secs=$(limit "$2")
     shift 2
     [ "$secs" -gt 0 ] || { note "e2e $label: skipped (out of time)"; return; }
-    timeout "$secs" "$BIN" e2e-bench --model "$MODEL" --max-tokens 128 --json "$@" \
+    env ${BENCH_ENV:-} timeout "$secs" "$BIN" e2e-bench --model "$MODEL" --max-tokens 128 --json "$@" \
         >"$RESULTS/e2e-$label.log" 2>&1
     note "e2e $label (rc $?): $(grep -E '^plain ' "$RESULTS/e2e-$label.log")"
     grep -o '"cost_curve":.*' "$RESULTS/e2e-$label.log" | head -c 400; echo
 }
 bench agentic-bf16 90 --workload tools/workloads/agentic.jsonl --weights bf16
+if [ -n "${BASE:-}" ]; then
+    BIN_NEW=$BIN BIN=$BASE BENCH_ENV=$BASE_ENV
+    bench agentic-bf16-base 90 --workload tools/workloads/agentic.jsonl --weights bf16
+    BIN=$BIN_NEW BENCH_ENV=
+    bench agentic-bf16-again 90 --workload tools/workloads/agentic.jsonl --weights bf16
+fi
 QUICK=${QUICK:-0}
-if [ "$QUICK" = 0 ]; then
+if [ "$QUICK" = 0 ] && [ "${CANDLE:-1}" = 1 ]; then
     SUFFIXD_CUDA_GRAPHS=off bench agentic-bf16-nographs 90 \
         --workload tools/workloads/agentic.jsonl --weights bf16
     # Before: candle's operations with attention on the host (the path these kernels
@@ -81,7 +139,6 @@ fi
 
 [ -n "$UNSEEN" ] && bench unseen-bf16 90 --workload "$UNSEEN" --weights bf16
 bench chat-bf16 60 --workload tools/workloads/chat.jsonl --weights bf16
-bench agentic-f32 90 --workload tools/workloads/agentic.jsonl --weights f32
 
 serve_load() {  # label, then serve flags
     local label=$1
@@ -105,8 +162,25 @@ serve_load() {  # label, then serve flags
     wait "$pid" 2>/dev/null
     rm -rf "$dir"
 }
+# Where a plain decoding step's time goes: every kernel of a few steps, timed by ncu.
+if [ "$QUICK" = 0 ] && command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
+    timeout "$(limit 90)" ncu --clock-control none --launch-skip 1000 --launch-count 320 \
+        --metrics gpu__time_duration.sum --csv \
+        "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat \
+        --chat "Write a haiku about rain." >"$RESULTS/ncu.csv" 2>"$RESULTS/ncu.err"
+    note "ncu (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu.csv" 2>&1 | tr '\n' ' ')"
+fi
+if [ -n "${BASE:-}" ] && [ "$QUICK" = 0 ] && command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
+    env $BASE_ENV timeout "$(limit 60)" ncu --clock-control none --launch-skip 1000 --launch-count 320 \
+        --metrics gpu__time_duration.sum --csv \
+        "$BASE" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat \
+        --chat "Write a haiku about rain." >"$RESULTS/ncu-base.csv" 2>"$RESULTS/ncu-base.err"
+    note "ncu base (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu-base.csv" 2>&1 | tr '\n' ' ')"
+fi
+
 serve_load spec
 serve_load plain --no-spec
+bench agentic-f32 90 --workload tools/workloads/agentic.jsonl --weights f32
 
 # The peer on the same GPU and the same first 4 pipelines.
 if [ "$QUICK" = 0 ] && python3 -c 'import gguf' 2>/dev/null && [ "$(limit 120)" -gt 0 ]; then
@@ -116,16 +190,8 @@ if [ "$QUICK" = 0 ] && python3 -c 'import gguf' 2>/dev/null && [ "$(limit 120)" 
 else
     note "peer: skipped (no gguf package for transformers, or out of time)"
 fi
-# Where a plain decoding step's time goes: every kernel of a few steps, timed by ncu.
-if [ "$QUICK" = 0 ] && command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
-    timeout "$(limit 90)" ncu --clock-control none --launch-skip 1000 --launch-count 320 \
-        --metrics gpu__time_duration.sum --csv \
-        "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat \
-        --chat "Write a haiku about rain." >"$RESULTS/ncu.csv" 2>"$RESULTS/ncu.err"
-    note "ncu (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu.csv" 2>&1 | tr '\n' ' ')"
-fi
 # The same for candle's path (attention on the host: its time is not in these kernels).
-if [ "$QUICK" = 0 ] && command -v ncu >/dev/null && [ "$(limit 45)" -gt 0 ]; then
+if [ "$QUICK" = 0 ] && [ "${CANDLE:-1}" = 1 ] && command -v ncu >/dev/null && [ "$(limit 45)" -gt 0 ]; then
     SUFFIXD_DEVICE_KERNELS=off timeout "$(limit 60)" ncu --clock-control none \
         --launch-skip 3000 --launch-count 1500 --metrics gpu__time_duration.sum --csv \
         "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat --weights f32 \

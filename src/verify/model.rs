@@ -613,6 +613,19 @@ impl Model {
         }])
     }
 
+    /// Index of the largest value of each row of `logits` (this model's output); ties go
+    /// to the lowest index. On the device kernels' GPU it runs there, and only the ids
+    /// come back; elsewhere it is [`argmax_rows`].
+    pub fn argmax_rows(&self, logits: &Tensor) -> Result<Vec<u32>, ModelError> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda
+            && !logits.device().is_cpu()
+        {
+            return Ok(cuda.argmax_rows(logits)?);
+        }
+        argmax_rows(logits)
+    }
+
     /// One forward pass over several sequences at once: their rows share every matrix
     /// product, and each attends only within its own sequence (a block-diagonal mask).
     /// Returns the logits of the rows of every entry that wants them, entry after

@@ -10,13 +10,24 @@
 //     repeats its last row and drops the copies), and nothing is split along K by row
 //     count, so the host may pick the tile (1, 4 or 8 rows) by the pass's row count;
 //   - attention walks a row's keys in chunks fixed by the key's absolute index, so the
-//     committed prefix and the draft's ancestors chunk exactly as plain decoding does.
+//     committed prefix and the draft's ancestors chunk exactly as plain decoding does;
+//     chunk c goes to split c mod ATTN_SPLITS, a constant, and the splits' partial
+//     softmaxes are combined in split order, whichever block finishes last;
+//   - the greedy argmax's ties go to the lowest index, as on the CPU.
 // Weights are f32 or bf16 (raw 16-bit words, widened by a shift: exact).
 
 typedef unsigned short bf16_t;
 typedef unsigned long long u64;
 
-#define WARPS_PER_BLOCK 8
+// Tuning constants; the host may pass others as -D options (mod.rs). Each is fixed for a
+// process, never picked per pass, so it changes speed (and, for ATTN_SPLITS, which
+// order attention's sums take), never row invariance.
+#ifndef WARPS_PER_BLOCK
+#define WARPS_PER_BLOCK 4
+#endif
+#ifndef ATTN_SPLITS
+#define ATTN_SPLITS 16
+#endif
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -281,6 +292,200 @@ MATMUL_TILES(matmul_silu_bf16, bf16_t, MODE_SILU)
 MATMUL_TILES(matmul_qkv_f32, float, MODE_QKV)
 MATMUL_TILES(matmul_qkv_bf16, bf16_t, MODE_QKV)
 
+// ---- The projections on the tensor cores (bf16 weights; SUFFIXD_CUDA_MMA=on) ----
+// Opt-in: exact and flat in the row count, but each warp converts the activations
+// itself, so a one-row step is slower than on the CUDA cores (docs/gpu.md).
+// mma.m16n8k16 multiplies a tile of 16 activation rows by 8 weight rows, 16 columns at a
+// time, accumulating in f32. Activations are f32: each enters as two bf16, its rounding
+// `hi` and the rest `lo` (x - hi is exact; it is rounded again), so the product keeps
+// about 16 bits of every activation. A row's value depends on its own inputs alone: it
+// takes the same instructions in the same order whichever slot of whichever tile holds
+// it, and however many tiles a warp carries, so the host picks 1, 2 or 4 tiles of 16
+// rows by the pass's row count, and a draft of 16 rows streams the weights once, as one
+// row does. The fused RMS norm scales the product by the row's 1/rms after it (the sum
+// of squares is gathered from the same loads, in a fixed order), and multiplies the
+// norm's weight into the activations before it.
+
+// f32 -> bf16 bits, rounded to nearest even (NaN stays NaN).
+__device__ __forceinline__ unsigned bf16_rn(float f) {
+    const unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+// Two activations as (hi, lo) bf16 pairs, the first in the low half of each register.
+__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
+    const unsigned h0 = bf16_rn(x0), h1 = bf16_rn(x1);
+    const unsigned l0 = bf16_rn(__fsub_rn(x0, __uint_as_float(h0 << 16)));
+    const unsigned l1 = bf16_rn(__fsub_rn(x1, __uint_as_float(h1 << 16)));
+    hi = h0 | (h1 << 16);
+    lo = l0 | (l1 << 16);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One warp computes one tile of 8 outputs (MODE_SILU: 4 gates and their 4 ups) for every
+// row of the pass, 16 * TILES rows at a time. Lane (g = lane / 4, t = lane % 4) feeds
+// weight row g and activation rows g and g + 8 of each tile, columns 8t..8t+7 of each
+// chunk of 32: the mma's k slots 2t, 2t+1, 2t+8, 2t+9 take columns 8t+0..3 in its first
+// k16 step and 8t+4..7 in its second, for A and B alike, so every column meets its own
+// weight. Needs k a multiple of 32.
+template <int MODE, int TILES>
+__device__ __forceinline__ void matmul_mma_warp(const MatmulArgs& a) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (tile >= a.groups) return;
+    const int wrow = MODE == MODE_SILU
+        ? (g < 4 ? 4 * tile + g : a.kv_width + 4 * tile + g - 4)
+        : 8 * tile + g;
+    const bf16_t* wp = (const bf16_t*)a.w + (size_t)wrow * a.k + 8 * t;
+    const float* gp = a.norm_w ? a.norm_w + 8 * t : nullptr;
+    for (int r0 = 0; r0 < a.rows; r0 += 16 * TILES) {
+        const float* xr[TILES][2];
+#pragma unroll
+        for (int i = 0; i < TILES; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = r0 + 16 * i + 8 * h + g;
+                xr[i][h] = nullptr;  // a row past the pass: zeros, its output dropped
+                if (r < a.rows) xr[i][h] = a.x + (size_t)(a.row_map ? a.row_map[r] : r) * a.k + 8 * t;
+            }
+        float acc[TILES][4], ss[TILES][2];
+#pragma unroll
+        for (int i = 0; i < TILES; i++) {
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][c] = 0.0f;
+            ss[i][0] = 0.0f; ss[i][1] = 0.0f;
+        }
+#pragma unroll(TILES == 1 ? 6 : 2)
+        for (int k0 = 0; k0 < a.k; k0 += 32) {
+            const uint4 wv = *(const uint4*)(wp + k0);
+            float gw[8];
+            if (gp) {
+                const float4 g0 = *(const float4*)(gp + k0), g1 = *(const float4*)(gp + k0 + 4);
+                gw[0] = g0.x; gw[1] = g0.y; gw[2] = g0.z; gw[3] = g0.w;
+                gw[4] = g1.x; gw[5] = g1.y; gw[6] = g1.z; gw[7] = g1.w;
+            }
+#pragma unroll
+            for (int i = 0; i < TILES; i++) {
+                unsigned hi[2][4], lo[2][4];  // [k16 step][A register]
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float xv[8];
+                    if (xr[i][h]) {
+                        const float4 p = *(const float4*)(xr[i][h] + k0);
+                        const float4 q = *(const float4*)(xr[i][h] + k0 + 4);
+                        xv[0] = p.x; xv[1] = p.y; xv[2] = p.z; xv[3] = p.w;
+                        xv[4] = q.x; xv[5] = q.y; xv[6] = q.z; xv[7] = q.w;
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 8; e++) xv[e] = 0.0f;
+                    }
+                    if (gp) {
+#pragma unroll
+                        for (int e = 0; e < 8; e++) {
+                            ss[i][h] = fmaf(xv[e], xv[e], ss[i][h]);
+                            xv[e] = __fmul_rn(xv[e], gw[e]);
+                        }
+                    }
+                    // A register h holds row g + 8h at slots 2t, 2t+1; register 2 + h
+                    // at slots 2t+8, 2t+9.
+                    split_pair(xv[0], xv[1], hi[0][h], lo[0][h]);
+                    split_pair(xv[2], xv[3], hi[0][2 + h], lo[0][2 + h]);
+                    split_pair(xv[4], xv[5], hi[1][h], lo[1][h]);
+                    split_pair(xv[6], xv[7], hi[1][2 + h], lo[1][2 + h]);
+                }
+                mma_bf16(acc[i], hi[0], wv.x, wv.y);
+                mma_bf16(acc[i], lo[0], wv.x, wv.y);
+                mma_bf16(acc[i], hi[1], wv.z, wv.w);
+                mma_bf16(acc[i], lo[1], wv.z, wv.w);
+            }
+        }
+        // Lane (g, t) holds outputs 2t, 2t+1 of rows g (acc[i][0..1]) and g+8 (acc[i][2..3]).
+#pragma unroll
+        for (int i = 0; i < TILES; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float v0 = acc[i][2 * h], v1 = acc[i][2 * h + 1];
+                if (gp) {
+                    // The row's sum of squares: its four lanes' parts, by a butterfly
+                    // every lane sums in the same order.
+                    float s = ss[i][h];
+                    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+                    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+                    const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)a.k), a.eps)));
+                    v0 = __fmul_rn(v0, inv);
+                    v1 = __fmul_rn(v1, inv);
+                }
+                float u0 = 0.0f, u1 = 0.0f;
+                if (MODE == MODE_SILU) {
+                    // Lane t < 2 holds gates 2t, 2t+1; lane t + 2 the matching ups.
+                    u0 = __shfl_xor_sync(0xffffffffu, v0, 2);
+                    u1 = __shfl_xor_sync(0xffffffffu, v1, 2);
+                }
+                const int r = r0 + 16 * i + 8 * h + g;
+                if (r >= a.rows) continue;
+                if (MODE == MODE_PLAIN) {
+                    float* o = a.out + (size_t)r * a.out_stride + 8 * tile + 2 * t;
+                    o[0] = v0;
+                    o[1] = v1;
+                } else if (MODE == MODE_RESIDUAL) {
+                    const size_t at = (size_t)r * a.out_stride + 8 * tile + 2 * t;
+                    a.out[at] = __fadd_rn(a.resid[at], v0);
+                    a.out[at + 1] = __fadd_rn(a.resid[at + 1], v1);
+                } else if (MODE == MODE_SILU) {
+                    if (t < 2) {
+                        float* o = a.out + (size_t)r * a.out_stride + 4 * tile + 2 * t;
+                        o[0] = __fmul_rn(__fdiv_rn(v0, __fadd_rn(1.0f, expf(-v0))), u0);
+                        o[1] = __fmul_rn(__fdiv_rn(v1, __fadd_rn(1.0f, expf(-v1))), u1);
+                    }
+                } else {  // MODE_QKV: outputs n, n+1 are a RoPE pair
+                    const int n = 8 * tile + 2 * t;
+                    float e0 = v0, e1 = v1;
+                    if (n < a.q_width + a.kv_width) {
+                        const int pos = meta_of(a.meta, a.meta_rows, ROW_POS, r);
+                        const int half = a.head_dim / 2;
+                        const int j = (n % a.head_dim) / 2;
+                        const float cs = a.cos_tab[(size_t)pos * half + j];
+                        const float sn = a.sin_tab[(size_t)pos * half + j];
+                        e0 = __fsub_rn(__fmul_rn(v0, cs), __fmul_rn(v1, sn));
+                        e1 = __fadd_rn(__fmul_rn(v0, sn), __fmul_rn(v1, cs));
+                    }
+                    if (n < a.q_width) {
+                        float* o = a.q_out + (size_t)r * a.q_width + n;
+                        o[0] = e0;
+                        o[1] = e1;
+                    } else {
+                        const int kind = n < a.q_width + a.kv_width ? 0 : 1;
+                        const int col = n - a.q_width - kind * a.kv_width;
+                        float* dst = kv_row(base_of(a.meta, a.meta_rows, r),
+                                            meta_of(a.meta, a.meta_rows, ROW_CAP, r), a.kv_width,
+                                            a.layer, kind, meta_of(a.meta, a.meta_rows, ROW_SLOT, r));
+                        dst[col] = e0;
+                        dst[col + 1] = e1;
+                    }
+                }
+            }
+    }
+}
+
+#define MMA_KERNEL(name, MODE, TILES) \
+    extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32) name##_t##TILES(MatmulArgs a) { \
+        matmul_mma_warp<MODE, TILES>(a); \
+    }
+#define MMA_TILES(name, MODE) MMA_KERNEL(name, MODE, 1) MMA_KERNEL(name, MODE, 2) MMA_KERNEL(name, MODE, 4)
+MMA_TILES(mma_plain, MODE_PLAIN)
+MMA_TILES(mma_residual, MODE_RESIDUAL)
+MMA_TILES(mma_silu, MODE_SILU)
+MMA_TILES(mma_qkv, MODE_QKV)
+
 // Row r of the pass takes row ids[r] of the embedding table.
 extern "C" __global__ void embed_rows(const float* table, const int* ids, float* x, int width) {
     const int r = blockIdx.x;
@@ -289,8 +494,8 @@ extern "C" __global__ void embed_rows(const float* table, const int* ids, float*
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
 }
 
-#define ATTN_THREADS 256
-#define ATTN_CHUNK 256
+#define ATTN_CHUNK 64                 // keys per chunk
+#define ATTN_THREADS (2 * ATTN_CHUNK)  // two threads per key for its dot product
 #define ATTN_MAX_HEAD_DIM 128
 
 struct AttentionArgs {
@@ -298,6 +503,8 @@ struct AttentionArgs {
     float* out;          // rows x heads*head_dim
     const int* meta;     // the pass's per-row fields
     const int* ancestors;// in-pass key slots, ROW_ANC_OFF / ROW_ANC_LEN per row
+    float* partials;     // rows x heads x ATTN_SPLITS x (2 + head_dim): m, l, acc
+    int* tickets;        // rows x heads, zero between passes
     int heads;
     int kv_heads;
     int head_dim;
@@ -306,17 +513,24 @@ struct AttentionArgs {
     int meta_rows;
 };
 
-// One block per (row, head). Keys in the order plain decoding sees them: the committed
-// context, then the row's ancestors in the pass, then itself; processed in chunks of
-// ATTN_CHUNK by absolute key index with an online softmax whose every sum has a fixed
-// order. Needs head_dim <= 128, dividing 256, a multiple of 4.
+// Attention for one (row, head, split) per block. A row's keys come in the order plain
+// decoding sees them: the committed context, then the row's ancestors in the pass, then
+// itself. They are cut into chunks of ATTN_CHUNK by absolute key index; split s takes
+// chunks s, s + ATTN_SPLITS, ... in order, with an online softmax whose every sum has a
+// fixed order, and leaves its (max, sum, weighted values) in `partials`. The last of a
+// (row, head)'s blocks to finish combines the splits in split order and writes the
+// output. Many short blocks instead of one long one per (row, head): a one-row step has
+// heads x ATTN_SPLITS blocks in flight instead of heads. Needs head_dim a multiple of 8
+// dividing ATTN_THREADS.
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionArgs a) {
     __shared__ float q[ATTN_MAX_HEAD_DIM];
     __shared__ float p[ATTN_CHUNK];
+    __shared__ float dots[ATTN_THREADS];
     __shared__ float part[ATTN_THREADS];
     __shared__ float red[ATTN_THREADS / 32];
     __shared__ int slots[ATTN_CHUNK];
-    const int r = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
+    __shared__ int last;
+    const int r = blockIdx.x, h = blockIdx.y, split = blockIdx.z, t = threadIdx.x;
     const int hd = a.head_dim;
     const int kvw = a.kv_heads * hd;
     const int g = h / (a.heads / a.kv_heads);
@@ -330,26 +544,31 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
     if (t < hd) q[t] = a.q[((size_t)r * a.heads + h) * hd + t];
     const int groups = ATTN_THREADS / hd;  // value partial sums per output element
     const int d = t % hd, grp = t / hd;
+    // Thread t computes half `t / ATTN_CHUNK` of key `t % ATTN_CHUNK`'s dot product.
+    const int key = t % ATTN_CHUNK, half = t / ATTN_CHUNK, span = hd / 2;
     float m = NEG_INF, l = 0.0f, acc = 0.0f;
     __syncthreads();
-    for (int c0 = 0; c0 < n; c0 += ATTN_CHUNK) {
-        const int i = c0 + t;
-        float s = NEG_INF;
+    for (int c0 = split * ATTN_CHUNK; c0 < n; c0 += ATTN_SPLITS * ATTN_CHUNK) {
+        const int i = c0 + key;
         if (i < n) {
             const int slot = i < ctx ? i : a.ancestors[anc_off + i - ctx];
-            slots[t] = slot;
-            const float* k = keys + (size_t)slot * kvw;
+            if (half == 0) slots[key] = slot;
+            const float* k = keys + (size_t)slot * kvw + half * span;
+            const float* qh = q + half * span;
             float dot = 0.0f;
 #pragma unroll 8
-            for (int e = 0; e < hd; e += 4) {
+            for (int e = 0; e < span; e += 4) {
                 float4 kv = *(const float4*)(k + e);
-                dot = fmaf(q[e], kv.x, dot);
-                dot = fmaf(q[e + 1], kv.y, dot);
-                dot = fmaf(q[e + 2], kv.z, dot);
-                dot = fmaf(q[e + 3], kv.w, dot);
+                dot = fmaf(qh[e], kv.x, dot);
+                dot = fmaf(qh[e + 1], kv.y, dot);
+                dot = fmaf(qh[e + 2], kv.z, dot);
+                dot = fmaf(qh[e + 3], kv.w, dot);
             }
-            s = __fmul_rn(dot, a.scale);
+            dots[t] = dot;
         }
+        __syncthreads();  // both halves of every dot product are in
+        float s = NEG_INF;
+        if (t < ATTN_CHUNK && i < n) s = __fmul_rn(__fadd_rn(dots[t], dots[t + ATTN_CHUNK]), a.scale);
         // The chunk's maximum (order-free), then the new running maximum.
         float cm = warp_max(s);
         if ((t & 31) == 0) red[t >> 5] = cm;
@@ -357,8 +576,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
         cm = red[0];
         for (int w = 1; w < ATTN_THREADS / 32; w++) cm = fmaxf(cm, red[w]);
         const float m_new = fmaxf(m, cm);
-        const float e = i < n ? expf(__fsub_rn(s, m_new)) : 0.0f;
-        p[t] = e;
+        const float e = (t < ATTN_CHUNK && i < n) ? expf(__fsub_rn(s, m_new)) : 0.0f;
+        if (t < ATTN_CHUNK) p[t] = e;
         __syncthreads();  // everyone has read red; p and slots are written
         // The chunk's sum: warp butterflies, then the warps in order.
         float cs = warp_sum(e);
@@ -381,9 +600,76 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
             acc = fmaf(acc, corr, sum);
         }
         m = m_new;
-        __syncthreads();  // before the next chunk overwrites p, slots, part and red
+        __syncthreads();  // before the next chunk overwrites p, slots, dots, part and red
     }
-    if (grp == 0) a.out[((size_t)r * a.heads + h) * hd + d] = __fdiv_rn(acc, l);
+    // This split's part (m = -inf, l = 0 when it had no chunk), then a ticket: the block
+    // that draws the last one combines every split's part.
+    const size_t pair = (size_t)r * a.heads + h;
+    const int stride = 2 + hd;
+    float* mine = a.partials + (pair * ATTN_SPLITS + split) * stride;
+    if (t == 0) { mine[0] = m; mine[1] = l; }
+    if (grp == 0) mine[2 + d] = acc;
+    __threadfence();  // the part is visible device-wide before the ticket is drawn
+    __syncthreads();
+    if (t == 0) last = atomicAdd(a.tickets + pair, 1) == ATTN_SPLITS - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (grp == 0) {
+        // Parts are read from L2 (__ldcg): this SM's L1 may hold an older copy of a line.
+        const float* parts = a.partials + pair * ATTN_SPLITS * stride;
+        float mx = NEG_INF;
+        for (int sp = 0; sp < ATTN_SPLITS; sp++) mx = fmaxf(mx, __ldcg(parts + sp * stride));
+        float lsum = 0.0f, vsum = 0.0f;
+        for (int sp = 0; sp < ATTN_SPLITS; sp++) {
+            const float* pp = parts + sp * stride;
+            const float ls = __ldcg(pp + 1);
+            if (ls == 0.0f) continue;  // a split without keys
+            const float w = expf(__fsub_rn(__ldcg(pp), mx));
+            lsum = fmaf(ls, w, lsum);
+            vsum = fmaf(__ldcg(pp + 2 + d), w, vsum);
+        }
+        a.out[pair * hd + d] = __fdiv_rn(vsum, lsum);
+    }
+    if (t == 0) a.tickets[pair] = 0;  // every split has drawn: ready for the next pass
+}
+
+#define ARGMAX_THREADS 1024
+
+// The greedy choice of each row of `logits` (rows x vocab), one block per row: the
+// largest value, the lowest index among equal ones; NaN is never the largest (0 when
+// every value is NaN). Order-free, so the same bits give the same index however the
+// reduction is shaped, and the same index as the CPU's argmax_rows.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const float* logits, int vocab, int* out) {
+    __shared__ float best_of[ARGMAX_THREADS / 32];
+    __shared__ int index_of[ARGMAX_THREADS / 32];
+    const int r = blockIdx.x, t = threadIdx.x;
+    const float* row = logits + (size_t)r * vocab;
+    float best = NEG_INF;
+    int at = 0x7fffffff;
+#pragma unroll 8
+    for (int i = t; i < vocab; i += ARGMAX_THREADS) {
+        const float x = row[i];
+        if (x > best) { best = x; at = i; }
+        else if (x == best && at == 0x7fffffff) at = i;  // the first -inf
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+        if (ob > best || (ob == best && oa < at)) { best = ob; at = oa; }
+    }
+    if ((t & 31) == 0) { best_of[t >> 5] = best; index_of[t >> 5] = at; }
+    __syncthreads();
+    if (t < 32) {
+        best = t < ARGMAX_THREADS / 32 ? best_of[t] : NEG_INF;
+        at = t < ARGMAX_THREADS / 32 ? index_of[t] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+            if (ob > best || (ob == best && oa < at)) { best = ob; at = oa; }
+        }
+        if (t == 0) out[r] = at == 0x7fffffff ? 0 : at;
+    }
 }
 
 // Keep the accepted rows of the last pass: row accepted[j] (after the `len` committed)

@@ -8,20 +8,29 @@
 //! quantized kernels, so neither is on this path.
 //!
 //! A layer is five launches: q|k|v with the RMS norm fused before it and RoPE and the KV
-//! write after it; attention over each row's own keys; the output projection added to the
-//! residual; gate|up with the norm before and SiLU·up after; the down projection added to
-//! the residual. Per pass, one upload of the rows' fields and one launch each for the
-//! embedding and the head.
+//! write after it; attention over each row's own keys, split across blocks by fixed key
+//! ranges; the output projection added to the residual; gate|up with the norm before and
+//! SiLU·up after; the down projection added to the residual. Per pass, one upload of the
+//! rows' fields and one launch each for the embedding and the head; greedy decoding's
+//! argmax runs on the device too ([`CudaForward::argmax_rows`]), so only the chosen ids
+//! come back.
 
 use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, sys,
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
+
+mod graphs;
+mod kv;
+
+use graphs::Graphs;
+pub use kv::DeviceKv;
+use kv::KvKeeper;
 
 use super::linear::{Linear, NormWeights};
 use super::model::{BatchEntry, BatchPlan, Layer, LlamaConfig, ModelError, WeightFormat};
@@ -52,8 +61,55 @@ impl From<candle_core::cuda_backend::cudarc::driver::DriverError> for CudaError 
     }
 }
 
+/// Launch shapes the kernels are compiled for: fixed for a process, so they change speed
+/// (and, for `attention_splits`, the order attention's sums take), never row invariance.
+/// `SUFFIXD_CUDA_WARPS` and `SUFFIXD_CUDA_ATTN_SPLITS` override the defaults, for tuning
+/// on a new card (docs/gpu.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Warps per block of a projection (each warp computes four outputs).
+    pub warps: u32,
+    /// Blocks that share one (row, head)'s keys in attention.
+    pub attention_splits: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        // The fastest of warps {2, 4, 8} x splits {4, 8, 16} on an H100 (docs/gpu.md).
+        Tuning {
+            warps: 4,
+            attention_splits: 16,
+        }
+    }
+}
+
+impl Tuning {
+    /// The defaults, with the environment's overrides where they are valid (a power of two
+    /// from 1 to 16 warps, 1 to 64 splits); an invalid one is named in a warning.
+    pub fn from_env() -> Self {
+        let mut t = Tuning::default();
+        let read = |name: &str, ok: &dyn Fn(u32) -> bool| -> Option<u32> {
+            let v = std::env::var(name).ok()?;
+            match v.parse::<u32>() {
+                Ok(n) if ok(n) => Some(n),
+                _ => {
+                    tracing::warn!("{name}={v} is out of range: the default is used");
+                    None
+                }
+            }
+        };
+        if let Some(w) = read("SUFFIXD_CUDA_WARPS", &|n| n.is_power_of_two() && n <= 16) {
+            t.warps = w;
+        }
+        if let Some(s) = read("SUFFIXD_CUDA_ATTN_SPLITS", &|n| (1..=64).contains(&n)) {
+            t.attention_splits = s;
+        }
+        t
+    }
+}
+
 /// Compile the kernels for the GPU's architecture, to PTX (no GPU needed).
-pub fn compile(arch: &'static str) -> Result<String, CudaError> {
+pub fn compile(arch: &'static str, tuning: Tuning) -> Result<String, CudaError> {
     let opts = CompileOptions {
         // No contraction of a*b+c into fma behind our back: the kernels say where
         // they fuse, so the same source gives the same arithmetic in every unrolled copy.
@@ -62,7 +118,11 @@ pub fn compile(arch: &'static str) -> Result<String, CudaError> {
         prec_div: Some(true),
         prec_sqrt: Some(true),
         arch: Some(arch),
-        options: vec!["--std=c++17".into()],
+        options: vec![
+            "--std=c++17".into(),
+            format!("-DWARPS_PER_BLOCK={}", tuning.warps),
+            format!("-DATTN_SPLITS={}", tuning.attention_splits),
+        ],
         ..Default::default()
     };
     let ptx =
@@ -119,6 +179,8 @@ struct AttentionArgs {
     out: u64,
     meta: u64,
     ancestors: u64,
+    partials: u64,
+    tickets: u64,
     heads: i32,
     kv_heads: i32,
     head_dim: i32,
@@ -131,6 +193,10 @@ unsafe impl DeviceRepr for AttentionArgs {}
 
 /// The per-row fields of a pass, in the order of kernels.cu's ROW_* constants.
 const ROW_FIELDS: usize = 8;
+/// Threads of an attention block (kernels.cu's ATTN_THREADS).
+const ATTENTION_THREADS: u32 = 128;
+/// Threads of an argmax block (kernels.cu's ARGMAX_THREADS).
+const ARGMAX_THREADS: u32 = 1024;
 
 /// A weight matrix on the device, `n × k` row-major.
 enum Matrix {
@@ -167,101 +233,40 @@ const TILES: [usize; 3] = [1, 4, 8];
 /// One projection kernel per weight type (f32, bf16) and row tile ([`TILES`]).
 type Projection = [[CudaFunction; TILES.len()]; 2];
 
+/// The tensor-core projections' tiles of 16 rows a warp carries: a pass uses the fewest
+/// that hold all its rows, else the most (kernels.cu's matmul_mma_warp).
+const MMA_TILES: [usize; 3] = [1, 2, 4];
+
+/// One tensor-core projection kernel per tile count ([`MMA_TILES`]), bf16 weights only.
+type MmaProjection = [CudaFunction; MMA_TILES.len()];
+
+/// What a projection does with its products (kernels.cu's MODE_*).
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Written as they are (the head).
+    Plain,
+    /// Added to the residual stream (the output and down projections).
+    Residual,
+    /// silu(gate) · up (the feed-forward's gate|up).
+    Silu,
+    /// RoPE, then queries out and keys and values into the cache.
+    Qkv,
+}
+
 /// The launchable kernels.
 struct Kernels {
     plain: Projection,
     residual: Projection,
     silu: Projection,
     qkv: Projection,
+    /// The tensor-core projections, by mode (see [`Mode`]), for bf16 weights, when
+    /// `SUFFIXD_CUDA_MMA=on` and they can run (see [`CudaForward::new`]).
+    mma: Option<[MmaProjection; 4]>,
     embed: CudaFunction,
     attention: CudaFunction,
+    argmax: CudaFunction,
+    tuning: Tuning,
     _module: Arc<CudaModule>,
-}
-
-/// What moves a sequence's accepted rows into place (shared by every [`DeviceKv`]).
-struct KvKeeper {
-    stream: Arc<CudaStream>,
-    keep: CudaFunction,
-    layers: usize,
-    row: usize,
-    context: usize,
-}
-
-/// One sequence's KV cache on the device: `[layer][key|value][capacity][row]` floats.
-pub struct DeviceKv {
-    buf: CudaSlice<f32>,
-    cap: usize,
-    keeper: Arc<KvKeeper>,
-}
-
-impl DeviceKv {
-    /// An empty cache with room for `need` rows.
-    fn new(keeper: Arc<KvKeeper>, need: usize) -> Result<Self, CudaError> {
-        let cap = need
-            .max(256)
-            .next_multiple_of(256)
-            .min(keeper.context.max(need));
-        let buf = keeper
-            .stream
-            .alloc_zeros::<f32>(keeper.layers * 2 * cap * keeper.row)?;
-        Ok(DeviceKv { buf, cap, keeper })
-    }
-
-    fn base(&self) -> u64 {
-        self.buf.device_ptr(&self.keeper.stream).0
-    }
-
-    /// Make room for `need` rows, keeping the first `len`.
-    fn reserve(&mut self, need: usize, len: usize) -> Result<(), CudaError> {
-        if need <= self.cap {
-            return Ok(());
-        }
-        let k = &self.keeper;
-        let cap = need
-            .max(2 * self.cap)
-            .max(256)
-            .next_multiple_of(256)
-            .min(k.context.max(need));
-        let mut buf = k.stream.alloc_zeros::<f32>(k.layers * 2 * cap * k.row)?;
-        for region in (0..k.layers * 2).filter(|_| len > 0) {
-            let from = self
-                .buf
-                .slice(region * self.cap * k.row..(region * self.cap + len) * k.row);
-            let mut to = buf.slice_mut(region * cap * k.row..(region * cap + len) * k.row);
-            k.stream.memcpy_dtod(&from, &mut to)?;
-        }
-        self.buf = buf;
-        self.cap = cap;
-        Ok(())
-    }
-
-    /// Keep rows `accepted` of the last pass (after `len` committed) at `len..`.
-    pub fn keep(&self, len: usize, accepted: &[usize]) -> Result<(), CudaError> {
-        if accepted.iter().enumerate().all(|(j, &i)| i == j) {
-            return Ok(());
-        }
-        let k = &self.keeper;
-        let ids: Vec<i32> = accepted.iter().map(|&i| i as i32).collect();
-        let ids = k.stream.clone_htod(&ids)?;
-        let (base, cap, row, len, n) = (
-            self.base(),
-            self.cap as i32,
-            k.row as i32,
-            len as i32,
-            ids.len() as i32,
-        );
-        let cfg = LaunchConfig {
-            grid_dim: ((k.layers * 2) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = k.stream.launch_builder(&k.keep);
-        b.arg(&base).arg(&cap).arg(&row).arg(&len).arg(&ids).arg(&n);
-        // SAFETY: the arguments match kv_keep's signature; every row index is below
-        // len + pending <= cap (the engine accepts only computed rows).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
-    }
 }
 
 /// Buffers a pass reuses, grown as needed.
@@ -272,22 +277,28 @@ struct Scratch {
     attended: Option<CudaSlice<f32>>,
     hidden: Option<CudaSlice<f32>>,
     logits: Option<CudaSlice<f32>>,
+    /// Attention's per-split parts.
+    partials: Option<CudaSlice<f32>>,
+    /// Attention's tickets, one per (row, head); the kernels leave them at zero.
+    tickets: Option<CudaSlice<i32>>,
     fields: Option<CudaSlice<i32>>,
+    /// The greedy argmax's ids.
+    chosen: Option<CudaSlice<i32>>,
     host_fields: Vec<i32>,
     /// Bumped whenever a buffer above moves: graphs hold their addresses.
     generation: u64,
     graphs: Graphs,
 }
 
-/// `slot` holding at least `len` elements; `generation` counts the moves.
-fn ensure<'a>(
+/// `slot` holding at least `len` elements (zeros when new); `generation` counts the moves.
+fn ensure<'a, T: DeviceRepr + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
-    slot: &'a mut Option<CudaSlice<f32>>,
+    slot: &'a mut Option<CudaSlice<T>>,
     len: usize,
     generation: &mut u64,
-) -> Result<&'a mut CudaSlice<f32>, CudaError> {
+) -> Result<&'a mut CudaSlice<T>, CudaError> {
     if slot.as_ref().is_none_or(|s| s.len() < len) {
-        *slot = Some(stream.alloc_zeros::<f32>(len.next_multiple_of(4096))?);
+        *slot = Some(stream.alloc_zeros::<T>(len.next_multiple_of(4096))?);
         *generation += 1;
     }
     Ok(slot.as_mut().expect("just set"))
@@ -425,8 +436,8 @@ impl CudaForward {
             "widths must be multiples of 8",
         )?;
         need(
-            hd.is_multiple_of(4) && hd <= 128 && 256usize.is_multiple_of(hd),
-            "head_dim must be a multiple of 4 that divides 256, at most 128",
+            hd.is_multiple_of(8) && (ATTENTION_THREADS as usize).is_multiple_of(hd),
+            "head_dim must be a multiple of 8 that divides 128",
         )?;
         need(
             cfg.heads.is_multiple_of(cfg.kv_heads),
@@ -437,7 +448,8 @@ impl CudaForward {
             "the vocabulary must be a multiple of 4",
         )?;
         let stream = device.cuda_stream();
-        let ptx = compile(arch_of(stream.context().compute_capability()?))?;
+        let tuning = Tuning::from_env();
+        let ptx = compile(arch_of(stream.context().compute_capability()?), tuning)?;
         let module = stream
             .context()
             .load_module(candle_core::cuda_backend::cudarc::nvrtc::Ptx::from_src(ptx))?;
@@ -449,13 +461,42 @@ impl CudaForward {
             };
             Ok([tiles("f32")?, tiles("bf16")?])
         };
+        // SUFFIXD_CUDA_MMA=on puts bf16 projections on the tensor cores (sm_80 and later,
+        // every projection's k a multiple of 32). Exact, and a draft of up to 16 rows
+        // costs what one row does, but each warp converts the activations itself, so a
+        // one-row step is 3.5x slower than on the CUDA cores (docs/gpu.md): opt-in until
+        // the activations are converted once per pass.
+        let (major, _) = stream.context().compute_capability()?;
+        let mma_on = std::env::var("SUFFIXD_CUDA_MMA").is_ok_and(|v| v == "on");
+        let mma = if bf16 && major >= 8 && mma_on && [w, qw, ffn].iter().all(|k| k % 32 == 0) {
+            let tiles = |name: &str| -> Result<MmaProjection, CudaError> {
+                let [a, b, c] = MMA_TILES.map(|t| f(&format!("{name}_t{t}")));
+                Ok([a?, b?, c?])
+            };
+            Some([
+                tiles("mma_plain")?,
+                tiles("mma_residual")?,
+                tiles("mma_silu")?,
+                tiles("mma_qkv")?,
+            ])
+        } else {
+            None
+        };
+        if mma_on && mma.is_none() {
+            tracing::warn!(
+                "SUFFIXD_CUDA_MMA=on: no tensor-core path for these weights, this GPU or this model's widths; the CUDA cores run the projections"
+            );
+        }
         let kernels = Kernels {
+            mma,
             plain: pair("matmul_plain")?,
             residual: pair("matmul_residual")?,
             silu: pair("matmul_silu")?,
             qkv: pair("matmul_qkv")?,
             embed: f("embed_rows")?,
             attention: f("attention")?,
+            argmax: f("argmax_rows")?,
+            tuning,
             _module: module.clone(),
         };
         let keeper = Arc::new(KvKeeper {
@@ -518,25 +559,44 @@ impl CudaForward {
         }
     }
 
-    fn launch_matmul(
-        &self,
-        kernels: &Projection,
-        m: &Matrix,
-        mut args: MatmulArgs,
-    ) -> Result<(), CudaError> {
+    /// Launch a projection of `m`: `args.groups` counts groups of four outputs (two in
+    /// [`Mode::Silu`]), as the CUDA-core kernels take them; the tensor-core kernels take
+    /// tiles of eight (four gate|up pairs), half as many.
+    fn launch_matmul(&self, mode: Mode, m: &Matrix, mut args: MatmulArgs) -> Result<(), CudaError> {
         let (w, which) = self.matrix_ptr(m);
         args.w = w;
         let rows = args.rows as usize;
-        let tile = TILES
-            .iter()
-            .position(|&t| t >= rows)
-            .unwrap_or(TILES.len() - 1);
+        let k = &self.kernels;
+        let function = match (&k.mma, m) {
+            (Some(mma), Matrix::Bf16(_)) => {
+                args.groups /= 2;
+                let tile = MMA_TILES
+                    .iter()
+                    .position(|&t| 16 * t >= rows)
+                    .unwrap_or(MMA_TILES.len() - 1);
+                &mma[mode as usize][tile]
+            }
+            _ => {
+                let tile = TILES
+                    .iter()
+                    .position(|&t| t >= rows)
+                    .unwrap_or(TILES.len() - 1);
+                let projection = match mode {
+                    Mode::Plain => &k.plain,
+                    Mode::Residual => &k.residual,
+                    Mode::Silu => &k.silu,
+                    Mode::Qkv => &k.qkv,
+                };
+                &projection[which][tile]
+            }
+        };
+        let warps = k.tuning.warps;
         let cfg = LaunchConfig {
-            grid_dim: ((args.groups as u32).div_ceil(8), 1, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: ((args.groups as u32).div_ceil(warps), 1, 1),
+            block_dim: (warps * 32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&kernels[which][tile]);
+        let mut b = self.stream.launch_builder(function);
         b.arg(&args);
         // SAFETY: args matches MatmulArgs in kernels.cu; every pointer addresses a live
         // buffer sized for `rows` rows of its width (checked by the caller's layout).
@@ -605,6 +665,13 @@ impl CudaForward {
         let fields = self.ptr(scratch.fields.as_ref().expect("just set"));
         let at = |i: usize| fields + 4 * i as u64;
 
+        let tickets = self.ptr(ensure(
+            &self.stream,
+            &mut scratch.tickets,
+            rows * cfg.heads,
+            &mut scratch.generation,
+        )?);
+        let splits = self.kernels.tuning.attention_splits as usize;
         let generation = &mut scratch.generation;
         let mut buffer =
             |slot: &mut Option<CudaSlice<f32>>, len: usize| -> Result<u64, CudaError> {
@@ -618,6 +685,8 @@ impl CudaForward {
             attended: buffer(&mut scratch.attended, rows * qw)?,
             hidden: buffer(&mut scratch.hidden, rows * self.ffn)?,
             logits: buffer(&mut scratch.logits, (wanted * cfg.vocab).max(1))?,
+            partials: buffer(&mut scratch.partials, rows * cfg.heads * splits * (2 + hd))?,
+            tickets,
             fields,
             ids: at(ids_at),
             head_rows: at(map_at),
@@ -680,6 +749,8 @@ impl CudaForward {
             out: p.attended,
             meta: p.fields,
             ancestors: p.ancestors,
+            partials: p.partials,
+            tickets: p.tickets,
             heads: cfg.heads as i32,
             kv_heads: cfg.kv_heads as i32,
             head_dim: hd as i32,
@@ -689,7 +760,7 @@ impl CudaForward {
         };
         for (l, layer) in self.layers.iter().enumerate() {
             self.launch_matmul(
-                &self.kernels.qkv,
+                Mode::Qkv,
                 &layer.qkv,
                 MatmulArgs {
                     x: p.x,
@@ -708,16 +779,21 @@ impl CudaForward {
             let mut b = self.stream.launch_builder(&self.kernels.attention);
             b.arg(&args);
             // SAFETY: args matches AttentionArgs; every row's keys were written by this
-            // pass or committed before it, within its sequence's capacity.
+            // pass or committed before it, within its sequence's capacity; partials and
+            // tickets hold rows × heads × splits parts and rows × heads tickets.
             unsafe {
                 b.launch(LaunchConfig {
-                    grid_dim: (rows as u32, cfg.heads as u32, 1),
-                    block_dim: (256, 1, 1),
+                    grid_dim: (
+                        rows as u32,
+                        cfg.heads as u32,
+                        self.kernels.tuning.attention_splits,
+                    ),
+                    block_dim: (ATTENTION_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 })
             }?;
             self.launch_matmul(
-                &self.kernels.residual,
+                Mode::Residual,
                 &layer.wo,
                 MatmulArgs {
                     x: p.attended,
@@ -730,7 +806,7 @@ impl CudaForward {
                 },
             )?;
             self.launch_matmul(
-                &self.kernels.silu,
+                Mode::Silu,
                 &layer.gate_up,
                 MatmulArgs {
                     x: p.x,
@@ -744,7 +820,7 @@ impl CudaForward {
                 },
             )?;
             self.launch_matmul(
-                &self.kernels.residual,
+                Mode::Residual,
                 &layer.down,
                 MatmulArgs {
                     x: p.hidden,
@@ -759,7 +835,7 @@ impl CudaForward {
         }
         if p.wanted > 0 {
             self.launch_matmul(
-                &self.kernels.plain,
+                Mode::Plain,
                 &self.head,
                 MatmulArgs {
                     x: p.x,
@@ -778,6 +854,48 @@ impl CudaForward {
     }
 }
 
+impl CudaForward {
+    /// The greedy choice of each row of `logits` `(T, vocab)` (f32, on this GPU): the
+    /// index of the largest value, the lowest of equal ones, NaN never the largest, as
+    /// [`super::model::argmax_rows`] on the CPU. One launch, and only the ids come back.
+    pub(super) fn argmax_rows(&self, logits: &Tensor) -> Result<Vec<u32>, CudaError> {
+        let (rows, vocab) = logits.dims2()?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let logits = logits.to_dtype(DType::F32)?.contiguous()?;
+        let (storage, layout) = logits.storage_and_layout();
+        let Storage::Cuda(c) = &*storage else {
+            return Err(CudaError::Shape("the logits are not on the GPU".into()));
+        };
+        let s = c.as_cuda_slice::<f32>()?;
+        let start = layout.start_offset();
+        let view = s.slice(start..start + rows * vocab);
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = &mut *scratch;
+        let chosen = ensure(
+            &self.stream,
+            &mut scratch.chosen,
+            rows,
+            &mut scratch.generation,
+        )?;
+        let vocab = vocab as i32;
+        let mut b = self.stream.launch_builder(&self.kernels.argmax);
+        b.arg(&view).arg(&vocab).arg(&*chosen);
+        // SAFETY: argmax_rows(logits, vocab, out): the view holds rows × vocab floats
+        // and `chosen` at least rows ints.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (ARGMAX_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        let ids = self.stream.clone_dtoh(&chosen.slice(..rows))?;
+        Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+}
+
 /// The device addresses one pass reads and writes.
 struct Pass {
     rows: usize,
@@ -787,6 +905,9 @@ struct Pass {
     attended: u64,
     hidden: u64,
     logits: u64,
+    /// Attention's per-split parts and tickets.
+    partials: u64,
+    tickets: u64,
     /// The rows' fields (kernels.cu's ROW_*).
     fields: u64,
     ids: u64,
@@ -795,110 +916,35 @@ struct Pass {
     ancestors: u64,
 }
 
-/// Passes of at most this many rows are captured as CUDA graphs: decoding steps and
-/// drafts, whose shapes recur; prefill chunks and large batches vary too much to pay back
-/// a capture.
-const GRAPH_MAX_ROWS: usize = 128;
-/// Graphs kept before the cache starts over.
-const GRAPH_CACHE: usize = 256;
-
-/// A pass shape: (rows, rows with logits, generation of the scratch buffers).
-type PassShape = (usize, usize, u64);
-
-/// CUDA graphs of whole passes, by shape. A pass of a shape seen before is captured
-/// once and replayed after: one launch instead of five per layer, which on a one-row
-/// step is most of its time on the host. `SUFFIXD_CUDA_GRAPHS=off` turns them off.
-struct Graphs {
-    enabled: bool,
-    seen: std::collections::HashMap<PassShape, u32>,
-    ready: std::collections::HashMap<PassShape, SendGraph>,
-}
-
-/// A captured graph. CUDA graphs may be used from any thread when calls on them are
-/// serialised, which the scratch mutex does.
-struct SendGraph(CudaGraph);
-// SAFETY: see above: only used under `CudaForward::scratch`'s lock.
-unsafe impl Send for SendGraph {}
-
-impl Default for Graphs {
-    fn default() -> Self {
-        Graphs {
-            enabled: !std::env::var("SUFFIXD_CUDA_GRAPHS").is_ok_and(|v| v == "off"),
-            seen: Default::default(),
-            ready: Default::default(),
-        }
-    }
-}
-
-impl Graphs {
-    /// Run the pass `launch` makes, of shape `key`: replayed from its graph, captured on
-    /// its second sight, or launched one kernel at a time.
-    fn run(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        key: PassShape,
-        launch: impl Fn() -> Result<(), CudaError>,
-    ) -> Result<(), CudaError> {
-        if !self.enabled || key.0 > GRAPH_MAX_ROWS {
-            return launch();
-        }
-        if let Some(graph) = self.ready.get(&key) {
-            graph.0.launch()?;
-            return Ok(());
-        }
-        let seen = self.seen.entry(key).or_insert(0);
-        *seen += 1;
-        if *seen < 2 {
-            return launch();
-        }
-        if self.ready.len() >= GRAPH_CACHE {
-            self.ready.clear();
-            self.seen.clear();
-        }
-        match Self::capture(stream, &launch) {
-            Ok(graph) => {
-                graph.launch()?;
-                self.ready.insert(key, SendGraph(graph));
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "capturing a pass as a CUDA graph failed ({e}): passes are launched kernel by kernel from now on"
-                );
-                self.enabled = false;
-                launch()
-            }
-        }
-    }
-
-    /// The launches of `launch`, recorded on `stream` rather than run.
-    fn capture(
-        stream: &Arc<CudaStream>,
-        launch: &impl Fn() -> Result<(), CudaError>,
-    ) -> Result<CudaGraph, CudaError> {
-        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let launched = launch();
-        // The capture ends whatever happened, so that the stream runs work again.
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        launched?;
-        graph?.ok_or_else(|| CudaError::Driver("the capture recorded no graph".into()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     /// NVRTC compiles the kernels (it needs no GPU): the first check of any change to them.
     #[test]
     fn the_kernels_compile_for_hopper() {
-        let ptx = super::compile("compute_90").unwrap();
-        for name in [
-            "matmul_qkv_bf16_r1",
-            "matmul_silu_f32_r8",
-            "attention",
-            "kv_keep",
-            "embed_rows",
-        ] {
-            assert!(ptx.contains(name), "{name} is in the PTX");
+        let tunings = [
+            super::Tuning::default(),
+            super::Tuning {
+                warps: 2,
+                attention_splits: 16,
+            },
+        ];
+        for tuning in tunings {
+            let ptx = super::compile("compute_90", tuning).unwrap();
+            for name in [
+                "matmul_qkv_bf16_r1",
+                "matmul_silu_f32_r8",
+                "mma_qkv_t1",
+                "mma_silu_t4",
+                "attention",
+                "argmax_rows",
+                "kv_keep",
+                "embed_rows",
+            ] {
+                assert!(ptx.contains(name), "{name} is in the PTX");
+            }
+            // The launch bounds follow the warps the host launches with.
+            let bound = format!(".maxntid {}, 1, 1", tuning.warps * 32);
+            assert!(ptx.contains(&bound), "{bound} is in the PTX");
         }
     }
 }

@@ -26,7 +26,7 @@ use rand::SeedableRng;
 use crate::speculate::Draft;
 
 use super::cost::CostCurve;
-use super::model::{BatchEntry, KvCache, Model, ModelError, argmax_rows};
+use super::model::{BatchEntry, KvCache, Model, ModelError};
 use super::prefix::{PrefixCache, PrefixCacheStats};
 use super::tokenizer::ModelTokenizer;
 use crate::chat::ChatTemplate;
@@ -207,7 +207,7 @@ impl Engine {
                 let parents = chain_parents(k);
                 let t = Instant::now();
                 let logits = self.model.forward(&mut cache, &tokens, &parents)?;
-                argmax_rows(&logits)?;
+                self.model.argmax_rows(&logits)?;
                 runs.push(t.elapsed().as_secs_f64());
                 cache.commit(&[]);
             }
@@ -483,7 +483,7 @@ impl Engine {
         let greedy_rows = if batch.iter().zip(&plans).any(|((s, _), p)| {
             matches!(p, Plan::Verify { .. }) && s.opts.sampling.temperature <= 0.0
         }) {
-            argmax_rows(logits)?
+            self.model.argmax_rows(logits)?
         } else {
             Vec::new()
         };
