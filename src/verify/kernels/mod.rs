@@ -24,8 +24,9 @@ pub mod matmul;
 pub mod norm;
 pub mod pack;
 pub mod pool;
+pub mod simd;
 
-pub use matmul::Simd;
+pub use simd::Simd;
 
 use std::mem::MaybeUninit;
 
