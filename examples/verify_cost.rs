@@ -78,6 +78,7 @@ fn main() -> anyhow::Result<()> {
                 speculate: false,
                 // Engine::load leaves the prefix cache off: every repeat prefills.
                 namespace: "default".into(),
+                logprobs: None,
             };
             let mut times = Vec::new();
             for _ in 0..repeats.max(1) {

@@ -338,15 +338,31 @@ fn odd_inputs_get_clear_answers() {
             json!({"messages": [{"role": "wizard", "content": "hi"}]}),
             "wizard",
         ),
+        // Log-probabilities asked for in the other endpoint's form, or too many.
         (
             "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true}),
-            "logprobs",
+            json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}),
+            "`logprobs` must be true or false",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}),
+            "`top_logprobs` needs `logprobs: true`",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}),
+            "from 0 to 20",
         ),
         (
             "/v1/completions",
-            json!({"prompt": "hi", "logprobs": 3}),
-            "logprobs",
+            json!({"prompt": "hi", "logprobs": -1}),
+            "from 0 to 20",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "logprobs": 1, "top_logprobs": 1}),
+            "a completion takes `logprobs: N`",
         ),
         // Far past what the context can hold: refused before it is tokenized.
         (

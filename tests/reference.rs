@@ -315,6 +315,7 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
         stop: vec![],
         speculate: false,
         namespace: "default".into(),
+        logprobs: None,
     };
     let mut gguf_engine = gguf_engine;
     let mut hf_engine = hf_engine;

@@ -263,3 +263,122 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     assert_eq!(again["suffixd"]["steps"], third["suffixd"]["steps"]);
     s.stop();
 }
+
+/// Log-probabilities as an OpenAI client asks for them: every generated token's, with
+/// its most likely alternatives, in chat and completions, streamed and not. They are the
+/// model's own, so a speculating server and a `--no-spec` one give the same.
+#[test]
+fn logprobs_come_with_every_token_and_speculation_leaves_them_unchanged() {
+    if !model_present() {
+        return;
+    }
+    let (dir, plain_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = Server::start(dir.path());
+    let plain = Server::start_with(plain_dir.path(), &["--no-spec"], false);
+    let chat = json!({"messages": [{"role": "user", "content": REPEAT}], "max_tokens": 24,
+        "temperature": 0, "logprobs": true, "top_logprobs": 3});
+    // The second answer drafts from the first.
+    assert_eq!(
+        spec.post("/v1/chat/completions", &chat.to_string(), false)
+            .0,
+        200
+    );
+    let (st, drafted) = spec.post("/v1/chat/completions", &chat.to_string(), false);
+    assert_eq!(st, 200, "{drafted}");
+    assert!(
+        drafted["suffixd"]["accepted_tokens"].as_u64().unwrap() > 0,
+        "{drafted}"
+    );
+    let (st, alone) = plain.post("/v1/chat/completions", &chat.to_string(), false);
+    assert_eq!(st, 200, "{alone}");
+    assert_eq!(alone["suffixd"]["drafted_tokens"], 0);
+    let logprobs = &drafted["choices"][0]["logprobs"];
+    assert_eq!(*logprobs, alone["choices"][0]["logprobs"]);
+
+    let content = logprobs["content"].as_array().unwrap();
+    assert_eq!(
+        content.len() as u64,
+        drafted["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let text: String = content
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        text,
+        drafted["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+    );
+    for t in content {
+        assert!(t["logprob"].as_f64().unwrap() <= 0.0, "{t}");
+        assert_eq!(
+            t["bytes"],
+            json!(t["token"].as_str().unwrap().as_bytes()),
+            "{t}"
+        );
+        let top = t["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{t}");
+        // Greedy: the token is the most likely one.
+        assert_eq!(
+            (&top[0]["token"], &top[0]["logprob"]),
+            (&t["token"], &t["logprob"])
+        );
+        assert!(
+            top.windows(2)
+                .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64())
+        );
+    }
+
+    // Streamed: the same entries, spread over the chunks that carry their text.
+    let mut streamed_req = chat.clone();
+    streamed_req["stream"] = json!(true);
+    let (streamed_text, chunks) = stream_chat(&plain, &streamed_req);
+    assert_eq!(streamed_text, text);
+    let streamed: Vec<Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(streamed, *content);
+
+    // Completions, the legacy form: parallel arrays, text offsets in bytes.
+    let req = json!({"prompt": REPEAT, "max_tokens": 16, "temperature": 0, "logprobs": 2});
+    let (st, c) = spec.post("/v1/completions", &req.to_string(), false);
+    assert_eq!(st, 200, "{c}");
+    let lp = &c["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.concat(), c["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), tokens.len());
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    let mut at = 0;
+    for (token, offset) in tokens.iter().zip(&offsets) {
+        assert_eq!(*offset, at);
+        at += token.len() as u64;
+    }
+    for (top, chosen) in lp["top_logprobs"].as_array().unwrap().iter().zip(&tokens) {
+        let top = top.as_object().unwrap();
+        assert!(
+            !top.is_empty() && top.len() <= 2 && top.contains_key(*chosen),
+            "{top:?}"
+        );
+    }
+    // Without `logprobs`, none.
+    let (_, none) = spec.post(
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 2}).to_string(),
+        false,
+    );
+    assert!(none["choices"][0]["logprobs"].is_null(), "{none}");
+}

@@ -141,6 +141,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
         stop: vec![],
         speculate,
         namespace: "default".into(),
+        logprobs: None,
     };
     let prompts = prompts();
     assert_eq!(prompts.len(), 50);
@@ -202,6 +203,7 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
                 stop: vec![],
                 speculate: true,
                 namespace: "default".into(),
+                logprobs: None,
             },
             &mut NoDrafts,
             &mut |_| true,
@@ -257,6 +259,7 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
         stop: vec![],
         speculate,
         namespace: "default".into(),
+        logprobs: None,
     };
     let plain: Vec<Vec<u32>> = prompts
         .iter()
@@ -561,6 +564,7 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
         stop: vec![],
         speculate,
         namespace: namespace.into(),
+        logprobs: None,
     };
     let questions = [
         "def first(xs): return xs[0]",

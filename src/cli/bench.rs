@@ -128,6 +128,7 @@ impl Side {
                 "plain"
             }
             .into(),
+            logprobs: None,
         };
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],

@@ -190,6 +190,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         stop: a.stop.clone(),
         speculate: !a.no_spec,
         namespace: a.namespace.clone(),
+        logprobs: None,
     };
     let empty = GlobalTree::new(params.max_depth)?;
     let snapshot = match &a.snapshot {

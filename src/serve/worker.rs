@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::speculate::SpecParams;
 use crate::store::live::Store;
 use crate::tree::GlobalTree;
-use crate::verify::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence};
+use crate::verify::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence, TokenLogprob};
 use crate::verify::model::ModelError;
 
 use super::drafter::{CacheDrafter, NamespaceSource};
@@ -31,9 +31,18 @@ pub struct Job {
     /// cached prompt prefixes to reuse.
     pub opts: GenerateOptions,
     /// New tokens as they are accepted.
-    pub tokens: mpsc::UnboundedSender<Vec<u32>>,
+    pub tokens: mpsc::UnboundedSender<Delta>,
     /// The result.
     pub done: oneshot::Sender<Result<Generation, JobError>>,
+}
+
+/// Tokens of a running job accepted in one step, with their log-probabilities when the
+/// job's options ask for them (else empty).
+pub struct Delta {
+    /// The new tokens.
+    pub tokens: Vec<u32>,
+    /// Their log-probabilities.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Why a job ended without a generation.
@@ -222,8 +231,12 @@ fn step_jobs(
             }
         }
         for slot in &mut slots {
-            let new = slot.seq.take_new_tokens();
-            if !new.is_empty() && slot.job.tokens.send(new.to_vec()).is_err() {
+            let (new, logprobs) = slot.seq.take_new_tokens();
+            let delta = Delta {
+                tokens: new.to_vec(),
+                logprobs: logprobs.to_vec(),
+            };
+            if !delta.tokens.is_empty() && slot.job.tokens.send(delta).is_err() {
                 slot.seq.cancel();
             }
         }

@@ -15,11 +15,13 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chat::{ChatMessage, PromptPiece, TemplateError};
-use crate::verify::engine::{GenerateOptions, Generation, Sampling};
+use crate::verify::engine::{
+    GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling, TokenLogprob,
+};
 
 use super::{ApiError, read_json};
 use crate::serve::AppState;
-use crate::serve::worker::{Job, JobError};
+use crate::serve::worker::{Delta, Job, JobError};
 
 /// `stop` may be a string or a list of strings.
 #[derive(Deserialize, Debug, Default)]
@@ -110,14 +112,101 @@ impl RequestMessage {
     }
 }
 
-/// `logprobs` is not implemented: `true` (chat) or a count (completions) is refused
-/// rather than silently ignored; `false`, `0` and `null` are accepted.
-fn wants_logprobs(v: &Option<serde_json::Value>) -> bool {
-    match v {
-        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => false,
-        Some(serde_json::Value::Number(n)) => n.as_u64() != Some(0),
-        Some(_) => true,
+/// What a request's `logprobs` and `top_logprobs` ask for: None, or how many
+/// alternatives to list beside each token. Chat: `logprobs: true` turns them on and
+/// `top_logprobs` (0 to 20, only with it) sets the alternatives. Completions (the
+/// legacy form): `logprobs: N`, 0 to 20.
+fn logprobs_wanted(req: &GenerationRequest, chat: bool) -> Result<Option<usize>, ApiError> {
+    use serde_json::Value;
+    let count = |v: &Value, name: &str| -> Result<usize, ApiError> {
+        match v.as_u64() {
+            Some(n) if n <= MAX_TOP_LOGPROBS as u64 => Ok(n as usize),
+            _ => Err(ApiError::bad_request(format!(
+                "`{name}` must be an integer from 0 to {MAX_TOP_LOGPROBS}"
+            ))),
+        }
+    };
+    let top = match &req.top_logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(count(v, "top_logprobs")?),
+    };
+    let on = match &req.logprobs {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) if chat => Some(top.unwrap_or(0)),
+        Some(v) if !chat => Some(count(v, "logprobs")?),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`logprobs` must be true or false in a chat completion (`top_logprobs` sets how many alternatives)",
+            ));
+        }
+    };
+    match (on, top) {
+        (None, Some(_)) if chat => Err(ApiError::bad_request(
+            "`top_logprobs` needs `logprobs: true`",
+        )),
+        (_, Some(_)) if !chat => Err(ApiError::bad_request(
+            "`top_logprobs` is a chat completion field; a completion takes `logprobs: N`",
+        )),
+        _ => Ok(on),
     }
+}
+
+/// A token as text, and its UTF-8 bytes; the bytes are null when the token is part of
+/// a character (its text alone is not valid UTF-8).
+fn token_text(app: &AppState, token: u32) -> (String, serde_json::Value) {
+    let text = app.tokenizer.decode(&[token], false).unwrap_or_default();
+    let bytes = if text.contains('\u{fffd}') {
+        serde_json::Value::Null
+    } else {
+        json!(text.as_bytes())
+    };
+    (text, bytes)
+}
+
+/// A choice's `logprobs` in OpenAI's form: chat's `{"content": [...]}`, or the legacy
+/// completion arrays, whose `text_offset` counts bytes from `offset` (the text before
+/// these tokens).
+fn logprobs_json(
+    app: &AppState,
+    logprobs: &[TokenLogprob],
+    chat: bool,
+    offset: usize,
+) -> serde_json::Value {
+    if chat {
+        let content: Vec<serde_json::Value> = logprobs
+            .iter()
+            .map(|lp| {
+                let (token, bytes) = token_text(app, lp.token);
+                let top: Vec<serde_json::Value> = lp
+                    .top
+                    .iter()
+                    .map(|&(t, l)| {
+                        let (token, bytes) = token_text(app, t);
+                        json!({"token": token, "logprob": l, "bytes": bytes})
+                    })
+                    .collect();
+                json!({"token": token, "logprob": lp.logprob, "bytes": bytes, "top_logprobs": top})
+            })
+            .collect();
+        return json!({ "content": content });
+    }
+    let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut at = offset;
+    for lp in logprobs {
+        let (token, _) = token_text(app, lp.token);
+        text_offset.push(at);
+        at += token.len();
+        tokens.push(token);
+        token_logprobs.push(lp.logprob);
+        let top: serde_json::Map<String, serde_json::Value> = lp
+            .top
+            .iter()
+            .map(|&(t, l)| (token_text(app, t).0, json!(l)))
+            .collect();
+        top_logprobs.push(top);
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset})
 }
 
 /// Longest namespace, in bytes.
@@ -213,7 +302,8 @@ async fn generate(
     check_supported(&app, &req)?;
     let pieces = prompt_pieces(&app, &req, chat)?;
     let namespace = namespace_of(&headers, &req)?;
-    let opts = generate_options(&app, &req, namespace)?;
+    let mut opts = generate_options(&app, &req, namespace)?;
+    opts.logprobs = logprobs_wanted(&req, chat)?;
     let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
     let (tok_tx, tok_rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
@@ -242,10 +332,14 @@ async fn generate(
     // with it, the channel closes, and the model thread cancels the generation.
     let _cancel_on_drop = tok_rx;
     let g = await_generation(&app, done_rx).await?;
+    let logprobs = g
+        .logprobs
+        .as_deref()
+        .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, 0));
     let choice = if chat {
-        json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "finish_reason": finish(&g)})
+        json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish(&g)})
     } else {
-        json!({"index": 0, "text": g.text, "finish_reason": finish(&g), "logprobs": null})
+        json!({"index": 0, "text": g.text, "finish_reason": finish(&g), "logprobs": logprobs})
     };
     Ok(Json(json!({
         "id": id,
@@ -259,7 +353,7 @@ async fn generate(
     .into_response())
 }
 
-/// Refuse what this server does not do: another model, n > 1, penalties, logprobs.
+/// Refuse what this server does not do: another model, n > 1, penalties.
 fn check_supported(app: &AppState, req: &GenerationRequest) -> Result<(), ApiError> {
     if let Some(m) = &req.model
         && *m != app.model_id
@@ -282,11 +376,6 @@ fn check_supported(app: &AppState, req: &GenerationRequest) -> Result<(), ApiErr
     {
         return Err(ApiError::bad_request(
             "presence and frequency penalties are not supported",
-        ));
-    }
-    if wants_logprobs(&req.logprobs) || wants_logprobs(&req.top_logprobs) {
-        return Err(ApiError::bad_request(
-            "logprobs are not supported by this server; leave out `logprobs` and `top_logprobs`",
         ));
     }
     Ok(())
@@ -383,6 +472,7 @@ fn generate_options(
         stop,
         speculate: app.cfg.speculate,
         namespace,
+        logprobs: None,
     })
 }
 
@@ -492,7 +582,7 @@ fn stream_response(
     app: Arc<AppState>,
     id: String,
     chat: bool,
-    mut tokens: mpsc::UnboundedReceiver<Vec<u32>>,
+    mut tokens: mpsc::UnboundedReceiver<Delta>,
     done: oneshot::Receiver<Result<Generation, JobError>>,
 ) -> impl IntoResponse {
     let object = if chat {
@@ -502,23 +592,41 @@ fn stream_response(
     };
     let stream = async_stream::stream! {
         let created = unix_s();
-        let chunk = |delta: serde_json::Value, finish: Option<&str>| -> Event {
+        // A chunk carries the log-probabilities of the tokens whose text it completes.
+        let chunk = |delta: serde_json::Value, logprobs: serde_json::Value, finish: Option<&str>| -> Event {
             let choice = if chat {
-                json!({"index": 0, "delta": delta, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             } else {
-                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish, "logprobs": null})
+                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish, "logprobs": logprobs})
             };
             Event::default().data(json!({"id": id, "object": object, "created": created, "model": app.model_id, "choices": [choice]}).to_string())
         };
         if chat {
-            yield Ok::<Event, Infallible>(chunk(json!({"role": "assistant", "content": ""}), None));
+            yield Ok::<Event, Infallible>(chunk(json!({"role": "assistant", "content": ""}), serde_json::Value::Null, None));
         }
+        // Log-probabilities not sent yet, and the text before them (completions count
+        // `text_offset` from the answer's start).
+        let mut pending: Vec<TokenLogprob> = Vec::new();
+        let mut logprob_offset = 0usize;
+        let mut take_logprobs = |pending: &mut Vec<TokenLogprob>| -> serde_json::Value {
+            if pending.is_empty() {
+                return serde_json::Value::Null;
+            }
+            let v = logprobs_json(&app, pending, chat, logprob_offset);
+            logprob_offset += pending
+                .iter()
+                .map(|lp| token_text(&app, lp.token).0.len())
+                .sum::<usize>();
+            pending.clear();
+            v
+        };
         // Decode incrementally: the text of all tokens so far, minus what was sent, so
         // that multi-byte characters split across tokens come out whole.
         let mut all: Vec<u32> = Vec::new();
         let mut sent = 0usize;
-        while let Some(new) = tokens.recv().await {
-            all.extend_from_slice(&new);
+        while let Some(delta) = tokens.recv().await {
+            all.extend_from_slice(&delta.tokens);
+            pending.extend(delta.logprobs);
             let text = match app.tokenizer.decode(&all, true) {
                 Ok(text) => text,
                 Err(e) => {
@@ -531,16 +639,23 @@ fn stream_response(
             if text.len() > sent && text.is_char_boundary(sent) && !text.ends_with('\u{fffd}') {
                 let piece = text[sent..].to_string();
                 sent = text.len();
-                yield Ok(chunk(json!({"content": piece}), None));
+                let logprobs = take_logprobs(&mut pending);
+                yield Ok(chunk(json!({"content": piece}), logprobs, None));
             }
         }
         match done.await {
             Ok(Ok(g)) => {
-                if g.text.len() > sent && g.text.is_char_boundary(sent) {
-                    yield Ok(chunk(json!({"content": g.text[sent..].to_string()}), None));
+                let rest = if g.text.len() > sent && g.text.is_char_boundary(sent) {
+                    g.text[sent..].to_string()
+                } else {
+                    String::new()
+                };
+                if !rest.is_empty() || !pending.is_empty() {
+                    let logprobs = take_logprobs(&mut pending);
+                    yield Ok(chunk(json!({"content": rest}), logprobs, None));
                 }
                 let choice = if chat {
-                    json!({"index": 0, "delta": {}, "finish_reason": finish(&g)})
+                    json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish(&g)})
                 } else {
                     json!({"index": 0, "text": "", "finish_reason": finish(&g), "logprobs": null})
                 };

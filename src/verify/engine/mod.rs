@@ -33,6 +33,7 @@ use crate::chat::ChatTemplate;
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
 pub use sampling::Sampling;
+pub use sampling::{MAX_TOP_LOGPROBS, TokenLogprob};
 use sampling::{walk_greedy, walk_sampled};
 
 /// What to generate.
@@ -49,6 +50,9 @@ pub struct GenerateOptions {
     /// The namespace the request belongs to: it reuses the cached prompt prefixes of
     /// earlier requests of this namespace only, and adds its own to them.
     pub namespace: String,
+    /// Report each generated token's log-probability and this many most likely
+    /// alternatives ([`TokenLogprob`]); None: none.
+    pub logprobs: Option<usize>,
 }
 
 /// Why generation ended.
@@ -88,6 +92,8 @@ pub struct Generation {
     pub decode_s: f64,
     /// Generated tokens per second of decoding.
     pub tokens_per_s: f64,
+    /// Each generated token's log-probability, when [`GenerateOptions::logprobs`] asked.
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 /// The model, its tokenizer and template, and what the engine has learned of its costs.
 pub struct Engine {
@@ -308,6 +314,7 @@ impl Engine {
             pending: prompt[prompt.len() - 1],
             out: Vec::new(),
             emitted: 0,
+            logprobs: Vec::new(),
             rng: rand::rngs::StdRng::seed_from_u64(opts.sampling.seed),
             steps: 0,
             drafted: 0,
@@ -519,7 +526,7 @@ impl Engine {
                 seq.decode_start = Some(Instant::now());
             }
             let (path, bonus) = if seq.opts.sampling.temperature <= 0.0 {
-                walk_greedy(&tokens, &parents, &greedy_rows[rows])
+                walk_greedy(&tokens, &parents, &greedy_rows[rows.clone()])
             } else {
                 let own = logits.narrow(0, rows.start, rows.len())?;
                 let sampling = seq.opts.sampling;
@@ -550,10 +557,19 @@ impl Engine {
                 stop = true;
             }
             new.truncate(seq.opts.max_tokens - seq.out.len());
+            if let Some(top) = seq.opts.logprobs {
+                // Token m of `new` was predicted by path node m's row.
+                for (&token, &node) in new.iter().zip(&path) {
+                    let row: Vec<f32> = logits.get(rows.start + node)?.to_vec1()?;
+                    seq.logprobs
+                        .push(TokenLogprob::from_logits(&row, token, top));
+                }
+            }
             seq.out.extend_from_slice(&new);
             seq.context.extend_from_slice(&new);
             if let Some(cut) = self.stop_at(&seq.out, &seq.opts.stop) {
                 seq.out.truncate(cut);
+                seq.logprobs.truncate(cut);
                 stop = true;
             }
             if stop {
@@ -587,6 +603,7 @@ impl Engine {
             finish_reason: seq.finish.unwrap_or(FinishReason::Cancelled),
             prefill_s: seq.prefill_s,
             decode_s,
+            logprobs: seq.opts.logprobs.map(|_| seq.logprobs),
         }
     }
 
@@ -602,7 +619,7 @@ impl Engine {
         let mut seq = self.start(prompt, opts)?;
         while !seq.is_finished() {
             self.step(&mut [(&mut seq, &mut *drafter)])?;
-            let new = seq.take_new_tokens();
+            let (new, _) = seq.take_new_tokens();
             if !new.is_empty() && !on_tokens(new) {
                 seq.cancel();
             }
@@ -673,6 +690,8 @@ pub struct Sequence {
     out: Vec<u32>,
     /// Tokens of `out` already handed out by [`Sequence::take_new_tokens`].
     emitted: usize,
+    /// The log-probability of each token of `out`, when the options ask for them.
+    logprobs: Vec<TokenLogprob>,
     rng: rand::rngs::StdRng,
     steps: usize,
     drafted: usize,
@@ -698,11 +717,13 @@ impl Sequence {
         &self.out
     }
 
-    /// Tokens generated since the last call.
-    pub fn take_new_tokens(&mut self) -> &[u32] {
+    /// Tokens generated since the last call, with their log-probabilities when the
+    /// options ask for them (else empty).
+    pub fn take_new_tokens(&mut self) -> (&[u32], &[TokenLogprob]) {
         let from = self.emitted.min(self.out.len());
         self.emitted = self.emitted.max(self.out.len());
-        &self.out[from..]
+        let logprobs = self.logprobs.get(from..).unwrap_or_default();
+        (&self.out[from..], logprobs)
     }
 
     /// Stop it: the caller went away.

@@ -1,6 +1,7 @@
-//! Sampling and acceptance: the distribution a sampled token is drawn from, and the
+//! Sampling and acceptance: the distribution a sampled token is drawn from, the
 //! walks that accept a verified draft's path, greedy (exactly plain decoding's output)
-//! or sampled (speculative sampling, which preserves the model's distribution).
+//! or sampled (speculative sampling, which preserves the model's distribution), and the
+//! log-probabilities reported with generated tokens.
 
 use candle_core::Tensor;
 use rand::Rng;
@@ -133,6 +134,55 @@ fn sample(p: &[f32], rng: &mut impl Rng) -> u32 {
     p.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
 }
 
+/// Most alternatives [`super::GenerateOptions::logprobs`] may ask for.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A generated token's log-probability under the model's own distribution (its logits'
+/// softmax: temperature 1, before top-k and top-p), and the most likely tokens at its
+/// position, most likely first (ties: the lower id). The logits of a position are the
+/// same bits with and without speculation (row invariance), so these are too.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: u32,
+    /// Its natural log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// `token`'s log-probability in `logits` (one position's), with the `top` most
+    /// likely tokens. Sums run in f64, so the probabilities of a 49k vocabulary add up.
+    pub fn from_logits(logits: &[f32], token: u32, top: usize) -> Self {
+        let max = logits
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        let sum: f64 = logits.iter().map(|&x| ((x - max) as f64).exp()).sum();
+        let log_sum = sum.ln();
+        let logprob = |x: f32| ((x - max) as f64 - log_sum) as f32;
+        // The `top` largest, by a bounded insertion: k is at most MAX_TOP_LOGPROBS.
+        let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+        if top > 0 {
+            for (i, &x) in logits.iter().enumerate() {
+                if x.is_nan() || (best.len() == top && x <= best[top - 1].1) {
+                    continue;
+                }
+                let at = best.partition_point(|&(_, y)| y >= x);
+                best.insert(at, (i as u32, x));
+                best.truncate(top);
+            }
+        }
+        TokenLogprob {
+            token,
+            logprob: logits
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |&x| logprob(x)),
+            top: best.into_iter().map(|(t, x)| (t, logprob(x))).collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rand::SeedableRng;
@@ -230,5 +280,23 @@ mod tests {
                 "chi2 {chi2} for {tokens:?}, hist {hist:?}, p {p:?}"
             );
         }
+    }
+
+    #[test]
+    fn logprobs_are_a_distribution_and_list_the_most_likely_first() {
+        let logits = [1.0f32, 3.0, -2.0, 3.0, 0.5, f32::NEG_INFINITY];
+        let all: Vec<f32> = (0..logits.len() as u32)
+            .map(|t| TokenLogprob::from_logits(&logits, t, 0).logprob)
+            .collect();
+        let mass: f64 = all.iter().map(|&l| (l as f64).exp()).sum();
+        assert!((mass - 1.0).abs() < 1e-6, "{mass}");
+        assert!(all.iter().all(|&l| l <= 0.0));
+        assert_eq!(all[5], f32::NEG_INFINITY);
+        let lp = TokenLogprob::from_logits(&logits, 4, 3);
+        assert_eq!(lp.token, 4);
+        assert_eq!(lp.logprob, all[4]);
+        // Ties go to the lower id, as the greedy argmax does.
+        assert_eq!(lp.top, vec![(1, all[1]), (3, all[3]), (0, all[0])]);
+        assert_eq!(TokenLogprob::from_logits(&logits, 1, 9).top.len(), 6);
     }
 }
