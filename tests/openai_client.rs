@@ -1,0 +1,43 @@
+//! The official `openai` Python package (pinned in tools/requirements-tests.txt,
+//! installed by tools/setup.sh into `target/py`) against a real `suffixd serve` on
+//! loopback: chat, streaming, log-probabilities plain and streamed, completions, and a
+//! refused request, as an agent framework would send them (tests/openai_client.py).
+//!
+//! Set `SUFFIXD_SKIP_MODEL_TESTS=1` to skip on a machine without the model.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{Server, model_present};
+
+#[test]
+fn the_official_openai_client_works_against_the_server() {
+    if !model_present() {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/py/bin/python");
+    assert!(
+        python.exists(),
+        "the openai client is missing: run tools/setup.sh (it installs tools/requirements-tests.txt into target/py)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path());
+    let out = Command::new(&python)
+        .arg(root.join("tests/openai_client.py"))
+        .arg("--base-url")
+        .arg(s.url("/v1"))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("all checks passed"),
+        "the openai client failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        s.log()
+    );
+}
