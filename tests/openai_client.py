@@ -59,6 +59,10 @@ c = client.completions.create(model=model, prompt="The capital of France is", ma
 assert "".join(c.choices[0].logprobs.tokens) == c.choices[0].text, c.choices[0]
 assert len(c.choices[0].logprobs.token_logprobs) == len(c.choices[0].logprobs.tokens)
 
+# Several choices in one request.
+several = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0.8, seed=5, n=2)
+assert [c.index for c in several.choices] == [0, 1], several.choices
+
 # A malformed request is the client's BadRequestError, naming the field.
 try:
     client.chat.completions.create(model=model, messages=messages, top_logprobs=2)

@@ -382,3 +382,47 @@ fn logprobs_come_with_every_token_and_speculation_leaves_them_unchanged() {
     );
     assert!(none["choices"][0]["logprobs"].is_null(), "{none}");
 }
+
+/// `n` choices are `n` generations of one prompt, choice i sampled with seed + i: on a
+/// server without speculation (where a seed fixes the sample) each choice is what a
+/// one-choice request with that seed returns. Usage counts the prompt once.
+#[test]
+fn n_choices_are_generations_with_seeds_one_apart() {
+    if !model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), &["--no-spec"], false);
+    let body = |n: u32, seed: u64| {
+        json!({"messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+            "max_tokens": 12, "temperature": 1.0, "seed": seed, "n": n, "logprobs": true})
+    };
+    let (st, many) = s.post("/v1/chat/completions", &body(3, 40).to_string(), false);
+    assert_eq!(st, 200, "{many}");
+    let choices = many["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{many}");
+    let mut tokens = 0;
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], i);
+        let (st, one) = s.post(
+            "/v1/chat/completions",
+            &body(1, 40 + i as u64).to_string(),
+            false,
+        );
+        assert_eq!(st, 200, "{one}");
+        assert_eq!(one["choices"][0]["message"], choice["message"]);
+        tokens += choice["logprobs"]["content"].as_array().unwrap().len();
+    }
+    assert!(
+        choices
+            .iter()
+            .any(|c| c["message"] != choices[0]["message"]),
+        "{many}"
+    );
+    assert_eq!(many["usage"]["completion_tokens"], tokens);
+    assert_eq!(
+        many["usage"]["prompt_tokens"],
+        s.post("/v1/chat/completions", &body(1, 1).to_string(), false)
+            .1["usage"]["prompt_tokens"]
+    );
+}

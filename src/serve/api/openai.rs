@@ -305,55 +305,78 @@ async fn generate(
     let mut opts = generate_options(&app, &req, namespace)?;
     opts.logprobs = logprobs_wanted(&req, chat)?;
     let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
-    let (tok_tx, tok_rx) = mpsc::unbounded_channel();
-    let (done_tx, done_rx) = oneshot::channel();
-    let job = Job {
-        prompt,
-        opts,
-        tokens: tok_tx,
-        done: done_tx,
-    };
-    app.jobs.send(job).map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "the model thread has stopped",
-        )
-    })?;
+    // One job per choice, choice i sampling with seed + i; the model thread batches them
+    // like any concurrent requests.
+    let mut jobs = Vec::new();
+    for i in 0..req.n.unwrap_or(1) {
+        let mut opts = opts.clone();
+        opts.sampling.seed = opts.sampling.seed.wrapping_add(u64::from(i));
+        let (tok_tx, tok_rx) = mpsc::unbounded_channel();
+        let (done_tx, done_rx) = oneshot::channel();
+        let job = Job {
+            prompt: prompt.clone(),
+            opts,
+            tokens: tok_tx,
+            done: done_tx,
+        };
+        app.jobs.send(job).map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "the model thread has stopped",
+            )
+        })?;
+        jobs.push((tok_rx, done_rx));
+    }
     let id = format!(
         "{}-{}",
         if chat { "chatcmpl" } else { "cmpl" },
         app.next_id()
     );
     if req.stream {
+        // check_supported allows one choice only when streaming.
+        let (tok_rx, done_rx) = jobs.pop().expect("one job");
         return Ok(stream_response(app, id, chat, tok_rx, done_rx).into_response());
     }
-    // Held until the answer is ready: if the client goes away this handler is dropped
-    // with it, the channel closes, and the model thread cancels the generation.
-    let _cancel_on_drop = tok_rx;
-    let g = await_generation(&app, done_rx).await?;
-    let logprobs = g
-        .logprobs
-        .as_deref()
-        .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, 0));
-    let choice = if chat {
-        json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish(&g)})
-    } else {
-        json!({"index": 0, "text": g.text, "finish_reason": finish(&g), "logprobs": logprobs})
-    };
+    // The token channels are held until the answers are ready: if the client goes away
+    // this handler is dropped with them, and the model thread cancels the generations.
+    let (_cancel_on_drop, done): (Vec<_>, Vec<_>) = jobs.into_iter().unzip();
+    let mut generations = Vec::new();
+    for done_rx in done {
+        generations.push(await_generation(&app, done_rx).await?);
+    }
+    let choices: Vec<serde_json::Value> = generations
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let logprobs = g
+                .logprobs
+                .as_deref()
+                .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, 0));
+            if chat {
+                json!({"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish(g)})
+            } else {
+                json!({"index": i, "text": g.text, "finish_reason": finish(g), "logprobs": logprobs})
+            }
+        })
+        .collect();
     Ok(Json(json!({
         "id": id,
         "object": if chat { "chat.completion" } else { "text_completion" },
         "created": unix_s(),
         "model": app.model_id,
-        "choices": [choice],
-        "usage": usage(&g),
-        "suffixd": spec_stats(&g),
+        "choices": choices,
+        "usage": usage_of(&generations),
+        "suffixd": spec_stats_of(&generations),
     }))
     .into_response())
 }
 
-/// Refuse what this server does not do: another model, n > 1, penalties.
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: u32 = 16;
+
+/// Refuse what this server does not do: another model, more choices than
+/// [`MAX_CHOICES`] (or more than one streamed), penalties.
 fn check_supported(app: &AppState, req: &GenerationRequest) -> Result<(), ApiError> {
     if let Some(m) = &req.model
         && *m != app.model_id
@@ -368,8 +391,18 @@ fn check_supported(app: &AppState, req: &GenerationRequest) -> Result<(), ApiErr
         )
         .code("model_not_found"));
     }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request("only n = 1 is supported"));
+    match req.n {
+        Some(n) if !(1..=MAX_CHOICES).contains(&n) => {
+            return Err(ApiError::bad_request(format!(
+                "`n` must be from 1 to {MAX_CHOICES}"
+            )));
+        }
+        Some(n) if n > 1 && req.stream => {
+            return Err(ApiError::bad_request(
+                "`n` > 1 is not supported with `stream: true`; stream one choice per request",
+            ));
+        }
+        _ => {}
     }
     if req.presence_penalty.is_some_and(|p| p != 0.0)
         || req.frequency_penalty.is_some_and(|p| p != 0.0)
@@ -573,6 +606,33 @@ fn usage(g: &Generation) -> serde_json::Value {
 
 fn spec_stats(g: &Generation) -> serde_json::Value {
     json!({"steps": g.steps, "drafted_tokens": g.drafted_tokens, "accepted_tokens": g.accepted_tokens, "tokens_per_s": g.tokens_per_s})
+}
+
+/// The usage of a request's choices: the prompt once (and its cached part, the first
+/// choice's), the completions summed.
+fn usage_of(gs: &[Generation]) -> serde_json::Value {
+    let Some(first) = gs.first() else {
+        return json!(null);
+    };
+    let completion: usize = gs.iter().map(|g| g.tokens.len()).sum();
+    json!({
+        "prompt_tokens": first.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": first.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": first.cached_prompt_tokens},
+    })
+}
+
+/// Speculation figures over a request's choices: steps and tokens summed, tokens per
+/// second of decoding the mean of the choices'.
+fn spec_stats_of(gs: &[Generation]) -> serde_json::Value {
+    if let [g] = gs {
+        return spec_stats(g);
+    }
+    let sum = |f: fn(&Generation) -> usize| gs.iter().map(f).sum::<usize>();
+    let rate = gs.iter().map(|g| g.tokens_per_s).sum::<f64>() / gs.len().max(1) as f64;
+    json!({"steps": sum(|g| g.steps), "drafted_tokens": sum(|g| g.drafted_tokens),
+        "accepted_tokens": sum(|g| g.accepted_tokens), "tokens_per_s": rate})
 }
 
 /// Server-Sent Events in OpenAI's chunk format, ending with `data: [DONE]`. When the
