@@ -164,19 +164,20 @@ fn token_text(app: &AppState, token: u32) -> (String, serde_json::Value) {
 }
 
 /// A choice's `logprobs` in OpenAI's form: chat's `{"content": [...]}`, or the legacy
-/// completion arrays, whose `text_offset` counts bytes from `offset` (the text before
-/// these tokens).
+/// completion arrays, whose `text_offset` counts bytes from `*offset` (the text before
+/// these tokens), which moves past them.
 fn logprobs_json(
     app: &AppState,
     logprobs: &[TokenLogprob],
     chat: bool,
-    offset: usize,
+    offset: &mut usize,
 ) -> serde_json::Value {
     if chat {
         let content: Vec<serde_json::Value> = logprobs
             .iter()
             .map(|lp| {
                 let (token, bytes) = token_text(app, lp.token);
+                *offset += token.len();
                 let top: Vec<serde_json::Value> = lp
                     .top
                     .iter()
@@ -192,11 +193,10 @@ fn logprobs_json(
     }
     let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut at = offset;
     for lp in logprobs {
         let (token, _) = token_text(app, lp.token);
-        text_offset.push(at);
-        at += token.len();
+        text_offset.push(*offset);
+        *offset += token.len();
         tokens.push(token);
         token_logprobs.push(lp.logprob);
         let top: serde_json::Map<String, serde_json::Value> = lp
@@ -352,7 +352,7 @@ async fn generate(
             let logprobs = g
                 .logprobs
                 .as_deref()
-                .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, 0));
+                .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, &mut 0));
             if chat {
                 json!({"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish(g)})
             } else {
@@ -595,19 +595,6 @@ fn finish(g: &Generation) -> &'static str {
     }
 }
 
-fn usage(g: &Generation) -> serde_json::Value {
-    json!({
-        "prompt_tokens": g.prompt_tokens,
-        "completion_tokens": g.tokens.len(),
-        "total_tokens": g.prompt_tokens + g.tokens.len(),
-        "prompt_tokens_details": {"cached_tokens": g.cached_prompt_tokens},
-    })
-}
-
-fn spec_stats(g: &Generation) -> serde_json::Value {
-    json!({"steps": g.steps, "drafted_tokens": g.drafted_tokens, "accepted_tokens": g.accepted_tokens, "tokens_per_s": g.tokens_per_s})
-}
-
 /// The usage of a request's choices: the prompt once (and its cached part, the first
 /// choice's), the completions summed.
 fn usage_of(gs: &[Generation]) -> serde_json::Value {
@@ -626,9 +613,6 @@ fn usage_of(gs: &[Generation]) -> serde_json::Value {
 /// Speculation figures over a request's choices: steps and tokens summed, tokens per
 /// second of decoding the mean of the choices'.
 fn spec_stats_of(gs: &[Generation]) -> serde_json::Value {
-    if let [g] = gs {
-        return spec_stats(g);
-    }
     let sum = |f: fn(&Generation) -> usize| gs.iter().map(f).sum::<usize>();
     let rate = gs.iter().map(|g| g.tokens_per_s).sum::<f64>() / gs.len().max(1) as f64;
     json!({"steps": sum(|g| g.steps), "drafted_tokens": sum(|g| g.drafted_tokens),
@@ -672,11 +656,7 @@ fn stream_response(
             if pending.is_empty() {
                 return serde_json::Value::Null;
             }
-            let v = logprobs_json(&app, pending, chat, logprob_offset);
-            logprob_offset += pending
-                .iter()
-                .map(|lp| token_text(&app, lp.token).0.len())
-                .sum::<usize>();
+            let v = logprobs_json(&app, pending, chat, &mut logprob_offset);
             pending.clear();
             v
         };
@@ -720,7 +700,8 @@ fn stream_response(
                     json!({"index": 0, "text": "", "finish_reason": finish(&g), "logprobs": null})
                 };
                 let last = json!({"id": id, "object": object, "created": created, "model": app.model_id,
-                    "choices": [choice], "usage": usage(&g), "suffixd": spec_stats(&g)});
+                    "choices": [choice], "usage": usage_of(std::slice::from_ref(&g)),
+                    "suffixd": spec_stats_of(std::slice::from_ref(&g))});
                 yield Ok(Event::default().data(last.to_string()));
             }
             Ok(Err(e)) => {

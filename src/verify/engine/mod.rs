@@ -32,8 +32,7 @@ use super::tokenizer::ModelTokenizer;
 use crate::chat::ChatTemplate;
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
-pub use sampling::Sampling;
-pub use sampling::{MAX_TOP_LOGPROBS, TokenLogprob};
+pub use sampling::{MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
 use sampling::{walk_greedy, walk_sampled};
 
 /// What to generate.

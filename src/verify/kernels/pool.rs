@@ -122,10 +122,7 @@ impl Adaptive {
         let continues = matches!(self.window, Some((t, _, _)) if t == thread && gap <= LONGEST_GAP);
         if !continues {
             // A new window starts after this operation.
-            self.window = Some((thread, end, thread_cpu()));
-            self.operations = 0;
-            self.stalls = 0;
-            self.parked = Duration::ZERO;
+            self.open_window(Some((thread, end, thread_cpu())));
             return;
         }
         self.parked += parked;
@@ -140,10 +137,7 @@ impl Adaptive {
         let cpu = thread_cpu();
         // Time it chose to sleep is not time it was kept off the CPU.
         let wall = end.duration_since(wall_start).saturating_sub(self.parked);
-        self.window = Some((thread, end, cpu));
-        self.operations = 0;
-        self.stalls = 0;
-        self.parked = Duration::ZERO;
+        self.open_window(Some((thread, end, cpu)));
         // Without a CPU clock, stalls alone decide.
         let descheduled = match (cpu_start, cpu) {
             (Some(before), Some(now)) => {
@@ -169,13 +163,18 @@ impl Adaptive {
     }
 
     fn go_solo(&mut self, now: Instant) {
-        self.parked = Duration::ZERO;
         self.solo_until = Some(now + self.next_spell);
         self.next_spell = (self.next_spell * 2).min(LONGEST_SOLO);
         self.spells += 1;
-        self.window = None;
+        self.open_window(None);
+    }
+
+    /// Start counting a new window (None: at the next operation).
+    fn open_window(&mut self, window: Option<(std::thread::ThreadId, Instant, Option<Duration>)>) {
+        self.window = window;
         self.operations = 0;
         self.stalls = 0;
+        self.parked = Duration::ZERO;
     }
 }
 
