@@ -101,6 +101,16 @@ __device__ __forceinline__ u64 base_of(const int* meta, int rows, int r) {
          | ((u64)(unsigned)meta_of(meta, rows, ROW_BASE_HI, r) << 32);
 }
 
+// Where output n of row r of the q|k|v projection goes: the row's query, or its key or
+// value slot in its sequence's KV cache (n and n + 1 land side by side for even n).
+__device__ __forceinline__ float* qkv_out(const MatmulArgs& a, int r, int n) {
+    if (n < a.q_width) return a.q_out + (size_t)r * a.q_width + n;
+    const int kind = n < a.q_width + a.kv_width ? 0 : 1;
+    const int col = n - a.q_width - kind * a.kv_width;
+    return kv_row(base_of(a.meta, a.meta_rows, r), meta_of(a.meta, a.meta_rows, ROW_CAP, r),
+                  a.kv_width, a.layer, kind, meta_of(a.meta, a.meta_rows, ROW_SLOT, r)) + col;
+}
+
 #define MODE_PLAIN 0
 #define MODE_RESIDUAL 1
 #define MODE_SILU 2
@@ -263,16 +273,7 @@ __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
                     ? __fsub_rn(__fmul_rn(pair_even, cs), __fmul_rn(pair_odd, sn))
                     : __fadd_rn(__fmul_rn(pair_even, sn), __fmul_rn(pair_odd, cs));
             }
-            if (n < a.q_width) {
-                a.q_out[(size_t)r * a.q_width + n] = value;
-            } else {
-                const int kind = n < a.q_width + a.kv_width ? 0 : 1;
-                const int col = n - a.q_width - kind * a.kv_width;
-                float* dst = kv_row(base_of(a.meta, a.meta_rows, r),
-                                    meta_of(a.meta, a.meta_rows, ROW_CAP, r), a.kv_width,
-                                    a.layer, kind, meta_of(a.meta, a.meta_rows, ROW_SLOT, r));
-                dst[col] = value;
-            }
+            *qkv_out(a, r, n) = value;
         }
     }
 }
@@ -458,19 +459,9 @@ __device__ __forceinline__ void matmul_mma_warp(const MatmulArgs& a) {
                         e0 = __fsub_rn(__fmul_rn(v0, cs), __fmul_rn(v1, sn));
                         e1 = __fadd_rn(__fmul_rn(v0, sn), __fmul_rn(v1, cs));
                     }
-                    if (n < a.q_width) {
-                        float* o = a.q_out + (size_t)r * a.q_width + n;
-                        o[0] = e0;
-                        o[1] = e1;
-                    } else {
-                        const int kind = n < a.q_width + a.kv_width ? 0 : 1;
-                        const int col = n - a.q_width - kind * a.kv_width;
-                        float* dst = kv_row(base_of(a.meta, a.meta_rows, r),
-                                            meta_of(a.meta, a.meta_rows, ROW_CAP, r), a.kv_width,
-                                            a.layer, kind, meta_of(a.meta, a.meta_rows, ROW_SLOT, r));
-                        dst[col] = e0;
-                        dst[col + 1] = e1;
-                    }
+                    float* o = qkv_out(a, r, n);
+                    o[0] = e0;
+                    o[1] = e1;
                 }
             }
     }

@@ -282,7 +282,7 @@ struct Scratch {
     /// Attention's tickets, one per (row, head); the kernels leave them at zero.
     tickets: Option<CudaSlice<i32>>,
     fields: Option<CudaSlice<i32>>,
-    /// The greedy argmax's ids.
+    /// The greedy argmax's ids (read by no graph: its moves bump no generation).
     chosen: Option<CudaSlice<i32>>,
     host_fields: Vec<i32>,
     /// Bumped whenever a buffer above moves: graphs hold their addresses.
@@ -449,7 +449,8 @@ impl CudaForward {
         )?;
         let stream = device.cuda_stream();
         let tuning = Tuning::from_env();
-        let ptx = compile(arch_of(stream.context().compute_capability()?), tuning)?;
+        let capability = stream.context().compute_capability()?;
+        let ptx = compile(arch_of(capability), tuning)?;
         let module = stream
             .context()
             .load_module(candle_core::cuda_backend::cudarc::nvrtc::Ptx::from_src(ptx))?;
@@ -466,7 +467,7 @@ impl CudaForward {
         // costs what one row does, but each warp converts the activations itself, so a
         // one-row step is 3.5x slower than on the CUDA cores (docs/gpu.md): opt-in until
         // the activations are converted once per pass.
-        let (major, _) = stream.context().compute_capability()?;
+        let major = capability.0;
         let mma_on = std::env::var("SUFFIXD_CUDA_MMA").is_ok_and(|v| v == "on");
         let mma = if bf16 && major >= 8 && mma_on && [w, qw, ffn].iter().all(|k| k % 32 == 0) {
             let tiles = |name: &str| -> Result<MmaProjection, CudaError> {
@@ -872,13 +873,8 @@ impl CudaForward {
         let start = layout.start_offset();
         let view = s.slice(start..start + rows * vocab);
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let scratch = &mut *scratch;
-        let chosen = ensure(
-            &self.stream,
-            &mut scratch.chosen,
-            rows,
-            &mut scratch.generation,
-        )?;
+        // No pass's graph reads this buffer, so its moves need not retire them.
+        let chosen = ensure(&self.stream, &mut scratch.chosen, rows, &mut 0)?;
         let vocab = vocab as i32;
         let mut b = self.stream.launch_builder(&self.kernels.argmax);
         b.arg(&view).arg(&vocab).arg(&*chosen);
