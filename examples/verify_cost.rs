@@ -79,6 +79,7 @@ fn main() -> anyhow::Result<()> {
                 // Engine::load leaves the prefix cache off: every repeat prefills.
                 namespace: "default".into(),
                 logprobs: None,
+                grammar: None,
             };
             let mut times = Vec::new();
             for _ in 0..repeats.max(1) {

@@ -69,4 +69,112 @@ try:
     raise AssertionError("top_logprobs without logprobs was accepted")
 except openai.BadRequestError as e:
     assert "top_logprobs" in str(e), e
+
+# Tools: a named choice and `required` hold decoding to a valid call, which the client
+# reads as tool_calls; streamed, the call arrives as tool-call deltas.
+import json
+
+from pydantic import BaseModel, Field
+
+weather = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+for choice in [{"type": "function", "function": {"name": "get_weather"}}, "required"]:
+    r = client.chat.completions.create(
+        model=model, messages=ask, tools=[weather, clock], tool_choice=choice, max_tokens=64, temperature=0,
+        parallel_tool_calls=False,
+    )
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", r
+    assert len(msg.tool_calls) == 1, msg
+    call = msg.tool_calls[0]
+    assert call.id.startswith("call_") and call.type == "function", call
+    args = json.loads(call.function.arguments)
+    if choice != "required":
+        assert call.function.name == "get_weather", call
+    if call.function.name == "get_weather":
+        assert isinstance(args["city"], str) and args["unit"] in ("celsius", "fahrenheit"), args
+
+deltas = [
+    c.choices[0].delta.tool_calls
+    for c in client.chat.completions.create(
+        model=model, messages=ask, tools=[weather], tool_choice="required", max_tokens=64, temperature=0,
+        parallel_tool_calls=False, stream=True,
+    )
+    if c.choices and c.choices[0].delta.tool_calls
+]
+assert len(deltas) == 1 and deltas[0][0].function.name == "get_weather", deltas
+assert json.loads(deltas[0][0].function.arguments)["city"], deltas
+
+# `auto`: the model may answer or call; either is well-formed.
+r = client.chat.completions.create(model=model, messages=ask, tools=[weather], max_tokens=48, temperature=0)
+msg = r.choices[0].message
+assert (msg.content is not None) or msg.tool_calls, msg
+for call in msg.tool_calls or []:
+    json.loads(call.function.arguments)
+
+# A tool-result turn: the earlier call and its result go back through the template.
+first = client.chat.completions.create(
+    model=model, messages=ask, tools=[weather], tool_choice="required", max_tokens=64, temperature=0,
+    parallel_tool_calls=False,
+)
+call = first.choices[0].message.tool_calls[0]
+turn = ask + [
+    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+    {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "clear"})},
+]
+answer = client.chat.completions.create(model=model, messages=turn, tools=[weather], tool_choice="none", max_tokens=32, temperature=0)
+assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls, answer
+alone = client.chat.completions.create(model=model, messages=ask, tools=[weather], tool_choice="none", max_tokens=1)
+assert answer.usage.prompt_tokens > alone.usage.prompt_tokens + 20, (answer.usage, alone.usage)
+
+# Structured outputs: a Pydantic model through `parse`, and a strict json_schema.
+class City(BaseModel):
+    # Bounds keep a small model's strings from running to max_tokens.
+    name: str = Field(max_length=30)
+    country: str = Field(max_length=30)
+    population: int = Field(ge=0, le=10**9)
+
+parsed = client.chat.completions.parse(
+    model=model, messages=[{"role": "user", "content": "Give me facts about Paris as JSON."}],
+    response_format=City, max_tokens=96, temperature=0,
+)
+city = parsed.choices[0].message.parsed
+assert isinstance(city, City) and city.name, parsed
+strict = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "List two fruits."}], max_tokens=64, temperature=0,
+    response_format={"type": "json_schema", "json_schema": {"name": "fruits", "strict": True, "schema": {
+        "type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2}},
+        "required": ["fruits"], "additionalProperties": False}}},
+)
+fruits = json.loads(strict.choices[0].message.content)
+assert set(fruits) == {"fruits"} and len(fruits["fruits"]) == 2, fruits
+obj = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Describe a cat."}], max_tokens=48, temperature=0,
+    response_format={"type": "json_object"}, stream=True,
+)
+text = "".join(c.choices[0].delta.content or "" for c in obj if c.choices)
+assert isinstance(json.loads(text), dict), text
+
+# A schema the engine cannot use is a BadRequestError that names it.
+try:
+    client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "colour"}}},
+    )
+    raise AssertionError("an invalid schema was accepted")
+except openai.BadRequestError as e:
+    assert "colour" in str(e), e
 print("all checks passed")

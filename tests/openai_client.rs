@@ -1,7 +1,8 @@
 //! The official `openai` Python package (pinned in tools/requirements-tests.txt,
 //! installed by tools/setup.sh into `target/py`) against a real `suffixd serve` on
 //! loopback: chat, streaming, log-probabilities plain and streamed, completions, and a
-//! refused request, as an agent framework would send them (tests/openai_client.py).
+//! refused request, tools and structured outputs (tests/openai_client.py); and an agent
+//! framework, LangChain, running a tool loop (tests/agent_framework.py).
 //!
 //! Set `SUFFIXD_SKIP_MODEL_TESTS=1` to skip on a machine without the model.
 
@@ -38,6 +39,39 @@ fn the_official_openai_client_works_against_the_server() {
     assert!(
         out.status.success() && stdout.trim_end().ends_with("all checks passed"),
         "the openai client failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        s.log()
+    );
+}
+
+/// An agent framework from PyPI (LangChain's ChatOpenAI) runs a two-step tool loop
+/// against the server: a forced call, the tool's result, a text answer, and a streamed
+/// call (tests/agent_framework.py).
+#[test]
+fn an_agent_framework_runs_a_tool_loop_against_the_server() {
+    if !model_present() {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/py/bin/python");
+    assert!(
+        python.exists(),
+        "the Python test packages are missing: run tools/setup.sh (it installs tools/requirements-tests.txt into target/py)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path());
+    let out = Command::new(&python)
+        .arg(root.join("tests/agent_framework.py"))
+        .arg("--base-url")
+        .arg(s.url("/v1"))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("all checks passed"),
+        "the agent framework failed:\n{stdout}\n{stderr}\nserver log:\n{}",
         s.log()
     );
 }

@@ -301,6 +301,7 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
     let messages = vec![suffixd::corpus::logs::ChatMessage {
         role: "user".into(),
         content: "Name a city.".into(),
+        ..Default::default()
     }];
     let rendered = |e: &Engine| {
         e.template()
@@ -316,6 +317,7 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
         speculate: false,
         namespace: "default".into(),
         logprobs: None,
+        grammar: None,
     };
     let mut gguf_engine = gguf_engine;
     let mut hf_engine = hf_engine;

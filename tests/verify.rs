@@ -142,6 +142,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
         speculate,
         namespace: "default".into(),
         logprobs: None,
+        grammar: None,
     };
     let prompts = prompts();
     assert_eq!(prompts.len(), 50);
@@ -154,6 +155,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
                 .render(&[ChatMessage {
                     role: "user".into(),
                     content: q.into(),
+                    ..Default::default()
                 }])
                 .unwrap(),
             None => text.clone(),
@@ -204,6 +206,7 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
                 speculate: true,
                 namespace: "default".into(),
                 logprobs: None,
+                grammar: None,
             },
             &mut NoDrafts,
             &mut |_| true,
@@ -245,6 +248,7 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
                     .render(&[ChatMessage {
                         role: "user".into(),
                         content: q.into(),
+                        ..Default::default()
                     }])
                     .unwrap(),
                 None => t.clone(),
@@ -260,6 +264,7 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
         speculate,
         namespace: "default".into(),
         logprobs: None,
+        grammar: None,
     };
     let plain: Vec<Vec<u32>> = prompts
         .iter()
@@ -526,11 +531,13 @@ fn agent_prompt(engine: &Engine, turns: &[&str]) -> Vec<u32> {
     let mut messages = vec![ChatMessage {
         role: "system".into(),
         content: system,
+        ..Default::default()
     }];
     for (i, t) in turns.iter().enumerate() {
         messages.push(ChatMessage {
             role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
             content: (*t).into(),
+            ..Default::default()
         });
     }
     let text = engine.template().unwrap().render(&messages).unwrap();
@@ -565,6 +572,7 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
         speculate,
         namespace: namespace.into(),
         logprobs: None,
+        grammar: None,
     };
     let questions = [
         "def first(xs): return xs[0]",

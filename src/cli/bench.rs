@@ -56,6 +56,7 @@ fn chat_prompt(engine: &Engine, content: &str) -> anyhow::Result<Vec<u32>> {
         .render_pieces(&[ChatMessage {
             role: "user".into(),
             content: content.into(),
+            ..Default::default()
         }])
         .map_err(anyhow::Error::msg)?;
     Ok(engine.tokenizer().encode_pieces(&pieces)?)
@@ -129,6 +130,7 @@ impl Side {
             }
             .into(),
             logprobs: None,
+            grammar: None,
         };
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],

@@ -173,6 +173,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
                 .render_pieces(&[ChatMessage {
                     role: "user".into(),
                     content: c.clone(),
+                    ..Default::default()
                 }])
                 .map_err(anyhow::Error::msg)?
         }
@@ -191,6 +192,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         speculate: !a.no_spec,
         namespace: a.namespace.clone(),
         logprobs: None,
+        grammar: None,
     };
     let empty = GlobalTree::new(params.max_depth)?;
     let snapshot = match &a.snapshot {

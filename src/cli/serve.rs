@@ -27,6 +27,7 @@ struct FileConfig {
     default_max_tokens: Option<usize>,
     max_tokens_limit: Option<usize>,
     speculate: Option<bool>,
+    grammar_drafts: Option<bool>,
     allow_control_tokens: Option<bool>,
     max_batch: Option<usize>,
     budget_tokens: Option<u64>,
@@ -66,6 +67,10 @@ pub(super) struct ServeArgs {
     /// Plain decoding, no speculation (for comparisons).
     #[arg(long)]
     no_spec: bool,
+    /// Do not draft the tokens a structured output's grammar forces (drafts are still
+    /// cut to the grammar); for comparisons.
+    #[arg(long)]
+    no_grammar_drafts: bool,
     /// Read control-token strings (`<|im_end|>`) in `/v1/completions` prompts as control
     /// tokens, for trusted callers that write raw prompts. Off by default: prompts and
     /// message contents are text, and only the chat template's own markup makes control
@@ -192,6 +197,7 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or(256),
         max_tokens_limit: a.max_tokens_limit.or(file.max_tokens_limit).unwrap_or(2048),
         speculate: !a.no_spec && file.speculate.unwrap_or(true),
+        grammar_drafts: !a.no_grammar_drafts && file.grammar_drafts.unwrap_or(true),
         allow_control_tokens: a.allow_control_tokens || file.allow_control_tokens.unwrap_or(false),
         max_batch: a.max_batch.or(file.max_batch).unwrap_or(16).max(1),
         budget_tokens: Some(

@@ -29,6 +29,7 @@ use crate::store::dir::current_snapshot;
 use crate::store::live::{Store, StoreConfig};
 use crate::store::wal::FsyncPolicy;
 use crate::verify::engine::Engine;
+use crate::verify::grammar::GrammarCompiler;
 use crate::verify::tokenizer::ModelTokenizer;
 
 /// Server settings after merging the config file, environment and flags.
@@ -51,6 +52,9 @@ pub struct ServeConfig {
     pub max_tokens_limit: usize,
     /// Speculate (false: plain decoding, for comparison).
     pub speculate: bool,
+    /// Draft the tokens a request's grammar forces (false: only cut drafts to the
+    /// grammar, for comparison).
+    pub grammar_drafts: bool,
     /// Read control-token strings in `/v1/completions` prompts as control tokens (for
     /// trusted callers that write raw prompts); off: every prompt and message content is
     /// text.
@@ -100,6 +104,9 @@ pub struct AppState {
     pub tokenizer: ModelTokenizer,
     /// The chat template.
     pub template: Option<ChatTemplate>,
+    /// Compiles requests' grammars (structured outputs, required tool calls); None when
+    /// the model's tokenizer cannot be described to the grammar engine.
+    pub grammars: Option<GrammarCompiler>,
     /// KV capacity of the model.
     pub context_len: usize,
     /// Jobs for the model thread.
@@ -252,6 +259,10 @@ pub fn serve(
     let (tx, rx) = crossbeam::channel::unbounded();
     metrics.publish_cost_curve(engine.cost_curve());
     let context_len = engine.context_len();
+    let grammars = engine
+        .grammar_compiler()
+        .inspect_err(|e| tracing::warn!("{e}: structured outputs are off"))
+        .ok();
     let max_batch = cfg.max_batch;
     let worker = {
         let (store, metrics) = (store.clone(), metrics.clone());
@@ -267,6 +278,7 @@ pub fn serve(
             .map_or(0, |d| d.as_secs()),
         tokenizer,
         template,
+        grammars,
         context_len,
         jobs: tx,
         store: store.clone(),

@@ -15,6 +15,8 @@ pub enum DraftSource {
     Global,
     /// The global tree and the response generated so far, their counts summed.
     Both,
+    /// Tokens a grammar forces (constrained decoding), nothing else.
+    Grammar,
 }
 
 /// A draft tree in topological order: `parents[i] < i`, or -1 for a child of the context.
@@ -61,6 +63,60 @@ impl Draft {
         self.parents.truncate(k);
         self.probs.truncate(k);
         self.score = self.probs.iter().sum();
+    }
+
+    /// Keep the nodes marked in `keep`: a node whose parent goes goes too. Indices are
+    /// renumbered, the order stays topological.
+    pub fn retain(&mut self, keep: &[bool]) {
+        let mut new_index = vec![-1i32; self.len()];
+        let mut kept = 0usize;
+        for i in 0..self.len() {
+            let parent = self.parents[i];
+            let parent_kept = parent < 0 || new_index[parent as usize] >= 0;
+            if !(keep.get(i).copied().unwrap_or(false) && parent_kept) {
+                continue;
+            }
+            new_index[i] = kept as i32;
+            self.tokens[kept] = self.tokens[i];
+            self.parents[kept] = if parent < 0 {
+                -1
+            } else {
+                new_index[parent as usize]
+            };
+            self.probs[kept] = self.probs[i];
+            kept += 1;
+        }
+        self.truncate(kept);
+        if self.is_empty() {
+            self.source = DraftSource::None;
+        }
+    }
+
+    /// The deepest node reached by following `chain` from the context, and how many of
+    /// its tokens were followed (-1 and 0 when the draft does not start with it).
+    pub fn follow(&self, chain: &[u32]) -> (i32, usize) {
+        let mut node = -1i32;
+        let mut done = 0;
+        while let Some(&want) = chain.get(done) {
+            let next = ((node + 1).max(0) as usize..self.len())
+                .find(|&i| self.parents[i] == node && self.tokens[i] == want);
+            match next {
+                Some(i) => node = i as i32,
+                None => break,
+            }
+            done += 1;
+        }
+        (node, done)
+    }
+
+    /// Add `chain` below node `under` (-1: the context), each token certain given the
+    /// one before (its probability is its parent's).
+    pub fn graft_chain(&mut self, under: i32, chain: &[u32]) {
+        let mut parent = under;
+        for &t in chain {
+            let prob = usize::try_from(parent).map_or(1.0, |p| self.probs[p]);
+            parent = self.push(t, parent, prob);
+        }
     }
 
     /// Mark this draft as coming from `source` (or from nowhere when empty).

@@ -19,6 +19,7 @@ pub mod cost;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod engine;
+pub mod grammar;
 pub mod kernels;
 mod linear;
 mod load;

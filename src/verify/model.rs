@@ -863,7 +863,7 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>, ModelError> {
 /// The index of the largest value, the lowest of equal ones; NaN is never the largest
 /// (0 if every value is NaN). The maximum is taken in eight lanes, which the compiler
 /// turns into vector instructions, and then found.
-fn argmax(row: &[f32]) -> u32 {
+pub(crate) fn argmax(row: &[f32]) -> u32 {
     let mut lanes = [f32::NEG_INFINITY; 8];
     let chunks = row.chunks_exact(8);
     let rest = chunks.remainder();

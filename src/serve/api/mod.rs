@@ -4,6 +4,7 @@
 
 mod admin;
 mod openai;
+mod tools;
 
 pub use admin::{AdminGuard, admin_evict, admin_job, admin_snapshot, admin_stats, admin_verify};
 pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, models};
@@ -21,6 +22,7 @@ use super::AppState;
 use super::worker::JobError;
 
 /// An OpenAI-style error answer.
+#[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
     kind: &'static str,

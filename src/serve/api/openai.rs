@@ -18,7 +18,9 @@ use crate::chat::{ChatMessage, PromptPiece, TemplateError};
 use crate::verify::engine::{
     GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling, TokenLogprob,
 };
+use crate::verify::grammar::Grammar;
 
+use super::tools::{self, ToolPlan};
 use super::{ApiError, read_json};
 use crate::serve::AppState;
 use crate::serve::worker::{Delta, Job, JobError};
@@ -73,17 +75,38 @@ struct ContentPart {
     text: Option<String>,
 }
 
-/// One chat message of a request. Fields that clients send along with tool calls
-/// (`name`, `tool_calls`, `tool_call_id`) are accepted and not used.
+/// One chat message of a request. `name` and other fields clients send along are
+/// accepted and not used.
 #[derive(Deserialize, Debug)]
 struct RequestMessage {
     role: Role,
     /// `null` for an assistant message that only calls tools.
     content: Option<Content>,
+    /// An assistant message's calls (OpenAI's form).
+    #[serde(default)]
+    tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's call id.
+    #[serde(default)]
+    tool_call_id: Option<String>,
 }
 
 impl RequestMessage {
-    fn to_template(&self) -> Result<ChatMessage, ApiError> {
+    /// The message for the template; `native`: the template renders tool calls itself
+    /// (else they are written into the content, see [`tools`]).
+    fn to_template(&self, native_tools: bool) -> Result<ChatMessage, ApiError> {
+        let message = self.to_text_message()?;
+        match (&self.tool_calls, self.role) {
+            (Some(calls), Role::Assistant) if !calls.is_empty() => {
+                tools::assistant_with_calls(message, calls, native_tools)
+            }
+            (Some(calls), _) if !calls.is_empty() => Err(ApiError::bad_request(
+                "only assistant messages carry `tool_calls`",
+            )),
+            _ => Ok(message),
+        }
+    }
+
+    fn to_text_message(&self) -> Result<ChatMessage, ApiError> {
         let content = match &self.content {
             None => String::new(),
             Some(Content::Text(t)) => t.clone(),
@@ -108,6 +131,8 @@ impl RequestMessage {
         Ok(ChatMessage {
             role: self.role.template_name().into(),
             content,
+            tool_call_id: self.tool_call_id.clone(),
+            ..Default::default()
         })
     }
 }
@@ -251,6 +276,10 @@ struct GenerationRequest {
     frequency_penalty: Option<f32>,
     logprobs: Option<serde_json::Value>,
     top_logprobs: Option<serde_json::Value>,
+    tools: Option<Vec<tools::Tool>>,
+    tool_choice: Option<serde_json::Value>,
+    parallel_tool_calls: Option<bool>,
+    response_format: Option<serde_json::Value>,
 }
 
 fn unix_s() -> u64 {
@@ -299,11 +328,23 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let req: GenerationRequest =
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
-    check_supported(&app, &req)?;
-    let pieces = prompt_pieces(&app, &req, chat)?;
+    check_supported(&app, &req, chat)?;
+    let tool_plan = if chat {
+        ToolPlan::from_request(
+            req.tools.clone(),
+            req.tool_choice.as_ref(),
+            req.parallel_tool_calls,
+        )?
+    } else {
+        None
+    };
+    let pieces = prompt_pieces(&app, &req, chat, tool_plan.as_ref())?;
     let namespace = namespace_of(&headers, &req)?;
     let mut opts = generate_options(&app, &req, namespace)?;
     opts.logprobs = logprobs_wanted(&req, chat)?;
+    opts.grammar = grammar_of(&app, &req, tool_plan.as_ref()).await?;
+    // Calls are read from the answer when the model may make them.
+    let reads_calls = tool_plan.as_ref().is_some_and(ToolPlan::offers_calls);
     let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
     // One job per choice, choice i sampling with seed + i; the model thread batches them
     // like any concurrent requests.
@@ -336,7 +377,7 @@ async fn generate(
     if req.stream {
         // check_supported allows one choice only when streaming.
         let (tok_rx, done_rx) = jobs.pop().expect("one job");
-        return Ok(stream_response(app, id, chat, tok_rx, done_rx).into_response());
+        return Ok(stream_response(app, id, chat, reads_calls, tok_rx, done_rx).into_response());
     }
     // The token channels are held until the answers are ready: if the client goes away
     // this handler is dropped with them, and the model thread cancels the generations.
@@ -354,7 +395,16 @@ async fn generate(
                 .as_deref()
                 .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, &mut 0));
             if chat {
-                json!({"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish(g)})
+                let calls = reads_calls.then(|| tools::parse_tool_calls(&g.text)).flatten();
+                let (message, finish_reason) = match calls {
+                    Some((content, calls)) => {
+                        let calls: Vec<serde_json::Value> =
+                            calls.iter().map(|c| c.to_json(None)).collect();
+                        (json!({"role": "assistant", "content": content, "tool_calls": calls}), "tool_calls")
+                    }
+                    None => (json!({"role": "assistant", "content": g.text}), finish(g)),
+                };
+                json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
             } else {
                 json!({"index": i, "text": g.text, "finish_reason": finish(g), "logprobs": logprobs})
             }
@@ -377,7 +427,7 @@ pub const MAX_CHOICES: u32 = 16;
 
 /// Refuse what this server does not do: another model, more choices than
 /// [`MAX_CHOICES`] (or more than one streamed), penalties.
-fn check_supported(app: &AppState, req: &GenerationRequest) -> Result<(), ApiError> {
+fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Result<(), ApiError> {
     if let Some(m) = &req.model
         && *m != app.model_id
     {
@@ -404,6 +454,11 @@ fn check_supported(app: &AppState, req: &GenerationRequest) -> Result<(), ApiErr
         }
         _ => {}
     }
+    if !chat && (req.tools.is_some() || req.tool_choice.is_some()) {
+        return Err(ApiError::bad_request(
+            "`tools` belong to /v1/chat/completions",
+        ));
+    }
     if req.presence_penalty.is_some_and(|p| p != 0.0)
         || req.frequency_penalty.is_some_and(|p| p != 0.0)
     {
@@ -422,22 +477,42 @@ fn prompt_pieces(
     app: &AppState,
     req: &GenerationRequest,
     chat: bool,
+    tool_plan: Option<&ToolPlan>,
 ) -> Result<Vec<PromptPiece>, ApiError> {
     Ok(if chat {
-        let messages = req
+        let template = app.template.as_ref().ok_or_else(|| {
+            ApiError::bad_request("this model has no chat template; use /v1/completions")
+        })?;
+        let native_tools = template.supports_tools();
+        let mut messages = req
             .messages
             .as_ref()
             .filter(|m| !m.is_empty())
             .ok_or_else(|| ApiError::bad_request("`messages` must be a non-empty list"))?
             .iter()
-            .map(RequestMessage::to_template)
+            .map(|m| m.to_template(native_tools))
             .collect::<Result<Vec<_>, _>>()?;
-        app.template
-            .as_ref()
-            .ok_or_else(|| {
-                ApiError::bad_request("this model has no chat template; use /v1/completions")
-            })?
-            .render_pieces(&messages)
+        let offered = tool_plan.filter(|p| p.offers_calls());
+        let tools_json = offered.filter(|_| native_tools).map(ToolPlan::tools_json);
+        if let Some(plan) = offered.filter(|_| !native_tools) {
+            // The template cannot show tools: the system message describes them.
+            let text = plan.system_text();
+            match messages.first_mut() {
+                Some(first) if first.role == "system" => {
+                    first.content = format!("{}\n\n{text}", first.content);
+                }
+                _ => messages.insert(
+                    0,
+                    ChatMessage {
+                        role: "system".into(),
+                        content: text,
+                        ..Default::default()
+                    },
+                ),
+            }
+        }
+        template
+            .render_pieces_with_tools(&messages, tools_json.as_ref())
             .map_err(|e| match e {
                 TemplateError::Render(_) => ApiError::bad_request(e.to_string()),
                 TemplateError::Compile(_) => ApiError::new(
@@ -506,7 +581,47 @@ fn generate_options(
         speculate: app.cfg.speculate,
         namespace,
         logprobs: None,
+        grammar: None,
     })
+}
+
+/// The grammar a request's answer is held to (`response_format`, and tool calls when
+/// `tool_choice` asks for them), compiled for the model; a schema or grammar that
+/// cannot be compiled is the client's 400, naming the problem.
+async fn grammar_of(
+    app: &AppState,
+    req: &GenerationRequest,
+    tool_plan: Option<&ToolPlan>,
+) -> Result<Option<Grammar>, ApiError> {
+    let format = tools::response_format(req.response_format.as_ref())?;
+    let spec = match tool_plan {
+        Some(plan) => plan.grammar(format.as_ref()),
+        None => format,
+    };
+    let Some(spec) = spec else {
+        return Ok(None);
+    };
+    let compiler = app.grammars.clone().ok_or_else(|| {
+        ApiError::bad_request(
+            "structured outputs and required tool calls are unavailable for this model's tokenizer",
+        )
+    })?;
+    // Compiling a large schema takes milliseconds: off the async workers.
+    let compiled = tokio::task::spawn_blocking(move || compiler.compile(&spec))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "the grammar compiler failed",
+            )
+        })?;
+    match compiled {
+        Ok(g) => Ok(Some(g.drafting_forced_tokens(app.cfg.grammar_drafts))),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the response format or tool schemas cannot be used: {e}"
+        ))),
+    }
 }
 
 /// The prompt's tokens, refused when they and `max_tokens` cannot fit in the context.
@@ -626,6 +741,7 @@ fn stream_response(
     app: Arc<AppState>,
     id: String,
     chat: bool,
+    reads_calls: bool,
     mut tokens: mpsc::UnboundedReceiver<Delta>,
     done: oneshot::Receiver<Result<Generation, JobError>>,
 ) -> impl IntoResponse {
@@ -676,26 +792,41 @@ fn stream_response(
                     continue;
                 }
             };
-            if text.len() > sent && text.is_char_boundary(sent) && !text.ends_with('\u{fffd}') {
-                let piece = text[sent..].to_string();
-                sent = text.len();
+            // When the answer may call tools, text from where a call may begin is held
+            // back: calls go out as tool-call deltas at the end, never as content.
+            let end = if reads_calls { tools::streamable_len(&text) } else { text.len() };
+            if end > sent && text.is_char_boundary(sent) && text.is_char_boundary(end)
+                && !text[..end].ends_with('\u{fffd}')
+            {
+                let piece = text[sent..end].to_string();
+                sent = end;
                 let logprobs = take_logprobs(&mut pending);
                 yield Ok(chunk(json!({"content": piece}), logprobs, None));
             }
         }
         match done.await {
             Ok(Ok(g)) => {
-                let rest = if g.text.len() > sent && g.text.is_char_boundary(sent) {
-                    g.text[sent..].to_string()
+                let calls = reads_calls.then(|| tools::parse_tool_calls(&g.text)).flatten();
+                let end = if calls.is_some() { tools::streamable_len(&g.text) } else { g.text.len() };
+                let rest = if end > sent && g.text.is_char_boundary(sent) && g.text.is_char_boundary(end) {
+                    g.text[sent..end].to_string()
                 } else {
                     String::new()
                 };
-                if !rest.is_empty() || !pending.is_empty() {
+                if !rest.is_empty() || (!pending.is_empty() && calls.is_none()) {
                     let logprobs = take_logprobs(&mut pending);
                     yield Ok(chunk(json!({"content": rest}), logprobs, None));
                 }
+                let mut finish_reason = finish(&g);
+                if let Some((_, calls)) = &calls {
+                    let deltas: Vec<serde_json::Value> =
+                        calls.iter().enumerate().map(|(i, c)| c.to_json(Some(i))).collect();
+                    let logprobs = take_logprobs(&mut pending);
+                    yield Ok(chunk(json!({"tool_calls": deltas}), logprobs, None));
+                    finish_reason = "tool_calls";
+                }
                 let choice = if chat {
-                    json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish(&g)})
+                    json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
                 } else {
                     json!({"index": 0, "text": "", "finish_reason": finish(&g), "logprobs": null})
                 };

@@ -30,7 +30,7 @@ use crate::speculate::{Draft, DraftSource};
 pub(super) struct Calibration {
     /// Per [`DraftSource`] and pattern-length band: moving averages of the expected and
     /// the realised levels accepted per verified draft.
-    buckets: [[(f64, f64); BANDS]; 4],
+    buckets: [[(f64, f64); BANDS]; 5],
 }
 
 /// Pattern-length bands: 1, 2, 3–4, 5–8, 9–16, 17 and more (0, no pattern, goes with 1).
@@ -40,7 +40,7 @@ impl Default for Calibration {
     fn default() -> Self {
         // Start by trusting the counts, with the weight of a few steps.
         Calibration {
-            buckets: [[(1.0, 1.0); BANDS]; 4],
+            buckets: [[(1.0, 1.0); BANDS]; 5],
         }
     }
 }
@@ -68,6 +68,7 @@ impl Calibration {
             DraftSource::Request => 1,
             DraftSource::Global => 2,
             DraftSource::Both => 3,
+            DraftSource::Grammar => 4,
         }
     }
 

@@ -26,6 +26,7 @@ use rand::SeedableRng;
 use crate::speculate::Draft;
 
 use super::cost::CostCurve;
+use super::grammar::{Constraint, Grammar, GrammarCompiler, GrammarError};
 use super::model::{BatchEntry, KvCache, Model, ModelError};
 use super::prefix::{PrefixCache, PrefixCacheStats};
 use super::tokenizer::ModelTokenizer;
@@ -33,7 +34,7 @@ use crate::chat::ChatTemplate;
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
 pub use sampling::{MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
-use sampling::{walk_greedy, walk_sampled};
+use sampling::{walk_constrained, walk_greedy, walk_sampled};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -52,6 +53,8 @@ pub struct GenerateOptions {
     /// Report each generated token's log-probability and this many most likely
     /// alternatives ([`TokenLogprob`]); None: none.
     pub logprobs: Option<usize>,
+    /// Hold the answer to this grammar (constrained decoding); None: free text.
+    pub grammar: Option<Grammar>,
 }
 
 /// Why generation ended.
@@ -162,6 +165,11 @@ impl Engine {
     pub fn tokenizer_identity(&self) -> crate::vocab::TokenizerId {
         use crate::vocab::TextEncoder;
         self.tokenizer.identity()
+    }
+
+    /// A grammar compiler for this model's vocabulary and end-of-sequence tokens.
+    pub fn grammar_compiler(&self) -> Result<GrammarCompiler, GrammarError> {
+        GrammarCompiler::new(&self.tokenizer, self.model.config().vocab, &self.eos)
     }
 
     /// The chat template, if the model has one.
@@ -315,6 +323,7 @@ impl Engine {
             emitted: 0,
             logprobs: Vec::new(),
             rng: rand::rngs::StdRng::seed_from_u64(opts.sampling.seed),
+            constraint: opts.grammar.as_ref().map(Grammar::start),
             steps: 0,
             drafted: 0,
             accepted: 0,
@@ -389,6 +398,12 @@ impl Engine {
                     // cut at the first bad one keeps a tree).
                     if let Some(bad) = draft.tokens.iter().position(|&t| t as usize >= vocab) {
                         draft.truncate(bad);
+                    }
+                    if let Some(constraint) = seq.constraint.as_mut()
+                        && let Err(e) = constraint.shape_draft(&mut draft)
+                    {
+                        tracing::error!("{e}; the step runs without a draft");
+                        draft = Draft::default();
                     }
                 }
                 plans.push(Plan::Verify {
@@ -487,7 +502,9 @@ impl Engine {
         report: &mut StepReport,
     ) -> Result<(), ModelError> {
         let greedy_rows = if batch.iter().zip(&plans).any(|((s, _), p)| {
-            matches!(p, Plan::Verify { .. }) && s.opts.sampling.temperature <= 0.0
+            matches!(p, Plan::Verify { .. })
+                && s.opts.sampling.temperature <= 0.0
+                && s.constraint.is_none()
         }) {
             self.model.argmax_rows(logits)?
         } else {
@@ -524,7 +541,28 @@ impl Engine {
             if seq.decode_start.is_none() {
                 seq.decode_start = Some(Instant::now());
             }
-            let (path, bonus) = if seq.opts.sampling.temperature <= 0.0 {
+            let (path, bonus) = if let Some(constraint) = seq.constraint.as_mut() {
+                let own = logits.narrow(0, rows.start, rows.len())?;
+                let sampling = seq.opts.sampling;
+                match walk_constrained(
+                    &tokens,
+                    &parents,
+                    &own,
+                    &sampling,
+                    &mut seq.rng,
+                    constraint,
+                )? {
+                    Ok(walk) => walk,
+                    Err(e) => {
+                        // Never expected (every token taken was allowed): the answer
+                        // ends where the grammar failed, and the server goes on.
+                        tracing::error!("{e}; the answer ends here");
+                        seq.cache.commit(&[0]);
+                        seq.finish = Some(FinishReason::Stop);
+                        continue;
+                    }
+                }
+            } else if seq.opts.sampling.temperature <= 0.0 {
                 walk_greedy(&tokens, &parents, &greedy_rows[rows.clone()])
             } else {
                 let own = logits.narrow(0, rows.start, rows.len())?;
@@ -569,6 +607,10 @@ impl Engine {
             if let Some(cut) = self.stop_at(&seq.out, &seq.opts.stop) {
                 seq.out.truncate(cut);
                 seq.logprobs.truncate(cut);
+                stop = true;
+            }
+            // A complete grammar allows nothing but the end: no need for a step to say so.
+            if seq.constraint.as_ref().is_some_and(Constraint::is_finished) {
                 stop = true;
             }
             if stop {
@@ -692,6 +734,8 @@ pub struct Sequence {
     /// The log-probability of each token of `out`, when the options ask for them.
     logprobs: Vec<TokenLogprob>,
     rng: rand::rngs::StdRng,
+    /// The grammar's state after `out`, when the options constrain the answer.
+    constraint: Option<Constraint>,
     steps: usize,
     drafted: usize,
     accepted: usize,

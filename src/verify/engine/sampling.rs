@@ -6,6 +6,7 @@
 use candle_core::Tensor;
 use rand::Rng;
 
+use super::super::grammar::{Constraint, GrammarError};
 use super::super::model::ModelError;
 
 /// Sampling parameters; temperature 0 is greedy.
@@ -95,29 +96,95 @@ pub(super) fn walk_sampled(
 ) -> Result<(Vec<usize>, u32), ModelError> {
     let mut path = vec![0usize];
     let mut cur = 0usize;
-    'node: loop {
+    loop {
         let row: Vec<f32> = logits.get(cur)?.to_vec1()?;
         let mut p = sampling.distribution(&row);
-        for j in (cur + 1..tokens.len()).filter(|&j| parents[j] == cur as i32) {
-            let x = tokens[j] as usize;
-            let px = p.get(x).copied().unwrap_or(0.0);
-            if px > 0.0 && rng.random::<f32>() < px {
+        match try_children(tokens, parents, cur, &mut p, rng) {
+            Some(j) => {
                 path.push(j);
                 cur = j;
-                continue 'node;
             }
-            // Rejected: the residual distribution max(p − q, 0) for a point mass q at x
-            // is p without x, renormalised.
-            if px > 0.0 {
-                p[x] = 0.0;
-                let total: f32 = p.iter().sum();
-                if total <= 0.0 {
-                    break;
-                }
-                p.iter_mut().for_each(|v| *v /= total);
-            }
+            None => return Ok((path, sample(&p, rng))),
         }
-        return Ok((path, sample(&p, rng)));
+    }
+}
+
+/// Offer node `cur`'s draft children to `p` in turn, each accepted with its
+/// probability; a rejected child's token leaves `p` (the residual max(p − q, 0) for a
+/// point mass q is p without it, renormalised). Returns the accepted child, or None with
+/// `p` the distribution the token is then drawn from.
+fn try_children(
+    tokens: &[u32],
+    parents: &[i32],
+    cur: usize,
+    p: &mut [f32],
+    rng: &mut impl Rng,
+) -> Option<usize> {
+    for j in (cur + 1..tokens.len()).filter(|&j| parents[j] == cur as i32) {
+        let x = tokens[j] as usize;
+        let px = p.get(x).copied().unwrap_or(0.0);
+        if px > 0.0 && rng.random::<f32>() < px {
+            return Some(j);
+        }
+        if px > 0.0 {
+            p[x] = 0.0;
+            let total: f32 = p.iter().sum();
+            if total <= 0.0 {
+                break;
+            }
+            p.iter_mut().for_each(|v| *v /= total);
+        }
+    }
+    None
+}
+
+/// Acceptance under a grammar, greedy or sampled: at each node the row's logits are
+/// masked to what the grammar allows after the path so far, then the choice is made as
+/// plain constrained decoding makes it (the masked argmax, or a draw from the masked
+/// distribution, with the same acceptance rules as [`walk_greedy`] and
+/// [`walk_sampled`]). Every token taken, the bonus included, advances `constraint`.
+pub(super) fn walk_constrained(
+    tokens: &[u32],
+    parents: &[i32],
+    logits: &Tensor,
+    sampling: &Sampling,
+    rng: &mut impl Rng,
+    constraint: &mut Constraint,
+) -> Result<Result<(Vec<usize>, u32), GrammarError>, ModelError> {
+    let mut path = vec![0usize];
+    let mut cur = 0usize;
+    loop {
+        let mut row: Vec<f32> = logits.get(cur)?.to_vec1()?;
+        if let Err(e) = constraint.mask_logits(&mut row) {
+            return Ok(Err(e));
+        }
+        if !row.iter().any(|x| x.is_finite()) {
+            return Ok(Err(GrammarError::Failed(
+                "the grammar allows no token here".into(),
+            )));
+        }
+        let (next, chosen) = if sampling.temperature <= 0.0 {
+            let want = super::super::model::argmax(&row);
+            let next =
+                (cur + 1..tokens.len()).find(|&j| parents[j] == cur as i32 && tokens[j] == want);
+            (next, want)
+        } else {
+            let mut p = sampling.distribution(&row);
+            match try_children(tokens, parents, cur, &mut p, rng) {
+                Some(j) => (Some(j), tokens[j]),
+                None => (None, sample(&p, rng)),
+            }
+        };
+        if let Err(e) = constraint.advance(chosen) {
+            return Ok(Err(e));
+        }
+        match next {
+            Some(j) => {
+                path.push(j);
+                cur = j;
+            }
+            None => return Ok(Ok((path, chosen))),
+        }
     }
 }
 
@@ -279,6 +346,83 @@ mod tests {
                 chi2 < 18.47,
                 "chi2 {chi2} for {tokens:?}, hist {hist:?}, p {p:?}"
             );
+        }
+    }
+
+    /// Under a grammar, speculative sampling must draw from the masked distribution
+    /// that plain constrained sampling draws from, whatever the draft proposes: a
+    /// forbidden child first, then an allowed one; or a single allowed child.
+    #[test]
+    fn constrained_speculative_sampling_keeps_the_masked_distribution() {
+        use crate::verify::grammar::GrammarSpec;
+        let Some((compiler, tok)) = crate::verify::grammar::tests::smollm2() else {
+            return;
+        };
+        let grammar = compiler
+            .compile(&GrammarSpec::Lark(
+                r#"start: "yes" | "no" | "maybe""#.into(),
+            ))
+            .unwrap();
+        let id = |w: &str| {
+            let ids = tok.encode_text(w).unwrap();
+            assert_eq!(ids.len(), 1, "{w} is one token");
+            ids[0]
+        };
+        let (yes, no, maybe, hello) = (id("yes"), id("no"), id("maybe"), id("hello"));
+        let vocab = 49152;
+        let mut row = vec![-30.0f32; vocab];
+        row[yes as usize] = 1.0;
+        row[no as usize] = 0.6;
+        row[maybe as usize] = 0.0;
+        row[hello as usize] = 3.0;
+        let sampling = Sampling {
+            temperature: 0.9,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        };
+        // The reference: one plain constrained step.
+        let mut masked = row.clone();
+        grammar.start().mask_logits(&mut masked).unwrap();
+        let p = sampling.distribution(&masked);
+        assert_eq!(p[hello as usize], 0.0);
+        let rows: Vec<f32> = row.iter().cycle().take(vocab * 3).cloned().collect();
+        let t = Tensor::from_vec(rows, (3, vocab), &candle_core::Device::Cpu).unwrap();
+        for (tokens, parents) in [
+            (vec![9u32, hello, no], vec![-1i32, 0, 0]),
+            (vec![9u32, maybe, 7], vec![-1i32, 0, 1]),
+        ] {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+            let n = 20_000;
+            let mut hist = std::collections::HashMap::<u32, u64>::new();
+            for _ in 0..n {
+                let mut c = grammar.start();
+                let (path, bonus) =
+                    walk_constrained(&tokens, &parents, &t, &sampling, &mut rng, &mut c)
+                        .unwrap()
+                        .unwrap();
+                let first = if path.len() > 1 {
+                    tokens[path[1]]
+                } else {
+                    bonus
+                };
+                *hist.entry(first).or_default() += 1;
+            }
+            assert_eq!(hist.get(&hello), None, "a forbidden token was taken");
+            let mut chi2 = 0.0;
+            for &w in &[yes, no, maybe] {
+                let e = p[w as usize] as f64 * n as f64;
+                let o = hist.get(&w).copied().unwrap_or(0) as f64;
+                chi2 += (o - e).powi(2) / e;
+            }
+            let rest: u64 = hist
+                .iter()
+                .filter(|(w, _)| ![yes, no, maybe].contains(w))
+                .map(|(_, &c)| c)
+                .sum();
+            assert!(rest <= 5, "{hist:?}");
+            // 99.9th percentile of chi-square with 2 degrees of freedom is 13.82.
+            assert!(chi2 < 13.82, "chi2 {chi2} for {tokens:?}: {hist:?}");
         }
     }
 

@@ -1,0 +1,552 @@
+//! Tool calling and structured outputs at the serving edge: a request's `tools`,
+//! `tool_choice`, `parallel_tool_calls` and `response_format` become the prompt's tool
+//! list and the grammar its answer is held to; the answer's text becomes tool calls.
+//!
+//! Calls are written in the `<tool_call>` form of the Hermes and Qwen templates:
+//!
+//! ```text
+//! <tool_call>
+//! {"name": "get_weather", "arguments": {"city": "Paris"}}
+//! </tool_call>
+//! ```
+//!
+//! A template that renders tools itself gets the `tools` list and the earlier calls; for
+//! one that does not (the default model's), the tools are described in the system
+//! message and earlier calls are written into the assistant's turns in that form. With
+//! `tool_choice` `required` or a named function, decoding is held to a grammar of calls
+//! whose arguments follow each tool's `parameters` schema, so even a small model emits
+//! a valid call; with `auto` the model chooses, and the answer is read for calls.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::chat::ChatMessage;
+use crate::verify::grammar::{GrammarSpec, with_json_layout};
+
+use super::ApiError;
+
+/// Where a call starts and ends in the answer.
+const CALL_OPEN: &str = "<tool_call>";
+const CALL_CLOSE: &str = "</tool_call>";
+
+/// A tool the model may call: OpenAI's `{"type": "function", "function": {..}}`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Tool {
+    #[serde(rename = "type")]
+    kind: String,
+    function: Function,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+struct Function {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<Value>,
+    /// Arguments always follow `parameters` when a call is constrained; accepted for
+    /// clients that send it.
+    #[serde(default)]
+    #[allow(dead_code)]
+    strict: Option<bool>,
+}
+
+/// Which calls the answer may or must make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ToolChoice {
+    /// No calls; the tools are not shown to the model.
+    None,
+    /// The model decides.
+    Auto,
+    /// At least one call, of any tool.
+    Required,
+    /// A call of this function.
+    Named(String),
+}
+
+/// A request's tools and what it asks of them.
+#[derive(Debug, Clone)]
+pub(super) struct ToolPlan {
+    tools: Vec<Tool>,
+    choice: ToolChoice,
+    parallel: bool,
+}
+
+/// Longest tool name, as OpenAI allows.
+const MAX_TOOL_NAME: usize = 64;
+
+impl ToolPlan {
+    /// Read and check a request's tool fields; None when it offers no tools.
+    pub(super) fn from_request(
+        tools: Option<Vec<Tool>>,
+        choice: Option<&Value>,
+        parallel: Option<bool>,
+    ) -> Result<Option<Self>, ApiError> {
+        let tools = tools.unwrap_or_default();
+        let choice = match choice {
+            None | Some(Value::Null) => {
+                if tools.is_empty() {
+                    ToolChoice::None
+                } else {
+                    ToolChoice::Auto
+                }
+            }
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => ToolChoice::None,
+                "auto" => ToolChoice::Auto,
+                "required" => ToolChoice::Required,
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "`tool_choice` {other:?} is not one of \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ..}}}}"
+                    )));
+                }
+            },
+            Some(v) => {
+                let name = v
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                    .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "a named `tool_choice` is {\"type\": \"function\", \"function\": {\"name\": ..}}",
+                        )
+                    })?;
+                ToolChoice::Named(name.to_string())
+            }
+        };
+        for (i, tool) in tools.iter().enumerate() {
+            let f = &tool.function;
+            if tool.kind != "function" {
+                return Err(ApiError::bad_request(format!(
+                    "tools[{i}]: type {:?} is not supported; tools are functions",
+                    tool.kind
+                )));
+            }
+            let name_ok = !f.name.is_empty()
+                && f.name.len() <= MAX_TOOL_NAME
+                && f.name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !name_ok {
+                return Err(ApiError::bad_request(format!(
+                    "tools[{i}]: a function name is 1 to {MAX_TOOL_NAME} letters, digits, _ or -, not {:?}",
+                    f.name
+                )));
+            }
+            if tools[..i].iter().any(|t| t.function.name == f.name) {
+                return Err(ApiError::bad_request(format!(
+                    "tools[{i}]: the function name {:?} is used twice",
+                    f.name
+                )));
+            }
+            if let Some(p) = &f.parameters
+                && !p.is_object()
+            {
+                return Err(ApiError::bad_request(format!(
+                    "tools[{i}] ({}): `parameters` must be a JSON schema object",
+                    f.name
+                )));
+            }
+        }
+        match &choice {
+            ToolChoice::Required | ToolChoice::Named(_) if tools.is_empty() => {
+                return Err(ApiError::bad_request(
+                    "`tool_choice` asks for a call, but the request has no `tools`",
+                ));
+            }
+            ToolChoice::Named(name) if !tools.iter().any(|t| t.function.name == *name) => {
+                return Err(ApiError::bad_request(format!(
+                    "`tool_choice` names {name:?}, which is not among the `tools`"
+                )));
+            }
+            _ => {}
+        }
+        if tools.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(ToolPlan {
+            tools,
+            choice,
+            parallel: parallel.unwrap_or(true),
+        }))
+    }
+
+    /// True when the model sees the tools and may call them.
+    pub(super) fn offers_calls(&self) -> bool {
+        self.choice != ToolChoice::None
+    }
+
+    /// The tools in OpenAI's form, for a template that renders them.
+    pub(super) fn tools_json(&self) -> Value {
+        Value::Array(
+            self.tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.function.name,
+                        "description": t.function.description,
+                        "parameters": self.parameters(t),
+                    }})
+                })
+                .collect(),
+        )
+    }
+
+    /// A tool's arguments schema (any object when it gives none).
+    fn parameters(&self, tool: &Tool) -> Value {
+        tool.function
+            .parameters
+            .clone()
+            .unwrap_or_else(|| json!({"type": "object"}))
+    }
+
+    /// The tools described for the system message, when the template cannot render
+    /// them.
+    pub(super) fn system_text(&self) -> String {
+        let mut text = format!(
+            "You can call the following tools. To call one, answer with a {CALL_OPEN} block holding a JSON object with the tool's name and its arguments, and nothing else:\n{CALL_OPEN}\n{{\"name\": \"<tool name>\", \"arguments\": {{<arguments>}}}}\n{CALL_CLOSE}\nWhen a tool's result arrives, use it to answer.\n\nTools:"
+        );
+        for t in &self.tools {
+            let line = json!({
+                "name": t.function.name,
+                "description": t.function.description,
+                "parameters": self.parameters(t),
+            });
+            text.push('\n');
+            text.push_str(&line.to_string());
+        }
+        text
+    }
+
+    /// The grammar the answer is held to: the calls when they are required, or either
+    /// the response format or calls when both are possible. None: free text.
+    pub(super) fn grammar(&self, response_format: Option<&GrammarSpec>) -> Option<GrammarSpec> {
+        let candidates: Vec<&Tool> = match &self.choice {
+            ToolChoice::None => return response_format.cloned(),
+            ToolChoice::Auto if response_format.is_none() => return None,
+            ToolChoice::Named(name) => self
+                .tools
+                .iter()
+                .filter(|t| t.function.name == *name)
+                .collect(),
+            ToolChoice::Auto | ToolChoice::Required => self.tools.iter().collect(),
+        };
+        let call_schemas: Vec<Value> = candidates
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "name": {"const": t.function.name},
+                        "arguments": self.parameters(t),
+                    },
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let call_schema = with_json_layout(if call_schemas.len() == 1 {
+            call_schemas.into_iter().next().expect("one")
+        } else {
+            json!({ "anyOf": call_schemas })
+        });
+        let calls = if self.parallel && !matches!(self.choice, ToolChoice::Named(_)) {
+            "call (\"\\n\" call)*"
+        } else {
+            "call"
+        };
+        let mut lark = format!(
+            "calls: {calls}\ncall: {open:?} %json {call_schema} {close:?}\n",
+            open = format!("{CALL_OPEN}\n"),
+            close = format!("\n{CALL_CLOSE}"),
+        );
+        match (self.choice == ToolChoice::Auto, response_format) {
+            (true, Some(format)) => {
+                let schema = match format {
+                    GrammarSpec::JsonObject => json!({"type": "object"}),
+                    GrammarSpec::JsonSchema(s) => s.clone(),
+                    // Never built from a request.
+                    GrammarSpec::Lark(_) => return Some(format.clone()),
+                };
+                lark.push_str(&format!(
+                    "start: answer | calls\nanswer: %json {}\n",
+                    with_json_layout(schema)
+                ));
+            }
+            _ => lark.push_str("start: calls\n"),
+        }
+        Some(GrammarSpec::Lark(lark))
+    }
+}
+
+/// `response_format`: text (None), any JSON object, or JSON under a schema.
+pub(super) fn response_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let kind = v.get("type").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::bad_request(
+            "`response_format` needs a `type`: \"text\", \"json_object\" or \"json_schema\"",
+        )
+    })?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(GrammarSpec::JsonObject)),
+        "json_schema" => {
+            let schema = v
+                .get("json_schema")
+                .and_then(|j| j.get("schema"))
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "`response_format` of type json_schema needs `json_schema.schema`",
+                    )
+                })?;
+            if !schema.is_object() {
+                return Err(ApiError::bad_request(
+                    "`response_format.json_schema.schema` must be a JSON schema object",
+                ));
+            }
+            Ok(Some(GrammarSpec::JsonSchema(schema.clone())))
+        }
+        other => Err(ApiError::bad_request(format!(
+            "`response_format` type {other:?} is not supported: \"text\", \"json_object\" or \"json_schema\""
+        ))),
+    }
+}
+
+/// A call the answer made.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ToolCall {
+    /// The function.
+    pub name: String,
+    /// Its arguments, as JSON text.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The call in OpenAI's form, with a fresh id.
+    pub(super) fn to_json(&self, index: Option<usize>) -> Value {
+        let id = format!(
+            "call_{:016x}{:08x}",
+            rand::random::<u64>(),
+            rand::random::<u32>()
+        );
+        let mut call = json!({
+            "id": id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        });
+        if let Some(i) = index {
+            call["index"] = json!(i);
+        }
+        call
+    }
+}
+
+/// The text an earlier call is written as in an assistant turn.
+pub(super) fn call_text(name: &str, arguments: &Value) -> String {
+    format!(
+        "{CALL_OPEN}\n{}\n{CALL_CLOSE}",
+        json!({"name": name, "arguments": arguments})
+    )
+}
+
+/// The calls in an answer, and the text around them (None when only calls). An answer
+/// with no well-formed call is all content: a `<tool_call>` block that does not hold
+/// `{"name": .., "arguments": {..}}` leaves the whole answer as text.
+pub(super) fn parse_tool_calls(text: &str) -> Option<(Option<String>, Vec<ToolCall>)> {
+    let mut calls = Vec::new();
+    let mut content = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(CALL_OPEN) {
+        content.push_str(&rest[..at]);
+        let body_start = &rest[at + CALL_OPEN.len()..];
+        let (body, after, closed) = match body_start.find(CALL_CLOSE) {
+            Some(end) => (
+                &body_start[..end],
+                &body_start[end + CALL_CLOSE.len()..],
+                true,
+            ),
+            None => (body_start, "", false),
+        };
+        match read_call(body) {
+            Some(call) => calls.push(call),
+            // An unclosed last call cut off by `max_tokens`: the complete ones stand.
+            None if !closed && !calls.is_empty() => break,
+            None => return None,
+        }
+        rest = after;
+    }
+    if calls.is_empty() {
+        return None;
+    }
+    content.push_str(rest);
+    let content = content.trim();
+    Some(((!content.is_empty()).then(|| content.to_string()), calls))
+}
+
+/// One call's `{"name": .., "arguments": {..}}`.
+fn read_call(body: &str) -> Option<ToolCall> {
+    let v: Value = serde_json::from_str(body.trim()).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    let arguments = match v.get("arguments") {
+        Some(a @ Value::Object(_)) => a.to_string(),
+        // Some models write the arguments as a JSON string.
+        Some(Value::String(s)) if serde_json::from_str::<Value>(s).is_ok_and(|a| a.is_object()) => {
+            s.clone()
+        }
+        _ => return None,
+    };
+    Some(ToolCall { name, arguments })
+}
+
+/// How much of a streamed answer may go out as content now: text before a call, less
+/// a tail that may be the start of one.
+pub(super) fn streamable_len(text: &str) -> usize {
+    if let Some(at) = text.find(CALL_OPEN) {
+        return at;
+    }
+    let mut keep = text.len();
+    for n in (1..CALL_OPEN.len()).rev() {
+        if text.len() >= n
+            && text.is_char_boundary(text.len() - n)
+            && text.ends_with(&CALL_OPEN[..n])
+        {
+            keep = text.len() - n;
+            break;
+        }
+    }
+    keep
+}
+
+/// A request's assistant message with `tool_calls` in OpenAI's form, for the template:
+/// Hugging Face's form when it renders calls (arguments as objects), else the calls
+/// written into the content.
+pub(super) fn assistant_with_calls(
+    mut message: ChatMessage,
+    calls: &[Value],
+    native: bool,
+) -> Result<ChatMessage, ApiError> {
+    let mut hf_calls = Vec::new();
+    for (i, call) in calls.iter().enumerate() {
+        let f = call.get("function");
+        let name = f
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "an assistant message's tool_calls[{i}] needs `function.name`"
+                ))
+            })?;
+        let arguments = match f.and_then(|f| f.get("arguments")) {
+            Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "an assistant message's tool_calls[{i}].function.arguments is not JSON: {e}"
+                ))
+            })?,
+            Some(v @ Value::Object(_)) => v.clone(),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "an assistant message's tool_calls[{i}] needs `function.arguments`, a JSON object as a string"
+                )));
+            }
+        };
+        if native {
+            hf_calls.push(
+                json!({"type": "function", "function": {"name": name, "arguments": arguments}}),
+            );
+        } else {
+            if !message.content.is_empty() {
+                message.content.push('\n');
+            }
+            message.content.push_str(&call_text(name, &arguments));
+        }
+    }
+    if native {
+        message.tool_calls = Some(Value::Array(hf_calls));
+    }
+    Ok(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Tool {
+        serde_json::from_value(json!({"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        }}))
+        .unwrap()
+    }
+
+    #[test]
+    fn calls_are_read_from_the_answer_with_the_text_around_them() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let (content, calls) = parse_tool_calls(text).unwrap();
+        assert_eq!(content.as_deref(), Some("Let me check."));
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1].name, "get_weather");
+        assert_eq!(
+            serde_json::from_str::<Value>(&calls[1].arguments).unwrap(),
+            json!({"city": "Oslo"})
+        );
+        // No call, or a broken one: all text.
+        assert!(parse_tool_calls("It is sunny.").is_none());
+        assert!(parse_tool_calls("<tool_call>\n{\"name\": 3}\n</tool_call>").is_none());
+        // An unclosed last call (the answer ended at max_tokens or eos) still counts.
+        let (content, calls) =
+            parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {}}").unwrap();
+        assert_eq!((content, calls.len()), (None, 1));
+        // A last call cut off half-way is dropped; the complete ones stand.
+        let cut = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"f\", \"argu";
+        assert_eq!(parse_tool_calls(cut).unwrap().1.len(), 1);
+    }
+
+    #[test]
+    fn streaming_holds_back_what_may_open_a_call() {
+        assert_eq!(streamable_len("Hello"), 5);
+        assert_eq!(streamable_len("Hello <tool"), 6);
+        assert_eq!(streamable_len("Hello <tool_call>\n{"), 6);
+        assert_eq!(streamable_len("a < b"), 5);
+    }
+
+    #[test]
+    fn tool_fields_are_checked() {
+        let bad_choice =
+            ToolPlan::from_request(Some(vec![weather()]), Some(&json!("always")), None);
+        assert!(bad_choice.unwrap_err().message.contains("always"));
+        let unknown = ToolPlan::from_request(
+            Some(vec![weather()]),
+            Some(&json!({"type": "function", "function": {"name": "nope"}})),
+            None,
+        );
+        assert!(unknown.unwrap_err().message.contains("nope"));
+        let none = ToolPlan::from_request(None, Some(&json!("required")), None);
+        assert!(none.unwrap_err().message.contains("no `tools`"));
+        let twice = ToolPlan::from_request(Some(vec![weather(), weather()]), None, None);
+        assert!(twice.unwrap_err().message.contains("twice"));
+        let plan = ToolPlan::from_request(Some(vec![weather()]), None, None)
+            .unwrap()
+            .unwrap();
+        assert!(plan.offers_calls());
+        assert!(
+            plan.grammar(None).is_none(),
+            "auto without a format is free text"
+        );
+        let required =
+            ToolPlan::from_request(Some(vec![weather()]), Some(&json!("required")), Some(false))
+                .unwrap()
+                .unwrap();
+        let Some(GrammarSpec::Lark(lark)) = required.grammar(None) else {
+            panic!("required calls are a grammar");
+        };
+        assert!(
+            lark.contains("get_weather") && lark.contains("start: calls"),
+            "{lark}"
+        );
+    }
+}

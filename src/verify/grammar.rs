@@ -1,0 +1,478 @@
+//! Constrained decoding: a grammar limits which tokens may come next, so that the answer
+//! is valid JSON for a schema, or a tool call in the form the parser reads.
+//!
+//! Grammars are JSON schemas or Lark grammars, compiled by llguidance (the library
+//! llama.cpp and vLLM use) against the model's vocabulary. The [`GrammarCompiler`] is
+//! built once per model; compiling a request's grammar ([`GrammarCompiler::compile`])
+//! happens on the serving edge, so an invalid schema is the client's 400 before the
+//! request reaches the model thread. Each running request holds a [`Constraint`]: the
+//! grammar's state after the tokens generated so far.
+//!
+//! The engine applies the constraint at every position it accepts a token for, drafted or
+//! not: the logits of that position are masked to what the grammar allows there, then
+//! the greedy or sampled choice is made as without a grammar. A drafted token is
+//! accepted only if it is the masked choice, so constrained output with speculation is
+//! the constrained output without it, token for token. Drafting also gains from the
+//! grammar ([`Constraint::shape_draft`]): draft branches that the grammar forbids are cut
+//! before they cost a row, and the tokens it forces (a schema's keys, quotes and braces)
+//! are drafted.
+
+use std::sync::Arc;
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+
+use crate::speculate::{Draft, DraftSource};
+
+use super::tokenizer::ModelTokenizer;
+
+/// Errors from building a grammar or running one.
+#[derive(Debug, thiserror::Error)]
+pub enum GrammarError {
+    /// The model's tokenizer cannot be described to the grammar engine.
+    #[error("constrained decoding is unavailable for this model's tokenizer: {0}")]
+    Tokenizer(String),
+    /// The schema or grammar is invalid, or uses what the grammar engine does not support.
+    #[error("{0}")]
+    Invalid(String),
+    /// The grammar's state failed while generating (a bug, not bad input).
+    #[error("the grammar failed while generating: {0}")]
+    Failed(String),
+}
+
+/// What constrains an answer.
+#[derive(Clone, Debug)]
+pub enum GrammarSpec {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid under this schema.
+    JsonSchema(serde_json::Value),
+    /// A grammar in llguidance's Lark syntax (which can embed schemas with `%json`).
+    Lark(String),
+}
+
+/// How JSON is laid out under a schema: one space after `,` and `:`, no other
+/// whitespace. One layout makes the keys, separators and braces forced tokens (drafted
+/// for free) and makes answers repeat token for token, which the suffix trees learn.
+const JSON_LAYOUT: &str =
+    r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
+
+/// `schema` with [`JSON_LAYOUT`], unless it sets its own (`x-guidance`). For schemas
+/// embedded in Lark grammars (`%json {..}`), which [`GrammarCompiler::compile`] does not
+/// rewrite.
+pub fn with_json_layout(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(obj) = schema.as_object_mut()
+        && !obj.contains_key("x-guidance")
+    {
+        obj.insert(
+            "x-guidance".into(),
+            serde_json::from_str(JSON_LAYOUT).expect("a valid constant"),
+        );
+    }
+    schema
+}
+
+/// The model's vocabulary for llguidance: each token's bytes, and tokenization through
+/// the model's own tokenizer.
+struct Vocabulary {
+    trie: TokTrie,
+    tokenizer: ModelTokenizer,
+}
+
+impl TokenizerEnv for Vocabulary {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        self.tokenizer
+            .encode_literal(&String::from_utf8_lossy(s))
+            .unwrap_or_default()
+    }
+}
+
+/// Compiles grammars for one model's vocabulary. Cheap to clone.
+#[derive(Clone)]
+pub struct GrammarCompiler {
+    factory: Arc<ParserFactory>,
+    eos: Arc<[u32]>,
+}
+
+impl GrammarCompiler {
+    /// A compiler for `tokenizer`'s vocabulary, padded to the model's `vocab` rows of
+    /// logits. `eos` ends an answer; the first is the one grammars name.
+    pub fn new(
+        tokenizer: &ModelTokenizer,
+        vocab: usize,
+        eos: &[u32],
+    ) -> Result<Self, GrammarError> {
+        let bad = |e: String| GrammarError::Tokenizer(e);
+        let &first_eos = eos
+            .first()
+            .ok_or_else(|| bad("the model has no end-of-sequence token".into()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&tokenizer.to_json().map_err(|e| bad(e.to_string()))?)
+                .map_err(|e| bad(e.to_string()))?;
+        let mut words =
+            llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| bad(e.to_string()))?;
+        if words.len() > vocab {
+            return Err(bad(format!(
+                "the tokenizer has {} tokens, more than the model's {vocab} logits",
+                words.len()
+            )));
+        }
+        // Rows of logits past the tokenizer's vocabulary are tokens no text spells:
+        // special tokens nothing can produce.
+        while words.len() < vocab {
+            let mut name = format!(".<[{}]>", words.len()).into_bytes();
+            name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
+            words.push(name);
+        }
+        let info = TokRxInfo::new(vocab as u32, first_eos);
+        let env: TokEnv = Arc::new(Vocabulary {
+            trie: TokTrie::from(&info, &words),
+            tokenizer: tokenizer.clone(),
+        });
+        let mut factory = ParserFactory::new(
+            &env,
+            InferenceCapabilities {
+                ff_tokens: true,
+                ..InferenceCapabilities::default()
+            },
+            &llguidance::earley::SlicedBiasComputer::general_slices(),
+        )
+        .map_err(|e| bad(e.to_string()))?;
+        factory.quiet();
+        // Errors name the problem in the grammar, not the parser's internal state.
+        *factory.limits_mut() = ParserLimits {
+            verbose_errors: false,
+            ..ParserLimits::default()
+        };
+        Ok(GrammarCompiler {
+            factory: Arc::new(factory),
+            eos: eos.into(),
+        })
+    }
+
+    /// Compile `spec`. An invalid schema or grammar, or one beyond the engine's limits,
+    /// is a [`GrammarError::Invalid`] that names the problem.
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        let with_layout = with_json_layout;
+        let grammar = match spec {
+            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_layout(
+                serde_json::json!({"type": "object"}),
+            )),
+            GrammarSpec::JsonSchema(schema) => {
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(GrammarError::Invalid(
+                        "a JSON schema must be an object".into(),
+                    ));
+                }
+                TopLevelGrammar::from_json_schema(with_layout(schema.clone()))
+            }
+            GrammarSpec::Lark(source) => TopLevelGrammar::from_lark(source.clone()),
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Invalid(e));
+        }
+        Ok(Grammar {
+            start: matcher,
+            eos: self.eos.clone(),
+            force: true,
+        })
+    }
+}
+
+/// A compiled grammar at its start; [`Grammar::start`] gives each request its own state.
+#[derive(Clone)]
+pub struct Grammar {
+    start: Matcher,
+    eos: Arc<[u32]>,
+    force: bool,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Grammar")
+    }
+}
+
+impl Grammar {
+    /// Whether the tokens this grammar forces are drafted (on by default; off measures
+    /// what forcing adds). Forbidden branches are cut either way.
+    pub fn drafting_forced_tokens(mut self, on: bool) -> Self {
+        self.force = on;
+        self
+    }
+
+    /// A fresh state of this grammar, for one answer.
+    pub fn start(&self) -> Constraint {
+        Constraint {
+            matcher: self.start.deep_clone(),
+            eos: self.eos.clone(),
+            force: self.force,
+        }
+    }
+}
+
+/// The state of a grammar after the tokens an answer has so far.
+pub struct Constraint {
+    matcher: Matcher,
+    eos: Arc<[u32]>,
+    force: bool,
+}
+
+impl Constraint {
+    fn failed(&self, e: impl std::fmt::Display) -> GrammarError {
+        GrammarError::Failed(self.matcher.get_error().unwrap_or_else(|| e.to_string()))
+    }
+
+    /// Set the logits of every token the grammar does not allow next to −∞. When the
+    /// grammar may end here, every end-of-sequence token stays allowed.
+    pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        let mask = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| self.failed(e))?;
+        let may_end = mask.is_allowed(self.eos[0]);
+        let len = logits.len();
+        mask.iter_unset_entries(|i| {
+            if i < len {
+                logits[i] = f32::NEG_INFINITY;
+            }
+        });
+        // Rows past the mask's vocabulary cannot be allowed.
+        logits[mask.len().min(len)..].fill(f32::NEG_INFINITY);
+        if !may_end {
+            for &e in self.eos.iter() {
+                if let Some(l) = logits.get_mut(e as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Take `token`, which the mask allowed. An end-of-sequence token ends the answer
+    /// and leaves the state alone (a complete grammar takes no more tokens).
+    pub fn advance(&mut self, token: u32) -> Result<(), GrammarError> {
+        if self.eos.contains(&token) {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| self.failed(e))
+    }
+
+    /// True once the grammar is complete and nothing may follow but the end.
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Take `token` if the grammar allows it next; false (and no change) if not.
+    fn try_advance(&mut self, token: u32) -> bool {
+        if self.eos.contains(&token) {
+            // An end is accepted only where the grammar is complete: never drafted.
+            return false;
+        }
+        matches!(self.matcher.try_consume_tokens(&[token]), Ok(1))
+    }
+
+    fn rollback(&mut self, n: usize) -> Result<(), GrammarError> {
+        self.matcher.rollback(n).map_err(|e| self.failed(e))
+    }
+
+    /// Fit a draft to the grammar: cut every branch at its first token the grammar
+    /// forbids, then make sure the tokens the grammar forces next are drafted, following
+    /// the draft as far as it already has them and adding the rest as a chain below.
+    /// Without [`Grammar::drafting_forced_tokens`] only the cut is made. The state is
+    /// left as it was.
+    pub fn shape_draft(&mut self, draft: &mut Draft) -> Result<(), GrammarError> {
+        if !draft.is_empty() {
+            let mut keep = vec![false; draft.len()];
+            let mut children: Vec<Vec<usize>> = vec![Vec::new(); draft.len() + 1];
+            for (i, &p) in draft.parents.iter().enumerate() {
+                children[(p + 1) as usize].push(i);
+            }
+            // Depth-first from the context: advance into a node, visit its children,
+            // roll back. An explicit stack, so no draft is deep enough to overflow.
+            enum Visit {
+                Enter(usize),
+                Leave,
+            }
+            let mut stack: Vec<Visit> =
+                children[0].iter().rev().map(|&i| Visit::Enter(i)).collect();
+            while let Some(visit) = stack.pop() {
+                match visit {
+                    Visit::Leave => self.rollback(1)?,
+                    Visit::Enter(i) => {
+                        if !self.try_advance(draft.tokens[i]) {
+                            continue;
+                        }
+                        keep[i] = true;
+                        stack.push(Visit::Leave);
+                        stack.extend(children[i + 1].iter().rev().map(|&c| Visit::Enter(c)));
+                    }
+                }
+            }
+            draft.retain(&keep);
+        }
+        if self.force {
+            let forced = self.matcher.compute_ff_tokens();
+            if !forced.is_empty() {
+                let was_empty = draft.is_empty();
+                let (under, done) = draft.follow(&forced);
+                draft.graft_chain(under, &forced[done..]);
+                if was_empty {
+                    draft.source = DraftSource::Grammar;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    use std::path::Path;
+
+    /// A compiler over SmolLM2's tokenizer, when this checkout sits beside the shared
+    /// data.
+    pub(crate) fn smollm2() -> Option<(GrammarCompiler, ModelTokenizer)> {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/data/sharegpt/tokenizer_smollm2.json");
+        if !p.exists() {
+            eprintln!("skipped: {} is absent", p.display());
+            return None;
+        }
+        let tokenizer = ModelTokenizer::from_file(&p).unwrap();
+        let eos = [tokenizer.token_id("<|im_end|>").unwrap()];
+        let compiler = GrammarCompiler::new(&tokenizer, 49152, &eos).unwrap();
+        Some((compiler, tokenizer))
+    }
+
+    /// Greedy decoding of a fixed preference under a constraint: the answer follows
+    /// the schema even when the "model" would rather say something else.
+    #[test]
+    fn the_mask_holds_answers_to_the_schema() {
+        let Some((compiler, tok)) = smollm2() else {
+            return;
+        };
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": ["ada", "bob"]}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["name", "n"], "additionalProperties": false
+        });
+        let grammar = compiler.compile(&GrammarSpec::JsonSchema(schema)).unwrap();
+        let mut c = grammar.start();
+        // The "model" prefers the word "hello" and digits, then the end.
+        let prefer: Vec<u32> = tok.encode_text("hello 7").unwrap();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        let mut out = Vec::new();
+        for _ in 0..40 {
+            let mut logits = vec![0.0f32; 49152];
+            for (rank, &t) in prefer.iter().enumerate() {
+                logits[t as usize] = 10.0 - rank as f32;
+            }
+            logits[eos as usize] = 5.0;
+            c.mask_logits(&mut logits).unwrap();
+            let best = (0..logits.len())
+                .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+                .unwrap() as u32;
+            assert!(logits[best as usize].is_finite(), "the mask left a token");
+            if best == eos {
+                break;
+            }
+            c.advance(best).unwrap();
+            out.push(best);
+            if c.is_finished() {
+                break;
+            }
+        }
+        let text = tok.decode(&out, true).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(matches!(v["name"].as_str(), Some("ada" | "bob")), "{text}");
+        assert!(
+            v["n"].as_i64().is_some_and(|n| (0..=99).contains(&n)),
+            "{text}"
+        );
+        assert!(text.starts_with("{\"name\": \""), "one layout: {text}");
+    }
+
+    /// A draft's forbidden branches are cut and the forced tokens drafted; the state is
+    /// unchanged by shaping.
+    #[test]
+    fn drafts_lose_forbidden_branches_and_gain_forced_tokens() {
+        let Some((compiler, tok)) = smollm2() else {
+            return;
+        };
+        let schema = serde_json::json!({
+            "type": "object", "properties": {"colour": {"type": "string"}},
+            "required": ["colour"], "additionalProperties": false
+        });
+        let grammar = compiler.compile(&GrammarSpec::JsonSchema(schema)).unwrap();
+        let mut c = grammar.start();
+        // Two branches: prose (forbidden) and the object's first token.
+        let prose = tok.encode_text("Sure").unwrap();
+        let brace = tok.encode_text("{").unwrap();
+        let mut draft = Draft::default();
+        draft.graft_chain(-1, &prose);
+        draft.graft_chain(-1, &brace);
+        c.shape_draft(&mut draft).unwrap();
+        let all = tok.decode(&draft.tokens, true).unwrap();
+        assert!(!all.contains("Sure"), "{all}");
+        // The forced tokens (from the start: the brace, the key and its separator) are
+        // one path of the draft.
+        let forced = c.matcher.compute_ff_tokens();
+        assert!(
+            tok.decode(&forced, true)
+                .unwrap()
+                .starts_with("{\"colour\":")
+        );
+        assert_eq!(draft.follow(&forced).1, forced.len(), "{all:?}");
+        // The state did not move: the whole draft is still allowed from it, and the
+        // forced tokens are already there.
+        let mut again = draft.clone();
+        c.shape_draft(&mut again).unwrap();
+        assert_eq!(again.tokens, draft.tokens);
+        // Without forcing, only the cut.
+        let mut plain = Draft::default();
+        plain.graft_chain(-1, &prose);
+        plain.graft_chain(-1, &brace);
+        let mut c = grammar.clone().drafting_forced_tokens(false).start();
+        c.shape_draft(&mut plain).unwrap();
+        assert_eq!(plain.tokens, brace);
+    }
+
+    #[test]
+    fn invalid_schemas_and_grammars_are_named() {
+        let Some((compiler, _)) = smollm2() else {
+            return;
+        };
+        for (spec, needle) in [
+            (
+                GrammarSpec::JsonSchema(serde_json::json!([1, 2])),
+                "must be an object",
+            ),
+            (
+                GrammarSpec::JsonSchema(serde_json::json!({"type": "no-such-type"})),
+                "no-such-type",
+            ),
+            (GrammarSpec::Lark("start: /[abc/".into()), "regex"),
+        ] {
+            let e = compiler.compile(&spec).unwrap_err();
+            assert!(
+                matches!(e, GrammarError::Invalid(_)) && e.to_string().contains(needle),
+                "{spec:?}: {e}"
+            );
+        }
+    }
+}
