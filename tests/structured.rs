@@ -132,6 +132,11 @@ fn malformed_tools_and_schemas_are_refused_with_the_problem_named() {
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(("}}}}),
             "cannot be used",
         ),
+        // Compiles, then runs out of the lexer's fuel at the first token: refused too.
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a{1000000}$"}}}}),
+            "simplify the schema",
+        ),
         (
             json!({"tools": [tool(json!({"name": "bad name!"}))]}),
             "bad name!",

@@ -248,6 +248,14 @@ fn step_jobs(
             }
             let slot = slots.swap_remove(i);
             let generation = engine.finish(slot.seq);
+            if let Some(why) = &generation.grammar_failure {
+                // Not an answer: refused with the reason, and not learned from.
+                tracing::warn!("a request's grammar failed: {why}");
+                let _ = slot.job.done.send(Err(JobError::Rejected(format!(
+                    "the response format or tool schemas are more than the grammar engine can run ({why}); simplify the schema"
+                ))));
+                continue;
+            }
             let t = Instant::now();
             let c = Completed {
                 namespace: slot.job.opts.namespace,

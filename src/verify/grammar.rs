@@ -36,7 +36,8 @@ pub enum GrammarError {
     /// The schema or grammar is invalid, or uses what the grammar engine does not support.
     #[error("{0}")]
     Invalid(String),
-    /// The grammar's state failed while generating (a bug, not bad input).
+    /// The grammar could not go on while generating: a schema past the engine's limits
+    /// (its lexer or parser ran out of fuel), or a bug.
     #[error("the grammar failed while generating: {0}")]
     Failed(String),
 }
@@ -333,8 +334,46 @@ impl Constraint {
                     draft.source = DraftSource::Grammar;
                 }
             }
+            self.force_after_likeliest_leaf(draft)?;
         }
         Ok(())
+    }
+
+    /// Draft the tokens the grammar forces after the draft's likeliest leaf: where a
+    /// drafted value closes, the separator and the next key follow without a choice.
+    fn force_after_likeliest_leaf(&mut self, draft: &mut Draft) -> Result<(), GrammarError> {
+        let mut has_child = vec![false; draft.len()];
+        for &p in &draft.parents {
+            if p >= 0 {
+                has_child[p as usize] = true;
+            }
+        }
+        // The likeliest leaf, the deepest (latest) of equals.
+        let Some(leaf) = (0..draft.len())
+            .filter(|&i| !has_child[i])
+            .max_by(|&a, &b| draft.probs[a].total_cmp(&draft.probs[b]).then(a.cmp(&b)))
+        else {
+            return Ok(());
+        };
+        let mut path = Vec::new();
+        let mut node = leaf as i32;
+        while node >= 0 {
+            path.push(draft.tokens[node as usize]);
+            node = draft.parents[node as usize];
+        }
+        path.reverse();
+        let mut advanced = 0;
+        for &t in &path {
+            if !self.try_advance(t) {
+                break;
+            }
+            advanced += 1;
+        }
+        if advanced == path.len() {
+            let forced = self.matcher.compute_ff_tokens();
+            draft.graft_chain(leaf as i32, &forced);
+        }
+        self.rollback(advanced)
     }
 }
 
@@ -442,7 +481,7 @@ pub(crate) mod tests {
         // forced tokens are already there.
         let mut again = draft.clone();
         c.shape_draft(&mut again).unwrap();
-        assert_eq!(again.tokens, draft.tokens);
+        assert_eq!(again.tokens[..draft.len()], draft.tokens);
         // Without forcing, only the cut.
         let mut plain = Draft::default();
         plain.graft_chain(-1, &prose);

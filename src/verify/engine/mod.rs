@@ -96,6 +96,9 @@ pub struct Generation {
     pub tokens_per_s: f64,
     /// Each generated token's log-probability, when [`GenerateOptions::logprobs`] asked.
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// Set when the answer's grammar could not go on ([`GenerateOptions::grammar`]):
+    /// the answer is cut there and is no answer to the request.
+    pub grammar_failure: Option<String>,
 }
 /// The model, its tokenizer and template, and what the engine has learned of its costs.
 pub struct Engine {
@@ -324,6 +327,7 @@ impl Engine {
             logprobs: Vec::new(),
             rng: rand::rngs::StdRng::seed_from_u64(opts.sampling.seed),
             constraint: opts.grammar.as_ref().map(Grammar::start),
+            grammar_failure: None,
             steps: 0,
             drafted: 0,
             accepted: 0,
@@ -554,10 +558,10 @@ impl Engine {
                 )? {
                     Ok(walk) => walk,
                     Err(e) => {
-                        // Never expected (every token taken was allowed): the answer
-                        // ends where the grammar failed, and the server goes on.
-                        tracing::error!("{e}; the answer ends here");
+                        // The grammar could not go on (a schema past the engine's
+                        // limits): the request fails with the reason, the batch goes on.
                         seq.cache.commit(&[0]);
+                        seq.grammar_failure = Some(e.to_string());
                         seq.finish = Some(FinishReason::Stop);
                         continue;
                     }
@@ -645,6 +649,7 @@ impl Engine {
             prefill_s: seq.prefill_s,
             decode_s,
             logprobs: seq.opts.logprobs.map(|_| seq.logprobs),
+            grammar_failure: seq.grammar_failure,
         }
     }
 
@@ -736,6 +741,8 @@ pub struct Sequence {
     rng: rand::rngs::StdRng,
     /// The grammar's state after `out`, when the options constrain the answer.
     constraint: Option<Constraint>,
+    /// Why the grammar could not go on, if it could not.
+    grammar_failure: Option<String>,
     steps: usize,
     drafted: usize,
     accepted: usize,
