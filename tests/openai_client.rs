@@ -13,21 +13,19 @@ use std::process::Command;
 
 use common::{Server, model_present};
 
-#[test]
-fn the_official_openai_client_works_against_the_server() {
-    if !model_present() {
-        return;
-    }
+/// Run `tests/{script}` with the test venv's Python against a fresh server; it prints
+/// "all checks passed" last when every check held.
+fn run_script_against_a_server(script: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join("target/py/bin/python");
     assert!(
         python.exists(),
-        "the openai client is missing: run tools/setup.sh (it installs tools/requirements-tests.txt into target/py)"
+        "the Python test packages are missing: run tools/setup.sh (it installs tools/requirements-tests.txt into target/py)"
     );
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path());
     let out = Command::new(&python)
-        .arg(root.join("tests/openai_client.py"))
+        .arg(root.join("tests").join(script))
         .arg("--base-url")
         .arg(s.url("/v1"))
         .output()
@@ -38,9 +36,17 @@ fn the_official_openai_client_works_against_the_server() {
     );
     assert!(
         out.status.success() && stdout.trim_end().ends_with("all checks passed"),
-        "the openai client failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        "{script} failed:\n{stdout}\n{stderr}\nserver log:\n{}",
         s.log()
     );
+}
+
+#[test]
+fn the_official_openai_client_works_against_the_server() {
+    if !model_present() {
+        return;
+    }
+    run_script_against_a_server("openai_client.py");
 }
 
 /// An agent framework from PyPI (LangChain's ChatOpenAI) runs a two-step tool loop
@@ -51,27 +57,5 @@ fn an_agent_framework_runs_a_tool_loop_against_the_server() {
     if !model_present() {
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = root.join("target/py/bin/python");
-    assert!(
-        python.exists(),
-        "the Python test packages are missing: run tools/setup.sh (it installs tools/requirements-tests.txt into target/py)"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path());
-    let out = Command::new(&python)
-        .arg(root.join("tests/agent_framework.py"))
-        .arg("--base-url")
-        .arg(s.url("/v1"))
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("all checks passed"),
-        "the agent framework failed:\n{stdout}\n{stderr}\nserver log:\n{}",
-        s.log()
-    );
+    run_script_against_a_server("agent_framework.py");
 }

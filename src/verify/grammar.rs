@@ -159,9 +159,8 @@ impl GrammarCompiler {
     /// Compile `spec`. An invalid schema or grammar, or one beyond the engine's limits,
     /// is a [`GrammarError::Invalid`] that names the problem.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
-        let with_layout = with_json_layout;
         let grammar = match spec {
-            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_layout(
+            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_json_layout(
                 serde_json::json!({"type": "object"}),
             )),
             GrammarSpec::JsonSchema(schema) => {
@@ -170,7 +169,7 @@ impl GrammarCompiler {
                         "a JSON schema must be an object".into(),
                     ));
                 }
-                TopLevelGrammar::from_json_schema(with_layout(schema.clone()))
+                TopLevelGrammar::from_json_schema(with_json_layout(schema.clone()))
             }
             GrammarSpec::Lark(source) => TopLevelGrammar::from_lark(source.clone()),
         };
