@@ -5,8 +5,10 @@
 //! namespace, over and over. Phase `idle`: nothing else runs. Phase `busy`: a writer
 //! appends responses (fsync off, so that it writes as fast as it can, with LRU eviction
 //! at a token budget) and another thread takes snapshot + compaction back to back.
-//! For each phase it prints p50/p99/p99.9/max of the whole draft call, and of taking
-//! the read access alone (the part that would wait on a writer, were there a lock).
+//! For each phase it prints p50/p99/p99.9/max of the whole draft call, of taking the
+//! read access alone (the part that would wait on a writer, were there a lock), and of
+//! the last-use mark the model thread makes after each accepted draft (`Store::touch`,
+//! which must not wait for a writer either).
 //!
 //! `cargo bench --bench store_latency` (3 s per phase; `LAT_SECONDS`, `LAT_READERS`
 //! override). Under `cargo test` it runs for a moment, as a smoke test. On a machine
@@ -47,6 +49,7 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
 struct Samples {
     call: Vec<u64>,
     read: Vec<u64>,
+    touch: Vec<u64>,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -73,12 +76,14 @@ fn summary(name: &str, mut xs: Vec<u64>) -> String {
 fn readers(
     store: &Arc<Store>,
     contexts: &Arc<Vec<(RequestTree, Vec<u32>)>>,
+    ids: &Arc<Vec<u64>>,
     n: usize,
     stop: &Arc<AtomicBool>,
 ) -> Samples {
     let handles: Vec<_> = (0..n)
         .map(|r| {
             let (store, contexts, stop) = (store.clone(), contexts.clone(), stop.clone());
+            let ids = ids.clone();
             std::thread::spawn(move || {
                 let params = SpecParams::default();
                 let mut spec: Speculator<LayeredCursor> = Speculator::default();
@@ -95,8 +100,12 @@ fn readers(
                     drop(state);
                     let t2 = Instant::now();
                     std::hint::black_box(draft);
+                    // As the model thread does after an accepted draft.
+                    store.touch("default", &[ids[i % ids.len()]]);
+                    let t3 = Instant::now();
                     s.read.push((t1 - t0).as_nanos() as u64);
                     s.call.push((t2 - t0).as_nanos() as u64);
+                    s.touch.push((t3 - t2).as_nanos() as u64);
                 }
                 s
             })
@@ -107,6 +116,7 @@ fn readers(
         let s = h.join().unwrap();
         all.call.extend(s.call);
         all.read.extend(s.read);
+        all.touch.extend(s.touch);
     }
     all
 }
@@ -144,9 +154,11 @@ fn main() {
         })
         .unwrap(),
     );
-    for ex in &warm {
-        store.append("default", &ex.response).unwrap();
-    }
+    let ids: Vec<u64> = warm
+        .iter()
+        .map(|ex| store.append("default", &ex.response).unwrap())
+        .collect();
+    let ids = Arc::new(ids);
     store.snapshot().unwrap();
 
     let run = |busy: bool| -> (Samples, u64, u64) {
@@ -187,7 +199,7 @@ fn main() {
                 stop.store(true, Ordering::Relaxed);
             })
         };
-        let samples = readers(&store, &contexts, n_readers, &stop);
+        let samples = readers(&store, &contexts, &ids, n_readers, &stop);
         timer.join().unwrap();
         for h in side {
             h.join().unwrap();
@@ -219,11 +231,13 @@ fn main() {
         percentile(&v, 99.0)
     };
     println!(
-        "{{\"readers\": {n_readers}, \"seconds_per_phase\": {seconds}, \"busy_appends\": {appended}, \"busy_compactions\": {compactions},\n \"idle\": {{{}, {}}},\n \"busy\": {{{}, {}}},\n \"busy_over_idle\": {{\"call_p50\": {:.3}, \"call_p99\": {:.3}}}}}",
+        "{{\"readers\": {n_readers}, \"seconds_per_phase\": {seconds}, \"busy_appends\": {appended}, \"busy_compactions\": {compactions},\n \"idle\": {{{}, {}, {}}},\n \"busy\": {{{}, {}, {}}},\n \"busy_over_idle\": {{\"call_p50\": {:.3}, \"call_p99\": {:.3}}}}}",
         summary("call", idle.call.clone()),
         summary("read_access", idle.read.clone()),
+        summary("touch", idle.touch.clone()),
         summary("call", busy.call.clone()),
         summary("read_access", busy.read.clone()),
+        summary("touch", busy.touch.clone()),
         median(&busy.call) / median(&idle.call),
         p99(&busy.call) / p99(&idle.call),
     );

@@ -218,3 +218,75 @@ fn a_first_snapshot_left_unpublished_is_ignored_and_the_log_replayed() {
     assert!(dir.path().join("snap-000001.sfxd").exists() && !dir.path().join("CURRENT").exists());
     check(dir.path(), &acked, "unpublished first snapshot");
 }
+
+/// The model thread marks the sequences behind an accepted draft as used
+/// (`Store::touch`) while a snapshot holds the store's writer across its log rotation's
+/// fsync. The mark must not wait for that disk, and eviction must still see it.
+#[test]
+fn last_use_marks_do_not_wait_for_a_snapshot_held_up_in_fsync() {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    let _scenario = fail::FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    // Room for two 4-token sequences: a third evicts the least recently used.
+    let store = Arc::new(
+        Store::open(StoreConfig {
+            budget_tokens: Some(8),
+            ..cfg(dir.path())
+        })
+        .unwrap(),
+    );
+    let old = store.append("ns", &[1, 2, 3, 4]).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let newer = store.append("ns", &[5, 6, 7, 8]).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+
+    // Hold the snapshot inside the rotation's fsync until released.
+    let (reached_tx, reached) = mpsc::channel::<()>();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let (reached_tx, release_rx) = (Mutex::new(reached_tx), Mutex::new(release_rx));
+    fail::cfg_callback("wal-rotate-fsync", move || {
+        let _ = reached_tx.lock().unwrap().send(());
+        let _ = release_rx
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(60));
+    })
+    .unwrap();
+    let snapshot = {
+        let store = store.clone();
+        std::thread::spawn(move || store.snapshot().map(|_| ()))
+    };
+    reached
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the snapshot reached its fsync");
+
+    // The reader's mark, on its own thread: it must return while the fsync is held.
+    let (done_tx, done) = mpsc::channel();
+    {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            store.touch("ns", &[old]);
+            let _ = done_tx.send(());
+        });
+    }
+    let returned = done.recv_timeout(Duration::from_secs(10)).is_ok();
+    assert!(!snapshot.is_finished(), "the snapshot was still held");
+    release.send(()).unwrap();
+    fail::remove("wal-rotate-fsync");
+    snapshot.join().unwrap().unwrap();
+    assert!(returned, "a last-use mark waited for the snapshot's fsync");
+
+    // The mark counts: the third append evicts the newer sequence, not the touched one.
+    store.append("ns", &[9, 10, 11, 12]).unwrap();
+    assert!(
+        !store.evict("ns", newer).unwrap(),
+        "the untouched sequence went first"
+    );
+    assert!(
+        store.evict("ns", old).unwrap(),
+        "the touched sequence stayed"
+    );
+}

@@ -16,7 +16,7 @@ impl Store {
         // 1. Cut: a new log segment, and a copy of every live sequence. Appends wait for
         //    the copy; speculation does not.
         let (cut, copy) = {
-            let mut writer = self.state.writer();
+            let mut writer = self.writer();
             let cut = self.wal.rotate()?;
             writer.apply(|st| st.since_cut.clear());
             let st = writer.get();
@@ -71,7 +71,7 @@ impl Store {
         publish(&self.cfg.dir, &path)?;
         // 3. Swap, carrying over what happened since the cut.
         {
-            let mut writer = self.state.writer();
+            let mut writer = self.writer();
             let st = writer.get();
             let carried = st.since_cut.clone();
             // Keep the freshest last-use time (touches after the cut).

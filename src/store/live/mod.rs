@@ -18,6 +18,7 @@
 
 mod compact;
 mod open;
+mod touches;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -27,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use crate::tree::{GlobalTree, TreeError};
 
 use super::dir::{DirError, current_snapshot, next_snapshot_path, publish, snapshot_files};
-use super::double_buffer::DoubleBuffered;
+use super::double_buffer::{DoubleBuffered, Writer};
 use super::last_use::LastUse;
 use super::layered::Layered;
 use super::layers::Layers;
@@ -398,6 +399,8 @@ pub struct Store {
     wal_damage: Vec<(PathBuf, Vec<Damage>)>,
     /// The last snapshot file verified, and the outcome: each file is read once.
     verified: Mutex<Option<(PathBuf, Result<(), String>)>>,
+    /// Last-use marks not applied yet ([`Store::touch`]).
+    touches: touches::PendingTouches,
     /// The directory's lock, held while the store is open: one writer per directory.
     _lock: std::fs::File,
 }
@@ -512,7 +515,7 @@ impl Store {
     /// the fsync happens after it, where group commit can share it.
     fn commit(&self, op: WalOp) -> Result<bool, ChangeError> {
         let (seq, changed) = {
-            let mut writer = self.state.writer();
+            let mut writer = self.writer();
             let seq = self.wal.write(op.clone())?;
             let changed = writer.apply(|st| {
                 let changed = Self::apply(&self.cfg, st, &op);
@@ -639,6 +642,7 @@ impl Store {
 
     /// Evict every sequence not used since `cutoff_ms` (ms since the epoch).
     pub fn evict_unused_since(&self, cutoff_ms: u64) -> Result<usize, ChangeError> {
+        self.apply_touches();
         let victims: Vec<(String, u64)> = {
             let st = self.state.read();
             st.lru
@@ -662,6 +666,7 @@ impl Store {
         let Some(budget) = self.cfg.budget_tokens else {
             return Ok(());
         };
+        self.apply_touches();
         loop {
             let victim = {
                 let st = self.state.read();
@@ -680,23 +685,29 @@ impl Store {
         }
     }
 
-    /// Mark sequences as used now (they contributed to an accepted draft).
+    /// Mark sequences as used now (they contributed to an accepted draft). It never
+    /// takes the writer's lock, so it never waits for a write or a snapshot's fsync: the
+    /// mark waits in a side table until the next writer applies it
+    /// ([`touches::PendingTouches`]).
     pub fn touch(&self, namespace: &str, ids: &[u64]) {
-        let now = now_ms();
-        self.state.writer().apply(|st| {
-            let State {
-                namespaces, lru, ..
-            } = st;
-            let Some(ns) = namespaces.get_mut(namespace) else {
-                return;
-            };
-            for id in ids {
-                if let Some(info) = ns.seqs.get_mut(id) {
-                    info.last_use_ms = now;
-                    lru.used(namespace, *id, now);
-                }
-            }
-        });
+        self.touches.mark(namespace, ids, now_ms());
+    }
+
+    /// The state's writer, with the pending last-use marks applied first, so every change
+    /// and every eviction sees them.
+    fn writer(&self) -> Writer<'_, State> {
+        let mut writer = self.state.writer();
+        if let Some(marks) = self.touches.take() {
+            writer.apply(|st| touches::apply(st, &marks));
+        }
+        writer
+    }
+
+    /// Apply the pending last-use marks now: before eviction picks its victims.
+    fn apply_touches(&self) {
+        if self.touches.is_pending() {
+            drop(self.writer());
+        }
     }
 
     /// Read access for speculation and stats; it never waits for writers. Hold it only

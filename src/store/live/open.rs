@@ -134,6 +134,7 @@ impl Store {
             }),
             wal_damage,
             verified: Mutex::new(None),
+            touches: Default::default(),
             _lock: lock,
         };
         Ok(store)
