@@ -724,3 +724,34 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
         }
     }
 }
+
+/// A pass whose rows do not form a tree (a parent after its child, out of range, or a
+/// parent count that does not match) is an error for that pass, not a panic that would
+/// take the model thread down; the model goes on serving.
+#[test]
+fn a_malformed_pass_is_an_error_and_the_model_goes_on() {
+    use candle_core::quantized::gguf_file;
+    use suffixd::verify::model::{KvCache, Model, ModelError};
+    let Some(path) = model() else { return };
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let model = Model::load_gguf(
+        &path,
+        &content,
+        WeightFormat::Native,
+        256,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let mut cache = KvCache::default();
+    for (tokens, parents) in [
+        (vec![1u32, 2, 3], vec![-1i32, 2, 0]),
+        (vec![1, 2], vec![-1, 7]),
+        (vec![1, 2], vec![-2, 0]),
+        (vec![1, 2, 3], vec![-1, 0]),
+    ] {
+        let e = model.forward(&mut cache, &tokens, &parents).unwrap_err();
+        assert!(matches!(e, ModelError::BadPass(_)), "{parents:?}: {e}");
+    }
+    assert!(model.forward(&mut cache, &[1, 2, 3], &[-1, 0, 1]).is_ok());
+}

@@ -52,6 +52,10 @@ pub enum ModelError {
     /// The prompt cannot run (empty, or holding ids the model does not have).
     #[error("bad prompt: {0}")]
     BadPrompt(String),
+    /// A pass's rows do not form a tree (a parent missing, or after its child): a bug
+    /// in the caller, refused before it can index out of bounds.
+    #[error("bad pass: {0}")]
+    BadPass(String),
     /// A tensor operation failed.
     #[error("model computation failed: {0}")]
     Candle(#[from] candle_core::Error),
@@ -306,7 +310,7 @@ impl BatchPlan {
             let t = e.tokens.len();
             let mut sets: Vec<Vec<usize>> = Vec::with_capacity(t);
             for (i, &p) in e.parents.iter().enumerate() {
-                assert!(p < i as i32, "parents come before their children");
+                debug_assert!(p < i as i32, "forward_batch checked the parents");
                 let mut chain = if p < 0 {
                     Vec::new()
                 } else {
@@ -634,8 +638,21 @@ impl Model {
     /// Every row gets bit-for-bit the logits it would get alone: the products treat rows
     /// independently and attention runs per query (see [`attend`]).
     pub fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Tensor, ModelError> {
-        for e in batch.iter() {
-            assert_eq!(e.parents.len(), e.tokens.len(), "one parent per token");
+        for (n, e) in batch.iter().enumerate() {
+            if e.parents.len() != e.tokens.len() {
+                return Err(ModelError::BadPass(format!(
+                    "entry {n} has {} tokens and {} parents",
+                    e.tokens.len(),
+                    e.parents.len()
+                )));
+            }
+            if let Some(i) = (0..e.parents.len()).find(|&i| !(-1..i as i32).contains(&e.parents[i]))
+            {
+                return Err(ModelError::BadPass(format!(
+                    "entry {n}: row {i}'s parent {} is not an earlier row",
+                    e.parents[i]
+                )));
+            }
             if e.cache.len + e.tokens.len() > self.cfg.context {
                 return Err(ModelError::ContextFull {
                     needed: e.cache.len + e.tokens.len(),
