@@ -148,19 +148,6 @@ impl Draft {
 
     /// The longest path of the draft that `truth` follows token by token.
     pub fn accept(&self, truth: &[u32]) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut node = -1i32;
-        'walk: while out.len() < truth.len() {
-            let want = truth[out.len()];
-            for i in (node + 1).max(0) as usize..self.tokens.len() {
-                if self.parents[i] == node && self.tokens[i] == want {
-                    out.push(want);
-                    node = i as i32;
-                    continue 'walk;
-                }
-            }
-            break;
-        }
-        out
+        truth[..self.follow(truth).1].to_vec()
     }
 }

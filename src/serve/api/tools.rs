@@ -77,6 +77,16 @@ pub(super) struct ToolPlan {
 /// Longest tool name, as OpenAI allows.
 const MAX_TOOL_NAME: usize = 64;
 
+impl Tool {
+    /// Its arguments schema (any object when it gives none).
+    fn parameters(&self) -> Value {
+        self.function
+            .parameters
+            .clone()
+            .unwrap_or_else(|| json!({"type": "object"}))
+    }
+}
+
 impl ToolPlan {
     /// Read and check a request's tool fields; None when it offers no tools.
     pub(super) fn from_request(
@@ -188,19 +198,11 @@ impl ToolPlan {
                     json!({"type": "function", "function": {
                         "name": t.function.name,
                         "description": t.function.description,
-                        "parameters": self.parameters(t),
+                        "parameters": t.parameters(),
                     }})
                 })
                 .collect(),
         )
-    }
-
-    /// A tool's arguments schema (any object when it gives none).
-    fn parameters(&self, tool: &Tool) -> Value {
-        tool.function
-            .parameters
-            .clone()
-            .unwrap_or_else(|| json!({"type": "object"}))
     }
 
     /// The tools described for the system message, when the template cannot render
@@ -213,7 +215,7 @@ impl ToolPlan {
             let line = json!({
                 "name": t.function.name,
                 "description": t.function.description,
-                "parameters": self.parameters(t),
+                "parameters": t.parameters(),
             });
             text.push('\n');
             text.push_str(&line.to_string());
@@ -241,7 +243,7 @@ impl ToolPlan {
                     "type": "object",
                     "properties": {
                         "name": {"const": t.function.name},
-                        "arguments": self.parameters(t),
+                        "arguments": t.parameters(),
                     },
                     "required": ["name", "arguments"],
                     "additionalProperties": false,
