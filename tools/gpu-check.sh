@@ -18,10 +18,13 @@
 # BASE (a binary of an earlier commit) runs plain decoding and the agentic workload through
 # it too, alternated with BIN, so that a change is judged on the same card in the same run;
 # BASE_ENV (say SUFFIXD_CUDA_MMA=off) runs the base with those variables set (BASE defaults
-# to BIN then: a path of this build against another).
+# to BIN then: a path of this build against another). The server under load runs the base
+# too.
 # TUNE=1 times plain decoding at a long context for each launch shape the kernels take
 # (SUFFIXD_CUDA_WARPS x SUFFIXD_CUDA_ATTN_SPLITS) and runs the later stages with the
-# fastest.
+# fastest. TUNE_MMA=1 does the same for the tensor-core projections' shapes
+# (SUFFIXD_CUDA_MMA_KSPLIT and _HEAD_KSPLIT), timing plain decoding at a short
+# context, where the projections take most of a step, and reruns the tests with the best.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -109,6 +112,34 @@ if [ "${TUNE:-0}" = 1 ] && [ "$(limit 120)" -gt 0 ]; then
     fi
 fi
 
+if [ "${TUNE_MMA:-0}" = 1 ] && [ "$(limit 60)" -gt 0 ]; then
+    short_rate() {
+        env "$@" timeout 30 "$BIN" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
+            --chat "Write a haiku about rain." 2>&1 | grep -oE '[0-9.]+ tokens/s' | cut -d' ' -f1
+    }
+    best=0 best_env=""
+    for ks in 4 8 16; do
+        for head in 1 4; do
+            [ "$(limit 15)" -gt 0 ] || break 2
+            shape="SUFFIXD_CUDA_MMA_KSPLIT=$ks SUFFIXD_CUDA_MMA_HEAD_KSPLIT=$head"
+            r=$(short_rate $shape)
+            echo "$shape: $r tok/s" >>"$RESULTS/tune-mma.txt"
+            if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1] or 0) > float(sys.argv[2]) else 1)' "${r:-0}" "$best"; then
+                best=$r best_env=$shape
+            fi
+        done
+    done
+    note "tensor-core tuning, short context: $(tr '\n' ';' <"$RESULTS/tune-mma.txt") best: $best_env ($best tok/s)"
+    if [ -n "$best_env" ]; then
+        export $best_env
+        if [ -n "$TEST_BIN" ] && [ "$(limit 60)" -gt 0 ]; then
+            SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 60)" "$TEST_BIN" \
+                --test-threads 2 >"$RESULTS/tests-tuned-mma.log" 2>&1
+            note "tests with $best_env (rc $?): $(grep -E '^test result|FAILED|panicked' "$RESULTS/tests-tuned-mma.log" | tr '\n' ' ')"
+        fi
+    fi
+fi
+
 bench() {  # label, time limit, then e2e-bench flags
     local label=$1 secs
     secs=$(limit "$2")
@@ -146,7 +177,7 @@ serve_load() {  # label, then serve flags
     [ "$(limit 60)" -gt 0 ] || { note "load $label: skipped (out of time)"; return; }
     local dir
     dir=$(mktemp -d)
-    SUFFIXD_ADMIN_TOKEN=gpu-check "$BIN" serve --model "$MODEL" --snapshot-dir "$dir" \
+    env ${SERVE_ENV:-} SUFFIXD_ADMIN_TOKEN=gpu-check "$BIN" serve --model "$MODEL" --snapshot-dir "$dir" \
         --addr "127.0.0.1:$PORT" "$@" >"$RESULTS/serve-$label.log" 2>&1 &
     local pid=$!
     for _ in $(seq 120); do
@@ -180,6 +211,12 @@ fi
 
 serve_load spec
 serve_load plain --no-spec
+if [ -n "${BASE:-}" ]; then
+    BIN_NEW=$BIN BIN=$BASE SERVE_ENV=$BASE_ENV
+    serve_load spec-base
+    serve_load plain-base --no-spec
+    BIN=$BIN_NEW SERVE_ENV=
+fi
 bench agentic-f32 90 --workload tools/workloads/agentic.jsonl --weights f32
 
 # The peer on the same GPU and the same first 4 pipelines.

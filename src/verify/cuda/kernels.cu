@@ -293,19 +293,35 @@ MATMUL_TILES(matmul_silu_bf16, bf16_t, MODE_SILU)
 MATMUL_TILES(matmul_qkv_f32, float, MODE_QKV)
 MATMUL_TILES(matmul_qkv_bf16, bf16_t, MODE_QKV)
 
-// ---- The projections on the tensor cores (bf16 weights; SUFFIXD_CUDA_MMA=on) ----
-// Opt-in: exact and flat in the row count, but each warp converts the activations
-// itself, so a one-row step is slower than on the CUDA cores (docs/gpu.md).
+// ---- The projections on the tensor cores (bf16 weights, sm_80 and later) ----
 // mma.m16n8k16 multiplies a tile of 16 activation rows by 8 weight rows, 16 columns at a
 // time, accumulating in f32. Activations are f32: each enters as two bf16, its rounding
 // `hi` and the rest `lo` (x - hi is exact; it is rounded again), so the product keeps
 // about 16 bits of every activation. A row's value depends on its own inputs alone: it
 // takes the same instructions in the same order whichever slot of whichever tile holds
-// it, and however many tiles a warp carries, so the host picks 1, 2 or 4 tiles of 16
+// it, and however many tiles a block carries, so the host picks 1, 2 or 4 tiles of 16
 // rows by the pass's row count, and a draft of 16 rows streams the weights once, as one
 // row does. The fused RMS norm scales the product by the row's 1/rms after it (the sum
 // of squares is gathered from the same loads, in a fixed order), and multiplies the
 // norm's weight into the activations before it.
+//
+// One block of KSPLIT warps computes one tile of 8 outputs. K is cut into chunks of 32
+// columns; warp w takes chunks w, w + KSPLIT, ... (a split fixed for the matrix, never
+// by the row count), several chunks' weights loaded at once, so a one-row projection
+// waits for memory about once rather than once per chunk, and each warp converts only
+// its own chunks' activations. The warps' partial sums meet in shared memory, added in
+// warp order. KSPLIT is MMA_KSPLIT for the layers' projections and MMA_HEAD_KSPLIT for
+// the head (host-tuned; docs/gpu.md).
+#ifndef MMA_KSPLIT
+#define MMA_KSPLIT 8
+#endif
+#ifndef MMA_HEAD_KSPLIT
+#define MMA_HEAD_KSPLIT 4
+#endif
+// Chunks whose weights a warp loads before it multiplies any of them. (Loading their
+// activations early too was slower on an H100: the registers cost more warps than the
+// waits they saved.)
+#define MMA_PREFETCH 4
 
 // f32 -> bf16 bits, rounded to nearest even (NaN stays NaN).
 __device__ __forceinline__ unsigned bf16_rn(float f) {
@@ -323,31 +339,49 @@ __device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, uns
     lo = l0 | (l1 << 16);
 }
 
+// Not volatile: the product has no side effect, and the compiler may then hoist the next
+// chunks' loads above it.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One warp computes one tile of 8 outputs (MODE_SILU: 4 gates and their 4 ups) for every
-// row of the pass, 16 * TILES rows at a time. Lane (g = lane / 4, t = lane % 4) feeds
-// weight row g and activation rows g and g + 8 of each tile, columns 8t..8t+7 of each
-// chunk of 32: the mma's k slots 2t, 2t+1, 2t+8, 2t+9 take columns 8t+0..3 in its first
-// k16 step and 8t+4..7 in its second, for A and B alike, so every column meets its own
-// weight. Needs k a multiple of 32.
-template <int MODE, int TILES>
-__device__ __forceinline__ void matmul_mma_warp(const MatmulArgs& a) {
+// A lane's 8 activations of one row (zeros for a row past the pass) at column k0.
+__device__ __forceinline__ void load_row8(const float* xr, int k0, float (&xv)[8]) {
+    if (xr) {
+        const float4 p = *(const float4*)(xr + k0);
+        const float4 q = *(const float4*)(xr + k0 + 4);
+        xv[0] = p.x; xv[1] = p.y; xv[2] = p.z; xv[3] = p.w;
+        xv[4] = q.x; xv[5] = q.y; xv[6] = q.z; xv[7] = q.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) xv[e] = 0.0f;
+    }
+}
+
+// Tile `tile` of 8 outputs (MODE_SILU: 4 gates and their 4 ups) for every row of the
+// pass, 16 * TILES rows at a time. Lane (g = lane / 4, t = lane % 4) feeds weight row g
+// and activation rows g and g + 8 of each tile, columns 8t..8t+7 of each chunk of 32:
+// the mma's k slots 2t, 2t+1, 2t+8, 2t+9 take columns 8t+0..3 in its first k16 step and
+// 8t+4..7 in its second, for A and B alike, so every column meets its own weight. Needs
+// k a multiple of 32.
+template <int MODE, int TILES, int KSPLIT>
+__device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
+    // Per warp, per tile: 4 products, then the 2 rows' sums of squares.
+    __shared__ float parts[KSPLIT][TILES][6][32];
     const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (tile >= a.groups) return;
+    const int tile = blockIdx.x;
+    if (tile >= a.groups) return;  // the whole block: no barrier is left waiting
     const int wrow = MODE == MODE_SILU
         ? (g < 4 ? 4 * tile + g : a.kv_width + 4 * tile + g - 4)
         : 8 * tile + g;
     const bf16_t* wp = (const bf16_t*)a.w + (size_t)wrow * a.k + 8 * t;
     const float* gp = a.norm_w ? a.norm_w + 8 * t : nullptr;
+    const int chunks = a.k / 32;
     for (int r0 = 0; r0 < a.rows; r0 += 16 * TILES) {
         const float* xr[TILES][2];
 #pragma unroll
@@ -365,60 +399,91 @@ __device__ __forceinline__ void matmul_mma_warp(const MatmulArgs& a) {
             for (int c = 0; c < 4; c++) acc[i][c] = 0.0f;
             ss[i][0] = 0.0f; ss[i][1] = 0.0f;
         }
-#pragma unroll(TILES == 1 ? 6 : 2)
-        for (int k0 = 0; k0 < a.k; k0 += 32) {
-            const uint4 wv = *(const uint4*)(wp + k0);
-            float gw[8];
-            if (gp) {
-                const float4 g0 = *(const float4*)(gp + k0), g1 = *(const float4*)(gp + k0 + 4);
-                gw[0] = g0.x; gw[1] = g0.y; gw[2] = g0.z; gw[3] = g0.w;
-                gw[4] = g1.x; gw[5] = g1.y; gw[6] = g1.z; gw[7] = g1.w;
-            }
-#pragma unroll
-            for (int i = 0; i < TILES; i++) {
-                unsigned hi[2][4], lo[2][4];  // [k16 step][A register]
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float xv[8];
-                    if (xr[i][h]) {
-                        const float4 p = *(const float4*)(xr[i][h] + k0);
-                        const float4 q = *(const float4*)(xr[i][h] + k0 + 4);
-                        xv[0] = p.x; xv[1] = p.y; xv[2] = p.z; xv[3] = p.w;
-                        xv[4] = q.x; xv[5] = q.y; xv[6] = q.z; xv[7] = q.w;
-                    } else {
-#pragma unroll
-                        for (int e = 0; e < 8; e++) xv[e] = 0.0f;
-                    }
-                    if (gp) {
-#pragma unroll
-                        for (int e = 0; e < 8; e++) {
-                            ss[i][h] = fmaf(xv[e], xv[e], ss[i][h]);
-                            xv[e] = __fmul_rn(xv[e], gw[e]);
-                        }
-                    }
-                    // A register h holds row g + 8h at slots 2t, 2t+1; register 2 + h
-                    // at slots 2t+8, 2t+9.
-                    split_pair(xv[0], xv[1], hi[0][h], lo[0][h]);
-                    split_pair(xv[2], xv[3], hi[0][2 + h], lo[0][2 + h]);
-                    split_pair(xv[4], xv[5], hi[1][h], lo[1][h]);
-                    split_pair(xv[6], xv[7], hi[1][2 + h], lo[1][2 + h]);
-                }
-                mma_bf16(acc[i], hi[0], wv.x, wv.y);
-                mma_bf16(acc[i], lo[0], wv.x, wv.y);
-                mma_bf16(acc[i], hi[1], wv.z, wv.w);
-                mma_bf16(acc[i], lo[1], wv.z, wv.w);
-            }
-        }
-        // Lane (g, t) holds outputs 2t, 2t+1 of rows g (acc[i][0..1]) and g+8 (acc[i][2..3]).
+        // Halves of a tile past the pass's rows (a one-row pass fills one row of the
+        // first half) enter as zeros without being loaded or converted: the same bits.
+        bool half_live[TILES][2];
 #pragma unroll
         for (int i = 0; i < TILES; i++)
 #pragma unroll
+            for (int h = 0; h < 2; h++) half_live[i][h] = r0 + 16 * i + 8 * h < a.rows;
+        for (int c0 = warp; c0 < chunks; c0 += KSPLIT * MMA_PREFETCH) {
+            // The group's weights are all in flight before the first product.
+            uint4 wv[MMA_PREFETCH];
+#pragma unroll
+            for (int u = 0; u < MMA_PREFETCH; u++) {
+                const int c = c0 + u * KSPLIT;
+                if (c < chunks) wv[u] = __ldg((const uint4*)(wp + 32 * c));
+            }
+#pragma unroll
+            for (int u = 0; u < MMA_PREFETCH; u++) {
+                const int c = c0 + u * KSPLIT;
+                if (c >= chunks) break;
+                const int k0 = 32 * c;
+                float gw[8];
+                if (gp) {
+                    const float4 g0 = *(const float4*)(gp + k0), g1 = *(const float4*)(gp + k0 + 4);
+                    gw[0] = g0.x; gw[1] = g0.y; gw[2] = g0.z; gw[3] = g0.w;
+                    gw[4] = g1.x; gw[5] = g1.y; gw[6] = g1.z; gw[7] = g1.w;
+                }
+#pragma unroll
+                for (int i = 0; i < TILES; i++) {
+                    unsigned hi[2][4], lo[2][4];  // [k16 step][A register]
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (!half_live[i][h]) {
+                            hi[0][h] = lo[0][h] = hi[0][2 + h] = lo[0][2 + h] = 0u;
+                            hi[1][h] = lo[1][h] = hi[1][2 + h] = lo[1][2 + h] = 0u;
+                            continue;
+                        }
+                        float xv[8];
+                        load_row8(xr[i][h], k0, xv);
+                        if (gp) {
+#pragma unroll
+                            for (int e = 0; e < 8; e++) {
+                                ss[i][h] = fmaf(xv[e], xv[e], ss[i][h]);
+                                xv[e] = __fmul_rn(xv[e], gw[e]);
+                            }
+                        }
+                        // A register h holds row g + 8h at slots 2t, 2t+1; register 2 + h
+                        // at slots 2t+8, 2t+9.
+                        split_pair(xv[0], xv[1], hi[0][h], lo[0][h]);
+                        split_pair(xv[2], xv[3], hi[0][2 + h], lo[0][2 + h]);
+                        split_pair(xv[4], xv[5], hi[1][h], lo[1][h]);
+                        split_pair(xv[6], xv[7], hi[1][2 + h], lo[1][2 + h]);
+                    }
+                    mma_bf16(acc[i], hi[0], wv[u].x, wv[u].y);
+                    mma_bf16(acc[i], lo[0], wv[u].x, wv[u].y);
+                    mma_bf16(acc[i], hi[1], wv[u].z, wv[u].w);
+                    mma_bf16(acc[i], lo[1], wv[u].z, wv[u].w);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TILES; i++) {
+#pragma unroll
+            for (int c = 0; c < 4; c++) parts[warp][i][c][lane] = acc[i][c];
+            parts[warp][i][4][lane] = ss[i][0];
+            parts[warp][i][5][lane] = ss[i][1];
+        }
+        __syncthreads();
+        // Tile i's epilogue is warp i mod KSPLIT's; every warp sums the parts in warp
+        // order.
+        for (int i = warp; i < TILES; i += KSPLIT) {
+            float sum[6];
+#pragma unroll
+            for (int c = 0; c < 6; c++) {
+                sum[c] = parts[0][i][c][lane];
+#pragma unroll
+                for (int w = 1; w < KSPLIT; w++) sum[c] = __fadd_rn(sum[c], parts[w][i][c][lane]);
+            }
+            // Lane (g, t) holds outputs 2t, 2t+1 of rows g (sum[0..1]) and g+8 (sum[2..3]).
+#pragma unroll
             for (int h = 0; h < 2; h++) {
-                float v0 = acc[i][2 * h], v1 = acc[i][2 * h + 1];
+                float v0 = sum[2 * h], v1 = sum[2 * h + 1];
                 if (gp) {
                     // The row's sum of squares: its four lanes' parts, by a butterfly
                     // every lane sums in the same order.
-                    float s = ss[i][h];
+                    float s = sum[4 + h];
                     s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
                     s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
                     const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)a.k), a.eps)));
@@ -464,18 +529,22 @@ __device__ __forceinline__ void matmul_mma_warp(const MatmulArgs& a) {
                     o[1] = e1;
                 }
             }
+        }
+        // parts is written again by the next rows' products.
+        __syncthreads();
     }
 }
 
-#define MMA_KERNEL(name, MODE, TILES) \
-    extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32) name##_t##TILES(MatmulArgs a) { \
-        matmul_mma_warp<MODE, TILES>(a); \
+#define MMA_KERNEL(name, MODE, TILES, KSPLIT) \
+    extern "C" __global__ void __launch_bounds__(KSPLIT * 32) name##_t##TILES(MatmulArgs a) { \
+        matmul_mma_block<MODE, TILES, KSPLIT>(a); \
     }
-#define MMA_TILES(name, MODE) MMA_KERNEL(name, MODE, 1) MMA_KERNEL(name, MODE, 2) MMA_KERNEL(name, MODE, 4)
-MMA_TILES(mma_plain, MODE_PLAIN)
-MMA_TILES(mma_residual, MODE_RESIDUAL)
-MMA_TILES(mma_silu, MODE_SILU)
-MMA_TILES(mma_qkv, MODE_QKV)
+#define MMA_TILES(name, MODE, KSPLIT) \
+    MMA_KERNEL(name, MODE, 1, KSPLIT) MMA_KERNEL(name, MODE, 2, KSPLIT) MMA_KERNEL(name, MODE, 4, KSPLIT)
+MMA_TILES(mma_plain, MODE_PLAIN, MMA_HEAD_KSPLIT)  // the head alone
+MMA_TILES(mma_residual, MODE_RESIDUAL, MMA_KSPLIT)
+MMA_TILES(mma_silu, MODE_SILU, MMA_KSPLIT)
+MMA_TILES(mma_qkv, MODE_QKV, MMA_KSPLIT)
 
 // Row r of the pass takes row ids[r] of the embedding table.
 extern "C" __global__ void embed_rows(const float* table, const int* ids, float* x, int width) {

@@ -63,22 +63,31 @@ impl From<candle_core::cuda_backend::cudarc::driver::DriverError> for CudaError 
 
 /// Launch shapes the kernels are compiled for: fixed for a process, so they change speed
 /// (and, for `attention_splits`, the order attention's sums take), never row invariance.
-/// `SUFFIXD_CUDA_WARPS` and `SUFFIXD_CUDA_ATTN_SPLITS` override the defaults, for tuning
-/// on a new card (docs/gpu.md).
+/// `SUFFIXD_CUDA_WARPS`, `SUFFIXD_CUDA_ATTN_SPLITS`, `SUFFIXD_CUDA_MMA_KSPLIT` and
+/// `SUFFIXD_CUDA_MMA_HEAD_KSPLIT` override the defaults, for tuning on a new card
+/// (docs/gpu.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
     /// Warps per block of a projection (each warp computes four outputs).
     pub warps: u32,
     /// Blocks that share one (row, head)'s keys in attention.
     pub attention_splits: u32,
+    /// Warps of a tensor-core projection block, each taking every `mma_ksplit`-th chunk of
+    /// 32 columns (their sums are added in warp order, so this too fixes an order).
+    pub mma_ksplit: u32,
+    /// The same for the head's tensor-core projection.
+    pub mma_head_ksplit: u32,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
-        // The fastest of warps {2, 4, 8} x splits {4, 8, 16} on an H100 (docs/gpu.md).
+        // The fastest of warps {2, 4, 8} x splits {4, 8, 16}, and of the tensor cores'
+        // splits {4, 8} x {1, 4} for the head, on an H100 (docs/gpu.md).
         Tuning {
             warps: 4,
             attention_splits: 16,
+            mma_ksplit: 8,
+            mma_head_ksplit: 4,
         }
     }
 }
@@ -104,6 +113,17 @@ impl Tuning {
         if let Some(s) = read("SUFFIXD_CUDA_ATTN_SPLITS", &|n| (1..=64).contains(&n)) {
             t.attention_splits = s;
         }
+        if let Some(s) = read("SUFFIXD_CUDA_MMA_KSPLIT", &|n| {
+            n.is_power_of_two() && n <= 16
+        }) {
+            t.mma_ksplit = s;
+        }
+        if let Some(s) = read("SUFFIXD_CUDA_MMA_HEAD_KSPLIT", &|n| {
+            n.is_power_of_two() && n <= 16
+        }) {
+            t.mma_head_ksplit = s;
+        }
+
         t
     }
 }
@@ -122,6 +142,8 @@ pub fn compile(arch: &'static str, tuning: Tuning) -> Result<String, CudaError> 
             "--std=c++17".into(),
             format!("-DWARPS_PER_BLOCK={}", tuning.warps),
             format!("-DATTN_SPLITS={}", tuning.attention_splits),
+            format!("-DMMA_KSPLIT={}", tuning.mma_ksplit),
+            format!("-DMMA_HEAD_KSPLIT={}", tuning.mma_head_ksplit),
         ],
         ..Default::default()
     };
@@ -233,8 +255,8 @@ const TILES: [usize; 3] = [1, 4, 8];
 /// One projection kernel per weight type (f32, bf16) and row tile ([`TILES`]).
 type Projection = [[CudaFunction; TILES.len()]; 2];
 
-/// The tensor-core projections' tiles of 16 rows a warp carries: a pass uses the fewest
-/// that hold all its rows, else the most (kernels.cu's matmul_mma_warp).
+/// The tensor-core projections' tiles of 16 rows a block carries: a pass uses the fewest
+/// that hold all its rows, else the most (kernels.cu's matmul_mma_block).
 const MMA_TILES: [usize; 3] = [1, 2, 4];
 
 /// One tensor-core projection kernel per tile count ([`MMA_TILES`]), bf16 weights only.
@@ -259,8 +281,8 @@ struct Kernels {
     residual: Projection,
     silu: Projection,
     qkv: Projection,
-    /// The tensor-core projections, by mode (see [`Mode`]), for bf16 weights, when
-    /// `SUFFIXD_CUDA_MMA=on` and they can run (see [`CudaForward::new`]).
+    /// The tensor-core projections, by mode (see [`Mode`]), for bf16 weights, unless
+    /// `SUFFIXD_CUDA_MMA=off` or they cannot run (see [`CudaForward::new`]).
     mma: Option<[MmaProjection; 4]>,
     embed: CudaFunction,
     attention: CudaFunction,
@@ -462,14 +484,15 @@ impl CudaForward {
             };
             Ok([tiles("f32")?, tiles("bf16")?])
         };
-        // SUFFIXD_CUDA_MMA=on puts bf16 projections on the tensor cores (sm_80 and later,
-        // every projection's k a multiple of 32). Exact, and a draft of up to 16 rows
-        // costs what one row does, but each warp converts the activations itself, so a
-        // one-row step is 3.5x slower than on the CUDA cores (docs/gpu.md): opt-in until
-        // the activations are converted once per pass.
+        // bf16 projections run on the tensor cores (sm_80 and later, every projection's k
+        // a multiple of 32): exact, and a draft of up to 16 rows costs what one row does
+        // (docs/gpu.md). SUFFIXD_CUDA_MMA=off puts them on the CUDA cores.
         let major = capability.0;
-        let mma_on = std::env::var("SUFFIXD_CUDA_MMA").is_ok_and(|v| v == "on");
-        let mma = if bf16 && major >= 8 && mma_on && [w, qw, ffn].iter().all(|k| k % 32 == 0) {
+        let mma_on = std::env::var("SUFFIXD_CUDA_MMA").map_or(true, |v| v != "off");
+        // Its tiles are 8 outputs wide: the head's too (the other widths are multiples of
+        // head_dim or of 32).
+        let fits = [w, qw, ffn].iter().all(|k| k % 32 == 0) && cfg.vocab.is_multiple_of(8);
+        let mma = if bf16 && major >= 8 && mma_on && fits {
             let tiles = |name: &str| -> Result<MmaProjection, CudaError> {
                 let [a, b, c] = MMA_TILES.map(|t| f(&format!("{name}_t{t}")));
                 Ok([a?, b?, c?])
@@ -483,9 +506,9 @@ impl CudaForward {
         } else {
             None
         };
-        if mma_on && mma.is_none() {
+        if bf16 && mma_on && mma.is_none() {
             tracing::warn!(
-                "SUFFIXD_CUDA_MMA=on: no tensor-core path for these weights, this GPU or this model's widths; the CUDA cores run the projections"
+                "no tensor-core path for this GPU or this model's widths: the CUDA cores run the projections"
             );
         }
         let kernels = Kernels {
@@ -568,14 +591,25 @@ impl CudaForward {
         args.w = w;
         let rows = args.rows as usize;
         let k = &self.kernels;
-        let function = match (&k.mma, m) {
+        let (function, cfg) = match (&k.mma, m) {
             (Some(mma), Matrix::Bf16(_)) => {
+                // One block of mma_ksplit warps (the head: mma_head_ksplit) per tile of
+                // eight outputs.
                 args.groups /= 2;
+                let warps = match mode {
+                    Mode::Plain => k.tuning.mma_head_ksplit,
+                    _ => k.tuning.mma_ksplit,
+                };
                 let tile = MMA_TILES
                     .iter()
                     .position(|&t| 16 * t >= rows)
                     .unwrap_or(MMA_TILES.len() - 1);
-                &mma[mode as usize][tile]
+                let cfg = LaunchConfig {
+                    grid_dim: (args.groups as u32, 1, 1),
+                    block_dim: (warps * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (&mma[mode as usize][tile], cfg)
             }
             _ => {
                 let tile = TILES
@@ -588,14 +622,15 @@ impl CudaForward {
                     Mode::Silu => &k.silu,
                     Mode::Qkv => &k.qkv,
                 };
-                &projection[which][tile]
+                // Each warp computes four outputs (two in Mode::Silu).
+                let warps = k.tuning.warps;
+                let cfg = LaunchConfig {
+                    grid_dim: ((args.groups as u32).div_ceil(warps), 1, 1),
+                    block_dim: (warps * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (&projection[which][tile], cfg)
             }
-        };
-        let warps = k.tuning.warps;
-        let cfg = LaunchConfig {
-            grid_dim: ((args.groups as u32).div_ceil(warps), 1, 1),
-            block_dim: (warps * 32, 1, 1),
-            shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(function);
         b.arg(&args);
@@ -922,6 +957,8 @@ mod tests {
             super::Tuning {
                 warps: 2,
                 attention_splits: 16,
+                mma_ksplit: 8,
+                mma_head_ksplit: 1,
             },
         ];
         for tuning in tunings {
@@ -941,6 +978,10 @@ mod tests {
             // The launch bounds follow the warps the host launches with.
             let bound = format!(".maxntid {}, 1, 1", tuning.warps * 32);
             assert!(ptx.contains(&bound), "{bound} is in the PTX");
+            for warps in [tuning.mma_ksplit, tuning.mma_head_ksplit] {
+                let bound = format!(".maxntid {}, 1, 1", warps * 32);
+                assert!(ptx.contains(&bound), "{bound} is in the PTX");
+            }
         }
     }
 }
