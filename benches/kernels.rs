@@ -15,11 +15,11 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
-use suffixd::verify::kernels::Simd;
-use suffixd::verify::kernels::attention::{AttnShape, SequenceCache, attend};
-use suffixd::verify::kernels::dense::{DenseMatrix, matmul_dense};
-use suffixd::verify::kernels::matmul::{QuantizedRows, matmul};
-use suffixd::verify::kernels::pack::PackedMatrix;
+use suffixd::model::kernels::Simd;
+use suffixd::model::kernels::attention::{AttnShape, SequenceCache, attend};
+use suffixd::model::kernels::dense::{DenseMatrix, matmul_dense};
+use suffixd::model::kernels::matmul::{QuantizedRows, matmul};
+use suffixd::model::kernels::pack::PackedMatrix;
 
 fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut x = seed;

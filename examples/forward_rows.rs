@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
-use suffixd::verify::model::{BatchEntry, KvCache, Model, WeightFormat, argmax_rows};
+use suffixd::model::forward::{BatchEntry, KvCache, Model, WeightFormat, argmax_rows};
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -20,7 +20,7 @@ fn main() -> anyhow::Result<()> {
     let passes: usize = args.next().map_or(Ok(200), |s| s.parse())?;
     let context: usize = args.next().map_or(Ok(64), |s| s.parse())?;
     let sequences: usize = args.next().map_or(Ok(1), |s| s.parse())?;
-    let device = suffixd::verify::device()?;
+    let device = suffixd::model::device()?;
     let mut file = std::fs::File::open(&path)?;
     let content = gguf_file::Content::read(&mut file)?;
     let model = Model::load_gguf(&path, &content, WeightFormat::Native, 8192, &device)?;

@@ -15,8 +15,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use suffixd::verify::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
-use suffixd::verify::model::WeightFormat;
+use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::model::forward::WeightFormat;
 
 fn list<T>(arg: &str, parse: impl Fn(&str) -> T) -> Vec<T> {
     arg.split(',')
@@ -49,7 +49,7 @@ fn main() -> anyhow::Result<()> {
             _ => anyhow::bail!("unknown flag {flag}"),
         }
     }
-    let device = suffixd::verify::device()?;
+    let device = suffixd::model::device()?;
     for name in list(&weights, str::to_string) {
         let format = match name.as_str() {
             "q8-0" => WeightFormat::Q8_0,
@@ -65,7 +65,7 @@ fn main() -> anyhow::Result<()> {
                 "context": context,
                 "t1_ms": curve.t1_ms,
                 "curve": curve.points,
-                "simd": suffixd::verify::kernels::Simd::detect(),
+                "simd": suffixd::model::kernels::Simd::detect(),
             });
             println!("{line}");
         }

@@ -2,7 +2,7 @@
 //!
 //! The modules follow the data flow (see `ARCHITECTURE.md`):
 //! [`tree`] (suffix trees) → [`speculate`] (drafts) → [`store`] (snapshots, write-ahead
-//! log, eviction, compaction) → [`verify`] (the model that checks drafts) → [`serve`]
+//! log, eviction, compaction) → [`model`] (the model that checks drafts) → [`serve`]
 //! (the OpenAI and admin APIs) → [`cli`]. [`replicate`] shares a store's appends,
 //! evictions and snapshots with other replicas through NATS JetStream. [`simulate`] is
 //! the reference benchmark's simulated verifier. Beside the flow: [`corpus`] reads
@@ -15,11 +15,11 @@ pub mod cli;
 pub mod corpus;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod model;
 pub mod replicate;
 pub mod serve;
 pub mod simulate;
 pub mod speculate;
 pub mod store;
 pub mod tree;
-pub mod verify;
 pub mod vocab;

@@ -471,7 +471,7 @@ fn control_token_strings_in_content_are_text_not_control_tokens() {
     if !model_present() {
         return;
     }
-    use suffixd::verify::tokenizer::ModelTokenizer;
+    use suffixd::model::tokenizer::ModelTokenizer;
     let mut file = std::fs::File::open(common::model_path()).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
     let tokenizer = ModelTokenizer::from_gguf(&content).unwrap();

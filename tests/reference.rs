@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, IndexOp, Tensor};
-use suffixd::verify::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
-use suffixd::verify::model::{KvCache, Model, WeightFormat};
-use suffixd::verify::tokenizer::ModelTokenizer;
+use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::model::forward::{KvCache, Model, WeightFormat};
+use suffixd::model::tokenizer::ModelTokenizer;
 
 /// The bar for f32 agreement with the library model.
 const TOLERANCE: f32 = 1e-4;

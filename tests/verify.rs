@@ -7,13 +7,13 @@
 use std::path::{Path, PathBuf};
 
 use suffixd::corpus::logs::ChatMessage;
+use suffixd::model::cost::CostCurve;
+use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::model::forward::WeightFormat;
 use suffixd::serve::drafter::CacheDrafter;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::store::Layered;
 use suffixd::tree::GlobalTree;
-use suffixd::verify::cost::CostCurve;
-use suffixd::verify::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
-use suffixd::verify::model::WeightFormat;
 
 fn model() -> Option<PathBuf> {
     // One model thread per test, as the notes advise: the quantized matmul's spinning
@@ -220,7 +220,7 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
 /// give token for token what each gives alone with plain decoding.
 #[test]
 fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
-    use suffixd::verify::engine::{Drafter, Sequence};
+    use suffixd::model::engine::{Drafter, Sequence};
     let Some(path) = model() else { return };
     let mut engine =
         Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
@@ -332,7 +332,7 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
 #[test]
 fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_format() {
     use candle_core::quantized::gguf_file;
-    use suffixd::verify::model::{BatchEntry, KvCache, Model};
+    use suffixd::model::forward::{BatchEntry, KvCache, Model};
     let Some(path) = model() else { return };
     let mut file = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
@@ -401,7 +401,7 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
 #[test]
 fn the_gpu_pass_agrees_with_the_cpu_pass() {
     use candle_core::quantized::gguf_file;
-    use suffixd::verify::model::{KvCache, Model};
+    use suffixd::model::forward::{KvCache, Model};
     let gpu = device();
     if gpu.is_cpu() {
         return;
@@ -457,7 +457,7 @@ fn the_gpu_pass_agrees_with_the_cpu_pass() {
 fn the_greedy_argmax_is_the_cpus_on_every_device() {
     use candle_core::quantized::gguf_file;
     use candle_core::{Device, Tensor};
-    use suffixd::verify::model::{KvCache, Model, argmax_rows};
+    use suffixd::model::forward::{KvCache, Model, argmax_rows};
     let Some(path) = model() else { return };
     let mut file = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
@@ -551,7 +551,7 @@ fn agent_prompt(engine: &Engine, turns: &[&str]) -> Vec<u32> {
 /// answers exactly.
 #[test]
 fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
-    use suffixd::verify::engine::{Drafter, Sequence};
+    use suffixd::model::engine::{Drafter, Sequence};
     let Some(path) = model() else { return };
     let mut engine =
         Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
@@ -689,7 +689,7 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
         .zip(namespaces)
         .map(|(p, n)| Some(engine.start(p, &opts(true, n)).unwrap()))
         .collect();
-    let mut results: Vec<Option<suffixd::verify::engine::Generation>> =
+    let mut results: Vec<Option<suffixd::model::engine::Generation>> =
         (0..5).map(|_| None).collect();
     while seqs.iter().any(Option::is_some) {
         let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = seqs
@@ -731,7 +731,7 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
 #[test]
 fn a_malformed_pass_is_an_error_and_the_model_goes_on() {
     use candle_core::quantized::gguf_file;
-    use suffixd::verify::model::{KvCache, Model, ModelError};
+    use suffixd::model::forward::{KvCache, Model, ModelError};
     let Some(path) = model() else { return };
     let mut file = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();

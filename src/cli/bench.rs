@@ -10,10 +10,10 @@ use serde::Deserialize;
 
 use crate::chat::ChatMessage;
 use crate::corpus::open_lines;
+use crate::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use crate::serve::drafter::CacheDrafter;
 use crate::store::Layered;
 use crate::tree::GlobalTree;
-use crate::verify::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 
 use super::SpecArgs;
 use super::generate::ModelArgs;

@@ -6,13 +6,13 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::chat::{ChatMessage, PromptPiece};
+use crate::model::cost::CostCurve;
+use crate::model::engine::{Drafter, Engine, GenerateOptions, NoDrafts, Sampling};
+use crate::model::forward::WeightFormat;
 use crate::serve::drafter::CacheDrafter;
 use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};
 use crate::tree::GlobalTree;
-use crate::verify::cost::CostCurve;
-use crate::verify::engine::{Drafter, Engine, GenerateOptions, NoDrafts, Sampling};
-use crate::verify::model::WeightFormat;
 
 use super::SpecArgs;
 use super::store::resolve_snapshot;
@@ -82,7 +82,7 @@ impl ModelArgs {
     /// Load the engine these flags describe.
     pub fn load(&self) -> anyhow::Result<Engine> {
         let path = model_path(self.model.as_deref())?;
-        let device = crate::verify::device()?;
+        let device = crate::model::device()?;
         let mut engine = Engine::load(&path, self.weights, self.max_context, &device)
             .with_context(|| format!("cannot load model {}", path.display()))?;
         match self.cost {
@@ -220,7 +220,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
     if a.json {
         let mut v = serde_json::to_value(&g)?;
         v["cost_curve"] = serde_json::to_value(engine.cost_curve())?;
-        v["simd"] = serde_json::to_value(crate::verify::kernels::Simd::detect())?;
+        v["simd"] = serde_json::to_value(crate::model::kernels::Simd::detect())?;
         println!("{v}");
     } else {
         println!("{}", g.text);

@@ -6,11 +6,11 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args;
 
+use crate::model::tokenizer::ModelTokenizer;
 use crate::store::Snapshot;
 use crate::store::build::{BuildOptions, build_from_logs};
 use crate::store::dir::current_snapshot;
 use crate::store::wal::check_dir;
-use crate::verify::tokenizer::ModelTokenizer;
 
 #[derive(Args, Debug)]
 pub(super) struct BuildArgs {

@@ -6,11 +6,11 @@
 //! ([`SpecParams::request_depth`]), exactly as `simulate` does, so a mode drafts the same
 //! in the server as in the simulator.
 
+use crate::model::engine::Drafter;
 use crate::speculate::{Draft, DraftSource, SpecParams, Speculator};
 use crate::store::live::Store;
 use crate::store::{Layered, LayeredCursor};
 use crate::tree::{GlobalIndex, GlobalTree, RequestTree};
-use crate::verify::engine::Drafter;
 
 /// Lends a drafter the shared cache for the span of one call.
 pub trait CacheSource {

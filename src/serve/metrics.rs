@@ -3,9 +3,9 @@
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use crate::verify::cost::CostCurve;
-use crate::verify::engine::{Generation, StepReport};
-use crate::verify::prefix::PrefixCacheStats;
+use crate::model::cost::CostCurve;
+use crate::model::engine::{Generation, StepReport};
+use crate::model::prefix::PrefixCacheStats;
 
 /// Upper bounds of the accepted-tokens-per-step histogram.
 const ACCEPT_BUCKETS: [f64; 8] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0];

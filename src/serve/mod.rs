@@ -21,6 +21,9 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use crate::chat::ChatTemplate;
+use crate::model::engine::Engine;
+use crate::model::grammar::GrammarCompiler;
+use crate::model::tokenizer::ModelTokenizer;
 use crate::replicate::{ReplicaIdentity, Replication, ReplicationConfig, bootstrap};
 use crate::speculate::SpecParams;
 use crate::store::TokenizerId;
@@ -28,9 +31,6 @@ use crate::store::build::{BuildOptions, build_from_logs};
 use crate::store::dir::current_snapshot;
 use crate::store::live::{Store, StoreConfig};
 use crate::store::wal::FsyncPolicy;
-use crate::verify::engine::Engine;
-use crate::verify::grammar::GrammarCompiler;
-use crate::verify::tokenizer::ModelTokenizer;
 
 /// Server settings after merging the config file, environment and flags.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -14,11 +14,11 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::model::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence, TokenLogprob};
+use crate::model::forward::ModelError;
 use crate::speculate::SpecParams;
 use crate::store::live::Store;
 use crate::tree::GlobalTree;
-use crate::verify::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence, TokenLogprob};
-use crate::verify::model::ModelError;
 
 use super::drafter::{CacheDrafter, NamespaceSource};
 use super::metrics::Metrics;
@@ -292,7 +292,7 @@ fn store_completed(store: &Store, metrics: &Metrics, c: Completed) {
         done,
     } = c;
     metrics.record_generation(&g);
-    if !g.tokens.is_empty() && g.finish_reason != crate::verify::engine::FinishReason::Cancelled {
+    if !g.tokens.is_empty() && g.finish_reason != crate::model::engine::FinishReason::Cancelled {
         let t = Instant::now();
         if let Err(e) = store.append(&namespace, &g.tokens) {
             tracing::error!("cannot cache a completed response: {e}");

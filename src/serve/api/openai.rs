@@ -15,10 +15,8 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chat::{ChatMessage, PromptPiece, TemplateError};
-use crate::verify::engine::{
-    GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling, TokenLogprob,
-};
-use crate::verify::grammar::Grammar;
+use crate::model::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
+use crate::model::grammar::Grammar;
 
 use super::tools::{self, ToolPlan};
 use super::{ApiError, read_json};
@@ -705,7 +703,7 @@ async fn await_generation(
 
 fn finish(g: &Generation) -> &'static str {
     match g.finish_reason {
-        crate::verify::engine::FinishReason::Length => "length",
+        crate::model::engine::FinishReason::Length => "length",
         _ => "stop",
     }
 }

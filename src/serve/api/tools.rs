@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::chat::ChatMessage;
-use crate::verify::grammar::{GrammarSpec, with_json_layout};
+use crate::model::grammar::{GrammarSpec, with_json_layout};
 
 use super::ApiError;
 

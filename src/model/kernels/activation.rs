@@ -81,7 +81,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verify::kernels::test_values;
+    use crate::model::kernels::test_values;
 
     #[test]
     fn the_gate_is_silu_times_up_on_every_path() {

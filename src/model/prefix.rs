@@ -29,7 +29,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::model::KvCache;
+use super::forward::KvCache;
 
 /// Tokens per cached block.
 pub const BLOCK_TOKENS: usize = 16;

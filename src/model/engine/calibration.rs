@@ -160,7 +160,7 @@ fn level_trials(draft: &Draft, accepted: &[usize]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verify::cost::CostCurve;
+    use crate::model::cost::CostCurve;
 
     fn copy_draft(len: usize) -> Draft {
         Draft {

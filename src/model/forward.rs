@@ -94,7 +94,7 @@ impl WeightFormat {
     /// kernel by row count, so a token verified in a draft does not get the logits plain
     /// decoding gives it. On an H100, `e2e-bench` on tools/workloads/agentic.jsonl gave
     /// 15 of 36 outputs identical with q8-0, 3 of 36 with native and 36 of 36 with f32.
-    /// The GPU's own kernels (`verify::cuda`) run f32 and bf16 exactly; bf16 reads half
+    /// The GPU's own kernels (`model::cuda`) run f32 and bf16 exactly; bf16 reads half
     /// the bytes.
     pub const fn default_for_build() -> Self {
         if cfg!(feature = "cuda") {
@@ -902,14 +902,14 @@ mod tests {
 
     /// `n × k` weights quantized to `dtype`, from a seed.
     fn weights(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> QTensor {
-        let w = crate::verify::kernels::test_values(n * k, seed, 1.0);
+        let w = crate::model::kernels::test_values(n * k, seed, 1.0);
         let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
         QTensor::quantize(&t, dtype).unwrap()
     }
 
     #[test]
     fn argmax_rows_agrees_with_candle_s_and_takes_the_first_of_ties() {
-        let mut data = crate::verify::kernels::test_values(3 * 1003, 5, 10.0);
+        let mut data = crate::model::kernels::test_values(3 * 1003, 5, 10.0);
         // Row 1: a tie between 17 and 900; row 2: the largest value in the tail.
         data[1003 + 17] = 50.0;
         data[1003 + 900] = 50.0;
@@ -932,7 +932,7 @@ mod tests {
     #[test]
     fn a_mixed_projection_puts_each_part_s_columns_side_by_side() {
         let (rows, k) = (3, 64);
-        let x = crate::verify::kernels::test_values(rows * k, 9, 2.0);
+        let x = crate::model::kernels::test_values(rows * k, 9, 2.0);
         // F16 has no row-invariant kernel: candle multiplies it.
         let packed = || weights(GgmlDType::Q8_0, 40, k, 1);
         let candle = || weights(GgmlDType::F16, 24, k, 2);

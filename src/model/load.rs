@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Tensor;
 use candle_core::quantized::gguf_file;
 
-use super::model::ModelError;
+use super::forward::ModelError;
 
 pub(super) fn md_u32(c: &gguf_file::Content, key: &str) -> Result<u32, String> {
     c.metadata

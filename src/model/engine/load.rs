@@ -6,7 +6,7 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::gguf_file;
 
-use super::super::model::{Model, ModelError, WeightFormat};
+use super::super::forward::{Model, ModelError, WeightFormat};
 use super::super::tokenizer::ModelTokenizer;
 use super::Engine;
 use crate::chat::ChatTemplate;

@@ -32,8 +32,8 @@ use graphs::Graphs;
 pub use kv::DeviceKv;
 use kv::KvKeeper;
 
+use super::forward::{BatchEntry, BatchPlan, Layer, LlamaConfig, ModelError, WeightFormat};
 use super::linear::{Linear, NormWeights};
-use super::model::{BatchEntry, BatchPlan, Layer, LlamaConfig, ModelError, WeightFormat};
 
 /// The kernels' source.
 pub const KERNELS: &str = include_str!("kernels.cu");
@@ -640,7 +640,7 @@ impl CudaForward {
         Ok(())
     }
 
-    /// The pass: see [`super::model::Model::forward_batch`].
+    /// The pass: see [`super::forward::Model::forward_batch`].
     pub(super) fn forward(
         &self,
         batch: &mut [BatchEntry<'_>],
@@ -893,7 +893,7 @@ impl CudaForward {
 impl CudaForward {
     /// The greedy choice of each row of `logits` `(T, vocab)` (f32, on this GPU): the
     /// index of the largest value, the lowest of equal ones, NaN never the largest, as
-    /// [`super::model::argmax_rows`] on the CPU. One launch, and only the ids come back.
+    /// [`super::forward::argmax_rows`] on the CPU. One launch, and only the ids come back.
     pub(super) fn argmax_rows(&self, logits: &Tensor) -> Result<Vec<u32>, CudaError> {
         let (rows, vocab) = logits.dims2()?;
         if rows == 0 {

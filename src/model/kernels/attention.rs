@@ -101,7 +101,7 @@ pub(super) mod avx2 {
 
     /// `exp_portable` on eight lanes.
     #[target_feature(enable = "avx2,fma")]
-    pub(in crate::verify::kernels) fn exp8(x: __m256) -> __m256 {
+    pub(in crate::model::kernels) fn exp8(x: __m256) -> __m256 {
         let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
         let magic = _mm256_set1_ps(ROUNDING);
         let n = _mm256_sub_ps(
@@ -441,7 +441,7 @@ mod tests {
     use super::*;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        crate::verify::kernels::test_values(len, seed, 1.0)
+        crate::model::kernels::test_values(len, seed, 1.0)
     }
 
     /// A chain of `t` new tokens after `base` context rows, in a batch of `total` rows.

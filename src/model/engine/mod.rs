@@ -26,8 +26,8 @@ use rand::SeedableRng;
 use crate::speculate::Draft;
 
 use super::cost::CostCurve;
+use super::forward::{BatchEntry, KvCache, Model, ModelError};
 use super::grammar::{Constraint, Grammar, GrammarCompiler, GrammarError};
-use super::model::{BatchEntry, KvCache, Model, ModelError};
 use super::prefix::{PrefixCache, PrefixCacheStats};
 use super::tokenizer::ModelTokenizer;
 use crate::chat::ChatTemplate;

@@ -421,7 +421,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     fn weights(n: usize, k: usize, seed: u64) -> Tensor {
-        let v = crate::verify::kernels::test_values(n * k, seed, 0.2);
+        let v = crate::model::kernels::test_values(n * k, seed, 0.2);
         Tensor::from_vec(v, (n, k), &Device::Cpu).unwrap()
     }
 

@@ -97,7 +97,7 @@ pub fn gather_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verify::kernels::test_values as values;
+    use crate::model::kernels::test_values as values;
     use candle_core::{Device, Tensor};
 
     #[test]

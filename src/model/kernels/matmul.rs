@@ -804,7 +804,7 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
-    use crate::verify::kernels::test_values as values;
+    use crate::model::kernels::test_values as values;
 
     #[cfg(target_arch = "x86_64")]
     #[test]

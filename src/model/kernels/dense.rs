@@ -157,7 +157,7 @@ mod tests {
     use super::*;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        crate::verify::kernels::test_values(len, seed, 1.0)
+        crate::model::kernels::test_values(len, seed, 1.0)
     }
 
     fn run(simd: Simd, w: &DenseMatrix, x: &[f32], rows: usize) -> Vec<f32> {

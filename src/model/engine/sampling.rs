@@ -6,8 +6,8 @@
 use candle_core::Tensor;
 use rand::Rng;
 
+use super::super::forward::ModelError;
 use super::super::grammar::{Constraint, GrammarError};
-use super::super::model::ModelError;
 
 /// Sampling parameters; temperature 0 is greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -164,7 +164,7 @@ pub(super) fn walk_constrained(
             )));
         }
         let (next, chosen) = if sampling.temperature <= 0.0 {
-            let want = super::super::model::argmax(&row);
+            let want = super::super::forward::argmax(&row);
             let next =
                 (cur + 1..tokens.len()).find(|&j| parents[j] == cur as i32 && tokens[j] == want);
             (next, want)
@@ -354,8 +354,8 @@ mod tests {
     /// forbidden child first, then an allowed one; or a single allowed child.
     #[test]
     fn constrained_speculative_sampling_keeps_the_masked_distribution() {
-        use crate::verify::grammar::GrammarSpec;
-        let Some((compiler, tok)) = crate::verify::grammar::tests::smollm2() else {
+        use crate::model::grammar::GrammarSpec;
+        let Some((compiler, tok)) = crate::model::grammar::tests::smollm2() else {
             return;
         };
         let grammar = compiler

@@ -1,7 +1,7 @@
-//! The verifier: the model that checks drafts. The fourth stage of the data flow.
+//! The model: the verifier that checks drafts. The fourth stage of the data flow.
 //!
 //! - [`tokenizer`]: the model's tokenizer, from GGUF metadata or tokenizer.json.
-//! - [`model`]: a llama forward pass over a draft tree, with a KV cache that keeps only
+//! - [`forward`]: a llama forward pass over a draft tree, with a KV cache that keeps only
 //!   the accepted path.
 //! - [`kernels`]: the row-invariant CPU matmul and attention the model runs on.
 //! - `cuda` (with the `cuda` feature): the same guarantee on a GPU, through kernels
@@ -19,11 +19,11 @@ pub mod cost;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod engine;
+pub mod forward;
 pub mod grammar;
 pub mod kernels;
 mod linear;
 mod load;
-pub mod model;
 pub mod prefix;
 pub mod tokenizer;
 
