@@ -323,20 +323,20 @@ MATMUL_TILES(matmul_qkv_bf16, bf16_t, MODE_QKV)
 // waits they saved.)
 #define MMA_PREFETCH 4
 
-// f32 -> bf16 bits, rounded to nearest even (NaN stays NaN).
-__device__ __forceinline__ unsigned bf16_rn(float f) {
-    const unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+// Two activations as (hi, lo) bf16 pairs, the first in the low half of each register:
+// hi is each one rounded to nearest even, lo the rest (x - hi is exact), rounded again.
+// One cvt.rn.bf16x2.f32 per pair (sm_80 and later), which rounds as round-to-nearest-
+// even always does; only a NaN's payload may differ from a hand-written rounding, and a
+// row's arithmetic is the same whichever pass it is in either way.
+__device__ __forceinline__ unsigned bf16x2_rn(float low, float high) {
+    unsigned packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+    return packed;
 }
-
-// Two activations as (hi, lo) bf16 pairs, the first in the low half of each register.
 __device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
-    const unsigned h0 = bf16_rn(x0), h1 = bf16_rn(x1);
-    const unsigned l0 = bf16_rn(__fsub_rn(x0, __uint_as_float(h0 << 16)));
-    const unsigned l1 = bf16_rn(__fsub_rn(x1, __uint_as_float(h1 << 16)));
-    hi = h0 | (h1 << 16);
-    lo = l0 | (l1 << 16);
+    hi = bf16x2_rn(x0, x1);
+    lo = bf16x2_rn(__fsub_rn(x0, __uint_as_float(hi << 16)),
+                   __fsub_rn(x1, __uint_as_float(hi & 0xffff0000u)));
 }
 
 // Not volatile: the product has no side effect, and the compiler may then hoist the next
