@@ -183,6 +183,97 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
     );
 }
 
+/// A stop string ends the answer before it, with speculation as without: the answer is
+/// the plain answer's tokens up to the last one whose text ends before the stop string
+/// (so the next token's text would reach into it), for stop strings that begin inside a
+/// token, at a token's start, and in a token a draft carries.
+#[test]
+fn a_stop_string_cuts_the_answer_before_it_with_and_without_speculation() {
+    use suffixd::model::engine::FinishReason;
+    let Some(path) = model() else { return };
+    let mut engine =
+        Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
+    engine.set_cost_curve(CostCurve::flat());
+    let params = SpecParams::default();
+    let opts = |stop: Vec<String>, speculate| GenerateOptions {
+        max_tokens: 48,
+        sampling: Sampling::default(),
+        stop,
+        speculate,
+        namespace: "default".into(),
+        logprobs: None,
+        grammar: None,
+    };
+    let chat = engine
+        .template()
+        .expect("SmolLM2 has a chat template")
+        .render(&[ChatMessage {
+            role: "user".into(),
+            content: "Give me three tips for sleeping better.".into(),
+            ..Default::default()
+        }])
+        .unwrap();
+    let prompt = engine.tokenizer().encode_text(&chat).unwrap();
+    let plain = engine
+        .generate(&prompt, &opts(vec![], false), &mut NoDrafts, &mut |_| true)
+        .unwrap();
+    assert!(plain.text.len() > 40, "{:?}", plain.text);
+    let mut global = GlobalTree::new(params.max_depth).unwrap();
+    global.insert(0, &plain.tokens).unwrap();
+    let nothing = GlobalTree::new(params.max_depth).unwrap();
+    let tokenizer = engine.tokenizer().clone();
+    let text_of = |ids: &[u32]| tokenizer.decode(ids, true).unwrap();
+    let mut cases = 0;
+    for start in (10..plain.text.len() - 4).step_by(7) {
+        if !plain.text.is_char_boundary(start) || !plain.text.is_char_boundary(start + 3) {
+            continue;
+        }
+        let stop = plain.text[start..start + 3].to_string();
+        let at = plain.text.find(&stop).unwrap();
+        // The plain answer's tokens before the stop string's first byte.
+        let want = (0..=plain.tokens.len())
+            .rev()
+            .find(|&n| text_of(&plain.tokens[..n]).len() <= at)
+            .unwrap();
+        for speculate in [false, true] {
+            let view = Layered::new(None, &global, &nothing);
+            let mut drafter = CacheDrafter::new(view, params, &prompt);
+            let got = if speculate {
+                engine.generate(
+                    &prompt,
+                    &opts(vec![stop.clone()], true),
+                    &mut drafter,
+                    &mut |_| true,
+                )
+            } else {
+                engine.generate(
+                    &prompt,
+                    &opts(vec![stop.clone()], false),
+                    &mut NoDrafts,
+                    &mut |_| true,
+                )
+            }
+            .unwrap();
+            assert_eq!(
+                got.tokens,
+                plain.tokens[..want],
+                "stop {stop:?}, speculate {speculate}"
+            );
+            assert_eq!(got.text, text_of(&plain.tokens[..want]));
+            assert!(!got.text.contains(&stop));
+            assert_eq!(got.finish_reason, FinishReason::Stop);
+            if speculate {
+                assert!(
+                    got.accepted_tokens > 0,
+                    "the drafts carried the stop string"
+                );
+            }
+        }
+        cases += 1;
+    }
+    assert!(cases >= 4, "{cases} stop strings tried");
+}
+
 #[test]
 fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
     let Some(path) = model() else { return };

@@ -9,6 +9,8 @@
 //! - [`prefix`]: the keys and values of earlier prompts' prefixes, reused by later
 //!   requests in the same namespace instead of prefilled again.
 //! - [`cost`]: what a forward pass of K rows costs, measured at start and kept up to date.
+//! - [`detokenizer`]: an answer's text, decoded once per token as it grows (stop
+//!   strings, streamed deltas, the final text).
 //! - [`engine`]: the generation loop, exact greedy and distribution-preserving sampling,
 //!   and cost-aware draft sizes.
 //!
@@ -18,6 +20,7 @@
 pub mod cost;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod detokenizer;
 pub mod engine;
 pub mod forward;
 pub mod grammar;

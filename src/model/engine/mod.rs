@@ -26,6 +26,7 @@ use rand::SeedableRng;
 use crate::speculate::Draft;
 
 use super::cost::CostCurve;
+use super::detokenizer::Detokenizer;
 use super::forward::{BatchEntry, KvCache, Model, ModelError};
 use super::grammar::{Constraint, Grammar, GrammarCompiler, GrammarError};
 use super::prefix::{PrefixCache, PrefixCacheStats};
@@ -263,32 +264,15 @@ impl Engine {
         }
     }
 
-    /// The text of generated token ids. They come from the model's own vocabulary, so
-    /// a failure is a bug, not bad input: it is logged, and the text is left empty.
-    fn text_of(&self, ids: &[u32]) -> String {
-        self.tokenizer.decode(ids, true).unwrap_or_else(|e| {
-            tracing::error!("{e} ({} generated ids)", ids.len());
-            String::new()
-        })
-    }
-
-    /// Where to cut `out` when its text contains a stop string: the most tokens whose
-    /// text ends before the earliest one.
-    fn stop_at(&self, out: &[u32], stops: &[String]) -> Option<usize> {
-        if stops.is_empty() {
-            return None;
-        }
-        let text = self.text_of(out);
-        let cut = stops
+    /// Where to cut the answer when its text contains a stop string: the most tokens
+    /// whose text ends before the earliest one.
+    fn stop_at(text: &Detokenizer, stops: &[String]) -> Option<usize> {
+        let at = stops
             .iter()
             .filter(|s| !s.is_empty())
-            .filter_map(|s| text.find(s.as_str()))
+            .filter_map(|s| text.text().find(s.as_str()))
             .min()?;
-        let mut n = out.len();
-        while n > 0 && self.text_of(&out[..n]).len() > cut {
-            n -= 1;
-        }
-        Some(n)
+        Some(text.tokens_before(at))
     }
 
     /// Start a request: check it, and set up its cache (with the longest prefix of its
@@ -323,6 +307,7 @@ impl Engine {
             reused: 0,
             pending: prompt[prompt.len() - 1],
             out: Vec::new(),
+            text: Detokenizer::new(),
             emitted: 0,
             logprobs: Vec::new(),
             rng: rand::rngs::StdRng::seed_from_u64(opts.sampling.seed),
@@ -608,9 +593,14 @@ impl Engine {
             }
             seq.out.extend_from_slice(&new);
             seq.context.extend_from_slice(&new);
-            if let Some(cut) = self.stop_at(&seq.out, &seq.opts.stop) {
+            if let Err(e) = seq.text.push(&self.tokenizer, &new) {
+                // The ids come from the model's own vocabulary: a bug, not bad input.
+                tracing::error!("{e} ({} generated ids)", seq.out.len());
+            }
+            if let Some(cut) = Self::stop_at(&seq.text, &seq.opts.stop) {
                 seq.out.truncate(cut);
                 seq.logprobs.truncate(cut);
+                seq.text.truncate(cut);
                 stop = true;
             }
             // A complete grammar allows nothing but the end: no need for a step to say so.
@@ -635,7 +625,10 @@ impl Engine {
         let rows = seq.cache.len().min(seq.context.len());
         self.prefix
             .insert(&seq.opts.namespace, &seq.context[..rows], &seq.cache);
-        let text = self.text_of(&seq.out);
+        let text = seq.text.finish(&self.tokenizer).unwrap_or_else(|e| {
+            tracing::error!("{e} ({} generated ids)", seq.out.len());
+            seq.text.text().to_string()
+        });
         Generation {
             tokens_per_s: seq.out.len() as f64 / decode_s.max(1e-9),
             tokens: seq.out,
@@ -734,6 +727,8 @@ pub struct Sequence {
     /// The newest token, not yet in the cache.
     pending: u32,
     out: Vec<u32>,
+    /// The text of `out`, decoded as it grows (stop strings are looked for in it).
+    text: Detokenizer,
     /// Tokens of `out` already handed out by [`Sequence::take_new_tokens`].
     emitted: usize,
     /// The log-probability of each token of `out`, when the options ask for them.

@@ -15,6 +15,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chat::{ChatMessage, PromptPiece, TemplateError};
+use crate::model::detokenizer::Detokenizer;
 use crate::model::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
 use crate::model::grammar::Grammar;
 
@@ -774,25 +775,21 @@ fn stream_response(
             pending.clear();
             v
         };
-        // Decode incrementally: the text of all tokens so far, minus what was sent, so
-        // that multi-byte characters split across tokens come out whole.
-        let mut all: Vec<u32> = Vec::new();
+        // Decoded once per token; a character split across tokens comes out whole, with
+        // the token that completes it. What was sent is `text[..sent]`.
+        let mut answer = Detokenizer::new();
         let mut sent = 0usize;
         while let Some(delta) = tokens.recv().await {
-            all.extend_from_slice(&delta.tokens);
             pending.extend(delta.logprobs);
-            let text = match app.tokenizer.decode(&all, true) {
-                Ok(text) => text,
-                Err(e) => {
-                    // The ids come from the model's own vocabulary, so this is a bug;
-                    // the next tokens are tried again with the whole text.
-                    tracing::error!("cannot decode the generated tokens: {e}");
-                    continue;
-                }
-            };
+            if let Err(e) = answer.push(&app.tokenizer, &delta.tokens) {
+                // The ids come from the model's own vocabulary, so this is a bug.
+                tracing::error!("cannot decode the generated tokens: {e}");
+                continue;
+            }
+            let text = answer.text();
             // When the answer may call tools, text from where a call may begin is held
             // back: calls go out as tool-call deltas at the end, never as content.
-            let end = if reads_calls { tools::streamable_len(&text) } else { text.len() };
+            let end = if reads_calls { tools::streamable_len(text) } else { text.len() };
             if end > sent && text.is_char_boundary(sent) && text.is_char_boundary(end)
                 && !text[..end].ends_with('\u{fffd}')
             {
