@@ -217,7 +217,7 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
         }],
     )
     .unwrap();
-    suffixd::store::dir::publish(dir.path(), &path).unwrap();
+    suffixd::store::manifest::publish(dir.path(), &path).unwrap();
     let err = Snapshot::open(&path, None).unwrap().verify().unwrap_err();
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
 
@@ -241,7 +241,7 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
         "snap-000001.sfxd"
     );
     assert_eq!(
-        suffixd::store::dir::snapshot_files(dir.path())
+        suffixd::store::manifest::snapshot_files(dir.path())
             .unwrap()
             .len(),
         1

@@ -213,7 +213,7 @@ fn damaged_token_ids_give_wrong_drafts_at_worst_and_are_never_copied() {
         }],
     )
     .unwrap();
-    suffixd::store::dir::publish(dir.path(), &bad).unwrap();
+    suffixd::store::manifest::publish(dir.path(), &bad).unwrap();
 
     let s = Server::start(dir.path());
     // The request that drafts into the damage, and a bystander batched with it.

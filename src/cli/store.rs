@@ -8,8 +8,8 @@ use clap::Args;
 
 use crate::model::tokenizer::ModelTokenizer;
 use crate::store::Snapshot;
-use crate::store::build::{BuildOptions, build_from_logs};
-use crate::store::dir::current_snapshot;
+use crate::store::from_logs::{BuildOptions, build_from_logs};
+use crate::store::manifest::current_snapshot;
 use crate::store::wal::check_dir;
 
 #[derive(Args, Debug)]
@@ -274,7 +274,7 @@ pub(super) struct IngestArgs {
 /// that already has data, and the writer of the crash tests.
 pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
     use crate::corpus::logs::{Response, read_log};
-    use crate::store::build::TextEncoder;
+    use crate::store::from_logs::TextEncoder;
     use crate::store::live::{Store, StoreConfig};
     use std::io::Write;
     let tokenizer = a.tokenizer.as_deref().map(load_tokenizer).transpose()?;

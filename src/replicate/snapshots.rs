@@ -17,8 +17,8 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::store::TokenizerId;
-use crate::store::dir::{current_snapshot, next_snapshot_path, publish};
 use crate::store::live::{Store, own_ids};
+use crate::store::manifest::{current_snapshot, next_snapshot_path, publish};
 use crate::store::snapshot::Snapshot;
 use crate::store::wal::segments;
 

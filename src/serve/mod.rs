@@ -27,9 +27,9 @@ use crate::model::tokenizer::ModelTokenizer;
 use crate::replicate::{ReplicaIdentity, Replication, ReplicationConfig, bootstrap};
 use crate::speculate::SpecParams;
 use crate::store::TokenizerId;
-use crate::store::build::{BuildOptions, build_from_logs};
-use crate::store::dir::current_snapshot;
+use crate::store::from_logs::{BuildOptions, build_from_logs};
 use crate::store::live::{Store, StoreConfig};
+use crate::store::manifest::current_snapshot;
 use crate::store::wal::FsyncPolicy;
 
 /// Server settings after merging the config file, environment and flags.
@@ -223,10 +223,10 @@ pub enum ServeError {
     Store(#[from] crate::store::live::StoreOpenError),
     /// Warm start failed.
     #[error("warm start from logs failed: {0}")]
-    Warm(#[from] crate::store::build::BuildError),
+    Warm(#[from] crate::store::from_logs::BuildError),
     /// The directory could not be read.
     #[error(transparent)]
-    Dir(#[from] crate::store::dir::DirError),
+    Dir(#[from] crate::store::manifest::DirError),
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

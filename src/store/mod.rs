@@ -2,27 +2,27 @@
 //!
 //! - [`snapshot`]: the file format, an rkyv archive of every namespace's tree, mmapped
 //!   and read in place.
-//! - [`dir`]: a store directory, its numbered snapshots and the `CURRENT` manifest.
+//! - [`manifest`]: a store directory, its numbered snapshots and the `CURRENT` manifest.
 //! - [`double_buffer`]: two copies of the live state, so that readers never wait.
 //! - [`layered`]: base (snapshot) + delta (appended since) − evicted, read as one tree;
 //!   [`layers`]: the three trees of a namespace, owned and changed (the store's and
 //!   `simulate`'s).
 //! - [`wal`]: the write-ahead log of appends and evictions since the last snapshot.
 //! - [`live`]: the live store: open (snapshot + log replay), append, evict, snapshot
-//!   and compaction, budgets; one process per directory (`dir::lock`).
+//!   and compaction, budgets; one process per directory (`manifest::lock`).
 //! - `last_use`: cached sequences in last-use order (the `lru` crate), for LRU and age
 //!   eviction.
-//! - [`build`]: a snapshot built from request logs (`suffixd build`, warm starts).
+//! - [`from_logs`]: a snapshot built from request logs (`suffixd build`, warm starts).
 //! - `faults`: fault injection for the crash tests.
 
-pub mod build;
-pub mod dir;
 pub mod double_buffer;
 pub(crate) mod faults;
+pub mod from_logs;
 mod last_use;
 pub mod layered;
 pub mod layers;
 pub mod live;
+pub mod manifest;
 pub mod snapshot;
 pub mod wal;
 

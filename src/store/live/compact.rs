@@ -90,7 +90,7 @@ impl Store {
             writer.apply(|st| *st = fresh.clone());
         }
         // Before the log that holds the ids since the last snapshot goes.
-        crate::store::dir::write_next_id(&self.cfg.dir, self.next_id.load(Ordering::Relaxed))?;
+        crate::store::manifest::write_next_id(&self.cfg.dir, self.next_id.load(Ordering::Relaxed))?;
         self.wal.drop_before(cut)?;
         self.counters.lock().expect("counters").snapshots += 1;
         Ok(SnapshotInfo {

@@ -27,11 +27,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::tree::{GlobalTree, TreeError};
 
-use super::dir::{DirError, current_snapshot, next_snapshot_path, publish, snapshot_files};
 use super::double_buffer::{DoubleBuffered, Writer};
 use super::last_use::LastUse;
 use super::layered::Layered;
 use super::layers::Layers;
+use super::manifest::{DirError, current_snapshot, next_snapshot_path, publish, snapshot_files};
 use super::snapshot::{
     NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError, write_snapshot,
 };
@@ -747,7 +747,7 @@ impl Store {
                 created_unix_ms: s.header().created_unix_ms,
             }),
             segments: st.snapshot.is_some() as u32 + 1,
-            disk_bytes: super::dir::disk_bytes(&self.cfg.dir),
+            disk_bytes: super::manifest::disk_bytes(&self.cfg.dir),
             wal_bytes: self.wal.current_bytes(),
             wal_last_seq: self.wal.last_seq(),
             counters: self.counters(),

@@ -10,7 +10,7 @@ impl Store {
             path: cfg.dir.clone(),
             source,
         })?;
-        let lock = crate::store::dir::lock(&cfg.dir)?;
+        let lock = crate::store::manifest::lock(&cfg.dir)?;
         let mut state = State::new(&cfg);
         let current = current_snapshot(&cfg.dir)?;
         if current.is_none() {
@@ -22,7 +22,7 @@ impl Store {
             // Snapshots a crash left unpublished (or undeleted after the manifest moved
             // on), and half-written temporary files: full-size until the next snapshot.
             let name = path.file_name().and_then(|n| n.to_str());
-            let (files, bytes) = crate::store::dir::remove_stale(&cfg.dir, name)?;
+            let (files, bytes) = crate::store::manifest::remove_stale(&cfg.dir, name)?;
             if files > 0 {
                 tracing::info!(
                     "store directory {}: removed {files} file(s) ({bytes} bytes) that no manifest names, left by a crash",
@@ -117,7 +117,7 @@ impl Store {
             log.id,
         )?;
         // Ids handed out and evicted before the last snapshot's cut are only in NEXT_ID.
-        if let Some(next) = crate::store::dir::read_next_id(&cfg.dir)
+        if let Some(next) = crate::store::manifest::read_next_id(&cfg.dir)
             && own_ids(cfg.id_origin).contains(&next)
         {
             state.next_id = state.next_id.max(next);
@@ -191,7 +191,7 @@ impl Store {
         let advice = match newest_valid.as_ref().and_then(|p| p.file_name()) {
             Some(name) => format!(
                 "The newest snapshot that verifies is {name}: restore it with `echo {name} > {}`, then start again",
-                cfg.dir.join(crate::store::dir::MANIFEST).display(),
+                cfg.dir.join(crate::store::manifest::MANIFEST).display(),
                 name = name.to_string_lossy()
             ),
             None => "No snapshot file here verifies: restore the directory from a backup, or move it aside and rebuild it with `suffixd build`".into(),

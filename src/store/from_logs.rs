@@ -7,7 +7,7 @@ use crate::corpus::CorpusError;
 use crate::corpus::logs::{Response, read_log};
 use crate::tree::{GlobalTree, TreeError};
 
-use super::dir::{DirError, holds_store, lock, next_snapshot_path, publish};
+use super::manifest::{DirError, holds_store, lock, next_snapshot_path, publish};
 use super::snapshot::{Header, NamespaceInput, SeqMeta, TokenizerId, WriteError, write_snapshot};
 
 pub use crate::vocab::TextEncoder;
