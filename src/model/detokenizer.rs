@@ -13,10 +13,10 @@ use super::tokenizer::{DecodeError, ModelTokenizer};
 /// Tokens of left context each new token is decoded with.
 const WINDOW: usize = 6;
 
-/// An answer's tokens and their text, decoded incrementally (see the module docs).
+/// An answer's text, decoded incrementally (see the module docs). The answer's tokens
+/// stay with the caller, who hands the whole answer so far to each call.
 #[derive(Clone, Debug, Default)]
 pub struct Detokenizer {
-    ids: Vec<u32>,
     text: String,
     /// `ends[i]`: the length of `text` once token i was decoded (tokens still waiting
     /// for the rest of a character end where the text ended before them).
@@ -31,13 +31,14 @@ impl Detokenizer {
         Self::default()
     }
 
-    /// Append `ids` and their text. Special tokens (eos, chat markup) add no text.
-    pub fn push(&mut self, tokenizer: &ModelTokenizer, ids: &[u32]) -> Result<(), DecodeError> {
-        for &id in ids {
-            self.ids.push(id);
+    /// Catch up with `ids`, the whole answer so far: the tokens past those seen before
+    /// add their text. Special tokens (eos, chat markup) add none.
+    pub fn update(&mut self, tokenizer: &ModelTokenizer, ids: &[u32]) -> Result<(), DecodeError> {
+        for seen in self.ends.len() + 1..=ids.len() {
+            let ids = &ids[..seen];
             let start = self.done.saturating_sub(WINDOW);
-            let before = tokenizer.decode(&self.ids[start..self.done], true)?;
-            let after = tokenizer.decode(&self.ids[start..], true)?;
+            let before = tokenizer.decode(&ids[start..self.done], true)?;
+            let after = tokenizer.decode(&ids[start..], true)?;
             // A character still cut off at the end shows as U+FFFD: wait for the rest.
             if !after.ends_with('\u{fffd}') {
                 match after.strip_prefix(before.as_str()) {
@@ -45,12 +46,12 @@ impl Detokenizer {
                     // A decoder that rewrote the window's start: decode the whole answer
                     // once and keep what lies past the text so far.
                     None => {
-                        let all = tokenizer.decode(&self.ids, true)?;
+                        let all = tokenizer.decode(ids, true)?;
                         let from = floor_char_boundary(&all, self.text.len());
                         self.text.push_str(&all[from..]);
                     }
                 }
-                self.done = self.ids.len();
+                self.done = seen;
             }
             self.ends.push(self.text.len());
         }
@@ -62,14 +63,14 @@ impl Detokenizer {
         &self.text
     }
 
-    /// The tokens so far.
+    /// The tokens seen so far.
     pub fn len(&self) -> usize {
-        self.ids.len()
+        self.ends.len()
     }
 
     /// True before the first token.
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.ends.is_empty()
     }
 
     /// The most tokens whose text ends at or before byte `at` of [`Detokenizer::text`]:
@@ -80,28 +81,27 @@ impl Detokenizer {
 
     /// Keep the first `n` tokens and their text.
     pub fn truncate(&mut self, n: usize) {
-        if n >= self.ids.len() {
+        if n >= self.ends.len() {
             return;
         }
-        self.ids.truncate(n);
         self.ends.truncate(n);
         self.text.truncate(self.ends.last().copied().unwrap_or(0));
         self.done = self.done.min(n);
     }
 
-    /// The whole answer's text: [`Detokenizer::text`], then whatever the last tokens
-    /// decode to when no token will complete them (a replacement character for a
-    /// character cut off by the end).
-    pub fn finish(&self, tokenizer: &ModelTokenizer) -> Result<String, DecodeError> {
-        if self.done == self.ids.len() {
+    /// The whole text of `ids` (the answer, seen in full): [`Detokenizer::text`], then
+    /// whatever the last tokens decode to when no token will complete them (a replacement
+    /// character for a character cut off by the end).
+    pub fn finish(&self, tokenizer: &ModelTokenizer, ids: &[u32]) -> Result<String, DecodeError> {
+        if self.done == ids.len() {
             return Ok(self.text.clone());
         }
         let start = self.done.saturating_sub(WINDOW);
-        let before = tokenizer.decode(&self.ids[start..self.done], true)?;
-        let after = tokenizer.decode(&self.ids[start..], true)?;
+        let before = tokenizer.decode(&ids[start..self.done], true)?;
+        let after = tokenizer.decode(&ids[start..], true)?;
         Ok(match after.strip_prefix(before.as_str()) {
             Some(rest) => format!("{}{rest}", self.text),
-            None => tokenizer.decode(&self.ids, true)?,
+            None => tokenizer.decode(ids, true)?,
         })
     }
 }
@@ -143,15 +143,17 @@ mod tests {
             // feeding a byte-level tokenizer's byte tokens where they exist.
             for step in [1, 2, 3, 7] {
                 let mut d = Detokenizer::new();
-                for chunk in ids.chunks(step) {
-                    d.push(&tok, chunk).unwrap();
-                    let whole = tok.decode(&ids[..d.len()], true).unwrap();
+                for seen in (step..ids.len() + step).step_by(step) {
+                    let seen = seen.min(ids.len());
+                    d.update(&tok, &ids[..seen]).unwrap();
+                    assert_eq!(d.len(), seen);
+                    let whole = tok.decode(&ids[..seen], true).unwrap();
                     if !whole.ends_with('\u{fffd}') {
                         assert_eq!(d.text(), whole, "step {step}");
                     } else {
                         assert!(whole.starts_with(d.text()));
                     }
-                    assert_eq!(d.finish(&tok).unwrap(), whole);
+                    assert_eq!(d.finish(&tok, &ids[..seen]).unwrap(), whole);
                 }
                 assert_eq!(d.text(), text);
             }
@@ -174,13 +176,11 @@ mod tests {
         ]
         .concat();
         let mut d = Detokenizer::new();
-        d.push(&tok, &ids[..ids.len() - 1]).unwrap();
+        let cut = &ids[..ids.len() - 1];
+        d.update(&tok, cut).unwrap();
         assert_eq!(d.text(), "caf");
-        assert_eq!(
-            d.finish(&tok).unwrap(),
-            tok.decode(&ids[..ids.len() - 1], true).unwrap()
-        );
-        d.push(&tok, &ids[ids.len() - 1..]).unwrap();
+        assert_eq!(d.finish(&tok, cut).unwrap(), tok.decode(cut, true).unwrap());
+        d.update(&tok, &ids).unwrap();
         assert_eq!(d.text(), "café");
         // The cut token ends where the text ended before it.
         assert_eq!(d.tokens_before(3), ids.len() - 1);
@@ -194,7 +194,7 @@ mod tests {
             .encode_literal("The answer is 42. STOP and more text")
             .unwrap();
         let mut d = Detokenizer::new();
-        d.push(&tok, &ids).unwrap();
+        d.update(&tok, &ids).unwrap();
         let at = d.text().find("STOP").unwrap();
         let n = d.tokens_before(at);
         let kept = tok.decode(&ids[..n], true).unwrap();
@@ -204,7 +204,7 @@ mod tests {
         assert_eq!(d.text(), kept);
         assert_eq!(d.len(), n);
         // And it goes on from there.
-        d.push(&tok, &ids[n..]).unwrap();
+        d.update(&tok, &ids).unwrap();
         assert_eq!(d.text(), "The answer is 42. STOP and more text");
     }
 

@@ -107,23 +107,19 @@ impl Tuning {
                 }
             }
         };
-        if let Some(w) = read("SUFFIXD_CUDA_WARPS", &|n| n.is_power_of_two() && n <= 16) {
+        let warps = |n: u32| n.is_power_of_two() && n <= 16;
+        if let Some(w) = read("SUFFIXD_CUDA_WARPS", &warps) {
             t.warps = w;
         }
         if let Some(s) = read("SUFFIXD_CUDA_ATTN_SPLITS", &|n| (1..=64).contains(&n)) {
             t.attention_splits = s;
         }
-        if let Some(s) = read("SUFFIXD_CUDA_MMA_KSPLIT", &|n| {
-            n.is_power_of_two() && n <= 16
-        }) {
-            t.mma_ksplit = s;
+        if let Some(w) = read("SUFFIXD_CUDA_MMA_KSPLIT", &warps) {
+            t.mma_ksplit = w;
         }
-        if let Some(s) = read("SUFFIXD_CUDA_MMA_HEAD_KSPLIT", &|n| {
-            n.is_power_of_two() && n <= 16
-        }) {
-            t.mma_head_ksplit = s;
+        if let Some(w) = read("SUFFIXD_CUDA_MMA_HEAD_KSPLIT", &warps) {
+            t.mma_head_ksplit = w;
         }
-
         t
     }
 }

@@ -593,7 +593,7 @@ impl Engine {
             }
             seq.out.extend_from_slice(&new);
             seq.context.extend_from_slice(&new);
-            if let Err(e) = seq.text.push(&self.tokenizer, &new) {
+            if let Err(e) = seq.text.update(&self.tokenizer, &seq.out) {
                 // The ids come from the model's own vocabulary: a bug, not bad input.
                 tracing::error!("{e} ({} generated ids)", seq.out.len());
             }
@@ -625,10 +625,13 @@ impl Engine {
         let rows = seq.cache.len().min(seq.context.len());
         self.prefix
             .insert(&seq.opts.namespace, &seq.context[..rows], &seq.cache);
-        let text = seq.text.finish(&self.tokenizer).unwrap_or_else(|e| {
-            tracing::error!("{e} ({} generated ids)", seq.out.len());
-            seq.text.text().to_string()
-        });
+        let text = seq
+            .text
+            .finish(&self.tokenizer, &seq.out)
+            .unwrap_or_else(|e| {
+                tracing::error!("{e} ({} generated ids)", seq.out.len());
+                seq.text.text().to_string()
+            });
         Generation {
             tokens_per_s: seq.out.len() as f64 / decode_s.max(1e-9),
             tokens: seq.out,

@@ -777,11 +777,13 @@ fn stream_response(
         };
         // Decoded once per token; a character split across tokens comes out whole, with
         // the token that completes it. What was sent is `text[..sent]`.
+        let mut all: Vec<u32> = Vec::new();
         let mut answer = Detokenizer::new();
         let mut sent = 0usize;
         while let Some(delta) = tokens.recv().await {
+            all.extend_from_slice(&delta.tokens);
             pending.extend(delta.logprobs);
-            if let Err(e) = answer.push(&app.tokenizer, &delta.tokens) {
+            if let Err(e) = answer.update(&app.tokenizer, &all) {
                 // The ids come from the model's own vocabulary, so this is a bug.
                 tracing::error!("cannot decode the generated tokens: {e}");
                 continue;
@@ -790,9 +792,8 @@ fn stream_response(
             // When the answer may call tools, text from where a call may begin is held
             // back: calls go out as tool-call deltas at the end, never as content.
             let end = if reads_calls { tools::streamable_len(text) } else { text.len() };
-            if end > sent && text.is_char_boundary(sent) && text.is_char_boundary(end)
-                && !text[..end].ends_with('\u{fffd}')
-            {
+            // The detokenizer's text never ends in a cut character.
+            if end > sent && text.is_char_boundary(sent) && text.is_char_boundary(end) {
                 let piece = text[sent..end].to_string();
                 sent = end;
                 let logprobs = take_logprobs(&mut pending);
