@@ -147,12 +147,7 @@ fn attention(c: &mut Criterion) {
         let vals = values((base + t) * kv_heads * hd, 5);
         let sets: Vec<Vec<usize>> = (0..t).map(|i| (0..=i).collect()).collect();
         let mut out = vec![0f32; t * heads * hd];
-        let shape = AttnShape {
-            total: t,
-            heads,
-            kv_heads,
-            head_dim: hd,
-        };
+        let shape = AttnShape::full(t, heads, kv_heads, hd);
         let seq = SequenceCache {
             keys: &keys,
             values: &vals,

@@ -347,7 +347,7 @@ fn broken_hugging_face_directories_are_clear_errors() {
     );
     std::fs::write(dir.path().join("config.json"), "{\"hidden_size\": 8}").unwrap();
     assert!(
-        err(dir.path()).contains("not a llama config.json"),
+        err(dir.path()).contains("not a model config.json"),
         "{}",
         err(dir.path())
     );

@@ -6,19 +6,16 @@
 //! The library's `quantized_llama` cannot do this: it builds its own causal mask, uses
 //! contiguous positions, returns the last row only and grows a cache it cannot cut.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{D, DType, Device, Tensor};
 
+use super::arch::{Family, RopeSpec};
 use super::kernels::Simd;
-use super::kernels::activation::silu_mul;
+use super::kernels::activation::{Activation, gate_mul};
 use super::kernels::attention::{AttnShape, SequenceCache, attend};
-use super::kernels::norm::{add_assign, gather_heads, rms_norm};
-use super::linear::{
-    Linear, NormWeights, Weights, dense_of, requantize_q8_0, rounded_to_bf16, weights_of,
-};
-use super::load::{HfConfig, md_f32, md_u32, rope_rows_interleaved, safetensors_files};
+use super::kernels::norm::{RopePairs, Rotary, add_assign, add_bias, gather_heads, rms_norm};
+use super::linear::{Linear, NormWeights};
 
 /// Errors from loading or running the model.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +53,11 @@ pub enum ModelError {
     /// in the caller, refused before it can index out of bounds.
     #[error("bad pass: {0}")]
     BadPass(String),
+    /// The model's block has parts the device paths do not run yet.
+    #[error(
+        "this {0:?} model runs on the CPU only so far (the GPU path implements llama's plain block); use a build without the cuda feature"
+    )]
+    CpuOnly(Family),
     /// A tensor operation failed.
     #[error("model computation failed: {0}")]
     Candle(#[from] candle_core::Error),
@@ -105,9 +107,11 @@ impl WeightFormat {
     }
 }
 
-/// The architecture's sizes, from the GGUF metadata.
+/// The architecture: its family, sizes and the switches its block reads.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
+    /// The model family.
+    pub family: Family,
     /// Transformer blocks.
     pub layers: usize,
     /// Query heads.
@@ -122,21 +126,89 @@ pub struct LlamaConfig {
     pub vocab: usize,
     /// Context length (KV cache capacity).
     pub context: usize,
-    /// RoPE base frequency.
+    /// RoPE base frequency of the global layers.
     pub rope_base: f32,
     /// RMS norm epsilon.
     pub rms_eps: f32,
+    /// What attention scores are multiplied by.
+    pub attn_scale: f32,
+    /// The feed-forward's gate.
+    pub activation: Activation,
+    /// What embeddings are multiplied by (Gemma: √width).
+    pub embed_scale: Option<f32>,
+    /// How each head of q and k is paired for RoPE.
+    pub rope_pairs: RopePairs,
+    /// The sliding window of the layers that have one.
+    pub sliding_window: Option<usize>,
 }
 
 pub(super) struct Layer {
     pub(super) attn_norm: NormWeights,
     /// q, k and v side by side.
     pub(super) qkv: Linear,
+    /// Their biases side by side (Qwen 2).
+    pub(super) qkv_bias: Option<Vec<f32>>,
+    /// RMS norm weights of each head of q and of k (Qwen 3, Gemma 3).
+    pub(super) q_norm: Option<NormWeights>,
+    pub(super) k_norm: Option<NormWeights>,
     pub(super) wo: Linear,
+    /// The norm of attention's output before the residual (Gemma 3).
+    pub(super) post_attn_norm: Option<NormWeights>,
     pub(super) ffn_norm: NormWeights,
     /// Gate and up side by side.
     pub(super) gate_up: Linear,
     pub(super) down: Linear,
+    /// The norm of the feed-forward's output before the residual (Gemma 3).
+    pub(super) post_ffn_norm: Option<NormWeights>,
+    /// This layer's sliding window, if it has one.
+    pub(super) window: Option<usize>,
+    /// Which of the model's RoPE tables this layer uses.
+    pub(super) rope: usize,
+}
+
+impl Layer {
+    /// Whether the layer is llama's block and nothing more: what the device paths run.
+    pub(super) fn is_plain(&self) -> bool {
+        self.qkv_bias.is_none()
+            && self.q_norm.is_none()
+            && self.k_norm.is_none()
+            && self.post_attn_norm.is_none()
+            && self.post_ffn_norm.is_none()
+            && self.window.is_none()
+            && self.rope == 0
+    }
+}
+
+/// One table of rotary angles, `head_dim / 2` per position for the whole context, on the
+/// device and on the host.
+pub(super) struct RopeTable {
+    pub(super) cos: Tensor,
+    pub(super) sin: Tensor,
+    pub(super) cos_host: Vec<f32>,
+    pub(super) sin_host: Vec<f32>,
+}
+
+impl RopeTable {
+    fn new(
+        spec: &RopeSpec,
+        head_dim: usize,
+        context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let inv = spec.inverse_frequencies(head_dim);
+        let inv = Tensor::new(inv, device)?.reshape((1, head_dim / 2))?;
+        let pos = Tensor::arange(0u32, context as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((context, 1))?;
+        let freqs = pos.broadcast_mul(&inv)?;
+        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        Ok(RopeTable {
+            cos_host: cos.flatten_all()?.to_vec1()?,
+            sin_host: sin.flatten_all()?.to_vec1()?,
+            cos,
+            sin,
+        })
+    }
 }
 
 /// The KV cache of one sequence, on the host: per layer, keys and values laid out
@@ -342,17 +414,13 @@ impl BatchPlan {
 
 /// The model's weights; sequences bring their own [`KvCache`].
 pub struct Model {
-    cfg: LlamaConfig,
+    cfg: ModelConfig,
     embed: Tensor,
     layers: Vec<Layer>,
     norm: NormWeights,
     head: Linear,
-    /// RoPE's cosines and sines, `head_dim / 2` per position, on the device (`cos`,
-    /// `sin`) and on the host.
-    cos: Tensor,
-    sin: Tensor,
-    cos_host: Vec<f32>,
-    sin_host: Vec<f32>,
+    /// RoPE's tables: one, or Gemma's global and local ones (`Layer::rope` picks).
+    ropes: Vec<RopeTable>,
     device: Device,
     /// The pass through suffixd's own GPU kernels, for f32 and bf16 weights on CUDA.
     #[cfg(feature = "cuda")]
@@ -360,220 +428,42 @@ pub struct Model {
 }
 
 impl Model {
-    /// Load a llama GGUF file. `max_context` caps the KV cache (and its memory).
-    pub fn load_gguf(
-        path: &Path,
-        content: &gguf_file::Content,
-        format: WeightFormat,
-        max_context: usize,
-        device: &Device,
-    ) -> Result<Self, ModelError> {
-        let fmt = |message: String| ModelError::Format {
-            path: path.into(),
-            message,
-        };
-        let arch = content
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok().cloned())
-            .unwrap_or_default();
-        if arch != "llama" {
-            return Err(fmt(format!("architecture {arch:?} is not llama")));
-        }
-        let heads = md_u32(content, "llama.attention.head_count").map_err(fmt)? as usize;
-        let kv_heads = md_u32(content, "llama.attention.head_count_kv").map_err(fmt)? as usize;
-        let width = md_u32(content, "llama.embedding_length").map_err(fmt)? as usize;
-        let layers_n = md_u32(content, "llama.block_count").map_err(fmt)? as usize;
-        let trained_context = md_u32(content, "llama.context_length").map_err(fmt)? as usize;
-        if heads == 0
-            || kv_heads == 0
-            || !heads.is_multiple_of(kv_heads)
-            || !width.is_multiple_of(heads)
-        {
-            return Err(fmt(format!(
-                "bad head counts {heads}/{kv_heads} for width {width}"
-            )));
-        }
-        let mut file = std::fs::File::open(path).map_err(|source| ModelError::Io {
-            path: path.into(),
-            source,
-        })?;
-        let mut tensor = |name: &str| -> Result<QTensor, ModelError> {
-            content
-                .tensor(&mut file, name, device)
-                .map_err(|e| fmt(format!("tensor {name}: {e}")))
-        };
-        let matrix = |qt: QTensor| -> Result<Weights, ModelError> {
-            let qt = match (format, qt.dtype()) {
-                (WeightFormat::Native, _) | (WeightFormat::Q8_0, GgmlDType::Q8_0) => qt,
-                (WeightFormat::Q8_0, _) => requantize_q8_0(&qt, device)?,
-                (WeightFormat::F32, _) => return Ok(dense_of(qt.dequantize(device)?, device)?),
-                (WeightFormat::Bf16, _) => {
-                    return Ok(dense_of(rounded_to_bf16(&qt.dequantize(device)?)?, device)?);
-                }
-            };
-            weights_of(qt, device).map_err(|e| fmt(e.to_string()))
-        };
-        let embed_q = tensor("token_embd.weight")?;
-        let embed = embed_q.dequantize(device)?;
-        let vocab = embed.dim(0)?;
-        let head = Linear::new(vec![match tensor("output.weight") {
-            Ok(t) => matrix(t)?,
-            // Tied to the embedding, as in SmolLM2.
-            Err(_) => matrix(embed_q)?,
-        }]);
-        let norm = NormWeights::new(tensor("output_norm.weight")?.dequantize(device)?)?;
-        let head_dim = width / heads;
-        let context = max_context.min(trained_context).max(1);
-        let mut layers = Vec::with_capacity(layers_n);
-        for i in 0..layers_n {
-            let p = |s: &str| format!("blk.{i}.{s}.weight");
-            layers.push(Layer {
-                attn_norm: NormWeights::new(tensor(&p("attn_norm"))?.dequantize(device)?)?,
-                qkv: Linear::new(vec![
-                    matrix(tensor(&p("attn_q"))?)?,
-                    matrix(tensor(&p("attn_k"))?)?,
-                    matrix(tensor(&p("attn_v"))?)?,
-                ]),
-                wo: Linear::new(vec![matrix(tensor(&p("attn_output"))?)?]),
-                ffn_norm: NormWeights::new(tensor(&p("ffn_norm"))?.dequantize(device)?)?,
-                gate_up: Linear::new(vec![
-                    matrix(tensor(&p("ffn_gate"))?)?,
-                    matrix(tensor(&p("ffn_up"))?)?,
-                ]),
-                down: Linear::new(vec![matrix(tensor(&p("ffn_down"))?)?]),
-            });
-        }
-        let cfg = LlamaConfig {
-            layers: layers_n,
-            heads,
-            kv_heads,
-            head_dim,
-            width,
-            vocab,
-            context,
-            rope_base: md_f32(content, "llama.rope.freq_base").unwrap_or(10000.0),
-            rms_eps: md_f32(content, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
-        };
-        Self::assemble(cfg, embed, layers, norm, head, device, format)
-    }
-
-    /// Load a Hugging Face llama directory: `config.json` and `model.safetensors` (or the
-    /// shards that `model.safetensors.index.json` names). Weights in f16, bf16 or f32;
-    /// `Native` keeps them as f32. `max_context` caps the KV cache.
-    pub fn load_safetensors(
-        dir: &Path,
-        format: WeightFormat,
-        max_context: usize,
-        device: &Device,
-    ) -> Result<Self, ModelError> {
-        let fmt = |message: String| ModelError::Format {
-            path: dir.into(),
-            message,
-        };
-        let hf = HfConfig::read(dir)?;
-        let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
-        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || width % heads != 0 {
-            return Err(fmt(format!(
-                "bad head counts {heads}/{kv_heads} for width {width}"
-            )));
-        }
-        let head_dim = width / heads;
-        if hf.head_dim.is_some_and(|d| d != head_dim) {
-            return Err(fmt(format!(
-                "head_dim {:?} is not hidden_size / num_attention_heads",
-                hf.head_dim
-            )));
-        }
-        let files = safetensors_files(dir)?;
-        // SAFETY: the files are mapped read-only; candle checks every tensor's extent
-        // against the file before it reads it.
-        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
-            .map_err(|e| fmt(format!("cannot map the safetensors files: {e}")))?;
-        let tensor = |name: &str| -> Result<Tensor, ModelError> {
-            st.load(name, device)
-                .and_then(|t| t.to_dtype(DType::F32))
-                .map_err(|e| fmt(format!("tensor {name}: {e}")))
-        };
-        let matrix = |t: Tensor| -> Result<Weights, ModelError> {
-            match format {
-                WeightFormat::Native | WeightFormat::F32 => Ok(dense_of(t, device)?),
-                WeightFormat::Bf16 => Ok(dense_of(rounded_to_bf16(&t)?, device)?),
-                WeightFormat::Q8_0 => weights_of(QTensor::quantize(&t, GgmlDType::Q8_0)?, device)
-                    .map_err(|e| fmt(e.to_string())),
-            }
-        };
-        let embed = tensor("model.embed_tokens.weight")?;
-        let vocab = embed.dim(0)?;
-        let head = Linear::new(vec![if hf.tie_word_embeddings {
-            matrix(embed.clone())?
-        } else {
-            matrix(tensor("lm_head.weight")?)?
-        }]);
-        let mut layers = Vec::with_capacity(hf.num_hidden_layers);
-        for i in 0..hf.num_hidden_layers {
-            let p = |s: &str| format!("model.layers.{i}.{s}.weight");
-            layers.push(Layer {
-                attn_norm: NormWeights::new(tensor(&p("input_layernorm"))?)?,
-                qkv: Linear::new(vec![
-                    matrix(rope_rows_interleaved(
-                        &tensor(&p("self_attn.q_proj"))?,
-                        heads,
-                    )?)?,
-                    matrix(rope_rows_interleaved(
-                        &tensor(&p("self_attn.k_proj"))?,
-                        kv_heads,
-                    )?)?,
-                    matrix(tensor(&p("self_attn.v_proj"))?)?,
-                ]),
-                wo: Linear::new(vec![matrix(tensor(&p("self_attn.o_proj"))?)?]),
-                ffn_norm: NormWeights::new(tensor(&p("post_attention_layernorm"))?)?,
-                gate_up: Linear::new(vec![
-                    matrix(tensor(&p("mlp.gate_proj"))?)?,
-                    matrix(tensor(&p("mlp.up_proj"))?)?,
-                ]),
-                down: Linear::new(vec![matrix(tensor(&p("mlp.down_proj"))?)?]),
-            });
-        }
-        let norm = NormWeights::new(tensor("model.norm.weight")?)?;
-        let cfg = LlamaConfig {
-            layers: hf.num_hidden_layers,
-            heads,
-            kv_heads,
-            head_dim,
-            width,
-            vocab,
-            context: max_context.min(hf.max_position_embeddings).max(1),
-            rope_base: hf.rope_theta,
-            rms_eps: hf.rms_norm_eps as f32,
-        };
-        Self::assemble(cfg, embed, layers, norm, head, device, format)
-    }
-
-    /// The model from its weights, with RoPE tables for its whole context.
-    fn assemble(
-        cfg: LlamaConfig,
+    /// The model from its weights, with RoPE tables for its whole context (`ropes`: the
+    /// tables the layers name).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn assemble(
+        cfg: ModelConfig,
         embed: Tensor,
         layers: Vec<Layer>,
         norm: NormWeights,
         head: Linear,
+        ropes: &[RopeSpec],
         device: &Device,
         format: WeightFormat,
     ) -> Result<Self, ModelError> {
-        let (head_dim, context) = (cfg.head_dim, cfg.context);
-        let inv: Vec<f32> = (0..head_dim / 2)
-            .map(|i| 1.0 / cfg.rope_base.powf(2.0 * i as f32 / head_dim as f32))
-            .collect();
-        let inv = Tensor::new(inv, device)?.reshape((1, head_dim / 2))?;
-        let pos = Tensor::arange(0u32, context as u32, device)?
-            .to_dtype(DType::F32)?
-            .reshape((context, 1))?;
-        let freqs = pos.broadcast_mul(&inv)?;
-        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        let ropes = ropes
+            .iter()
+            .map(|spec| RopeTable::new(spec, cfg.head_dim, cfg.context, device))
+            .collect::<Result<Vec<_>, _>>()?;
+        let plain = cfg.embed_scale.is_none()
+            && cfg.activation == Activation::Silu
+            && cfg.rope_pairs == RopePairs::Adjacent
+            && cfg.attn_scale == 1.0 / (cfg.head_dim as f32).sqrt()
+            && layers.iter().all(Layer::is_plain);
+        if !plain && !device.is_cpu() {
+            return Err(ModelError::CpuOnly(cfg.family));
+        }
         #[cfg(feature = "cuda")]
         let cuda = super::cuda::build(
-            &cfg, &embed, &layers, &norm, &head, &cos, &sin, device, format,
+            &cfg,
+            &embed,
+            &layers,
+            &norm,
+            &head,
+            &ropes[0].cos,
+            &ropes[0].sin,
+            device,
+            format,
         )?;
         #[cfg(not(feature = "cuda"))]
         let _ = format;
@@ -585,16 +475,13 @@ impl Model {
             layers,
             norm,
             head,
-            cos_host: cos.flatten_all()?.to_vec1()?,
-            sin_host: sin.flatten_all()?.to_vec1()?,
-            cos,
-            sin,
+            ropes,
             device: device.clone(),
         })
     }
 
     /// The architecture's sizes.
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
@@ -696,7 +583,7 @@ impl Model {
         batch: &mut [BatchEntry<'_>],
         plan: &BatchPlan,
     ) -> Result<Tensor, ModelError> {
-        let LlamaConfig {
+        let ModelConfig {
             heads: h,
             kv_heads: kvh,
             head_dim: hd,
@@ -707,28 +594,64 @@ impl Model {
         let simd = Simd::detect();
         let ids = Tensor::new(plan.ids.as_slice(), &self.device)?;
         let mut x: Vec<f32> = self.embed.index_select(&ids, 0)?.flatten_all()?.to_vec1()?;
+        if let Some(scale) = self.cfg.embed_scale {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
         let (mut normed, mut product) = (Vec::new(), Vec::new());
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        let rotary = Some((
-            plan.positions.as_slice(),
-            self.cos_host.as_slice(),
-            self.sin_host.as_slice(),
-        ));
         let qkv_width = (h + 2 * kvh) * hd;
+        // `sublayer`'s output into the residual, through the layer's post-norm if any.
+        let add_residual =
+            |x: &mut Vec<f32>, out: &[f32], post: Option<&NormWeights>, scratch: &mut Vec<f32>| {
+                match post {
+                    Some(norm) => {
+                        rms_norm(out, &norm.host, eps, scratch);
+                        add_assign(x, scratch);
+                    }
+                    None => add_assign(x, out),
+                }
+            };
         for (l, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm.host, eps, &mut normed);
             layer.qkv.forward_host(&normed, total, &mut product)?;
-            gather_heads(&product, qkv_width, 0, h, hd, rotary, &mut q);
-            gather_heads(&product, qkv_width, h * hd, kvh, hd, rotary, &mut k);
-            gather_heads(&product, qkv_width, (h + kvh) * hd, kvh, hd, None, &mut v);
+            if let Some(bias) = &layer.qkv_bias {
+                add_bias(&mut product, bias);
+            }
+            let table = &self.ropes[layer.rope];
+            let rotary = Some(Rotary {
+                positions: &plan.positions,
+                cos: &table.cos_host,
+                sin: &table.sin_host,
+                pairs: self.cfg.rope_pairs,
+            });
+            let q_norm = layer.q_norm.as_ref().map(|n| (n.host.as_slice(), eps));
+            let k_norm = layer.k_norm.as_ref().map(|n| (n.host.as_slice(), eps));
+            gather_heads(&product, qkv_width, 0, h, hd, q_norm, rotary, &mut q);
+            gather_heads(&product, qkv_width, h * hd, kvh, hd, k_norm, rotary, &mut k);
+            gather_heads(
+                &product,
+                qkv_width,
+                (h + kvh) * hd,
+                kvh,
+                hd,
+                None,
+                None,
+                &mut v,
+            );
             let attended = self.attention(l, batch, plan, &q, &k, &v);
             layer.wo.forward_host(&attended, total, &mut product)?;
-            add_assign(&mut x, &product);
+            add_residual(&mut x, &product, layer.post_attn_norm.as_ref(), &mut normed);
             rms_norm(&x, &layer.ffn_norm.host, eps, &mut normed);
             layer.gate_up.forward_host(&normed, total, &mut product)?;
-            let gated = silu_mul(simd, &product, total, product.len() / (2 * total));
+            let gated = gate_mul(
+                simd,
+                self.cfg.activation,
+                &product,
+                total,
+                product.len() / (2 * total),
+            );
             layer.down.forward_host(&gated, total, &mut product)?;
-            add_assign(&mut x, &product);
+            add_residual(&mut x, &product, layer.post_ffn_norm.as_ref(), &mut normed);
         }
         let width = self.cfg.width;
         let rows = plan.wanted.len();
@@ -761,8 +684,15 @@ impl Model {
         let (h, kvh, hd) = (self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim);
         let total = plan.total;
         let positions = Tensor::new(plan.positions.as_slice(), &self.device)?;
-        let cos = self.cos.index_select(&positions, 0)?.contiguous()?;
-        let sin = self.sin.index_select(&positions, 0)?.contiguous()?;
+        // Only plain llama blocks reach a device (`assemble`): one table, adjacent pairs.
+        let cos = self.ropes[0]
+            .cos
+            .index_select(&positions, 0)?
+            .contiguous()?;
+        let sin = self.ropes[0]
+            .sin
+            .index_select(&positions, 0)?
+            .contiguous()?;
         let ids = Tensor::new(plan.ids.as_slice(), &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
         // Columns `from..from + n·hd` of the fused q|k|v product as `(1, n, total, hd)`.
@@ -845,10 +775,9 @@ impl Model {
             })
             .collect();
         let shape = AttnShape {
-            total,
-            heads: h,
-            kv_heads: kvh,
-            head_dim: hd,
+            scale: self.cfg.attn_scale,
+            window: self.layers[l].window,
+            ..AttnShape::full(total, h, kvh, hd)
         };
         let mut out = vec![0f32; total * h * hd];
         attend(Simd::detect(), q, &sequences, shape, &mut out);
@@ -899,6 +828,8 @@ pub(crate) fn argmax(row: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::linear::weights_of;
+    use candle_core::quantized::{GgmlDType, QTensor};
 
     /// `n × k` weights quantized to `dtype`, from a seed.
     fn weights(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> QTensor {

@@ -1,7 +1,9 @@
 //! The model: the verifier that checks drafts. The fourth stage of the data flow.
 //!
 //! - [`tokenizer`]: the model's tokenizer, from GGUF metadata or tokenizer.json.
-//! - [`forward`]: a llama forward pass over a draft tree, with a KV cache that keeps only
+//! - [`arch`]: the model families (llama, Mistral, Qwen 2 and 3, Gemma 3) and what each
+//!   adds to the llama block.
+//! - [`forward`]: the forward pass over a draft tree, with a KV cache that keeps only
 //!   the accepted path.
 //! - [`kernels`]: the row-invariant CPU matmul and attention the model runs on.
 //! - `cuda` (with the `cuda` feature): the same guarantee on a GPU, through kernels
@@ -17,6 +19,7 @@
 //! It reads the chat template from [`crate::chat`] and names tokenizers through
 //! [`crate::vocab`]; it does not import the store.
 
+pub mod arch;
 pub mod cost;
 #[cfg(feature = "cuda")]
 pub mod cuda;

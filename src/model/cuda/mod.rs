@@ -32,7 +32,7 @@ use graphs::Graphs;
 pub use kv::DeviceKv;
 use kv::KvKeeper;
 
-use super::forward::{BatchEntry, BatchPlan, Layer, LlamaConfig, ModelError, WeightFormat};
+use super::forward::{BatchEntry, BatchPlan, Layer, ModelConfig, ModelError, WeightFormat};
 use super::linear::{Linear, NormWeights};
 
 /// The kernels' source.
@@ -328,7 +328,7 @@ fn ensure<'a, T: DeviceRepr + candle_core::cuda_backend::cudarc::driver::ValidAs
 /// these kernels, kept to compare against). None otherwise.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build(
-    cfg: &LlamaConfig,
+    cfg: &ModelConfig,
     embed: &Tensor,
     layers: &[Layer],
     norm: &NormWeights,
@@ -388,7 +388,7 @@ pub(super) fn build(
 
 /// The device pass: weights, kernels and scratch buffers.
 pub struct CudaForward {
-    cfg: LlamaConfig,
+    cfg: ModelConfig,
     device: CudaDevice,
     stream: Arc<CudaStream>,
     kernels: Kernels,
@@ -424,7 +424,7 @@ impl CudaForward {
     #[allow(clippy::too_many_arguments)]
     fn new(
         device: &CudaDevice,
-        cfg: &LlamaConfig,
+        cfg: &ModelConfig,
         embed: &Tensor,
         layers: &[LayerTensors],
         norm: &Tensor,

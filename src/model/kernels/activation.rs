@@ -1,5 +1,5 @@
-//! The feed-forward block's gate: `silu(g) · u` for the fused gate|up product, on the
-//! host, so the down projection's input is made in one pass over it (no narrowed copies,
+//! The feed-forward block's gate: `silu(g) · u` (or Gemma's `gelu_tanh(g) · u`) for the
+//! fused gate|up product, on the host, so the down projection's input is made in one pass over it (no narrowed copies,
 //! no separate SiLU and product tensors, and a vectorized exponential instead of libm's
 //! per value).
 //!
@@ -19,6 +19,51 @@ fn gate_portable(g: f32, u: f32) -> f32 {
     let e = exp_portable(-g.abs());
     let numerator = if g >= 0.0 { g } else { g * e };
     numerator / (1.0 + e) * u
+}
+
+/// The function the feed-forward block's gate goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `x · sigmoid(x)`: llama, Mistral, Qwen.
+    Silu,
+    /// GELU by its tanh approximation (PyTorch's `gelu(approximate="tanh")`): Gemma.
+    GeluTanh,
+}
+
+/// `rows` rows of `gate_up` (`[row][gate (ffn) | up (ffn)]`) into `rows × ffn` values
+/// `activation(gate) · up`.
+pub fn gate_mul(
+    simd: Simd,
+    activation: Activation,
+    gate_up: &[f32],
+    rows: usize,
+    ffn: usize,
+) -> Vec<f32> {
+    match activation {
+        Activation::Silu => silu_mul(simd, gate_up, rows, ffn),
+        Activation::GeluTanh => gelu_tanh_mul(gate_up, rows, ffn),
+    }
+}
+
+/// `gelu_tanh(g) · u = ½·g·(1 + tanh(y)) · u` for `y = √(2/π)·(g + 0.044715·g³)`. With
+/// `e = e^−2|y|` (never overflows), `½(1 + tanh y)` is `1/(1 + e)` for `y ≥ 0` and
+/// `e/(1 + e)` below, without the cancellation of `1 + tanh y` near −1 (the SiLU gate's
+/// form). Portable only: Gemma's share of a step is small beside its projections.
+fn gelu_tanh_mul(gate_up: &[f32], rows: usize, ffn: usize) -> Vec<f32> {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    assert_eq!(gate_up.len(), rows * 2 * ffn, "gate_up is rows × 2·ffn");
+    let mut out = vec![0f32; rows * ffn];
+    for (row, out) in gate_up.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
+        let (gate, up) = row.split_at(ffn);
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            let y = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+            let e = exp_portable(-2.0 * y.abs());
+            let numerator = if y >= 0.0 { g } else { g * e };
+            *o = numerator / (1.0 + e) * u;
+        }
+    }
+    out
 }
 
 /// `rows` rows of `gate_up` (`[row][gate (ffn) | up (ffn)]`) into `rows × ffn` values
@@ -112,6 +157,31 @@ mod tests {
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{simd:?} and portable differ"
             );
+        }
+    }
+
+    #[test]
+    fn the_gelu_gate_is_pytorch_s_tanh_approximation() {
+        let (rows, ffn) = (2, 37);
+        let mut gate_up = test_values(rows * 2 * ffn, 6, 12.0);
+        gate_up[0] = -30.0;
+        gate_up[1] = 30.0;
+        gate_up[2] = 0.0;
+        let ours = gate_mul(Simd::Portable, Activation::GeluTanh, &gate_up, rows, ffn);
+        for r in 0..rows {
+            for j in 0..ffn {
+                let (g, u) = (
+                    gate_up[r * 2 * ffn + j] as f64,
+                    gate_up[r * 2 * ffn + ffn + j] as f64,
+                );
+                let y = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+                let want = 0.5 * g * (1.0 + y.tanh()) * u;
+                let got = ours[r * ffn + j] as f64;
+                assert!(
+                    (got - want).abs() <= 2e-6 * want.abs().max(1e-2),
+                    "gelu_tanh({g}) · {u}: {got} against {want}"
+                );
+            }
         }
     }
 }

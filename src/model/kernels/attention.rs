@@ -23,6 +23,26 @@ pub struct AttnShape {
     pub kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// What the scores are multiplied by before the softmax: `1/√head_dim` for most
+    /// models (Gemma's is `1/√query_pre_attn_scalar`).
+    pub scale: f32,
+    /// Sliding-window attention: a query attends only to the last `window` positions,
+    /// itself included (Mistral, Gemma 3's local layers). None attends to all.
+    pub window: Option<usize>,
+}
+
+impl AttnShape {
+    /// Full attention scaled by `1/√head_dim`, as llama has it.
+    pub fn full(total: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        AttnShape {
+            total,
+            heads,
+            kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+        }
+    }
 }
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -338,6 +358,8 @@ pub fn attend(
         heads,
         kv_heads,
         head_dim: hd,
+        scale,
+        window,
     } = s;
     assert!(simd.is_available(), "{simd:?} is not available on this CPU");
     assert_eq!(
@@ -358,7 +380,6 @@ pub fn attend(
         );
     }
     let rep = heads / kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
     let dst = Out::new(out, heads * hd);
     thread_local! {
         static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<usize>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
@@ -396,6 +417,11 @@ pub fn attend(
             let (scores, rows, qs) = &mut *cell.borrow_mut();
             rows.clear();
             rows.extend((0..base).chain(sets[i].iter().map(|&a| base + a)));
+            // The rows are in position order (the context, then the ancestors root
+            // first), one per position up to the query's: a window keeps the last ones.
+            if let Some(w) = window {
+                rows.drain(..rows.len().saturating_sub(w));
+            }
             qs.clear();
             for head in first..first + group {
                 qs.extend_from_slice(&q[(head * total + row) * hd..][..hd]);
@@ -452,12 +478,7 @@ mod tests {
         let vals = values((base + t) * kv_heads * hd, 3);
         let sets: Vec<Vec<usize>> = (0..t).map(|i| (0..=i).collect()).collect();
         let mut out = vec![0f32; total * heads * hd];
-        let shape = AttnShape {
-            total,
-            heads,
-            kv_heads,
-            head_dim: hd,
-        };
+        let shape = AttnShape::full(total, heads, kv_heads, hd);
         let seq = SequenceCache {
             keys: &keys,
             values: &vals,
@@ -483,12 +504,7 @@ mod tests {
             q_one[h * hd..(h + 1) * hd].copy_from_slice(&q_all[(h * 9 + 2 + t - 1) * hd..][..hd]);
         }
         let mut alone = vec![0f32; heads * hd];
-        let shape = AttnShape {
-            total: 1,
-            heads,
-            kv_heads: 2,
-            head_dim: hd,
-        };
+        let shape = AttnShape::full(1, heads, 2, hd);
         let sets = [(0..t).collect()];
         let seq = SequenceCache {
             keys: &keys,
@@ -540,12 +556,7 @@ mod tests {
             .flat_map(|_| (0..hd).map(|d| d as f32))
             .collect();
         let mut out = vec![0f32; heads * hd];
-        let shape = AttnShape {
-            total: 1,
-            heads,
-            kv_heads,
-            head_dim: hd,
-        };
+        let shape = AttnShape::full(1, heads, kv_heads, hd);
         let sets = [vec![0]];
         let seq = SequenceCache {
             keys: &keys,
@@ -564,12 +575,7 @@ mod tests {
     fn sequences_in_one_call_get_the_bits_each_gets_alone() {
         let (heads, kv_heads, hd, total) = (6, 2, 16, 9);
         let q = values(heads * total * hd, 6);
-        let shape = AttnShape {
-            total,
-            heads,
-            kv_heads,
-            head_dim: hd,
-        };
+        let shape = AttnShape::full(total, heads, kv_heads, hd);
         // A chain of 4 after 30 rows at rows 0..4, a branching tree of 3 after 11 rows
         // at rows 4..7, an empty sequence, then one token after 50 rows at row 8.
         let caches: Vec<(Vec<f32>, Vec<f32>)> = [34usize, 14, 0, 51]
@@ -612,6 +618,69 @@ mod tests {
                 .zip(&alone[rows])
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "sequence {s} differs in the batched call");
+        }
+    }
+
+    #[test]
+    fn a_window_attends_to_the_last_positions_as_a_cache_of_only_those_would() {
+        let (heads, kv_heads, hd, window) = (4, 2, 16, 5);
+        let row = kv_heads * hd;
+        // A tree of 3 (a chain 0 → 1 and a sibling 2) after 20 context rows.
+        let (base, total) = (20, 3);
+        let q = values(heads * total * hd, 30);
+        let keys = values((base + total) * row, 31);
+        let vals = values((base + total) * row, 32);
+        let sets = vec![vec![0], vec![0, 1], vec![0, 2]];
+        let mut windowed = vec![0f32; total * heads * hd];
+        let shape = AttnShape {
+            window: Some(window),
+            ..AttnShape::full(total, heads, kv_heads, hd)
+        };
+        let seq = SequenceCache {
+            keys: &keys,
+            values: &vals,
+            sets: &sets,
+            base,
+            offset: 0,
+        };
+        attend(Simd::detect(), &q, &[seq], shape, &mut windowed);
+        // Each query alone, over a cache holding only the rows its window covers.
+        for (i, set) in sets.iter().enumerate() {
+            let mut rows: Vec<usize> = (0..base).chain(set.iter().map(|&a| base + a)).collect();
+            rows.drain(..rows.len() - window);
+            let gather = |all: &[f32]| -> Vec<f32> {
+                rows.iter()
+                    .flat_map(|&r| all[r * row..(r + 1) * row].iter().copied())
+                    .collect()
+            };
+            let (k, v) = (gather(&keys), gather(&vals));
+            let mut q_one = vec![0f32; heads * hd];
+            for h in 0..heads {
+                q_one[h * hd..(h + 1) * hd].copy_from_slice(&q[(h * total + i) * hd..][..hd]);
+            }
+            let chain = vec![(0..window).collect::<Vec<_>>()];
+            let mut alone = vec![0f32; heads * hd];
+            let one = SequenceCache {
+                keys: &k,
+                values: &v,
+                sets: &chain,
+                base: 0,
+                offset: 0,
+            };
+            attend(
+                Simd::detect(),
+                &q_one,
+                &[one],
+                AttnShape::full(1, heads, kv_heads, hd),
+                &mut alone,
+            );
+            let got = &windowed[i * heads * hd..(i + 1) * heads * hd];
+            assert!(
+                got.iter()
+                    .zip(&alone)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "query {i} differs from attention over its window's rows alone"
+            );
         }
     }
 }

@@ -1,0 +1,208 @@
+//! The model families suffixd runs, and what each adds to the llama block.
+//!
+//! Every family is the same decoder block over the same row-invariant kernels: a norm,
+//! attention, a residual, a norm, a gated feed-forward, a residual. A family only turns
+//! on parts of it (biases on q, k and v; per-head norms on q and k; norms after attention
+//! and after the feed-forward; GELU instead of SiLU; scaled embeddings; sliding-window
+//! layers) and names its metadata and tensors. [`super::load`] reads them; the forward
+//! pass ([`super::forward`]) runs whatever parts a layer has.
+
+use super::kernels::activation::Activation;
+use super::kernels::norm::RopePairs;
+
+/// A model family (architecture).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// Llama 2 and 3 (with Llama 3's RoPE scaling), SmolLM, TinyLlama, and Mistral models
+    /// converted to GGUF as llama.
+    Llama,
+    /// Mistral: llama with sliding-window attention (Hugging Face `model_type` mistral).
+    Mistral,
+    /// Qwen 2 and 2.5: biases on q, k and v.
+    Qwen2,
+    /// Qwen 3: RMS norms on each head of q and k.
+    Qwen3,
+    /// Gemma 3 (text): q and k norms, norms after attention and after the feed-forward,
+    /// GELU, embeddings scaled by √width, and sliding-window layers between global ones.
+    Gemma3,
+}
+
+/// The GGUF architectures (`general.architecture`) that load, for error messages.
+pub const SUPPORTED_GGUF: &str = "llama, qwen2, qwen3, gemma3";
+/// The Hugging Face `model_type`s that load, for error messages.
+pub const SUPPORTED_HF: &str = "llama, mistral, qwen2, qwen3, gemma3_text";
+
+impl Family {
+    /// The family of a GGUF file's `general.architecture`.
+    pub fn from_gguf(arch: &str) -> Option<Self> {
+        Some(match arch {
+            "llama" => Family::Llama,
+            "qwen2" => Family::Qwen2,
+            "qwen3" => Family::Qwen3,
+            "gemma3" => Family::Gemma3,
+            _ => return None,
+        })
+    }
+
+    /// The family of a Hugging Face `config.json`'s `model_type`.
+    pub fn from_hf(model_type: &str) -> Option<Self> {
+        Some(match model_type {
+            "llama" => Family::Llama,
+            "mistral" => Family::Mistral,
+            "qwen2" => Family::Qwen2,
+            "qwen3" => Family::Qwen3,
+            "gemma3_text" => Family::Gemma3,
+            _ => return None,
+        })
+    }
+
+    /// The parts of the block this family has.
+    pub fn block(self) -> Block {
+        let llama = Block {
+            qkv_bias: false,
+            qk_norm: false,
+            sandwich_norms: false,
+            activation: Activation::Silu,
+            embed_scale: false,
+            hf_norm_offset: 0.0,
+            gguf_rope_pairs: RopePairs::Adjacent,
+        };
+        match self {
+            Family::Llama | Family::Mistral => llama,
+            Family::Qwen2 => Block {
+                qkv_bias: true,
+                gguf_rope_pairs: RopePairs::Halves,
+                ..llama
+            },
+            Family::Qwen3 => Block {
+                qk_norm: true,
+                gguf_rope_pairs: RopePairs::Halves,
+                ..llama
+            },
+            Family::Gemma3 => Block {
+                qk_norm: true,
+                sandwich_norms: true,
+                activation: Activation::GeluTanh,
+                embed_scale: true,
+                hf_norm_offset: 1.0,
+                gguf_rope_pairs: RopePairs::Halves,
+                ..llama
+            },
+        }
+    }
+}
+
+/// What a family's block has beyond llama's.
+#[derive(Clone, Copy, Debug)]
+pub struct Block {
+    /// Biases on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// An RMS norm on each head of q and of k, before RoPE.
+    pub qk_norm: bool,
+    /// An RMS norm on the attention's output and on the feed-forward's, before each is
+    /// added to the residual.
+    pub sandwich_norms: bool,
+    /// The feed-forward's gate.
+    pub activation: Activation,
+    /// Embeddings are multiplied by √width.
+    pub embed_scale: bool,
+    /// Hugging Face checkpoints store Gemma's norm weights as `w` and apply `1 + w`;
+    /// GGUF files store `1 + w`.
+    pub hf_norm_offset: f32,
+    /// How GGUF lays out each head of q and k for RoPE (llama.cpp permutes llama's rows
+    /// into adjacent pairs and keeps the others' halves).
+    pub gguf_rope_pairs: RopePairs,
+}
+
+/// Llama 3's RoPE scaling (`rope_type: "llama3"`): per frequency, what its inverse
+/// frequency is divided by. Long wavelengths are slowed by `factor`, short ones kept, and
+/// the band between blended; the same values llama.cpp's converter writes as the GGUF
+/// tensor `rope_freqs.weight`.
+pub fn llama3_rope_divisors(
+    head_dim: usize,
+    base: f32,
+    factor: f32,
+    low_freq_factor: f32,
+    high_freq_factor: f32,
+    original_context: f32,
+) -> Vec<f32> {
+    let low_wavelen = original_context / low_freq_factor;
+    let high_wavelen = original_context / high_freq_factor;
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / base.powf(2.0 * i as f32 / head_dim as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (original_context / wavelen - low_freq_factor)
+                    / (high_freq_factor - low_freq_factor);
+                freq / ((1.0 - smooth) * freq / factor + smooth * freq)
+            }
+        })
+        .collect()
+}
+
+/// One table of rotary angles: its base frequency and, per frequency, a divisor (RoPE
+/// scaling; empty for none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeSpec {
+    /// The base (`rope_theta`).
+    pub base: f32,
+    /// Per frequency, what its inverse frequency is divided by; empty for plain RoPE.
+    pub divisors: Vec<f32>,
+}
+
+impl RopeSpec {
+    /// The inverse frequencies of a head of `head_dim` values.
+    pub fn inverse_frequencies(&self, head_dim: usize) -> Vec<f32> {
+        (0..head_dim / 2)
+            .map(|i| {
+                let inv = 1.0 / self.base.powf(2.0 * i as f32 / head_dim as f32);
+                self.divisors.get(i).map_or(inv, |d| inv / d)
+            })
+            .collect()
+    }
+}
+
+/// Gemma 3's layer pattern: every `pattern`-th layer is global, the others slide.
+pub fn gemma_layer_slides(layer: usize, pattern: usize) -> bool {
+    pattern == 0 || !(layer + 1).is_multiple_of(pattern)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_divisors_keep_short_wavelengths_and_slow_long_ones() {
+        // Llama 3.1's own values: base 500000, factor 8, 1 and 4, 8192.
+        let d = llama3_rope_divisors(64, 500_000.0, 8.0, 1.0, 4.0, 8192.0);
+        assert_eq!(d.len(), 32);
+        assert_eq!(d[0], 1.0, "the fastest frequency is kept");
+        assert_eq!(d[31], 8.0, "the slowest is divided by the factor");
+        assert!(d.windows(2).all(|w| w[0] <= w[1]), "{d:?}");
+        assert!(d.iter().any(|&x| x > 1.0 && x < 8.0), "a blended band");
+    }
+
+    #[test]
+    fn every_family_s_name_round_trips() {
+        for f in [Family::Llama, Family::Qwen2, Family::Qwen3, Family::Gemma3] {
+            let name = serde_json::to_value(f).unwrap();
+            assert_eq!(Family::from_gguf(name.as_str().unwrap()), Some(f));
+        }
+        assert_eq!(Family::from_hf("gemma3_text"), Some(Family::Gemma3));
+        assert_eq!(Family::from_hf("mistral"), Some(Family::Mistral));
+        assert_eq!(Family::from_gguf("phi3"), None);
+    }
+
+    #[test]
+    fn gemma_s_sixth_layers_are_global() {
+        let slides: Vec<bool> = (0..12).map(|l| gemma_layer_slides(l, 6)).collect();
+        assert_eq!(slides.iter().filter(|s| !**s).count(), 2);
+        assert!(!slides[5] && !slides[11]);
+    }
+}

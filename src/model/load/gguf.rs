@@ -1,0 +1,289 @@
+//! A model from a GGUF file: every family in [`Family`], by llama.cpp's names.
+
+use std::path::Path;
+
+use candle_core::Device;
+use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+
+use super::{md_f32, md_u32};
+use crate::model::arch::{Family, RopeSpec, SUPPORTED_GGUF, gemma_layer_slides};
+use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
+use crate::model::linear::{
+    Linear, NormWeights, Weights, dense_of, requantize_q8_0, rounded_to_bf16, weights_of,
+};
+
+/// Gemma 3's defaults where its GGUF metadata is silent, as llama.cpp has them.
+const GEMMA_GLOBAL_ROPE_BASE: f32 = 1_000_000.0;
+const GEMMA_LOCAL_ROPE_BASE: f32 = 10_000.0;
+const GEMMA_SLIDING_PATTERN: usize = 6;
+
+impl Model {
+    /// Load a GGUF file of a supported architecture ([`SUPPORTED_GGUF`]). `max_context`
+    /// caps the KV cache (and its memory).
+    pub fn load_gguf(
+        path: &Path,
+        content: &gguf_file::Content,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let fmt = |message: String| ModelError::Format {
+            path: path.into(),
+            message,
+        };
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_default();
+        let family = Family::from_gguf(&arch).ok_or_else(|| {
+            fmt(format!(
+                "architecture {arch:?} is not supported; suffixd loads GGUF architectures {SUPPORTED_GGUF}"
+            ))
+        })?;
+        let block = family.block();
+        let key = |k: &str| format!("{arch}.{k}");
+        let has = |k: &str| content.metadata.contains_key(&key(k));
+        let size = |k: &str| md_u32(content, &key(k)).map(|v| v as usize).map_err(fmt);
+        let heads = size("attention.head_count")?;
+        let kv_heads = size("attention.head_count_kv")?;
+        let width = size("embedding_length")?;
+        let layers_n = size("block_count")?;
+        let trained_context = size("context_length")?;
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(fmt(format!("bad head counts {heads}/{kv_heads}")));
+        }
+        let head_dim = if has("attention.key_length") {
+            size("attention.key_length")?
+        } else if width.is_multiple_of(heads) {
+            width / heads
+        } else {
+            return Err(fmt(format!(
+                "width {width} is not a multiple of {heads} heads"
+            )));
+        };
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(fmt(format!("bad head width {head_dim}")));
+        }
+        if has("attention.value_length") && size("attention.value_length")? != head_dim {
+            return Err(fmt("values as wide as keys only".into()));
+        }
+        if has("rope.dimension_count") && size("rope.dimension_count")? != head_dim {
+            return Err(fmt(format!(
+                "RoPE over part of a head ({} of {head_dim}) is not supported",
+                size("rope.dimension_count")?
+            )));
+        }
+        let file = std::fs::File::open(path).map_err(|source| ModelError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let mut t = Tensors {
+            path,
+            content,
+            file,
+            device,
+        };
+        let matrix = |qt: QTensor| -> Result<Weights, ModelError> {
+            let qt = match (format, qt.dtype()) {
+                (WeightFormat::Native, _) | (WeightFormat::Q8_0, GgmlDType::Q8_0) => qt,
+                (WeightFormat::Q8_0, _) => requantize_q8_0(&qt, device)?,
+                (WeightFormat::F32, _) => return Ok(dense_of(qt.dequantize(device)?, device)?),
+                (WeightFormat::Bf16, _) => {
+                    return Ok(dense_of(rounded_to_bf16(&qt.dequantize(device)?)?, device)?);
+                }
+            };
+            weights_of(qt, device).map_err(|e| fmt(e.to_string()))
+        };
+        let embed_q = t.get("token_embd.weight")?;
+        let embed = embed_q.dequantize(device)?;
+        let vocab = embed.dim(0)?;
+        let head = Linear::new(vec![if t.present("output.weight") {
+            matrix(t.get("output.weight")?)?
+        } else {
+            // Tied to the embedding, as in SmolLM2, Qwen 2.5's small models and Gemma.
+            matrix(embed_q)?
+        }]);
+        let norm = t.norm("output_norm.weight")?;
+        // Gemma's sliding layers use a second RoPE table; Llama 3's scaling comes as
+        // per-frequency divisors in `rope_freqs.weight`.
+        let default_base = match family {
+            Family::Gemma3 => GEMMA_GLOBAL_ROPE_BASE,
+            _ => 10_000.0,
+        };
+        let base = md_f32(content, &key("rope.freq_base")).unwrap_or(default_base);
+        let scaling = content
+            .metadata
+            .get(&key("rope.scaling.type"))
+            .and_then(|v| v.to_string().ok().cloned());
+        let divisors = if t.present("rope_freqs.weight") {
+            t.host("rope_freqs.weight")?
+        } else {
+            match scaling.as_deref() {
+                None | Some("none") => Vec::new(),
+                Some("linear") => {
+                    let factor = md_f32(content, &key("rope.scaling.factor"))
+                        .ok_or_else(|| fmt("linear RoPE scaling without a factor".into()))?;
+                    vec![factor; head_dim / 2]
+                }
+                Some(other) => {
+                    return Err(fmt(format!("RoPE scaling {other:?} is not supported")));
+                }
+            }
+        };
+        if !divisors.is_empty() && divisors.len() != head_dim / 2 {
+            return Err(fmt(format!(
+                "{} RoPE divisors for heads of {head_dim}",
+                divisors.len()
+            )));
+        }
+        let mut ropes = vec![RopeSpec { base, divisors }];
+        let windows: Vec<Option<usize>> = if family == Family::Gemma3 {
+            let window = size("attention.sliding_window")?;
+            let pattern = [
+                "attention.sliding_window_pattern",
+                "attention.sliding_window_type",
+            ]
+            .iter()
+            .find(|k| has(k))
+            .map(|k| size(k))
+            .transpose()?
+            .unwrap_or(GEMMA_SLIDING_PATTERN);
+            ropes.push(RopeSpec {
+                base: md_f32(content, &key("rope.local_freq_base"))
+                    .unwrap_or(GEMMA_LOCAL_ROPE_BASE),
+                divisors: Vec::new(),
+            });
+            (0..layers_n)
+                .map(|l| gemma_layer_slides(l, pattern).then_some(window))
+                .collect()
+        } else {
+            // llama.cpp runs Mistral's GGUF files (architecture llama) with full
+            // attention; so does suffixd, to give the same tokens.
+            vec![None; layers_n]
+        };
+        let mut layers = Vec::with_capacity(layers_n);
+        for (i, window) in windows.into_iter().enumerate() {
+            let p = |s: &str| format!("blk.{i}.{s}");
+            let qkv_bias = if t.part(block.qkv_bias, &p("attn_q.bias"), &arch)? {
+                let mut bias = t.host(&p("attn_q.bias"))?;
+                bias.extend(t.host(&p("attn_k.bias"))?);
+                bias.extend(t.host(&p("attn_v.bias"))?);
+                Some(bias)
+            } else {
+                None
+            };
+            let q_norm = t.optional_norm(block.qk_norm, &p("attn_q_norm.weight"), &arch)?;
+            let k_norm = t.optional_norm(block.qk_norm, &p("attn_k_norm.weight"), &arch)?;
+            let post_attn_norm = t.optional_norm(
+                block.sandwich_norms,
+                &p("post_attention_norm.weight"),
+                &arch,
+            )?;
+            let post_ffn_norm =
+                t.optional_norm(block.sandwich_norms, &p("post_ffw_norm.weight"), &arch)?;
+            layers.push(Layer {
+                attn_norm: t.norm(&p("attn_norm.weight"))?,
+                qkv: Linear::new(vec![
+                    matrix(t.get(&p("attn_q.weight"))?)?,
+                    matrix(t.get(&p("attn_k.weight"))?)?,
+                    matrix(t.get(&p("attn_v.weight"))?)?,
+                ]),
+                qkv_bias,
+                q_norm,
+                k_norm,
+                wo: Linear::new(vec![matrix(t.get(&p("attn_output.weight"))?)?]),
+                post_attn_norm,
+                ffn_norm: t.norm(&p("ffn_norm.weight"))?,
+                gate_up: Linear::new(vec![
+                    matrix(t.get(&p("ffn_gate.weight"))?)?,
+                    matrix(t.get(&p("ffn_up.weight"))?)?,
+                ]),
+                down: Linear::new(vec![matrix(t.get(&p("ffn_down.weight"))?)?]),
+                post_ffn_norm,
+                rope: usize::from(window.is_some()),
+                window,
+            });
+        }
+        let cfg = ModelConfig {
+            family,
+            layers: layers_n,
+            heads,
+            kv_heads,
+            head_dim,
+            width,
+            vocab,
+            context: max_context.min(trained_context).max(1),
+            rope_base: base,
+            rms_eps: md_f32(content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            activation: block.activation,
+            embed_scale: block.embed_scale.then(|| (width as f32).sqrt()),
+            rope_pairs: block.gguf_rope_pairs,
+            sliding_window: layers.iter().find_map(|l| l.window),
+        };
+        Self::assemble(cfg, embed, layers, norm, head, &ropes, device, format)
+    }
+}
+
+/// The tensors of an open GGUF file.
+struct Tensors<'a> {
+    path: &'a Path,
+    content: &'a gguf_file::Content,
+    file: std::fs::File,
+    device: &'a Device,
+}
+
+impl Tensors<'_> {
+    fn error(&self, message: String) -> ModelError {
+        ModelError::Format {
+            path: self.path.into(),
+            message,
+        }
+    }
+
+    fn present(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    fn get(&mut self, name: &str) -> Result<QTensor, ModelError> {
+        self.content
+            .tensor(&mut self.file, name, self.device)
+            .map_err(|e| self.error(format!("tensor {name}: {e}")))
+    }
+
+    /// A vector's values on the host (biases, RoPE divisors).
+    fn host(&mut self, name: &str) -> Result<Vec<f32>, ModelError> {
+        Ok(self
+            .get(name)?
+            .dequantize(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1()?)
+    }
+
+    fn norm(&mut self, name: &str) -> Result<NormWeights, ModelError> {
+        Ok(NormWeights::new(self.get(name)?.dequantize(self.device)?)?)
+    }
+
+    /// Whether a family-dependent part is in the file: an error if the family needs it
+    /// and it is missing.
+    fn part(&self, needed: bool, name: &str, arch: &str) -> Result<bool, ModelError> {
+        match (needed, self.present(name)) {
+            (true, false) => Err(self.error(format!("{arch} needs tensor {name}"))),
+            (_, here) => Ok(here),
+        }
+    }
+
+    fn optional_norm(
+        &mut self,
+        needed: bool,
+        name: &str,
+        arch: &str,
+    ) -> Result<Option<NormWeights>, ModelError> {
+        if self.part(needed, name, arch)? {
+            Ok(Some(self.norm(name)?))
+        } else {
+            Ok(None)
+        }
+    }
+}

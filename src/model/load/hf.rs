@@ -1,0 +1,202 @@
+//! A model from a Hugging Face directory: `config.json` and safetensors weights, for
+//! every family in [`Family`].
+//!
+//! Hugging Face pairs each head's values i and i + head_dim/2 for RoPE; the rows of q and
+//! k (with their biases and head norms) are reordered into adjacent pairs, as llama.cpp's
+//! converter does for llama, so that every directory runs like a llama GGUF.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use super::{HfConfig, rope_rows_interleaved, safetensors_files};
+use crate::model::arch::{Family, RopeSpec};
+use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
+use crate::model::kernels::norm::RopePairs;
+use crate::model::linear::{Linear, NormWeights, Weights, dense_of, rounded_to_bf16, weights_of};
+
+impl Model {
+    /// Load a Hugging Face directory: `config.json` and `model.safetensors` (or the
+    /// shards that `model.safetensors.index.json` names). Weights in f16, bf16 or f32;
+    /// `Native` keeps them as f32. `max_context` caps the KV cache.
+    pub fn load_safetensors(
+        dir: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let fmt = |message: String| ModelError::Format {
+            path: dir.into(),
+            message,
+        };
+        let (hf, family) = HfConfig::read(dir)?;
+        let block = family.block();
+        let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
+        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(fmt(format!("bad head counts {heads}/{kv_heads}")));
+        }
+        let head_dim = match hf.head_dim {
+            Some(d) => d,
+            None if width.is_multiple_of(heads) => width / heads,
+            None => {
+                return Err(fmt(format!(
+                    "width {width} is not a multiple of {heads} heads"
+                )));
+            }
+        };
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(fmt(format!("bad head width {head_dim}")));
+        }
+        let global_rope = hf.rope(head_dim).map_err(fmt)?;
+        let windows = hf.windows(family).map_err(fmt)?;
+        let files = safetensors_files(dir)?;
+        // SAFETY: the files are mapped read-only; candle checks every tensor's extent
+        // against the file before it reads it.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
+            .map_err(|e| fmt(format!("cannot map the safetensors files: {e}")))?;
+        let names: HashSet<String> = st.tensors().into_iter().map(|(name, _)| name).collect();
+        let tensor = |name: &str| -> Result<Tensor, ModelError> {
+            st.load(name, device)
+                .and_then(|t| t.to_dtype(DType::F32))
+                .map_err(|e| fmt(format!("tensor {name}: {e}")))
+        };
+        let matrix = |t: Tensor| -> Result<Weights, ModelError> {
+            match format {
+                WeightFormat::Native | WeightFormat::F32 => Ok(dense_of(t, device)?),
+                WeightFormat::Bf16 => Ok(dense_of(rounded_to_bf16(&t)?, device)?),
+                WeightFormat::Q8_0 => weights_of(QTensor::quantize(&t, GgmlDType::Q8_0)?, device)
+                    .map_err(|e| fmt(e.to_string())),
+            }
+        };
+        let norm = |name: &str| -> Result<NormWeights, ModelError> {
+            Ok(NormWeights::new(
+                tensor(name)?.affine(1.0, block.hf_norm_offset as f64)?,
+            )?)
+        };
+        // A head norm's weights in the adjacent-pairs order of its heads' values.
+        let head_norm = |name: &str| -> Result<NormWeights, ModelError> {
+            let w = tensor(name)?.affine(1.0, block.hf_norm_offset as f64)?;
+            Ok(NormWeights::new(
+                rope_rows_interleaved(&w.reshape((head_dim, 1))?, 1)?.flatten_all()?,
+            )?)
+        };
+        let part = |needed: bool, name: &str| -> Result<bool, ModelError> {
+            match (needed, names.contains(name)) {
+                (true, false) => Err(fmt(format!("{family:?} needs tensor {name}"))),
+                (_, here) => Ok(here),
+            }
+        };
+        let embed = tensor("model.embed_tokens.weight")?;
+        let vocab = embed.dim(0)?;
+        // Tied when the checkpoint has no head of its own.
+        let head = Linear::new(vec![if names.contains("lm_head.weight") {
+            matrix(tensor("lm_head.weight")?)?
+        } else {
+            matrix(embed.clone())?
+        }]);
+        // Gemma 3 norms the feed-forward's input as `pre_feedforward_layernorm`, and
+        // calls its post-attention norm what llama calls its feed-forward norm.
+        let ffn_norm_name = if block.sandwich_norms {
+            "pre_feedforward_layernorm"
+        } else {
+            "post_attention_layernorm"
+        };
+        let mut layers = Vec::with_capacity(hf.num_hidden_layers);
+        for (i, window) in windows.into_iter().enumerate() {
+            let p = |s: &str| format!("model.layers.{i}.{s}");
+            let qkv_bias = if part(block.qkv_bias, &p("self_attn.q_proj.bias"))? {
+                let rows = |name: &str, n: usize| -> Result<Vec<f32>, ModelError> {
+                    let b = tensor(&p(name))?;
+                    let len = b.dim(0)?;
+                    Ok(rope_rows_interleaved(&b.reshape((len, 1))?, n)?
+                        .flatten_all()?
+                        .to_vec1()?)
+                };
+                let mut bias = rows("self_attn.q_proj.bias", heads)?;
+                bias.extend(rows("self_attn.k_proj.bias", kv_heads)?);
+                bias.extend(tensor(&p("self_attn.v_proj.bias"))?.to_vec1::<f32>()?);
+                Some(bias)
+            } else {
+                None
+            };
+            // Norms by the family, not by presence: Gemma's post-attention norm has the
+            // name llama gives its feed-forward norm.
+            let optional = |wanted: bool,
+                            name: &str,
+                            read: &dyn Fn(&str) -> Result<NormWeights, ModelError>|
+             -> Result<Option<NormWeights>, ModelError> {
+                if wanted && part(true, &p(name))? {
+                    Ok(Some(read(&p(name))?))
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(Layer {
+                attn_norm: norm(&p("input_layernorm.weight"))?,
+                qkv: Linear::new(vec![
+                    matrix(rope_rows_interleaved(
+                        &tensor(&p("self_attn.q_proj.weight"))?,
+                        heads,
+                    )?)?,
+                    matrix(rope_rows_interleaved(
+                        &tensor(&p("self_attn.k_proj.weight"))?,
+                        kv_heads,
+                    )?)?,
+                    matrix(tensor(&p("self_attn.v_proj.weight"))?)?,
+                ]),
+                qkv_bias,
+                q_norm: optional(block.qk_norm, "self_attn.q_norm.weight", &head_norm)?,
+                k_norm: optional(block.qk_norm, "self_attn.k_norm.weight", &head_norm)?,
+                wo: Linear::new(vec![matrix(tensor(&p("self_attn.o_proj.weight"))?)?]),
+                post_attn_norm: optional(
+                    block.sandwich_norms,
+                    "post_attention_layernorm.weight",
+                    &norm,
+                )?,
+                ffn_norm: norm(&p(&format!("{ffn_norm_name}.weight")))?,
+                gate_up: Linear::new(vec![
+                    matrix(tensor(&p("mlp.gate_proj.weight"))?)?,
+                    matrix(tensor(&p("mlp.up_proj.weight"))?)?,
+                ]),
+                down: Linear::new(vec![matrix(tensor(&p("mlp.down_proj.weight"))?)?]),
+                post_ffn_norm: optional(
+                    block.sandwich_norms,
+                    "post_feedforward_layernorm.weight",
+                    &norm,
+                )?,
+                // Gemma's sliding layers have their own RoPE table; Mistral's one.
+                rope: usize::from(window.is_some() && family == Family::Gemma3),
+                window,
+            });
+        }
+        let final_norm = norm("model.norm.weight")?;
+        let mut ropes = vec![global_rope];
+        if family == Family::Gemma3 {
+            ropes.push(RopeSpec {
+                base: hf.rope_local_base_freq.unwrap_or(10_000.0),
+                divisors: Vec::new(),
+            });
+        }
+        let cfg = ModelConfig {
+            family,
+            layers: hf.num_hidden_layers,
+            heads,
+            kv_heads,
+            head_dim,
+            width,
+            vocab,
+            context: max_context.min(hf.max_position_embeddings).max(1),
+            rope_base: hf.rope_theta,
+            rms_eps: hf.rms_norm_eps as f32,
+            attn_scale: 1.0 / hf.query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt(),
+            activation: block.activation,
+            embed_scale: block.embed_scale.then(|| (width as f32).sqrt()),
+            rope_pairs: RopePairs::Adjacent,
+            sliding_window: layers.iter().find_map(|l| l.window),
+        };
+        Self::assemble(cfg, embed, layers, final_norm, head, &ropes, device, format)
+    }
+}
