@@ -50,6 +50,8 @@ pub struct ModelTokenizer {
     identity: TokenizerId,
     /// Bytes of the longest vocabulary entry: no token covers more text than that.
     max_token_bytes: usize,
+    /// The id a prompt starts with, when the model wants one (`add_bos_token`).
+    bos_to_add: Option<u32>,
 }
 
 /// GGUF token type of control tokens.
@@ -65,79 +67,48 @@ impl ModelTokenizer {
         Ok(Self::wrap(inner))
     }
 
-    /// Build the tokenizer that the GGUF metadata describes (BPE models).
+    /// Build the tokenizer that the GGUF metadata describes: byte-level BPE
+    /// (`tokenizer.ggml.model = "gpt2"`, with the pre-tokenizer `tokenizer.ggml.pre`
+    /// names) or SentencePiece (`"llama"`: Llama 2, Mistral, Gemma).
     pub fn from_gguf(content: &gguf_file::Content) -> Result<Self, TokenizerError> {
-        let md = |k: &str| {
-            content
-                .metadata
-                .get(k)
-                .ok_or_else(|| TokenizerError::Gguf(format!("missing {k}")))
+        let vocab = GgufVocab::read(content)?;
+        let (mut inner, add_bos) = match vocab.model.as_str() {
+            "gpt2" => (bpe_tokenizer(&vocab)?, false),
+            "llama" => (sentencepiece_tokenizer(&vocab)?, true),
+            other => {
+                return Err(TokenizerError::Gguf(format!(
+                    "tokenizer model {other:?} is not supported; suffixd reads \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece), or a directory's tokenizer.json"
+                )));
+            }
         };
-        let bad = |k: &str, e: candle_core::Error| TokenizerError::Gguf(format!("{k}: {e}"));
-        let model = md("tokenizer.ggml.model")?
-            .to_string()
-            .map_err(|e| bad("tokenizer.ggml.model", e))?;
-        if model != "gpt2" {
-            return Err(TokenizerError::Gguf(format!(
-                "tokenizer model {model:?} is not supported (BPE \"gpt2\" only); use a safetensors directory with tokenizer.json"
-            )));
-        }
-        let tokens: Vec<String> = md("tokenizer.ggml.tokens")?
-            .to_vec()
-            .map_err(|e| bad("tokenizer.ggml.tokens", e))?
-            .iter()
-            .map(|v| v.to_string().cloned())
-            .collect::<Result<_, _>>()
-            .map_err(|e| bad("tokenizer.ggml.tokens", e))?;
-        let merges: Vec<(String, String)> = md("tokenizer.ggml.merges")?
-            .to_vec()
-            .map_err(|e| bad("tokenizer.ggml.merges", e))?
-            .iter()
-            .map(|v| {
-                let s = v.to_string().map_err(|e| bad("tokenizer.ggml.merges", e))?;
-                let (a, b) = s
-                    .split_once(' ')
-                    .ok_or_else(|| TokenizerError::Gguf(format!("merge {s:?} is not \"a b\"")))?;
-                Ok((a.to_string(), b.to_string()))
-            })
-            .collect::<Result<_, TokenizerError>>()?;
-        let types: Vec<i32> = match content.metadata.get("tokenizer.ggml.token_type") {
-            Some(v) => v
-                .to_vec()
-                .map_err(|e| bad("tokenizer.ggml.token_type", e))?
-                .iter()
-                .map(|t| t.to_i32())
-                .collect::<Result<_, _>>()
-                .map_err(|e| bad("tokenizer.ggml.token_type", e))?,
-            None => Vec::new(),
-        };
-        let vocab: tokenizers::models::bpe::Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| TokenizerError::Gguf(format!("BPE: {e}")))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
-            PreTokenizerWrapper::Digits(Digits::new(true)),
-            PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
-        ]))));
-        inner.with_decoder(Some(tokenizers::DecoderWrapper::ByteLevel(
-            ByteLevel::default(),
-        )));
-        let specials: Vec<AddedToken> = tokens
-            .iter()
-            .zip(types.iter())
-            .filter(|(_, t)| **t == CONTROL)
-            .map(|(tok, _)| AddedToken::from(tok.clone(), true))
+        let specials: Vec<AddedToken> = vocab
+            .tokens_of_type(CONTROL)
+            .map(|tok| AddedToken::from(tok, true))
             .collect();
         inner
             .add_special_tokens(specials)
             .map_err(|e| TokenizerError::Gguf(format!("special tokens: {e}")))?;
-        Ok(Self::wrap(inner))
+        // User-defined pieces (Gemma's runs of spaces and newlines) match the raw text
+        // whole, as llama.cpp matches them.
+        let user: Vec<AddedToken> = vocab
+            .tokens_of_type(USER_DEFINED)
+            .map(|tok| AddedToken::from(tok, false).normalized(false))
+            .collect();
+        inner
+            .add_tokens(user)
+            .map_err(|e| TokenizerError::Gguf(format!("user-defined tokens: {e}")))?;
+        let add_bos = content
+            .metadata
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(|v| v.to_bool().ok())
+            .unwrap_or(add_bos);
+        let bos = content
+            .metadata
+            .get("tokenizer.ggml.bos_token_id")
+            .and_then(|v| v.to_u32().ok());
+        let mut t = Self::wrap(inner);
+        t.bos_to_add = bos.filter(|_| add_bos);
+        Ok(t)
     }
 
     fn wrap(inner: tokenizers::Tokenizer) -> Self {
@@ -154,6 +125,7 @@ impl ModelTokenizer {
             literal,
             identity,
             max_token_bytes,
+            bos_to_add: None,
         }
     }
 
@@ -174,8 +146,9 @@ impl ModelTokenizer {
             .map_err(|e| EncodeError(e.to_string()))
     }
 
-    /// Token ids of a chat prompt: markup as [`ModelTokenizer::encode_text`], contents as
-    /// [`ModelTokenizer::encode_literal`].
+    /// Token ids of a prompt: markup as [`ModelTokenizer::encode_text`], contents as
+    /// [`ModelTokenizer::encode_literal`], after the BOS token when the model wants one
+    /// and the markup (a chat template's `{{ bos_token }}`) did not write it.
     pub fn encode_pieces(
         &self,
         pieces: &[crate::chat::PromptPiece],
@@ -186,6 +159,11 @@ impl ModelTokenizer {
                 crate::chat::PromptPiece::Markup(text) => self.encode_text(text)?,
                 crate::chat::PromptPiece::Content(text) => self.encode_literal(text)?,
             });
+        }
+        if let Some(bos) = self.bos_to_add
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
         }
         Ok(ids)
     }
@@ -209,6 +187,14 @@ impl ModelTokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Whether `id` is a special (control) token.
+    pub fn is_control(&self, id: u32) -> bool {
+        self.inner
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special)
+    }
+
     /// An upper bound on the bytes of text one token covers.
     pub fn max_token_bytes(&self) -> usize {
         self.max_token_bytes
@@ -218,6 +204,230 @@ impl ModelTokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+/// GGUF token type of normal pieces.
+const NORMAL: i32 = 1;
+/// GGUF token type of user-defined pieces.
+const USER_DEFINED: i32 = 4;
+
+/// The tokenizer keys of a GGUF file's metadata.
+struct GgufVocab {
+    model: String,
+    pre: Option<String>,
+    tokens: Vec<String>,
+    types: Vec<i32>,
+    scores: Vec<f32>,
+    merges: Vec<(String, String)>,
+    unknown: Option<u32>,
+    add_space_prefix: Option<bool>,
+}
+
+impl GgufVocab {
+    fn read(content: &gguf_file::Content) -> Result<Self, TokenizerError> {
+        let get = |k: &str| content.metadata.get(k);
+        let md = |k: &str| get(k).ok_or_else(|| TokenizerError::Gguf(format!("missing {k}")));
+        let bad = |k: &str, e: candle_core::Error| TokenizerError::Gguf(format!("{k}: {e}"));
+        let list = |k: &str| -> Result<Vec<gguf_file::Value>, TokenizerError> {
+            match get(k) {
+                Some(v) => Ok(v.to_vec().map_err(|e| bad(k, e))?.clone()),
+                None => Ok(Vec::new()),
+            }
+        };
+        let model = md("tokenizer.ggml.model")?
+            .to_string()
+            .map_err(|e| bad("tokenizer.ggml.model", e))?
+            .clone();
+        let tokens: Vec<String> = md("tokenizer.ggml.tokens")?
+            .to_vec()
+            .map_err(|e| bad("tokenizer.ggml.tokens", e))?
+            .iter()
+            .map(|v| v.to_string().cloned())
+            .collect::<Result<_, _>>()
+            .map_err(|e| bad("tokenizer.ggml.tokens", e))?;
+        let types: Vec<i32> = list("tokenizer.ggml.token_type")?
+            .iter()
+            .map(|t| t.to_i32())
+            .collect::<Result<_, _>>()
+            .map_err(|e| bad("tokenizer.ggml.token_type", e))?;
+        let scores: Vec<f32> = list("tokenizer.ggml.scores")?
+            .iter()
+            .map(|t| t.to_f32())
+            .collect::<Result<_, _>>()
+            .map_err(|e| bad("tokenizer.ggml.scores", e))?;
+        let merges = list("tokenizer.ggml.merges")?
+            .iter()
+            .map(|v| {
+                let s = v.to_string().map_err(|e| bad("tokenizer.ggml.merges", e))?;
+                let (a, b) = s
+                    .split_once(' ')
+                    .ok_or_else(|| TokenizerError::Gguf(format!("merge {s:?} is not \"a b\"")))?;
+                Ok((a.to_string(), b.to_string()))
+            })
+            .collect::<Result<_, TokenizerError>>()?;
+        if !types.is_empty() && types.len() != tokens.len() {
+            return Err(TokenizerError::Gguf(format!(
+                "{} token types for {} tokens",
+                types.len(),
+                tokens.len()
+            )));
+        }
+        Ok(GgufVocab {
+            model,
+            pre: get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok().cloned()),
+            tokens,
+            types,
+            scores,
+            merges,
+            unknown: get("tokenizer.ggml.unknown_token_id").and_then(|v| v.to_u32().ok()),
+            add_space_prefix: get("tokenizer.ggml.add_space_prefix").and_then(|v| v.to_bool().ok()),
+        })
+    }
+
+    fn type_of(&self, id: usize) -> i32 {
+        self.types.get(id).copied().unwrap_or(NORMAL)
+    }
+
+    fn tokens_of_type(&self, kind: i32) -> impl Iterator<Item = String> + '_ {
+        self.tokens
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| self.type_of(*i) == kind)
+            .map(|(_, t)| t.clone())
+    }
+
+    fn vocab(&self) -> tokenizers::models::bpe::Vocab {
+        self.tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect()
+    }
+}
+
+/// llama.cpp's pre-tokenizer regexes for the byte-level BPE families, by
+/// `tokenizer.ggml.pre`.
+const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Byte-level BPE over `tokenizer.ggml.tokens` / `.merges`, pre-tokenized as
+/// `tokenizer.ggml.pre` says, decoded byte-level.
+fn bpe_tokenizer(v: &GgufVocab) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    let bpe = BPE::builder()
+        .vocab_and_merges(v.vocab(), v.merges.clone())
+        .build()
+        .map_err(|e| TokenizerError::Gguf(format!("BPE: {e}")))?;
+    let split = |regex: &str| -> Result<PreTokenizerWrapper, TokenizerError> {
+        let split = tokenizers::pre_tokenizers::split::Split::new(
+            tokenizers::pre_tokenizers::split::SplitPattern::Regex(regex.into()),
+            tokenizers::SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| TokenizerError::Gguf(format!("pre-tokenizer: {e}")))?;
+        Ok(PreTokenizerWrapper::Split(split))
+    };
+    let byte_level =
+        |regex: bool| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, regex));
+    let pre = match v.pre.as_deref() {
+        // SmolLM's (and files without the key): single digits, then GPT-2's regex.
+        None | Some("smollm") => vec![
+            PreTokenizerWrapper::Digits(Digits::new(true)),
+            byte_level(true),
+        ],
+        Some("gpt-2" | "gpt2") => vec![byte_level(true)],
+        Some("llama-bpe" | "llama3") => vec![split(LLAMA3_SPLIT)?, byte_level(false)],
+        Some("qwen2") => vec![split(QWEN2_SPLIT)?, byte_level(false)],
+        Some(other) => {
+            return Err(TokenizerError::Gguf(format!(
+                "BPE pre-tokenizer {other:?} is not supported; suffixd knows smollm, gpt-2, llama-bpe and qwen2"
+            )));
+        }
+    };
+    let mut t = tokenizers::Tokenizer::new(bpe);
+    t.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(pre))));
+    t.with_decoder(Some(tokenizers::DecoderWrapper::ByteLevel(
+        ByteLevel::default(),
+    )));
+    Ok(t)
+}
+
+/// SentencePiece's BPE as llama.cpp runs it: spaces become `▁` (with one in front when
+/// `add_space_prefix`), adjacent pieces merge into the vocabulary piece of highest score
+/// first, and characters no piece covers become byte tokens (`<0x0A>`). The merges are
+/// derived from the scores: every split of a normal piece into two pieces, ranked by the
+/// whole piece's score (what Hugging Face's converter does).
+fn sentencepiece_tokenizer(v: &GgufVocab) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    use tokenizers::decoders::{
+        byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as Decoders, strip::Strip,
+    };
+    use tokenizers::normalizers::{Prepend, Replace};
+    if v.scores.len() != v.tokens.len() {
+        return Err(TokenizerError::Gguf(format!(
+            "{} scores for {} tokens",
+            v.scores.len(),
+            v.tokens.len()
+        )));
+    }
+    let ids: rustc_hash::FxHashMap<&str, usize> = v
+        .tokens
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| v.type_of(*i) == NORMAL)
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
+    let mut ranked: Vec<(f32, usize, usize, usize)> = Vec::new();
+    for (&piece, &id) in &ids {
+        for (at, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(at);
+            if let (Some(&l), Some(&r)) = (ids.get(left), ids.get(right)) {
+                ranked.push((v.scores[id], id, l, r));
+            }
+        }
+    }
+    // Highest score first; among splits of one piece, the lower left id, as llama.cpp's
+    // queue takes the leftmost of equal candidates.
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let merges: Vec<(String, String)> = ranked
+        .iter()
+        .map(|&(_, _, l, r)| (v.tokens[l].clone(), v.tokens[r].clone()))
+        .collect();
+    let mut builder = BPE::builder()
+        .vocab_and_merges(v.vocab(), merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = v.unknown.and_then(|i| v.tokens.get(i as usize)) {
+        builder = builder.unk_token(unk.clone());
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| TokenizerError::Gguf(format!("SentencePiece: {e}")))?;
+    let mut t = tokenizers::Tokenizer::new(bpe);
+    let space_prefix = v.add_space_prefix.unwrap_or(true);
+    let replace =
+        Replace::new(" ", "▁").map_err(|e| TokenizerError::Gguf(format!("normalizer: {e}")))?;
+    let normalizer: tokenizers::NormalizerWrapper = if space_prefix {
+        tokenizers::normalizers::Sequence::new(vec![
+            Prepend::new("▁".into()).into(),
+            replace.into(),
+        ])
+        .into()
+    } else {
+        replace.into()
+    };
+    t.with_normalizer(Some(normalizer))
+        .map_err(|e| TokenizerError::Gguf(format!("normalizer: {e}")))?;
+    let mut decoders: Vec<tokenizers::DecoderWrapper> = vec![
+        Replace::new("▁", " ")
+            .map_err(|e| TokenizerError::Gguf(format!("decoder: {e}")))?
+            .into(),
+        ByteFallback::default().into(),
+        Fuse::default().into(),
+    ];
+    if space_prefix {
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    t.with_decoder(Some(Decoders::new(decoders)));
+    Ok(t)
 }
 
 impl TextEncoder for ModelTokenizer {

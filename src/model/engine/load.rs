@@ -11,6 +11,9 @@ use super::super::tokenizer::ModelTokenizer;
 use super::Engine;
 use crate::chat::ChatTemplate;
 
+/// Control tokens that end a chat turn in the families suffixd loads.
+const TURN_ENDS: [&str; 3] = ["<end_of_turn>", "<|eot_id|>", "<|im_end|>"];
+
 impl Engine {
     /// Load a model: a llama GGUF file, or a Hugging Face directory (`config.json`,
     /// `tokenizer.json`, safetensors weights, and `tokenizer_config.json` for the chat
@@ -76,7 +79,21 @@ impl Engine {
             ),
             None => None,
         };
-        let eos = md_tok("tokenizer.ggml.eos_token_id").into_iter().collect();
+        // Generation ends at the end of the sequence, and at the end of a chat turn where
+        // the metadata or the vocabulary names one (Gemma's <end_of_turn>, Llama 3's
+        // <|eot_id|>), as llama.cpp ends it.
+        let mut eos: Vec<u32> = ["eos", "eot", "eom"]
+            .iter()
+            .filter_map(|k| md_tok(&format!("tokenizer.ggml.{k}_token_id")))
+            .collect();
+        eos.extend(
+            TURN_ENDS
+                .iter()
+                .filter_map(|t| tokenizer.token_id(t))
+                .filter(|id| tokenizer.is_control(*id)),
+        );
+        eos.sort_unstable();
+        eos.dedup();
         Ok(Self::new(model, tokenizer, template, eos))
     }
 

@@ -181,6 +181,11 @@ impl Engine {
         self.template.as_ref()
     }
 
+    /// The tokens that end generation.
+    pub fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+
     /// The model's context length (KV capacity).
     pub fn context_len(&self) -> usize {
         self.model.config().context
