@@ -32,43 +32,12 @@ fn model() -> Option<PathBuf> {
     }
 }
 
-/// Twenty prompts: completions that repeat their prompt's structure (where the suffix
-/// trees draft) and open ones.
+/// Twenty prompts (tests/fixtures/gemma_prompts.json, which
+/// tools/gemma-vs-llamacpp.py also reads): completions that repeat their prompt's
+/// structure (where the suffix trees draft) and open ones.
 fn prompts() -> Vec<String> {
-    let mut v = Vec::new();
-    for (name, city) in [
-        ("Alice", "Paris"),
-        ("Bob", "Lima"),
-        ("Chen", "Oslo"),
-        ("Dana", "Pune"),
-    ] {
-        v.push(format!(
-            "Record: name={name}; city={city}.\nJSON: {{\"name\": \"{name}\", \"city\": \"{city}\"}}\nRecord: name={city}; city={name}.\nJSON:"
-        ));
-    }
-    for n in 1..=4 {
-        v.push(format!(
-            "def add_{n}(x):\n    return x + {n}\n\ndef add_{}(x):\n",
-            n + 1
-        ));
-    }
-    for q in [
-        "The capital of France is",
-        "Once upon a time, in a small village,",
-        "The three primary colors are",
-        "Water boils at",
-        "A suffix tree is a data structure that",
-        "The days of the week are Monday,",
-        "To reverse a list in Python, you can",
-        "The largest planet in the solar system is",
-        "Step 1: open the file.\nStep 2:",
-        "Question: What is 12 times 12?\nAnswer:",
-        "The quick brown fox",
-        "In 1969, the first person to walk on the Moon was",
-    ] {
-        v.push(q.to_string());
-    }
-    v
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma_prompts.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn encode(engine: &Engine, text: &str) -> Vec<u32> {

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 
-use crate::chat::ChatMessage;
+use crate::chat::{ChatMessage, PromptPiece};
 use crate::corpus::open_lines;
 use crate::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use crate::serve::drafter::CacheDrafter;
@@ -48,17 +48,20 @@ pub(super) struct BenchArgs {
     json: bool,
 }
 
-/// The prompt of one user turn, tokenized as the server tokenizes chat requests.
+/// The prompt of one user turn, tokenized as the server tokenizes chat requests. A
+/// base model without a chat template (Gemma 3 270M) gets the turn as a raw completion
+/// prompt, as `/v1/completions` would send it.
 fn chat_prompt(engine: &Engine, content: &str) -> anyhow::Result<Vec<u32>> {
-    let pieces = engine
-        .template()
-        .context("the model has no chat template")?
-        .render_pieces(&[ChatMessage {
-            role: "user".into(),
-            content: content.into(),
-            ..Default::default()
-        }])
-        .map_err(anyhow::Error::msg)?;
+    let pieces = match engine.template() {
+        Some(template) => template
+            .render_pieces(&[ChatMessage {
+                role: "user".into(),
+                content: content.into(),
+                ..Default::default()
+            }])
+            .map_err(anyhow::Error::msg)?,
+        None => vec![PromptPiece::Content(format!("{content}\n"))],
+    };
     Ok(engine.tokenizer().encode_pieces(&pieces)?)
 }
 
@@ -134,13 +137,17 @@ impl Side {
         };
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],
-            Item::Chat { messages } => vec![
-                engine
-                    .template()
-                    .context("the model has no chat template")?
-                    .render(messages)
-                    .map_err(anyhow::Error::msg)?,
-            ],
+            Item::Chat { messages } => match engine.template() {
+                Some(template) => vec![template.render(messages).map_err(anyhow::Error::msg)?],
+                // A base model: the conversation's text as a raw completion prompt.
+                None => vec![
+                    messages
+                        .iter()
+                        .map(|m| m.content.as_str())
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                ],
+            },
             Item::Pipeline { stages } => stages.clone(),
         };
         let (mut tokens, mut seconds) = (0, 0.0);
@@ -148,6 +155,7 @@ impl Side {
         for t in &texts {
             let prompt = match item {
                 Item::Pipeline { .. } => chat_prompt(engine, &t.replace("{prev}", &prev))?,
+                Item::Chat { .. } if engine.template().is_none() => chat_prompt(engine, t)?,
                 _ => engine.tokenizer().encode_text(t)?,
             };
             let t0 = Instant::now();
