@@ -44,7 +44,7 @@ pub fn model_path(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// Flags that choose and load the model.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A llama-family GGUF file, or a Hugging Face directory with config.json,
+    /// A GGUF file (llama, qwen2, qwen3, gemma3), or a Hugging Face directory with config.json,
     /// tokenizer.json and safetensors weights (default: the model tools/setup.sh installs).
     #[arg(long)]
     pub model: Option<PathBuf>,

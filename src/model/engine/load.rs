@@ -15,7 +15,7 @@ use crate::chat::ChatTemplate;
 const TURN_ENDS: [&str; 3] = ["<end_of_turn>", "<|eot_id|>", "<|im_end|>"];
 
 impl Engine {
-    /// Load a model: a llama GGUF file, or a Hugging Face directory (`config.json`,
+    /// Load a model: a GGUF file of a supported family ([`crate::model::arch`]), or a Hugging Face directory (`config.json`,
     /// `tokenizer.json`, safetensors weights, and `tokenizer_config.json` for the chat
     /// template).
     pub fn load(
