@@ -445,7 +445,9 @@ impl Model {
             .iter()
             .map(|spec| RopeTable::new(spec, cfg.head_dim, cfg.context, device))
             .collect::<Result<Vec<_>, _>>()?;
+        // What the device paths run: llama's block, with heads as wide as width / heads.
         let plain = cfg.embed_scale.is_none()
+            && cfg.heads * cfg.head_dim == cfg.width
             && cfg.activation == Activation::Silu
             && cfg.rope_pairs == RopePairs::Adjacent
             && cfg.attn_scale == 1.0 / (cfg.head_dim as f32).sqrt()
@@ -600,7 +602,7 @@ impl Model {
         let (mut normed, mut product) = (Vec::new(), Vec::new());
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         let qkv_width = (h + 2 * kvh) * hd;
-        // `sublayer`'s output into the residual, through the layer's post-norm if any.
+        // A sublayer's output into the residual, through the layer's post-norm if any.
         let add_residual =
             |x: &mut Vec<f32>, out: &[f32], post: Option<&NormWeights>, scratch: &mut Vec<f32>| {
                 match post {

@@ -228,10 +228,11 @@ impl GgufVocab {
         let get = |k: &str| content.metadata.get(k);
         let md = |k: &str| get(k).ok_or_else(|| TokenizerError::Gguf(format!("missing {k}")));
         let bad = |k: &str, e: candle_core::Error| TokenizerError::Gguf(format!("{k}: {e}"));
-        let list = |k: &str| -> Result<Vec<gguf_file::Value>, TokenizerError> {
+        // An optional array: empty when the key is absent.
+        let list = |k: &str| -> Result<&[gguf_file::Value], TokenizerError> {
             match get(k) {
-                Some(v) => Ok(v.to_vec().map_err(|e| bad(k, e))?.clone()),
-                None => Ok(Vec::new()),
+                Some(v) => Ok(v.to_vec().map_err(|e| bad(k, e))?.as_slice()),
+                None => Ok(&[]),
             }
         };
         let model = md("tokenizer.ggml.model")?
@@ -313,6 +314,9 @@ const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'
 /// Byte-level BPE over `tokenizer.ggml.tokens` / `.merges`, pre-tokenized as
 /// `tokenizer.ggml.pre` says, decoded byte-level.
 fn bpe_tokenizer(v: &GgufVocab) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    if v.merges.is_empty() {
+        return Err(TokenizerError::Gguf("missing tokenizer.ggml.merges".into()));
+    }
     let bpe = BPE::builder()
         .vocab_and_merges(v.vocab(), v.merges.clone())
         .build()

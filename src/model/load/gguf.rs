@@ -5,7 +5,7 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 
-use super::{md_f32, md_u32};
+use super::{head_width, md_f32, md_u32};
 use crate::model::arch::{Family, RopeSpec, SUPPORTED_GGUF, gemma_layer_slides};
 use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::linear::{
@@ -50,21 +50,12 @@ impl Model {
         let width = size("embedding_length")?;
         let layers_n = size("block_count")?;
         let trained_context = size("context_length")?;
-        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(fmt(format!("bad head counts {heads}/{kv_heads}")));
-        }
-        let head_dim = if has("attention.key_length") {
-            size("attention.key_length")?
-        } else if width.is_multiple_of(heads) {
-            width / heads
+        let stated = if has("attention.key_length") {
+            Some(size("attention.key_length")?)
         } else {
-            return Err(fmt(format!(
-                "width {width} is not a multiple of {heads} heads"
-            )));
+            None
         };
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(fmt(format!("bad head width {head_dim}")));
-        }
+        let head_dim = head_width(heads, kv_heads, width, stated).map_err(fmt)?;
         if has("attention.value_length") && size("attention.value_length")? != head_dim {
             return Err(fmt("values as wide as keys only".into()));
         }

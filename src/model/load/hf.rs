@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use super::{HfConfig, rope_rows_interleaved, safetensors_files};
+use super::{HfConfig, head_width, rope_rows_interleaved, safetensors_files};
 use crate::model::arch::{Family, RopeSpec};
 use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::kernels::norm::RopePairs;
@@ -35,21 +35,7 @@ impl Model {
         let block = family.block();
         let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
         let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(fmt(format!("bad head counts {heads}/{kv_heads}")));
-        }
-        let head_dim = match hf.head_dim {
-            Some(d) => d,
-            None if width.is_multiple_of(heads) => width / heads,
-            None => {
-                return Err(fmt(format!(
-                    "width {width} is not a multiple of {heads} heads"
-                )));
-            }
-        };
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(fmt(format!("bad head width {head_dim}")));
-        }
+        let head_dim = head_width(heads, kv_heads, width, hf.head_dim).map_err(fmt)?;
         let global_rope = hf.rope(head_dim).map_err(fmt)?;
         let windows = hf.windows(family).map_err(fmt)?;
         let files = safetensors_files(dir)?;

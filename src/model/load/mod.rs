@@ -183,6 +183,28 @@ impl HfConfig {
     }
 }
 
+/// The width of one attention head: the file's own (`key_length`, `head_dim`), else
+/// width / heads. Checks that the heads can be grouped and that RoPE can pair the head.
+pub(super) fn head_width(
+    heads: usize,
+    kv_heads: usize,
+    width: usize,
+    stated: Option<usize>,
+) -> Result<usize, String> {
+    if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(format!("bad head counts {heads}/{kv_heads}"));
+    }
+    let head_dim = match stated {
+        Some(d) => d,
+        None if width.is_multiple_of(heads) => width / heads,
+        None => return Err(format!("width {width} is not a multiple of {heads} heads")),
+    };
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
+        return Err(format!("bad head width {head_dim}"));
+    }
+    Ok(head_dim)
+}
+
 /// The weight files of a safetensors directory: the shards its index names, else
 /// `model.safetensors`.
 pub(super) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
