@@ -190,8 +190,13 @@ fn fifos_in_a_store_are_refused_not_waited_on() {
 }
 
 /// The sequences of the store in `dir`, as `(id, tokens)`, opened as a server would.
+///
+/// The directory's `flock` belongs to an open file description, and a sibling test that
+/// spawns a process at the moment a store is open forks a copy of that descriptor, which
+/// lives until the child's `exec`. So a store dropped a moment ago can still read as
+/// locked for a few milliseconds: wait for that, within a bound, and fail on anything else.
 fn held(dir: &Path) -> BTreeMap<u64, Vec<u32>> {
-    let store = Store::open(StoreConfig {
+    let config = || StoreConfig {
         dir: dir.into(),
         max_depth: 24,
         tokenizer: suffixd::store::TokenizerId::UNKNOWN,
@@ -199,8 +204,18 @@ fn held(dir: &Path) -> BTreeMap<u64, Vec<u32>> {
         budget_tokens: None,
         max_age_ms: None,
         id_origin: 0,
-    })
-    .unwrap();
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let store = loop {
+        match Store::open(config()) {
+            Err(suffixd::store::live::StoreOpenError::Dir(suffixd::store::manifest::DirError::Locked { .. }))
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => break other.unwrap(),
+        }
+    };
     let view = store.read();
     let ns = &view.namespaces["default"];
     ns.ids().map(|id| (id, ns.tokens_of(id).unwrap())).collect()
