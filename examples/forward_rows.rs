@@ -44,7 +44,7 @@ fn main() -> anyhow::Result<()> {
                 cache,
                 tokens: &tokens,
                 parents: &parents,
-                logits: true,
+                logits: suffixd::model::forward::LogitRows::All,
             })
             .collect();
         let logits = model.forward_batch(&mut batch)?;

@@ -76,6 +76,7 @@ fn main() -> anyhow::Result<()> {
                 sampling: Sampling::default(),
                 stop: Vec::new(),
                 speculate: false,
+                draft_model: true,
                 // Engine::load leaves the prefix cache off: every repeat prefills.
                 namespace: "default".into(),
                 logprobs: None,

@@ -53,6 +53,7 @@ fn options(max_tokens: usize, speculate: bool) -> GenerateOptions {
         sampling: Sampling::default(),
         stop: vec![],
         speculate,
+        draft_model: true,
         namespace: "default".into(),
         logprobs: None,
         grammar: None,

@@ -208,9 +208,9 @@ fn held(dir: &Path) -> BTreeMap<u64, Vec<u32>> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let store = loop {
         match Store::open(config()) {
-            Err(suffixd::store::live::StoreOpenError::Dir(suffixd::store::manifest::DirError::Locked { .. }))
-                if std::time::Instant::now() < deadline =>
-            {
+            Err(suffixd::store::live::StoreOpenError::Dir(
+                suffixd::store::manifest::DirError::Locked { .. },
+            )) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             other => break other.unwrap(),

@@ -315,6 +315,7 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
         sampling: Sampling::default(),
         stop: vec![],
         speculate: false,
+        draft_model: true,
         namespace: "default".into(),
         logprobs: None,
         grammar: None,

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::chat::{ChatMessage, PromptPiece};
 use crate::corpus::open_lines;
-use crate::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use crate::model::engine::{DraftSources, Engine, GenerateOptions, NoDrafts, Sampling};
 use crate::serve::drafter::CacheDrafter;
 use crate::store::Layered;
 use crate::tree::GlobalTree;
@@ -77,6 +77,8 @@ struct Pass {
     prefill_s: f64,
     prompt_tokens: usize,
     cached_prompt_tokens: usize,
+    /// Where the drafts came from (suffix trees, draft model), per step.
+    sources: DraftSources,
 }
 
 impl Pass {
@@ -94,6 +96,8 @@ impl Pass {
 /// (the speculative side learns from its finished generations; the plain side has none).
 struct Side {
     speculate: bool,
+    /// Let the draft model draft (hybrid mode), when the engine has one.
+    draft_model: bool,
     global: GlobalTree,
     /// Nothing evicted: the third layer of the view the drafter reads.
     evicted: GlobalTree,
@@ -102,9 +106,10 @@ struct Side {
 }
 
 impl Side {
-    fn new(speculate: bool, max_depth: usize) -> anyhow::Result<Side> {
+    fn new(speculate: bool, draft_model: bool, max_depth: usize) -> anyhow::Result<Side> {
         Ok(Side {
             speculate,
+            draft_model,
             global: GlobalTree::new(max_depth)?,
             evicted: GlobalTree::new(max_depth)?,
             next_id: 0,
@@ -125,11 +130,12 @@ impl Side {
             sampling: Sampling::default(),
             stop: vec![],
             speculate: self.speculate,
+            draft_model: self.draft_model,
             // Each side reuses only its own prompts' prefixes.
-            namespace: if self.speculate {
-                "speculative"
-            } else {
-                "plain"
+            namespace: match (self.speculate, self.draft_model) {
+                (false, _) => "plain",
+                (true, false) => "speculative",
+                (true, true) => "hybrid",
             }
             .into(),
             logprobs: None,
@@ -175,6 +181,7 @@ impl Side {
             self.pass.prefill_s += g.prefill_s;
             self.pass.prompt_tokens += g.prompt_tokens;
             self.pass.cached_prompt_tokens += g.cached_prompt_tokens;
+            self.pass.sources.add(&g.sources);
             if self.speculate {
                 self.global.insert(self.next_id, &g.tokens)?;
                 self.next_id += 1;
@@ -227,20 +234,28 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
     }
     // The two sides take turns item by item, in alternating order, so that a change in
     // the machine's load during the run falls on both alike.
-    let mut plain_side = Side::new(false, params.max_depth)?;
-    let mut spec_side = Side::new(true, params.max_depth)?;
+    // With a draft model a third side runs hybrid mode, beside suffix-only speculation.
+    let hybrid = engine.hybrid_tau().is_some();
+    let mut sides = vec![
+        Side::new(false, false, params.max_depth)?,
+        Side::new(true, false, params.max_depth)?,
+    ];
+    if hybrid {
+        sides.push(Side::new(true, true, params.max_depth)?);
+    }
     for (i, item) in items.iter().enumerate() {
-        let order = if i % 2 == 0 {
-            [&mut plain_side, &mut spec_side]
-        } else {
-            [&mut spec_side, &mut plain_side]
-        };
-        for side in order {
-            side.run_item(&mut engine, item, a.max_tokens, params)?;
+        // Each item starts with a different side, in turn.
+        let n = sides.len();
+        for k in 0..n {
+            sides[(i + k) % n].run_item(&mut engine, item, a.max_tokens, params)?;
         }
     }
-    let (plain, spec) = (plain_side.pass, spec_side.pass);
-    let median_speedup = median_item_speedup(&plain, &spec);
+    let mut passes = sides.into_iter().map(|s| s.pass);
+    let plain = passes.next().expect("plain side");
+    let suffix = passes.next().expect("suffix side");
+    let hybrid_pass = passes.next();
+    let spec = hybrid_pass.as_ref().unwrap_or(&suffix);
+    let median_speedup = median_item_speedup(&plain, spec);
     let same = plain
         .outputs
         .iter()
@@ -252,8 +267,8 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         "generations": plain.outputs.len(),
         "identical_outputs": same,
         "plain_tokens_per_s": tps(&plain),
-        "spec_tokens_per_s": tps(&spec),
-        "speedup": tps(&spec) / tps(&plain),
+        "spec_tokens_per_s": tps(spec),
+        "speedup": tps(spec) / tps(&plain),
         "median_item_speedup": median_speedup,
         "spec_tokens_per_step": spec.tokens() as f64 / spec.steps.max(1) as f64,
         "mean_accepted_per_step": spec.accepted as f64 / spec.steps.max(1) as f64,
@@ -265,12 +280,18 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         "spec_cached_prompt_tokens": spec.cached_prompt_tokens,
         "prefix_cache": engine.prefix_cache_stats(),
         "cost_curve": engine.cost_curve(),
+        "draft_sources": spec.sources,
+        "hybrid_tau": engine.hybrid_tau(),
+        "draft_cost_ratio": engine.draft_cost_ratio(),
+        "suffix_tokens_per_s": tps(&suffix),
+        "suffix_identical_outputs": plain.outputs.iter().zip(&suffix.outputs).filter(|(x, y)| x == y).count(),
+        "hybrid_vs_suffix_median_item": hybrid_pass.as_ref().map(|h| median_item_speedup(&suffix, h)),
     });
     println!(
         "plain {:.1} tok/s, speculative {:.1} tok/s: {:.3}x (median per item {:.3}x); {:.2} tokens/step; {}/{} outputs identical",
         tps(&plain),
-        tps(&spec),
-        tps(&spec) / tps(&plain),
+        tps(spec),
+        tps(spec) / tps(&plain),
         median_speedup,
         spec.tokens() as f64 / spec.steps.max(1) as f64,
         same,
@@ -284,6 +305,26 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         plain.cached_prompt_tokens,
         spec.cached_prompt_tokens
     );
+    if let Some(h) = &hybrid_pass {
+        let s = &h.sources;
+        let rate =
+            |c: &crate::model::engine::SourceCounts| c.accepted as f64 / c.drafted.max(1) as f64;
+        let steps = (s.none + s.suffix.steps + s.model.steps).max(1) as f64;
+        println!(
+            "hybrid (τ {}): suffix-only {:.1} tok/s, hybrid {:.1} tok/s: {:.3}x of suffix-only (median per item {:.3}x); steps drafted by the suffix trees {:.0}%, the draft model {:.0}%, none {:.0}%; acceptance suffix {:.2}, model {:.2}; draft model {:.2} s",
+            engine.hybrid_tau().unwrap_or_default(),
+            tps(&suffix),
+            tps(h),
+            tps(h) / tps(&suffix),
+            median_item_speedup(&suffix, h),
+            100.0 * s.suffix.steps as f64 / steps,
+            100.0 * s.model.steps as f64 / steps,
+            100.0 * s.none as f64 / steps,
+            rate(&s.suffix),
+            rate(&s.model),
+            s.model_draft_s
+        );
+    }
     if a.json {
         println!("{report}");
     }

@@ -67,6 +67,19 @@ pub struct ModelArgs {
     /// memory (the cgroup's limit in a container)].
     #[arg(long, env = "SUFFIXD_PREFIX_CACHE_BYTES")]
     pub prefix_cache_bytes: Option<u64>,
+    /// Hybrid mode: a smaller model with the target's tokenizer (a GGUF file or a Hugging
+    /// Face directory) drafts where the suffix trees have nothing likely. The target's
+    /// own file with --draft-weights q8-0 or native is the cheapest pair.
+    #[arg(long, env = "SUFFIXD_DRAFT_MODEL")]
+    pub draft_model: Option<PathBuf>,
+    /// How the draft model's weights are held (see --weights) [default: native].
+    #[arg(long, value_enum)]
+    pub draft_weights: Option<WeightFormat>,
+    /// With --draft-model: the draft model drafts when the suffix draft's expected
+    /// accepted tokens (its calibrated score) are below this [default: 1; see
+    /// docs/hybrid.md].
+    #[arg(long)]
+    pub hybrid_tau: Option<f64>,
 }
 
 /// How the engine learns its cost curve.
@@ -99,6 +112,17 @@ impl ModelArgs {
             )
         });
         engine.set_prefix_cache_bytes(prefix_bytes);
+        if let Some(draft_path) = &self.draft_model {
+            let weights = self.draft_weights.unwrap_or(WeightFormat::Native);
+            let draft = Engine::load(draft_path, weights, self.max_context, &device)
+                .with_context(|| format!("cannot load draft model {}", draft_path.display()))?;
+            let tau = self.hybrid_tau.unwrap_or(crate::model::engine::DEFAULT_TAU);
+            engine
+                .set_draft_model(draft, tau)
+                .with_context(|| format!("cannot draft with {}", draft_path.display()))?;
+        } else if self.hybrid_tau.is_some() || self.draft_weights.is_some() {
+            bail!("--hybrid-tau and --draft-weights need --draft-model");
+        }
         Ok(engine)
     }
 }
@@ -190,6 +214,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         },
         stop: a.stop.clone(),
         speculate: !a.no_spec,
+        draft_model: true,
         namespace: a.namespace.clone(),
         logprobs: None,
         grammar: None,
@@ -232,6 +257,20 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
             g.accepted_tokens,
             g.tokens_per_s
         );
+        if engine.hybrid_tau().is_some() {
+            let s = &g.sources;
+            eprintln!(
+                "drafts: the suffix trees {} steps ({} of {} accepted), the draft model {} steps ({} of {} accepted, {:.2} s), none {} steps",
+                s.suffix.steps,
+                s.suffix.accepted,
+                s.suffix.drafted,
+                s.model.steps,
+                s.model.accepted,
+                s.model.drafted,
+                s.model_draft_s,
+                s.none
+            );
+        }
     }
     Ok(())
 }

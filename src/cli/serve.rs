@@ -44,6 +44,9 @@ struct FileConfig {
     keep_snapshots: Option<usize>,
     stream_max_age_s: Option<u64>,
     prefix_cache_bytes: Option<u64>,
+    draft_model: Option<PathBuf>,
+    draft_weights: Option<crate::model::forward::WeightFormat>,
+    hybrid_tau: Option<f64>,
 }
 
 #[derive(Args, Debug)]
@@ -235,6 +238,9 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     let mut model_args = a.model.clone();
     model_args.prefix_cache_bytes = a.model.prefix_cache_bytes.or(file.prefix_cache_bytes);
+    model_args.draft_model = a.model.draft_model.clone().or(file.draft_model);
+    model_args.draft_weights = a.model.draft_weights.or(file.draft_weights);
+    model_args.hybrid_tau = a.model.hybrid_tau.or(file.hybrid_tau);
     model_args.model = Some(model_path(
         a.model.model.as_deref().or(file.model.as_deref()),
     )?);
@@ -250,6 +256,11 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         "verifier cost curve t(K)/t(1): {:?}",
         engine.cost_curve().points
     );
+    if let (Some(tau), Some(ratio)) = (engine.hybrid_tau(), engine.draft_cost_ratio()) {
+        tracing::info!(
+            "hybrid mode: the draft model drafts below τ = {tau} expected tokens; one of its passes costs {ratio:.2} target steps"
+        );
+    }
     let prefix = engine.prefix_cache_stats();
     tracing::info!(
         "prefix cache: {} MB ({} tokens of keys and values)",

@@ -58,6 +58,9 @@ pub enum ModelError {
         "this {0:?} model runs on the CPU only so far (the GPU path implements llama's plain block); use a build without the cuda feature"
     )]
     CpuOnly(Family),
+    /// The draft model cannot draft for this target (hybrid mode).
+    #[error("draft model: {0}")]
+    DraftModel(String),
     /// A tensor operation failed.
     #[error("model computation failed: {0}")]
     Candle(#[from] candle_core::Error),
@@ -247,6 +250,17 @@ impl KvCache {
         self.pending = 0;
     }
 
+    /// Keep the first `len` committed tokens and forget the rest, and any pass not
+    /// committed: a draft model's cache, rolled back to the tokens the target accepted.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.pending = 0;
+        let keep = self.len * self.row;
+        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            cache.truncate(keep);
+        }
+    }
+
     /// `t` rows of the pass now running follow the committed ones (on the device).
     #[cfg(feature = "cuda")]
     pub(super) fn set_pending(&mut self, t: usize) {
@@ -345,8 +359,20 @@ pub struct BatchEntry<'a> {
     pub tokens: &'a [u32],
     /// Each token's parent index in `tokens`, or -1.
     pub parents: &'a [i32],
-    /// Return this entry's logits (prefill chunks need none, which saves the head).
-    pub logits: bool,
+    /// Which of this entry's rows get logits: prefill chunks need none, which saves
+    /// the head, and a draft model catching up needs only its last row's.
+    pub logits: LogitRows,
+}
+
+/// The rows of a [`BatchEntry`] whose logits a pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (a prefill chunk).
+    None,
+    /// Every row (a verified draft).
+    All,
+    /// The last row only (the next token after a chunk).
+    Last,
 }
 
 /// The layout of one batched forward pass: where each sequence's rows start and what
@@ -396,8 +422,11 @@ impl BatchPlan {
             if host_cache {
                 e.cache.prepare(layers, row, t);
             }
-            if e.logits {
-                wanted.extend(offset as u32..(offset + t) as u32);
+            match e.logits {
+                LogitRows::None => {}
+                LogitRows::All => wanted.extend(offset as u32..(offset + t) as u32),
+                LogitRows::Last if t > 0 => wanted.push((offset + t - 1) as u32),
+                LogitRows::Last => {}
             }
             parts.push((offset, sets));
             offset += t;
@@ -502,7 +531,7 @@ impl Model {
             cache,
             tokens,
             parents,
-            logits: true,
+            logits: LogitRows::All,
         }])
     }
 

@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 
 use crate::model::cost::CostCurve;
-use crate::model::engine::{Generation, StepReport};
+use crate::model::engine::{DraftSources, Generation, StepReport};
 use crate::model::prefix::PrefixCacheStats;
 
 /// Upper bounds of the accepted-tokens-per-step histogram.
@@ -84,6 +84,9 @@ struct Inner {
     cost_curve: Option<CostCurve>,
     /// The prefix cache's counters as the model thread last published them.
     prefix_cache: PrefixCacheStats,
+    /// Where the verified steps' drafts came from (hybrid mode: suffix trees or the
+    /// draft model), and the draft model's time.
+    sources: DraftSources,
 }
 
 /// Serving metrics, shared by the handlers and the model thread.
@@ -132,6 +135,7 @@ impl Metrics {
             m.pass_sequences += step.sequences as u64;
             m.pass_rows += step.rows as u64;
         }
+        m.sources.add(&step.sources);
     }
 
     /// Time the model thread spent handing one completed request to the store.
@@ -198,6 +202,7 @@ impl Metrics {
                 "mean_rows": ratio(m.pass_rows, m.passes),
             },
             "prefix_cache": m.prefix_cache,
+            "draft_sources": m.sources,
         })
     }
 
@@ -261,6 +266,7 @@ impl Metrics {
             "Time to append a completed request to the store (WAL write, fsync, budget evictions).",
             &STORE_BUCKETS,
         );
+        render_sources(&m.sources, &mut out);
         if let Some(curve) = &m.cost_curve {
             let name = "suffixd_verify_cost_ratio";
             let _ = writeln!(
@@ -273,6 +279,49 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The counters of the draft sources: steps, drafted and accepted tokens, per source.
+fn render_sources(s: &DraftSources, out: &mut String) {
+    let rows = [
+        ("none", s.none, 0, 0),
+        (
+            "suffix",
+            s.suffix.steps,
+            s.suffix.drafted,
+            s.suffix.accepted,
+        ),
+        ("model", s.model.steps, s.model.drafted, s.model.accepted),
+    ];
+    for (name, help, pick) in [
+        (
+            "suffixd_draft_steps_total",
+            "Verified decoding steps by where their draft came from (none: no draft).",
+            0,
+        ),
+        (
+            "suffixd_draft_tokens_total",
+            "Draft tokens verified, by source.",
+            1,
+        ),
+        (
+            "suffixd_draft_accepted_tokens_total",
+            "Draft tokens accepted, by source.",
+            2,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (source, steps, drafted, accepted) in rows {
+            let v = [steps, drafted, accepted][pick];
+            let _ = writeln!(out, "{name}{{source=\"{source}\"}} {v}");
+        }
+    }
+    let name = "suffixd_draft_model_seconds_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time spent running the draft model (hybrid mode).\n# TYPE {name} counter\n{name} {}",
+        s.model_draft_s
+    );
 }
 
 /// The counters and gauges of the Prometheus exposition.

@@ -17,6 +17,8 @@ pub enum DraftSource {
     Both,
     /// Tokens a grammar forces (constrained decoding), nothing else.
     Grammar,
+    /// A draft model's own continuation (hybrid mode), where the trees had nothing likely.
+    Model,
 }
 
 /// A draft tree in topological order: `parents[i] < i`, or -1 for a child of the context.

@@ -26,12 +26,27 @@ use crate::speculate::{Draft, DraftSource};
 /// request-tree drafts grown from a 1-token pattern was accepted 45% of the time where
 /// the corrected counts said 70%, and from 8 to 24 tokens 95–100% where they said
 /// 86–94%: one factor overrated the guesses and underrated the copies.
+///
+/// A draft model's tokens ([`DraftSource::Model`]) are calibrated differently: their
+/// probability is the draft model's own confidence, and how often the target agrees at
+/// a given confidence is what matters. A 135M model drafting for itself in f32 is often
+/// only 40% sure of the token the target then takes 97% of the time, and no single
+/// factor maps both its sure and its unsure tokens. So the acceptance rate is learned
+/// per confidence band ([`Calibration::model_rate`]).
 #[derive(Clone, Debug)]
 pub(super) struct Calibration {
     /// Per [`DraftSource`] and pattern-length band: moving averages of the expected and
     /// the realised levels accepted per verified draft.
-    buckets: [[(f64, f64); BANDS]; 5],
+    buckets: [[(f64, f64); BANDS]; 6],
+    /// Per band of a draft model's confidence in its token (tenths): the moving
+    /// average of how often the target accepted such a token, and the tokens seen.
+    model: [(f64, f64); MODEL_BANDS],
+    /// The same over every band: how often the target accepts a draft model's token.
+    model_all: (f64, f64),
 }
+
+/// Bands of a draft model's confidence: tenths.
+const MODEL_BANDS: usize = 10;
 
 /// Pattern-length bands: 1, 2, 3–4, 5–8, 9–16, 17 and more (0, no pattern, goes with 1).
 const BANDS: usize = 6;
@@ -40,7 +55,12 @@ impl Default for Calibration {
     fn default() -> Self {
         // Start by trusting the counts, with the weight of a few steps.
         Calibration {
-            buckets: [[(1.0, 1.0); BANDS]; 5],
+            buckets: [[(1.0, 1.0); BANDS]; 6],
+            // Until observed, a band is trusted at its confidence (its middle).
+            model: std::array::from_fn(|i| ((i as f64 + 0.5) / MODEL_BANDS as f64, 0.0)),
+            // A draft model of the same family agrees with its target most of the time:
+            // trusted so until observed.
+            model_all: (0.8, 0.0),
         }
     }
 }
@@ -48,6 +68,8 @@ impl Default for Calibration {
 impl Calibration {
     /// Weight of the newest verified draft in the moving averages.
     const RATE: f64 = 0.15;
+    /// Weight of the newest verified token in a draft model's confidence bands.
+    const MODEL_RATE: f64 = 0.05;
     /// How fast an unused source drifts back to trusting its counts, per refused draft.
     /// Slow: on open chat each drift back to trust buys a failed verification, while a
     /// source that turned good again is found within a few hundred steps.
@@ -69,6 +91,7 @@ impl Calibration {
             DraftSource::Global => 2,
             DraftSource::Both => 3,
             DraftSource::Grammar => 4,
+            DraftSource::Model => 5,
         }
     }
 
@@ -92,9 +115,34 @@ impl Calibration {
         (observed / expected.max(1e-6)).clamp(0.02, 1.5)
     }
 
+    /// How often the target accepts a draft model's token of confidence `p`, as lately
+    /// observed.
+    pub(super) fn model_rate(&self, p: f64) -> f64 {
+        self.model[Self::model_band(p)].0
+    }
+
+    /// How often the target accepts a draft model's token, whatever its confidence: the
+    /// best guess at a token not drafted yet.
+    pub(super) fn model_mean_rate(&self) -> f64 {
+        self.model_all.0
+    }
+
+    fn model_band(p: f64) -> usize {
+        ((p * MODEL_BANDS as f64) as usize).min(MODEL_BANDS - 1)
+    }
+
     /// Each node's expected worth: the product of its path's conditional probabilities,
-    /// each times q and at most 1.
+    /// each times q and at most 1 (for a draft model's tokens: each the acceptance rate
+    /// of its confidence band).
     pub(super) fn values(&self, draft: &Draft) -> Vec<f64> {
+        if draft.source == DraftSource::Model {
+            let mut values: Vec<f64> = Vec::with_capacity(draft.len());
+            for (i, &parent) in draft.parents.iter().enumerate() {
+                let parent_value = usize::try_from(parent).map_or(1.0, |p| values[p]);
+                values.push(parent_value * self.model_rate(given_parent(draft, i)));
+            }
+            return values;
+        }
         let q = self.factor(draft.source, draft.match_len);
         let mut values: Vec<f64> = Vec::with_capacity(draft.len());
         for (i, &parent) in draft.parents.iter().enumerate() {
@@ -112,8 +160,30 @@ impl Calibration {
         b.1 += Self::DRIFT * (b.0 - b.1).max(0.0);
     }
 
+    /// The draft model was not asked to draft: with no new evidence, its overall
+    /// acceptance drifts back towards trust, as [`Calibration::refused`] does for the
+    /// trees.
+    pub(super) fn model_refused(&mut self) {
+        let rate = &mut self.model_all.0;
+        *rate += Self::DRIFT * (1.0 - *rate).max(0.0);
+    }
+
     /// Learn from a verified draft and the draft nodes the model accepted, in order.
     pub(super) fn observe(&mut self, draft: &Draft, accepted: &[usize]) {
+        if draft.source == DraftSource::Model {
+            // A linear draft: its accepted tokens, then the first rejected one.
+            let tried = (accepted.len() + 1).min(draft.len());
+            for i in 0..tried {
+                let band = Self::model_band(given_parent(draft, i));
+                let outcome = if i < accepted.len() { 1.0 } else { 0.0 };
+                for (rate, seen) in [&mut self.model[band], &mut self.model_all] {
+                    // The first tokens count fully, so that the average starts from data.
+                    *seen += 1.0;
+                    *rate += (1.0 / *seen).max(Self::MODEL_RATE) * (outcome - *rate);
+                }
+            }
+            return;
+        }
         let (expected, observed) = level_trials(draft, accepted);
         if expected <= 0.0 {
             return;

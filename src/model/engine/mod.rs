@@ -15,6 +15,7 @@
 
 mod calibration;
 mod drafter;
+mod hybrid;
 mod load;
 mod sampling;
 
@@ -23,17 +24,19 @@ use std::time::Instant;
 use candle_core::Tensor;
 use rand::SeedableRng;
 
-use crate::speculate::Draft;
+use crate::speculate::{Draft, DraftSource};
 
 use super::cost::CostCurve;
 use super::detokenizer::Detokenizer;
-use super::forward::{BatchEntry, KvCache, Model, ModelError};
+use super::forward::{BatchEntry, KvCache, LogitRows, Model, ModelError};
 use super::grammar::{Constraint, Grammar, GrammarCompiler, GrammarError};
 use super::prefix::{PrefixCache, PrefixCacheStats};
 use super::tokenizer::ModelTokenizer;
 use crate::chat::ChatTemplate;
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
+use hybrid::walk_model_sampled;
+pub use hybrid::{DEFAULT_TAU, DraftSources, MAX_MODEL_DRAFT, SourceCounts};
 pub use sampling::{MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
 use sampling::{walk_constrained, walk_greedy, walk_sampled};
 
@@ -48,6 +51,9 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Speculate (false: plain decoding).
     pub speculate: bool,
+    /// Let the engine's draft model draft where the suffix draft is weak (hybrid mode,
+    /// [`Engine::set_draft_model`]); no effect without one.
+    pub draft_model: bool,
     /// The namespace the request belongs to: it reuses the cached prompt prefixes of
     /// earlier requests of this namespace only, and adds its own to them.
     pub namespace: String,
@@ -100,6 +106,8 @@ pub struct Generation {
     /// Set when the answer's grammar could not go on ([`GenerateOptions::grammar`]):
     /// the answer is cut there and is no answer to the request.
     pub grammar_failure: Option<String>,
+    /// Where its drafts came from: the suffix trees or the draft model, per step.
+    pub sources: DraftSources,
 }
 /// The model, its tokenizer and template, and what the engine has learned of its costs.
 pub struct Engine {
@@ -112,6 +120,8 @@ pub struct Engine {
     calibration: Calibration,
     /// Earlier requests' prompt prefixes (off until given a budget).
     prefix: PrefixCache,
+    /// The draft model of hybrid mode, if any.
+    draft: Option<hybrid::DraftModel>,
 }
 
 impl Engine {
@@ -136,6 +146,7 @@ impl Engine {
             eos,
             cost: CostCurve::flat(),
             calibration: Calibration::default(),
+            draft: None,
         }
     }
 
@@ -318,6 +329,8 @@ impl Engine {
             rng: rand::rngs::StdRng::seed_from_u64(opts.sampling.seed),
             constraint: opts.grammar.as_ref().map(Grammar::start),
             grammar_failure: None,
+            draft: None,
+            sources: DraftSources::default(),
             steps: 0,
             drafted: 0,
             accepted: 0,
@@ -407,6 +420,45 @@ impl Engine {
                 });
             }
         }
+        if let Some(dm) = self.draft.as_ref() {
+            let (calibration, cost) = (&self.calibration, &self.cost);
+            let mut skipped = false;
+            let wanting: Vec<(&mut Sequence, &mut Draft)> = batch
+                .iter_mut()
+                .zip(plans.iter_mut())
+                .filter_map(|((seq, _), plan)| {
+                    let Plan::Verify { draft, .. } = plan else {
+                        return None;
+                    };
+                    if !seq.opts.speculate || !seq.opts.draft_model || seq.constraint.is_some() {
+                        return None;
+                    }
+                    // The suffix draft is kept when it is likely enough (τ), or when the
+                    // draft model would not do better for what it costs.
+                    let values = calibration.values(draft);
+                    if values.iter().sum::<f64>() >= dm.tau() {
+                        return None;
+                    }
+                    let kept = cost.best_cut(1, std::slice::from_ref(&values))[0];
+                    let suffix_rate =
+                        (1.0 + values[..kept].iter().sum::<f64>()) / cost.cost(1 + kept);
+                    let behind = seq.context.len() - seq.draft.as_ref().map_or(0, |s| s.synced());
+                    if !dm.pays(behind, suffix_rate, cost, calibration) {
+                        skipped = true;
+                        return None;
+                    }
+                    Some((&mut **seq, draft))
+                })
+                .collect();
+            if skipped {
+                // No new evidence: the draft model's acceptance drifts back towards
+                // trust, so that one bad stretch does not stop it for good.
+                self.calibration.model_refused();
+            }
+            if !wanting.is_empty() {
+                report.sources.model_draft_s += self.draft_with_model(wanting);
+            }
+        }
         let decoding = plans
             .iter()
             .filter(|p| matches!(p, Plan::Verify { .. }))
@@ -457,11 +509,11 @@ impl Engine {
                 Plan::Idle => continue,
                 Plan::Prefill { tokens, parents } => {
                     prefill_rows += tokens.len();
-                    (tokens, parents, false)
+                    (tokens, parents, LogitRows::None)
                 }
                 Plan::Verify {
                     tokens, parents, ..
-                } => (tokens, parents, true),
+                } => (tokens, parents, LogitRows::All),
             };
             entries.push(BatchEntry {
                 cache: &mut seq.cache,
@@ -482,6 +534,9 @@ impl Engine {
         // drafting rows cost.
         if prefill_rows == 0 {
             self.cost.observe(report.rows, report.verify_s);
+            if let Some(draft) = self.draft.as_mut() {
+                draft.observe_target(report.verify_s, &self.cost, report.rows);
+            }
         }
         Ok(Some(logits))
     }
@@ -558,6 +613,11 @@ impl Engine {
                 }
             } else if seq.opts.sampling.temperature <= 0.0 {
                 walk_greedy(&tokens, &parents, &greedy_rows[rows.clone()])
+            } else if draft.source == DraftSource::Model && !draft.is_empty() {
+                let own = logits.narrow(0, rows.start, rows.len())?;
+                let sampling = seq.opts.sampling;
+                let q = seq.draft.as_ref().map_or(&[][..], |s| &s.q[..]);
+                walk_model_sampled(&tokens, &own, q, &sampling, &mut seq.rng)?
             } else {
                 let own = logits.narrow(0, rows.start, rows.len())?;
                 let sampling = seq.opts.sampling;
@@ -566,6 +626,13 @@ impl Engine {
             seq.cache.commit(&path);
             let accepted = path.len() - 1;
             report.accepted.push(accepted);
+            seq.sources.record(draft.source, draft.len(), accepted);
+            report.sources.record(draft.source, draft.len(), accepted);
+            if draft.source == DraftSource::Model
+                && let Some(state) = seq.draft.as_mut()
+            {
+                state.accepted(accepted);
+            }
             seq.steps += 1;
             seq.drafted += draft.len();
             seq.accepted += accepted;
@@ -651,6 +718,7 @@ impl Engine {
             decode_s,
             logprobs: seq.opts.logprobs.map(|_| seq.logprobs),
             grammar_failure: seq.grammar_failure,
+            sources: seq.sources,
         }
     }
 
@@ -710,6 +778,8 @@ pub struct StepReport {
     pub rows: usize,
     /// Draft tokens accepted, per decoding sequence.
     pub accepted: Vec<usize>,
+    /// Where this step's drafts came from, and the draft model's time.
+    pub sources: DraftSources,
 }
 
 /// Prompt tokens per prefill pass.
@@ -746,6 +816,10 @@ pub struct Sequence {
     constraint: Option<Constraint>,
     /// Why the grammar could not go on, if it could not.
     grammar_failure: Option<String>,
+    /// The draft model's cache for this request, once it has drafted (hybrid mode).
+    draft: Option<hybrid::DraftState>,
+    /// Where its drafts came from.
+    sources: DraftSources,
     steps: usize,
     drafted: usize,
     accepted: usize,

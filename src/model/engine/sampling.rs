@@ -188,7 +188,8 @@ pub(super) fn walk_constrained(
     }
 }
 
-fn sample(p: &[f32], rng: &mut impl Rng) -> u32 {
+/// A draw from `p` (a distribution that sums to 1).
+pub(super) fn sample(p: &[f32], rng: &mut impl Rng) -> u32 {
     let r: f32 = rng.random();
     let mut acc = 0.0;
     for (i, &x) in p.iter().enumerate() {

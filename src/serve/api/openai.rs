@@ -578,6 +578,7 @@ fn generate_options(
         },
         stop,
         speculate: app.cfg.speculate,
+        draft_model: true,
         namespace,
         logprobs: None,
         grammar: None,

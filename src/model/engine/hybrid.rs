@@ -1,0 +1,636 @@
+//! Hybrid drafting: a draft model takes over where the suffix trees have nothing likely.
+//!
+//! Each decoding step asks the request's [`super::Drafter`] first. When that draft's
+//! calibrated expected accepted tokens fall below τ (`--hybrid-tau`), and the engine has
+//! a draft model, the draft model proposes a linear draft instead, as its own sequence
+//! with its own KV cache:
+//!
+//! - The cache lags the request's context and catches up when it is next needed: the
+//!   tokens accepted since (usually a few; the whole prompt the first time, in chunks).
+//!   Steps the suffix draft covers cost the draft model nothing.
+//! - A draft of k tokens takes k passes of the draft model: the catch-up pass gives the
+//!   first token, each later pass one more. The passes of every sequence drafting in a
+//!   step are batched.
+//! - Drafting stops when one more token no longer pays: the next token's worth is
+//!   predicted from the last one's calibrated probability, and weighed against one more
+//!   draft pass (its measured time relative to a target step) and one more verified row
+//!   (the verifier's cost curve). The usual cut ([`super::Engine::allocate_drafts`]) then
+//!   decides what is verified.
+//! - After verification the cache keeps the accepted tokens it holds; the rest is
+//!   dropped before the next draft.
+//!
+//! Greedy output is plain greedy output, as with any draft: the verifier decides every
+//! token. With sampling the draft's tokens are drawn from the draft model's distribution
+//! q (with the request's temperature, top-k and top-p) and accepted by the standard
+//! speculative sampling rule, min(1, p(x)/q(x)), with the residual max(p − q, 0) on
+//! rejection ([`walk_model_sampled`]): the target's distribution is preserved.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+use rand::Rng;
+
+use crate::speculate::{Draft, DraftSource};
+
+use super::super::cost::CostCurve;
+use super::super::forward::{BatchEntry, KvCache, LogitRows, Model, ModelError, argmax};
+use super::calibration::Calibration;
+use super::sampling::{Sampling, sample};
+use super::{Engine, Sequence, chain_parents};
+
+/// The longest draft the draft model writes in one step.
+pub const MAX_MODEL_DRAFT: usize = 16;
+
+/// The most tokens a draft model's cache catches up in one step. Further behind (a new
+/// prompt; a long run of steps the suffix trees drafted), the cache starts again from
+/// the context's first [`ATTENTION_SINK`] tokens and its last ones, as StreamingLLM
+/// keeps a model's attention sink and recent window: the draft model then reads
+/// `MAX_CATCH_UP` tokens, not the whole prompt. That bounds a draft's cost (on the
+/// agentic workload the prompts' catch-up was a third of the draft model's time), at
+/// the price of drafts that do not see the middle of a long prompt; the target still
+/// decides every token.
+pub const MAX_CATCH_UP: usize = 64;
+
+/// The context's first tokens a restarted draft cache keeps (see [`MAX_CATCH_UP`]).
+pub const ATTENTION_SINK: usize = 4;
+
+/// τ when none is given: the suffix draft is kept when its calibrated expected accepted
+/// tokens reach it. Derived in docs/hybrid.md from `e2e-bench` runs over τ on the chat
+/// and agentic workloads (the default model in f32, drafted by itself in Q8_0).
+pub const DEFAULT_TAU: f64 = 1.0;
+
+/// A draft model and what the engine has measured of it.
+pub(super) struct DraftModel {
+    model: Model,
+    /// The threshold on the suffix draft's calibrated expected accepted tokens.
+    tau: f64,
+    /// Seconds of one single-row pass of the draft model, a moving average.
+    draft_t1_s: f64,
+    /// Seconds of one single-row step of the target, a moving average of the
+    /// verifier's steps divided by what the cost curve says their rows cost.
+    target_t1_s: f64,
+    /// Seconds each more row adds to a draft model pass (catching up costs this per
+    /// token behind).
+    draft_row_s: f64,
+    /// Tokens in the draft model's drafts, a moving average: the length a draft is
+    /// expected to have before it is written.
+    mean_len: f64,
+    /// Weigh the draft model's cost against the suffix draft's before drafting (off:
+    /// it drafts wherever the suffix draft is below τ).
+    check_cost: bool,
+}
+
+/// Weight of the newest observation in [`DraftModel`]'s moving averages.
+const RATE: f64 = 0.1;
+
+impl DraftModel {
+    /// A draft pass's cost in target steps.
+    fn cost_ratio(&self) -> f64 {
+        self.draft_t1_s / self.target_t1_s.max(1e-9)
+    }
+
+    /// The threshold τ.
+    pub(super) fn tau(&self) -> f64 {
+        self.tau
+    }
+
+    /// Whether the draft model should draft for a sequence whose cache is `behind`
+    /// tokens behind its context, when the suffix draft would give `suffix_rate` tokens
+    /// per target step: the model's expected tokens per unit of cost (its catch-up
+    /// pass, its draft passes and the verified rows included) must be higher.
+    pub(super) fn pays(
+        &self,
+        behind: usize,
+        suffix_rate: f64,
+        cost: &CostCurve,
+        calibration: &Calibration,
+    ) -> bool {
+        if !self.check_cost {
+            return true;
+        }
+        let k = self.mean_len.round().max(1.0) as usize;
+        let rate = calibration.model_mean_rate();
+        let expected: f64 = (1..=k as i32).map(|j| rate.powi(j)).sum();
+        let behind = behind.min(MAX_CATCH_UP) as f64;
+        let passes = k as f64 * self.draft_t1_s + (behind - 1.0).max(0.0) * self.draft_row_s;
+        let model_rate =
+            (1.0 + expected) / (cost.cost(1 + k) + passes / self.target_t1_s.max(1e-9));
+        model_rate > suffix_rate
+    }
+
+    /// A target step of `rows` rows took `seconds`.
+    pub(super) fn observe_target(&mut self, seconds: f64, cost: &CostCurve, rows: usize) {
+        let t1 = seconds / cost.cost(rows).max(1e-9);
+        if t1.is_finite() && t1 > 0.0 {
+            self.target_t1_s += RATE * (t1 - self.target_t1_s);
+        }
+    }
+}
+
+/// One sequence's draft-model state: its own KV cache, which lags the sequence's context.
+#[derive(Default)]
+pub(super) struct DraftState {
+    cache: KvCache,
+    /// The context's first `synced` tokens are in the cache; rows after them are
+    /// dropped before the next draft.
+    synced: usize,
+    /// The context's length when the last model draft was written, and how many of its
+    /// tokens the cache holds (all but the last).
+    base: usize,
+    in_cache: usize,
+    /// Per drafted token, the distribution it was drawn from (sampling only).
+    pub(super) q: Vec<Vec<f32>>,
+}
+
+impl DraftState {
+    /// How many of the context's tokens the cache holds.
+    pub(super) fn synced(&self) -> usize {
+        self.synced
+    }
+
+    /// The target accepted `accepted` tokens of the last model draft: the cache keeps
+    /// those it holds.
+    pub(super) fn accepted(&mut self, accepted: usize) {
+        self.synced = self.base + accepted.min(self.in_cache);
+    }
+}
+
+/// Steps, drafted tokens and accepted tokens of one draft source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct SourceCounts {
+    /// Verified steps whose draft came from this source.
+    pub steps: usize,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+}
+
+impl SourceCounts {
+    fn add(&mut self, other: &SourceCounts) {
+        self.steps += other.steps;
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+    }
+}
+
+/// Where the drafts of a generation (or a step) came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct DraftSources {
+    /// Steps verified with no draft (plain decoding steps).
+    pub none: usize,
+    /// The suffix trees (the request's own and the shared cache).
+    pub suffix: SourceCounts,
+    /// The draft model (hybrid mode).
+    pub model: SourceCounts,
+    /// Seconds spent running the draft model.
+    pub model_draft_s: f64,
+}
+
+impl DraftSources {
+    /// One verified step's draft of `drafted` tokens from `source`, `accepted` accepted.
+    pub(super) fn record(&mut self, source: DraftSource, drafted: usize, accepted: usize) {
+        let counts = SourceCounts {
+            steps: 1,
+            drafted,
+            accepted,
+        };
+        match source {
+            _ if drafted == 0 => self.none += 1,
+            DraftSource::Model => self.model.add(&counts),
+            _ => self.suffix.add(&counts),
+        }
+    }
+
+    /// Add another's counts.
+    pub fn add(&mut self, other: &DraftSources) {
+        self.none += other.none;
+        self.suffix.add(&other.suffix);
+        self.model.add(&other.model);
+        self.model_draft_s += other.model_draft_s;
+    }
+}
+
+impl Engine {
+    /// Draft with `draft` (an engine loaded from the draft model's file) where the suffix
+    /// draft's calibrated expected accepted tokens fall below `tau`. Refused when its
+    /// tokenizer is not the target's, or its context is shorter.
+    pub fn set_draft_model(&mut self, draft: Engine, tau: f64) -> Result<(), ModelError> {
+        let mismatch = |why: String| {
+            Err(ModelError::DraftModel(format!(
+                "{why}: a draft model must use the target's tokenizer (the same family and vocabulary)"
+            )))
+        };
+        if draft.tokenizer_identity() != self.tokenizer_identity() {
+            return mismatch(format!(
+                "its tokenizer is {:?}, the target's {:?}",
+                draft.tokenizer_identity(),
+                self.tokenizer_identity()
+            ));
+        }
+        let (dv, tv) = (draft.model.config().vocab, self.model.config().vocab);
+        if dv != tv {
+            return mismatch(format!("its vocabulary has {dv} tokens, the target's {tv}"));
+        }
+        if draft.context_len() < self.context_len() {
+            return Err(ModelError::DraftModel(format!(
+                "its context holds {} tokens, the target's {}; give both the same --max-context",
+                draft.context_len(),
+                self.context_len()
+            )));
+        }
+        if !(tau.is_finite() && tau >= 0.0) {
+            return Err(ModelError::DraftModel(format!(
+                "τ must be a number of tokens, 0 or more, not {tau}"
+            )));
+        }
+        let (draft_t1_s, draft_row_s) = pass_seconds(&draft.model)?;
+        let (target_t1_s, _) = pass_seconds(&self.model)?;
+        self.draft = Some(DraftModel {
+            model: draft.model,
+            tau,
+            draft_t1_s,
+            draft_row_s,
+            target_t1_s,
+            mean_len: 4.0,
+            check_cost: true,
+        });
+        Ok(())
+    }
+
+    /// Whether the draft model's expected cost is weighed against the suffix draft's
+    /// before it drafts (the default). Off, it drafts at every step whose suffix draft
+    /// is below τ, whatever that costs: for tests of its exactness, and comparisons.
+    pub fn set_draft_cost_check(&mut self, on: bool) {
+        if let Some(dm) = self.draft.as_mut() {
+            dm.check_cost = on;
+        }
+    }
+
+    /// Whether the engine has a draft model, and its τ.
+    pub fn hybrid_tau(&self) -> Option<f64> {
+        self.draft.as_ref().map(DraftModel::tau)
+    }
+
+    /// A draft pass's measured cost in target steps (hybrid mode only).
+    pub fn draft_cost_ratio(&self) -> Option<f64> {
+        self.draft.as_ref().map(DraftModel::cost_ratio)
+    }
+
+    /// Replace the drafts of `wanting` (their suffix drafts were weak) with the draft
+    /// model's. A failure of the draft model is logged and leaves the suffix drafts.
+    pub(super) fn draft_with_model(&mut self, wanting: Vec<(&mut Sequence, &mut Draft)>) -> f64 {
+        let Some(dm) = self.draft.as_mut() else {
+            return 0.0;
+        };
+        let t = Instant::now();
+        let mut wanting = wanting;
+        if let Err(e) = run_draft_model(dm, &self.cost, &self.calibration, &self.eos, &mut wanting)
+        {
+            tracing::warn!("the draft model failed ({e}); this step keeps the suffix drafts");
+        }
+        // Each sequence that asked is charged its share of the step's drafting time.
+        let seconds = t.elapsed().as_secs_f64();
+        let share = seconds / wanting.len() as f64;
+        for (seq, _) in &mut wanting {
+            seq.sources.model_draft_s += share;
+        }
+        seconds
+    }
+}
+
+/// Seconds of a single-row pass of `model` after a short context, and what each more
+/// row adds (from a 33-row pass): medians of 5.
+fn pass_seconds(model: &Model) -> Result<(f64, f64), ModelError> {
+    let mut cache = KvCache::default();
+    let prefix: Vec<u32> = (0..32u32).map(|i| 100 + i).collect();
+    model.forward(&mut cache, &prefix, &chain_parents(prefix.len()))?;
+    cache.commit(&(0..prefix.len()).collect::<Vec<_>>());
+    let mut time = |rows: &[u32]| -> Result<f64, ModelError> {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            model.forward(&mut cache, rows, &chain_parents(rows.len()))?;
+            cache.commit(&[]);
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    };
+    let one = time(&[200])?;
+    let many = time(&(200..233).collect::<Vec<u32>>())?;
+    Ok((one, ((many - one) / 32.0).max(0.0)))
+}
+
+/// One sequence drafting in this step.
+struct Drafting<'a> {
+    seq: &'a mut Sequence,
+    draft: Draft,
+    /// Where the draft goes when written.
+    out: &'a mut Draft,
+    /// The calibrated worth of the draft's tokens so far, summed, plus 1 (the bonus).
+    worth: f64,
+    /// The calibrated worth of its last token.
+    last: f64,
+    /// The most tokens it may draft.
+    limit: usize,
+    /// The tokens its cache runs to catch up with the context.
+    catch_up: Vec<u32>,
+}
+
+fn run_draft_model(
+    dm: &mut DraftModel,
+    cost: &CostCurve,
+    calibration: &Calibration,
+    eos: &[u32],
+    wanting: &mut [(&mut Sequence, &mut Draft)],
+) -> Result<(), ModelError> {
+    let capacity = dm.model.config().context;
+    let mut active: Vec<Drafting<'_>> = Vec::with_capacity(wanting.len());
+    for (seq, out) in wanting.iter_mut() {
+        let (seq, out): (&mut Sequence, &mut Draft) = (seq, out);
+        let room = capacity.saturating_sub(seq.context.len());
+        let left = seq.opts.max_tokens.saturating_sub(seq.out.len() + 1);
+        let limit = MAX_MODEL_DRAFT.min(room.saturating_sub(1)).min(left);
+        if limit == 0 {
+            continue;
+        }
+        let state = seq.draft.get_or_insert_with(DraftState::default);
+        // What the cache holds of the context; at least the newest token is run again,
+        // for the logits that give the first draft token.
+        state.synced = state.synced.min(seq.context.len() - 1);
+        state.cache.truncate(state.synced);
+        let gap = seq.context.len() - state.synced;
+        let catch_up = if gap > MAX_CATCH_UP {
+            // Too far behind (a new prompt, or a long run of suffix drafts): start again
+            // from the context's first tokens and its last ones.
+            state.cache.reset();
+            let sink = &seq.context[..ATTENTION_SINK];
+            let tail = &seq.context[seq.context.len() - (MAX_CATCH_UP - ATTENTION_SINK)..];
+            [sink, tail].concat()
+        } else {
+            seq.context[state.synced..].to_vec()
+        };
+        active.push(Drafting {
+            seq,
+            draft: Draft {
+                source: DraftSource::Model,
+                ..Draft::default()
+            },
+            out,
+            worth: 1.0,
+            last: 1.0,
+            limit,
+            catch_up,
+        });
+    }
+    if active.is_empty() {
+        return Ok(());
+    }
+    // The catch-up pass: every sequence's tokens since its cache's end; the last row's
+    // logits give the first draft token.
+    let parents: Vec<Vec<i32>> = active
+        .iter()
+        .map(|d| chain_parents(d.catch_up.len()))
+        .collect();
+    let mut logits = {
+        let mut entries: Vec<BatchEntry<'_>> = active
+            .iter_mut()
+            .zip(&parents)
+            .map(|(d, parents)| BatchEntry {
+                cache: &mut d.seq.draft.as_mut().expect("set above").cache,
+                tokens: &d.catch_up,
+                parents,
+                logits: LogitRows::Last,
+            })
+            .collect();
+        dm.model.forward_batch(&mut entries)?
+    };
+    for d in &mut active {
+        let context_len = d.seq.context.len();
+        let state = d.seq.draft.as_mut().expect("set above");
+        state
+            .cache
+            .commit(&(0..d.catch_up.len()).collect::<Vec<_>>());
+        state.synced = context_len;
+        state.base = context_len;
+        state.in_cache = 0;
+        state.q.clear();
+    }
+    let c = dm.cost_ratio();
+    loop {
+        // Each active sequence takes its next token from its row of `logits`.
+        let mut going: Vec<Drafting<'_>> = Vec::with_capacity(active.len());
+        for (r, mut d) in active.into_iter().enumerate() {
+            let row: Vec<f32> = logits.get(r)?.to_vec1()?;
+            let sampling = d.seq.opts.sampling;
+            let (token, p) = if sampling.temperature <= 0.0 {
+                let token = argmax(&row);
+                (token, softmax_at(&row, token))
+            } else {
+                let q = sampling.distribution(&row);
+                let token = sample(&q, &mut d.seq.rng);
+                let p = q[token as usize];
+                d.seq.draft.as_mut().expect("set above").q.push(q);
+                (token, p)
+            };
+            let k = d.draft.len();
+            let cumulative = d.draft.probs.last().copied().unwrap_or(1.0) * p;
+            d.draft.tokens.push(token);
+            d.draft.parents.push(k as i32 - 1);
+            d.draft.probs.push(cumulative);
+            d.draft.score += cumulative;
+            let ratio = calibration.model_rate(f64::from(p));
+            d.last *= ratio;
+            d.worth += d.last;
+            // One more token, accepted as often as the draft model's tokens lately are,
+            // against one more draft pass and one more verified row.
+            let k = k + 1;
+            let now = d.worth / (cost.cost(1 + k) + c * k as f64);
+            let next = (d.worth + d.last * calibration.model_mean_rate())
+                / (cost.cost(2 + k) + c * (k + 1) as f64);
+            if k < d.limit && !eos.contains(&token) && next > now {
+                going.push(d);
+            } else {
+                dm.mean_len += RATE * (k as f64 - dm.mean_len);
+                *d.out = std::mem::take(&mut d.draft);
+            }
+        }
+        if going.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let last: Vec<[u32; 1]> = going
+            .iter()
+            .map(|d| [*d.draft.tokens.last().expect("drafted one")])
+            .collect();
+        logits = {
+            let mut entries: Vec<BatchEntry<'_>> = going
+                .iter_mut()
+                .zip(&last)
+                .map(|(d, token)| BatchEntry {
+                    cache: &mut d.seq.draft.as_mut().expect("set above").cache,
+                    tokens: token,
+                    parents: &[-1],
+                    logits: LogitRows::All,
+                })
+                .collect();
+            dm.model.forward_batch(&mut entries)?
+        };
+        if going.len() == 1 {
+            let seconds = t.elapsed().as_secs_f64();
+            dm.draft_t1_s += RATE * (seconds - dm.draft_t1_s);
+        }
+        for d in &mut going {
+            let state = d.seq.draft.as_mut().expect("set above");
+            state.cache.commit(&[0]);
+            state.in_cache += 1;
+        }
+        active = going;
+    }
+}
+
+/// The softmax probability of `token` in `row` (temperature 1).
+fn softmax_at(row: &[f32], token: u32) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&l| f64::from(l - max).exp()).sum();
+    (f64::from(row[token as usize] - max).exp() / sum) as f32
+}
+
+/// Sampled acceptance of a draft model's linear draft (`tokens`: the pending token, then
+/// the draft), the standard speculative sampling rule: draft token x, drawn from q, is
+/// accepted with probability min(1, p(x)/q(x)); at the first rejection the token is
+/// drawn from max(p − q, 0), renormalised; when every token is accepted the bonus is
+/// drawn from p. `q[i]` is the distribution draft token i was drawn from. The output
+/// follows p exactly.
+pub(super) fn walk_model_sampled(
+    tokens: &[u32],
+    logits: &Tensor,
+    q: &[Vec<f32>],
+    sampling: &Sampling,
+    rng: &mut impl Rng,
+) -> Result<(Vec<usize>, u32), ModelError> {
+    let mut path = vec![0usize];
+    for (i, &x) in tokens[1..].iter().enumerate() {
+        let row: Vec<f32> = logits.get(i)?.to_vec1()?;
+        let p = sampling.distribution(&row);
+        let Some(qi) = q.get(i).filter(|qi| qi.len() == p.len()) else {
+            // No record of how this token was drawn (cannot happen): plain sampling.
+            return Ok((path, sample(&p, rng)));
+        };
+        let x = x as usize;
+        let (px, qx) = (p[x], qi[x]);
+        if qx > 0.0 && rng.random::<f32>() < (px / qx).min(1.0) {
+            path.push(i + 1);
+            continue;
+        }
+        let mut residual: Vec<f32> = p.iter().zip(qi).map(|(a, b)| (a - b).max(0.0)).collect();
+        let total: f32 = residual.iter().sum();
+        if total <= 0.0 {
+            return Ok((path, sample(&p, rng)));
+        }
+        residual.iter_mut().for_each(|v| *v /= total);
+        return Ok((path, sample(&residual, rng)));
+    }
+    let row: Vec<f32> = logits.get(tokens.len() - 1)?.to_vec1()?;
+    Ok((path, sample(&sampling.distribution(&row), rng)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use rand::SeedableRng;
+
+    /// The speculative sampling rule keeps the target's distribution: over many trials
+    /// of a one-token draft drawn from q, the first output token follows p, whatever q
+    /// is (here far from p, and missing one of p's tokens).
+    #[test]
+    fn model_drafts_accepted_by_the_sampling_rule_keep_the_targets_distribution() {
+        let sampling = Sampling {
+            temperature: 1.0,
+            ..Sampling::default()
+        };
+        let target_logits = [2.0f32, 1.0, 0.5, -1.0];
+        let p = sampling.distribution(&target_logits);
+        let q = vec![0.1f32, 0.2, 0.7, 0.0];
+        // Row 0 (the pending token's) decides the first token; row 1 the bonus.
+        let logits = Tensor::new(&[target_logits, [0.0, 0.0, 0.0, 0.0]], &Device::Cpu).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let trials = 200_000;
+        let mut counts = [0usize; 4];
+        let mut accepted = 0;
+        for _ in 0..trials {
+            let x = sample(&q, &mut rng);
+            let (path, bonus) = walk_model_sampled(
+                &[9, x],
+                &logits,
+                std::slice::from_ref(&q),
+                &sampling,
+                &mut rng,
+            )
+            .unwrap();
+            let first = if path.len() == 2 { x } else { bonus };
+            counts[first as usize] += 1;
+            accepted += path.len() - 1;
+        }
+        for (i, &n) in counts.iter().enumerate() {
+            let seen = n as f64 / trials as f64;
+            // Four standard deviations of a binomial proportion.
+            let sd = (f64::from(p[i]) * (1.0 - f64::from(p[i])) / trials as f64).sqrt();
+            assert!(
+                (seen - f64::from(p[i])).abs() < 4.0 * sd + 1e-4,
+                "token {i}: {seen} where p is {}",
+                p[i]
+            );
+        }
+        // And the acceptance rate is Σ min(p, q), as the rule says.
+        let expected: f32 = p.iter().zip(&q).map(|(a, b)| a.min(*b)).sum();
+        let rate = accepted as f64 / trials as f64;
+        assert!(
+            (rate - f64::from(expected)).abs() < 0.01,
+            "{rate} vs {expected}"
+        );
+    }
+
+    #[test]
+    fn a_draft_models_cache_keeps_only_the_accepted_tokens_it_holds() {
+        let mut state = DraftState {
+            synced: 10,
+            base: 10,
+            in_cache: 3,
+            ..DraftState::default()
+        };
+        state.accepted(2);
+        assert_eq!(state.synced, 12);
+        state.base = 20;
+        state.accepted(4);
+        assert_eq!(state.synced, 23, "the draft's last token was never run");
+    }
+
+    #[test]
+    fn sources_count_steps_drafts_and_acceptances_apart() {
+        let mut s = DraftSources::default();
+        s.record(DraftSource::Model, 4, 3);
+        s.record(DraftSource::Request, 6, 6);
+        s.record(DraftSource::Model, 0, 0);
+        s.record(DraftSource::Global, 2, 0);
+        assert_eq!(s.none, 1);
+        assert_eq!(
+            s.model,
+            SourceCounts {
+                steps: 1,
+                drafted: 4,
+                accepted: 3
+            }
+        );
+        assert_eq!(
+            s.suffix,
+            SourceCounts {
+                steps: 2,
+                drafted: 8,
+                accepted: 6
+            }
+        );
+    }
+}
