@@ -7,11 +7,13 @@
 //! tests say so and pass when it is absent. `tools/gemma-vs-llamacpp.py` compares its
 //! greedy output with llama.cpp's.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use suffixd::chat::PromptPiece;
 use suffixd::model::cost::CostCurve;
-use suffixd::model::engine::{Drafter, Engine, GenerateOptions, NoDrafts, Sampling, Sequence};
+use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 use suffixd::serve::drafter::CacheDrafter;
 use suffixd::speculate::{SpecMode, SpecParams};
@@ -159,36 +161,17 @@ fn gemma_speculative_greedy_output_equals_plain_alone_and_batched() {
         .iter()
         .map(|p| CacheDrafter::new(Layered::new(None, &global, &nothing), params(), p))
         .collect();
-    let mut seqs: Vec<Option<Sequence>> = prompts.iter().map(|_| None).collect();
-    let mut results: Vec<Option<Vec<u32>>> = prompts.iter().map(|_| None).collect();
-    let (mut step, mut widest) = (0, 0);
-    while results.iter().any(|r| r.is_none()) {
-        for i in 0..prompts.len() {
-            if seqs[i].is_none() && results[i].is_none() && i <= 3 + step {
-                seqs[i] = Some(engine.start(&prompts[i], &options(max(i), true)).unwrap());
-            }
-        }
-        let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = seqs
-            .iter_mut()
-            .zip(drafters.iter_mut())
-            .filter_map(|(s, d)| s.as_mut().map(|s| (s, d as &mut dyn Drafter)))
-            .collect();
-        widest = widest.max(batch.len());
-        engine.step(&mut batch).unwrap();
-        for i in 0..prompts.len() {
-            if seqs[i].as_ref().is_some_and(|s| s.is_finished()) {
-                results[i] = Some(engine.finish(seqs[i].take().unwrap()).tokens);
-            }
-        }
-        step += 1;
-    }
+    let batched = common::run_batched(
+        &mut engine,
+        &prompts,
+        |i| options(max(i), true),
+        &mut drafters,
+        4,
+    );
+    let widest = batched.widest;
+    let results: Vec<Vec<u32>> = batched.generations.into_iter().map(|g| g.tokens).collect();
     for (i, (got, want)) in results.iter().zip(&plain).enumerate() {
-        assert_eq!(
-            got.as_ref().unwrap(),
-            want,
-            "batched prompt {i}: {:?}",
-            texts[i]
-        );
+        assert_eq!(got, want, "batched prompt {i}: {:?}", texts[i]);
     }
     assert!(widest >= 8, "the batch ran {widest} sequences together");
 }

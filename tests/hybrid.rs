@@ -8,9 +8,7 @@
 mod common;
 
 use suffixd::corpus::logs::ChatMessage;
-use suffixd::model::engine::{
-    Drafter, Engine, GenerateOptions, Generation, NoDrafts, Sampling, Sequence,
-};
+use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 use suffixd::serve::drafter::CacheDrafter;
 use suffixd::speculate::SpecParams;
@@ -140,33 +138,17 @@ fn hybrid_greedy_output_is_plain_greedy_output_alone_and_batched() {
     );
     // Batched: eight start together, one more joins at each step.
     let mut drafters: Vec<_> = prompts.iter().map(|p| drafter(&empty, p)).collect();
-    let mut seqs: Vec<Option<Sequence>> = prompts.iter().map(|_| None).collect();
-    let mut done: Vec<Option<Generation>> = prompts.iter().map(|_| None).collect();
-    let (mut step, mut widest) = (0, 0);
-    while done.iter().any(Option::is_none) {
-        for i in 0..prompts.len() {
-            if seqs[i].is_none() && done[i].is_none() && i <= 7 + step {
-                let opts = options(max_tokens(i), true, greedy);
-                seqs[i] = Some(engine.start(&prompts[i], &opts).unwrap());
-            }
-        }
-        let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = seqs
-            .iter_mut()
-            .zip(drafters.iter_mut())
-            .filter_map(|(s, d)| s.as_mut().map(|s| (s, d as &mut dyn Drafter)))
-            .collect();
-        widest = widest.max(batch.len());
-        engine.step(&mut batch).unwrap();
-        for i in 0..prompts.len() {
-            if seqs[i].as_ref().is_some_and(Sequence::is_finished) {
-                done[i] = Some(engine.finish(seqs[i].take().unwrap()));
-            }
-        }
-        step += 1;
-    }
+    let batched = common::run_batched(
+        &mut engine,
+        &prompts,
+        |i| options(max_tokens(i), true, greedy),
+        &mut drafters,
+        8,
+    );
+    let widest = batched.widest;
+    let done = batched.generations;
     let mut model_steps = 0;
     for (i, g) in done.iter().enumerate() {
-        let g = g.as_ref().unwrap();
         assert_eq!(g.tokens, plain[i], "prompt {i} batched");
         model_steps += g.sources.model.steps;
     }

@@ -4,6 +4,8 @@
 //!
 //! Set `SUFFIXD_SKIP_MODEL_TESTS=1` to skip on a machine without the model.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use suffixd::corpus::logs::ChatMessage;
@@ -314,7 +316,6 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
 /// give token for token what each gives alone with plain decoding.
 #[test]
 fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
-    use suffixd::model::engine::{Drafter, Sequence};
     let Some(path) = model() else { return };
     let mut engine =
         Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
@@ -381,34 +382,12 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
         .iter()
         .map(|p| CacheDrafter::new(Layered::new(None, &global, &nothing), params, p))
         .collect();
-    let mut seqs: Vec<Option<Sequence>> = prompts.iter().map(|_| None).collect();
-    let mut results: Vec<Option<Vec<u32>>> = prompts.iter().map(|_| None).collect();
-    let (mut step, mut widest, mut drafted) = (0, 0, 0);
-    while results.iter().any(|r| r.is_none()) {
-        // Four start together, then one more joins at each step.
-        for i in 0..prompts.len() {
-            if seqs[i].is_none() && results[i].is_none() && i <= 3 + step {
-                seqs[i] = Some(engine.start(&prompts[i], &opts(i, true)).unwrap());
-            }
-        }
-        let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = seqs
-            .iter_mut()
-            .zip(drafters.iter_mut())
-            .filter_map(|(s, d)| s.as_mut().map(|s| (s, d as &mut dyn Drafter)))
-            .collect();
-        widest = widest.max(batch.len());
-        engine.step(&mut batch).unwrap();
-        for i in 0..prompts.len() {
-            if seqs[i].as_ref().is_some_and(|s| s.is_finished()) {
-                let g = engine.finish(seqs[i].take().unwrap());
-                drafted += g.drafted_tokens;
-                results[i] = Some(g.tokens);
-            }
-        }
-        step += 1;
-    }
-    for (i, (got, want)) in results.iter().zip(&plain).enumerate() {
-        assert_eq!(got.as_ref().unwrap(), want, "prompt {i}: {:?}", texts[i]);
+    // Four start together, then one more joins at each step.
+    let batched = common::run_batched(&mut engine, &prompts, |i| opts(i, true), &mut drafters, 4);
+    let (widest, step) = (batched.widest, batched.steps);
+    let drafted: usize = batched.generations.iter().map(|g| g.drafted_tokens).sum();
+    for (i, (got, want)) in batched.generations.iter().zip(&plain).enumerate() {
+        assert_eq!(&got.tokens, want, "prompt {i}: {:?}", texts[i]);
     }
     eprintln!(
         "{} prompts, widest batch {widest}, {step} steps, {drafted} drafted",

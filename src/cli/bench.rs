@@ -311,7 +311,7 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
             |c: &crate::model::engine::SourceCounts| c.accepted as f64 / c.drafted.max(1) as f64;
         let steps = (s.none + s.suffix.steps + s.model.steps).max(1) as f64;
         println!(
-            "hybrid (τ {}): suffix-only {:.1} tok/s, hybrid {:.1} tok/s: {:.3}x of suffix-only (median per item {:.3}x); steps drafted by the suffix trees {:.0}%, the draft model {:.0}%, none {:.0}%; acceptance suffix {:.2}, model {:.2}; draft model {:.2} s",
+            "hybrid (τ {}): suffix-only {:.1} tok/s, hybrid {:.1} tok/s: {:.3}x of suffix-only (median per item {:.3}x); steps drafted by the suffix trees {:.0}%, the draft model {:.0}%, none {:.0}% ({} model drafts cut before verification); acceptance suffix {:.2}, model {:.2}; draft model {:.2} s",
             engine.hybrid_tau().unwrap_or_default(),
             tps(&suffix),
             tps(h),
@@ -320,6 +320,7 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
             100.0 * s.suffix.steps as f64 / steps,
             100.0 * s.model.steps as f64 / steps,
             100.0 * s.none as f64 / steps,
+            s.model_unverified,
             rate(&s.suffix),
             rate(&s.model),
             s.model_draft_s

@@ -217,3 +217,52 @@ pub fn raw_exchange(base: &str, request: &[u8]) -> String {
     let _ = conn.read_to_end(&mut answer);
     String::from_utf8_lossy(&answer).into_owned()
 }
+
+/// What [`run_batched`] did: each prompt's generation, in prompt order, the widest batch
+/// and the steps it took.
+pub struct Batched {
+    pub generations: Vec<suffixd::model::engine::Generation>,
+    pub widest: usize,
+    pub steps: usize,
+}
+
+/// Run `prompts` through `engine` under continuous batching, as the server does: the
+/// first `together` start at once, then one more joins at each step, each drafting from
+/// its own drafter; a sequence leaves the batch when it finishes.
+pub fn run_batched<D: suffixd::model::engine::Drafter>(
+    engine: &mut suffixd::model::engine::Engine,
+    prompts: &[Vec<u32>],
+    options: impl Fn(usize) -> suffixd::model::engine::GenerateOptions,
+    drafters: &mut [D],
+    together: usize,
+) -> Batched {
+    use suffixd::model::engine::{Drafter, Generation, Sequence};
+    let mut seqs: Vec<Option<Sequence>> = prompts.iter().map(|_| None).collect();
+    let mut done: Vec<Option<Generation>> = prompts.iter().map(|_| None).collect();
+    let (mut steps, mut widest) = (0, 0);
+    while done.iter().any(Option::is_none) {
+        for i in 0..prompts.len() {
+            if seqs[i].is_none() && done[i].is_none() && i < together + steps {
+                seqs[i] = Some(engine.start(&prompts[i], &options(i)).unwrap());
+            }
+        }
+        let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = seqs
+            .iter_mut()
+            .zip(drafters.iter_mut())
+            .filter_map(|(s, d)| s.as_mut().map(|s| (s, d as &mut dyn Drafter)))
+            .collect();
+        widest = widest.max(batch.len());
+        engine.step(&mut batch).unwrap();
+        for i in 0..prompts.len() {
+            if seqs[i].as_ref().is_some_and(Sequence::is_finished) {
+                done[i] = Some(engine.finish(seqs[i].take().unwrap()));
+            }
+        }
+        steps += 1;
+    }
+    Batched {
+        generations: done.into_iter().map(Option::unwrap).collect(),
+        widest,
+        steps,
+    }
+}

@@ -1,13 +1,15 @@
 //! Hybrid drafting: a draft model takes over where the suffix trees have nothing likely.
 //!
 //! Each decoding step asks the request's [`super::Drafter`] first. When that draft's
-//! calibrated expected accepted tokens fall below τ (`--hybrid-tau`), and the engine has
-//! a draft model, the draft model proposes a linear draft instead, as its own sequence
-//! with its own KV cache:
+//! calibrated expected accepted tokens fall below τ (`--hybrid-tau`), the engine has a
+//! draft model, and the draft model's expected tokens per unit of cost beat the suffix
+//! draft's ([`DraftModel::pays`]), the draft model proposes a linear draft instead, as
+//! its own sequence with its own KV cache:
 //!
 //! - The cache lags the request's context and catches up when it is next needed: the
-//!   tokens accepted since (usually a few; the whole prompt the first time, in chunks).
-//!   Steps the suffix draft covers cost the draft model nothing.
+//!   tokens accepted since (usually a few). More than [`MAX_CATCH_UP`] behind (a new
+//!   prompt), it starts again from the context's first and last tokens. Steps the
+//!   suffix draft covers cost the draft model nothing.
 //! - A draft of k tokens takes k passes of the draft model: the catch-up pass gives the
 //!   first token, each later pass one more. The passes of every sequence drafting in a
 //!   step are batched.
@@ -78,10 +80,15 @@ pub(super) struct DraftModel {
     /// Weigh the draft model's cost against the suffix draft's before drafting (off:
     /// it drafts wherever the suffix draft is below τ).
     check_cost: bool,
+    /// The share of decoding steps whose suffix draft is below τ, a moving average over
+    /// every request: how much of a request the draft model can expect to draft.
+    weak_share: f64,
 }
 
 /// Weight of the newest observation in [`DraftModel`]'s moving averages.
 const RATE: f64 = 0.1;
+/// Weight of the newest decoding step in [`DraftModel::weak_share`].
+const WEAK_RATE: f64 = 0.02;
 
 impl DraftModel {
     /// A draft pass's cost in target steps.
@@ -94,13 +101,28 @@ impl DraftModel {
         self.tau
     }
 
+    /// A decoding step's suffix draft was below τ (`weak`) or not.
+    pub(super) fn observe_suffix(&mut self, weak: bool) {
+        self.weak_share += WEAK_RATE * (f64::from(u8::from(weak)) - self.weak_share);
+    }
+
     /// Whether the draft model should draft for a sequence whose cache is `behind`
-    /// tokens behind its context, when the suffix draft would give `suffix_rate` tokens
-    /// per target step: the model's expected tokens per unit of cost (its catch-up
-    /// pass, its draft passes and the verified rows included) must be higher.
+    /// tokens behind its context and which may generate `remaining` more tokens, when
+    /// the suffix draft would give `suffix_rate` tokens per target step: the model's
+    /// expected tokens per unit of cost (its draft passes and the verified rows) must be
+    /// higher.
+    ///
+    /// Catching up is an investment, not a step's cost: a cache that reads a 64-token
+    /// prompt costs three target steps here, and charged to one step it never pays, so
+    /// the cache would never catch up. It is spread over the steps the draft model can
+    /// expect to draft for the rest of the request: the remaining tokens, at the tokens
+    /// a model step yields, times the share of steps whose suffix drafts are weak. Where
+    /// the trees draft most steps (agentic work) that share is small and a long catch-up
+    /// does not pay; on open chat it is large and it does.
     pub(super) fn pays(
         &self,
         behind: usize,
+        remaining: usize,
         suffix_rate: f64,
         cost: &CostCurve,
         calibration: &Calibration,
@@ -111,8 +133,10 @@ impl DraftModel {
         let k = self.mean_len.round().max(1.0) as usize;
         let rate = calibration.model_mean_rate();
         let expected: f64 = (1..=k as i32).map(|j| rate.powi(j)).sum();
+        let future_steps = self.weak_share * remaining as f64 / (1.0 + expected);
         let behind = behind.min(MAX_CATCH_UP) as f64;
-        let passes = k as f64 * self.draft_t1_s + (behind - 1.0).max(0.0) * self.draft_row_s;
+        let catch_up = (behind - 1.0).max(0.0) * self.draft_row_s / future_steps.max(1.0);
+        let passes = k as f64 * self.draft_t1_s + catch_up;
         let model_rate =
             (1.0 + expected) / (cost.cost(1 + k) + passes / self.target_t1_s.max(1e-9));
         model_rate > suffix_rate
@@ -131,9 +155,13 @@ impl DraftModel {
 #[derive(Default)]
 pub(super) struct DraftState {
     cache: KvCache,
-    /// The context's first `synced` tokens are in the cache; rows after them are
-    /// dropped before the next draft.
+    /// The context's first `synced` tokens are in the cache (less `skipped`); rows after
+    /// them are dropped before the next draft.
     synced: usize,
+    /// Context tokens the cache left out when it restarted from the context's first and
+    /// last tokens ([`MAX_CATCH_UP`]): cache row r holds context token r + `skipped`
+    /// past the first [`ATTENTION_SINK`].
+    skipped: usize,
     /// The context's length when the last model draft was written, and how many of its
     /// tokens the cache holds (all but the last).
     base: usize,
@@ -143,9 +171,15 @@ pub(super) struct DraftState {
 }
 
 impl DraftState {
-    /// How many of the context's tokens the cache holds.
+    /// How many of the context's tokens the cache holds (or stands for, past a
+    /// restart).
     pub(super) fn synced(&self) -> usize {
         self.synced
+    }
+
+    /// The cache's rows that hold context tokens: the ones to keep before a draft.
+    fn cache_rows(&self) -> usize {
+        self.synced - self.skipped
     }
 
     /// The target accepted `accepted` tokens of the last model draft: the cache keeps
@@ -185,6 +219,9 @@ pub struct DraftSources {
     pub model: SourceCounts,
     /// Seconds spent running the draft model.
     pub model_draft_s: f64,
+    /// Steps whose model draft was cut to nothing before verification (not worth its
+    /// rows: every token of it unlikely); counted in `none` too.
+    pub model_unverified: usize,
 }
 
 impl DraftSources {
@@ -196,6 +233,10 @@ impl DraftSources {
             accepted,
         };
         match source {
+            DraftSource::Model if drafted == 0 => {
+                self.none += 1;
+                self.model_unverified += 1;
+            }
             _ if drafted == 0 => self.none += 1,
             DraftSource::Model => self.model.add(&counts),
             _ => self.suffix.add(&counts),
@@ -208,6 +249,7 @@ impl DraftSources {
         self.suffix.add(&other.suffix);
         self.model.add(&other.model);
         self.model_draft_s += other.model_draft_s;
+        self.model_unverified += other.model_unverified;
     }
 }
 
@@ -254,6 +296,7 @@ impl Engine {
             target_t1_s,
             mean_len: 4.0,
             check_cost: true,
+            weak_share: 0.5,
         });
         Ok(())
     }
@@ -359,12 +402,13 @@ fn run_draft_model(
         // What the cache holds of the context; at least the newest token is run again,
         // for the logits that give the first draft token.
         state.synced = state.synced.min(seq.context.len() - 1);
-        state.cache.truncate(state.synced);
+        state.cache.truncate(state.cache_rows());
         let gap = seq.context.len() - state.synced;
         let catch_up = if gap > MAX_CATCH_UP {
             // Too far behind (a new prompt, or a long run of suffix drafts): start again
             // from the context's first tokens and its last ones.
             state.cache.reset();
+            state.skipped = seq.context.len() - MAX_CATCH_UP;
             let sink = &seq.context[..ATTENTION_SINK];
             let tail = &seq.context[seq.context.len() - (MAX_CATCH_UP - ATTENTION_SINK)..];
             [sink, tail].concat()
@@ -603,9 +647,22 @@ mod tests {
         };
         state.accepted(2);
         assert_eq!(state.synced, 12);
+        assert_eq!(state.cache_rows(), 12);
         state.base = 20;
         state.accepted(4);
         assert_eq!(state.synced, 23, "the draft's last token was never run");
+        // After a restart that left 100 context tokens out, the rows kept are the
+        // context's less those: a rejected draft token's row is dropped, not kept.
+        let mut restarted = DraftState {
+            synced: 164,
+            skipped: 100,
+            base: 164,
+            in_cache: 5,
+            ..DraftState::default()
+        };
+        restarted.accepted(1);
+        assert_eq!(restarted.synced, 165);
+        assert_eq!(restarted.cache_rows(), 65, "64 caught up, 1 accepted");
     }
 
     #[test]

@@ -420,7 +420,7 @@ impl Engine {
                 });
             }
         }
-        if let Some(dm) = self.draft.as_ref() {
+        if let Some(dm) = self.draft.as_mut() {
             let (calibration, cost) = (&self.calibration, &self.cost);
             let mut skipped = false;
             let wanting: Vec<(&mut Sequence, &mut Draft)> = batch
@@ -436,14 +436,17 @@ impl Engine {
                     // The suffix draft is kept when it is likely enough (τ), or when the
                     // draft model would not do better for what it costs.
                     let values = calibration.values(draft);
-                    if values.iter().sum::<f64>() >= dm.tau() {
+                    let weak = values.iter().sum::<f64>() < dm.tau();
+                    dm.observe_suffix(weak);
+                    if !weak {
                         return None;
                     }
                     let kept = cost.best_cut(1, std::slice::from_ref(&values))[0];
                     let suffix_rate =
                         (1.0 + values[..kept].iter().sum::<f64>()) / cost.cost(1 + kept);
                     let behind = seq.context.len() - seq.draft.as_ref().map_or(0, |s| s.synced());
-                    if !dm.pays(behind, suffix_rate, cost, calibration) {
+                    let remaining = seq.opts.max_tokens.saturating_sub(seq.out.len());
+                    if !dm.pays(behind, remaining, suffix_rate, cost, calibration) {
                         skipped = true;
                         return None;
                     }

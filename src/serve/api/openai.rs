@@ -730,8 +730,11 @@ fn usage_of(gs: &[Generation]) -> serde_json::Value {
 fn spec_stats_of(gs: &[Generation]) -> serde_json::Value {
     let sum = |f: fn(&Generation) -> usize| gs.iter().map(f).sum::<usize>();
     let rate = gs.iter().map(|g| g.tokens_per_s).sum::<f64>() / gs.len().max(1) as f64;
+    let mut sources = crate::model::engine::DraftSources::default();
+    gs.iter().for_each(|g| sources.add(&g.sources));
     json!({"steps": sum(|g| g.steps), "drafted_tokens": sum(|g| g.drafted_tokens),
-        "accepted_tokens": sum(|g| g.accepted_tokens), "tokens_per_s": rate})
+        "accepted_tokens": sum(|g| g.accepted_tokens), "tokens_per_s": rate,
+        "draft_sources": sources})
 }
 
 /// Server-Sent Events in OpenAI's chunk format, ending with `data: [DONE]`. When the
