@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 
 use crate::model::cost::CostCurve;
-use crate::model::engine::{DraftSources, Generation, StepReport};
+use crate::model::engine::{DraftSources, Generation, SourceCounts, StepReport};
 use crate::model::prefix::PrefixCacheStats;
 
 /// Upper bounds of the accepted-tokens-per-step histogram.
@@ -283,37 +283,33 @@ impl Metrics {
 
 /// The counters of the draft sources: steps, drafted and accepted tokens, per source.
 fn render_sources(s: &DraftSources, out: &mut String) {
-    let rows = [
-        ("none", s.none, 0, 0),
-        (
-            "suffix",
-            s.suffix.steps,
-            s.suffix.drafted,
-            s.suffix.accepted,
-        ),
-        ("model", s.model.steps, s.model.drafted, s.model.accepted),
-    ];
-    for (name, help, pick) in [
+    let none = SourceCounts {
+        steps: s.none,
+        ..SourceCounts::default()
+    };
+    let sources = [("none", &none), ("suffix", &s.suffix), ("model", &s.model)];
+    type Count = fn(&SourceCounts) -> usize;
+    let series: [(&str, &str, Count); 3] = [
         (
             "suffixd_draft_steps_total",
             "Verified decoding steps by where their draft came from (none: no draft).",
-            0,
+            |c| c.steps,
         ),
         (
             "suffixd_draft_tokens_total",
             "Draft tokens verified, by source.",
-            1,
+            |c| c.drafted,
         ),
         (
             "suffixd_draft_accepted_tokens_total",
             "Draft tokens accepted, by source.",
-            2,
+            |c| c.accepted,
         ),
-    ] {
+    ];
+    for (name, help, value) in series {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (source, steps, drafted, accepted) in rows {
-            let v = [steps, drafted, accepted][pick];
-            let _ = writeln!(out, "{name}{{source=\"{source}\"}} {v}");
+        for (source, counts) in sources {
+            let _ = writeln!(out, "{name}{{source=\"{source}\"}} {}", value(counts));
         }
     }
     let name = "suffixd_draft_model_seconds_total";

@@ -135,19 +135,15 @@ impl Calibration {
     /// each times q and at most 1 (for a draft model's tokens: each the acceptance rate
     /// of its confidence band).
     pub(super) fn values(&self, draft: &Draft) -> Vec<f64> {
-        if draft.source == DraftSource::Model {
-            let mut values: Vec<f64> = Vec::with_capacity(draft.len());
-            for (i, &parent) in draft.parents.iter().enumerate() {
-                let parent_value = usize::try_from(parent).map_or(1.0, |p| values[p]);
-                values.push(parent_value * self.model_rate(given_parent(draft, i)));
-            }
-            return values;
-        }
         let q = self.factor(draft.source, draft.match_len);
+        let worth = |p: f64| match draft.source {
+            DraftSource::Model => self.model_rate(p),
+            _ => (q * p).min(1.0),
+        };
         let mut values: Vec<f64> = Vec::with_capacity(draft.len());
         for (i, &parent) in draft.parents.iter().enumerate() {
             let parent_value = usize::try_from(parent).map_or(1.0, |p| values[p]);
-            values.push(parent_value * (q * given_parent(draft, i)).min(1.0));
+            values.push(parent_value * worth(given_parent(draft, i)));
         }
         values
     }

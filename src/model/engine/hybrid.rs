@@ -14,8 +14,8 @@
 //!   first token, each later pass one more. The passes of every sequence drafting in a
 //!   step are batched.
 //! - Drafting stops when one more token no longer pays: the next token's worth is
-//!   predicted from the last one's calibrated probability, and weighed against one more
-//!   draft pass (its measured time relative to a target step) and one more verified row
+//!   predicted from how often the draft model's tokens are lately accepted, and weighed
+//!   against one more draft pass (its measured time relative to a target step) and one more verified row
 //!   (the verifier's cost curve). The usual cut ([`super::Engine::allocate_drafts`]) then
 //!   decides what is verified.
 //! - After verification the cache keeps the accepted tokens it holds; the rest is
@@ -37,11 +37,11 @@ use crate::speculate::{Draft, DraftSource};
 use super::super::cost::CostCurve;
 use super::super::forward::{BatchEntry, KvCache, LogitRows, Model, ModelError, argmax};
 use super::calibration::Calibration;
-use super::sampling::{Sampling, sample};
-use super::{Engine, Sequence, chain_parents};
+use super::sampling::{Sampling, TokenLogprob, sample};
+use super::{Engine, Plan, Sequence, StepReport, chain_parents};
 
 /// The longest draft the draft model writes in one step.
-pub const MAX_MODEL_DRAFT: usize = 16;
+const MAX_MODEL_DRAFT: usize = 16;
 
 /// The most tokens a draft model's cache catches up in one step. Further behind (a new
 /// prompt; a long run of steps the suffix trees drafted), the cache starts again from
@@ -94,11 +94,6 @@ impl DraftModel {
     /// A draft pass's cost in target steps.
     fn cost_ratio(&self) -> f64 {
         self.draft_t1_s / self.target_t1_s.max(1e-9)
-    }
-
-    /// The threshold τ.
-    pub(super) fn tau(&self) -> f64 {
-        self.tau
     }
 
     /// A decoding step's suffix draft was below τ (`weak`) or not.
@@ -171,12 +166,6 @@ pub(super) struct DraftState {
 }
 
 impl DraftState {
-    /// How many of the context's tokens the cache holds (or stands for, past a
-    /// restart).
-    pub(super) fn synced(&self) -> usize {
-        self.synced
-    }
-
     /// The cache's rows that hold context tokens: the ones to keep before a draft.
     fn cache_rows(&self) -> usize {
         self.synced - self.skipped
@@ -254,6 +243,56 @@ impl DraftSources {
 }
 
 impl Engine {
+    /// Hybrid mode's part of planning a step: the sequences whose suffix draft is weak
+    /// (below τ) and for which the draft model pays get its draft instead
+    /// ([`DraftModel::pays`]). Nothing without a draft model.
+    pub(super) fn offer_draft_model(
+        &mut self,
+        batch: &mut [(&mut Sequence, &mut dyn super::Drafter)],
+        plans: &mut [Plan],
+        report: &mut StepReport,
+    ) {
+        let Some(dm) = self.draft.as_mut() else {
+            return;
+        };
+        let (calibration, cost) = (&self.calibration, &self.cost);
+        let mut skipped = false;
+        let mut wanting: Vec<(&mut Sequence, &mut Draft)> = Vec::new();
+        for ((seq, _), plan) in batch.iter_mut().zip(plans.iter_mut()) {
+            let Plan::Verify { draft, .. } = plan else {
+                continue;
+            };
+            if !seq.opts.speculate || !seq.opts.draft_model || seq.constraint.is_some() {
+                continue;
+            }
+            // The suffix draft is kept when it is likely enough (τ), or when the draft
+            // model would not do better for what it costs.
+            let values = calibration.values(draft);
+            let weak = values.iter().sum::<f64>() < dm.tau;
+            dm.observe_suffix(weak);
+            if !weak {
+                continue;
+            }
+            let kept = cost.best_cut(1, std::slice::from_ref(&values))[0];
+            let suffix_rate = (1.0 + values[..kept].iter().sum::<f64>()) / cost.cost(1 + kept);
+            let behind = seq.context.len() - seq.draft.as_ref().map_or(0, |s| s.synced);
+            let remaining = seq.opts.max_tokens.saturating_sub(seq.out.len());
+            if dm.pays(behind, remaining, suffix_rate, cost, calibration) {
+                wanting.push((&mut **seq, draft));
+            } else {
+                skipped = true;
+            }
+        }
+        if skipped {
+            // No new evidence: the draft model's acceptance drifts back towards trust,
+            // so that one bad stretch does not stop it for good.
+            self.calibration.model_refused();
+        }
+        if !wanting.is_empty() {
+            report.sources.model_draft_s += self.draft_with_model(wanting);
+        }
+    }
+
     /// Draft with `draft` (an engine loaded from the draft model's file) where the suffix
     /// draft's calibrated expected accepted tokens fall below `tau`. Refused when its
     /// tokenizer is not the target's, or its context is shorter.
@@ -286,8 +325,15 @@ impl Engine {
                 "τ must be a number of tokens, 0 or more, not {tau}"
             )));
         }
-        let (draft_t1_s, draft_row_s) = pass_seconds(&draft.model)?;
-        let (target_t1_s, _) = pass_seconds(&self.model)?;
+        let draft_t1_s = pass_seconds(&draft.model, 1)?;
+        let draft_row_s = ((pass_seconds(&draft.model, 33)? - draft_t1_s) / 32.0).max(0.0);
+        // The target's single-row step, as the cost curve measured it at start; timed
+        // here only when the curve was given (`--cost flat`).
+        let target_t1_s = if self.cost.t1_ms > 0.0 {
+            self.cost.t1_ms / 1e3
+        } else {
+            pass_seconds(&self.model, 1)?
+        };
         self.draft = Some(DraftModel {
             model: draft.model,
             tau,
@@ -312,7 +358,7 @@ impl Engine {
 
     /// Whether the engine has a draft model, and its τ.
     pub fn hybrid_tau(&self) -> Option<f64> {
-        self.draft.as_ref().map(DraftModel::tau)
+        self.draft.as_ref().map(|dm| dm.tau)
     }
 
     /// A draft pass's measured cost in target steps (hybrid mode only).
@@ -322,12 +368,11 @@ impl Engine {
 
     /// Replace the drafts of `wanting` (their suffix drafts were weak) with the draft
     /// model's. A failure of the draft model is logged and leaves the suffix drafts.
-    pub(super) fn draft_with_model(&mut self, wanting: Vec<(&mut Sequence, &mut Draft)>) -> f64 {
+    fn draft_with_model(&mut self, mut wanting: Vec<(&mut Sequence, &mut Draft)>) -> f64 {
         let Some(dm) = self.draft.as_mut() else {
             return 0.0;
         };
         let t = Instant::now();
-        let mut wanting = wanting;
         if let Err(e) = run_draft_model(dm, &self.cost, &self.calibration, &self.eos, &mut wanting)
         {
             tracing::warn!("the draft model failed ({e}); this step keeps the suffix drafts");
@@ -342,27 +387,22 @@ impl Engine {
     }
 }
 
-/// Seconds of a single-row pass of `model` after a short context, and what each more
-/// row adds (from a 33-row pass): medians of 5.
-fn pass_seconds(model: &Model) -> Result<(f64, f64), ModelError> {
+/// Seconds of a `rows`-row pass of `model` after a 32-token context: the median of 5.
+fn pass_seconds(model: &Model, rows: u32) -> Result<f64, ModelError> {
     let mut cache = KvCache::default();
-    let prefix: Vec<u32> = (0..32u32).map(|i| 100 + i).collect();
+    let prefix: Vec<u32> = (100..132).collect();
     model.forward(&mut cache, &prefix, &chain_parents(prefix.len()))?;
     cache.commit(&(0..prefix.len()).collect::<Vec<_>>());
-    let mut time = |rows: &[u32]| -> Result<f64, ModelError> {
-        let mut times = Vec::new();
-        for _ in 0..5 {
-            let t = Instant::now();
-            model.forward(&mut cache, rows, &chain_parents(rows.len()))?;
-            cache.commit(&[]);
-            times.push(t.elapsed().as_secs_f64());
-        }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
-    };
-    let one = time(&[200])?;
-    let many = time(&(200..233).collect::<Vec<u32>>())?;
-    Ok((one, ((many - one) / 32.0).max(0.0)))
+    let tokens: Vec<u32> = (200..200 + rows).collect();
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        model.forward(&mut cache, &tokens, &chain_parents(tokens.len()))?;
+        cache.commit(&[]);
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// One sequence drafting in this step.
@@ -470,7 +510,10 @@ fn run_draft_model(
             let sampling = d.seq.opts.sampling;
             let (token, p) = if sampling.temperature <= 0.0 {
                 let token = argmax(&row);
-                (token, softmax_at(&row, token))
+                (
+                    token,
+                    TokenLogprob::from_logits(&row, token, 0).logprob.exp(),
+                )
             } else {
                 let q = sampling.distribution(&row);
                 let token = sample(&q, &mut d.seq.rng);
@@ -532,13 +575,6 @@ fn run_draft_model(
         }
         active = going;
     }
-}
-
-/// The softmax probability of `token` in `row` (temperature 1).
-fn softmax_at(row: &[f32], token: u32) -> f32 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row.iter().map(|&l| f64::from(l - max).exp()).sum();
-    (f64::from(row[token as usize] - max).exp() / sum) as f32
 }
 
 /// Sampled acceptance of a draft model's linear draft (`tokens`: the pending token, then

@@ -36,7 +36,7 @@ use crate::chat::ChatTemplate;
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
 use hybrid::walk_model_sampled;
-pub use hybrid::{DEFAULT_TAU, DraftSources, MAX_MODEL_DRAFT, SourceCounts};
+pub use hybrid::{DEFAULT_TAU, DraftSources, SourceCounts};
 pub use sampling::{MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
 use sampling::{walk_constrained, walk_greedy, walk_sampled};
 
@@ -420,48 +420,7 @@ impl Engine {
                 });
             }
         }
-        if let Some(dm) = self.draft.as_mut() {
-            let (calibration, cost) = (&self.calibration, &self.cost);
-            let mut skipped = false;
-            let wanting: Vec<(&mut Sequence, &mut Draft)> = batch
-                .iter_mut()
-                .zip(plans.iter_mut())
-                .filter_map(|((seq, _), plan)| {
-                    let Plan::Verify { draft, .. } = plan else {
-                        return None;
-                    };
-                    if !seq.opts.speculate || !seq.opts.draft_model || seq.constraint.is_some() {
-                        return None;
-                    }
-                    // The suffix draft is kept when it is likely enough (τ), or when the
-                    // draft model would not do better for what it costs.
-                    let values = calibration.values(draft);
-                    let weak = values.iter().sum::<f64>() < dm.tau();
-                    dm.observe_suffix(weak);
-                    if !weak {
-                        return None;
-                    }
-                    let kept = cost.best_cut(1, std::slice::from_ref(&values))[0];
-                    let suffix_rate =
-                        (1.0 + values[..kept].iter().sum::<f64>()) / cost.cost(1 + kept);
-                    let behind = seq.context.len() - seq.draft.as_ref().map_or(0, |s| s.synced());
-                    let remaining = seq.opts.max_tokens.saturating_sub(seq.out.len());
-                    if !dm.pays(behind, remaining, suffix_rate, cost, calibration) {
-                        skipped = true;
-                        return None;
-                    }
-                    Some((&mut **seq, draft))
-                })
-                .collect();
-            if skipped {
-                // No new evidence: the draft model's acceptance drifts back towards
-                // trust, so that one bad stretch does not stop it for good.
-                self.calibration.model_refused();
-            }
-            if !wanting.is_empty() {
-                report.sources.model_draft_s += self.draft_with_model(wanting);
-            }
-        }
+        self.offer_draft_model(batch, &mut plans, report);
         let decoding = plans
             .iter()
             .filter(|p| matches!(p, Plan::Verify { .. }))
