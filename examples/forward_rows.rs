@@ -5,13 +5,14 @@
 //! ```text
 //! cargo run --release --example forward_rows -- MODEL [K] [PASSES] [CONTEXT] [SEQUENCES]
 //! ```
-//! Prints the median milliseconds per pass.
+//! Prints the median milliseconds per pass. `LOGITS=none` skips the output head (what a
+//! prefill chunk runs), so that the head's share of a pass is the difference.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
-use suffixd::model::forward::{BatchEntry, KvCache, Model, WeightFormat, argmax_rows};
+use suffixd::model::forward::{BatchEntry, KvCache, LogitRows, Model, WeightFormat, argmax_rows};
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -33,6 +34,10 @@ fn main() -> anyhow::Result<()> {
         model.forward(cache, &prefix, &chain(prefix.len()))?;
         cache.commit(&(0..prefix.len()).collect::<Vec<_>>());
     }
+    let logit_rows = match std::env::var("LOGITS").as_deref() {
+        Ok("none") => LogitRows::None,
+        _ => LogitRows::All,
+    };
     let tokens: Vec<u32> = (0..k as u32).map(|i| 200 + i).collect();
     let parents = chain(k);
     let mut times = Vec::with_capacity(passes);
@@ -44,7 +49,7 @@ fn main() -> anyhow::Result<()> {
                 cache,
                 tokens: &tokens,
                 parents: &parents,
-                logits: suffixd::model::forward::LogitRows::All,
+                logits: logit_rows,
             })
             .collect();
         let logits = model.forward_batch(&mut batch)?;

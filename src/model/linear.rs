@@ -283,3 +283,112 @@ impl NormWeights {
         Ok(NormWeights { device, host })
     }
 }
+
+/// The token embedding table. On the CPU a quantized table stays as the file stores it,
+/// and the rows a pass looks up are dequantized then: in f32, a large vocabulary's table
+/// is several times the file's bytes (Gemma 3 270M's 262,144 × 640 is 671 MB, against
+/// 138 MB as Q6_K), and a pass reads a few hundred of its rows at most.
+pub(super) enum Embedding {
+    /// f32 rows on the model's device.
+    Dense(Tensor),
+    /// GGML blocks on the host, `rows` rows of `width` values.
+    Quantized {
+        bytes: Vec<u8>,
+        dtype: GgmlDType,
+        rows: usize,
+        width: usize,
+    },
+}
+
+impl Embedding {
+    /// The table of a file's tensor `qt` (vocabulary × width), for `device`.
+    pub(super) fn of(qt: &QTensor, device: &Device) -> candle_core::Result<Self> {
+        let dtype = qt.dtype();
+        let (rows, width) = qt.shape().dims2()?;
+        if !device.is_cpu() || dtype.block_size() == 1 || width % dtype.block_size() != 0 {
+            return Ok(Embedding::Dense(qt.dequantize(device)?));
+        }
+        Ok(Embedding::Quantized {
+            bytes: qt.data()?.into_owned(),
+            dtype,
+            rows,
+            width,
+        })
+    }
+
+    /// Vocabulary size.
+    pub(super) fn rows(&self) -> candle_core::Result<usize> {
+        match self {
+            Embedding::Dense(t) => t.dim(0),
+            Embedding::Quantized { rows, .. } => Ok(*rows),
+        }
+    }
+
+    /// The f32 table on the device, for the device paths (which never hold a quantized
+    /// one: see [`Embedding::of`]).
+    pub(super) fn dense(&self) -> candle_core::Result<&Tensor> {
+        match self {
+            Embedding::Dense(t) => Ok(t),
+            Embedding::Quantized { .. } => {
+                candle_core::bail!("a quantized embedding table is looked up on the host only")
+            }
+        }
+    }
+
+    /// The rows of `ids`, `ids.len() × width` f32 values on the host.
+    pub(super) fn lookup(&self, ids: &[u32]) -> candle_core::Result<Vec<f32>> {
+        let (bytes, dtype, rows, width) = match self {
+            Embedding::Dense(t) => {
+                let ids = Tensor::new(ids, t.device())?;
+                return t.index_select(&ids, 0)?.flatten_all()?.to_vec1();
+            }
+            Embedding::Quantized {
+                bytes,
+                dtype,
+                rows,
+                width,
+            } => (bytes, *dtype, *rows, *width),
+        };
+        let row_bytes = width / dtype.block_size() * dtype.type_size();
+        let mut picked = Vec::with_capacity(ids.len() * row_bytes);
+        for &id in ids {
+            let id = id as usize;
+            if id >= rows {
+                candle_core::bail!("token id {id} is outside the vocabulary of {rows}");
+            }
+            picked.extend_from_slice(&bytes[id * row_bytes..(id + 1) * row_bytes]);
+        }
+        let storage = QStorage::from_data(std::borrow::Cow::Owned(picked), &Device::Cpu, dtype)?;
+        QTensor::new(storage, (ids.len(), width))?
+            .dequantize(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quantized_table_looks_up_the_rows_of_the_dequantized_one() {
+        let (vocab, width) = (300, 256);
+        let values = crate::model::kernels::test_values(vocab * width, 46, 1.0);
+        let table = Tensor::from_vec(values, (vocab, width), &Device::Cpu).unwrap();
+        let ids = [0u32, 299, 17, 17, 150];
+        for dtype in [GgmlDType::Q6K, GgmlDType::Q8_0, GgmlDType::Q4K] {
+            let qt = QTensor::quantize(&table, dtype).unwrap();
+            let embedding = Embedding::of(&qt, &Device::Cpu).unwrap();
+            assert!(matches!(embedding, Embedding::Quantized { .. }));
+            assert_eq!(embedding.rows().unwrap(), vocab);
+            let dense = Embedding::Dense(qt.dequantize(&Device::Cpu).unwrap());
+            assert_eq!(
+                embedding.lookup(&ids).unwrap(),
+                dense.lookup(&ids).unwrap(),
+                "{dtype:?}"
+            );
+            let err = embedding.lookup(&[3, 300]).unwrap_err().to_string();
+            assert!(err.contains("token id 300"), "{err}");
+        }
+    }
+}

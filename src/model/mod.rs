@@ -3,8 +3,8 @@
 //! - [`tokenizer`]: the model's tokenizer, from GGUF metadata or tokenizer.json.
 //! - [`arch`]: the model families (llama, Mistral, Qwen 2 and 3, Gemma 3) and what each
 //!   adds to the llama block.
-//! - [`forward`]: the forward pass over a draft tree, with a KV cache that keeps only
-//!   the accepted path.
+//! - [`forward`]: the forward pass over a draft tree; `kv_cache`: each sequence's keys
+//!   and values, of which only the accepted path is kept after a step.
 //! - [`kernels`]: the row-invariant CPU matmul and attention the model runs on.
 //! - `cuda` (with the `cuda` feature): the same guarantee on a GPU, through kernels
 //!   compiled at run time, with the KV cache on the device.
@@ -28,6 +28,7 @@ pub mod engine;
 pub mod forward;
 pub mod grammar;
 pub mod kernels;
+mod kv_cache;
 mod linear;
 mod load;
 pub mod prefix;

@@ -42,29 +42,54 @@ impl Sampling {
         let mut p: Vec<f32> = logits.iter().map(|&l| ((l - max) / t).exp()).collect();
         let keep_k = self.top_k > 0 && self.top_k < p.len();
         if keep_k || self.top_p < 1.0 {
-            let mut order: Vec<usize> = (0..p.len()).collect();
-            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
             let total: f32 = p.iter().sum();
-            let mut mass = 0.0;
-            let mut cut = order.len();
-            for (rank, &i) in order.iter().enumerate() {
-                if keep_k && rank >= self.top_k {
-                    cut = rank;
-                    break;
-                }
-                mass += p[i] / total;
-                if mass >= self.top_p {
-                    cut = rank + 1;
-                    break;
-                }
+            let top_k = if keep_k { self.top_k } else { p.len() };
+            let mut kept = vec![false; p.len()];
+            for i in largest_kept(&p, top_k, self.top_p, total) {
+                kept[i] = true;
             }
-            for &i in &order[cut..] {
-                p[i] = 0.0;
-            }
+            p.iter_mut()
+                .zip(&kept)
+                .filter(|(_, kept)| !**kept)
+                .for_each(|(x, _)| *x = 0.0);
         }
         let total: f32 = p.iter().sum();
         p.iter_mut().for_each(|x| *x /= total);
         p
+    }
+}
+
+/// What top-k and top-p keep of `p` (weights summing to `total`): in descending order
+/// (ties to the lower index), the first `top_k` or fewer, up to the first whose
+/// cumulative share reaches `top_p`.
+///
+/// Only the head of the order is sorted: the largest 256 are selected in linear time,
+/// then 1,024, and so on while the share is not reached. Sorting a whole 262k
+/// vocabulary per row cost milliseconds, more than the row's logits. The kept set and
+/// the sums along it are those of a full sort, since the prefix is the same.
+fn largest_kept(p: &[f32], top_k: usize, top_p: f32, total: f32) -> Vec<usize> {
+    let descending = |a: &usize, b: &usize| p[*b].total_cmp(&p[*a]).then(a.cmp(b));
+    let limit = top_k.min(p.len());
+    let mut head = limit.min(256);
+    loop {
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        if head < order.len() {
+            order.select_nth_unstable_by(head, descending);
+            order.truncate(head);
+        }
+        order.sort_unstable_by(descending);
+        let mut mass = 0.0;
+        for (rank, &i) in order.iter().enumerate() {
+            mass += p[i] / total;
+            if mass >= top_p {
+                order.truncate(rank + 1);
+                return order;
+            }
+        }
+        if head == limit {
+            return order;
+        }
+        head = (head * 4).min(limit);
     }
 }
 
@@ -268,6 +293,53 @@ mod tests {
         let (path, bonus) = walk_greedy(&tokens, &parents, &[7, 0, 0, 3]);
         assert_eq!(path, vec![0, 3]);
         assert_eq!(bonus, 3);
+    }
+
+    /// The full sort `largest_kept` replaces: its kept set, for comparison.
+    fn kept_by_full_sort(p: &[f32], top_k: usize, top_p: f32, total: f32) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        let mut mass = 0.0;
+        for (rank, &i) in order.iter().enumerate() {
+            if rank >= top_k {
+                order.truncate(rank);
+                return order;
+            }
+            mass += p[i] / total;
+            if mass >= top_p {
+                order.truncate(rank + 1);
+                return order;
+            }
+        }
+        order
+    }
+
+    #[test]
+    fn the_partial_selection_keeps_what_a_full_sort_keeps() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(46);
+        for vocab in [3usize, 300, 5_000, 262_144] {
+            // Coarse values, so that many tie (ties go to the lower index), and a
+            // flat tail, so that top-p needs more than the first selection.
+            let logits: Vec<f32> = (0..vocab)
+                .map(|_| (rng.random_range(0..40) as f32) / 4.0)
+                .collect();
+            let p: Vec<f32> = logits.iter().map(|&l| (l - 10.0).exp()).collect();
+            let total: f32 = p.iter().sum();
+            for (top_k, top_p) in [
+                (vocab, 0.5),
+                (vocab, 0.95),
+                (vocab, 0.9999),
+                (40, 1.0),
+                (2000, 0.99),
+                (vocab, 1.0),
+            ] {
+                assert_eq!(
+                    largest_kept(&p, top_k, top_p, total),
+                    kept_by_full_sort(&p, top_k, top_p, total),
+                    "vocabulary {vocab}, top-k {top_k}, top-p {top_p}"
+                );
+            }
+        }
     }
 
     #[test]

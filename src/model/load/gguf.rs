@@ -9,7 +9,7 @@ use super::{head_width, md_f32, md_u32};
 use crate::model::arch::{Family, RopeSpec, SUPPORTED_GGUF, gemma_layer_slides};
 use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::linear::{
-    Linear, NormWeights, Weights, dense_of, requantize_q8_0, rounded_to_bf16, weights_of,
+    Embedding, Linear, NormWeights, Weights, dense_of, requantize_q8_0, rounded_to_bf16, weights_of,
 };
 
 /// Gemma 3's defaults where its GGUF metadata is silent, as llama.cpp has them.
@@ -87,8 +87,8 @@ impl Model {
             weights_of(qt, device).map_err(|e| fmt(e.to_string()))
         };
         let embed_q = t.get("token_embd.weight")?;
-        let embed = embed_q.dequantize(device)?;
-        let vocab = embed.dim(0)?;
+        let embed = Embedding::of(&embed_q, device)?;
+        let vocab = embed.rows()?;
         let head = Linear::new(vec![if t.present("output.weight") {
             matrix(t.get("output.weight")?)?
         } else {

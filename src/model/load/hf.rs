@@ -15,7 +15,9 @@ use super::{HfConfig, head_width, rope_rows_interleaved, safetensors_files};
 use crate::model::arch::{Family, RopeSpec};
 use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::kernels::norm::RopePairs;
-use crate::model::linear::{Linear, NormWeights, Weights, dense_of, rounded_to_bf16, weights_of};
+use crate::model::linear::{
+    Embedding, Linear, NormWeights, Weights, dense_of, rounded_to_bf16, weights_of,
+};
 
 impl Model {
     /// Load a Hugging Face directory: `config.json` and `model.safetensors` (or the
@@ -183,6 +185,15 @@ impl Model {
             rope_pairs: RopePairs::Adjacent,
             sliding_window: layers.iter().find_map(|l| l.window),
         };
-        Self::assemble(cfg, embed, layers, final_norm, head, &ropes, device, format)
+        Self::assemble(
+            cfg,
+            Embedding::Dense(embed),
+            layers,
+            final_norm,
+            head,
+            &ropes,
+            device,
+            format,
+        )
     }
 }
