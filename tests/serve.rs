@@ -108,9 +108,14 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
     assert_eq!(st, 200, "{elsewhere}");
     assert_eq!(cached_prompt(&elsewhere), 0, "{elsewhere}");
 
-    // Admin: refused without the token, working with it.
-    assert_eq!(s.get("/admin/stats", false).0, 401);
-    assert_eq!(s.post("/admin/snapshot", "", false).0, 401);
+    // Admin: every route refused without the token (one gate in front of them all),
+    // working with it.
+    for path in ["/admin/stats", "/admin/verify", "/admin/jobs/1"] {
+        assert_eq!(s.get(path, false).0, 401, "GET {path}");
+    }
+    for path in ["/admin/snapshot", "/admin/compact", "/admin/evict"] {
+        assert_eq!(s.post(path, "{}", false).0, 401, "POST {path}");
+    }
     let (st, stats) = s.get("/admin/stats", true);
     assert_eq!(st, 200);
     let cached = stats["cached_tokens"].as_u64().unwrap();

@@ -198,16 +198,23 @@ impl AppState {
 
 /// The router with every endpoint.
 pub fn router(app: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/models", get(api::models))
-        .route("/v1/completions", post(api::completions))
-        .route("/v1/chat/completions", post(api::chat_completions))
+    // Every admin route behind one gate: a route added here cannot forget the token.
+    let admin = Router::new()
         .route("/admin/snapshot", post(api::admin_snapshot))
         .route("/admin/compact", post(api::admin_snapshot))
         .route("/admin/jobs/{id}", get(api::admin_job))
         .route("/admin/stats", get(api::admin_stats))
         .route("/admin/evict", post(api::admin_evict))
         .route("/admin/verify", get(api::admin_verify))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            api::require_admin,
+        ));
+    Router::new()
+        .route("/v1/models", get(api::models))
+        .route("/v1/completions", post(api::completions))
+        .route("/v1/chat/completions", post(api::chat_completions))
+        .merge(admin)
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)

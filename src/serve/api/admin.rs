@@ -1,12 +1,13 @@
 //! The admin API: snapshots and their jobs, stats, evictions and checks, behind
-//! `SUFFIXD_ADMIN_TOKEN`.
+//! `SUFFIXD_ADMIN_TOKEN` ([`require_admin`], in front of every admin route).
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::{Path as UrlPath, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -16,6 +17,20 @@ use crate::store::live::StoreStats;
 
 use super::{ApiError, read_json};
 use crate::serve::AppState;
+
+/// The admin routes' one gate (a `route_layer` in [`crate::serve::router`]): a request
+/// goes on to its handler only with the admin token, while the admin API is enabled and
+/// wrong tokens are not arriving too fast.
+pub async fn require_admin(
+    State(app): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match authorize(&app, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
 
 fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(token) = &app.cfg.admin_token else {
@@ -94,10 +109,7 @@ impl AdminGuard {
 
 /// `POST /admin/snapshot` and `POST /admin/compact`: start in the background, answer 202
 /// with a job to poll.
-pub async fn admin_snapshot(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&app, &headers) {
-        return e.into_response();
-    }
+pub async fn admin_snapshot(State(app): State<Arc<AppState>>) -> Response {
     let job = app.start_snapshot_job();
     (
         StatusCode::ACCEPTED,
@@ -107,14 +119,7 @@ pub async fn admin_snapshot(State(app): State<Arc<AppState>>, headers: HeaderMap
 }
 
 /// `GET /admin/jobs/{id}`.
-pub async fn admin_job(
-    State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
-    UrlPath(id): UrlPath<u64>,
-) -> Response {
-    if let Err(e) = authorize(&app, &headers) {
-        return e.into_response();
-    }
+pub async fn admin_job(State(app): State<Arc<AppState>>, UrlPath(id): UrlPath<u64>) -> Response {
     match app.jobs_status.lock().expect("jobs").get(&id) {
         Some(v) => Json(v.clone()).into_response(),
         None => ApiError::new(
@@ -127,10 +132,7 @@ pub async fn admin_job(
 }
 
 /// `GET /admin/stats`.
-pub async fn admin_stats(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&app, &headers) {
-        return e.into_response();
-    }
+pub async fn admin_stats(State(app): State<Arc<AppState>>) -> Response {
     Json(AdminStats {
         store: app.store.stats(),
         serving: app.metrics.summary(),
@@ -162,14 +164,7 @@ struct EvictRequest {
 }
 
 /// `POST /admin/evict`: by id (with its namespace), a whole namespace, or by age.
-pub async fn admin_evict(
-    State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    if let Err(e) = authorize(&app, &headers) {
-        return e.into_response();
-    }
+pub async fn admin_evict(State(app): State<Arc<AppState>>, body: Body) -> Response {
     let req: EvictRequest = match read_json(body, 64 << 10, app.cfg.read_timeout()).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -229,10 +224,7 @@ pub async fn admin_evict(
 }
 
 /// `GET /admin/verify`: check the current snapshot completely.
-pub async fn admin_verify(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&app, &headers) {
-        return e.into_response();
-    }
+pub async fn admin_verify(State(app): State<Arc<AppState>>) -> Response {
     let store = app.store.clone();
     match tokio::task::spawn_blocking(move || store.verify()).await {
         Ok(Ok(report)) => Json(report).into_response(),

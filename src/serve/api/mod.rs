@@ -6,7 +6,9 @@ mod admin;
 mod openai;
 mod tools;
 
-pub use admin::{AdminGuard, admin_evict, admin_job, admin_snapshot, admin_stats, admin_verify};
+pub use admin::{
+    AdminGuard, admin_evict, admin_job, admin_snapshot, admin_stats, admin_verify, require_admin,
+};
 pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, models};
 
 use std::sync::Arc;
