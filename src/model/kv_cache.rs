@@ -9,11 +9,11 @@ pub struct KvCache {
     pub(super) keys: Vec<Vec<f32>>,
     pub(super) values: Vec<Vec<f32>>,
     /// Floats per position in one layer: kv_heads × head_dim.
-    pub(super) row: usize,
+    row: usize,
     /// Committed tokens.
     pub(super) len: usize,
     /// Rows written by the last forward pass, after `len`.
-    pub(super) pending: usize,
+    pending: usize,
     /// The cache on the GPU, when the model runs there through its own kernels (then
     /// `keys` and `values` stay empty).
     #[cfg(feature = "cuda")]
