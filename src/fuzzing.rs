@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::speculate::{SpecParams, Speculator};
 use crate::store::TokenizerId;
-use crate::store::snapshot::{Snapshot, SnapshotBytes};
+use crate::store::snapshot::Snapshot;
 use crate::store::wal::decode_segment;
 use crate::tree::RequestTree;
 
@@ -19,7 +19,7 @@ use crate::tree::RequestTree;
 pub fn snapshot_bytes(bytes: &[u8]) {
     let mut aligned = rkyv::util::AlignedVec::<16>::new();
     aligned.extend_from_slice(bytes);
-    let Ok(snap) = Snapshot::from_bytes(Path::new("fuzz.sfxd"), SnapshotBytes::Heap(aligned), None)
+    let Ok(snap) = Snapshot::from_bytes(Path::new("fuzz.sfxd"), aligned, None)
     else {
         return;
     };

@@ -13,27 +13,35 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use suffixd::store::TokenizerId;
+use suffixd::store::faults::{DurableFile, FaultPoint, ReplaceStep};
 use suffixd::store::live::{Store, StoreConfig};
 use suffixd::store::wal::{FsyncPolicy, check_dir};
 use suffixd::tree::{Expand, GlobalIndex};
 
-/// Every fault point, with the argument it fails with (bytes written first, for writes).
-const POINTS: &[(&str, &str)] = &[
-    ("wal-write", "0"),
-    ("wal-write", "13"),
-    ("wal-fsync", ""),
-    ("wal-rotate-fsync", ""),
-    ("wal-new-segment", "10"),
-    ("wal-remove", ""),
-    ("snapshot-write", "100"),
-    ("snapshot-fsync", ""),
-    ("snapshot-rename", ""),
-    ("snapshot-dir-fsync", ""),
-    ("manifest-write", "3"),
-    ("manifest-fsync", ""),
-    ("manifest-rename", ""),
-    ("manifest-dir-fsync", ""),
-];
+/// The fault points the workload below reaches: every point but those reached only
+/// outside it, each of which names the test that covers it. A new point must be placed
+/// here, since the match has no catch-all.
+fn workload_points() -> Vec<FaultPoint> {
+    FaultPoint::all()
+        .into_iter()
+        .filter(|&point| match point {
+            FaultPoint::WalWrite
+            | FaultPoint::WalFsync
+            | FaultPoint::WalRotateFsync
+            | FaultPoint::WalNewSegment
+            | FaultPoint::WalRemove
+            | FaultPoint::Replace(DurableFile::Snapshot | DurableFile::Manifest, _)
+            | FaultPoint::Replace(DurableFile::NextId, _) => true,
+            // Reached only after a failed write: a_write_whose_cleanup_also_fails...
+            FaultPoint::WalTruncate => false,
+            // Only a damaged log is quarantined (tests/damage.rs damages real files);
+            // replication's state files belong to tests/replicate.rs.
+            FaultPoint::Replace(DurableFile::Quarantine | DurableFile::ReplicationState, _) => {
+                false
+            }
+        })
+        .collect()
+}
 
 fn cfg(dir: &Path) -> StoreConfig {
     StoreConfig {
@@ -141,16 +149,16 @@ fn check(dir: &Path, acked: &Acked, what: &str) {
     }
 }
 
-fn run(point: &str, actions: &str) {
-    let what = format!("{point}={actions}");
+fn run(point: FaultPoint, actions: &str) {
+    let what = format!("{}={actions}", point.name());
     let dir = tempfile::tempdir().unwrap();
     let mut acked = Acked::default();
     {
         let store = Store::open(cfg(dir.path())).unwrap();
         workload(&store, 0..10, &mut acked);
-        fail::cfg(point, actions).unwrap();
+        fail::cfg(point.name(), actions).unwrap();
         workload(&store, 10..30, &mut acked);
-        fail::remove(point);
+        fail::remove(point.name());
         // The disk is back: the same store works again, without a restart.
         let before = acked.failures;
         workload(&store, 30..50, &mut acked);
@@ -166,19 +174,18 @@ fn run(point: &str, actions: &str) {
 #[test]
 fn every_fault_point_once_and_for_a_stretch_loses_nothing_acknowledged() {
     let _scenario = fail::FailScenario::setup();
-    for &(point, arg) in POINTS {
-        let task = if arg.is_empty() {
-            "return".to_string()
+    for point in workload_points() {
+        // A write fails before its first byte, and within its bytes.
+        let tasks: &[&str] = if point.writes() {
+            &["return(0)", "return(13)"]
         } else {
-            format!("return({arg})")
+            &["return"]
         };
-        // The first time, a later time, and every time (a disk that stays full).
-        for actions in [
-            format!("1*{task}"),
-            format!("1*off->1*{task}"),
-            task.clone(),
-        ] {
-            run(point, &actions);
+        for task in tasks {
+            // The first time, a later time, and every time (a disk that stays full).
+            for actions in [format!("1*{task}"), format!("1*off->1*{task}"), task.to_string()] {
+                run(point, &actions);
+            }
         }
     }
 }
@@ -191,11 +198,11 @@ fn a_write_whose_cleanup_also_fails_is_cleaned_up_before_the_next_one() {
     {
         let store = Store::open(cfg(dir.path())).unwrap();
         workload(&store, 0..5, &mut acked);
-        fail::cfg("wal-write", "1*return(17)").unwrap();
-        fail::cfg("wal-truncate", "1*return").unwrap();
+        fail::cfg(FaultPoint::WalWrite.name(), "1*return(17)").unwrap();
+        fail::cfg(FaultPoint::WalTruncate.name(), "1*return").unwrap();
         assert!(store.append("a", &[1, 2, 3]).is_err());
-        fail::remove("wal-write");
-        fail::remove("wal-truncate");
+        fail::remove(FaultPoint::WalWrite.name());
+        fail::remove(FaultPoint::WalTruncate.name());
         workload(&store, 5..20, &mut acked);
     }
     assert_eq!(acked.failures, 0);
@@ -211,9 +218,10 @@ fn a_first_snapshot_left_unpublished_is_ignored_and_the_log_replayed() {
         let store = Store::open(cfg(dir.path())).unwrap();
         workload(&store, 0..9, &mut acked);
         // The snapshot file is complete, but CURRENT is never written (as if killed).
-        fail::cfg("manifest-write", "return(0)").unwrap();
+        let manifest_write = FaultPoint::Replace(DurableFile::Manifest, ReplaceStep::Write);
+        fail::cfg(manifest_write.name(), "return(0)").unwrap();
         assert!(store.snapshot().is_err());
-        fail::remove("manifest-write");
+        fail::remove(manifest_write.name());
     }
     assert!(dir.path().join("snap-000001.sfxd").exists() && !dir.path().join("CURRENT").exists());
     check(dir.path(), &acked, "unpublished first snapshot");
@@ -247,7 +255,7 @@ fn last_use_marks_do_not_wait_for_a_snapshot_held_up_in_fsync() {
     let (reached_tx, reached) = mpsc::channel::<()>();
     let (release, release_rx) = mpsc::channel::<()>();
     let (reached_tx, release_rx) = (Mutex::new(reached_tx), Mutex::new(release_rx));
-    fail::cfg_callback("wal-rotate-fsync", move || {
+    fail::cfg_callback(FaultPoint::WalRotateFsync.name(), move || {
         let _ = reached_tx.lock().unwrap().send(());
         let _ = release_rx
             .lock()
@@ -275,7 +283,7 @@ fn last_use_marks_do_not_wait_for_a_snapshot_held_up_in_fsync() {
     let returned = done.recv_timeout(Duration::from_secs(10)).is_ok();
     assert!(!snapshot.is_finished(), "the snapshot was still held");
     release.send(()).unwrap();
-    fail::remove("wal-rotate-fsync");
+    fail::remove(FaultPoint::WalRotateFsync.name());
     snapshot.join().unwrap().unwrap();
     assert!(returned, "a last-use mark waited for the snapshot's fsync");
 

@@ -39,7 +39,8 @@ use async_nats::jetstream;
 
 use crate::store::TokenizerId;
 use crate::store::live::{MAX_ID_ORIGIN, Store, own_ids};
-use crate::store::snapshot::replace_file;
+use crate::store::faults::DurableFile;
+use crate::store::replace_file;
 
 use outbox::EvictionOutbox;
 use worker::Worker;
@@ -465,8 +466,6 @@ fn write_state(path: &Path, value: &impl serde::Serialize) -> Result<(), Replica
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(error)?;
     let bytes = serde_json::to_vec(value).map_err(|e| error(e.into()))?;
-    replace_file(&path.with_extension("tmp"), path, "replication", |f| {
-        std::io::Write::write_all(f, &bytes)
-    })
+    replace_file(path, DurableFile::ReplicationState, |f| f.write_all(&bytes))
     .map_err(error)
 }

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::faults;
-use super::snapshot::replace_file;
+use super::faults::DurableFile;
+use super::fs::{self, replace_file};
 
 /// Name of the manifest file in a store directory.
 pub const MANIFEST: &str = "CURRENT";
@@ -96,7 +96,7 @@ pub fn lock(dir: &Path) -> Result<std::fs::File, DirError> {
 /// The snapshot file that the manifest of `dir` names, if any.
 pub fn current_snapshot(dir: &Path) -> Result<Option<PathBuf>, DirError> {
     let manifest = dir.join(MANIFEST);
-    super::snapshot::refuse_non_regular(&manifest, "manifest").map_err(io(&manifest))?;
+    fs::refuse_non_regular(&manifest, "manifest").map_err(io(&manifest))?;
     let name = match std::fs::read_to_string(&manifest) {
         Ok(s) => s.trim().to_string(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -173,12 +173,9 @@ pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
             name: snapshot.display().to_string(),
         })?
         .to_string();
-    replace_file(
-        &dir.join("CURRENT.tmp"),
-        &dir.join(MANIFEST),
-        "manifest",
-        |f| faults::write_all("manifest-write", f, format!("{name}\n").as_bytes()),
-    )
+    replace_file(&dir.join(MANIFEST), DurableFile::Manifest, |f| {
+        f.write_all(format!("{name}\n").as_bytes())
+    })
     .map_err(io(dir))?;
     remove_stale(dir, Some(&name))?;
     Ok(())
@@ -227,12 +224,9 @@ pub fn read_next_id(dir: &Path) -> Option<u64> {
 
 /// Record `next` as the next own id, atomically (temporary file, fsync, rename).
 pub fn write_next_id(dir: &Path, next: u64) -> Result<(), DirError> {
-    replace_file(
-        &dir.join("NEXT_ID.tmp"),
-        &dir.join(NEXT_ID),
-        "next id",
-        |f| std::io::Write::write_all(f, format!("{next}\n").as_bytes()),
-    )
+    replace_file(&dir.join(NEXT_ID), DurableFile::NextId, |f| {
+        f.write_all(format!("{next}\n").as_bytes())
+    })
     .map_err(io(dir))
 }
 

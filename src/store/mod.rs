@@ -13,10 +13,12 @@
 //! - `last_use`: cached sequences in last-use order (the `lru` crate), for LRU and age
 //!   eviction.
 //! - [`from_logs`]: a snapshot built from request logs (`suffixd build`, warm starts).
-//! - `faults`: fault injection for the crash tests.
+//! - `fs`: the filesystem seam: files replaced whole, directory fsyncs.
+//! - [`faults`]: fault injection for the crash tests, typed points.
 
 pub mod double_buffer;
-pub(crate) mod faults;
+pub mod faults;
+mod fs;
 pub mod from_logs;
 mod last_use;
 pub mod layered;
@@ -29,3 +31,4 @@ pub mod wal;
 pub use layered::{Layered, LayeredCursor};
 pub use layers::Layers;
 pub use snapshot::{FrozenTree, OpenError, Snapshot, TokenizerId, WriteError};
+pub(crate) use fs::replace_file;

@@ -16,7 +16,8 @@ use rkyv::rancor;
 
 use crate::tree::{GlobalTree, Node, SeqEntry, Storage, TreeParts, WideChild};
 
-use super::faults;
+use super::faults::DurableFile;
+use super::fs;
 
 /// The first eight bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"SUFFIXD\0";
@@ -110,9 +111,6 @@ pub enum WriteError {
         /// The cause.
         source: std::io::Error,
     },
-    /// rkyv could not serialize the trees.
-    #[error("cannot serialize the snapshot: {0}")]
-    Serialize(String),
 }
 
 /// The fixed-size header, as decoded.
@@ -157,27 +155,38 @@ pub struct SeqMeta {
 
 /// One namespace's tree, as archived. Node and sequence tables are flat integer vectors
 /// so that their archived form has exactly the in-memory layout of the arena on a
-/// little-endian machine, and is used in place.
+/// little-endian machine, and is used in place. The writer's fields borrow the tree's
+/// own tables (seen as words), so writing a snapshot copies none of them.
 #[derive(rkyv::Archive, rkyv::Serialize)]
-struct NamespaceImage {
-    name: String,
+struct NamespaceImage<'a> {
+    #[rkyv(with = rkyv::with::AsString)]
+    name: &'a str,
     max_depth: u32,
     live_tokens: u64,
     /// `Node` records, 4 × u32 each.
-    nodes: Vec<u32>,
-    lens: Vec<u8>,
-    pool: Vec<u32>,
+    #[rkyv(with = rkyv::with::AsVec)]
+    nodes: &'a [u32],
+    #[rkyv(with = rkyv::with::AsVec)]
+    lens: &'a [u8],
+    #[rkyv(with = rkyv::with::AsVec)]
+    pool: &'a [u32],
     /// `WideChild` records, 3 × u32 each, sorted.
-    wide: Vec<u32>,
+    #[rkyv(with = rkyv::with::AsVec)]
+    wide: &'a [u32],
     /// `SeqEntry` records, 3 × u64 each.
-    seqs: Vec<u64>,
-    meta: Vec<SeqMeta>,
+    #[rkyv(with = rkyv::with::AsVec)]
+    seqs: &'a [u64],
+    #[rkyv(with = rkyv::with::AsVec)]
+    meta: &'a [SeqMeta],
 }
 
 #[derive(rkyv::Archive, rkyv::Serialize)]
-struct SnapshotImage {
-    namespaces: Vec<NamespaceImage>,
+struct SnapshotImage<'a> {
+    namespaces: Vec<NamespaceImage<'a>>,
 }
+
+/// The archived root, as a reader sees it.
+type ArchivedRoot = ArchivedSnapshotImage<'static>;
 
 /// One namespace to write: its tree and the metadata of its live sequences, in the
 /// tree's sequence order.
@@ -204,37 +213,12 @@ impl<'a> NamespaceInput<'a> {
     }
 }
 
-fn image_of(ns: &NamespaceInput<'_>) -> NamespaceImage {
-    let t = ns.tree.parts();
-    NamespaceImage {
-        name: ns.name.to_string(),
-        max_depth: t.max_depth as u32,
-        live_tokens: ns.tree.cached_tokens(),
-        nodes: t
-            .nodes
-            .iter()
-            .flat_map(|n| [n.start, n.count, n.first_child, n.next_sibling])
-            .collect(),
-        lens: t.lens.to_vec(),
-        pool: t.pool.to_vec(),
-        wide: t
-            .child_index
-            .iter()
-            .flat_map(|w| [w.node, w.token, w.child])
-            .collect(),
-        seqs: t
-            .seqs
-            .iter()
-            .flat_map(|e| {
-                [
-                    e.id,
-                    e.offset as u64 | (e.len as u64) << 32,
-                    e.live as u64 | (e.reserved as u64) << 32,
-                ]
-            })
-            .collect(),
-        meta: ns.meta.to_vec(),
-    }
+/// Records as the words they are made of: the inverse of [`cast`].
+fn words<P, T: PlainRecord<P>>(records: &[T]) -> &[P] {
+    let per = std::mem::size_of::<T>() / std::mem::size_of::<P>();
+    // SAFETY: `PlainRecord` promises T is `repr(C)`, made of `P`s only, no padding, so
+    // its bytes are `per` initialized `P`s, aligned for P (T's alignment is P's).
+    unsafe { std::slice::from_raw_parts(records.as_ptr() as *const P, records.len() * per) }
 }
 
 fn unix_ms() -> u64 {
@@ -347,19 +331,49 @@ fn decode_frame(path: &Path, b: &[u8]) -> Result<Header, OpenError> {
 pub fn write_snapshot(
     path: &Path,
     tokenizer: TokenizerId,
-    (log_id, wal_seq): (u64, u64),
+    log_position: (u64, u64),
     namespaces: &[NamespaceInput<'_>],
 ) -> Result<Header, WriteError> {
-    let io = |source| WriteError::Io {
+    fs::replace_file(path, DurableFile::Snapshot, |f| {
+        let out = std::io::BufWriter::with_capacity(1 << 20, f);
+        write_snapshot_to(out, tokenizer, log_position, namespaces)
+    })
+    .map_err(|source| WriteError::Io {
         path: path.into(),
         source,
-    };
+    })
+}
+
+/// Stream a snapshot of `namespaces` into `out`: header, archive, footer, in order. The
+/// archive is serialized straight from the trees' own tables, so the only memory it
+/// takes beyond them is `out`'s buffer (building the archive in memory first held two
+/// more copies of every table at the peak). `out` only needs `Write`: the header holds
+/// the archive's length, which a first pass measures by serializing into a counter.
+pub fn write_snapshot_to<W: Write>(
+    mut out: W,
+    tokenizer: TokenizerId,
+    (log_id, wal_seq): (u64, u64),
+    namespaces: &[NamespaceInput<'_>],
+) -> std::io::Result<Header> {
+    let parts: Vec<_> = namespaces.iter().map(|ns| ns.tree.parts()).collect();
     let image = SnapshotImage {
-        namespaces: namespaces.iter().map(image_of).collect(),
+        namespaces: namespaces
+            .iter()
+            .zip(&parts)
+            .map(|(ns, t)| NamespaceImage {
+                name: ns.name,
+                max_depth: t.max_depth as u32,
+                live_tokens: ns.tree.cached_tokens(),
+                nodes: words(&t.nodes),
+                lens: t.lens,
+                pool: t.pool,
+                wide: words(&t.child_index),
+                seqs: words(t.seqs),
+                meta: ns.meta,
+            })
+            .collect(),
     };
-    let archive = rkyv::to_bytes::<rancor::Error>(&image)
-        .map_err(|e| WriteError::Serialize(e.to_string()))?;
-    drop(image);
+    let archive_len = serialize_into(&image, &mut Tally::counting(std::io::sink()))?.0;
     let max_depth = namespaces
         .first()
         .map_or(crate::tree::DEFAULT_MAX_DEPTH, |n| n.tree.max_depth());
@@ -373,81 +387,90 @@ pub fn write_snapshot(
         created_unix_ms: unix_ms(),
         wal_seq,
         log_id,
-        archive_len: archive.len() as u64,
+        archive_len,
         wide_lists_sorted: true,
     };
+    out.write_all(&encode_header(&header))?;
+    let (written, crc) = serialize_into(&image, &mut Tally::checksumming(&mut out))?;
+    if written != archive_len {
+        return Err(std::io::Error::other(format!(
+            "the snapshot archive was {written} bytes, but measured {archive_len} before"
+        )));
+    }
     let mut footer = [0u8; FOOTER_LEN];
-    footer[0..4].copy_from_slice(&crc32fast::hash(&archive).to_le_bytes());
-    footer[8..16].copy_from_slice(&(archive.len() as u64).to_le_bytes());
+    footer[0..4].copy_from_slice(&crc.to_le_bytes());
+    footer[8..16].copy_from_slice(&archive_len.to_le_bytes());
     footer[24..32].copy_from_slice(&FOOTER_MAGIC);
-
-    replace_file(&path.with_extension("tmp"), path, "snapshot", |f| {
-        f.write_all(&encode_header(&header))?;
-        faults::write_all("snapshot-write", f, &archive)?;
-        f.write_all(&footer)
-    })
-    .map_err(io)?;
+    out.write_all(&footer)?;
+    out.flush()?;
     Ok(header)
 }
 
-/// An error unless `path` is a regular file or absent: opening a FIFO for reading waits
-/// for a writer, so a store looks before it opens. `what` names what the file should be.
-pub(crate) fn refuse_non_regular(path: &Path, what: &str) -> std::io::Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("not a regular file, so not a {what}: move it aside"),
-        )),
-        _ => Ok(()),
+/// Serialize `image` into `tally`; its byte count and checksum.
+fn serialize_into<W: Write>(
+    image: &SnapshotImage<'_>,
+    tally: &mut Tally<W>,
+) -> std::io::Result<(u64, u32)> {
+    let writer = rkyv::ser::writer::IoWriter::new(&mut *tally);
+    match rkyv::api::high::to_bytes_in::<_, rancor::Error>(image, writer) {
+        Ok(_) => Ok((tally.len, tally.crc.clone().map_or(0, |c| c.finalize()))),
+        // rkyv wraps the writer's error in its own; give back the original (a full
+        // disk stays ENOSPC).
+        Err(e) => Err(tally
+            .error
+            .take()
+            .unwrap_or_else(|| std::io::Error::other(format!("cannot serialize the snapshot: {e}")))),
     }
 }
 
-/// Write a file whole or not at all: `write` fills `tmp`, which is fsynced, renamed over
-/// `path`, and the directory fsynced. A failure before the rename removes `tmp` (a
-/// half-written file would hold the space a full disk needs back). `fault_prefix` names
-/// the fault points `{prefix}-fsync`, `-rename` and `-dir-fsync`.
-pub(crate) fn replace_file(
-    tmp: &Path,
-    path: &Path,
-    fault_prefix: &str,
-    write: impl FnOnce(&mut File) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    let point = |step: &str| faults::check(&format!("{fault_prefix}-{step}"));
-    let replaced = File::create(tmp)
-        .and_then(|mut f| {
-            write(&mut f)?;
-            point("fsync")?;
-            f.sync_all()
-        })
-        .and_then(|()| point("rename"))
-        .and_then(|()| std::fs::rename(tmp, path));
-    if let Err(e) = replaced {
-        let _ = std::fs::remove_file(tmp);
-        return Err(e);
-    }
-    point("dir-fsync")?;
-    sync_dir(path.parent().unwrap_or(Path::new(".")))
+/// A writer that counts what passes through it and, when asked, checksums it; it keeps
+/// the first error of the writer beneath, which rkyv would otherwise turn into a string.
+struct Tally<W> {
+    inner: W,
+    len: u64,
+    crc: Option<crc32fast::Hasher>,
+    error: Option<std::io::Error>,
 }
 
-/// fsync a directory, so that a rename in it is durable.
-pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Where a snapshot's bytes live.
-pub enum SnapshotBytes {
-    /// A read-only memory map of the file.
-    Mapped(memmap2::Mmap),
-    /// A heap buffer (tests, fuzzing), aligned for rkyv.
-    Heap(rkyv::util::AlignedVec),
-}
-
-impl AsRef<[u8]> for SnapshotBytes {
-    fn as_ref(&self) -> &[u8] {
-        match self {
-            SnapshotBytes::Mapped(m) => m,
-            SnapshotBytes::Heap(v) => v,
+impl<W> Tally<W> {
+    fn counting(inner: W) -> Self {
+        Tally {
+            inner,
+            len: 0,
+            crc: None,
+            error: None,
         }
+    }
+
+    fn checksumming(inner: W) -> Self {
+        Tally {
+            crc: Some(crc32fast::Hasher::new()),
+            ..Tally::counting(inner)
+        }
+    }
+}
+
+impl<W: Write> Write for Tally<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self.inner.write(bytes) {
+            Ok(n) => {
+                self.len += n as u64;
+                if let Some(crc) = &mut self.crc {
+                    crc.update(&bytes[..n]);
+                }
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Err(e),
+            Err(e) => {
+                let kind = e.kind();
+                self.error.get_or_insert(e);
+                Err(kind.into())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 
@@ -455,7 +478,8 @@ impl AsRef<[u8]> for SnapshotBytes {
 pub struct Mapped<T> {
     ptr: *const T,
     len: usize,
-    _owner: Arc<SnapshotBytes>,
+    /// The bytes' owner (a [`Snapshot`]'s `B`), kept alive, never read.
+    _owner: Arc<dyn Send + Sync>,
 }
 
 impl<T> Clone for Mapped<T> {
@@ -514,8 +538,8 @@ unsafe impl PlainRecord<u32> for u32 {}
 unsafe impl PlainRecord<u8> for u8 {}
 
 /// View an archived vector of little-endian integers as records of `T`.
-fn cast<P, A, T: PlainRecord<P>>(
-    owner: &Arc<SnapshotBytes>,
+fn cast<P, A, T: PlainRecord<P>, B: Send + Sync + 'static>(
+    owner: &Arc<B>,
     archived: &rkyv::vec::ArchivedVec<A>,
     what: &str,
 ) -> Result<Mapped<T>, String> {
@@ -535,7 +559,7 @@ fn cast<P, A, T: PlainRecord<P>>(
     Ok(Mapped {
         ptr,
         len: archived.len() / per,
-        _owner: owner.clone(),
+        _owner: owner.clone() as Arc<dyn Send + Sync>,
     })
 }
 
@@ -549,11 +573,13 @@ pub struct FrozenNamespace {
     pub meta: Vec<SeqMeta>,
 }
 
-/// An open snapshot.
-pub struct Snapshot {
+/// An open snapshot, over bytes of type `B`: a read-only memory map of the file
+/// ([`Snapshot::open`]), or any buffer ([`Snapshot::from_bytes`]: tests, fuzzing, a
+/// file received whole).
+pub struct Snapshot<B = memmap2::Mmap> {
     path: PathBuf,
     header: Header,
-    bytes: Arc<SnapshotBytes>,
+    bytes: Arc<B>,
 }
 
 impl Snapshot {
@@ -565,7 +591,7 @@ impl Snapshot {
             path: path.into(),
             source,
         };
-        refuse_non_regular(path, "snapshot").map_err(io)?;
+        fs::refuse_non_regular(path, "snapshot").map_err(io)?;
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
@@ -574,14 +600,17 @@ impl Snapshot {
         // SAFETY: snapshot files are never modified after the rename that publishes
         // them (new snapshots are new files), so the mapping does not change under us.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::from_bytes(path, SnapshotBytes::Mapped(map), expected)
+        Self::from_bytes(path, map, expected)
     }
+}
 
-    /// A snapshot from bytes already in memory (tests, fuzzing). `path` is only used in
-    /// error messages.
+impl<B: AsRef<[u8]> + Send + Sync + 'static> Snapshot<B> {
+    /// A snapshot over bytes already in memory. `path` is only used in error messages.
+    /// The archive must be aligned as the file's would be (16 bytes, as a page or
+    /// rkyv's `AlignedVec<16>` is); misaligned bytes are refused as corrupt.
     pub fn from_bytes(
         path: &Path,
-        bytes: SnapshotBytes,
+        bytes: B,
         expected: Option<TokenizerId>,
     ) -> Result<Self, OpenError> {
         let header = decode_frame(path, bytes.as_ref())?;
@@ -615,7 +644,7 @@ impl Snapshot {
 
     /// Bytes of the file.
     pub fn file_len(&self) -> u64 {
-        self.bytes.as_ref().as_ref().len() as u64
+        (*self.bytes).as_ref().len() as u64
     }
 
     fn corrupt(&self, what: impl Into<String>) -> OpenError {
@@ -626,12 +655,12 @@ impl Snapshot {
     }
 
     fn archive_bytes(&self) -> &[u8] {
-        let b = self.bytes.as_ref().as_ref();
+        let b = (*self.bytes).as_ref();
         &b[HEADER_LEN..HEADER_LEN + self.header.archive_len as usize]
     }
 
-    fn archive(&self) -> Result<&ArchivedSnapshotImage, OpenError> {
-        rkyv::access::<ArchivedSnapshotImage, rancor::Error>(self.archive_bytes())
+    fn archive(&self) -> Result<&ArchivedRoot, OpenError> {
+        rkyv::access::<ArchivedRoot, rancor::Error>(self.archive_bytes())
             .map_err(|e| self.corrupt(format!("archive structure: {e}")))
     }
 
@@ -693,7 +722,7 @@ impl Snapshot {
     }
 
     fn verify_with(&self, invariants: bool) -> Result<(), OpenError> {
-        let b = self.bytes.as_ref().as_ref();
+        let b = (*self.bytes).as_ref();
         let footer = &b[b.len() - FOOTER_LEN..];
         if crc32fast::hash(self.archive_bytes()) != u32_at(footer, 0) {
             return Err(self.corrupt("archive checksum mismatch"));
@@ -723,5 +752,165 @@ impl Snapshot {
             return Err(self.corrupt("header counts differ from the trees"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The archive as the writer built it before it streamed: owned copies of every
+    /// table, serialized in memory. The streamed archive must be these bytes exactly, or
+    /// files written before and after would differ.
+    #[derive(rkyv::Archive, rkyv::Serialize)]
+    struct OwnedNamespace {
+        name: String,
+        max_depth: u32,
+        live_tokens: u64,
+        nodes: Vec<u32>,
+        lens: Vec<u8>,
+        pool: Vec<u32>,
+        wide: Vec<u32>,
+        seqs: Vec<u64>,
+        meta: Vec<SeqMeta>,
+    }
+
+    #[derive(rkyv::Archive, rkyv::Serialize)]
+    struct OwnedImage {
+        namespaces: Vec<OwnedNamespace>,
+    }
+
+    fn owned_archive(namespaces: &[NamespaceInput<'_>]) -> Vec<u8> {
+        let image = OwnedImage {
+            namespaces: namespaces
+                .iter()
+                .map(|ns| {
+                    let t = ns.tree.parts();
+                    OwnedNamespace {
+                        name: ns.name.to_string(),
+                        max_depth: t.max_depth as u32,
+                        live_tokens: ns.tree.cached_tokens(),
+                        nodes: t
+                            .nodes
+                            .iter()
+                            .flat_map(|n| [n.start, n.count, n.first_child, n.next_sibling])
+                            .collect(),
+                        lens: t.lens.to_vec(),
+                        pool: t.pool.to_vec(),
+                        wide: t
+                            .child_index
+                            .iter()
+                            .flat_map(|w| [w.node, w.token, w.child])
+                            .collect(),
+                        seqs: t
+                            .seqs
+                            .iter()
+                            .flat_map(|e| {
+                                [
+                                    e.id,
+                                    e.offset as u64 | (e.len as u64) << 32,
+                                    e.live as u64 | (e.reserved as u64) << 32,
+                                ]
+                            })
+                            .collect(),
+                        meta: ns.meta.to_vec(),
+                    }
+                })
+                .collect(),
+        };
+        rkyv::to_bytes::<rancor::Error>(&image).unwrap().to_vec()
+    }
+
+    /// Trees with wide (indexed) nodes: token 0 before most tokens, from a vocabulary
+    /// of 60; one edited after its build, so its wide lists are unsorted until written.
+    fn trees() -> Vec<BuiltNamespace> {
+        let mut state = 7u64;
+        let mut next = move |below: u32| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) % below as u64) as u32
+        };
+        let mut out = Vec::new();
+        for (n, name) in ["default", "a namespace name longer than inline"].into_iter().enumerate() {
+            let seqs: Vec<Vec<u32>> = (0..40 + 30 * n)
+                .map(|_| (0..next(50) + 1).flat_map(|_| [0, 1 + next(59)]).collect())
+                .collect();
+            let mut tree = GlobalTree::build(12, (1..).zip(seqs)).unwrap();
+            if n == 1 {
+                tree.remove(3);
+                tree.insert(1000, &[0, 5, 0, 5, 0, 6]).unwrap();
+                tree.compact();
+            }
+            let meta = tree
+                .ids()
+                .map(|id| SeqMeta {
+                    id,
+                    inserted_ms: id * 3,
+                    last_use_ms: id * 5,
+                })
+                .collect();
+            assert!(!tree.parts().child_index.is_empty(), "no wide node in {name}");
+            out.push((name.to_string(), tree, meta));
+        }
+        out
+    }
+
+    #[test]
+    fn the_streamed_archive_is_the_in_memory_one_byte_for_byte() {
+        let built = trees();
+        let inputs = NamespaceInput::borrowing(&built);
+        let mut file = Vec::new();
+        let header = write_snapshot_to(&mut file, TokenizerId::UNKNOWN, (4, 9), &inputs).unwrap();
+        let archive = &file[HEADER_LEN..file.len() - FOOTER_LEN];
+        assert_eq!(archive, owned_archive(&inputs).as_slice());
+        assert_eq!(header.archive_len, archive.len() as u64);
+        assert_eq!((header.log_id, header.wal_seq), (4, 9));
+
+        let mut aligned = rkyv::util::AlignedVec::<16>::new();
+        aligned.extend_from_slice(&file);
+        let snap = Snapshot::from_bytes(Path::new("mem.sfxd"), aligned, None).unwrap();
+        snap.verify().unwrap();
+        let read = snap.namespaces().unwrap();
+        assert_eq!(read.len(), built.len());
+        for (ns, (name, tree, meta)) in read.iter().zip(&built) {
+            assert_eq!(&ns.name, name);
+            assert_eq!(&ns.meta, meta);
+            for id in tree.ids() {
+                assert_eq!(ns.tree.sequence(id), tree.sequence(id));
+            }
+        }
+    }
+
+    /// A writer that takes `left` bytes, then fails as a full disk does.
+    struct FullDisk {
+        left: usize,
+    }
+
+    impl Write for FullDisk {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if self.left == 0 {
+                return Err(std::io::Error::from_raw_os_error(28));
+            }
+            let n = self.left.min(bytes.len());
+            self.left -= n;
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failed_write_keeps_its_own_error() {
+        let built = trees();
+        let inputs = NamespaceInput::borrowing(&built);
+        // In the header, in the archive (where rkyv carries the error), in the footer.
+        let mut whole = Vec::new();
+        write_snapshot_to(&mut whole, TokenizerId::UNKNOWN, (0, 0), &inputs).unwrap();
+        for left in [0, 50, HEADER_LEN + 1000, whole.len() - 3] {
+            let e = write_snapshot_to(FullDisk { left }, TokenizerId::UNKNOWN, (0, 0), &inputs)
+                .unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(28), "cut after {left} bytes: {e}");
+        }
     }
 }

@@ -37,7 +37,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::faults;
+use super::faults::{self, DurableFile, FaultPoint};
+use super::fs;
 use super::snapshot::TokenizerId;
 
 const MAGIC: [u8; 8] = *b"SFXDWAL\0";
@@ -300,7 +301,7 @@ pub fn read_segment(path: &Path, expected: TokenizerId) -> Result<SegmentScan, W
         path: path.into(),
         source,
     };
-    super::snapshot::refuse_non_regular(path, "log segment").map_err(io)?;
+    fs::refuse_non_regular(path, "log segment").map_err(io)?;
     let mut bytes = Vec::new();
     File::open(path)
         .map_err(io)?
@@ -468,7 +469,7 @@ pub fn quarantine(dir: &Path, segment: &Path) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&into)?;
     let copy = into.join(segment.file_name().unwrap_or_default());
     if !copy.exists() {
-        super::snapshot::replace_file(&copy.with_extension("tmp"), &copy, "quarantine", |f| {
+        fs::replace_file(&copy, DurableFile::Quarantine, |f| {
             std::io::copy(&mut File::open(segment)?, f).map(|_| ())
         })?;
     }
@@ -506,7 +507,7 @@ impl Writer {
         if !self.needs_repair {
             return Ok(());
         }
-        let cut = faults::check("wal-truncate")
+        let cut = faults::check(FaultPoint::WalTruncate)
             .and_then(|_| self.file.set_len(self.bytes))
             .and_then(|_| self.file.seek(SeekFrom::Start(self.bytes)).map(|_| ()));
         cut.map_err(|e| self.io(e))?;
@@ -610,7 +611,7 @@ impl Wal {
         w.repair()?;
         let seq = next_seq(&w.path, w.written)?;
         let bytes = encode(&WalRecord { seq, op });
-        if let Err(source) = faults::write_all("wal-write", &mut w.file, &bytes) {
+        if let Err(source) = faults::write_all(FaultPoint::WalWrite, &mut w.file, &bytes) {
             w.take_back();
             return Err(w.io(source));
         }
@@ -647,7 +648,7 @@ impl Wal {
             let f = w.file.try_clone().map_err(|e| w.io(e))?;
             (f, w.written, w.bytes, w.path.clone())
         };
-        let result = faults::check("wal-fsync").and_then(|_| file.sync_data());
+        let result = faults::check(FaultPoint::WalFsync).and_then(|_| file.sync_data());
         let mut w = self.writer.lock().expect("wal writer lock");
         match result {
             Ok(()) => {
@@ -668,7 +669,7 @@ impl Wal {
         let mut synced = self.synced.lock().expect("wal sync lock");
         let mut w = self.writer.lock().expect("wal writer lock");
         w.repair()?;
-        let sealed = faults::check("wal-rotate-fsync").and_then(|_| w.file.sync_all());
+        let sealed = faults::check(FaultPoint::WalRotateFsync).and_then(|_| w.file.sync_all());
         if let Err(source) = sealed {
             w.discard_unsynced();
             return Err(w.io(source));
@@ -690,7 +691,7 @@ impl Wal {
         for (i, (first, path)) in segs.iter().enumerate() {
             let next_first = segs.get(i + 1).map(|s| s.0);
             if *first < first_kept && next_first.is_some_and(|n| n <= first_kept) {
-                faults::check("wal-remove")
+                faults::check(FaultPoint::WalRemove)
                     .and_then(|_| std::fs::remove_file(path))
                     .map_err(io)?;
             }
@@ -756,9 +757,9 @@ fn new_segment(
     h.extend_from_slice(&tokenizer.vocab_size.to_le_bytes());
     h.extend_from_slice(&tokenizer.vocab_hash.to_le_bytes());
     h.extend_from_slice(&log_id.to_le_bytes());
-    let created = faults::write_all("wal-new-segment", &mut file, &h)
+    let created = faults::write_all(FaultPoint::WalNewSegment, &mut file, &h)
         .and_then(|_| file.sync_all())
-        .and_then(|_| super::snapshot::sync_dir(dir));
+        .and_then(|_| fs::sync_dir(dir));
     if let Err(source) = created {
         // A half-made segment holds no record; leaving it would put it ahead of the
         // segment still in use.
