@@ -144,13 +144,10 @@ fn main() {
     let warm_tokens: u64 = warm.iter().map(|e| e.response.len() as u64).sum();
     let store = Arc::new(
         Store::open(StoreConfig {
-            dir: dir.path().into(),
             max_depth: params.max_depth,
-            tokenizer: TokenizerId::UNKNOWN,
             fsync: FsyncPolicy::Never,
             budget_tokens: Some(warm_tokens * 3 / 2),
-            max_age_ms: None,
-            id_origin: 0,
+            ..StoreConfig::new(dir.path(), TokenizerId::UNKNOWN)
         })
         .unwrap(),
     );

@@ -19,8 +19,7 @@ use crate::tree::RequestTree;
 pub fn snapshot_bytes(bytes: &[u8]) {
     let mut aligned = rkyv::util::AlignedVec::<16>::new();
     aligned.extend_from_slice(bytes);
-    let Ok(snap) = Snapshot::from_bytes(Path::new("fuzz.sfxd"), aligned, None)
-    else {
+    let Ok(snap) = Snapshot::from_bytes(Path::new("fuzz.sfxd"), aligned, None) else {
         return;
     };
     if let Ok(namespaces) = snap.namespaces() {

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use suffixd::corpus::read_examples;
 use suffixd::store::TokenizerId;
 use suffixd::store::live::{Store, StoreConfig};
-use suffixd::store::wal::FsyncPolicy;
 use suffixd::tree::{Expand, GlobalIndex};
 
 fn responses() -> Vec<Vec<u32>> {
@@ -81,16 +80,8 @@ fn kill_9_loses_no_acknowledged_append_and_doubles_nothing() {
         let in_flight = all.get(acks.len()).cloned();
 
         // Reopen, as a restarted server would.
-        let store = Store::open(StoreConfig {
-            dir: dir.path().into(),
-            max_depth: 24,
-            tokenizer: TokenizerId::UNKNOWN,
-            fsync: FsyncPolicy::Always,
-            budget_tokens: None,
-            max_age_ms: None,
-            id_origin: 0,
-        })
-        .unwrap_or_else(|e| panic!("round {round}: store does not reopen: {e}"));
+        let store = Store::open(StoreConfig::new(dir.path(), TokenizerId::UNKNOWN))
+            .unwrap_or_else(|e| panic!("round {round}: store does not reopen: {e}"));
         let state = store.read();
         let ns = state.namespaces.get("default");
         let ids: std::collections::HashSet<u64> = ns.map(|n| n.ids().collect()).unwrap_or_default();

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use suffixd::store::live::{SnapshotError, Store, StoreConfig};
 use suffixd::store::snapshot::{NamespaceInput, SeqMeta, write_snapshot};
-use suffixd::store::wal::{FsyncPolicy, segments};
+use suffixd::store::wal::segments;
 use suffixd::store::{Snapshot, TokenizerId};
 use suffixd::tree::GlobalTree;
 
@@ -18,13 +18,8 @@ const TOKENIZER: TokenizerId = TokenizerId {
 
 fn cfg(dir: &Path) -> StoreConfig {
     StoreConfig {
-        dir: dir.into(),
         max_depth: 8,
-        tokenizer: TOKENIZER,
-        fsync: FsyncPolicy::Always,
-        budget_tokens: None,
-        max_age_ms: None,
-        id_origin: 0,
+        ..StoreConfig::new(dir, TOKENIZER)
     }
 }
 

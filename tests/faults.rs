@@ -12,10 +12,11 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use suffixd::store::EvictScope;
 use suffixd::store::TokenizerId;
 use suffixd::store::faults::{DurableFile, FaultPoint, ReplaceStep};
 use suffixd::store::live::{Store, StoreConfig};
-use suffixd::store::wal::{FsyncPolicy, check_dir};
+use suffixd::store::wal::check_dir;
 use suffixd::tree::{Expand, GlobalIndex};
 
 /// The fault points the workload below reaches: every point but those reached only
@@ -45,13 +46,8 @@ fn workload_points() -> Vec<FaultPoint> {
 
 fn cfg(dir: &Path) -> StoreConfig {
     StoreConfig {
-        dir: dir.into(),
         max_depth: 8,
-        tokenizer: TokenizerId::UNKNOWN,
-        fsync: FsyncPolicy::Always,
-        budget_tokens: None,
-        max_age_ms: None,
-        id_origin: 0,
+        ..StoreConfig::new(dir, TokenizerId::UNKNOWN)
     }
 }
 
@@ -81,9 +77,9 @@ fn workload(store: &Store, steps: std::ops::Range<u32>, acked: &mut Acked) {
                     .min()
                     .cloned();
                 match victim {
-                    Some(key) => match store.evict(&key.0, key.1) {
+                    Some(key) => match store.evict(&EvictScope::id(key.0.clone(), key.1)) {
                         Ok(gone) => {
-                            if gone {
+                            if gone == 1 {
                                 acked.evictions.insert(key);
                             }
                             false
@@ -183,7 +179,11 @@ fn every_fault_point_once_and_for_a_stretch_loses_nothing_acknowledged() {
         };
         for task in tasks {
             // The first time, a later time, and every time (a disk that stays full).
-            for actions in [format!("1*{task}"), format!("1*off->1*{task}"), task.to_string()] {
+            for actions in [
+                format!("1*{task}"),
+                format!("1*off->1*{task}"),
+                task.to_string(),
+            ] {
                 run(point, &actions);
             }
         }
@@ -289,12 +289,14 @@ fn last_use_marks_do_not_wait_for_a_snapshot_held_up_in_fsync() {
 
     // The mark counts: the third append evicts the newer sequence, not the touched one.
     store.append("ns", &[9, 10, 11, 12]).unwrap();
-    assert!(
-        !store.evict("ns", newer).unwrap(),
+    assert_eq!(
+        store.evict(&EvictScope::id("ns", newer)).unwrap(),
+        0,
         "the untouched sequence went first"
     );
-    assert!(
-        store.evict("ns", old).unwrap(),
+    assert_eq!(
+        store.evict(&EvictScope::id("ns", old)).unwrap(),
+        1,
         "the touched sequence stayed"
     );
 }

@@ -196,15 +196,7 @@ fn fifos_in_a_store_are_refused_not_waited_on() {
 /// lives until the child's `exec`. So a store dropped a moment ago can still read as
 /// locked for a few milliseconds: wait for that, within a bound, and fail on anything else.
 fn held(dir: &Path) -> BTreeMap<u64, Vec<u32>> {
-    let config = || StoreConfig {
-        dir: dir.into(),
-        max_depth: 24,
-        tokenizer: suffixd::store::TokenizerId::UNKNOWN,
-        fsync: suffixd::store::wal::FsyncPolicy::Always,
-        budget_tokens: None,
-        max_age_ms: None,
-        id_origin: 0,
-    };
+    let config = || StoreConfig::new(dir, suffixd::store::TokenizerId::UNKNOWN);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let store = loop {
         match Store::open(config()) {

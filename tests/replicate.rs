@@ -13,13 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use suffixd::replicate::{
-    PublishedSnapshot, RecordOp, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats,
-    bootstrap,
+    PublishedSnapshot, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats, bootstrap,
 };
 use suffixd::speculate::{SpecParams, Speculator};
 use suffixd::store::live::{Store, StoreConfig};
-use suffixd::store::wal::FsyncPolicy;
-use suffixd::store::{LayeredCursor, TokenizerId};
+use suffixd::store::{EvictScope, LayeredCursor, TokenizerId};
 use suffixd::tree::{Expand, GlobalIndex};
 
 use common::{Server, model_present};
@@ -126,13 +124,8 @@ impl Replica {
         let identity = ReplicaIdentity::load_or_create(dir).unwrap();
         let store = Arc::new(
             Store::open(StoreConfig {
-                dir: dir.into(),
-                max_depth: 24,
-                tokenizer,
-                fsync: FsyncPolicy::Always,
-                budget_tokens: None,
-                max_age_ms: None,
                 id_origin: identity.tag,
+                ..StoreConfig::new(dir, tokenizer)
             })
             .unwrap(),
         );
@@ -305,19 +298,14 @@ fn replicas_converge_and_another_tokenizer_is_refused() {
     // An operator's evictions reach every replica: one of b's sequences evicted on a,
     // a namespace evicted on b.
     let id = b.store.last_own_id();
-    assert!(a.store.evict("default", id).unwrap());
-    a.replication
-        .evicted(RecordOp::Evict {
-            namespace: "default".into(),
-            id,
-        })
-        .unwrap();
-    assert_eq!(b.store.evict_namespace("tenant-2").unwrap(), 5);
-    b.replication
-        .evicted(RecordOp::EvictNamespace {
-            namespace: "tenant-2".into(),
-        })
-        .unwrap();
+    let one = EvictScope::id("default", id);
+    assert_eq!(a.store.evict(&one).unwrap(), 1);
+    a.replication.evicted(one).unwrap();
+    let tenant = EvictScope::Namespace {
+        namespace: "tenant-2".into(),
+    };
+    assert_eq!(b.store.evict(&tenant).unwrap(), 5);
+    b.replication.evicted(tenant).unwrap();
     wait_for(
         "all three evict b's last sequence and the namespace tenant-2",
         || {
@@ -696,19 +684,14 @@ fn a_replica_behind_the_stream_s_retention_catches_up_from_a_published_snapshot(
     for i in 18..28 {
         a.store.append("default", &response(i)).unwrap();
     }
-    assert_eq!(a.store.evict_namespace("tenant-2").unwrap(), 5);
-    a.replication
-        .evicted(RecordOp::EvictNamespace {
-            namespace: "tenant-2".into(),
-        })
-        .unwrap();
-    assert!(a.store.evict("default", b_own[0]).unwrap());
-    a.replication
-        .evicted(RecordOp::Evict {
-            namespace: "default".into(),
-            id: b_own[0],
-        })
-        .unwrap();
+    let tenant = EvictScope::Namespace {
+        namespace: "tenant-2".into(),
+    };
+    assert_eq!(a.store.evict(&tenant).unwrap(), 5);
+    a.replication.evicted(tenant).unwrap();
+    let one = EvictScope::id("default", b_own[0]);
+    assert_eq!(a.store.evict(&one).unwrap(), 1);
+    a.replication.evicted(one).unwrap();
     wait_for("a has published everything", || {
         let s = a.stats();
         s.unpublished == 0 && s.evictions_unpublished == 0

@@ -279,15 +279,14 @@ pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
     use std::io::Write;
     let tokenizer = a.tokenizer.as_deref().map(load_tokenizer).transpose()?;
     let store = Store::open(StoreConfig {
-        dir: a.dir.clone(),
         max_depth: a.max_depth,
-        tokenizer: tokenizer
-            .as_ref()
-            .map_or(crate::store::TokenizerId::UNKNOWN, |t| t.identity()),
-        fsync: crate::store::wal::FsyncPolicy::Always,
         budget_tokens: a.budget_tokens,
-        max_age_ms: None,
-        id_origin: 0,
+        ..StoreConfig::new(
+            a.dir.clone(),
+            tokenizer
+                .as_ref()
+                .map_or(crate::store::TokenizerId::UNKNOWN, |t| t.identity()),
+        )
     })?;
     let mut out = std::io::stdout().lock();
     let mut n = 0u64;

@@ -37,10 +37,10 @@ pub use stats::ReplicationStats;
 
 use async_nats::jetstream;
 
-use crate::store::TokenizerId;
-use crate::store::live::{MAX_ID_ORIGIN, Store, own_ids};
 use crate::store::faults::DurableFile;
+use crate::store::live::{MAX_ID_ORIGIN, Store, own_ids};
 use crate::store::replace_file;
+use crate::store::{Change, EvictScope, TokenizerId};
 
 use outbox::EvictionOutbox;
 use worker::Worker;
@@ -185,8 +185,11 @@ struct Positions {
     stream_created_us: Option<i64>,
 }
 
-/// One record on the stream: what a replica did, and who it is.
+/// One record on the stream: what a replica did, and who it is. Budget and age
+/// evictions a store makes on its own are not records: each replica has its own budget
+/// and its own last-use times. On the stream it is [`WireRecord`]'s JSON.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "WireRecord", from = "WireRecord")]
 pub struct Record {
     /// The replica that did it ([`ReplicaIdentity::name`]).
     pub origin: String,
@@ -194,44 +197,113 @@ pub struct Record {
     pub vocab_size: u32,
     /// See [`TokenizerId::vocab_hash`].
     pub vocab_hash: u64,
-    /// What it did.
-    #[serde(flatten)]
-    pub op: RecordOp,
+    /// What it did: an append of its own, or an operator's eviction.
+    pub change: Change,
 }
 
-/// What a record does. Budget and age evictions a store makes on its own are not
-/// records: each replica has its own budget and its own last-use times.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// A record's JSON on the stream, fixed so that replicas of other versions read it:
+/// the [`Record`]'s fields and the change's, tagged by `"op"`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WireRecord {
+    origin: String,
+    vocab_size: u32,
+    vocab_hash: u64,
+    #[serde(flatten)]
+    op: WireOp,
+}
+
+/// A [`Change`] as JSON, tagged by `"op"`: also the eviction outbox's lines.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum RecordOp {
-    /// A completed request's response, cached under `id` on every replica.
+enum WireOp {
     Append {
-        /// The namespace.
         namespace: String,
-        /// The sequence id, the same on every replica.
         id: u64,
-        /// When it was appended, ms since the epoch.
         time_ms: u64,
-        /// The response tokens.
         tokens: Vec<u32>,
     },
-    /// An operator's eviction of one sequence (`POST /admin/evict` by id).
     Evict {
-        /// The namespace.
         namespace: String,
-        /// The sequence id.
         id: u64,
     },
-    /// An operator's eviction of a namespace.
     EvictNamespace {
-        /// The namespace.
         namespace: String,
     },
-    /// An operator's eviction by age: every sequence each replica has not used since.
     EvictUnusedSince {
-        /// ms since the epoch.
         cutoff_ms: u64,
     },
+}
+
+impl From<Change> for WireOp {
+    fn from(change: Change) -> Self {
+        match change {
+            Change::Append {
+                namespace,
+                id,
+                time_ms,
+                tokens,
+            } => WireOp::Append {
+                namespace,
+                id,
+                time_ms,
+                tokens,
+            },
+            Change::Evict(EvictScope::Id { namespace, id }) => WireOp::Evict { namespace, id },
+            Change::Evict(EvictScope::Namespace { namespace }) => {
+                WireOp::EvictNamespace { namespace }
+            }
+            Change::Evict(EvictScope::UnusedSince { cutoff_ms }) => {
+                WireOp::EvictUnusedSince { cutoff_ms }
+            }
+        }
+    }
+}
+
+impl From<WireOp> for Change {
+    fn from(op: WireOp) -> Self {
+        match op {
+            WireOp::Append {
+                namespace,
+                id,
+                time_ms,
+                tokens,
+            } => Change::Append {
+                namespace,
+                id,
+                time_ms,
+                tokens,
+            },
+            WireOp::Evict { namespace, id } => Change::evict(namespace, id),
+            WireOp::EvictNamespace { namespace } => {
+                Change::Evict(EvictScope::Namespace { namespace })
+            }
+            WireOp::EvictUnusedSince { cutoff_ms } => {
+                Change::Evict(EvictScope::UnusedSince { cutoff_ms })
+            }
+        }
+    }
+}
+
+impl From<Record> for WireRecord {
+    fn from(r: Record) -> Self {
+        WireRecord {
+            origin: r.origin,
+            vocab_size: r.vocab_size,
+            vocab_hash: r.vocab_hash,
+            op: r.change.into(),
+        }
+    }
+}
+
+impl From<WireRecord> for Record {
+    fn from(r: WireRecord) -> Self {
+        Record {
+            origin: r.origin,
+            vocab_size: r.vocab_size,
+            vocab_hash: r.vocab_hash,
+            change: r.op.into(),
+        }
+    }
 }
 
 /// A running replication: its thread and what it reports.
@@ -329,8 +401,8 @@ impl Replication {
 
     /// Send an operator's eviction, done on this replica's store, to the others. Returns
     /// once it is written down (fsynced): it goes out when NATS can take it.
-    pub fn evicted(&self, op: RecordOp) -> Result<(), ReplicateError> {
-        self.outbox.lock().expect("outbox").push(op)
+    pub fn evicted(&self, scope: EvictScope) -> Result<(), ReplicateError> {
+        self.outbox.lock().expect("outbox").push(scope)
     }
 
     /// The stream position a snapshot taken now covers: every record up to it is
@@ -466,6 +538,58 @@ fn write_state(path: &Path, value: &impl serde::Serialize) -> Result<(), Replica
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(error)?;
     let bytes = serde_json::to_vec(value).map_err(|e| error(e.into()))?;
-    replace_file(path, DurableFile::ReplicationState, |f| f.write_all(&bytes))
-    .map_err(error)
+    replace_file(path, DurableFile::ReplicationState, |f| f.write_all(&bytes)).map_err(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stream's JSON is what replicas of earlier versions wrote and read: each
+    /// change as its own `"op"`, beside the record's fields.
+    #[test]
+    fn records_keep_their_json_on_the_stream() {
+        let record = |change| Record {
+            origin: "r1".into(),
+            vocab_size: 49152,
+            vocab_hash: 7,
+            change,
+        };
+        let cases = [
+            (
+                Change::Append {
+                    namespace: "n".into(),
+                    id: 3,
+                    time_ms: 9,
+                    tokens: vec![1, 2],
+                },
+                r#"{"origin":"r1","vocab_size":49152,"vocab_hash":7,"op":"append","namespace":"n","id":3,"time_ms":9,"tokens":[1,2]}"#,
+            ),
+            (
+                Change::evict("n", 3),
+                r#"{"origin":"r1","vocab_size":49152,"vocab_hash":7,"op":"evict","namespace":"n","id":3}"#,
+            ),
+            (
+                Change::Evict(EvictScope::Namespace {
+                    namespace: "n".into(),
+                }),
+                r#"{"origin":"r1","vocab_size":49152,"vocab_hash":7,"op":"evict_namespace","namespace":"n"}"#,
+            ),
+            (
+                Change::Evict(EvictScope::UnusedSince { cutoff_ms: 5 }),
+                r#"{"origin":"r1","vocab_size":49152,"vocab_hash":7,"op":"evict_unused_since","cutoff_ms":5}"#,
+            ),
+        ];
+        for (change, json) in cases {
+            let r = record(change);
+            assert_eq!(serde_json::to_string(&r).unwrap(), json);
+            assert_eq!(serde_json::from_str::<Record>(json).unwrap(), r);
+        }
+        assert!(
+            serde_json::from_str::<Record>(
+                r#"{"origin":"r1","vocab_size":1,"vocab_hash":7,"op":"drop"}"#
+            )
+            .is_err()
+        );
+    }
 }

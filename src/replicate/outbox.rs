@@ -2,7 +2,7 @@
 //! acknowledged them. Appends need no such file, since the store holds them; an evicted
 //! sequence is gone from the store, so the eviction itself must be written down.
 //!
-//! One JSON object per line, `{"n": N, ...RecordOp}`, numbered from 1. A torn last
+//! One JSON object per line, `{"n": N, ...WireOp}` (a record's eviction), numbered from 1. A torn last
 //! line (a crash mid-write) is ignored: its eviction was never acknowledged to the
 //! operator.
 
@@ -11,7 +11,8 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{RecordOp, ReplicateError};
+use super::{ReplicateError, WireOp};
+use crate::store::{Change, EvictScope};
 
 /// Once everything is sent and the file is this large, it is emptied.
 const TRUNCATE_FROM_BYTES: u64 = 1 << 20;
@@ -20,14 +21,14 @@ const TRUNCATE_FROM_BYTES: u64 = 1 << 20;
 struct Entry {
     n: u64,
     #[serde(flatten)]
-    op: RecordOp,
+    op: WireOp,
 }
 
 /// Evictions not yet acknowledged, in order.
 pub(super) struct EvictionOutbox {
     path: PathBuf,
     file: File,
-    pending: VecDeque<(u64, RecordOp)>,
+    pending: VecDeque<(u64, EvictScope)>,
     last: u64,
 }
 
@@ -49,17 +50,19 @@ impl EvictionOutbox {
         let mut last = published;
         let mut pending = VecDeque::new();
         let mut intact = 0;
+        // A line that does not read as an eviction ends what is kept, as a torn one does.
         for line in text.split_inclusive('\n') {
-            let Some(entry) = line
+            let Some((n, Change::Evict(scope))) = line
                 .strip_suffix('\n')
                 .and_then(|l| serde_json::from_str::<Entry>(l).ok())
+                .map(|entry| (entry.n, Change::from(entry.op)))
             else {
                 break;
             };
             intact += line.len() as u64;
-            last = last.max(entry.n);
-            if entry.n > published {
-                pending.push_back((entry.n, entry.op));
+            last = last.max(n);
+            if n > published {
+                pending.push_back((n, scope));
             }
         }
         let file = OpenOptions::new()
@@ -77,11 +80,11 @@ impl EvictionOutbox {
         })
     }
 
-    /// Write `op` down (fsynced) to be sent.
-    pub(super) fn push(&mut self, op: RecordOp) -> Result<(), ReplicateError> {
+    /// Write `scope` down (fsynced) to be sent.
+    pub(super) fn push(&mut self, scope: EvictScope) -> Result<(), ReplicateError> {
         let n = self.last + 1;
-        let mut line =
-            serde_json::to_vec(&Entry { n, op: op.clone() }).expect("an eviction serializes");
+        let op = Change::Evict(scope.clone()).into();
+        let mut line = serde_json::to_vec(&Entry { n, op }).expect("an eviction serializes");
         line.push(b'\n');
         let written = self
             .file
@@ -98,12 +101,12 @@ impl EvictionOutbox {
             });
         }
         self.last = n;
-        self.pending.push_back((n, op));
+        self.pending.push_back((n, scope));
         Ok(())
     }
 
     /// The oldest entry not yet acknowledged.
-    pub(super) fn front(&self) -> Option<(u64, RecordOp)> {
+    pub(super) fn front(&self) -> Option<(u64, EvictScope)> {
         self.pending.front().cloned()
     }
 
@@ -133,8 +136,8 @@ impl EvictionOutbox {
 mod tests {
     use super::*;
 
-    fn evict(id: u64) -> RecordOp {
-        RecordOp::Evict {
+    fn evict(id: u64) -> EvictScope {
+        EvictScope::Id {
             namespace: "n".into(),
             id,
         }

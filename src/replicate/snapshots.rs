@@ -16,11 +16,11 @@ use async_nats::jetstream::{self, object_store};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use crate::store::TokenizerId;
 use crate::store::live::{Store, own_ids};
 use crate::store::manifest::{current_snapshot, next_snapshot_path, publish};
 use crate::store::snapshot::Snapshot;
 use crate::store::wal::segments;
+use crate::store::{EvictScope, TokenizerId};
 
 /// The bucket of a cluster's snapshots.
 pub(super) fn bucket_name(cluster: &str) -> String {
@@ -268,7 +268,9 @@ pub(super) fn merge(store: &Store, snap: &Snapshot, own_tag: u16) -> Result<Merg
             .collect()
     };
     for (namespace, id) in victims {
-        merged.evicted += store.evict(&namespace, id).map_err(|e| e.to_string())? as usize;
+        merged.evicted += store
+            .evict(&EvictScope::id(namespace, id))
+            .map_err(|e| e.to_string())?;
     }
     Ok(merged)
 }

@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer::DeliverPolicy, stream};
 use futures_util::StreamExt;
 
-use crate::store::TokenizerId;
 use crate::store::live::{Store, now_ms, own_ids};
 use crate::store::snapshot::Snapshot;
+use crate::store::{Change, TokenizerId};
 
 use super::outbox::EvictionOutbox;
 use super::{
     CONSUMER_STALL, DUPLICATE_WINDOW, POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL, Positions,
-    PublishedSnapshot, RETRY, Record, RecordOp, ReplicaIdentity, ReplicationConfig,
-    ReplicationStats, STATE_DIR, Upload, snapshots, write_state,
+    PublishedSnapshot, RETRY, Record, ReplicaIdentity, ReplicationConfig, ReplicationStats,
+    STATE_DIR, Upload, snapshots, write_state,
 };
 
 /// The replication thread's state.
@@ -157,7 +157,7 @@ impl Worker {
         if self.store.last_own_id() <= after {
             return Ok(0);
         }
-        let batch = self.store.own_sequences_after(after, PUBLISH_BATCH);
+        let batch = self.store.own_appends_after(after, PUBLISH_BATCH);
         if batch.is_empty() {
             // Everything after `after` was evicted before it could go out.
             let mut p = self.positions.lock().expect("positions");
@@ -169,15 +169,12 @@ impl Worker {
         let mut sent = 0;
         let mut acknowledged = after;
         for seq in batch {
-            let id = seq.id;
-            let op = RecordOp::Append {
-                namespace: seq.namespace,
-                id,
-                time_ms: seq.time_ms,
-                tokens: seq.tokens,
+            // Appends only, each naming its sequence.
+            let Some((_, id)) = seq.sequence() else {
+                continue;
             };
             let msg_id = format!("{}:{id}", self.identity.name);
-            if let Err(e) = self.publish(js, &msg_id, op).await {
+            if let Err(e) = self.publish(js, &msg_id, seq).await {
                 self.failed(format!("publishing id {id}: {e}"));
                 tokio::time::sleep(RETRY).await;
                 return Err(());
@@ -205,11 +202,11 @@ impl Worker {
     async fn publish_evictions(&self, js: &jetstream::Context) -> usize {
         let mut sent = 0;
         loop {
-            let Some((n, op)) = self.outbox.lock().expect("outbox").front() else {
+            let Some((n, scope)) = self.outbox.lock().expect("outbox").front() else {
                 return sent;
             };
             let msg_id = format!("{}:e{n}", self.identity.name);
-            if let Err(e) = self.publish(js, &msg_id, op).await {
+            if let Err(e) = self.publish(js, &msg_id, Change::Evict(scope)).await {
                 self.failed(format!("publishing eviction {n}: {e}"));
                 tokio::time::sleep(RETRY).await;
                 return sent;
@@ -278,13 +275,13 @@ impl Worker {
         &self,
         js: &jetstream::Context,
         msg_id: &str,
-        op: RecordOp,
+        change: Change,
     ) -> Result<(), String> {
         let record = Record {
             origin: self.identity.name.clone(),
             vocab_size: self.tokenizer.vocab_size,
             vocab_hash: self.tokenizer.vocab_hash,
-            op,
+            change,
         };
         let payload = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
         let mut headers = async_nats::HeaderMap::new();
@@ -499,8 +496,8 @@ impl Worker {
                 record.origin, self.tokenizer, self.cfg.cluster
             ));
         }
-        let applied = match &record.op {
-            RecordOp::Append {
+        let applied = match &record.change {
+            Change::Append {
                 namespace,
                 id,
                 time_ms,
@@ -521,15 +518,9 @@ impl Worker {
                 s.record_lag(lag);
                 applied.map(|_| ())
             }
-            RecordOp::Evict { namespace, id } => self.store.evict(namespace, *id).map(|_| ()),
-            RecordOp::EvictNamespace { namespace } => {
-                self.store.evict_namespace(namespace).map(|_| ())
-            }
-            RecordOp::EvictUnusedSince { cutoff_ms } => {
-                self.store.evict_unused_since(*cutoff_ms).map(|_| ())
-            }
+            Change::Evict(scope) => self.store.evict(scope).map(|_| ()),
         };
-        if !matches!(record.op, RecordOp::Append { .. }) {
+        if !matches!(record.change, Change::Append { .. }) {
             self.stats
                 .lock()
                 .expect("replication stats")
@@ -539,7 +530,7 @@ impl Worker {
             tracing::error!(
                 "replication: a record from {} was not applied ({:?}): {e}",
                 record.origin,
-                record.op
+                record.change
             );
         }
     }

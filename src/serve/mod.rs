@@ -382,13 +382,12 @@ fn open_store(
     }
     let t = std::time::Instant::now();
     let store = Arc::new(Store::open(StoreConfig {
-        dir: cfg.snapshot_dir.clone(),
         max_depth: params.max_depth,
-        tokenizer: tokenizer_id,
         fsync: cfg.fsync,
         budget_tokens: cfg.budget_tokens,
         max_age_ms: cfg.max_age_s.map(|s| s * 1000),
         id_origin: identity.as_ref().map_or(0, |i| i.tag),
+        ..StoreConfig::new(cfg.snapshot_dir.clone(), tokenizer_id)
     })?);
     let replication = match (&cfg.replicate, identity) {
         (Some(rcfg), Some(identity)) => {

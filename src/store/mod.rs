@@ -1,5 +1,7 @@
 //! The persistent store: the third stage of the data flow.
 //!
+//! - [`change`]: the vocabulary of changes (append, evict by scope) that the log,
+//!   replication and the admin API share.
 //! - [`snapshot`]: the file format, an rkyv archive of every namespace's tree, mmapped
 //!   and read in place.
 //! - [`manifest`]: a store directory, its numbered snapshots and the `CURRENT` manifest.
@@ -16,10 +18,11 @@
 //! - `fs`: the filesystem seam: files replaced whole, directory fsyncs.
 //! - [`faults`]: fault injection for the crash tests, typed points.
 
+pub mod change;
 pub mod double_buffer;
 pub mod faults;
-mod fs;
 pub mod from_logs;
+mod fs;
 mod last_use;
 pub mod layered;
 pub mod layers;
@@ -28,7 +31,8 @@ pub mod manifest;
 pub mod snapshot;
 pub mod wal;
 
+pub use change::{Change, EvictScope};
+pub(crate) use fs::replace_file;
 pub use layered::{Layered, LayeredCursor};
 pub use layers::Layers;
 pub use snapshot::{FrozenTree, OpenError, Snapshot, TokenizerId, WriteError};
-pub(crate) use fs::replace_file;

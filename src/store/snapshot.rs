@@ -416,10 +416,9 @@ fn serialize_into<W: Write>(
         Ok(_) => Ok((tally.len, tally.crc.clone().map_or(0, |c| c.finalize()))),
         // rkyv wraps the writer's error in its own; give back the original (a full
         // disk stays ENOSPC).
-        Err(e) => Err(tally
-            .error
-            .take()
-            .unwrap_or_else(|| std::io::Error::other(format!("cannot serialize the snapshot: {e}")))),
+        Err(e) => Err(tally.error.take().unwrap_or_else(|| {
+            std::io::Error::other(format!("cannot serialize the snapshot: {e}"))
+        })),
     }
 }
 
@@ -826,11 +825,16 @@ mod tests {
     fn trees() -> Vec<BuiltNamespace> {
         let mut state = 7u64;
         let mut next = move |below: u32| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 33) % below as u64) as u32
         };
         let mut out = Vec::new();
-        for (n, name) in ["default", "a namespace name longer than inline"].into_iter().enumerate() {
+        for (n, name) in ["default", "a namespace name longer than inline"]
+            .into_iter()
+            .enumerate()
+        {
             let seqs: Vec<Vec<u32>> = (0..40 + 30 * n)
                 .map(|_| (0..next(50) + 1).flat_map(|_| [0, 1 + next(59)]).collect())
                 .collect();
@@ -848,7 +852,10 @@ mod tests {
                     last_use_ms: id * 5,
                 })
                 .collect();
-            assert!(!tree.parts().child_index.is_empty(), "no wide node in {name}");
+            assert!(
+                !tree.parts().child_index.is_empty(),
+                "no wide node in {name}"
+            );
             out.push((name.to_string(), tree, meta));
         }
         out

@@ -40,6 +40,7 @@ use std::sync::Mutex;
 use super::faults::{self, DurableFile, FaultPoint};
 use super::fs;
 use super::snapshot::TokenizerId;
+use super::{Change, EvictScope};
 
 const MAGIC: [u8; 8] = *b"SFXDWAL\0";
 const VERSION: u32 = 2;
@@ -63,41 +64,22 @@ pub enum FsyncPolicy {
     Never,
 }
 
-/// What a record does.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WalOp {
-    /// A completed request's response.
-    Append {
-        /// Namespace.
-        namespace: String,
-        /// Sequence id.
-        id: u64,
-        /// When, ms since the epoch.
-        time_ms: u64,
-        /// The response tokens.
-        tokens: Vec<u32>,
-    },
-    /// An explicit or budget eviction.
-    Evict {
-        /// Namespace.
-        namespace: String,
-        /// Sequence id.
-        id: u64,
-    },
-}
-
 /// A record with its sequence number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WalRecord {
     /// Position in the log, increasing across segments.
     pub seq: u64,
-    /// What it does.
-    pub op: WalOp,
+    /// What it does: an append or a one-sequence eviction.
+    pub op: Change,
 }
 
 /// Errors from the log.
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
+    /// An eviction of a namespace or by age was given to the log, which records the
+    /// sequences an eviction removed, one by one (a bug in the caller, not the disk).
+    #[error("the log records one sequence per eviction, not {0:?}: evict through the store")]
+    Unresolved(Change),
     /// The file could not be read or written.
     #[error("write-ahead log {path}: {source}")]
     Io {
@@ -144,17 +126,22 @@ pub enum WalError {
     },
 }
 
-fn encode(rec: &WalRecord) -> Vec<u8> {
+/// A record's bytes; `None` for an eviction of more than one sequence, which is logged
+/// as the sequences it removed.
+fn encode(seq: u64, op: &Change) -> Option<Vec<u8>> {
     let mut p = Vec::new();
-    p.extend_from_slice(&rec.seq.to_le_bytes());
-    let (kind, ns, id, time, tokens): (u8, &str, u64, u64, &[u32]) = match &rec.op {
-        WalOp::Append {
+    p.extend_from_slice(&seq.to_le_bytes());
+    let (kind, ns, id, time, tokens): (u8, &str, u64, u64, &[u32]) = match op {
+        Change::Append {
             namespace,
             id,
             time_ms,
             tokens,
         } => (1, namespace, *id, *time_ms, tokens),
-        WalOp::Evict { namespace, id } => (2, namespace, *id, 0, &[]),
+        Change::Evict(EvictScope::Id { namespace, id }) => (2, namespace, *id, 0, &[]),
+        Change::Evict(EvictScope::Namespace { .. } | EvictScope::UnusedSince { .. }) => {
+            return None;
+        }
     };
     p.push(kind);
     p.extend_from_slice(&(ns.len() as u16).to_le_bytes());
@@ -169,7 +156,7 @@ fn encode(rec: &WalRecord) -> Vec<u8> {
     out.extend_from_slice(&(p.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
     out.extend_from_slice(&p);
-    out
+    Some(out)
 }
 
 /// Decode one payload; `None` when it is malformed.
@@ -196,13 +183,13 @@ fn decode(p: &[u8]) -> Option<WalRecord> {
         return None;
     }
     let op = match kind {
-        1 => WalOp::Append {
+        1 => Change::Append {
             namespace,
             id,
             time_ms,
             tokens,
         },
-        2 => WalOp::Evict { namespace, id },
+        2 => Change::evict(namespace, id),
         _ => return None,
     };
     Some(WalRecord { seq, op })
@@ -598,7 +585,7 @@ impl Wal {
 
     /// Append `op` and, with [`FsyncPolicy::Always`], return only once it is durable.
     /// Returns its sequence number.
-    pub fn append(&self, op: WalOp) -> Result<u64, WalError> {
+    pub fn append(&self, op: &Change) -> Result<u64, WalError> {
         let seq = self.write(op)?;
         self.sync(seq)?;
         Ok(seq)
@@ -606,11 +593,13 @@ impl Wal {
 
     /// Write `op` to the log (not yet durable); returns its sequence number. Follow
     /// with [`Wal::sync`] before acknowledging it. A write that fails leaves no trace.
-    pub fn write(&self, op: WalOp) -> Result<u64, WalError> {
+    /// An eviction of more than one sequence is refused: the store logs the sequences
+    /// it removed.
+    pub fn write(&self, op: &Change) -> Result<u64, WalError> {
         let mut w = self.writer.lock().expect("wal writer lock");
         w.repair()?;
         let seq = next_seq(&w.path, w.written)?;
-        let bytes = encode(&WalRecord { seq, op });
+        let bytes = encode(seq, op).ok_or_else(|| WalError::Unresolved(op.clone()))?;
         if let Err(source) = faults::write_all(FaultPoint::WalWrite, &mut w.file, &bytes) {
             w.take_back();
             return Err(w.io(source));
@@ -787,18 +776,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
         let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
-        let a = WalOp::Append {
+        let a = Change::Append {
             namespace: "acme".into(),
             id: 7,
             time_ms: 5,
             tokens: vec![1, 2, u32::MAX],
         };
-        let e = WalOp::Evict {
+        let e = Change::evict("acme", 7);
+        assert_eq!(wal.append(&a).unwrap(), 1);
+        assert_eq!(wal.append(&e).unwrap(), 2);
+        // Wider evictions are logged as the sequences they removed.
+        let wide = Change::Evict(EvictScope::Namespace {
             namespace: "acme".into(),
-            id: 7,
-        };
-        assert_eq!(wal.append(a.clone()).unwrap(), 1);
-        assert_eq!(wal.append(e.clone()).unwrap(), 2);
+        });
+        assert!(matches!(wal.append(&wide), Err(WalError::Unresolved(_))));
         let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
         let scan = read_segment(&path, tok).unwrap();
         let (recs, intact) = (&scan.records, scan.intact_len());
@@ -824,14 +815,7 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(
-            wal.append(WalOp::Evict {
-                namespace: "x".into(),
-                id: 1
-            })
-            .unwrap(),
-            2
-        );
+        assert_eq!(wal.append(&Change::evict("x", 1)).unwrap(), 2);
         assert_eq!(read_segment(&path, tok).unwrap().records.len(), 2);
         // Another tokenizer's log is refused.
         let other = TokenizerId {
@@ -851,9 +835,9 @@ mod tests {
         let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         let id = wal.log_id();
         assert_ne!(id, 0);
-        wal.append(append("n", 1)).unwrap();
+        wal.append(&append("n", 1)).unwrap();
         wal.rotate().unwrap();
-        wal.append(append("n", 2)).unwrap();
+        wal.append(&append("n", 2)).unwrap();
         assert_eq!(wal.log_id(), id);
         for (_, path) in segments(dir.path()).unwrap() {
             assert_eq!(read_segment(&path, tok).unwrap().log_id, id);
@@ -873,8 +857,8 @@ mod tests {
         assert!(matches!(opened, Err(WalError::Exhausted { .. })));
     }
 
-    fn append(ns: &str, id: u64) -> WalOp {
-        WalOp::Append {
+    fn append(ns: &str, id: u64) -> Change {
+        Change::Append {
             namespace: ns.into(),
             id,
             time_ms: 1,
@@ -888,7 +872,7 @@ mod tests {
         let tok = TokenizerId::UNKNOWN;
         let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         for id in 1..=5 {
-            wal.append(append("n", id)).unwrap();
+            wal.append(&append("n", id)).unwrap();
         }
         let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
         let clean = std::fs::read(&path).unwrap();
@@ -940,10 +924,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
         let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
-        wal.append(append("n", 1)).unwrap();
-        wal.append(append("n", 2)).unwrap();
+        wal.append(&append("n", 1)).unwrap();
+        wal.append(&append("n", 2)).unwrap();
         wal.rotate().unwrap();
-        wal.append(append("n", 3)).unwrap();
+        wal.append(&append("n", 3)).unwrap();
         assert!(check_dir(dir.path(), tok).unwrap().is_clean());
         let segs = segments(dir.path()).unwrap();
         // Cut the sealed segment short: its lost tail is damage, since it was fsynced whole.

@@ -12,8 +12,10 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::replicate::{RecordOp, ReplicationStats};
+use crate::replicate::ReplicationStats;
+use crate::store::EvictScope;
 use crate::store::live::StoreStats;
+use crate::store::live::now_ms;
 
 use super::{ApiError, read_json};
 use crate::serve::AppState;
@@ -163,42 +165,40 @@ struct EvictRequest {
     older_than_s: Option<u64>,
 }
 
+impl EvictRequest {
+    /// What to evict; `None` for a combination the API does not take.
+    fn scope(self, now_ms: u64) -> Option<EvictScope> {
+        match (self.namespace, self.id, self.older_than_s) {
+            (Some(namespace), Some(id), None) => Some(EvictScope::Id { namespace, id }),
+            (Some(namespace), None, None) => Some(EvictScope::Namespace { namespace }),
+            // An age past the epoch evicts nothing, however large.
+            (None, None, Some(s)) => Some(EvictScope::UnusedSince {
+                cutoff_ms: now_ms.saturating_sub(s.saturating_mul(1000)),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// `POST /admin/evict`: by id (with its namespace), a whole namespace, or by age.
 pub async fn admin_evict(State(app): State<Arc<AppState>>, body: Body) -> Response {
     let req: EvictRequest = match read_json(body, 64 << 10, app.cfg.read_timeout()).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    let Some(scope) = req.scope(now_ms()) else {
+        return ApiError::bad_request(
+            "give {\"namespace\", \"id\"}, {\"namespace\"} or {\"older_than_s\"}",
+        )
+        .into_response();
+    };
     let app2 = app.clone();
     let result = tokio::task::spawn_blocking(move || {
-        let store = &app2.store;
-        let (evicted, op) = match (req.namespace, req.id, req.older_than_s) {
-            (Some(namespace), Some(id), None) => (
-                store.evict(&namespace, id).map(|b| b as usize),
-                RecordOp::Evict { namespace, id },
-            ),
-            (Some(namespace), None, None) => (
-                store.evict_namespace(&namespace),
-                RecordOp::EvictNamespace { namespace },
-            ),
-            (None, None, Some(s)) => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64);
-                // An age past the epoch evicts nothing, however large.
-                let cutoff_ms = now.saturating_sub(s.saturating_mul(1000));
-                (
-                    store.evict_unused_since(cutoff_ms),
-                    RecordOp::EvictUnusedSince { cutoff_ms },
-                )
-            }
-            _ => return Ok(usize::MAX),
-        };
-        let evicted = evicted.map_err(|e| e.to_string())?;
+        let evicted = app2.store.evict(&scope).map_err(|e| e.to_string())?;
         // An operator's eviction reaches every replica: it is written down before the
         // answer, and goes out when NATS can take it.
         if let Some(r) = &app2.replication {
-            r.evicted(op).map_err(|e| {
+            r.evicted(scope).map_err(|e| {
                 format!("evicted {evicted} here, but not sent to the other replicas: {e}. Retry the eviction")
             })?;
         }
@@ -206,10 +206,6 @@ pub async fn admin_evict(State(app): State<Arc<AppState>>, body: Body) -> Respon
     })
     .await;
     match result {
-        Ok(Ok(usize::MAX)) => ApiError::bad_request(
-            "give {\"namespace\", \"id\"}, {\"namespace\"} or {\"older_than_s\"}",
-        )
-        .into_response(),
         Ok(Ok(n)) => Json(json!({"evicted": n})).into_response(),
         Ok(Err(e)) => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e).into_response()

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::tree::{GlobalTree, TreeError};
 
+use super::change::{Change, EvictScope};
 use super::double_buffer::{DoubleBuffered, Writer};
 use super::last_use::LastUse;
 use super::layered::Layered;
@@ -36,8 +37,7 @@ use super::snapshot::{
     NamespaceInput, OpenError, SeqMeta, Snapshot, TokenizerId, WriteError, write_snapshot,
 };
 use super::wal::{
-    Damage, FsyncPolicy, Wal, WalCheck, WalError, WalOp, check_dir, quarantine, read_segment,
-    segments,
+    Damage, FsyncPolicy, Wal, WalCheck, WalError, check_dir, quarantine, read_segment, segments,
 };
 
 /// How a store behaves.
@@ -58,6 +58,23 @@ pub struct StoreConfig {
     /// The replica tag this store's own appends carry in their ids (see [`own_ids`]);
     /// 0 for a store that does not replicate.
     pub id_origin: u16,
+}
+
+impl StoreConfig {
+    /// A store in `dir` for `tokenizer`'s ids, as `suffixd serve` runs it by default:
+    /// trees of depth 24, every append fsynced before it is acknowledged, no budget or
+    /// age limit, not replicating. Change the rest with struct update syntax.
+    pub fn new(dir: impl Into<PathBuf>, tokenizer: TokenizerId) -> Self {
+        StoreConfig {
+            dir: dir.into(),
+            max_depth: crate::tree::DEFAULT_MAX_DEPTH,
+            tokenizer,
+            fsync: FsyncPolicy::Always,
+            budget_tokens: None,
+            max_age_ms: None,
+            id_origin: 0,
+        }
+    }
 }
 
 /// Bits of a sequence id below the replica tag: a replica appends up to 2^40 sequences.
@@ -239,7 +256,7 @@ pub struct State {
     /// order: what replication publishes, found without scanning every namespace.
     own: BTreeMap<u64, String>,
     /// Changes since the last snapshot's cut, to carry over at the swap.
-    since_cut: Vec<(u64, WalOp)>,
+    since_cut: Vec<(u64, Change)>,
 }
 
 impl State {
@@ -418,19 +435,6 @@ pub struct Verification {
     pub wal: WalCheck,
 }
 
-/// One of a store's own cached sequences, for replication.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OwnSequence {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its id.
-    pub id: u64,
-    /// When it was appended, ms since the epoch.
-    pub time_ms: u64,
-    /// Its tokens.
-    pub tokens: Vec<u32>,
-}
-
 /// A summary of one snapshot written.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct SnapshotInfo {
@@ -463,9 +467,9 @@ pub(crate) fn now_ms() -> u64 {
 
 impl Store {
     /// Apply one logged change; idempotent (an id already present is not added twice).
-    fn apply(cfg: &StoreConfig, state: &mut State, op: &WalOp) -> Result<bool, TreeError> {
+    fn apply(cfg: &StoreConfig, state: &mut State, op: &Change) -> Result<bool, TreeError> {
         match op {
-            WalOp::Append {
+            Change::Append {
                 namespace,
                 id,
                 time_ms,
@@ -496,7 +500,7 @@ impl Store {
                 }
                 Ok(true)
             }
-            WalOp::Evict { namespace, id } => {
+            Change::Evict(EvictScope::Id { namespace, id }) => {
                 let Some(ns) = state.namespaces.get_mut(namespace) else {
                     return Ok(false);
                 };
@@ -507,16 +511,21 @@ impl Store {
                 }
                 Ok(removed)
             }
+            // Never logged (`Wal::write` refuses them: the store logs the sequences
+            // they removed), so never applied.
+            Change::Evict(EvictScope::Namespace { .. } | EvictScope::UnusedSince { .. }) => {
+                Ok(false)
+            }
         }
     }
 
     /// Log, apply, then wait for the log to be durable. Logging and applying happen
     /// under the writer lock, so a snapshot's cut sees a change in both or in neither;
     /// the fsync happens after it, where group commit can share it.
-    fn commit(&self, op: WalOp) -> Result<bool, ChangeError> {
+    fn commit(&self, op: Change) -> Result<bool, ChangeError> {
         let (seq, changed) = {
             let mut writer = self.writer();
-            let seq = self.wal.write(op.clone())?;
+            let seq = self.wal.write(&op)?;
             let changed = writer.apply(|st| {
                 let changed = Self::apply(&self.cfg, st, &op);
                 st.since_cut.push((seq, op.clone()));
@@ -532,7 +541,7 @@ impl Store {
     /// (with the default fsync policy). Returns its sequence id.
     pub fn append(&self, namespace: &str, tokens: &[u32]) -> Result<u64, ChangeError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let committed = self.commit(WalOp::Append {
+        let committed = self.commit(Change::Append {
             namespace: namespace.into(),
             id,
             time_ms: now_ms(),
@@ -566,7 +575,7 @@ impl Store {
         if known {
             return Ok(false);
         }
-        let added = self.commit(WalOp::Append {
+        let added = self.commit(Change::Append {
             namespace: namespace.into(),
             id,
             time_ms,
@@ -587,15 +596,15 @@ impl Store {
     }
 
     /// Up to `limit` of this store's own cached sequences with ids above `after`, in id
-    /// order: what a replica still has to publish.
-    pub fn own_sequences_after(&self, after: u64, limit: usize) -> Vec<OwnSequence> {
+    /// order, as the appends that cached them: what a replica still has to publish.
+    pub fn own_appends_after(&self, after: u64, limit: usize) -> Vec<Change> {
         let st = self.state.read();
         st.own
             .range(after.saturating_add(1)..)
             .take(limit)
             .filter_map(|(&id, namespace)| {
                 let ns = st.namespaces.get(namespace)?;
-                Some(OwnSequence {
+                Some(Change::Append {
                     namespace: namespace.clone(),
                     id,
                     time_ms: ns.seqs.get(&id)?.inserted_ms,
@@ -605,63 +614,57 @@ impl Store {
             .collect()
     }
 
+    /// Evict what `scope` names; returns how many sequences went. Each is logged as
+    /// its own eviction.
+    pub fn evict(&self, scope: &EvictScope) -> Result<usize, ChangeError> {
+        let victims: Vec<(String, u64)> = match scope {
+            EvictScope::Id { namespace, id } => vec![(namespace.clone(), *id)],
+            EvictScope::Namespace { namespace } => {
+                let st = self.state.read();
+                st.namespaces
+                    .get(namespace)
+                    .map(|n| n.seqs.keys().map(|&id| (namespace.clone(), id)).collect())
+                    .unwrap_or_default()
+            }
+            EvictScope::UnusedSince { cutoff_ms } => {
+                self.apply_touches();
+                let st = self.state.read();
+                st.lru
+                    .unused_since(*cutoff_ms)
+                    .map(|(ns, id)| (ns.to_string(), id))
+                    .collect()
+            }
+        };
+        let mut n = 0;
+        for (namespace, id) in victims {
+            n += self.evict_one(namespace, id)? as usize;
+        }
+        Ok(n)
+    }
+
     /// Evict one sequence; returns whether it was cached.
-    pub fn evict(&self, namespace: &str, id: u64) -> Result<bool, ChangeError> {
+    fn evict_one(&self, namespace: String, id: u64) -> Result<bool, ChangeError> {
         let known = {
             let st = self.state.read();
             st.namespaces
-                .get(namespace)
+                .get(&namespace)
                 .is_some_and(|n| n.seqs.contains_key(&id))
         };
         if !known {
             return Ok(false);
         }
-        let r = self.commit(WalOp::Evict {
-            namespace: namespace.into(),
-            id,
-        })?;
+        let r = self.commit(Change::evict(namespace, id))?;
         self.counters.lock().expect("counters").evicted += r as u64;
         Ok(r)
-    }
-
-    /// Evict a whole namespace; returns how many sequences went.
-    pub fn evict_namespace(&self, namespace: &str) -> Result<usize, ChangeError> {
-        let ids: Vec<u64> = {
-            let st = self.state.read();
-            st.namespaces
-                .get(namespace)
-                .map(|n| n.seqs.keys().copied().collect())
-                .unwrap_or_default()
-        };
-        let mut n = 0;
-        for id in ids {
-            n += self.evict(namespace, id)? as usize;
-        }
-        Ok(n)
-    }
-
-    /// Evict every sequence not used since `cutoff_ms` (ms since the epoch).
-    pub fn evict_unused_since(&self, cutoff_ms: u64) -> Result<usize, ChangeError> {
-        self.apply_touches();
-        let victims: Vec<(String, u64)> = {
-            let st = self.state.read();
-            st.lru
-                .unused_since(cutoff_ms)
-                .map(|(ns, id)| (ns.to_string(), id))
-                .collect()
-        };
-        let mut n = 0;
-        for (ns, id) in victims {
-            n += self.evict(&ns, id)? as usize;
-        }
-        Ok(n)
     }
 
     /// Evict least recently used sequences while over the token budget, and those older
     /// than the maximum age.
     pub fn enforce_budget(&self) -> Result<(), ChangeError> {
         if let Some(age) = self.cfg.max_age_ms {
-            self.evict_unused_since(now_ms().saturating_sub(age))?;
+            self.evict(&EvictScope::UnusedSince {
+                cutoff_ms: now_ms().saturating_sub(age),
+            })?;
         }
         let Some(budget) = self.cfg.budget_tokens else {
             return Ok(());
@@ -678,7 +681,7 @@ impl Store {
             };
             match victim {
                 Some((ns, id)) => {
-                    self.evict(&ns, id)?;
+                    self.evict_one(ns, id)?;
                 }
                 None => return Ok(()),
             }
@@ -781,13 +784,8 @@ mod tests {
 
     fn cfg(dir: &Path) -> StoreConfig {
         StoreConfig {
-            dir: dir.into(),
             max_depth: 8,
-            tokenizer: TokenizerId::UNKNOWN,
-            fsync: FsyncPolicy::Always,
-            budget_tokens: None,
-            max_age_ms: None,
-            id_origin: 0,
+            ..StoreConfig::new(dir, TokenizerId::UNKNOWN)
         }
     }
 
@@ -849,7 +847,7 @@ mod tests {
             let st = s.read();
             *st.namespaces["a"].seqs.keys().min().unwrap()
         };
-        assert!(s.evict("a", id).unwrap());
+        assert_eq!(s.evict(&EvictScope::id("a", id)).unwrap(), 1);
         assert_eq!(count(&s, "a", &[1, 2, 3]), 0);
         assert_eq!(count(&s, "a", &[1, 2]), 2);
         drop(s);
@@ -888,7 +886,11 @@ mod tests {
         assert_eq!(count(&s, "n", &[2]), 0, "[2 2 2] was used least recently");
         assert_eq!(count(&s, "n", &[1]), 3);
         assert_eq!(count(&s, "n", &[3]), 3);
-        let evicted = s.evict_unused_since(now_ms() + 1).unwrap();
+        let evicted = s
+            .evict(&EvictScope::UnusedSince {
+                cutoff_ms: now_ms() + 1,
+            })
+            .unwrap();
         assert_eq!(
             evicted, 2,
             "age eviction takes every sequence used before the cutoff"
@@ -916,14 +918,22 @@ mod tests {
                 "a replica's own ids never come from outside"
             );
             assert_eq!(count(&s, "n", &[1, 2]), 2);
-            let mine = s.own_sequences_after(0, 10);
+            let mine = s.own_appends_after(0, 10);
             assert_eq!(
                 mine.len(),
                 1,
                 "the replicated one is not this store's to publish"
             );
-            assert_eq!((mine[0].id, &mine[0].tokens[..]), (a, &[1u32, 2, 3][..]));
-            assert!(s.own_sequences_after(a, 10).is_empty());
+            assert_eq!(
+                mine[0],
+                Change::Append {
+                    namespace: "n".into(),
+                    id: a,
+                    time_ms: s.read().namespaces["n"].seqs[&a].inserted_ms,
+                    tokens: vec![1, 2, 3]
+                }
+            );
+            assert!(s.own_appends_after(a, 10).is_empty());
         }
         // Reopened (log replay, then from a snapshot), the next own id follows the last
         // own one handed out, whatever the other replicas' ids: also when that one (d
@@ -939,21 +949,21 @@ mod tests {
             // Own sequences across namespaces, in id order; an evicted one is not there.
             let c = s.append("m", &[6]).unwrap();
             let d = s.append("n", &[7]).unwrap();
-            assert!(s.evict("n", d).unwrap());
+            assert_eq!(s.evict(&EvictScope::id("n", d)).unwrap(), 1);
             let after = |from| -> Vec<(String, u64)> {
-                s.own_sequences_after(from, 10)
+                s.own_appends_after(from, 10)
                     .into_iter()
-                    .map(|q| (q.namespace, q.id))
+                    .filter_map(|q| q.sequence().map(|(ns, id)| (ns.to_string(), id)))
                     .collect()
             };
             let expected = vec![("n".to_string(), b), ("m".to_string(), c)];
             assert_eq!(after(first), expected);
             assert_eq!(after(b), expected[1..]);
-            assert_eq!(s.own_sequences_after(first, 1).len(), 1);
+            assert_eq!(s.own_appends_after(first, 1).len(), 1);
             s.snapshot().unwrap();
             assert_eq!(after(first), expected, "the same after the snapshot swap");
-            assert!(s.evict("n", b).unwrap());
-            assert!(s.evict("m", c).unwrap());
+            assert_eq!(s.evict(&EvictScope::id("n", b)).unwrap(), 1);
+            assert_eq!(s.evict(&EvictScope::id("m", c)).unwrap(), 1);
         }
     }
 
@@ -976,7 +986,13 @@ mod tests {
         assert_eq!(count(&s, "n", &[2]), 0);
         assert_eq!(count(&s, "n", &[1]), 3);
         assert_eq!(count(&s, "n", &[3]), 3);
-        assert_eq!(s.evict_namespace("n").unwrap(), 2);
+        assert_eq!(
+            s.evict(&EvictScope::Namespace {
+                namespace: "n".into()
+            })
+            .unwrap(),
+            2
+        );
         assert_eq!(count(&s, "n", &[1]), 0);
     }
 }

@@ -157,7 +157,7 @@ impl Store {
         })?;
         for (_, path) in &segs {
             for r in read_segment(path, cfg.tokenizer)?.records {
-                if let WalOp::Append { namespace, id, .. } = r.op {
+                if let Change::Append { namespace, id, .. } = r.op {
                     logged.insert((namespace, id));
                 }
             }
@@ -297,7 +297,7 @@ impl ForeignReplay {
             .iter()
             .flat_map(|s| &s.records)
             .filter_map(|r| match r.op {
-                WalOp::Append { id, .. } if own_ids(cfg.id_origin).contains(&id) => Some(id + 1),
+                Change::Append { id, .. } if own_ids(cfg.id_origin).contains(&id) => Some(id + 1),
                 _ => None,
             })
             .max()
@@ -317,15 +317,16 @@ impl ForeignReplay {
         &mut self,
         cfg: &StoreConfig,
         state: &mut State,
-        op: &WalOp,
-    ) -> Result<Option<WalOp>, StoreOpenError> {
+        op: &Change,
+    ) -> Result<Option<Change>, StoreOpenError> {
         let op = match op {
-            WalOp::Append {
+            Change::Append {
                 namespace,
-                id,
+                id: logged_id,
                 tokens,
                 time_ms,
             } => {
+                let id = logged_id;
                 let held = state
                     .namespaces
                     .get(namespace)
@@ -343,23 +344,24 @@ impl ForeignReplay {
                     }
                     None => *id,
                 };
-                self.appended.insert((namespace.clone(), op_id(op)), id);
-                WalOp::Append {
+                self.appended.insert((namespace.clone(), *logged_id), id);
+                Change::Append {
                     namespace: namespace.clone(),
                     id,
                     time_ms: *time_ms,
                     tokens: tokens.clone(),
                 }
             }
-            WalOp::Evict { namespace, id } => {
+            Change::Evict(EvictScope::Id { namespace, id }) => {
                 let Some(&id) = self.appended.get(&(namespace.clone(), *id)) else {
                     self.evictions_skipped += 1;
                     return Ok(None);
                 };
-                WalOp::Evict {
-                    namespace: namespace.clone(),
-                    id,
-                }
+                Change::evict(namespace.clone(), id)
+            }
+            // A log holds one-sequence evictions only (`Wal::write` refuses others).
+            Change::Evict(EvictScope::Namespace { .. } | EvictScope::UnusedSince { .. }) => {
+                return Ok(None);
             }
         };
         Store::apply(cfg, state, &op)?;
@@ -381,11 +383,5 @@ impl ForeignReplay {
             self.already_held,
             self.evictions_skipped
         );
-    }
-}
-
-fn op_id(op: &WalOp) -> u64 {
-    match op {
-        WalOp::Append { id, .. } | WalOp::Evict { id, .. } => *id,
     }
 }
