@@ -97,16 +97,100 @@ pub enum ReplicateError {
         reason: String,
     },
     /// A snapshot could not be published.
-    #[error("snapshot {path} not published: {reason}")]
+    #[error("snapshot {path} not published: {source}")]
     Publish {
         /// The local snapshot.
         path: PathBuf,
         /// Why.
-        reason: String,
+        source: SyncError,
     },
+
     /// The replication thread could not start.
     #[error("cannot start the replication thread: {0}")]
     Thread(#[from] std::io::Error),
+}
+
+/// Why one step of replication failed: a step is retried after [`RETRY`], and its
+/// error is the stats' `last_error` until one succeeds.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// A call to NATS, JetStream or its Object Store failed.
+    #[error("NATS, {during}: {source}")]
+    Nats {
+        /// What was being done.
+        during: &'static str,
+        /// NATS's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// NATS did not answer in time.
+    #[error("NATS, {during}: no answer within {} s", .after.as_secs())]
+    TimedOut {
+        /// What was being done.
+        during: &'static str,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The stream's state could not be read.
+    #[error("cannot read stream {0}")]
+    StreamUnreadable(String),
+    /// The consumer delivered nothing while records waited: it is recreated.
+    #[error(
+        "the consumer delivered nothing for {} s while {unread} records wait: recreating it",
+        .quiet.as_secs()
+    )]
+    ConsumerStalled {
+        /// How long it was quiet.
+        quiet: Duration,
+        /// Records waiting.
+        unread: u64,
+    },
+    /// The stream was made anew (NATS lost its storage, or it was deleted): the replica
+    /// starts over on it.
+    #[error("the stream was made anew: starting over on it")]
+    StreamReset,
+    /// The consumer's message stream ended.
+    #[error("the consumer ended")]
+    ConsumerEnded,
+    /// A local file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A fetched snapshot does not open or verify.
+    #[error(transparent)]
+    Snapshot(#[from] crate::store::OpenError),
+    /// The store directory's manifest could not be read or written.
+    #[error(transparent)]
+    Dir(#[from] crate::store::manifest::DirError),
+    /// The store refused a change.
+    #[error(transparent)]
+    Change(#[from] crate::store::live::ChangeError),
+    /// The replication thread has stopped.
+    #[error("replication has stopped")]
+    Stopped,
+}
+
+impl SyncError {
+    /// `map_err` for a NATS call made `during` something.
+    fn nats<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+        during: &'static str,
+    ) -> impl FnOnce(E) -> SyncError {
+        move |e| SyncError::Nats {
+            during,
+            source: e.into(),
+        }
+    }
+
+    /// `map_err` for a local file's I/O.
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SyncError + '_ {
+        move |source| SyncError::Io {
+            path: path.into(),
+            source,
+        }
+    }
 }
 
 /// How to replicate.
@@ -419,12 +503,12 @@ impl Replication {
         path: &Path,
         position: u64,
     ) -> Result<PublishedSnapshot, ReplicateError> {
-        let error = |reason: String| ReplicateError::Publish {
+        let error = |source: SyncError| ReplicateError::Publish {
             path: path.into(),
-            reason,
+            source,
         };
         // Opened now: a newer snapshot may replace the file, and the open file keeps it.
-        let file = std::fs::File::open(path).map_err(|e| error(e.to_string()))?;
+        let file = std::fs::File::open(path).map_err(|e| error(SyncError::io(path)(e)))?;
         let (done, answer) = std::sync::mpsc::channel();
         self.uploads
             .send(Upload {
@@ -432,10 +516,16 @@ impl Replication {
                 position,
                 done,
             })
-            .map_err(|_| error("replication has stopped".into()))?;
+            .map_err(|_| error(SyncError::Stopped))?;
+        let waited = Duration::from_secs(900);
         answer
-            .recv_timeout(Duration::from_secs(900))
-            .map_err(|_| error("no answer from the replication thread in 15 minutes".into()))?
+            .recv_timeout(waited)
+            .map_err(|_| {
+                error(SyncError::TimedOut {
+                    during: "uploading the snapshot",
+                    after: waited,
+                })
+            })?
             .map_err(error)
     }
 
@@ -463,7 +553,7 @@ pub struct PublishedSnapshot {
 struct Upload {
     file: std::fs::File,
     position: u64,
-    done: std::sync::mpsc::Sender<Result<PublishedSnapshot, String>>,
+    done: std::sync::mpsc::Sender<Result<PublishedSnapshot, SyncError>>,
 }
 
 /// Start a store directory that holds nothing yet (no snapshot, no log) from the newest
@@ -490,10 +580,16 @@ pub fn bootstrap(
         let connect = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(10))
             .connect(cfg.url.as_str());
-        let client = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        let waited = Duration::from_secs(10);
+        let client = match tokio::time::timeout(waited, connect).await {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(e.to_string()),
-            Err(_) => return Err("no connection in 10 s".into()),
+            Ok(Err(e)) => return Err(SyncError::nats("connecting")(e)),
+            Err(_) => {
+                return Err(SyncError::TimedOut {
+                    during: "connecting",
+                    after: waited,
+                });
+            }
         };
         let js = jetstream::new(client);
         snapshots::download_newest(&js, &cfg.cluster, dir, tokenizer).await

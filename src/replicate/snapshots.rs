@@ -16,6 +16,7 @@ use async_nats::jetstream::{self, object_store};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
+use super::SyncError;
 use crate::store::live::{Store, own_ids};
 use crate::store::manifest::{current_snapshot, next_snapshot_path, publish};
 use crate::store::snapshot::Snapshot;
@@ -41,7 +42,7 @@ fn position_of(name: &str) -> Option<u64> {
 pub(super) async fn bucket(
     js: &jetstream::Context,
     cluster: &str,
-) -> Result<object_store::ObjectStore, String> {
+) -> Result<object_store::ObjectStore, SyncError> {
     let name = bucket_name(cluster);
     match js.get_object_store(&name).await {
         Ok(b) => Ok(b),
@@ -53,7 +54,7 @@ pub(super) async fn bucket(
                 ..Default::default()
             })
             .await
-            .map_err(|e| e.to_string()),
+            .map_err(SyncError::nats("creating the snapshot bucket")),
     }
 }
 
@@ -69,12 +70,12 @@ pub(super) async fn upload(
     position: u64,
     last_sequence: u64,
     keep: usize,
-) -> Result<u64, String> {
+) -> Result<u64, SyncError> {
     let mut file = tokio::fs::File::from_std(file);
     let info = bucket
         .put(name, &mut file)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(SyncError::nats("uploading the snapshot"))?;
     let mut names = list(bucket).await?;
     names.sort_unstable_by(|a, b| b.cmp(a));
     let mut kept = 0;
@@ -103,11 +104,12 @@ pub(super) async fn last_sequence(js: &jetstream::Context, cluster: &str) -> Opt
 }
 
 /// The names of the snapshots in the bucket.
-async fn list(bucket: &object_store::ObjectStore) -> Result<Vec<String>, String> {
+async fn list(bucket: &object_store::ObjectStore) -> Result<Vec<String>, SyncError> {
     let mut names = Vec::new();
-    let mut objects = bucket.list().await.map_err(|e| e.to_string())?;
+    let during = "listing the published snapshots";
+    let mut objects = bucket.list().await.map_err(SyncError::nats(during))?;
     while let Some(info) = objects.next().await {
-        let info = info.map_err(|e| e.to_string())?;
+        let info = info.map_err(SyncError::nats(during))?;
         if position_of(&info.name).is_some() {
             names.push(info.name);
         }
@@ -145,12 +147,12 @@ pub(super) async fn download_newest(
     cluster: &str,
     dir: &Path,
     tokenizer: TokenizerId,
-) -> Result<Option<Bootstrap>, String> {
-    let path = next_snapshot_path(dir).map_err(|e| e.to_string())?;
+) -> Result<Option<Bootstrap>, SyncError> {
+    let path = next_snapshot_path(dir)?;
     let Some(fetched) = fetch_newest(js, cluster, &path, tokenizer, 0).await? else {
         return Ok(None);
     };
-    publish(dir, &path).map_err(|e| e.to_string())?;
+    publish(dir, &path)?;
     Ok(Some(fetched))
 }
 
@@ -164,7 +166,7 @@ pub(super) async fn fetch_newest(
     path: &Path,
     tokenizer: TokenizerId,
     min_position: u64,
-) -> Result<Option<Bootstrap>, String> {
+) -> Result<Option<Bootstrap>, SyncError> {
     let Ok(bucket) = js.get_object_store(bucket_name(cluster)).await else {
         return Ok(None);
     };
@@ -184,8 +186,8 @@ pub(super) async fn fetch_newest(
             continue;
         }
         let checked = fetch(&bucket, &name, path).await.and_then(|()| {
-            let snap = Snapshot::open(path, Some(tokenizer)).map_err(|e| e.to_string())?;
-            snap.verify_received().map_err(|e| e.to_string())
+            let snap = Snapshot::open(path, Some(tokenizer))?;
+            Ok(snap.verify_received()?)
         });
         match checked {
             Ok(()) => {
@@ -199,7 +201,7 @@ pub(super) async fn fetch_newest(
             Err(why) => {
                 tracing::error!("replication: published snapshot {name} refused: {why}");
                 let _ = std::fs::remove_file(path);
-                refused.push((name, why));
+                refused.push((name, why.to_string()));
             }
         }
     }
@@ -227,9 +229,9 @@ pub(super) struct Merged {
 ///
 /// Every change is an ordinary logged append or eviction, so a crash half way through is
 /// repaired by the next catch-up, which finds the same gap.
-pub(super) fn merge(store: &Store, snap: &Snapshot, own_tag: u16) -> Result<Merged, String> {
+pub(super) fn merge(store: &Store, snap: &Snapshot, own_tag: u16) -> Result<Merged, SyncError> {
     let own = own_ids(own_tag);
-    let frozen = snap.namespaces().map_err(|e| e.to_string())?;
+    let frozen = snap.namespaces()?;
     let newest_own = frozen
         .iter()
         .flat_map(|ns| ns.meta.iter().map(|m| m.id))
@@ -243,10 +245,7 @@ pub(super) fn merge(store: &Store, snap: &Snapshot, own_tag: u16) -> Result<Merg
             let Some(tokens) = ns.tree.sequence(m.id) else {
                 continue;
             };
-            if store
-                .append_replicated(&ns.name, m.id, m.inserted_ms, tokens)
-                .map_err(|e| e.to_string())?
-            {
+            if store.append_replicated(&ns.name, m.id, m.inserted_ms, tokens)? {
                 merged.added += 1;
             }
         }
@@ -268,27 +267,32 @@ pub(super) fn merge(store: &Store, snap: &Snapshot, own_tag: u16) -> Result<Merg
             .collect()
     };
     for (namespace, id) in victims {
-        merged.evicted += store
-            .evict(&EvictScope::id(namespace, id))
-            .map_err(|e| e.to_string())?;
+        merged.evicted += store.evict(&EvictScope::id(namespace, id))?;
     }
     Ok(merged)
 }
 
-async fn fetch(bucket: &object_store::ObjectStore, name: &str, path: &Path) -> Result<(), String> {
-    let mut object = bucket.get(name).await.map_err(|e| e.to_string())?;
+async fn fetch(
+    bucket: &object_store::ObjectStore,
+    name: &str,
+    path: &Path,
+) -> Result<(), SyncError> {
+    let during = "downloading a published snapshot";
+    let mut object = bucket.get(name).await.map_err(SyncError::nats(during))?;
     let mut file = tokio::fs::File::create(path)
         .await
-        .map_err(|e| e.to_string())?;
-    tokio::time::timeout(
-        Duration::from_secs(600),
-        tokio::io::copy(&mut object, &mut file),
-    )
-    .await
-    .map_err(|_| "download took over 10 minutes".to_string())?
-    .map_err(|e| e.to_string())?;
-    file.flush().await.map_err(|e| e.to_string())?;
-    file.sync_all().await.map_err(|e| e.to_string())
+        .map_err(SyncError::io(path))?;
+    let waited = Duration::from_secs(600);
+    // The copy's error is the download's or the file's: both are reported as NATS's.
+    tokio::time::timeout(waited, tokio::io::copy(&mut object, &mut file))
+        .await
+        .map_err(|_| SyncError::TimedOut {
+            during,
+            after: waited,
+        })?
+        .map_err(SyncError::nats(during))?;
+    file.flush().await.map_err(SyncError::io(path))?;
+    file.sync_all().await.map_err(SyncError::io(path))
 }
 
 #[cfg(test)]

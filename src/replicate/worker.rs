@@ -19,7 +19,7 @@ use super::outbox::EvictionOutbox;
 use super::{
     CONSUMER_STALL, DUPLICATE_WINDOW, POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL, Positions,
     PublishedSnapshot, RETRY, Record, ReplicaIdentity, ReplicationConfig, ReplicationStats,
-    STATE_DIR, Upload, snapshots, write_state,
+    STATE_DIR, SyncError, Upload, snapshots, write_state,
 };
 
 /// The replication thread's state.
@@ -84,7 +84,7 @@ impl Worker {
     /// The cluster's stream, created if missing; with `stream_max_age`, its retention set
     /// to it (a stream that exists keeps its other settings, and its retention when the
     /// flag is not given).
-    async fn stream(&self, js: &jetstream::Context) -> Result<stream::Stream, String> {
+    async fn stream(&self, js: &jetstream::Context) -> Result<stream::Stream, SyncError> {
         let mut stream = js
             .get_or_create_stream(stream::Config {
                 name: self.cfg.cluster.clone(),
@@ -95,12 +95,12 @@ impl Worker {
                 ..Default::default()
             })
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(SyncError::nats("looking up the stream"))?;
         if let Some(age) = self.cfg.stream_max_age {
             let config = stream
                 .info()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(SyncError::nats("reading the stream's settings"))?
                 .config
                 .clone();
             if config.max_age != age {
@@ -115,7 +115,7 @@ impl Worker {
                     ..config
                 })
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(SyncError::nats("setting the stream's retention"))?;
             }
         }
         Ok(stream)
@@ -244,7 +244,7 @@ impl Worker {
                     .await
                 }
                 (Err(e), _) => Err(e),
-                (_, None) => Err(format!("cannot read stream {}", self.cfg.cluster)),
+                (_, None) => Err(SyncError::StreamUnreadable(self.cfg.cluster.clone())),
             };
             let result = result.map(|bytes| PublishedSnapshot {
                 object: object.clone(),
@@ -276,14 +276,14 @@ impl Worker {
         js: &jetstream::Context,
         msg_id: &str,
         change: Change,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         let record = Record {
             origin: self.identity.name.clone(),
             vocab_size: self.tokenizer.vocab_size,
             vocab_hash: self.tokenizer.vocab_hash,
             change,
         };
-        let payload = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+        let payload = serde_json::to_vec(&record).expect("a record serializes");
         let mut headers = async_nats::HeaderMap::new();
         // JetStream drops a second copy within its duplicate window (a retry after a lost
         // acknowledgement); the consumer's id check covers the rest.
@@ -291,11 +291,15 @@ impl Worker {
         let ack = js
             .publish_with_headers(self.subject(), headers, payload.into())
             .await
-            .map_err(|e| e.to_string())?;
-        tokio::time::timeout(Duration::from_secs(5), ack)
+            .map_err(SyncError::nats("publishing a record"))?;
+        let waited = Duration::from_secs(5);
+        tokio::time::timeout(waited, ack)
             .await
-            .map_err(|_| "no acknowledgement within 5 s".to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| SyncError::TimedOut {
+                during: "waiting for a record's acknowledgement",
+                after: waited,
+            })?
+            .map_err(SyncError::nats("waiting for a record's acknowledgement"))?;
         Ok(())
     }
 
@@ -322,9 +326,12 @@ impl Worker {
     /// it), start over on it: republish every own cached sequence and read it from its
     /// start. Records applied twice are cached once (ids are the same everywhere).
     /// Returns the stream's last sequence.
-    async fn check_stream(&self, stream: &stream::Stream) -> Result<u64, String> {
+    async fn check_stream(&self, stream: &stream::Stream) -> Result<u64, SyncError> {
         let mut stream = stream.clone();
-        let info = stream.info().await.map_err(|e| e.to_string())?;
+        let info = stream
+            .info()
+            .await
+            .map_err(SyncError::nats("reading the stream's state"))?;
         let created = (info.created.unix_timestamp_nanos() / 1000) as i64;
         let last = info.state.last_sequence;
         let (reset, changed) = {
@@ -354,7 +361,7 @@ impl Worker {
                 s.published_id = p.published_id;
             }
             self.save_positions();
-            return Err("the stream was made anew: starting over on it".into());
+            return Err(SyncError::StreamReset);
         }
         // Only a newly seen stream changes what is on disk (the idle loop saves anyway).
         if changed {
@@ -367,7 +374,7 @@ impl Worker {
         &self,
         js: &jetstream::Context,
         stream: &stream::Stream,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         let from = self.positions.lock().expect("positions").applied_seq + 1;
         let consumer = stream
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
@@ -377,8 +384,11 @@ impl Worker {
                 ..Default::default()
             })
             .await
-            .map_err(|e| e.to_string())?;
-        let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+            .map_err(SyncError::nats("creating the consumer"))?;
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(SyncError::nats("reading the consumer"))?;
         let mut saved = Instant::now();
         let mut delivered = Instant::now();
         let mut expected = from;
@@ -394,18 +404,20 @@ impl Worker {
                     let last = self.check_stream(stream).await?;
                     let unread = self.refresh_lag(last);
                     if unread > 0 && delivered.elapsed() >= CONSUMER_STALL {
-                        return Err(format!(
-                            "the consumer delivered nothing for {} s while {unread} records wait: recreating it",
-                            CONSUMER_STALL.as_secs()
-                        ));
+                        return Err(SyncError::ConsumerStalled {
+                            quiet: CONSUMER_STALL,
+                            unread,
+                        });
                     }
                     continue;
                 }
-                Ok(None) => return Err("the consumer ended".into()),
-                Ok(Some(m)) => m.map_err(|e| e.to_string())?,
+                Ok(None) => return Err(SyncError::ConsumerEnded),
+                Ok(Some(m)) => m.map_err(SyncError::nats("reading a record"))?,
             };
             delivered = Instant::now();
-            let info = message.info().map_err(|e| e.to_string())?;
+            let info = message
+                .info()
+                .map_err(SyncError::nats("reading a record's position"))?;
             let (seq, pending) = (info.stream_sequence, info.pending);
             if seq > expected {
                 // The stream no longer holds these (its retention).
@@ -440,7 +452,7 @@ impl Worker {
         let covered = match fetched {
             Ok(Some(f)) => {
                 let merged = Snapshot::open(&path, Some(self.tokenizer))
-                    .map_err(|e| e.to_string())
+                    .map_err(SyncError::from)
                     .and_then(|snap| snapshots::merge(&self.store, &snap, self.identity.tag));
                 match merged {
                     Ok(m) => {

@@ -721,6 +721,12 @@ impl Store {
 
     /// Sizes, files and counters: the store's part of `GET /admin/stats`.
     pub fn stats(&self) -> StoreStats {
+        // Directory I/O and other locks first (the log's is held through a rotation's
+        // fsync): a writer waits for the last readers of the copy it changes, so nothing
+        // that can wait happens under the read guard.
+        let disk_bytes = super::manifest::disk_bytes(&self.cfg.dir);
+        let counters = self.counters();
+        let (wal_bytes, wal_last_seq) = (self.wal.current_bytes(), self.wal.last_seq());
         let st = self.read();
         let namespaces: BTreeMap<String, NamespaceStats> = st
             .namespaces
@@ -750,10 +756,10 @@ impl Store {
                 created_unix_ms: s.header().created_unix_ms,
             }),
             segments: st.snapshot.is_some() as u32 + 1,
-            disk_bytes: super::manifest::disk_bytes(&self.cfg.dir),
-            wal_bytes: self.wal.current_bytes(),
-            wal_last_seq: self.wal.last_seq(),
-            counters: self.counters(),
+            disk_bytes,
+            wal_bytes,
+            wal_last_seq,
+            counters,
             wal_damaged_at_open: self
                 .wal_damage
                 .iter()
