@@ -2,9 +2,9 @@
 //! acknowledged them. Appends need no such file, since the store holds them; an evicted
 //! sequence is gone from the store, so the eviction itself must be written down.
 //!
-//! One JSON object per line, `{"n": N, ...WireOp}` (a record's eviction), numbered from 1. A torn last
-//! line (a crash mid-write) is ignored: its eviction was never acknowledged to the
-//! operator.
+//! One JSON object per line, `{"n": N, ...WireOp}` (a record's eviction), numbered
+//! from 1. A torn last line (a crash mid-write) is ignored: its eviction was never
+//! acknowledged to the operator.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};

@@ -326,12 +326,11 @@ impl ForeignReplay {
                 tokens,
                 time_ms,
             } => {
-                let id = logged_id;
                 let held = state
                     .namespaces
                     .get(namespace)
-                    .filter(|ns| ns.seqs.contains_key(id))
-                    .map(|ns| ns.tokens_of(*id));
+                    .filter(|ns| ns.seqs.contains_key(logged_id))
+                    .map(|ns| ns.tokens_of(*logged_id));
                 let id = match held {
                     Some(held) if held.as_ref() == Some(tokens) => {
                         self.already_held += 1;
@@ -342,7 +341,7 @@ impl ForeignReplay {
                         self.next_fresh += 1;
                         self.next_fresh - 1
                     }
-                    None => *id,
+                    None => *logged_id,
                 };
                 self.appended.insert((namespace.clone(), *logged_id), id);
                 Change::Append {
