@@ -48,7 +48,11 @@ fn store_with_log(dir: &Path, logged: u32) -> std::path::PathBuf {
         s.append("default", &response(i)).unwrap();
     }
     drop(s);
-    segments(dir).unwrap().pop().unwrap().1
+    segments(&suffixd::store::DiskDirectory, dir)
+        .unwrap()
+        .pop()
+        .unwrap()
+        .1
 }
 
 #[test]
@@ -202,6 +206,7 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
         .to_vec();
     let path = dir.path().join("snap-000001.sfxd");
     write_snapshot(
+        &suffixd::store::DiskDirectory,
         &path,
         TOKENIZER,
         (0, 0),
@@ -212,7 +217,7 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
         }],
     )
     .unwrap();
-    suffixd::store::manifest::publish(dir.path(), &path).unwrap();
+    suffixd::store::manifest::publish(&suffixd::store::DiskDirectory, dir.path(), &path).unwrap();
     let err = Snapshot::open(&path, None).unwrap().verify().unwrap_err();
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
 
@@ -236,7 +241,7 @@ fn token_ids_outside_the_vocabulary_fail_verification_and_no_snapshot_copies_the
         "snap-000001.sfxd"
     );
     assert_eq!(
-        suffixd::store::manifest::snapshot_files(dir.path())
+        suffixd::store::manifest::snapshot_files(&suffixd::store::DiskDirectory, dir.path())
             .unwrap()
             .len(),
         1

@@ -107,7 +107,12 @@ fn workload(store: &Store, steps: std::ops::Range<u32>, acked: &mut Acked) {
             acked.failures += 1;
         }
         // No step, failed or not, leaves a bad record that a later one could follow.
-        let log = check_dir(store.dir(), TokenizerId::UNKNOWN).unwrap();
+        let log = check_dir(
+            &suffixd::store::DiskDirectory,
+            store.dir(),
+            TokenizerId::UNKNOWN,
+        )
+        .unwrap();
         assert!(log.is_clean(), "step {step}: {log:?}");
     }
 }

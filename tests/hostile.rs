@@ -199,6 +199,7 @@ fn damaged_token_ids_give_wrong_drafts_at_worst_and_are_never_copied() {
     let tree = GlobalTree::build(24, [(1u64, &damaged)]).unwrap();
     let bad = dir.path().join("snap-000009.sfxd");
     write_snapshot(
+        &suffixd::store::DiskDirectory,
         &bad,
         tokenizer,
         (0, u64::MAX >> 1),
@@ -213,7 +214,7 @@ fn damaged_token_ids_give_wrong_drafts_at_worst_and_are_never_copied() {
         }],
     )
     .unwrap();
-    suffixd::store::manifest::publish(dir.path(), &bad).unwrap();
+    suffixd::store::manifest::publish(&suffixd::store::DiskDirectory, dir.path(), &bad).unwrap();
 
     let s = Server::start(dir.path());
     // The request that drafts into the damage, and a bystander batched with it.

@@ -537,6 +537,7 @@ fn frozen_copy(tree: &GlobalTree, dir: &std::path::Path) -> Snapshot {
         })
         .collect();
     write_snapshot(
+        &suffixd::store::DiskDirectory,
         &path,
         TokenizerId::UNKNOWN,
         (0, 0),

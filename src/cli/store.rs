@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::model::tokenizer::ModelTokenizer;
+use crate::store::DiskDirectory;
 use crate::store::Snapshot;
 use crate::store::from_logs::{BuildOptions, build_from_logs};
 use crate::store::manifest::current_snapshot;
@@ -126,7 +127,7 @@ pub(super) struct InspectArgs {
 /// The snapshot file a path means: a file itself, or a directory's current snapshot.
 pub(super) fn resolve_snapshot(path: &Path) -> anyhow::Result<PathBuf> {
     if path.is_dir() {
-        match current_snapshot(path)? {
+        match current_snapshot(&DiskDirectory, path)? {
             Some(p) => Ok(p),
             // Never advice that writes: a store without a manifest may still hold data
             // (its log, or snapshot files whose manifest was lost).
@@ -161,7 +162,7 @@ pub(super) fn run_inspect(a: InspectArgs) -> anyhow::Result<()> {
     };
     // A store directory's log is part of what it holds.
     let wal = if a.verify && a.path.is_dir() {
-        let check = check_dir(&a.path, snap.header().tokenizer)?;
+        let check = check_dir(&DiskDirectory, &a.path, snap.header().tokenizer)?;
         if !check.is_clean() {
             bail!(
                 "write-ahead log of {} is damaged: {:?}. Starting the store recovers every good record, and keeps a copy of each damaged segment in damaged/",

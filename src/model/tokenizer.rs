@@ -67,6 +67,15 @@ impl ModelTokenizer {
         Ok(Self::wrap(inner))
     }
 
+    /// A Hugging Face tokenizer.json's contents, already in memory.
+    pub fn from_json(json: &str) -> Result<Self, TokenizerError> {
+        let inner: tokenizers::Tokenizer = json.parse().map_err(|e| TokenizerError::File {
+            path: "(tokenizer JSON in memory)".into(),
+            message: format!("{e}"),
+        })?;
+        Ok(Self::wrap(inner))
+    }
+
     /// Build the tokenizer that the GGUF metadata describes: byte-level BPE
     /// (`tokenizer.ggml.model = "gpt2"`, with the pre-tokenizer `tokenizer.ggml.pre`
     /// names) or SentencePiece (`"llama"`: Llama 2, Mistral, Gemma).

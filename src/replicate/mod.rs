@@ -39,8 +39,8 @@ use async_nats::jetstream;
 
 use crate::store::faults::DurableFile;
 use crate::store::live::{MAX_ID_ORIGIN, Store, own_ids};
-use crate::store::replace_file;
 use crate::store::{Change, EvictScope, TokenizerId};
+use crate::store::{DiskDirectory, replace_file};
 
 use outbox::EvictionOutbox;
 use worker::Worker;
@@ -634,7 +634,10 @@ fn write_state(path: &Path, value: &impl serde::Serialize) -> Result<(), Replica
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(error)?;
     let bytes = serde_json::to_vec(value).map_err(|e| error(e.into()))?;
-    replace_file(path, DurableFile::ReplicationState, |f| f.write_all(&bytes)).map_err(error)
+    replace_file(&DiskDirectory, path, DurableFile::ReplicationState, |f| {
+        f.write_all(&bytes)
+    })
+    .map_err(error)
 }
 
 #[cfg(test)]

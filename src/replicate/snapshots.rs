@@ -17,6 +17,7 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use super::SyncError;
+use crate::store::DiskDirectory;
 use crate::store::live::{Store, own_ids};
 use crate::store::manifest::{current_snapshot, next_snapshot_path, publish};
 use crate::store::snapshot::Snapshot;
@@ -133,7 +134,8 @@ pub struct Bootstrap {
 
 /// Whether `dir` holds nothing yet: no snapshot and no log.
 pub(super) fn is_empty_store(dir: &Path) -> bool {
-    matches!(current_snapshot(dir), Ok(None)) && segments(dir).map_or(true, |s| s.is_empty())
+    matches!(current_snapshot(&DiskDirectory, dir), Ok(None))
+        && segments(&DiskDirectory, dir).map_or(true, |s| s.is_empty())
 }
 
 /// Download the newest snapshot whose checksum, token ids, header counts and tokenizer
@@ -148,11 +150,11 @@ pub(super) async fn download_newest(
     dir: &Path,
     tokenizer: TokenizerId,
 ) -> Result<Option<Bootstrap>, SyncError> {
-    let path = next_snapshot_path(dir)?;
+    let path = next_snapshot_path(&DiskDirectory, dir)?;
     let Some(fetched) = fetch_newest(js, cluster, &path, tokenizer, 0).await? else {
         return Ok(None);
     };
-    publish(dir, &path)?;
+    publish(&DiskDirectory, dir, &path)?;
     Ok(Some(fetched))
 }
 

@@ -26,6 +26,7 @@ use crate::model::grammar::GrammarCompiler;
 use crate::model::tokenizer::ModelTokenizer;
 use crate::replicate::{ReplicaIdentity, Replication, ReplicationConfig, bootstrap};
 use crate::speculate::SpecParams;
+use crate::store::DiskDirectory;
 use crate::store::TokenizerId;
 use crate::store::from_logs::{BuildOptions, build_from_logs};
 use crate::store::live::{Store, StoreConfig};
@@ -319,7 +320,7 @@ fn warm_start_if_empty(
     params: &SpecParams,
     tokenizer: &ModelTokenizer,
 ) -> Result<(), ServeError> {
-    if current_snapshot(&cfg.snapshot_dir)?.is_some() || cfg.warm_logs.is_empty() {
+    if current_snapshot(&DiskDirectory, &cfg.snapshot_dir)?.is_some() || cfg.warm_logs.is_empty() {
         return Ok(());
     }
     tracing::info!(
@@ -496,3 +497,6 @@ async fn shutdown_signal() {
         _ = term => {},
     }
 }
+
+#[cfg(test)]
+mod router_tests;

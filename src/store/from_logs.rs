@@ -7,6 +7,7 @@ use crate::corpus::CorpusError;
 use crate::corpus::logs::{Response, read_log};
 use crate::tree::{GlobalTree, TreeError};
 
+use super::fs::{Directory, DiskDirectory};
 use super::manifest::{DirError, holds_store, lock, next_snapshot_path, publish};
 use super::snapshot::{Header, NamespaceInput, SeqMeta, TokenizerId, WriteError, write_snapshot};
 
@@ -103,12 +104,13 @@ pub fn build_from_logs(
     encoder: Option<&dyn TextEncoder>,
     mut progress: impl FnMut(u64),
 ) -> Result<BuildReport, BuildError> {
-    std::fs::create_dir_all(out_dir).map_err(|source| DirError::Io {
+    let fs = &DiskDirectory;
+    fs.create_dir_all(out_dir).map_err(|source| DirError::Io {
         path: out_dir.into(),
         source,
     })?;
-    let _lock = lock(out_dir)?;
-    if holds_store(out_dir)? {
+    let _lock = lock(fs, out_dir)?;
+    if holds_store(fs, out_dir)? {
         return Err(BuildError::StoreExists {
             path: out_dir.into(),
         });
@@ -175,9 +177,9 @@ pub fn build_from_logs(
         trees.push((name, tree, meta));
     }
     let inputs = NamespaceInput::borrowing(&trees);
-    let path = next_snapshot_path(out_dir)?;
-    let header = write_snapshot(&path, tokenizer, (0, 0), &inputs)?;
-    publish(out_dir, &path)?;
+    let path = next_snapshot_path(fs, out_dir)?;
+    let header = write_snapshot(fs, &path, tokenizer, (0, 0), &inputs)?;
+    publish(fs, out_dir, &path)?;
     Ok(BuildReport {
         path,
         header,

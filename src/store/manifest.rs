@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::faults::DurableFile;
-use super::fs::{self, replace_file};
+use super::fs::{self, DirLock, Directory, EntryKind, replace_file};
 
 /// Name of the manifest file in a store directory.
 pub const MANIFEST: &str = "CURRENT";
@@ -71,36 +71,24 @@ fn snapshot_number(name: &str) -> Option<u64> {
         .ok()
 }
 
-/// Take the directory's exclusive lock: `DIR/LOCK`, locked with `flock` for as long as
-/// the returned file stays open (the kernel releases it when the process dies, kill -9
+/// Take the directory's exclusive lock, `DIR/LOCK`, for as long as the returned guard
+/// lives (on disk a `flock`, which the kernel releases when the process dies, kill -9
 /// included, so a crash never leaves a stale lock).
-pub fn lock(dir: &Path) -> Result<std::fs::File, DirError> {
+pub fn lock(fs: &dyn Directory, dir: &Path) -> Result<DirLock, DirError> {
     let path = dir.join("LOCK");
-    let io = |source| DirError::Io {
-        path: path.clone(),
-        source,
-    };
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io)?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(DirError::Locked { path: dir.into() }),
-        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
+    match fs.try_lock(&path).map_err(io(&path))? {
+        Some(lock) => Ok(lock),
+        None => Err(DirError::Locked { path: dir.into() }),
     }
 }
 
 /// The snapshot file that the manifest of `dir` names, if any.
-pub fn current_snapshot(dir: &Path) -> Result<Option<PathBuf>, DirError> {
+pub fn current_snapshot(fs: &dyn Directory, dir: &Path) -> Result<Option<PathBuf>, DirError> {
     let manifest = dir.join(MANIFEST);
-    fs::refuse_non_regular(&manifest, "manifest").map_err(io(&manifest))?;
-    let name = match std::fs::read_to_string(&manifest) {
-        Ok(s) => s.trim().to_string(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io(&manifest)(e)),
+    fs::refuse_non_regular(fs, &manifest, "manifest").map_err(io(&manifest))?;
+    let name = match fs::read_to_string_if_any(fs, &manifest).map_err(io(&manifest))? {
+        Some(s) => s.trim().to_string(),
+        None => return Ok(None),
     };
     if snapshot_number(&name).is_none() {
         return Err(DirError::BadManifest {
@@ -112,17 +100,11 @@ pub fn current_snapshot(dir: &Path) -> Result<Option<PathBuf>, DirError> {
 }
 
 /// The snapshot files of `dir`, newest (highest number) first.
-pub fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
+pub fn snapshot_files(fs: &dyn Directory, dir: &Path) -> Result<Vec<PathBuf>, DirError> {
     let mut found = Vec::new();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io(dir)(e)),
-    };
-    for entry in entries {
-        let entry = entry.map_err(io(dir))?;
-        if let Some(n) = entry.file_name().to_str().and_then(snapshot_number) {
-            found.push((n, entry.path()));
+    for entry in fs::entries_if_any(fs, dir).map_err(io(dir))? {
+        if let Some(n) = snapshot_number(&entry.name) {
+            found.push((n, dir.join(&entry.name)));
         }
     }
     found.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
@@ -132,15 +114,9 @@ pub fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
 /// Whether `dir` holds a store's data: a manifest, a snapshot file, a write-ahead log
 /// segment or the next-id record. Operators' commands that would start a store afresh
 /// must not run on such a directory.
-pub fn holds_store(dir: &Path) -> Result<bool, DirError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(io(dir)(e)),
-    };
-    for entry in entries {
-        let name = entry.map_err(io(dir))?.file_name();
-        let Some(name) = name.to_str() else { continue };
+pub fn holds_store(fs: &dyn Directory, dir: &Path) -> Result<bool, DirError> {
+    for entry in fs::entries_if_any(fs, dir).map_err(io(dir))? {
+        let name = entry.name.as_str();
         let wal_segment = name.starts_with("wal-") && name.ends_with(".log");
         if name == MANIFEST || name == NEXT_ID || snapshot_number(name).is_some() || wal_segment {
             return Ok(true);
@@ -150,9 +126,9 @@ pub fn holds_store(dir: &Path) -> Result<bool, DirError> {
 }
 
 /// A path for the next snapshot file of `dir` (one past the highest number present).
-pub fn next_snapshot_path(dir: &Path) -> Result<PathBuf, DirError> {
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let highest = snapshot_files(dir)?
+pub fn next_snapshot_path(fs: &dyn Directory, dir: &Path) -> Result<PathBuf, DirError> {
+    fs.create_dir_all(dir).map_err(io(dir))?;
+    let highest = snapshot_files(fs, dir)?
         .first()
         .and_then(|p| p.file_name()?.to_str().and_then(snapshot_number))
         .unwrap_or(0);
@@ -163,7 +139,7 @@ pub fn next_snapshot_path(dir: &Path) -> Result<PathBuf, DirError> {
 /// file, fsync it, rename it over `CURRENT` and fsync the directory. Then delete the
 /// snapshot files that are no longer current. Processes that still map an old file keep
 /// reading it: on Unix its space returns when the last mapping goes.
-pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
+pub fn publish(fs: &dyn Directory, dir: &Path, snapshot: &Path) -> Result<(), DirError> {
     let name = snapshot
         .file_name()
         .and_then(|n| n.to_str())
@@ -173,11 +149,11 @@ pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
             name: snapshot.display().to_string(),
         })?
         .to_string();
-    replace_file(&dir.join(MANIFEST), DurableFile::Manifest, |f| {
+    replace_file(fs, &dir.join(MANIFEST), DurableFile::Manifest, |f| {
         f.write_all(format!("{name}\n").as_bytes())
     })
     .map_err(io(dir))?;
-    remove_stale(dir, Some(&name))?;
+    remove_stale(fs, dir, Some(&name))?;
     Ok(())
 }
 
@@ -186,21 +162,23 @@ pub fn publish(dir: &Path, snapshot: &Path) -> Result<(), DirError> {
 /// `.tmp` file (a write a crash cut short; only a rename makes one live). Returns the
 /// files and bytes removed. Only the store's writer (the holder of its `LOCK`) may call
 /// it. Best effort: a file that cannot be removed costs disk space, not correctness.
-pub fn remove_stale(dir: &Path, current: Option<&str>) -> Result<(usize, u64), DirError> {
+pub fn remove_stale(
+    fs: &dyn Directory,
+    dir: &Path,
+    current: Option<&str>,
+) -> Result<(usize, u64), DirError> {
     let (mut files, mut bytes) = (0, 0);
-    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-        let entry = entry.map_err(io(dir))?;
-        let file = entry.file_name();
-        let Some(file) = file.to_str() else { continue };
+    for entry in fs.entries(dir).map_err(io(dir))? {
+        let file = entry.name.as_str();
         let stale_snapshot =
             current.is_some_and(|current| snapshot_number(file).is_some() && file != current);
         let stale_tmp = file.ends_with(".tmp");
-        if (stale_snapshot || stale_tmp) && entry.file_type().is_ok_and(|t| t.is_file()) {
-            let len = entry.metadata().map_or(0, |m| m.len());
-            if std::fs::remove_file(entry.path()).is_ok() {
-                files += 1;
-                bytes += len;
-            }
+        if (stale_snapshot || stale_tmp)
+            && entry.kind == EntryKind::File
+            && fs.remove(&dir.join(file)).is_ok()
+        {
+            files += 1;
+            bytes += entry.len;
         }
     }
     Ok((files, bytes))
@@ -209,9 +187,9 @@ pub fn remove_stale(dir: &Path, current: Option<&str>) -> Result<(usize, u64), D
 /// The next own id recorded at the last snapshot. None when there is none (a store
 /// from before the file existed, or no snapshot yet) or it does not parse (logged):
 /// the ids are then recovered from the snapshot and the log alone.
-pub fn read_next_id(dir: &Path) -> Option<u64> {
+pub fn read_next_id(fs: &dyn Directory, dir: &Path) -> Option<u64> {
     let path = dir.join(NEXT_ID);
-    let text = std::fs::read_to_string(&path).ok()?;
+    let text = fs::read_to_string_if_any(fs, &path).ok()??;
     let parsed = text.trim().parse().ok();
     if parsed.is_none() {
         tracing::warn!(
@@ -223,20 +201,21 @@ pub fn read_next_id(dir: &Path) -> Option<u64> {
 }
 
 /// Record `next` as the next own id, atomically (temporary file, fsync, rename).
-pub fn write_next_id(dir: &Path, next: u64) -> Result<(), DirError> {
-    replace_file(&dir.join(NEXT_ID), DurableFile::NextId, |f| {
+pub fn write_next_id(fs: &dyn Directory, dir: &Path, next: u64) -> Result<(), DirError> {
+    replace_file(fs, &dir.join(NEXT_ID), DurableFile::NextId, |f| {
         f.write_all(format!("{next}\n").as_bytes())
     })
     .map_err(io(dir))
 }
 
 /// Bytes of every file in `dir` (snapshots and logs), for stats.
-pub fn disk_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok()?.metadata().ok())
-                .filter(|m| m.is_file())
-                .map(|m| m.len())
+pub fn disk_bytes(fs: &dyn Directory, dir: &Path) -> u64 {
+    fs.entries(dir)
+        .map(|entries| {
+            entries
+                .iter()
+                .filter(|e| e.kind == EntryKind::File)
+                .map(|e| e.len)
                 .sum()
         })
         .unwrap_or(0)

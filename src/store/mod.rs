@@ -15,14 +15,15 @@
 //! - `last_use`: cached sequences in last-use order (the `lru` crate), for LRU and age
 //!   eviction.
 //! - [`from_logs`]: a snapshot built from request logs (`suffixd build`, warm starts).
-//! - `fs`: the filesystem seam: files replaced whole, directory fsyncs.
+//! - [`fs`]: the filesystem seam: the [`fs::Directory`] every file operation goes through,
+//!   on disk or in memory (with power cuts, for tests); files replaced whole.
 //! - [`faults`]: fault injection for the crash tests, typed points.
 
 pub mod change;
 pub mod double_buffer;
 pub mod faults;
 pub mod from_logs;
-mod fs;
+pub mod fs;
 mod last_use;
 pub mod layered;
 pub mod layers;
@@ -33,6 +34,7 @@ pub mod wal;
 
 pub use change::{Change, EvictScope};
 pub(crate) use fs::replace_file;
+pub use fs::{Directory, DiskDirectory, RamDirectory};
 pub use layered::{Layered, LayeredCursor};
 pub use layers::Layers;
 pub use snapshot::{FrozenTree, OpenError, Snapshot, TokenizerId, WriteError};

@@ -7,7 +7,6 @@
 //! reads everything (checksum, then every tree invariant); [`write_snapshot`] is the
 //! separate builder.
 
-use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use rkyv::rancor;
 use crate::tree::{GlobalTree, Node, SeqEntry, Storage, TreeParts, WideChild};
 
 use super::faults::DurableFile;
-use super::fs;
+use super::fs::{self, Directory, DiskDirectory, FileBytes};
 
 /// The first eight bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"SUFFIXD\0";
@@ -329,12 +328,13 @@ fn decode_frame(path: &Path, b: &[u8]) -> Result<Header, OpenError> {
 /// fsynced, then renamed over `path`, then the directory fsynced. A crash leaves either
 /// the old file or the new one, never a torn one.
 pub fn write_snapshot(
+    fs: &dyn Directory,
     path: &Path,
     tokenizer: TokenizerId,
     log_position: (u64, u64),
     namespaces: &[NamespaceInput<'_>],
 ) -> Result<Header, WriteError> {
-    fs::replace_file(path, DurableFile::Snapshot, |f| {
+    fs::replace_file(fs, path, DurableFile::Snapshot, |f| {
         let out = std::io::BufWriter::with_capacity(1 << 20, f);
         write_snapshot_to(out, tokenizer, log_position, namespaces)
     })
@@ -575,7 +575,7 @@ pub struct FrozenNamespace {
 /// An open snapshot, over bytes of type `B`: a read-only memory map of the file
 /// ([`Snapshot::open`]), or any buffer ([`Snapshot::from_bytes`]: tests, fuzzing, a
 /// file received whole).
-pub struct Snapshot<B = memmap2::Mmap> {
+pub struct Snapshot<B = FileBytes> {
     path: PathBuf,
     header: Header,
     bytes: Arc<B>,
@@ -586,20 +586,27 @@ impl Snapshot {
     /// does not grow with the file: token and node data are not read. When `expected`
     /// is given, a snapshot of another tokenizer is refused.
     pub fn open(path: &Path, expected: Option<TokenizerId>) -> Result<Self, OpenError> {
+        Self::open_in(&DiskDirectory, path, expected)
+    }
+
+    /// [`Snapshot::open`] on the file at `path` in `fs`.
+    pub fn open_in(
+        fs: &dyn Directory,
+        path: &Path,
+        expected: Option<TokenizerId>,
+    ) -> Result<Self, OpenError> {
         let io = |source| OpenError::Io {
             path: path.into(),
             source,
         };
-        fs::refuse_non_regular(path, "snapshot").map_err(io)?;
-        let file = File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        if len == 0 {
+        fs::refuse_non_regular(fs, path, "snapshot").map_err(io)?;
+        // Snapshot files are never modified after the rename that publishes them (new
+        // snapshots are new files), so a mapping does not change under its readers.
+        let bytes = fs.map(path).map_err(io)?;
+        if bytes.as_ref().is_empty() {
             return Err(OpenError::Empty(path.into()));
         }
-        // SAFETY: snapshot files are never modified after the rename that publishes
-        // them (new snapshots are new files), so the mapping does not change under us.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::from_bytes(path, map, expected)
+        Self::from_bytes(path, bytes, expected)
     }
 }
 

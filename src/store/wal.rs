@@ -32,13 +32,11 @@
 //! record; one fsync covers every record written before it, so concurrent writers share
 //! fsyncs instead of queueing one each.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::faults::{self, DurableFile, FaultPoint};
-use super::fs;
+use super::fs::{self, Directory, LogFile};
 use super::snapshot::TokenizerId;
 use super::{Change, EvictScope};
 
@@ -208,19 +206,12 @@ fn segment_first_seq(name: &str) -> Option<u64> {
 }
 
 /// The log segments of `dir`, oldest first.
-pub fn segments(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+pub fn segments(fs: &dyn Directory, dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
-    match std::fs::read_dir(dir) {
-        Ok(rd) => {
-            for e in rd {
-                let e = e?;
-                if let Some(s) = e.file_name().to_str().and_then(segment_first_seq) {
-                    out.push((s, e.path()));
-                }
-            }
+    for e in fs::entries_if_any(fs, dir)? {
+        if let Some(s) = segment_first_seq(&e.name) {
+            out.push((s, dir.join(&e.name)));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
     }
     out.sort();
     Ok(out)
@@ -283,17 +274,17 @@ impl SegmentScan {
 }
 
 /// Read every good record of one segment, and where its bad bytes are.
-pub fn read_segment(path: &Path, expected: TokenizerId) -> Result<SegmentScan, WalError> {
+pub fn read_segment(
+    fs: &dyn Directory,
+    path: &Path,
+    expected: TokenizerId,
+) -> Result<SegmentScan, WalError> {
     let io = |source| WalError::Io {
         path: path.into(),
         source,
     };
-    fs::refuse_non_regular(path, "log segment").map_err(io)?;
-    let mut bytes = Vec::new();
-    File::open(path)
-        .map_err(io)?
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
+    fs::refuse_non_regular(fs, path, "log segment").map_err(io)?;
+    let bytes = fs.read(path).map_err(io)?;
     decode_segment(path, &bytes, expected)
 }
 
@@ -427,14 +418,18 @@ impl WalCheck {
 
 /// Read every segment of `dir` and report its damage: for `inspect --verify` and the
 /// admin API.
-pub fn check_dir(dir: &Path, expected: TokenizerId) -> Result<WalCheck, WalError> {
-    let segs = segments(dir).map_err(|source| WalError::Io {
+pub fn check_dir(
+    fs: &dyn Directory,
+    dir: &Path,
+    expected: TokenizerId,
+) -> Result<WalCheck, WalError> {
+    let segs = segments(fs, dir).map_err(|source| WalError::Io {
         path: dir.into(),
         source,
     })?;
     let mut check = WalCheck::default();
     for (i, (_, path)) in segs.iter().enumerate() {
-        let scan = read_segment(path, expected)?;
+        let scan = read_segment(fs, path, expected)?;
         let newest = i + 1 == segs.len();
         check.segments += 1;
         check.records += scan.records.len() as u64;
@@ -451,20 +446,19 @@ pub fn check_dir(dir: &Path, expected: TokenizerId) -> Result<WalCheck, WalError
 
 /// Copy a damaged segment into `dir/damaged/` (once), so that the operator keeps the
 /// evidence after replay has recovered around it and a snapshot has dropped it.
-pub fn quarantine(dir: &Path, segment: &Path) -> std::io::Result<PathBuf> {
+pub fn quarantine(fs: &dyn Directory, dir: &Path, segment: &Path) -> std::io::Result<PathBuf> {
     let into = dir.join("damaged");
-    std::fs::create_dir_all(&into)?;
+    fs.create_dir_all(&into)?;
     let copy = into.join(segment.file_name().unwrap_or_default());
-    if !copy.exists() {
-        fs::replace_file(&copy, DurableFile::Quarantine, |f| {
-            std::io::copy(&mut File::open(segment)?, f).map(|_| ())
-        })?;
+    if fs.kind(&copy)?.is_none() {
+        let bytes = fs.read(segment)?;
+        fs::replace_file(fs, &copy, DurableFile::Quarantine, |f| f.write_all(&bytes))?;
     }
     Ok(copy)
 }
 
 struct Writer {
-    file: File,
+    file: Box<dyn LogFile>,
     path: PathBuf,
     /// Highest sequence number written.
     written: u64,
@@ -496,7 +490,7 @@ impl Writer {
         }
         let cut = faults::check(FaultPoint::WalTruncate)
             .and_then(|_| self.file.set_len(self.bytes))
-            .and_then(|_| self.file.seek(SeekFrom::Start(self.bytes)).map(|_| ()));
+            .and_then(|_| self.file.seek_to(self.bytes));
         cut.map_err(|e| self.io(e))?;
         self.needs_repair = false;
         Ok(())
@@ -522,6 +516,7 @@ impl Writer {
 
 /// An open log, appending to its newest segment.
 pub struct Wal {
+    fs: Arc<dyn Directory>,
     dir: PathBuf,
     tokenizer: TokenizerId,
     policy: FsyncPolicy,
@@ -537,6 +532,7 @@ impl Wal {
     /// log found in the directory ([`SegmentScan::log_id`]); 0 starts a new log with a
     /// random id.
     pub fn open(
+        fs: Arc<dyn Directory>,
         dir: &Path,
         tokenizer: TokenizerId,
         policy: FsyncPolicy,
@@ -554,9 +550,9 @@ impl Wal {
                     path: path.into(),
                     source,
                 };
-                let mut file = OpenOptions::new().write(true).open(path).map_err(io)?;
+                let mut file = fs.open_write(path).map_err(io)?;
                 file.set_len(intact).map_err(io)?;
-                file.seek(SeekFrom::End(0)).map_err(io)?;
+                file.seek_to(intact).map_err(io)?;
                 file.sync_all().map_err(io)?;
                 Writer {
                     file,
@@ -571,10 +567,11 @@ impl Wal {
             }
             _ => {
                 let first = next_seq(dir, last_seq)?;
-                new_segment(dir, tokenizer, first, last_seq, log_id)?
+                new_segment(&*fs, dir, tokenizer, first, last_seq, log_id)?
             }
         };
         Ok(Wal {
+            fs,
             dir: dir.into(),
             tokenizer,
             policy,
@@ -666,7 +663,14 @@ impl Wal {
         *synced = w.written;
         let next = next_seq(&w.path, w.written)?;
         let log_id = w.log_id;
-        *w = new_segment(&self.dir, self.tokenizer, next, w.written, log_id)?;
+        *w = new_segment(
+            &*self.fs,
+            &self.dir,
+            self.tokenizer,
+            next,
+            w.written,
+            log_id,
+        )?;
         Ok(next)
     }
 
@@ -676,12 +680,12 @@ impl Wal {
             path: self.dir.clone(),
             source,
         };
-        let segs = segments(&self.dir).map_err(io)?;
+        let segs = segments(&*self.fs, &self.dir).map_err(io)?;
         for (i, (first, path)) in segs.iter().enumerate() {
             let next_first = segs.get(i + 1).map(|s| s.0);
             if *first < first_kept && next_first.is_some_and(|n| n <= first_kept) {
                 faults::check(FaultPoint::WalRemove)
-                    .and_then(|_| std::fs::remove_file(path))
+                    .and_then(|_| self.fs.remove(path))
                     .map_err(io)?;
             }
         }
@@ -722,6 +726,7 @@ fn next_seq(path: &Path, last: u64) -> Result<u64, WalError> {
 }
 
 fn new_segment(
+    fs: &dyn Directory,
     dir: &Path,
     tokenizer: TokenizerId,
     first_seq: u64,
@@ -733,13 +738,8 @@ fn new_segment(
         path: path.clone(),
         source,
     };
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&path)
-        .map_err(io)?;
+    fs.create_dir_all(dir).map_err(io)?;
+    let mut file = fs.create(&path).map_err(io)?;
     let mut h = Vec::with_capacity(HEADER_LEN as usize);
     h.extend_from_slice(&MAGIC);
     h.extend_from_slice(&VERSION.to_le_bytes());
@@ -748,11 +748,11 @@ fn new_segment(
     h.extend_from_slice(&log_id.to_le_bytes());
     let created = faults::write_all(FaultPoint::WalNewSegment, &mut file, &h)
         .and_then(|_| file.sync_all())
-        .and_then(|_| fs::sync_dir(dir));
+        .and_then(|_| fs.sync_dir(dir));
     if let Err(source) = created {
         // A half-made segment holds no record; leaving it would put it ahead of the
         // segment still in use.
-        let _ = std::fs::remove_file(&path);
+        let _ = fs.remove(&path);
         return Err(WalError::Io { path, source });
     }
     Ok(Writer {
@@ -770,12 +770,18 @@ fn new_segment(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::fs::DiskDirectory;
+    use std::fs::OpenOptions;
+
+    fn disk() -> Arc<dyn Directory> {
+        Arc::new(DiskDirectory)
+    }
 
     #[test]
     fn records_round_trip_and_a_torn_tail_ends_the_log() {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
-        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
+        let wal = Wal::open(disk(), dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         let a = Change::Append {
             namespace: "acme".into(),
             id: 7,
@@ -790,8 +796,8 @@ mod tests {
             namespace: "acme".into(),
         });
         assert!(matches!(wal.append(&wide), Err(WalError::Unresolved(_))));
-        let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
-        let scan = read_segment(&path, tok).unwrap();
+        let (_, path) = segments(&DiskDirectory, dir.path()).unwrap().pop().unwrap();
+        let scan = read_segment(&DiskDirectory, &path, tok).unwrap();
         let (recs, intact) = (&scan.records, scan.intact_len());
         assert_eq!(
             recs.iter().map(|r| r.op.clone()).collect::<Vec<_>>(),
@@ -801,12 +807,13 @@ mod tests {
         let len = std::fs::metadata(&path).unwrap().len();
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(len - 3).unwrap();
-        let scan = read_segment(&path, tok).unwrap();
+        let scan = read_segment(&DiskDirectory, &path, tok).unwrap();
         let (recs, intact2) = (&scan.records, scan.intact_len());
         assert_eq!(recs.len(), 1);
         assert!(scan.damage.is_empty(), "a torn tail is not damage");
         assert!(intact2 < intact);
         let wal = Wal::open(
+            disk(),
             dir.path(),
             tok,
             FsyncPolicy::Always,
@@ -816,14 +823,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(wal.append(&Change::evict("x", 1)).unwrap(), 2);
-        assert_eq!(read_segment(&path, tok).unwrap().records.len(), 2);
+        assert_eq!(
+            read_segment(&DiskDirectory, &path, tok)
+                .unwrap()
+                .records
+                .len(),
+            2
+        );
         // Another tokenizer's log is refused.
         let other = TokenizerId {
             vocab_size: 3,
             vocab_hash: 9,
         };
         assert!(matches!(
-            read_segment(&path, other),
+            read_segment(&DiskDirectory, &path, other),
             Err(WalError::TokenizerMismatch { .. })
         ));
     }
@@ -832,28 +845,39 @@ mod tests {
     fn every_segment_of_a_log_carries_its_id_and_version_1_segments_still_read() {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
-        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
+        let wal = Wal::open(disk(), dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         let id = wal.log_id();
         assert_ne!(id, 0);
         wal.append(&append("n", 1)).unwrap();
         wal.rotate().unwrap();
         wal.append(&append("n", 2)).unwrap();
         assert_eq!(wal.log_id(), id);
-        for (_, path) in segments(dir.path()).unwrap() {
-            assert_eq!(read_segment(&path, tok).unwrap().log_id, id);
+        for (_, path) in segments(&DiskDirectory, dir.path()).unwrap() {
+            assert_eq!(read_segment(&DiskDirectory, &path, tok).unwrap().log_id, id);
         }
         // A version 1 segment: the same records behind the 24-byte header.
-        let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
+        let (_, path) = segments(&DiskDirectory, dir.path()).unwrap().pop().unwrap();
         let v2 = std::fs::read(&path).unwrap();
         let mut v1 = v2[..24].to_vec();
         v1[8..12].copy_from_slice(&1u32.to_le_bytes());
         v1.extend_from_slice(&v2[32..]);
         let scan = decode_segment(&path, &v1, tok).unwrap();
         assert_eq!(scan.log_id, 0);
-        assert_eq!(scan.records, read_segment(&path, tok).unwrap().records);
+        assert_eq!(
+            scan.records,
+            read_segment(&DiskDirectory, &path, tok).unwrap().records
+        );
         assert!(scan.damage.is_empty() && scan.tail.is_none());
         // The counter never wraps.
-        let opened = Wal::open(dir.path(), tok, FsyncPolicy::Always, u64::MAX, None, id);
+        let opened = Wal::open(
+            disk(),
+            dir.path(),
+            tok,
+            FsyncPolicy::Always,
+            u64::MAX,
+            None,
+            id,
+        );
         assert!(matches!(opened, Err(WalError::Exhausted { .. })));
     }
 
@@ -870,11 +894,11 @@ mod tests {
     fn a_bad_record_between_good_ones_is_damage_and_the_good_ones_are_recovered() {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
-        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
+        let wal = Wal::open(disk(), dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         for id in 1..=5 {
             wal.append(&append("n", id)).unwrap();
         }
-        let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
+        let (_, path) = segments(&DiskDirectory, dir.path()).unwrap().pop().unwrap();
         let clean = std::fs::read(&path).unwrap();
         let record = (clean.len() - HEADER_LEN as usize) / 5;
         // Flip one byte inside the second record's payload.
@@ -923,13 +947,17 @@ mod tests {
     fn check_dir_reports_damage_and_a_bad_tail_of_a_sealed_segment() {
         let dir = tempfile::tempdir().unwrap();
         let tok = TokenizerId::UNKNOWN;
-        let wal = Wal::open(dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
+        let wal = Wal::open(disk(), dir.path(), tok, FsyncPolicy::Always, 0, None, 0).unwrap();
         wal.append(&append("n", 1)).unwrap();
         wal.append(&append("n", 2)).unwrap();
         wal.rotate().unwrap();
         wal.append(&append("n", 3)).unwrap();
-        assert!(check_dir(dir.path(), tok).unwrap().is_clean());
-        let segs = segments(dir.path()).unwrap();
+        assert!(
+            check_dir(&DiskDirectory, dir.path(), tok)
+                .unwrap()
+                .is_clean()
+        );
+        let segs = segments(&DiskDirectory, dir.path()).unwrap();
         // Cut the sealed segment short: its lost tail is damage, since it was fsynced whole.
         let sealed = &segs[0].1;
         let len = std::fs::metadata(sealed).unwrap().len();
@@ -939,12 +967,12 @@ mod tests {
             .unwrap()
             .set_len(len - 2)
             .unwrap();
-        let check = check_dir(dir.path(), tok).unwrap();
+        let check = check_dir(&DiskDirectory, dir.path(), tok).unwrap();
         assert_eq!(check.segments, 2);
         assert_eq!(check.records, 2);
         assert_eq!(check.damaged.len(), 1);
         assert_eq!(&check.damaged[0].0, sealed);
-        let copy = quarantine(dir.path(), sealed).unwrap();
+        let copy = quarantine(&DiskDirectory, dir.path(), sealed).unwrap();
         assert_eq!(
             std::fs::read(&copy).unwrap(),
             std::fs::read(sealed).unwrap()

@@ -54,8 +54,10 @@ impl Store {
         }
         drop(copy);
         let inputs = NamespaceInput::borrowing(&trees);
-        let path = next_snapshot_path(&self.cfg.dir)?;
+        let fs = &*self.cfg.directory;
+        let path = next_snapshot_path(fs, &self.cfg.dir)?;
         let header = write_snapshot(
+            fs,
             &path,
             self.cfg.tokenizer,
             (self.wal.log_id(), cut - 1),
@@ -65,10 +67,10 @@ impl Store {
         drop(trees);
         // Publishing deletes the old snapshot: only a file that reads back whole may
         // replace it.
-        let snap = Snapshot::open(&path, Some(self.cfg.tokenizer))?;
+        let snap = Snapshot::open_in(fs, &path, Some(self.cfg.tokenizer))?;
         snap.verify()?;
         *self.verified.lock().expect("verified") = Some((path.clone(), Ok(())));
-        publish(&self.cfg.dir, &path)?;
+        publish(fs, &self.cfg.dir, &path)?;
         // 3. Swap, carrying over what happened since the cut.
         {
             let mut writer = self.writer();
@@ -90,7 +92,8 @@ impl Store {
             writer.apply(|st| *st = fresh.clone());
         }
         // Before the log that holds the ids since the last snapshot goes.
-        crate::store::manifest::write_next_id(&self.cfg.dir, self.next_id.load(Ordering::Relaxed))?;
+        let next_id = self.next_id.load(Ordering::Relaxed);
+        crate::store::manifest::write_next_id(fs, &self.cfg.dir, next_id)?;
         self.wal.drop_before(cut)?;
         self.counters.lock().expect("counters").snapshots += 1;
         Ok(SnapshotInfo {
@@ -133,7 +136,7 @@ impl Store {
         let snapshot_error = snap
             .as_ref()
             .and_then(|s| s.verify().err().map(|e| e.to_string()));
-        let wal = check_dir(&self.cfg.dir, self.cfg.tokenizer)?;
+        let wal = check_dir(&*self.cfg.directory, &self.cfg.dir, self.cfg.tokenizer)?;
         Ok(Verification {
             ok: snapshot_error.is_none() && wal.is_clean(),
             snapshot: snap.map(|s| s.path().to_path_buf()),

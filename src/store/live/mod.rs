@@ -29,6 +29,7 @@ use crate::tree::{GlobalTree, TreeError};
 
 use super::change::{Change, EvictScope};
 use super::double_buffer::{DoubleBuffered, Writer};
+use super::fs::{DirLock, Directory, DiskDirectory};
 use super::last_use::LastUse;
 use super::layered::Layered;
 use super::layers::Layers;
@@ -45,6 +46,8 @@ use super::wal::{
 pub struct StoreConfig {
     /// The store directory (snapshots and logs).
     pub dir: PathBuf,
+    /// Where `dir` is: the disk ([`DiskDirectory`]), or memory in tests.
+    pub directory: Arc<dyn Directory>,
     /// Depth limit of new trees (a snapshot's own depth wins when one is opened).
     pub max_depth: usize,
     /// Tokenizer of the model: snapshots and logs of another are refused.
@@ -63,10 +66,11 @@ pub struct StoreConfig {
 impl StoreConfig {
     /// A store in `dir` for `tokenizer`'s ids, as `suffixd serve` runs it by default:
     /// trees of depth 24, every append fsynced before it is acknowledged, no budget or
-    /// age limit, not replicating. Change the rest with struct update syntax.
+    /// age limit, not replicating, on disk. Change the rest with struct update syntax.
     pub fn new(dir: impl Into<PathBuf>, tokenizer: TokenizerId) -> Self {
         StoreConfig {
             dir: dir.into(),
+            directory: Arc::new(DiskDirectory),
             max_depth: crate::tree::DEFAULT_MAX_DEPTH,
             tokenizer,
             fsync: FsyncPolicy::Always,
@@ -419,7 +423,7 @@ pub struct Store {
     /// Last-use marks not applied yet ([`Store::touch`]).
     touches: touches::PendingTouches,
     /// The directory's lock, held while the store is open: one writer per directory.
-    _lock: std::fs::File,
+    _lock: DirLock,
 }
 
 /// What [`Store::verify`] found.
@@ -724,7 +728,7 @@ impl Store {
         // Directory I/O and other locks first (the log's is held through a rotation's
         // fsync): a writer waits for the last readers of the copy it changes, so nothing
         // that can wait happens under the read guard.
-        let disk_bytes = super::manifest::disk_bytes(&self.cfg.dir);
+        let disk_bytes = super::manifest::disk_bytes(&*self.cfg.directory, &self.cfg.dir);
         let counters = self.counters();
         let (wal_bytes, wal_last_seq) = (self.wal.current_bytes(), self.wal.last_seq());
         let st = self.read();
@@ -784,221 +788,4 @@ impl Store {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tree::{Expand, GlobalIndex};
-
-    fn cfg(dir: &Path) -> StoreConfig {
-        StoreConfig {
-            max_depth: 8,
-            ..StoreConfig::new(dir, TokenizerId::UNKNOWN)
-        }
-    }
-
-    fn count(store: &Store, ns: &str, path: &[u32]) -> u32 {
-        let st = store.read();
-        let Some(n) = st.namespaces.get(ns) else {
-            return 0;
-        };
-        let v = n.view();
-        v.walk(path).map_or(0, |c| v.count(&c))
-    }
-
-    #[test]
-    fn a_directory_has_one_store_at_a_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = Store::open(cfg(dir.path())).unwrap();
-        first.append("a", &[1, 2, 3]).unwrap();
-        let Err(e) = Store::open(cfg(dir.path())) else {
-            panic!("a second store opened the same directory");
-        };
-        assert!(
-            matches!(e, StoreOpenError::Dir(DirError::Locked { .. })),
-            "{e}"
-        );
-        assert!(e.to_string().contains("in use"), "{e}");
-        drop(first);
-        let again = Store::open(cfg(dir.path())).unwrap();
-        assert_eq!(
-            count(&again, "a", &[1, 2]),
-            1,
-            "the first store's append is there"
-        );
-    }
-
-    #[test]
-    fn appends_survive_reopen_and_snapshots_and_never_double() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let s = Store::open(cfg(dir.path())).unwrap();
-            s.append("a", &[1, 2, 3]).unwrap();
-            s.append("a", &[1, 2, 4]).unwrap();
-            s.append("b", &[1, 2]).unwrap();
-            assert_eq!(count(&s, "a", &[1, 2]), 2);
-            assert_eq!(count(&s, "b", &[1, 2]), 1, "namespaces are separate");
-        }
-        // Reopen: WAL replay.
-        let s = Store::open(cfg(dir.path())).unwrap();
-        assert_eq!(count(&s, "a", &[1, 2]), 2);
-        s.snapshot().unwrap();
-        s.append("a", &[1, 2, 5]).unwrap();
-        assert_eq!(count(&s, "a", &[1, 2]), 3);
-        drop(s);
-        // Reopen: snapshot + the one record after it; nothing counted twice.
-        let s = Store::open(cfg(dir.path())).unwrap();
-        assert_eq!(count(&s, "a", &[1, 2]), 3);
-        assert_eq!(s.counters().replayed, 1);
-        // Eviction from the base takes effect at once and survives reopening.
-        let id = {
-            let st = s.read();
-            *st.namespaces["a"].seqs.keys().min().unwrap()
-        };
-        assert_eq!(s.evict(&EvictScope::id("a", id)).unwrap(), 1);
-        assert_eq!(count(&s, "a", &[1, 2, 3]), 0);
-        assert_eq!(count(&s, "a", &[1, 2]), 2);
-        drop(s);
-        let s = Store::open(cfg(dir.path())).unwrap();
-        assert_eq!(count(&s, "a", &[1, 2]), 2);
-        // Compaction drops it for good.
-        s.snapshot().unwrap();
-        drop(s);
-        let s = Store::open(cfg(dir.path())).unwrap();
-        assert_eq!(count(&s, "a", &[1, 2]), 2);
-        assert_eq!(s.counters().replayed, 0);
-    }
-
-    /// Last-use order is rebuilt from the snapshot's last-use times at reopen: a touch
-    /// before the snapshot still counts after it.
-    #[test]
-    fn last_use_order_survives_a_snapshot_and_a_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let pause = || std::thread::sleep(std::time::Duration::from_millis(3));
-        {
-            let s = Store::open(cfg(dir.path())).unwrap();
-            let a = s.append("n", &[1, 1, 1]).unwrap();
-            pause();
-            s.append("n", &[2, 2, 2]).unwrap();
-            pause();
-            s.touch("n", &[a]);
-            s.snapshot().unwrap();
-        }
-        pause();
-        let s = Store::open(StoreConfig {
-            budget_tokens: Some(6),
-            ..cfg(dir.path())
-        })
-        .unwrap();
-        s.append("n", &[3, 3, 3]).unwrap();
-        assert_eq!(count(&s, "n", &[2]), 0, "[2 2 2] was used least recently");
-        assert_eq!(count(&s, "n", &[1]), 3);
-        assert_eq!(count(&s, "n", &[3]), 3);
-        let evicted = s
-            .evict(&EvictScope::UnusedSince {
-                cutoff_ms: now_ms() + 1,
-            })
-            .unwrap();
-        assert_eq!(
-            evicted, 2,
-            "age eviction takes every sequence used before the cutoff"
-        );
-    }
-
-    #[test]
-    fn replicas_share_ids_and_a_record_applied_twice_counts_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let replica = |origin| StoreConfig {
-            id_origin: origin,
-            ..cfg(dir.path())
-        };
-        let other = own_ids(9).start + 41;
-        {
-            let s = Store::open(replica(5)).unwrap();
-            assert_eq!(s.last_own_id(), 0);
-            let a = s.append("n", &[1, 2, 3]).unwrap();
-            assert_eq!(a, own_ids(5).start + 1);
-            assert!(s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
-            assert!(!s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
-            assert!(
-                !s.append_replicated("n", own_ids(5).start + 7, 7, &[9])
-                    .unwrap(),
-                "a replica's own ids never come from outside"
-            );
-            assert_eq!(count(&s, "n", &[1, 2]), 2);
-            let mine = s.own_appends_after(0, 10);
-            assert_eq!(
-                mine.len(),
-                1,
-                "the replicated one is not this store's to publish"
-            );
-            assert_eq!(
-                mine[0],
-                Change::Append {
-                    namespace: "n".into(),
-                    id: a,
-                    time_ms: s.read().namespaces["n"].seqs[&a].inserted_ms,
-                    tokens: vec![1, 2, 3]
-                }
-            );
-            assert!(s.own_appends_after(a, 10).is_empty());
-        }
-        // Reopened (log replay, then from a snapshot), the next own id follows the last
-        // own one handed out, whatever the other replicas' ids: also when that one (d
-        // below) was evicted before the snapshot's cut, so that neither holds it.
-        let first = own_ids(5).start + 1;
-        for snapshot in [false, true] {
-            let s = Store::open(replica(5)).unwrap();
-            assert_eq!(s.last_own_id(), first + 3 * snapshot as u64);
-            let b = s.append("n", &[5]).unwrap();
-            assert_eq!(b, s.last_own_id());
-            assert!(!s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
-            assert_eq!(count(&s, "n", &[1, 2]), 2);
-            // Own sequences across namespaces, in id order; an evicted one is not there.
-            let c = s.append("m", &[6]).unwrap();
-            let d = s.append("n", &[7]).unwrap();
-            assert_eq!(s.evict(&EvictScope::id("n", d)).unwrap(), 1);
-            let after = |from| -> Vec<(String, u64)> {
-                s.own_appends_after(from, 10)
-                    .into_iter()
-                    .filter_map(|q| q.sequence().map(|(ns, id)| (ns.to_string(), id)))
-                    .collect()
-            };
-            let expected = vec![("n".to_string(), b), ("m".to_string(), c)];
-            assert_eq!(after(first), expected);
-            assert_eq!(after(b), expected[1..]);
-            assert_eq!(s.own_appends_after(first, 1).len(), 1);
-            s.snapshot().unwrap();
-            assert_eq!(after(first), expected, "the same after the snapshot swap");
-            assert_eq!(s.evict(&EvictScope::id("n", b)).unwrap(), 1);
-            assert_eq!(s.evict(&EvictScope::id("m", c)).unwrap(), 1);
-        }
-    }
-
-    #[test]
-    fn budget_evicts_least_recently_used_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(StoreConfig {
-            budget_tokens: Some(6),
-            ..cfg(dir.path())
-        })
-        .unwrap();
-        let a = s.append("n", &[1, 1, 1]).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(3));
-        s.append("n", &[2, 2, 2]).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(3));
-        s.touch("n", &[a]);
-        std::thread::sleep(std::time::Duration::from_millis(3));
-        s.append("n", &[3, 3, 3]).unwrap();
-        // [2 2 2] was used least recently.
-        assert_eq!(count(&s, "n", &[2]), 0);
-        assert_eq!(count(&s, "n", &[1]), 3);
-        assert_eq!(count(&s, "n", &[3]), 3);
-        assert_eq!(
-            s.evict(&EvictScope::Namespace {
-                namespace: "n".into()
-            })
-            .unwrap(),
-            2
-        );
-        assert_eq!(count(&s, "n", &[1]), 0);
-    }
-}
+mod tests;

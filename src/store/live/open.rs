@@ -6,23 +6,24 @@ use crate::store::wal::SegmentScan;
 impl Store {
     /// Open the store in `cfg.dir`: its current snapshot (if any), then the WAL.
     pub fn open(cfg: StoreConfig) -> Result<Self, StoreOpenError> {
-        std::fs::create_dir_all(&cfg.dir).map_err(|source| DirError::Io {
+        let fs = &*cfg.directory;
+        fs.create_dir_all(&cfg.dir).map_err(|source| DirError::Io {
             path: cfg.dir.clone(),
             source,
         })?;
-        let lock = crate::store::manifest::lock(&cfg.dir)?;
+        let lock = crate::store::manifest::lock(fs, &cfg.dir)?;
         let mut state = State::new(&cfg);
-        let current = current_snapshot(&cfg.dir)?;
+        let current = current_snapshot(fs, &cfg.dir)?;
         if current.is_none() {
             Self::refuse_to_orphan_snapshots(&cfg)?;
         }
         let mut cut = None;
         if let Some(path) = current {
-            let snap = Snapshot::open(&path, Some(cfg.tokenizer))?;
+            let snap = Snapshot::open_in(fs, &path, Some(cfg.tokenizer))?;
             // Snapshots a crash left unpublished (or undeleted after the manifest moved
             // on), and half-written temporary files: full-size until the next snapshot.
             let name = path.file_name().and_then(|n| n.to_str());
-            let (files, bytes) = crate::store::manifest::remove_stale(&cfg.dir, name)?;
+            let (files, bytes) = crate::store::manifest::remove_stale(fs, &cfg.dir, name)?;
             if files > 0 {
                 tracing::info!(
                     "store directory {}: removed {files} file(s) ({bytes} bytes) that no manifest names, left by a crash",
@@ -37,11 +38,11 @@ impl Store {
             path: cfg.dir.clone(),
             source,
         };
-        let segs = segments(&cfg.dir).map_err(io)?;
+        let segs = segments(fs, &cfg.dir).map_err(io)?;
         let mut scans = Vec::with_capacity(segs.len());
         let mut wal_damage = Vec::new();
         for (i, (_, path)) in segs.iter().enumerate() {
-            let scan = read_segment(path, cfg.tokenizer)?;
+            let scan = read_segment(fs, path, cfg.tokenizer)?;
             let is_newest = i + 1 == segs.len();
             if is_newest && scan.torn_tail_bytes() > 0 {
                 tracing::info!(
@@ -52,7 +53,7 @@ impl Store {
             }
             let damage = scan.damage(is_newest);
             if !damage.is_empty() {
-                let copy = quarantine(&cfg.dir, path).map_err(io)?;
+                let copy = quarantine(fs, &cfg.dir, path).map_err(io)?;
                 tracing::error!(
                     "write-ahead log {} is damaged: {} bad byte run(s) ({} bytes, at offsets {:?}) were skipped and the records in them are lost; the {} good records around them were recovered. A copy of the segment is in {}; the next snapshot folds the recovered records in",
                     path.display(),
@@ -109,6 +110,7 @@ impl Store {
             _ => log.last,
         };
         let wal = Wal::open(
+            cfg.directory.clone(),
             &cfg.dir,
             cfg.tokenizer,
             cfg.fsync,
@@ -117,7 +119,7 @@ impl Store {
             log.id,
         )?;
         // Ids handed out and evicted before the last snapshot's cut are only in NEXT_ID.
-        if let Some(next) = crate::store::manifest::read_next_id(&cfg.dir)
+        if let Some(next) = crate::store::manifest::read_next_id(fs, &cfg.dir)
             && own_ids(cfg.id_origin).contains(&next)
         {
             state.next_id = state.next_id.max(next);
@@ -146,17 +148,18 @@ impl Store {
     /// does, and the next snapshot would delete it. So start only when every snapshot
     /// file's sequences are all in the log; otherwise refuse, naming the file to restore.
     fn refuse_to_orphan_snapshots(cfg: &StoreConfig) -> Result<(), StoreOpenError> {
-        let files = snapshot_files(&cfg.dir)?;
+        let fs = &*cfg.directory;
+        let files = snapshot_files(fs, &cfg.dir)?;
         if files.is_empty() {
             return Ok(());
         }
         let mut logged = std::collections::HashSet::new();
-        let segs = segments(&cfg.dir).map_err(|source| DirError::Io {
+        let segs = segments(fs, &cfg.dir).map_err(|source| DirError::Io {
             path: cfg.dir.clone(),
             source,
         })?;
         for (_, path) in &segs {
-            for r in read_segment(path, cfg.tokenizer)?.records {
+            for r in read_segment(fs, path, cfg.tokenizer)?.records {
                 if let Change::Append { namespace, id, .. } = r.op {
                     logged.insert((namespace, id));
                 }
@@ -165,7 +168,7 @@ impl Store {
         let mut newest_valid = None;
         let mut all_logged = true;
         for path in &files {
-            let snap = Snapshot::open(path, Some(cfg.tokenizer)).and_then(|s| {
+            let snap = Snapshot::open_in(fs, path, Some(cfg.tokenizer)).and_then(|s| {
                 s.verify()?;
                 Ok(s)
             });

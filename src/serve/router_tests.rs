@@ -1,0 +1,527 @@
+//! The HTTP edge without the model: each endpoint of [`router`] over real HTTP, with a
+//! small hand-made tokenizer (one token per byte, so characters split across tokens),
+//! a store in memory ([`RamDirectory`]) and a scripted model thread on the job channel
+//! that records what it was asked and answers with [`ANSWER`]. `tests/serve.rs` runs
+//! the whole server with the real model beside these.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+use super::worker::{Delta, Job, JobError};
+use super::*;
+use crate::chat::ChatTemplate;
+use crate::model::engine::{FinishReason, GenerateOptions, Generation};
+use crate::model::tokenizer::ModelTokenizer;
+use crate::store::live::{Store, StoreConfig};
+use crate::store::{RamDirectory, TokenizerId};
+
+/// What the scripted model answers: two characters of two bytes each, split across
+/// byte tokens.
+const ANSWER: &str = "héllo, wörld";
+const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// GPT-2's byte-level alphabet: the printable character standing for each byte.
+fn byte_char(b: u8) -> char {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable(b) {
+        return char::from(b);
+    }
+    let shifted = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + shifted).expect("in the alphabet")
+}
+
+/// A byte-level BPE without merges (every byte its own token, ids 0..256) and one
+/// control token, `<|end|>` (256).
+fn byte_tokenizer() -> ModelTokenizer {
+    let vocab: serde_json::Map<String, Value> = (0..=255u8)
+        .map(|b| (byte_char(b).to_string(), json!(b)))
+        .collect();
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": false, "use_regex": false});
+    let tokenizer = json!({
+        "version": "1.0",
+        "added_tokens": [{"id": 256, "content": "<|end|>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null,
+            "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []},
+    });
+    ModelTokenizer::from_json(&tokenizer.to_string()).expect("a valid tokenizer")
+}
+
+/// What the model thread was asked.
+#[derive(Clone)]
+struct Asked {
+    prompt: Vec<u32>,
+    opts: GenerateOptions,
+}
+
+/// The model thread's stand-in: answers [`ANSWER`] (cut at `max_tokens`) one token per
+/// delta, fails a prompt that contains `FAIL` and refuses one that contains `REFUSE`.
+fn scripted_model(
+    jobs: crossbeam::channel::Receiver<Job>,
+    tokenizer: ModelTokenizer,
+    asked: Arc<Mutex<Vec<Asked>>>,
+) {
+    for job in jobs {
+        asked.lock().unwrap().push(Asked {
+            prompt: job.prompt.clone(),
+            opts: job.opts.clone(),
+        });
+        let prompt = tokenizer.decode(&job.prompt, false).unwrap();
+        if prompt.contains("FAIL") {
+            let _ = job.done.send(Err(JobError::Failed(7)));
+            continue;
+        }
+        if prompt.contains("REFUSE") {
+            let _ = job
+                .done
+                .send(Err(JobError::Rejected("refused by the script".into())));
+            continue;
+        }
+        let mut tokens = tokenizer.encode_text(ANSWER).unwrap();
+        let cut = tokens.len() > job.opts.max_tokens;
+        tokens.truncate(job.opts.max_tokens);
+        for &token in &tokens {
+            let delta = Delta {
+                tokens: vec![token],
+                logprobs: Vec::new(),
+            };
+            let _ = job.tokens.send(delta);
+        }
+        let generation = Generation {
+            text: tokenizer.decode(&tokens, true).unwrap(),
+            prompt_tokens: job.prompt.len(),
+            cached_prompt_tokens: 0,
+            steps: tokens.len(),
+            drafted_tokens: 0,
+            accepted_tokens: 0,
+            finish_reason: if cut {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            },
+            prefill_s: 0.0,
+            decode_s: 0.0,
+            tokens_per_s: 0.0,
+            logprobs: None,
+            grammar_failure: None,
+            sources: Default::default(),
+            tokens,
+        };
+        let _ = job.done.send(Ok(generation));
+    }
+}
+
+/// A server on a free local port, stopped when dropped.
+struct TestServer {
+    base: String,
+    app: Arc<AppState>,
+    tokenizer: ModelTokenizer,
+    asked: Arc<Mutex<Vec<Asked>>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl TestServer {
+    fn start() -> Self {
+        let tokenizer = byte_tokenizer();
+        let store = Store::open(StoreConfig {
+            directory: Arc::new(RamDirectory::new()),
+            ..StoreConfig::new("/ram/store", TokenizerId::UNKNOWN)
+        })
+        .unwrap();
+        let template = ChatTemplate::new(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>",
+            "",
+            "<|end|>",
+        )
+        .unwrap();
+        let cfg = ServeConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            snapshot_dir: "/ram/store".into(),
+            warm_logs: Vec::new(),
+            admin_token: Some(ADMIN_TOKEN.into()),
+            max_body_bytes: 1 << 20,
+            default_max_tokens: 64,
+            max_tokens_limit: 256,
+            speculate: true,
+            grammar_drafts: true,
+            allow_control_tokens: false,
+            max_batch: 4,
+            budget_tokens: None,
+            max_age_s: None,
+            fsync: crate::store::wal::FsyncPolicy::Always,
+            snapshot_on_exit: false,
+            read_timeout_s: 5,
+            max_connections: 64,
+            max_connections_per_client: 64,
+            shutdown_grace_s: 1,
+            replicate: None,
+            publish_snapshots_s: None,
+        };
+        let (jobs, rx) = crossbeam::channel::unbounded();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        {
+            let (tokenizer, asked) = (tokenizer.clone(), asked.clone());
+            std::thread::spawn(move || scripted_model(rx, tokenizer, asked));
+        }
+        let app = Arc::new(AppState {
+            cfg,
+            model_id: "test-model".into(),
+            started: 1,
+            tokenizer: tokenizer.clone(),
+            template: Some(template),
+            grammars: None,
+            context_len: 1024,
+            jobs,
+            store: Arc::new(store),
+            metrics: Default::default(),
+            jobs_status: Mutex::default(),
+            queued_snapshot: Mutex::default(),
+            snapshot_job: Mutex::default(),
+            ids: AtomicU64::new(1),
+            replication: None,
+            admin_guard: Default::default(),
+        });
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let routes = router(app.clone());
+        runtime.spawn(async move { axum::serve(listener, routes).await });
+        TestServer {
+            base,
+            app,
+            tokenizer,
+            asked,
+            _runtime: runtime,
+        }
+    }
+
+    /// Status and body of a request; `token` is sent as the admin bearer token.
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        token: Option<&str>,
+    ) -> (u16, String) {
+        let mut request = ureq::request(method, &format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.set("Authorization", &format!("Bearer {token}"));
+        }
+        let response = match body {
+            Some(body) => request
+                .set("Content-Type", "application/json")
+                .send_string(body),
+            None => request.call(),
+        };
+        match response {
+            Ok(r) => (r.status(), r.into_string().unwrap()),
+            Err(ureq::Error::Status(status, r)) => (status, r.into_string().unwrap()),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    /// A JSON answer to a POST, with its status.
+    fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let (status, text) = self.call("POST", path, Some(&body.to_string()), None);
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+        )
+    }
+
+    fn admin(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let body = body.map(|b| b.to_string());
+        let (status, text) = self.call(method, path, body.as_deref(), Some(ADMIN_TOKEN));
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+        )
+    }
+
+    fn asked(&self) -> Vec<Asked> {
+        self.asked.lock().unwrap().clone()
+    }
+}
+
+/// The `data:` payloads of a Server-Sent Events body.
+fn events(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn models_lists_the_served_model() {
+    let server = TestServer::start();
+    let (status, body) = server.call("GET", "/v1/models", None, None);
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["data"][0]["id"], "test-model");
+    assert_eq!(body["object"], "list");
+}
+
+#[test]
+fn a_completion_hands_the_model_the_tokenized_prompt_and_its_options() {
+    let server = TestServer::start();
+    let (status, body) = server.post(
+        "/v1/completions",
+        json!({"prompt": "Say hi", "max_tokens": 100, "temperature": 0.5, "seed": 3,
+            "stop": ["zz"], "user": "team-a"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], ANSWER);
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["usage"]["prompt_tokens"], 6, "one token per byte");
+    assert_eq!(body["usage"]["completion_tokens"], ANSWER.len());
+    let asked = server.asked();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(
+        asked[0].prompt,
+        server.tokenizer.encode_text("Say hi").unwrap()
+    );
+    let opts = &asked[0].opts;
+    assert_eq!(opts.max_tokens, 100);
+    assert_eq!(opts.stop, ["zz"]);
+    assert_eq!((opts.sampling.seed, opts.sampling.temperature), (3, 0.5));
+    assert_eq!(opts.namespace, "team-a", "`user` names the namespace");
+    assert!(opts.speculate);
+}
+
+#[test]
+fn max_tokens_cuts_the_answer_and_says_so() {
+    let server = TestServer::start();
+    // Three byte tokens: `h` and both bytes of `é`.
+    let (status, body) = server.post("/v1/completions", json!({"prompt": "x", "max_tokens": 3}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], "hé");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    let (status, body) = server.post(
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 100_000}),
+    );
+    assert_eq!(status, 400, "over the limit: {body}");
+    assert_eq!(
+        server.asked().len(),
+        1,
+        "a refused request never reaches the model"
+    );
+}
+
+#[test]
+fn a_chat_prompt_is_the_template_rendered_and_the_answer_a_message() {
+    let server = TestServer::start();
+    let (status, body) = server.post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["choices"][0]["message"]["content"], ANSWER);
+    let asked = server.asked();
+    let prompt = server.tokenizer.decode(&asked[0].prompt, false).unwrap();
+    assert_eq!(prompt, "<system>Be brief.\n<user>hi\n<assistant>");
+    assert_eq!(asked[0].opts.max_tokens, 64, "the configured default");
+}
+
+#[test]
+fn a_streamed_answer_sends_whole_characters_and_ends_with_done() {
+    let server = TestServer::start();
+    for (path, body, text_of) in [
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "stream": true}),
+            (|c: &Value| c["text"].clone()) as fn(&Value) -> Value,
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "stream": true}),
+            |c: &Value| c["delta"]["content"].clone(),
+        ),
+    ] {
+        let (status, text) = server.call("POST", path, Some(&body.to_string()), None);
+        assert_eq!(status, 200, "{path}: {text}");
+        let events = events(&text);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{path}");
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let mut streamed = String::new();
+        for chunk in &chunks {
+            if let Some(piece) = text_of(&chunk["choices"][0]).as_str() {
+                assert!(
+                    !piece.contains('\u{FFFD}'),
+                    "{path}: a cut character in {piece:?}"
+                );
+                streamed.push_str(piece);
+            }
+        }
+        assert_eq!(streamed, ANSWER, "{path}");
+        let last = chunks.last().unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "stop", "{path}");
+        assert_eq!(last["usage"]["completion_tokens"], ANSWER.len(), "{path}");
+        assert!(
+            chunks.len() > 3,
+            "{path}: streamed in pieces, {} chunks",
+            chunks.len()
+        );
+    }
+}
+
+#[test]
+fn model_failures_become_their_statuses() {
+    let server = TestServer::start();
+    let (status, body) = server.post("/v1/completions", json!({"prompt": "FAIL please"}));
+    assert_eq!(status, 500, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("incident 7"), "{message}");
+    let (status, body) = server.post("/v1/completions", json!({"prompt": "REFUSE please"}));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["message"], "refused by the script");
+    // Streamed, the failure arrives as an error event before [DONE].
+    let request = json!({"prompt": "FAIL", "stream": true}).to_string();
+    let (status, text) = server.call("POST", "/v1/completions", Some(&request), None);
+    assert_eq!(status, 200, "{text}");
+    let events = events(&text);
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("incident 7"),
+        "{error}"
+    );
+}
+
+#[test]
+fn malformed_requests_get_json_errors_and_never_reach_the_model() {
+    let server = TestServer::start();
+    let cases: [(&str, &str, Option<&str>, u16); 7] = [
+        ("POST", "/v1/completions", Some("{"), 400),
+        ("POST", "/v1/completions", Some("[1, 2]"), 400),
+        (
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt": "x", "model": "other"}"#),
+            404,
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt": "x", "n": 17}"#),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#),
+            400,
+        ),
+        ("GET", "/v1/completions", None, 405),
+        ("GET", "/v1/nothing-here", None, 404),
+    ];
+    for (method, path, body, want) in cases {
+        let (status, text) = server.call(method, path, body, None);
+        assert_eq!(status, want, "{method} {path} {body:?}: {text}");
+        let answer: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("{method} {path}: not JSON: {text}"));
+        assert!(answer["error"]["message"].is_string(), "{text}");
+    }
+    assert!(server.asked().is_empty());
+}
+
+#[test]
+fn every_admin_route_wants_the_token() {
+    let server = TestServer::start();
+    let routes = [
+        ("POST", "/admin/snapshot"),
+        ("POST", "/admin/compact"),
+        ("GET", "/admin/jobs/1"),
+        ("GET", "/admin/stats"),
+        ("POST", "/admin/evict"),
+        ("GET", "/admin/verify"),
+    ];
+    for (method, path) in routes {
+        for token in [None, Some("wrong")] {
+            let body = (method == "POST").then_some("{}");
+            let (status, text) = server.call(method, path, body, token);
+            assert_eq!(status, 401, "{method} {path} with {token:?}: {text}");
+        }
+    }
+    let (status, stats) = server.admin("GET", "/admin/stats", None);
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(stats["cached_sequences"], 0, "{stats}");
+    assert_eq!(
+        stats["wal_bytes"], 32,
+        "a fresh log segment in the RAM directory: {stats}"
+    );
+}
+
+#[test]
+fn admin_evicts_and_snapshots_and_keeps_a_bounded_job_table() {
+    let server = TestServer::start();
+    let store = &server.app.store;
+    store.append("x", &[1, 2, 3]).unwrap();
+    store.append("x", &[1, 2, 4]).unwrap();
+    store.append("y", &[5]).unwrap();
+    let (status, body) = server.admin("POST", "/admin/evict", Some(json!({"namespace": "x"})));
+    assert_eq!((status, body["evicted"].clone()), (200, json!(2)), "{body}");
+    let (status, body) = server.admin("POST", "/admin/evict", Some(json!({"id": 3})));
+    assert_eq!(status, 400, "an id needs its namespace: {body}");
+
+    let (status, started) = server.admin("POST", "/admin/snapshot", None);
+    assert_eq!(status, 202, "{started}");
+    let poll = started["poll"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let done = loop {
+        let (status, job) = server.admin("GET", &poll, None);
+        assert_eq!(status, 200, "{job}");
+        if job["status"] != "running" {
+            break job;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the snapshot never finished"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(done["status"], "done", "{done}");
+    assert_eq!(done["snapshot"]["sequences"], 1, "{done}");
+
+    // The table keeps the newest JOBS_KEPT: the snapshot's entry goes once that many
+    // newer jobs are recorded.
+    let first = started["job"].as_u64().unwrap();
+    for job in first + 1..=first + JOBS_KEPT as u64 {
+        server
+            .app
+            .record_job(job, json!({"job": job, "status": "done"}));
+    }
+    assert_eq!(server.app.jobs_status.lock().unwrap().len(), JOBS_KEPT);
+    let (status, _) = server.admin("GET", &poll, None);
+    assert_eq!(status, 404, "the oldest job is forgotten");
+    let newest = format!("/admin/jobs/{}", first + JOBS_KEPT as u64);
+    assert_eq!(server.admin("GET", &newest, None).0, 200);
+}
+
+#[test]
+fn metrics_are_prometheus_text() {
+    let server = TestServer::start();
+    server.post("/v1/completions", json!({"prompt": "x"}));
+    let (status, text) = server.call("GET", "/metrics", None, None);
+    assert_eq!(status, 200);
+    assert!(text.contains("# TYPE suffixd_"), "{text}");
+}

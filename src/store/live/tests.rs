@@ -1,0 +1,376 @@
+//! The live store's tests. Each runs twice: on disk, and in a [`RamDirectory`] (which
+//! also lets the last one cut the power at every operation of a workload).
+
+use super::*;
+use crate::store::fs::RamDirectory;
+use crate::tree::{Expand, GlobalIndex};
+
+/// Where a test's store lives.
+enum Place {
+    Disk(tempfile::TempDir),
+    Ram(RamDirectory),
+}
+
+impl Place {
+    fn disk() -> Self {
+        Place::Disk(tempfile::tempdir().unwrap())
+    }
+
+    fn ram() -> Self {
+        Place::Ram(RamDirectory::new())
+    }
+
+    /// A store config for this place: trees of depth 8, otherwise the defaults.
+    fn cfg(&self) -> StoreConfig {
+        let (dir, directory): (&Path, Arc<dyn Directory>) = match self {
+            Place::Disk(tmp) => (tmp.path(), Arc::new(DiskDirectory)),
+            Place::Ram(ram) => (Path::new("/ram/store"), Arc::new(ram.clone())),
+        };
+        StoreConfig {
+            max_depth: 8,
+            directory,
+            ..StoreConfig::new(dir, TokenizerId::UNKNOWN)
+        }
+    }
+}
+
+/// `#[test]`s that run each named test on disk and in memory: `name::on_disk` and
+/// `name::in_ram`.
+macro_rules! on_disk_and_in_ram {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[test]
+            fn on_disk() {
+                super::$test(super::Place::disk())
+            }
+
+            #[test]
+            fn in_ram() {
+                super::$test(super::Place::ram())
+            }
+        }
+    )*};
+}
+
+on_disk_and_in_ram!(
+    a_directory_has_one_store_at_a_time,
+    appends_survive_reopen_and_snapshots_and_never_double,
+    last_use_order_survives_a_snapshot_and_a_reopen,
+    replicas_share_ids_and_a_record_applied_twice_counts_once,
+    budget_evicts_least_recently_used_first,
+);
+
+fn count(store: &Store, ns: &str, path: &[u32]) -> u32 {
+    let st = store.read();
+    let Some(n) = st.namespaces.get(ns) else {
+        return 0;
+    };
+    let v = n.view();
+    v.walk(path).map_or(0, |c| v.count(&c))
+}
+
+fn a_directory_has_one_store_at_a_time(place: Place) {
+    let first = Store::open(place.cfg()).unwrap();
+    first.append("a", &[1, 2, 3]).unwrap();
+    let Err(e) = Store::open(place.cfg()) else {
+        panic!("a second store opened the same directory");
+    };
+    assert!(
+        matches!(e, StoreOpenError::Dir(DirError::Locked { .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("in use"), "{e}");
+    drop(first);
+    let again = Store::open(place.cfg()).unwrap();
+    assert_eq!(
+        count(&again, "a", &[1, 2]),
+        1,
+        "the first store's append is there"
+    );
+}
+
+fn appends_survive_reopen_and_snapshots_and_never_double(place: Place) {
+    {
+        let s = Store::open(place.cfg()).unwrap();
+        s.append("a", &[1, 2, 3]).unwrap();
+        s.append("a", &[1, 2, 4]).unwrap();
+        s.append("b", &[1, 2]).unwrap();
+        assert_eq!(count(&s, "a", &[1, 2]), 2);
+        assert_eq!(count(&s, "b", &[1, 2]), 1, "namespaces are separate");
+    }
+    // Reopen: WAL replay.
+    let s = Store::open(place.cfg()).unwrap();
+    assert_eq!(count(&s, "a", &[1, 2]), 2);
+    s.snapshot().unwrap();
+    s.append("a", &[1, 2, 5]).unwrap();
+    assert_eq!(count(&s, "a", &[1, 2]), 3);
+    drop(s);
+    // Reopen: snapshot + the one record after it; nothing counted twice.
+    let s = Store::open(place.cfg()).unwrap();
+    assert_eq!(count(&s, "a", &[1, 2]), 3);
+    assert_eq!(s.counters().replayed, 1);
+    // Eviction from the base takes effect at once and survives reopening.
+    let id = {
+        let st = s.read();
+        *st.namespaces["a"].seqs.keys().min().unwrap()
+    };
+    assert_eq!(s.evict(&EvictScope::id("a", id)).unwrap(), 1);
+    assert_eq!(count(&s, "a", &[1, 2, 3]), 0);
+    assert_eq!(count(&s, "a", &[1, 2]), 2);
+    drop(s);
+    let s = Store::open(place.cfg()).unwrap();
+    assert_eq!(count(&s, "a", &[1, 2]), 2);
+    // Compaction drops it for good.
+    s.snapshot().unwrap();
+    drop(s);
+    let s = Store::open(place.cfg()).unwrap();
+    assert_eq!(count(&s, "a", &[1, 2]), 2);
+    assert_eq!(s.counters().replayed, 0);
+}
+
+/// Last-use order is rebuilt from the snapshot's last-use times at reopen: a touch
+/// before the snapshot still counts after it.
+fn last_use_order_survives_a_snapshot_and_a_reopen(place: Place) {
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(3));
+    {
+        let s = Store::open(place.cfg()).unwrap();
+        let a = s.append("n", &[1, 1, 1]).unwrap();
+        pause();
+        s.append("n", &[2, 2, 2]).unwrap();
+        pause();
+        s.touch("n", &[a]);
+        s.snapshot().unwrap();
+    }
+    pause();
+    let s = Store::open(StoreConfig {
+        budget_tokens: Some(6),
+        ..place.cfg()
+    })
+    .unwrap();
+    s.append("n", &[3, 3, 3]).unwrap();
+    assert_eq!(count(&s, "n", &[2]), 0, "[2 2 2] was used least recently");
+    assert_eq!(count(&s, "n", &[1]), 3);
+    assert_eq!(count(&s, "n", &[3]), 3);
+    let evicted = s
+        .evict(&EvictScope::UnusedSince {
+            cutoff_ms: now_ms() + 1,
+        })
+        .unwrap();
+    assert_eq!(
+        evicted, 2,
+        "age eviction takes every sequence used before the cutoff"
+    );
+}
+
+fn replicas_share_ids_and_a_record_applied_twice_counts_once(place: Place) {
+    let replica = |origin| StoreConfig {
+        id_origin: origin,
+        ..place.cfg()
+    };
+    let other = own_ids(9).start + 41;
+    {
+        let s = Store::open(replica(5)).unwrap();
+        assert_eq!(s.last_own_id(), 0);
+        let a = s.append("n", &[1, 2, 3]).unwrap();
+        assert_eq!(a, own_ids(5).start + 1);
+        assert!(s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
+        assert!(!s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
+        assert!(
+            !s.append_replicated("n", own_ids(5).start + 7, 7, &[9])
+                .unwrap(),
+            "a replica's own ids never come from outside"
+        );
+        assert_eq!(count(&s, "n", &[1, 2]), 2);
+        let mine = s.own_appends_after(0, 10);
+        assert_eq!(
+            mine.len(),
+            1,
+            "the replicated one is not this store's to publish"
+        );
+        assert_eq!(
+            mine[0],
+            Change::Append {
+                namespace: "n".into(),
+                id: a,
+                time_ms: s.read().namespaces["n"].seqs[&a].inserted_ms,
+                tokens: vec![1, 2, 3]
+            }
+        );
+        assert!(s.own_appends_after(a, 10).is_empty());
+    }
+    // Reopened (log replay, then from a snapshot), the next own id follows the last
+    // own one handed out, whatever the other replicas' ids: also when that one (d
+    // below) was evicted before the snapshot's cut, so that neither holds it.
+    let first = own_ids(5).start + 1;
+    for snapshot in [false, true] {
+        let s = Store::open(replica(5)).unwrap();
+        assert_eq!(s.last_own_id(), first + 3 * snapshot as u64);
+        let b = s.append("n", &[5]).unwrap();
+        assert_eq!(b, s.last_own_id());
+        assert!(!s.append_replicated("n", other, 7, &[1, 2, 4]).unwrap());
+        assert_eq!(count(&s, "n", &[1, 2]), 2);
+        // Own sequences across namespaces, in id order; an evicted one is not there.
+        let c = s.append("m", &[6]).unwrap();
+        let d = s.append("n", &[7]).unwrap();
+        assert_eq!(s.evict(&EvictScope::id("n", d)).unwrap(), 1);
+        let after = |from| -> Vec<(String, u64)> {
+            s.own_appends_after(from, 10)
+                .into_iter()
+                .filter_map(|q| q.sequence().map(|(ns, id)| (ns.to_string(), id)))
+                .collect()
+        };
+        let expected = vec![("n".to_string(), b), ("m".to_string(), c)];
+        assert_eq!(after(first), expected);
+        assert_eq!(after(b), expected[1..]);
+        assert_eq!(s.own_appends_after(first, 1).len(), 1);
+        s.snapshot().unwrap();
+        assert_eq!(after(first), expected, "the same after the snapshot swap");
+        assert_eq!(s.evict(&EvictScope::id("n", b)).unwrap(), 1);
+        assert_eq!(s.evict(&EvictScope::id("m", c)).unwrap(), 1);
+    }
+}
+
+fn budget_evicts_least_recently_used_first(place: Place) {
+    let s = Store::open(StoreConfig {
+        budget_tokens: Some(6),
+        ..place.cfg()
+    })
+    .unwrap();
+    let a = s.append("n", &[1, 1, 1]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    s.append("n", &[2, 2, 2]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    s.touch("n", &[a]);
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    s.append("n", &[3, 3, 3]).unwrap();
+    // [2 2 2] was used least recently.
+    assert_eq!(count(&s, "n", &[2]), 0);
+    assert_eq!(count(&s, "n", &[1]), 3);
+    assert_eq!(count(&s, "n", &[3]), 3);
+    assert_eq!(
+        s.evict(&EvictScope::Namespace {
+            namespace: "n".into()
+        })
+        .unwrap(),
+        2
+    );
+    assert_eq!(count(&s, "n", &[1]), 0);
+}
+
+/// What a workload was told had happened, and after how many of the directory's
+/// changing operations it was told.
+#[derive(Clone, Debug)]
+enum Acked {
+    Appended(&'static str, u64, Vec<u32>),
+    Evicted(&'static str, u64),
+}
+
+/// Appends, evictions (of delta and of base sequences) and two snapshots, on `ram`:
+/// every acknowledgement with the operation count when it came.
+fn power_cut_workload(ram: &RamDirectory) -> Vec<(u64, Acked)> {
+    let place = Place::Ram(ram.clone());
+    let store = Store::open(place.cfg()).unwrap();
+    let mut acked = Vec::new();
+    let append = |acked: &mut Vec<_>, ns: &'static str, tokens: &[u32]| {
+        // A failed append is not acknowledged; the power-cut image is what matters.
+        let id = store.append(ns, tokens).unwrap();
+        acked.push((ram.operations(), Acked::Appended(ns, id, tokens.to_vec())));
+        id
+    };
+    let a = append(&mut acked, "a", &[1, 2, 3]);
+    append(&mut acked, "a", &[1, 2, 4]);
+    let b = append(&mut acked, "b", &[7, 8]);
+    assert_eq!(store.evict(&EvictScope::id("b", b)).unwrap(), 1);
+    acked.push((ram.operations(), Acked::Evicted("b", b)));
+    store.snapshot().unwrap();
+    append(&mut acked, "b", &[7, 9]);
+    assert_eq!(store.evict(&EvictScope::id("a", a)).unwrap(), 1);
+    acked.push((ram.operations(), Acked::Evicted("a", a)));
+    append(&mut acked, "a", &[5, 5, 5, 5]);
+    store.snapshot().unwrap();
+    append(&mut acked, "c", &[3]);
+    acked
+}
+
+/// Cut the power before each changing operation of a workload in turn, reopen what the
+/// disk would hold, and check it: the store opens, every acknowledged append is there
+/// with its tokens unless an acknowledged eviction removed it, nothing else is there
+/// but appends that were under way, and the store goes on appending and snapshotting.
+/// A real disk cannot show this: after kill -9 its page cache still holds every write.
+#[test]
+fn nothing_acknowledged_is_lost_at_any_power_cut() {
+    let operations = {
+        let ram = RamDirectory::new();
+        power_cut_workload(&ram);
+        ram.operations()
+    };
+    assert!(operations > 50, "{operations} operations");
+    for cut in 1..=operations + 1 {
+        let ram = RamDirectory::new();
+        ram.cut_power_before(cut);
+        let acked = power_cut_workload(&ram);
+        let image = ram
+            .power_cut_image()
+            .unwrap_or_else(|| ram.after_power_cut());
+        let reopened = Place::Ram(image);
+        let store = Store::open(reopened.cfg())
+            .unwrap_or_else(|e| panic!("power cut before operation {cut}: {e}"));
+        let held = |ns: &str, id: u64| {
+            let st = store.read();
+            st.namespaces.get(ns).and_then(|n| n.tokens_of(id))
+        };
+        let mut expected: BTreeMap<(&str, u64), Option<Vec<u32>>> = BTreeMap::new();
+        let mut under_way: BTreeMap<(&str, u64), Vec<u32>> = BTreeMap::new();
+        for (at, event) in &acked {
+            let done = *at < cut;
+            match event {
+                Acked::Appended(ns, id, tokens) if done => {
+                    expected.insert((ns, *id), Some(tokens.clone()));
+                }
+                Acked::Appended(ns, id, tokens) => {
+                    under_way.insert((ns, *id), tokens.clone());
+                }
+                Acked::Evicted(ns, id) if done => {
+                    expected.insert((ns, *id), None);
+                }
+                // An eviction under way may or may not have happened.
+                Acked::Evicted(ns, id) => {
+                    if let Some(Some(tokens)) = expected.remove(&(*ns, *id)) {
+                        under_way.insert((ns, *id), tokens);
+                    }
+                }
+            }
+        }
+        for ((ns, id), tokens) in &expected {
+            assert_eq!(
+                &held(ns, *id),
+                tokens,
+                "power cut before operation {cut}: sequence {id} of {ns}"
+            );
+        }
+        let st = store.read();
+        for (ns, n) in &st.namespaces {
+            for id in n.ids() {
+                let key = (ns.as_str(), id);
+                let fine = expected.contains_key(&key)
+                    || under_way
+                        .get(&key)
+                        .is_some_and(|t| n.tokens_of(id).as_ref() == Some(t));
+                assert!(
+                    fine,
+                    "power cut before operation {cut}: {ns}/{id} is unexplained"
+                );
+            }
+        }
+        drop(st);
+        let id = store.append("d", &[4, 4]).unwrap();
+        store.snapshot().unwrap();
+        drop(store);
+        let store = Store::open(reopened.cfg()).unwrap();
+        assert_eq!(
+            store.read().namespaces["d"].tokens_of(id),
+            Some(vec![4, 4]),
+            "power cut before operation {cut}: the store goes on"
+        );
+    }
+}
