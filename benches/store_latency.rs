@@ -93,11 +93,12 @@ fn readers(
                     let (tree, ctx) = &contexts[i % contexts.len()];
                     i += 1;
                     let t0 = Instant::now();
-                    let state = store.read();
-                    let t1 = Instant::now();
-                    let ns = state.namespaces.get("default").expect("namespace");
-                    let draft = spec.speculate(Some(tree), &ns.view(), ctx, &params);
-                    drop(state);
+                    let mut t1 = t0;
+                    let draft = store.with_namespace("default", |ns| {
+                        t1 = Instant::now();
+                        let ns = ns.expect("namespace");
+                        spec.speculate(Some(tree), &ns.view(), ctx, &params)
+                    });
                     let t2 = Instant::now();
                     std::hint::black_box(draft);
                     // As the model thread does after an accepted draft.

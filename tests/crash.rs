@@ -82,52 +82,53 @@ fn kill_9_loses_no_acknowledged_append_and_doubles_nothing() {
         // Reopen, as a restarted server would.
         let store = Store::open(StoreConfig::new(dir.path(), TokenizerId::UNKNOWN))
             .unwrap_or_else(|e| panic!("round {round}: store does not reopen: {e}"));
-        let state = store.read();
-        let ns = state.namespaces.get("default");
-        let ids: std::collections::HashSet<u64> = ns.map(|n| n.ids().collect()).unwrap_or_default();
-        for (id, want) in &acked_total {
-            assert!(
-                ids.contains(id),
-                "round {round}: acknowledged append {id} lost"
-            );
-            let toks = ns.unwrap().tokens_of(*id).unwrap();
-            assert_eq!(&toks, want, "round {round}: sequence {id} content");
-        }
-        // At most the one append in flight at the kill is present without an ack.
-        assert!(
-            ids.len() <= acked_total.len() + 1,
-            "round {round}: {} cached, {} acked",
-            ids.len(),
-            acked_total.len()
-        );
-        if let Some(n) = ns {
-            let view = n.view();
-            let root = view.root();
-            let total: u64 = ids
-                .iter()
-                .map(|id| n.tokens_of(*id).unwrap().len() as u64)
-                .sum();
-            assert_eq!(
-                view.count(&root) as u64,
-                total,
-                "round {round}: counts doubled or lost"
-            );
-        }
-        // The append in flight at the kill may have been logged before its ack: then it
-        // must be that response, and it stays from now on.
-        if let Some(n) = ns {
-            for id in n.ids() {
-                acked_total.entry(id).or_insert_with(|| {
-                    let toks = n.tokens_of(id).unwrap();
-                    assert_eq!(
-                        Some(&toks),
-                        in_flight.as_ref(),
-                        "round {round}: unexpected sequence {id}"
-                    );
-                    toks
-                });
+        store.with_namespace("default", |ns| {
+            let ids: std::collections::HashSet<u64> =
+                ns.map(|n| n.ids().collect()).unwrap_or_default();
+            for (id, want) in &acked_total {
+                assert!(
+                    ids.contains(id),
+                    "round {round}: acknowledged append {id} lost"
+                );
+                let toks = ns.unwrap().tokens_of(*id).unwrap();
+                assert_eq!(&toks, want, "round {round}: sequence {id} content");
             }
-        }
+            // At most the one append in flight at the kill is present without an ack.
+            assert!(
+                ids.len() <= acked_total.len() + 1,
+                "round {round}: {} cached, {} acked",
+                ids.len(),
+                acked_total.len()
+            );
+            if let Some(n) = ns {
+                let view = n.view();
+                let root = view.root();
+                let total: u64 = ids
+                    .iter()
+                    .map(|id| n.tokens_of(*id).unwrap().len() as u64)
+                    .sum();
+                assert_eq!(
+                    view.count(&root) as u64,
+                    total,
+                    "round {round}: counts doubled or lost"
+                );
+            }
+            // The append in flight at the kill may have been logged before its ack: then it
+            // must be that response, and it stays from now on.
+            if let Some(n) = ns {
+                for id in n.ids() {
+                    acked_total.entry(id).or_insert_with(|| {
+                        let toks = n.tokens_of(id).unwrap();
+                        assert_eq!(
+                            Some(&toks),
+                            in_flight.as_ref(),
+                            "round {round}: unexpected sequence {id}"
+                        );
+                        toks
+                    });
+                }
+            }
+        });
         recovered += 1;
     }
     eprintln!(

@@ -29,10 +29,9 @@ fn response(i: u32) -> Vec<u32> {
 
 fn held(store: &Store) -> usize {
     store
-        .read()
-        .namespaces
-        .values()
-        .map(|n| n.sequences())
+        .namespace_names()
+        .iter()
+        .map(|name| store.with_namespace(name, |n| n.map_or(0, |n| n.sequences())))
         .sum()
 }
 

@@ -119,9 +119,8 @@ fn workload(store: &Store, steps: std::ops::Range<u32>, acked: &mut Acked) {
 
 fn check(dir: &Path, acked: &Acked, what: &str) {
     let store = Store::open(cfg(dir)).unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
-    let st = store.read();
     for ((ns, id), tokens) in &acked.appends {
-        let held = st.namespaces.get(ns).and_then(|n| n.tokens_of(*id));
+        let held = store.with_namespace(ns, |n| n?.tokens_of(*id));
         if acked.evictions.contains(&(ns.clone(), *id)) {
             assert_eq!(
                 held, None,
@@ -137,11 +136,12 @@ fn check(dir: &Path, acked: &Acked, what: &str) {
             Some(tokens),
             "{what}: acknowledged append {ns}/{id} lost"
         );
-        let view = st.namespaces[ns].view();
-        let count = view.walk(&tokens[..1]).map_or(0, |c| view.count(&c));
+        let count = store.with_namespace(ns, |n| {
+            let view = n.expect("held").view();
+            view.walk(&tokens[..1]).map_or(0, |c| view.count(&c))
+        });
         assert_eq!(count, 1, "{what}: {ns}/{id} counted {count} times");
     }
-    drop(st);
     let v = store.verify().unwrap();
     assert!(v.ok, "{what}: {v:?}");
     for entry in std::fs::read_dir(dir).unwrap() {

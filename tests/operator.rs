@@ -208,9 +208,10 @@ fn held(dir: &Path) -> BTreeMap<u64, Vec<u32>> {
             other => break other.unwrap(),
         }
     };
-    let view = store.read();
-    let ns = &view.namespaces["default"];
-    ns.ids().map(|id| (id, ns.tokens_of(id).unwrap())).collect()
+    store.with_namespace("default", |ns| {
+        let ns = ns.expect("the default namespace");
+        ns.ids().map(|id| (id, ns.tokens_of(id).unwrap())).collect()
+    })
 }
 
 fn ingest(dir: &Path, logs: &Path, snapshot_every: &str) {

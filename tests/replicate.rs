@@ -146,33 +146,38 @@ impl Replica {
 
     /// Every cached (namespace, id, tokens).
     fn cached(&self) -> BTreeSet<(String, u64, Vec<u32>)> {
-        let st = self.store.read();
-        st.namespaces
-            .iter()
-            .flat_map(|(name, ns)| {
-                ns.ids()
-                    .map(|id| (name.clone(), id, ns.tokens_of(id).unwrap()))
-                    .collect::<Vec<_>>()
+        let store = &self.store;
+        store
+            .namespace_names()
+            .into_iter()
+            .flat_map(|name| {
+                store.with_namespace(&name, |ns| {
+                    let ns = ns.expect("listed");
+                    ns.ids()
+                        .map(|id| (name.clone(), id, ns.tokens_of(id).unwrap()))
+                        .collect::<Vec<_>>()
+                })
             })
             .collect()
     }
 
     fn count(&self, namespace: &str, path: &[u32]) -> u32 {
-        let st = self.store.read();
-        let view = st.namespaces[namespace].view();
-        view.walk(path).map_or(0, |c| view.count(&c))
+        self.store.with_namespace(namespace, |ns| {
+            let view = ns.expect("namespace").view();
+            view.walk(path).map_or(0, |c| view.count(&c))
+        })
     }
 
     /// The draft the namespace's cache gives for `context` (no request tree).
     fn draft(&self, namespace: &str, context: &[u32]) -> (Vec<u32>, Vec<i32>) {
-        let st = self.store.read();
-        let view = st.namespaces[namespace].view();
-        let d = Speculator::<LayeredCursor>::default().speculate(
-            None,
-            &view,
-            context,
-            &SpecParams::default(),
-        );
+        let d = self.store.with_namespace(namespace, |ns| {
+            Speculator::<LayeredCursor>::default().speculate(
+                None,
+                &ns.expect("namespace").view(),
+                context,
+                &SpecParams::default(),
+            )
+        });
         (d.tokens, d.parents)
     }
 

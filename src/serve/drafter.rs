@@ -42,28 +42,23 @@ pub struct NamespaceSource<'a> {
 
 impl CacheSource for NamespaceSource<'_> {
     fn with_view<R>(&self, f: impl FnOnce(&Layered<'_>) -> R) -> R {
-        let state = self.store.read();
-        match state.namespaces.get(&self.namespace) {
+        self.store.with_namespace(&self.namespace, |ns| match ns {
             Some(ns) => f(&ns.view()),
             None => f(&Layered::new(None, self.empty, self.empty)),
-        }
+        })
     }
 
     /// Marks a cached sequence that holds the longest tail of `context` the cache has as
     /// used, for LRU eviction.
     fn used(&self, context: &[u32], params: &SpecParams) {
-        let id = {
-            let state = self.store.read();
-            let Some(ns) = state.namespaces.get(&self.namespace) else {
-                return;
-            };
-            let view = ns.view();
+        let id = self.store.with_namespace(&self.namespace, |ns| {
+            let view = ns?.view();
             let longest = params.max_depth.min(context.len());
             (1..=longest)
                 .rev()
                 .find_map(|p| view.walk(&context[context.len() - p..]))
                 .and_then(|c| view.sequence_at(&c))
-        };
+        });
         if let Some(id) = id {
             self.store.touch(&self.namespace, &[id]);
         }

@@ -717,9 +717,22 @@ impl Store {
         }
     }
 
-    /// Read access for speculation and stats; it never waits for writers. Hold it only
-    /// briefly: a writer waits for the last holders of the copy it changes.
-    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+    /// Run `f` over namespace `name` as it stands now (`None` when there is none):
+    /// speculation's and the tests' read access. It never waits for writers, but a
+    /// writer waits for `f` to return (it changes the copy `f` reads once the last reader
+    /// leaves it), so `f` must not wait on anything itself.
+    pub fn with_namespace<R>(&self, name: &str, f: impl FnOnce(Option<&Namespace>) -> R) -> R {
+        f(self.state.read().namespaces.get(name))
+    }
+
+    /// The names of the namespaces, in order.
+    pub fn namespace_names(&self) -> Vec<String> {
+        self.state.read().namespaces.keys().cloned().collect()
+    }
+
+    /// The whole state, for the store's own modules: held as briefly as
+    /// [`Store::with_namespace`]'s closure.
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read()
     }
 
