@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 
 use suffixd::chat::PromptPiece;
 use suffixd::model::cost::CostCurve;
+use suffixd::model::engine::CacheDrafter;
 use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
-use suffixd::serve::drafter::CacheDrafter;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::store::Layered;
 use suffixd::tree::GlobalTree;

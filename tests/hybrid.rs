@@ -8,9 +8,9 @@
 mod common;
 
 use suffixd::corpus::logs::ChatMessage;
+use suffixd::model::engine::CacheDrafter;
 use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
-use suffixd::serve::drafter::CacheDrafter;
 use suffixd::speculate::SpecParams;
 use suffixd::store::Layered;
 use suffixd::tree::GlobalTree;

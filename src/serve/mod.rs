@@ -1,13 +1,12 @@
 //! `suffixd serve`: the last stage before the CLI. tokio and axum handle HTTP; one
 //! model thread runs generation ([`worker`]), each request drafting through a
-//! [`drafter::CacheDrafter`]; the store is shared by the model thread
+//! [`crate::model::engine::CacheDrafter`]; the store is shared by the model thread
 //! (drafts and appends) and the admin endpoints.
 //!
 //! Boot order: open the newest snapshot of the store directory; if there is none and
 //! warm-start logs are configured, build one from them first; then replay the WAL.
 
 pub mod api;
-pub mod drafter;
 pub mod http;
 pub mod metrics;
 pub mod worker;

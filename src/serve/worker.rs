@@ -20,8 +20,8 @@ use crate::speculate::SpecParams;
 use crate::store::live::Store;
 use crate::tree::GlobalTree;
 
-use super::drafter::{CacheDrafter, NamespaceSource};
 use super::metrics::Metrics;
+use crate::model::engine::{CacheDrafter, NamespaceSource};
 
 /// One request for the model thread.
 pub struct Job {

@@ -13,6 +13,7 @@
 //!   decoding is better. Expected accepted is SCORE of the kept nodes, scaled by how well
 //!   past SCOREs predicted acceptance.
 
+mod cache_drafter;
 mod calibration;
 mod drafter;
 mod hybrid;
@@ -33,6 +34,7 @@ use super::grammar::{Constraint, Grammar, GrammarCompiler, GrammarError};
 use super::prefix::{PrefixCache, PrefixCacheStats};
 use super::tokenizer::ModelTokenizer;
 use crate::chat::ChatTemplate;
+pub use cache_drafter::{CacheDrafter, CacheSource, NamespaceSource};
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
 use hybrid::walk_model_sampled;
