@@ -118,6 +118,7 @@ fn floor_char_boundary(s: &str, at: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::tokenizer::testing::byte_level_char;
 
     fn tokenizer() -> Option<ModelTokenizer> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -206,17 +207,5 @@ mod tests {
         // And it goes on from there.
         d.update(&tok, &ids).unwrap();
         assert_eq!(d.text(), "The answer is 42. STOP and more text");
-    }
-
-    /// GPT-2's byte-to-character table (the byte-level BPE alphabet).
-    fn byte_level_char(b: u8) -> char {
-        let printable = |b: u8| {
-            (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-        };
-        if printable(b) {
-            return b as char;
-        }
-        let offset = (0..b).filter(|&x| !printable(x)).count() as u32;
-        char::from_u32(256 + offset).unwrap()
     }
 }

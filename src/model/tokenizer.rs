@@ -453,6 +453,46 @@ impl TextEncoder for ModelTokenizer {
     }
 }
 
+/// Tokenizers for tests that need no model files.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::ModelTokenizer;
+    use serde_json::{Value, json};
+
+    /// GPT-2's byte-to-character table (the byte-level BPE alphabet).
+    pub(crate) fn byte_level_char(b: u8) -> char {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        if printable(b) {
+            return char::from(b);
+        }
+        let shifted = (0..b).filter(|&x| !printable(x)).count() as u32;
+        char::from_u32(256 + shifted).expect("in the alphabet")
+    }
+
+    /// A byte-level BPE without merges (every byte its own token, ids 0..256) and one
+    /// control token, `<|end|>` (256): characters beyond ASCII split across tokens.
+    pub(crate) fn byte_tokenizer() -> ModelTokenizer {
+        let vocab: serde_json::Map<String, Value> = (0..=255u8)
+            .map(|b| (byte_level_char(b).to_string(), json!(b)))
+            .collect();
+        let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
+            "trim_offsets": false, "use_regex": false});
+        let tokenizer = json!({
+            "version": "1.0",
+            "added_tokens": [{"id": 256, "content": "<|end|>", "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null,
+            "pre_tokenizer": byte_level,
+            "post_processor": null,
+            "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []},
+        });
+        ModelTokenizer::from_json(&tokenizer.to_string()).expect("a valid tokenizer")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

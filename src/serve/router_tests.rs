@@ -14,6 +14,7 @@ use super::*;
 use crate::chat::ChatTemplate;
 use crate::model::engine::{FinishReason, GenerateOptions, Generation};
 use crate::model::tokenizer::ModelTokenizer;
+use crate::model::tokenizer::testing::byte_tokenizer;
 use crate::store::live::{Store, StoreConfig};
 use crate::store::{RamDirectory, TokenizerId};
 
@@ -21,39 +22,6 @@ use crate::store::{RamDirectory, TokenizerId};
 /// byte tokens.
 const ANSWER: &str = "héllo, wörld";
 const ADMIN_TOKEN: &str = "test-admin-token";
-
-/// GPT-2's byte-level alphabet: the printable character standing for each byte.
-fn byte_char(b: u8) -> char {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    if printable(b) {
-        return char::from(b);
-    }
-    let shifted = (0..b).filter(|&x| !printable(x)).count() as u32;
-    char::from_u32(256 + shifted).expect("in the alphabet")
-}
-
-/// A byte-level BPE without merges (every byte its own token, ids 0..256) and one
-/// control token, `<|end|>` (256).
-fn byte_tokenizer() -> ModelTokenizer {
-    let vocab: serde_json::Map<String, Value> = (0..=255u8)
-        .map(|b| (byte_char(b).to_string(), json!(b)))
-        .collect();
-    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
-        "trim_offsets": false, "use_regex": false});
-    let tokenizer = json!({
-        "version": "1.0",
-        "added_tokens": [{"id": 256, "content": "<|end|>", "single_word": false,
-            "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null,
-        "pre_tokenizer": byte_level,
-        "post_processor": null,
-        "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null,
-            "continuing_subword_prefix": null, "end_of_word_suffix": null,
-            "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []},
-    });
-    ModelTokenizer::from_json(&tokenizer.to_string()).expect("a valid tokenizer")
-}
 
 /// What the model thread was asked.
 #[derive(Clone)]
