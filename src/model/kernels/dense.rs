@@ -5,6 +5,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
+use super::hugepages::HugeSlice;
 use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
 
 /// An f32 weight matrix `(n outputs, k inputs)`, each column's weights contiguous.
@@ -12,7 +13,7 @@ use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
 pub struct DenseMatrix {
     n: usize,
     k: usize,
-    weights: Vec<f32>,
+    weights: HugeSlice<f32>,
 }
 
 impl DenseMatrix {
@@ -20,7 +21,12 @@ impl DenseMatrix {
     /// safetensors store them).
     pub fn new(n: usize, k: usize, weights: Vec<f32>) -> Self {
         assert_eq!(weights.len(), n * k, "weights are n × k");
-        DenseMatrix { n, k, weights }
+        // Read at every step: into huge pages (see `hugepages`).
+        DenseMatrix {
+            n,
+            k,
+            weights: weights.into(),
+        }
     }
 
     /// Output features.

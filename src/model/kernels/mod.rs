@@ -13,6 +13,7 @@
 //! - [`activation`]: the feed-forward gate, `silu(gate) · up`, element by element.
 //! - [`norm`]: RMS normalization, the residual addition and rotary embeddings, row by row.
 //! - [`pool`]: the threads they run on, which keep going when a core is taken away.
+//! - [`hugepages`]: the memory the weights live in, on 2 MiB pages where the OS has them.
 //!
 //! This module holds what they share: the fixed lane reduction, rounding, the output
 //! handle threads write through, and the split of a fused projection's columns.
@@ -20,6 +21,7 @@
 pub mod activation;
 pub mod attention;
 pub mod dense;
+pub mod hugepages;
 pub mod matmul;
 pub mod norm;
 pub mod pack;

@@ -24,6 +24,7 @@
 //! and the K-quants take 8 bits per weight: one layout for the kernels, and the products
 //! stay exact, at the price of Q8_0's memory traffic.
 
+use super::hugepages::HugeSlice;
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
@@ -136,13 +137,13 @@ pub struct PackedMatrix {
     pub(super) kind: QuantKind,
     /// Each output column's quants, contiguous, in the grouped layout: `k` bytes (one
     /// `i8` each, or `u8` for the unsigned formats), or `k / 2` with `kind.nibbles`.
-    pub(super) quants: Vec<u8>,
+    pub(super) quants: HugeSlice<u8>,
     /// `[n][k / BLOCK]`: each block's scale, or its first half's with `kind.halves`.
-    pub(super) scales: Vec<f32>,
+    pub(super) scales: HugeSlice<f32>,
     /// `[n][k / BLOCK]`, the second halves' scales, empty unless `kind.halves`.
-    pub(super) second_scales: Vec<f32>,
+    pub(super) second_scales: HugeSlice<f32>,
     /// `[n][k / BLOCK]`, empty unless `kind.affine`.
-    pub(super) offsets: Vec<f32>,
+    pub(super) offsets: HugeSlice<f32>,
 }
 
 /// The formats that can be packed, and their block size and bytes per block.
@@ -337,14 +338,15 @@ impl PackedMatrix {
         } else {
             (scales, Vec::new())
         };
+        // Read at every step: into huge pages (see `hugepages`).
         Ok(PackedMatrix {
             n,
             k,
             kind,
-            quants,
-            scales,
-            second_scales,
-            offsets,
+            quants: quants.into(),
+            scales: scales.into(),
+            second_scales: second_scales.into(),
+            offsets: offsets.into(),
         })
     }
 
