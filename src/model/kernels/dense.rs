@@ -3,9 +3,9 @@
 //! reduced in a fixed order, whatever the number of rows, the tile or the thread. The
 //! weights stay in place (two columns at a time through every row), as in [`super::matmul`].
 
+use super::hugepages::HugeSlice;
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
-use super::hugepages::HugeSlice;
 use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
 
 /// An f32 weight matrix `(n outputs, k inputs)`, each column's weights contiguous.

@@ -210,7 +210,9 @@ fn place(bytes: usize) -> Option<(Arc<Chunk>, usize)> {
     if bytes > CHUNK / 4 {
         return Some((Arc::new(Chunk::map(bytes)?), 0));
     }
-    let mut open = OPEN_CHUNK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut open = OPEN_CHUNK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some((chunk, used)) = open.as_mut() {
         let offset = used.next_multiple_of(ALIGN);
         if offset + bytes <= chunk.len {
