@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 
 use suffixd::chat::PromptPiece;
 use suffixd::model::cost::CostCurve;
-use suffixd::model::engine::CacheDrafter;
-use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::model::engine::{CacheDrafter, Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::store::Layered;

@@ -10,8 +10,9 @@ use serde::Deserialize;
 
 use crate::chat::{ChatMessage, PromptPiece};
 use crate::corpus::open_lines;
-use crate::model::engine::CacheDrafter;
-use crate::model::engine::{DraftSources, Engine, GenerateOptions, NoDrafts, Sampling};
+use crate::model::engine::{
+    CacheDrafter, DraftSources, Engine, GenerateOptions, NoDrafts, Sampling,
+};
 use crate::store::Layered;
 use crate::tree::GlobalTree;
 

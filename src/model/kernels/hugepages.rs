@@ -86,11 +86,6 @@ impl<T: Plain> HugeSlice<T> {
         }
     }
 
-    /// An empty slice (no memory).
-    pub fn empty() -> Self {
-        Self::heap(&[])
-    }
-
     fn heap(values: &[T]) -> Self {
         HugeSlice {
             storage: Storage::Heap(values.into()),
@@ -247,7 +242,7 @@ mod tests {
             drop(f);
             assert_eq!(&*copy, floats.as_slice(), "a clone outlives its original");
         }
-        assert!(HugeSlice::<f32>::empty().is_empty());
+        assert!(HugeSlice::<f32>::copy_of(&[]).is_empty());
     }
 
     #[test]
