@@ -14,7 +14,11 @@
 # unset), RESULTS (default target/gpu-check) and CUDA_LIBS (the CUDA 13 libraries; default:
 # those of the machine's PyTorch install, else .cuda-toolkit/) override the defaults.
 # QUICK=1 runs only the suffixd stages of this build (no candle path, peer or profiles);
-# CANDLE=0 leaves out only the candle path and the run without graphs.
+# CANDLE=0 leaves out only the candle path and the run without graphs; NCU=0 the kernel
+# profiles; F32=0 the f32 run. LOAD_REQUESTS (default 128) sets the requests of each run
+# under load, and LOAD_LONG=N adds a run of N requests each way (speculation on and off),
+# where the cold first wave weighs less. PEER_FLAGS (say --compile: static cache and
+# torch.compile) and PEER_SECS (default 120) shape the peer's run.
 # BASE (a binary of an earlier commit) runs plain decoding and the agentic workload through
 # it too, alternated with BIN, so that a change is judged on the same card in the same run;
 # BASE_ENV (say SUFFIXD_CUDA_MMA=off) runs the base with those variables set (BASE defaults
@@ -186,22 +190,29 @@ serve_load() {  # label, then serve flags
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.5
     done
-    timeout "$(limit 90)" python3 tools/load.py --base "http://127.0.0.1:$PORT" --requests 128 \
-        --concurrency 32 --max-tokens 128 --admin-token gpu-check >"$RESULTS/load-$label.log" 2>&1
+    timeout "$(limit 90)" python3 tools/load.py --base "http://127.0.0.1:$PORT" \
+        --requests "${REQUESTS:-${LOAD_REQUESTS:-128}}" --concurrency 32 --max-tokens 128 \
+        --admin-token gpu-check >"$RESULTS/load-$label.log" 2>&1
     note "load $label (rc $?): $(tail -4 "$RESULTS/load-$label.log" | tr '\n' ' ')"
+    # The server's own time in forward passes, against the run's wall time.
+    python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+        "http://127.0.0.1:$PORT/metrics" 2>/dev/null | grep -E '^suffixd_verification_seconds_(sum|count)' \
+        | tr '\n' ' ' >>"$RESULTS/load-$label.log"
+    note "load $label metrics: $(tail -1 "$RESULTS/load-$label.log")"
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     rm -rf "$dir"
 }
 # Where a plain decoding step's time goes: every kernel of a few steps, timed by ncu.
-if [ "$QUICK" = 0 ] && command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
+NCU=${NCU:-1}
+if [ "$QUICK" = 0 ] && [ "$NCU" = 1 ] && command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
     timeout "$(limit 90)" ncu --clock-control none --launch-skip 1000 --launch-count 320 \
         --metrics gpu__time_duration.sum --csv \
         "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat \
         --chat "Write a haiku about rain." >"$RESULTS/ncu.csv" 2>"$RESULTS/ncu.err"
     note "ncu (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu.csv" 2>&1 | tr '\n' ' ')"
 fi
-if [ -n "${BASE:-}" ] && [ "$QUICK" = 0 ] && command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
+if [ -n "${BASE:-}" ] && [ "$QUICK" = 0 ] && [ "$NCU" = 1 ] && command -v ncu >/dev/null && [ "$(limit 60)" -gt 0 ]; then
     env $BASE_ENV timeout "$(limit 60)" ncu --clock-control none --launch-skip 1000 --launch-count 320 \
         --metrics gpu__time_duration.sum --csv \
         "$BASE" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat \
@@ -217,18 +228,23 @@ if [ -n "${BASE:-}" ]; then
     serve_load plain-base --no-spec
     BIN=$BIN_NEW SERVE_ENV=
 fi
-bench agentic-f32 90 --workload tools/workloads/agentic.jsonl --weights f32
+if [ -n "${LOAD_LONG:-}" ]; then
+    REQUESTS=$LOAD_LONG serve_load "spec-$LOAD_LONG"
+    REQUESTS=$LOAD_LONG serve_load "plain-$LOAD_LONG" --no-spec
+fi
+[ "${F32:-1}" = 1 ] && bench agentic-f32 90 --workload tools/workloads/agentic.jsonl --weights f32
 
 # The peer on the same GPU and the same first 4 pipelines.
-if [ "$QUICK" = 0 ] && python3 -c 'import gguf' 2>/dev/null && [ "$(limit 120)" -gt 0 ]; then
-    PYTHONUNBUFFERED=1 timeout "$(limit 120)" python3 tools/peer-transformers.py --model "$MODEL" \
-        --workload tools/workloads/agentic.jsonl --limit 4 >"$RESULTS/peer.log" 2>&1
+PEER_SECS=${PEER_SECS:-120}
+if [ "$QUICK" = 0 ] && python3 -c 'import gguf' 2>/dev/null && [ "$(limit "$PEER_SECS")" -gt 0 ]; then
+    PYTHONUNBUFFERED=1 timeout "$(limit "$PEER_SECS")" python3 tools/peer-transformers.py --model "$MODEL" \
+        --workload tools/workloads/agentic.jsonl --limit 4 ${PEER_FLAGS:-} >"$RESULTS/peer.log" 2>&1
     note "peer (rc $?): $(grep -E '^transformers|^\{' "$RESULTS/peer.log" | tr '\n' ' ')"
 else
     note "peer: skipped (no gguf package for transformers, or out of time)"
 fi
 # The same for candle's path (attention on the host: its time is not in these kernels).
-if [ "$QUICK" = 0 ] && [ "${CANDLE:-1}" = 1 ] && command -v ncu >/dev/null && [ "$(limit 45)" -gt 0 ]; then
+if [ "$QUICK" = 0 ] && [ "${CANDLE:-1}" = 1 ] && [ "$NCU" = 1 ] && command -v ncu >/dev/null && [ "$(limit 45)" -gt 0 ]; then
     SUFFIXD_DEVICE_KERNELS=off timeout "$(limit 60)" ncu --clock-control none \
         --launch-skip 3000 --launch-count 1500 --metrics gpu__time_duration.sum --csv \
         "$BIN" generate --model "$MODEL" --max-tokens 64 --no-spec --cost flat --weights f32 \

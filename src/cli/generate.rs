@@ -99,7 +99,11 @@ impl ModelArgs {
             .with_context(|| format!("cannot load model {}", path.display()))?;
         match self.cost {
             CostMode::Measure => {
-                engine.measure_cost_curve(64, 256, 3)?;
+                // A GPU's rows are nearly free well past 64 (docs/gpu.md), so its curve
+                // goes on to 128, where a busy server's passes are; a CPU's cost grows
+                // from the first rows, and 64 is past any draft it verifies.
+                let max_rows = if device.is_cuda() { 128 } else { 64 };
+                engine.measure_cost_curve(max_rows, 256, 3)?;
             }
             CostMode::Flat => engine.set_cost_curve(CostCurve::flat()),
         }

@@ -18,9 +18,12 @@ pub(super) type PassShape = (usize, usize, u64);
 
 /// CUDA graphs of whole passes, by shape. A pass of a shape seen before is captured
 /// once and replayed after: one launch instead of five per layer, which on a one-row
-/// step is most of its time on the host. `SUFFIXD_CUDA_GRAPHS=off` turns them off.
+/// step is most of its time on the host. `SUFFIXD_CUDA_GRAPHS=off` turns them off;
+/// `SUFFIXD_CUDA_GRAPH_AFTER=N` captures a shape on its Nth sight (default 2): under
+/// load, where row counts vary, a capture pays back only on shapes that recur.
 pub(super) struct Graphs {
     enabled: bool,
+    capture_after: u32,
     seen: std::collections::HashMap<PassShape, u32>,
     ready: std::collections::HashMap<PassShape, SendGraph>,
 }
@@ -35,6 +38,11 @@ impl Default for Graphs {
     fn default() -> Self {
         Graphs {
             enabled: !std::env::var("SUFFIXD_CUDA_GRAPHS").is_ok_and(|v| v == "off"),
+            capture_after: std::env::var("SUFFIXD_CUDA_GRAPH_AFTER")
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .filter(|n| (1..=1000).contains(n))
+                .unwrap_or(2),
             seen: Default::default(),
             ready: Default::default(),
         }
@@ -59,7 +67,7 @@ impl Graphs {
         }
         let seen = self.seen.entry(key).or_insert(0);
         *seen += 1;
-        if *seen < 2 {
+        if *seen < self.capture_after {
             return launch();
         }
         if self.ready.len() >= GRAPH_CACHE {

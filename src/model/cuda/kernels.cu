@@ -300,8 +300,8 @@ MATMUL_TILES(matmul_qkv_bf16, bf16_t, MODE_QKV)
 // about 16 bits of every activation. A row's value depends on its own inputs alone: it
 // takes the same instructions in the same order whichever slot of whichever tile holds
 // it, and however many tiles a block carries, so the host picks 1, 2 or 4 tiles of 16
-// rows by the pass's row count, and a draft of 16 rows streams the weights once, as one
-// row does. The fused RMS norm scales the product by the row's 1/rms after it (the sum
+// rows by the pass's row count (a pass past one block's rows is spread over blocks along
+// the grid's y), and a draft of 16 rows streams the weights once, as one row does. The fused RMS norm scales the product by the row's 1/rms after it (the sum
 // of squares is gathered from the same loads, in a fixed order), and multiplies the
 // norm's weight into the activations before it.
 //
@@ -361,28 +361,45 @@ __device__ __forceinline__ void load_row8(const float* xr, int k0, float (&xv)[8
     }
 }
 
-// Tile `tile` of 8 outputs (MODE_SILU: 4 gates and their 4 ups) for every row of the
-// pass, 16 * TILES rows at a time. Lane (g = lane / 4, t = lane % 4) feeds weight row g
-// and activation rows g and g + 8 of each tile, columns 8t..8t+7 of each chunk of 32:
-// the mma's k slots 2t, 2t+1, 2t+8, 2t+9 take columns 8t+0..3 in its first k16 step and
-// 8t+4..7 in its second, for A and B alike, so every column meets its own weight. Needs
-// k a multiple of 32.
-template <int MODE, int TILES, int KSPLIT>
+// Tiles tile0 .. tile0 + NT - 1 of 8 outputs each (MODE_SILU: 4 gates and their 4 ups)
+// for the rows of this block's row groups, 16 * TILES rows at a time. Lane (g = lane / 4,
+// t = lane % 4) feeds weight row g of each tile and activation rows g and g + 8 of each
+// row tile, columns 8t..8t+7 of each chunk of 32: the mma's k slots 2t, 2t+1, 2t+8, 2t+9
+// take columns 8t+0..3 in its first k16 step and 8t+4..7 in its second, for A and B
+// alike, so every column meets its own weight. Needs k a multiple of 32.
+//
+// NT (output tiles per block) changes how often the activations are read and converted,
+// never an output's arithmetic: each output takes the same products in the same order
+// from its warp's chunks, and the same warp-order sum, whether its block holds one tile
+// or four. A block of NT = 1 streams the weights with the most blocks in flight (a
+// one-row step waits on memory); NT > 1 reads and splits each activation once for NT
+// tiles, which is what a pass of many rows costs (the host picks by row count).
+template <int MODE, int TILES, int NT, int KSPLIT>
 __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
-    // Per warp, per tile: 4 products, then the 2 rows' sums of squares.
-    __shared__ float parts[KSPLIT][TILES][6][32];
+    // Per warp, per row tile: 4 products of each output tile, then the 2 rows' sums of
+    // squares.
+    __shared__ float parts[KSPLIT][TILES][4 * NT + 2][32];
+    // Chunks whose weights a warp loads before it multiplies any: about four weight
+    // loads in flight per lane whatever NT is.
+    constexpr int PREFETCH = NT >= MMA_PREFETCH ? 1 : MMA_PREFETCH / NT;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x;
-    if (tile >= a.groups) return;  // the whole block: no barrier is left waiting
-    const int wrow = MODE == MODE_SILU
-        ? (g < 4 ? 4 * tile + g : a.kv_width + 4 * tile + g - 4)
-        : 8 * tile + g;
-    const bf16_t* wp = (const bf16_t*)a.w + (size_t)wrow * a.k + 8 * t;
+    const int tile0 = blockIdx.x * NT;
+    if (tile0 >= a.groups) return;  // the whole block: no barrier is left waiting
+    const bf16_t* wp[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int tile = tile0 + j;
+        const int wrow = MODE == MODE_SILU
+            ? (g < 4 ? 4 * tile + g : a.kv_width + 4 * tile + g - 4)
+            : 8 * tile + g;
+        // A tile past the matrix (when NT does not divide it) multiplies zeros.
+        wp[j] = tile < a.groups ? (const bf16_t*)a.w + (size_t)wrow * a.k + 8 * t : nullptr;
+    }
     const float* gp = a.norm_w ? a.norm_w + 8 * t : nullptr;
     const int chunks = a.k / 32;
-    for (int r0 = 0; r0 < a.rows; r0 += 16 * TILES) {
+    for (int r0 = 16 * TILES * blockIdx.y; r0 < a.rows; r0 += 16 * TILES * gridDim.y) {
         const float* xr[TILES][2];
 #pragma unroll
         for (int i = 0; i < TILES; i++)
@@ -392,11 +409,13 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
                 xr[i][h] = nullptr;  // a row past the pass: zeros, its output dropped
                 if (r < a.rows) xr[i][h] = a.x + (size_t)(a.row_map ? a.row_map[r] : r) * a.k + 8 * t;
             }
-        float acc[TILES][4], ss[TILES][2];
+        float acc[TILES][NT][4], ss[TILES][2];
 #pragma unroll
         for (int i = 0; i < TILES; i++) {
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][c] = 0.0f;
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[i][j][c] = 0.0f;
             ss[i][0] = 0.0f; ss[i][1] = 0.0f;
         }
         // Halves of a tile past the pass's rows (a one-row pass fills one row of the
@@ -406,16 +425,20 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
         for (int i = 0; i < TILES; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) half_live[i][h] = r0 + 16 * i + 8 * h < a.rows;
-        for (int c0 = warp; c0 < chunks; c0 += KSPLIT * MMA_PREFETCH) {
+        for (int c0 = warp; c0 < chunks; c0 += KSPLIT * PREFETCH) {
             // The group's weights are all in flight before the first product.
-            uint4 wv[MMA_PREFETCH];
+            uint4 wv[PREFETCH][NT];
 #pragma unroll
-            for (int u = 0; u < MMA_PREFETCH; u++) {
+            for (int u = 0; u < PREFETCH; u++) {
                 const int c = c0 + u * KSPLIT;
-                if (c < chunks) wv[u] = __ldg((const uint4*)(wp + 32 * c));
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    wv[u][j] = make_uint4(0u, 0u, 0u, 0u);
+                    if (c < chunks && wp[j]) wv[u][j] = __ldg((const uint4*)(wp[j] + 32 * c));
+                }
             }
 #pragma unroll
-            for (int u = 0; u < MMA_PREFETCH; u++) {
+            for (int u = 0; u < PREFETCH; u++) {
                 const int c = c0 + u * KSPLIT;
                 if (c >= chunks) break;
                 const int k0 = 32 * c;
@@ -451,30 +474,43 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
                         split_pair(xv[4], xv[5], hi[1][h], lo[1][h]);
                         split_pair(xv[6], xv[7], hi[1][2 + h], lo[1][2 + h]);
                     }
-                    mma_bf16(acc[i], hi[0], wv[u].x, wv[u].y);
-                    mma_bf16(acc[i], lo[0], wv[u].x, wv[u].y);
-                    mma_bf16(acc[i], hi[1], wv[u].z, wv[u].w);
-                    mma_bf16(acc[i], lo[1], wv[u].z, wv[u].w);
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        mma_bf16(acc[i][j], hi[0], wv[u][j].x, wv[u][j].y);
+                        mma_bf16(acc[i][j], lo[0], wv[u][j].x, wv[u][j].y);
+                        mma_bf16(acc[i][j], hi[1], wv[u][j].z, wv[u][j].w);
+                        mma_bf16(acc[i][j], lo[1], wv[u][j].z, wv[u][j].w);
+                    }
                 }
             }
         }
 #pragma unroll
         for (int i = 0; i < TILES; i++) {
 #pragma unroll
-            for (int c = 0; c < 4; c++) parts[warp][i][c][lane] = acc[i][c];
-            parts[warp][i][4][lane] = ss[i][0];
-            parts[warp][i][5][lane] = ss[i][1];
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) parts[warp][i][4 * j + c][lane] = acc[i][j][c];
+            parts[warp][i][4 * NT][lane] = ss[i][0];
+            parts[warp][i][4 * NT + 1][lane] = ss[i][1];
         }
         __syncthreads();
-        // Tile i's epilogue is warp i mod KSPLIT's; every warp sums the parts in warp
-        // order.
-        for (int i = warp; i < TILES; i += KSPLIT) {
+        // (Row tile i, output tile j)'s epilogue is warp (i * NT + j) mod KSPLIT's; every
+        // warp sums the parts in warp order.
+        for (int p = warp; p < TILES * NT; p += KSPLIT) {
+            const int i = p / NT, j = p % NT, tile = tile0 + j;
+            if (tile >= a.groups) continue;  // warp-uniform
             float sum[6];
 #pragma unroll
-            for (int c = 0; c < 6; c++) {
-                sum[c] = parts[0][i][c][lane];
+            for (int c = 0; c < 4; c++) {
+                sum[c] = parts[0][i][4 * j + c][lane];
 #pragma unroll
-                for (int w = 1; w < KSPLIT; w++) sum[c] = __fadd_rn(sum[c], parts[w][i][c][lane]);
+                for (int w = 1; w < KSPLIT; w++) sum[c] = __fadd_rn(sum[c], parts[w][i][4 * j + c][lane]);
+            }
+#pragma unroll
+            for (int c = 4; c < 6; c++) {
+                sum[c] = parts[0][i][4 * NT + c - 4][lane];
+#pragma unroll
+                for (int w = 1; w < KSPLIT; w++) sum[c] = __fadd_rn(sum[c], parts[w][i][4 * NT + c - 4][lane]);
             }
             // Lane (g, t) holds outputs 2t, 2t+1 of rows g (sum[0..1]) and g+8 (sum[2..3]).
 #pragma unroll
@@ -518,9 +554,9 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
                     if (n < a.q_width + a.kv_width) {
                         const int pos = meta_of(a.meta, a.meta_rows, ROW_POS, r);
                         const int half = a.head_dim / 2;
-                        const int j = (n % a.head_dim) / 2;
-                        const float cs = a.cos_tab[(size_t)pos * half + j];
-                        const float sn = a.sin_tab[(size_t)pos * half + j];
+                        const int freq = (n % a.head_dim) / 2;
+                        const float cs = a.cos_tab[(size_t)pos * half + freq];
+                        const float sn = a.sin_tab[(size_t)pos * half + freq];
                         e0 = __fsub_rn(__fmul_rn(v0, cs), __fmul_rn(v1, sn));
                         e1 = __fadd_rn(__fmul_rn(v0, sn), __fmul_rn(v1, cs));
                     }
@@ -535,12 +571,22 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
     }
 }
 
+// name_tT: one output tile per block, T row tiles at a time; name_wT: MMA_WIDE_NT output
+// tiles per block (mod.rs picks by the pass's row count).
+#ifndef MMA_WIDE_NT
+#define MMA_WIDE_NT 4
+#endif
 #define MMA_KERNEL(name, MODE, TILES, KSPLIT) \
     extern "C" __global__ void __launch_bounds__(KSPLIT * 32) name##_t##TILES(MatmulArgs a) { \
-        matmul_mma_block<MODE, TILES, KSPLIT>(a); \
+        matmul_mma_block<MODE, TILES, 1, KSPLIT>(a); \
+    }
+#define MMA_WIDE_KERNEL(name, MODE, TILES, KSPLIT) \
+    extern "C" __global__ void __launch_bounds__(KSPLIT * 32) name##_w##TILES(MatmulArgs a) { \
+        matmul_mma_block<MODE, TILES, MMA_WIDE_NT, KSPLIT>(a); \
     }
 #define MMA_TILES(name, MODE, KSPLIT) \
-    MMA_KERNEL(name, MODE, 1, KSPLIT) MMA_KERNEL(name, MODE, 2, KSPLIT) MMA_KERNEL(name, MODE, 4, KSPLIT)
+    MMA_KERNEL(name, MODE, 1, KSPLIT) MMA_KERNEL(name, MODE, 2, KSPLIT) MMA_KERNEL(name, MODE, 4, KSPLIT) \
+    MMA_WIDE_KERNEL(name, MODE, 1, KSPLIT) MMA_WIDE_KERNEL(name, MODE, 2, KSPLIT)
 MMA_TILES(mma_plain, MODE_PLAIN, MMA_HEAD_KSPLIT)  // the head alone
 MMA_TILES(mma_residual, MODE_RESIDUAL, MMA_KSPLIT)
 MMA_TILES(mma_silu, MODE_SILU, MMA_KSPLIT)

@@ -63,8 +63,9 @@ impl From<candle_core::cuda_backend::cudarc::driver::DriverError> for CudaError 
 
 /// Launch shapes the kernels are compiled for: fixed for a process, so they change speed
 /// (and, for `attention_splits`, the order attention's sums take), never row invariance.
-/// `SUFFIXD_CUDA_WARPS`, `SUFFIXD_CUDA_ATTN_SPLITS`, `SUFFIXD_CUDA_MMA_KSPLIT` and
-/// `SUFFIXD_CUDA_MMA_HEAD_KSPLIT` override the defaults, for tuning on a new card
+/// `SUFFIXD_CUDA_WARPS`, `SUFFIXD_CUDA_ATTN_SPLITS`, `SUFFIXD_CUDA_MMA_KSPLIT`,
+/// `SUFFIXD_CUDA_MMA_HEAD_KSPLIT`, `SUFFIXD_CUDA_MMA_WIDE` (`off`, or 2 or 4) and
+/// `SUFFIXD_CUDA_MMA_WIDE_FROM` override the defaults, for tuning on a new card
 /// (docs/gpu.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
@@ -77,6 +78,12 @@ pub struct Tuning {
     pub mma_ksplit: u32,
     /// The same for the head's tensor-core projection.
     pub mma_head_ksplit: u32,
+    /// Output tiles of eight a tensor-core block computes in a pass of at least
+    /// `mma_wide_from` rows, so that each activation is read and split into bf16 halves
+    /// once for all of them (1: never). Speed only: an output's arithmetic is the same.
+    pub mma_wide: u32,
+    /// The row count from which the tensor-core projections take `mma_wide` tiles.
+    pub mma_wide_from: u32,
 }
 
 impl Default for Tuning {
@@ -88,6 +95,8 @@ impl Default for Tuning {
             attention_splits: 16,
             mma_ksplit: 8,
             mma_head_ksplit: 4,
+            mma_wide: 4,
+            mma_wide_from: 17,
         }
     }
 }
@@ -120,8 +129,34 @@ impl Tuning {
         if let Some(w) = read("SUFFIXD_CUDA_MMA_HEAD_KSPLIT", &warps) {
             t.mma_head_ksplit = w;
         }
+        if std::env::var("SUFFIXD_CUDA_MMA_WIDE").is_ok_and(|v| v == "off") {
+            t.mma_wide = 1;
+        } else if let Some(n) = read("SUFFIXD_CUDA_MMA_WIDE", &|n| [1, 2, 4].contains(&n)) {
+            t.mma_wide = n;
+        }
+        if let Some(n) = read("SUFFIXD_CUDA_MMA_WIDE_FROM", &|n| n >= 1) {
+            t.mma_wide_from = n;
+        }
+        // A tensor-core block's partial sums must fit in 48 KiB of static shared memory.
+        let largest = t.mma_ksplit.max(t.mma_head_ksplit);
+        if mma_shared_bytes(largest, t.mma_wide) > 48 * 1024 {
+            tracing::warn!(
+                "SUFFIXD_CUDA_MMA_KSPLIT / _HEAD_KSPLIT {largest} with SUFFIXD_CUDA_MMA_WIDE {} need more shared memory than a block has: the defaults are used",
+                t.mma_wide
+            );
+            let d = Tuning::default();
+            (t.mma_ksplit, t.mma_head_ksplit, t.mma_wide) =
+                (d.mma_ksplit, d.mma_head_ksplit, d.mma_wide);
+        }
         t
     }
+}
+
+/// Bytes of kernels.cu's `parts` in the largest tensor-core block: `ksplit` warps of
+/// four row tiles of one output tile, or two row tiles of `wide` output tiles.
+fn mma_shared_bytes(ksplit: u32, wide: u32) -> u32 {
+    let floats = (4 * 6).max(2 * (4 * wide + 2));
+    ksplit * floats * 32 * 4
 }
 
 /// Compile the kernels for the GPU's architecture, to PTX (no GPU needed).
@@ -140,6 +175,7 @@ pub fn compile(arch: &'static str, tuning: Tuning) -> Result<String, CudaError> 
             format!("-DATTN_SPLITS={}", tuning.attention_splits),
             format!("-DMMA_KSPLIT={}", tuning.mma_ksplit),
             format!("-DMMA_HEAD_KSPLIT={}", tuning.mma_head_ksplit),
+            format!("-DMMA_WIDE_NT={}", tuning.mma_wide.max(1)),
         ],
         ..Default::default()
     };
@@ -252,10 +288,11 @@ const TILES: [usize; 3] = [1, 4, 8];
 type Projection = [[CudaFunction; TILES.len()]; 2];
 
 /// The tensor-core projections' tiles of 16 rows a block carries: a pass uses the fewest
-/// that hold all its rows, else the most (kernels.cu's matmul_mma_block).
-const MMA_TILES: [usize; 3] = [1, 2, 4];
+/// that hold all its rows, else the most, in blocks of one output tile; then the same
+/// with [`Tuning::mma_wide`] output tiles (kernels.cu's matmul_mma_block).
+const MMA_TILES: [(usize, bool); 5] = [(1, false), (2, false), (4, false), (1, true), (2, true)];
 
-/// One tensor-core projection kernel per tile count ([`MMA_TILES`]), bf16 weights only.
+/// One tensor-core projection kernel per shape ([`MMA_TILES`]), bf16 weights only.
 type MmaProjection = [CudaFunction; MMA_TILES.len()];
 
 /// What a projection does with its products (kernels.cu's MODE_*).
@@ -490,8 +527,9 @@ impl CudaForward {
         let fits = [w, qw, ffn].iter().all(|k| k % 32 == 0) && cfg.vocab.is_multiple_of(8);
         let mma = if bf16 && major >= 8 && mma_on && fits {
             let tiles = |name: &str| -> Result<MmaProjection, CudaError> {
-                let [a, b, c] = MMA_TILES.map(|t| f(&format!("{name}_t{t}")));
-                Ok([a?, b?, c?])
+                let [a, b, c, d, e] = MMA_TILES
+                    .map(|(t, wide)| f(&format!("{name}_{}{t}", if wide { 'w' } else { 't' })));
+                Ok([a?, b?, c?, d?, e?])
             };
             Some([
                 tiles("mma_plain")?,
@@ -596,16 +634,27 @@ impl CudaForward {
                     Mode::Plain => k.tuning.mma_head_ksplit,
                     _ => k.tuning.mma_ksplit,
                 };
-                let tile = MMA_TILES
+                // Many rows: blocks of several output tiles, which read each activation
+                // once for all of them; row groups spread along the grid's y.
+                let wide = k.tuning.mma_wide > 1 && rows >= k.tuning.mma_wide_from as usize;
+                let shape = MMA_TILES
                     .iter()
-                    .position(|&t| 16 * t >= rows)
-                    .unwrap_or(MMA_TILES.len() - 1);
+                    .position(|&(t, w)| w == wide && 16 * t >= rows)
+                    .unwrap_or(if wide { MMA_TILES.len() - 1 } else { 2 });
+                let (tiles, nt) = match MMA_TILES[shape] {
+                    (t, true) => (t, k.tuning.mma_wide),
+                    (t, false) => (t, 1),
+                };
                 let cfg = LaunchConfig {
-                    grid_dim: (args.groups as u32, 1, 1),
+                    grid_dim: (
+                        (args.groups as u32).div_ceil(nt),
+                        rows.div_ceil(16 * tiles).max(1) as u32,
+                        1,
+                    ),
                     block_dim: (warps * 32, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                (&mma[mode as usize][tile], cfg)
+                (&mma[mode as usize][shape], cfg)
             }
             _ => {
                 let tile = TILES
@@ -955,6 +1004,8 @@ mod tests {
                 attention_splits: 16,
                 mma_ksplit: 8,
                 mma_head_ksplit: 1,
+                mma_wide: 2,
+                mma_wide_from: 1,
             },
         ];
         for tuning in tunings {
@@ -964,6 +1015,8 @@ mod tests {
                 "matmul_silu_f32_r8",
                 "mma_qkv_t1",
                 "mma_silu_t4",
+                "mma_plain_w1",
+                "mma_residual_w2",
                 "attention",
                 "argmax_rows",
                 "kv_keep",

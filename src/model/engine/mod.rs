@@ -366,10 +366,10 @@ impl Engine {
     ) -> Result<StepReport, ModelError> {
         let mut report = StepReport::default();
         let plans = self.plan(batch, &mut report);
-        let Some(logits) = self.forward(batch, &plans, &mut report)? else {
+        let Some(pass) = self.forward(batch, &plans, &mut report)? else {
             return Ok(report);
         };
-        self.accept(batch, plans, &logits, &mut report)?;
+        self.accept(batch, plans, pass, &mut report)?;
         Ok(report)
     }
 
@@ -465,7 +465,7 @@ impl Engine {
         batch: &mut [(&mut Sequence, &mut dyn Drafter)],
         plans: &[Plan],
         report: &mut StepReport,
-    ) -> Result<Option<Tensor>, ModelError> {
+    ) -> Result<Option<Pass>, ModelError> {
         let mut entries: Vec<BatchEntry<'_>> = Vec::with_capacity(batch.len());
         let mut prefill_rows = 0;
         for ((seq, _), plan) in batch.iter_mut().zip(plans) {
@@ -491,18 +491,28 @@ impl Engine {
         }
         report.sequences = entries.len();
         report.rows = entries.iter().map(|e| e.tokens.len()).sum();
-        let t = Instant::now();
+        let started = Instant::now();
         let logits = self.model.forward_batch(&mut entries)?;
-        report.verify_s = t.elapsed().as_secs_f64();
+        Ok(Some(Pass {
+            logits,
+            started,
+            decoding_only: prefill_rows == 0,
+        }))
+    }
+
+    /// Time the pass once its logits are ready (a GPU returns from `forward_batch` as
+    /// soon as the pass is queued, so the clock stops at the first read of its results,
+    /// as it does when the cost curve is measured), and learn what its rows cost.
+    fn observe_pass(&mut self, pass: &Pass, report: &mut StepReport) {
+        report.verify_s = pass.started.elapsed().as_secs_f64();
         // Prefill rows skip the output head, so only pure decoding steps say what
         // drafting rows cost.
-        if prefill_rows == 0 {
+        if pass.decoding_only {
             self.cost.observe(report.rows, report.verify_s);
             if let Some(draft) = self.draft.as_mut() {
                 draft.observe_target(report.verify_s, &self.cost, report.rows);
             }
         }
-        Ok(Some(logits))
     }
 
     /// Accept what the model agreed with: commit the accepted path to each cache, hand
@@ -511,7 +521,7 @@ impl Engine {
         &mut self,
         batch: &mut [(&mut Sequence, &mut dyn Drafter)],
         plans: Vec<Plan>,
-        logits: &Tensor,
+        pass: Pass,
         report: &mut StepReport,
     ) -> Result<(), ModelError> {
         let greedy_rows = if batch.iter().zip(&plans).any(|((s, _), p)| {
@@ -519,10 +529,14 @@ impl Engine {
                 && s.opts.sampling.temperature <= 0.0
                 && s.constraint.is_none()
         }) {
-            self.model.argmax_rows(logits)?
+            // Its ids come back to the host: the pass is done.
+            self.model.argmax_rows(&pass.logits)?
         } else {
+            pass.logits.device().synchronize()?;
             Vec::new()
         };
+        self.observe_pass(&pass, report);
+        let logits = &pass.logits;
         let mut row = 0;
         for ((seq, drafter), plan) in batch.iter_mut().zip(plans) {
             let (draft, tokens, parents) = match plan {
@@ -729,12 +743,21 @@ enum Plan {
     },
 }
 
+/// A forward pass under way: its logits (maybe still being computed on a GPU), when it
+/// started, and whether it ran decoding rows alone.
+struct Pass {
+    logits: Tensor,
+    started: Instant,
+    decoding_only: bool,
+}
+
 /// What one [`Engine::step`] did, for metrics.
 #[derive(Clone, Debug, Default)]
 pub struct StepReport {
     /// Seconds each decoding sequence spent drafting.
     pub draft_s: Vec<f64>,
-    /// Seconds of the forward pass (verification and prefill chunks).
+    /// Seconds of the forward pass (verification and prefill chunks), until its results
+    /// were ready on the host.
     pub verify_s: f64,
     /// Sequences in the forward pass.
     pub sequences: usize,
