@@ -38,10 +38,7 @@ impl Default for Graphs {
     fn default() -> Self {
         Graphs {
             enabled: !std::env::var("SUFFIXD_CUDA_GRAPHS").is_ok_and(|v| v == "off"),
-            capture_after: std::env::var("SUFFIXD_CUDA_GRAPH_AFTER")
-                .ok()
-                .and_then(|v| v.parse::<u32>().ok())
-                .filter(|n| (1..=1000).contains(n))
+            capture_after: super::env_u32("SUFFIXD_CUDA_GRAPH_AFTER", &|n| (1..=1000).contains(&n))
                 .unwrap_or(2),
             seen: Default::default(),
             ready: Default::default(),

@@ -106,16 +106,7 @@ impl Tuning {
     /// from 1 to 16 warps, 1 to 64 splits); an invalid one is named in a warning.
     pub fn from_env() -> Self {
         let mut t = Tuning::default();
-        let read = |name: &str, ok: &dyn Fn(u32) -> bool| -> Option<u32> {
-            let v = std::env::var(name).ok()?;
-            match v.parse::<u32>() {
-                Ok(n) if ok(n) => Some(n),
-                _ => {
-                    tracing::warn!("{name}={v} is out of range: the default is used");
-                    None
-                }
-            }
-        };
+        let read = env_u32;
         let warps = |n: u32| n.is_power_of_two() && n <= 16;
         if let Some(w) = read("SUFFIXD_CUDA_WARPS", &warps) {
             t.warps = w;
@@ -149,6 +140,19 @@ impl Tuning {
                 (d.mma_ksplit, d.mma_head_ksplit, d.mma_wide);
         }
         t
+    }
+}
+
+/// The number in environment variable `name` when it is set and `ok`; a value that is
+/// not is named in a warning, and None leaves the default.
+pub(super) fn env_u32(name: &str, ok: &dyn Fn(u32) -> bool) -> Option<u32> {
+    let v = std::env::var(name).ok()?;
+    match v.parse::<u32>() {
+        Ok(n) if ok(n) => Some(n),
+        _ => {
+            tracing::warn!("{name}={v} is out of range: the default is used");
+            None
+        }
     }
 }
 
@@ -294,6 +298,25 @@ const MMA_TILES: [(usize, bool); 5] = [(1, false), (2, false), (4, false), (1, t
 
 /// One tensor-core projection kernel per shape ([`MMA_TILES`]), bf16 weights only.
 type MmaProjection = [CudaFunction; MMA_TILES.len()];
+
+/// The tensor-core kernel for a pass of `rows` rows: its index in [`MMA_TILES`], the row
+/// tiles of 16 a block carries and the output tiles of 8. Many rows take blocks of
+/// several output tiles, which read each activation once for all of them; either way a
+/// pass uses the fewest row tiles that hold its rows, else the most of its kind, and its
+/// row groups spread along the grid's y.
+fn mma_shape(rows: usize, tuning: &Tuning) -> (usize, usize, u32) {
+    let wide = tuning.mma_wide > 1 && rows >= tuning.mma_wide_from as usize;
+    let mut of_kind = MMA_TILES
+        .iter()
+        .enumerate()
+        .filter(|&(_, &(_, w))| w == wide);
+    let (shape, &(tiles, _)) = of_kind
+        .clone()
+        .find(|&(_, &(t, _))| 16 * t >= rows)
+        .or_else(|| of_kind.next_back())
+        .expect("MMA_TILES has shapes of both kinds");
+    (shape, tiles, if wide { tuning.mma_wide } else { 1 })
+}
 
 /// What a projection does with its products (kernels.cu's MODE_*).
 #[derive(Clone, Copy)]
@@ -634,17 +657,7 @@ impl CudaForward {
                     Mode::Plain => k.tuning.mma_head_ksplit,
                     _ => k.tuning.mma_ksplit,
                 };
-                // Many rows: blocks of several output tiles, which read each activation
-                // once for all of them; row groups spread along the grid's y.
-                let wide = k.tuning.mma_wide > 1 && rows >= k.tuning.mma_wide_from as usize;
-                let shape = MMA_TILES
-                    .iter()
-                    .position(|&(t, w)| w == wide && 16 * t >= rows)
-                    .unwrap_or(if wide { MMA_TILES.len() - 1 } else { 2 });
-                let (tiles, nt) = match MMA_TILES[shape] {
-                    (t, true) => (t, k.tuning.mma_wide),
-                    (t, false) => (t, 1),
-                };
+                let (shape, tiles, nt) = mma_shape(rows, &k.tuning);
                 let cfg = LaunchConfig {
                     grid_dim: (
                         (args.groups as u32).div_ceil(nt),
@@ -994,6 +1007,38 @@ struct Pass {
 
 #[cfg(test)]
 mod tests {
+    /// The kernel a pass takes by its row count: one output tile up to 16 rows, four
+    /// (two row tiles each) from 17, and without wide blocks 16, 32 or 64 rows a block.
+    #[test]
+    fn passes_take_the_tensor_core_shape_their_rows_need() {
+        let default = super::Tuning::default();
+        let narrow = super::Tuning {
+            mma_wide: 1,
+            ..default
+        };
+        for (rows, wide_shape, narrow_shape) in [
+            (1, (0, 1, 1), (0, 1, 1)),
+            (16, (0, 1, 1), (0, 1, 1)),
+            (17, (4, 2, 4), (1, 2, 1)),
+            (32, (4, 2, 4), (1, 2, 1)),
+            (33, (4, 2, 4), (2, 4, 1)),
+            (64, (4, 2, 4), (2, 4, 1)),
+            (300, (4, 2, 4), (2, 4, 1)),
+        ] {
+            assert_eq!(super::mma_shape(rows, &default), wide_shape, "{rows} rows");
+            assert_eq!(
+                super::mma_shape(rows, &narrow),
+                narrow_shape,
+                "{rows} rows, narrow"
+            );
+        }
+        let from_one = super::Tuning {
+            mma_wide_from: 1,
+            ..default
+        };
+        assert_eq!(super::mma_shape(1, &from_one), (3, 1, 4));
+    }
+
     /// NVRTC compiles the kernels (it needs no GPU): the first check of any change to them.
     #[test]
     fn the_kernels_compile_for_hopper() {
