@@ -411,8 +411,12 @@ pub struct DamagedSegment {
 pub struct Store {
     cfg: StoreConfig,
     state: DoubleBuffered<State>,
-    /// The next sequence id to hand out.
+    /// The next sequence id to hand out; taken under the writer lock, so own ids become
+    /// readable in id order.
     next_id: AtomicU64,
+    /// The highest own id whose append is readable ([`Store::last_own_id`]): every own id
+    /// at or below it is cached or was evicted, none is still on its way in.
+    last_own_id: AtomicU64,
     wal: Wal,
     snapshotting: Mutex<()>,
     counters: Mutex<StoreCounters>,
@@ -526,15 +530,26 @@ impl Store {
     /// Log, apply, then wait for the log to be durable. Logging and applying happen
     /// under the writer lock, so a snapshot's cut sees a change in both or in neither;
     /// the fsync happens after it, where group commit can share it.
-    fn commit(&self, op: Change) -> Result<bool, ChangeError> {
+    ///
+    /// `make` builds the change under the writer lock: an own append takes its id there,
+    /// so own ids are applied in id order and [`Store::last_own_id`] never passes one
+    /// still on its way in (a replica's publisher reads "at or below it and not cached"
+    /// as evicted, and would skip it for good).
+    fn commit(&self, make: impl FnOnce() -> Change) -> Result<bool, ChangeError> {
         let (seq, changed) = {
             let mut writer = self.writer();
+            let op = make();
             let seq = self.wal.write(&op)?;
             let changed = writer.apply(|st| {
                 let changed = Self::apply(&self.cfg, st, &op);
                 st.since_cut.push((seq, op.clone()));
                 changed
             })?;
+            if let Change::Append { id, .. } = op
+                && own_ids(self.cfg.id_origin).contains(&id)
+            {
+                self.last_own_id.fetch_max(id, Ordering::Release);
+            }
             (seq, changed)
         };
         self.wal.sync(seq)?;
@@ -544,12 +559,15 @@ impl Store {
     /// Add a completed request's response to `namespace`; durable when this returns
     /// (with the default fsync policy). Returns its sequence id.
     pub fn append(&self, namespace: &str, tokens: &[u32]) -> Result<u64, ChangeError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let committed = self.commit(Change::Append {
-            namespace: namespace.into(),
-            id,
-            time_ms: now_ms(),
-            tokens: tokens.to_vec(),
+        let mut id = 0;
+        let committed = self.commit(|| {
+            id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            Change::Append {
+                namespace: namespace.into(),
+                id,
+                time_ms: now_ms(),
+                tokens: tokens.to_vec(),
+            }
         });
         if committed.is_err() {
             self.counters.lock().expect("counters").append_failures += 1;
@@ -579,7 +597,7 @@ impl Store {
         if known {
             return Ok(false);
         }
-        let added = self.commit(Change::Append {
+        let added = self.commit(|| Change::Append {
             namespace: namespace.into(),
             id,
             time_ms,
@@ -589,14 +607,11 @@ impl Store {
         Ok(added)
     }
 
-    /// The last id this store handed out to its own appends (0: none yet).
+    /// The last id this store handed out to its own appends, once that append is readable
+    /// (0: none yet). Every own id at or below it is cached, was evicted, or belongs to an
+    /// append that failed: none is still on its way in.
     pub fn last_own_id(&self) -> u64 {
-        let next = self.next_id.load(Ordering::Relaxed);
-        if next > own_ids(self.cfg.id_origin).start + 1 {
-            next - 1
-        } else {
-            0
-        }
+        self.last_own_id.load(Ordering::Acquire)
     }
 
     /// Up to `limit` of this store's own cached sequences with ids above `after`, in id
@@ -657,7 +672,7 @@ impl Store {
         if !known {
             return Ok(false);
         }
-        let r = self.commit(Change::evict(namespace, id))?;
+        let r = self.commit(|| Change::evict(namespace, id))?;
         self.counters.lock().expect("counters").evicted += r as u64;
         Ok(r)
     }

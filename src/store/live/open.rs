@@ -124,9 +124,16 @@ impl Store {
         {
             state.next_id = state.next_id.max(next);
         }
+        let own_start = own_ids(cfg.id_origin).start;
+        let last_own_id = if state.next_id > own_start + 1 {
+            state.next_id - 1
+        } else {
+            0
+        };
         let store = Store {
             cfg,
             next_id: AtomicU64::new(state.next_id),
+            last_own_id: AtomicU64::new(last_own_id),
             state: DoubleBuffered::new(state),
             wal,
             snapshotting: Mutex::new(()),
