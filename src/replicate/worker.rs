@@ -154,15 +154,18 @@ impl Worker {
     /// refused one (retried later from there).
     async fn publish_appends(&self, js: &jetstream::Context) -> Result<usize, ()> {
         let after = self.positions.lock().expect("positions").published_id;
-        if self.store.last_own_id() <= after {
+        // Read before the batch: every own id up to it is readable by then (or evicted).
+        let last = self.store.last_own_id();
+        if last <= after {
             return Ok(0);
         }
         let batch = self.store.own_appends_after(after, PUBLISH_BATCH);
         if batch.is_empty() {
-            // Everything after `after` was evicted before it could go out.
+            // Everything in after..=last was evicted before it could go out. Not a
+            // second read of last_own_id: an append since the batch is not evicted.
             let mut p = self.positions.lock().expect("positions");
             if p.published_id == after {
-                p.published_id = self.store.last_own_id();
+                p.published_id = last;
             }
             return Ok(0);
         }
