@@ -214,7 +214,8 @@ fn held(dir: &Path) -> BTreeMap<u64, Vec<u32>> {
     })
 }
 
-fn ingest(dir: &Path, logs: &Path, snapshot_every: &str) {
+/// `suffixd ingest`; its stderr.
+fn ingest(dir: &Path, logs: &Path, snapshot_every: &str) -> String {
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let out = run(&[
         "ingest",
@@ -225,11 +226,9 @@ fn ingest(dir: &Path, logs: &Path, snapshot_every: &str) {
         "--snapshot-every",
         snapshot_every,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
 }
 
 /// The documented restore (copy a snapshot and its CURRENT into a store directory) of a
@@ -259,8 +258,14 @@ fn restoring_another_stores_snapshot_keeps_every_record_of_this_stores_log() {
         expected.sort();
         assert_eq!(tokens, expected, "start {start}: both stores' sequences");
     }
-    // Appends after the restore, a snapshot, and a restart keep all of it.
-    ingest(&local, &log(tmp.path(), "more.jsonl", 9000, 2), "2");
+    // Appends after the restore, a snapshot, and a restart keep all of it. The command
+    // says how it took the foreign snapshot: the store's warnings reach the stderr of
+    // every command, not only serve's.
+    let stderr = ingest(&local, &log(tmp.path(), "more.jsonl", 9000, 2), "2");
+    assert!(
+        stderr.contains("WARN") && stderr.contains("was not taken of this directory's log"),
+        "{stderr}"
+    );
     assert_eq!(held(&local).len(), 11);
 }
 

@@ -224,6 +224,10 @@ fn run_entropy(a: EntropyArgs) -> anyhow::Result<()> {
 /// Parse the command line and run it; errors are printed with their causes.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    });
     let result = match cli.command {
         Command::Simulate(a) => run_simulate(a),
         Command::Entropy(a) => run_entropy(a),
@@ -241,6 +245,25 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs go to stderr, at the level `RUST_LOG` names, else `default`: `info` for `serve`,
+/// whose log an operator reads, and `warn` for the other commands, whose output is their
+/// result but whose warnings still matter (device kernels that fell back to candle's, a
+/// damaged log recovered around, a tuning variable out of range). Before, only `serve`
+/// set up logging, and every other command dropped its warnings.
+fn init_logging(default: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        // When stderr goes to a full disk, tracing would report the failed write with
+        // `eprintln!`, which panics, and take the model thread with it. A lost log line
+        // must not cost a request.
+        .log_internal_errors(false)
+        .try_init();
 }
 
 /// An error and its causes on one line, `outer: cause: ...`, each cause printed once: many

@@ -155,17 +155,6 @@ fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
 }
 
 pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // When stderr goes to a full disk, tracing would report the failed write with
-        // `eprintln!`, which panics, and take the model thread with it. A lost log line
-        // must not cost a request.
-        .log_internal_errors(false)
-        .try_init();
     let file = read_config(a.config.as_deref())?;
     let stream_max_age = a.stream_max_age_s.or(file.stream_max_age_s);
     if let Some(age) = stream_max_age {
