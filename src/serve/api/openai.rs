@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::chat::{ChatMessage, PromptPiece, TemplateError};
 use crate::model::detokenizer::Detokenizer;
 use crate::model::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
-use crate::model::grammar::Grammar;
+use crate::model::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
 
 use super::tools::{self, ToolPlan};
 use super::{ApiError, read_json};
@@ -341,10 +341,13 @@ async fn generate(
     let namespace = namespace_of(&headers, &req)?;
     let mut opts = generate_options(&app, &req, namespace)?;
     opts.logprobs = logprobs_wanted(&req, chat)?;
-    opts.grammar = grammar_of(&app, &req, tool_plan.as_ref()).await?;
+    // The cheap checks before a grammar costs a compile.
+    let format = tools::response_format(req.response_format.as_ref())?;
+    check_grammar_limits(&app, format.as_ref(), tool_plan.as_ref())?;
+    let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
+    opts.grammar = grammar_of(&app, format, tool_plan.as_ref()).await?;
     // Calls are read from the answer when the model may make them.
     let reads_calls = tool_plan.as_ref().is_some_and(ToolPlan::offers_calls);
-    let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
     // One job per choice, choice i sampling with seed + i; the model thread batches them
     // like any concurrent requests.
     let mut jobs = Vec::new();
@@ -585,15 +588,43 @@ fn generate_options(
     })
 }
 
-/// The grammar a request's answer is held to (`response_format`, and tool calls when
-/// `tool_choice` asks for them), compiled for the model; a schema or grammar that
-/// cannot be compiled is the client's 400, naming the problem.
+/// Why a response format or tool schemas cannot be used, as the client's 400.
+fn unusable(e: GrammarError) -> ApiError {
+    ApiError::bad_request(format!(
+        "the response format or tool schemas cannot be used: {e}"
+    ))
+}
+
+/// Refuse a response format or tool schemas past the grammar compiler's limits, before
+/// anything is built from them. The compiler checks a schema it is given as one; the
+/// ones a tool grammar embeds are checked here.
+fn check_grammar_limits(
+    app: &AppState,
+    format: Option<&GrammarSpec>,
+    tool_plan: Option<&ToolPlan>,
+) -> Result<(), ApiError> {
+    let limits = app
+        .grammars
+        .as_ref()
+        .map(|c| *c.limits())
+        .unwrap_or_default();
+    if let Some(GrammarSpec::JsonSchema(schema)) = format {
+        check_schema(schema, &limits).map_err(unusable)?;
+    }
+    if let Some(plan) = tool_plan.filter(|p| p.offers_calls()) {
+        check_schema(&plan.any_call_schema(), &limits).map_err(unusable)?;
+    }
+    Ok(())
+}
+
+/// The grammar a request's answer is held to (`format`, the response format, and tool
+/// calls when `tool_choice` asks for them), compiled for the model; a schema or grammar
+/// that cannot be compiled is the client's 400, naming the problem.
 async fn grammar_of(
     app: &AppState,
-    req: &GenerationRequest,
+    format: Option<GrammarSpec>,
     tool_plan: Option<&ToolPlan>,
 ) -> Result<Option<Grammar>, ApiError> {
-    let format = tools::response_format(req.response_format.as_ref())?;
     let spec = match tool_plan {
         Some(plan) => plan.grammar(format.as_ref()),
         None => format,
@@ -606,21 +637,22 @@ async fn grammar_of(
             "structured outputs and required tool calls are unavailable for this model's tokenizer",
         )
     })?;
-    // Compiling a large schema takes milliseconds: off the async workers.
+    // Compiling blocks (on a compile thread, for a slot): off the async workers.
     let compiled = tokio::task::spawn_blocking(move || compiler.compile(&spec))
         .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "the grammar compiler failed",
-            )
-        })?;
+        .map_err(|_| GrammarError::Compiler("its task was cancelled".into()))
+        .and_then(|r| r);
     match compiled {
         Ok(g) => Ok(Some(g.drafting_forced_tokens(app.cfg.grammar_drafts))),
-        Err(e) => Err(ApiError::bad_request(format!(
-            "the response format or tool schemas cannot be used: {e}"
-        ))),
+        Err(e @ GrammarError::Compiler(_)) => {
+            tracing::error!("{e}");
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            ))
+        }
+        Err(e) => Err(unusable(e)),
     }
 }
 

@@ -223,6 +223,12 @@ impl ToolPlan {
         text
     }
 
+    /// The JSON schema of a call of any tool the answer may call, as the grammar embeds
+    /// it (for checking it against the compiler's limits first).
+    pub(super) fn any_call_schema(&self) -> Value {
+        call_schema(&self.tools.iter().collect::<Vec<_>>())
+    }
+
     /// The grammar the answer is held to: the calls when they are required, or either
     /// the response format or calls when both are possible. None: free text.
     pub(super) fn grammar(&self, response_format: Option<&GrammarSpec>) -> Option<GrammarSpec> {
@@ -236,25 +242,7 @@ impl ToolPlan {
                 .collect(),
             ToolChoice::Auto | ToolChoice::Required => self.tools.iter().collect(),
         };
-        let call_schemas: Vec<Value> = candidates
-            .iter()
-            .map(|t| {
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "name": {"const": t.function.name},
-                        "arguments": t.parameters(),
-                    },
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false,
-                })
-            })
-            .collect();
-        let call_schema = with_json_layout(if call_schemas.len() == 1 {
-            call_schemas.into_iter().next().expect("one")
-        } else {
-            json!({ "anyOf": call_schemas })
-        });
+        let call_schema = with_json_layout(call_schema(&candidates));
         let calls = if self.parallel && !matches!(self.choice, ToolChoice::Named(_)) {
             "call (\"\\n\" call)*"
         } else {
@@ -281,6 +269,77 @@ impl ToolPlan {
             _ => lark.push_str("start: calls\n"),
         }
         Some(GrammarSpec::Lark(lark))
+    }
+}
+
+/// The schema of one call of any of `tools`: `{"name": .., "arguments": ..}` with the
+/// tool's `parameters` as the arguments, one tool or `anyOf` several. Each tool's
+/// references into its own schema (`#/$defs/..`, `#`) are rewritten to where its
+/// schema now sits, so Pydantic's `$defs` keep resolving.
+fn call_schema(tools: &[&Tool]) -> Value {
+    let one = |t: &Tool, at: &str| {
+        let mut arguments = t.parameters();
+        rebase_references(&mut arguments, &format!("{at}/properties/arguments"));
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"const": t.function.name},
+                "arguments": arguments,
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        })
+    };
+    match tools {
+        [t] => one(t, ""),
+        _ => json!({
+            "anyOf": tools
+                .iter()
+                .enumerate()
+                .map(|(i, t)| one(t, &format!("/anyOf/{i}")))
+                .collect::<Vec<_>>()
+        }),
+    }
+}
+
+/// Prefix every local JSON-pointer reference in `schema` (`#`, `#/..`) with `at`, the
+/// pointer to where `schema` is placed in a larger document. Anchors (`#name`) and other
+/// documents' URIs are left alone. Iterative: a schema's depth is the client's choice.
+fn rebase_references(schema: &mut Value, at: &str) {
+    // (value, whether it is a map of names to schemas, such as `properties`)
+    let mut stack = vec![(schema, false)];
+    while let Some((v, names_schemas)) = stack.pop() {
+        match v {
+            Value::Object(map) => {
+                if !names_schemas
+                    && let Some(Value::String(r)) = map.get_mut("$ref")
+                    && let Some(pointer) = r.strip_prefix('#')
+                    && (pointer.is_empty() || pointer.starts_with('/'))
+                {
+                    *r = format!("#{at}{pointer}");
+                }
+                for (key, child) in map.iter_mut() {
+                    // Under `const`, `enum`, `default` and `examples` is data, not
+                    // schemas: a `$ref` key there is not a reference.
+                    if names_schemas
+                        || !matches!(key.as_str(), "const" | "enum" | "default" | "examples")
+                    {
+                        let map_of_schemas = !names_schemas
+                            && matches!(
+                                key.as_str(),
+                                "properties"
+                                    | "patternProperties"
+                                    | "$defs"
+                                    | "definitions"
+                                    | "dependentSchemas"
+                            );
+                        stack.push((child, map_of_schemas));
+                    }
+                }
+            }
+            Value::Array(items) => stack.extend(items.iter_mut().map(|c| (c, false))),
+            _ => {}
+        }
     }
 }
 

@@ -16,8 +16,14 @@
 //! grammar ([`Constraint::shape_draft`]): draft branches that the grammar forbids are cut
 //! before they cost a row, and the tokens it forces (a schema's keys, quotes and braces)
 //! are drafted.
+//!
+//! A request's schema is bounded before it is compiled ([`limits`]), and compiles run on
+//! threads of their own with a large stack, a few at a time: a schema that nests deeper
+//! than the compiler's recursion can go is the client's 400, never a crash.
 
-use std::sync::Arc;
+mod limits;
+
+use std::sync::{Arc, Condvar, Mutex};
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
@@ -26,6 +32,14 @@ use llguidance::{Matcher, ParserFactory};
 use crate::speculate::{Draft, DraftSource};
 
 use super::tokenizer::ModelTokenizer;
+
+pub use limits::{SchemaLimits, check_schema};
+
+/// The stack of a compile thread. llguidance recurses about 4 KB per level of a schema;
+/// [`SchemaLimits`]' depth needs a few MB, and the rest covers what its reading of a
+/// schema might miss. Only the pages a compile touches are ever resident, and they are
+/// returned when its thread ends.
+pub const COMPILE_STACK_BYTES: usize = 256 << 20;
 
 /// Errors from building a grammar or running one.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +54,13 @@ pub enum GrammarError {
     /// (its lexer or parser ran out of fuel), or a bug.
     #[error("the grammar failed while generating: {0}")]
     Failed(String),
+    /// The schema is larger or deeper than the server compiles ([`SchemaLimits`]).
+    #[error("{0}")]
+    TooComplex(String),
+    /// The compiler could not run (no thread could be started, or it panicked): the
+    /// server's fault, not the schema's.
+    #[error("the grammar compiler could not run: {0}")]
+    Compiler(String),
 }
 
 /// What constrains an answer.
@@ -98,6 +119,43 @@ impl TokenizerEnv for Vocabulary {
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
     eos: Arc<[u32]>,
+    limits: SchemaLimits,
+    slots: Arc<CompileSlots>,
+}
+
+/// How many compiles may run at once: the rest wait, so many heavy schemas at a time
+/// take their turns on a few cores instead of all of them.
+struct CompileSlots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl CompileSlots {
+    fn new(n: usize) -> Self {
+        CompileSlots {
+            free: Mutex::new(n.max(1)),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Wait for a slot; it is given back when the guard drops.
+    fn take(&self) -> SlotGuard<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= 1;
+        SlotGuard(self)
+    }
+}
+
+struct SlotGuard<'a>(&'a CompileSlots);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
 }
 
 impl GrammarCompiler {
@@ -150,15 +208,42 @@ impl GrammarCompiler {
             verbose_errors: false,
             ..ParserLimits::default()
         };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(GrammarCompiler {
             factory: Arc::new(factory),
             eos: eos.into(),
+            limits: SchemaLimits::default(),
+            slots: Arc::new(CompileSlots::new(cores)),
         })
     }
 
-    /// Compile `spec`. An invalid schema or grammar, or one beyond the engine's limits,
-    /// is a [`GrammarError::Invalid`] that names the problem.
+    /// The bounds every JSON schema is checked against before it is compiled.
+    pub fn limits(&self) -> &SchemaLimits {
+        &self.limits
+    }
+
+    /// Compile `spec`, on a thread of its own with a [`COMPILE_STACK_BYTES`] stack,
+    /// once one of the compiler's slots (one per core) is free. An invalid schema or
+    /// grammar is a [`GrammarError::Invalid`] that names the problem; a schema past the
+    /// [`SchemaLimits`] is a [`GrammarError::TooComplex`], refused before compiling.
+    /// Blocks: call it off async workers.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        if let GrammarSpec::JsonSchema(schema) = spec {
+            check_schema(schema, &self.limits)?;
+        }
+        let _slot = self.slots.take();
+        let (this, spec) = (self.clone(), spec.clone());
+        std::thread::Builder::new()
+            .name("grammar-compile".into())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn(move || this.compile_here(&spec))
+            .map_err(|e| GrammarError::Compiler(format!("no thread to compile on: {e}")))?
+            .join()
+            .map_err(|_| GrammarError::Compiler("it panicked".into()))?
+    }
+
+    /// Compile on this thread (whose stack must be deep enough).
+    fn compile_here(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
         let grammar = match spec {
             GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_json_layout(
                 serde_json::json!({"type": "object"}),
@@ -382,19 +467,89 @@ pub(crate) mod tests {
 
     use std::path::Path;
 
-    /// A compiler over SmolLM2's tokenizer, when this checkout sits beside the shared
-    /// data.
+    /// A compiler over SmolLM2's tokenizer: the shared data's copy when this checkout
+    /// sits beside it, else the default model's (which `tools/setup.sh` installs).
     pub(crate) fn smollm2() -> Option<(GrammarCompiler, ModelTokenizer)> {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/data/sharegpt/tokenizer_smollm2.json");
-        if !p.exists() {
-            eprintln!("skipped: {} is absent", p.display());
-            return None;
-        }
-        let tokenizer = ModelTokenizer::from_file(&p).unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let shared = root.join("../shared/data/sharegpt/tokenizer_smollm2.json");
+        let model = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let tokenizer = if shared.exists() {
+            ModelTokenizer::from_file(&shared).unwrap()
+        } else {
+            let mut file = std::fs::File::open(&model)
+                .unwrap_or_else(|e| panic!("{}: {e}; run tools/setup.sh", model.display()));
+            let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+            ModelTokenizer::from_gguf(&content).unwrap()
+        };
         let eos = [tokenizer.token_id("<|im_end|>").unwrap()];
         let compiler = GrammarCompiler::new(&tokenizer, 49152, &eos).unwrap();
         Some((compiler, tokenizer))
+    }
+
+    /// Schemas built to nest as deep as the limits allow, every way a schema nests
+    /// (references, anyOf, allOf, arrays, objects, mixed), compile on the compile thread;
+    /// one level of references past the limit is refused before compiling, by name.
+    /// Before the limits, a chain of 800 references aborted the process.
+    #[test]
+    fn schemas_at_the_limits_compile_and_past_them_are_refused() {
+        let Some((compiler, _)) = smollm2() else {
+            return;
+        };
+        let limits = *compiler.limits();
+        // Each link is one object, reached by reference from the one before.
+        let chain = |n: usize, link: &dyn Fn(String) -> serde_json::Value| {
+            let mut defs = serde_json::Map::new();
+            for i in 0..n {
+                defs.insert(format!("d{i}"), link(format!("#/$defs/d{}", i + 1)));
+            }
+            defs.insert(format!("d{n}"), serde_json::json!({"type": "integer"}));
+            serde_json::json!({"$ref": "#/$defs/d0", "$defs": defs})
+        };
+        type Link = fn(String) -> serde_json::Value;
+        let links: [(&str, Link); 5] = [
+            ("$ref", |r| serde_json::json!({"$ref": r})),
+            (
+                "anyOf",
+                |r| serde_json::json!({"anyOf": [{"$ref": r}, {"type": "null"}]}),
+            ),
+            ("allOf", |r| serde_json::json!({"allOf": [{"$ref": r}]})),
+            (
+                "items",
+                |r| serde_json::json!({"type": "array", "items": {"$ref": r}}),
+            ),
+            (
+                "object",
+                |r| serde_json::json!({"type": "object", "properties": {"a": {"$ref": r}}, "required": ["a"]}),
+            ),
+        ];
+        for (name, link) in links {
+            // The longest n whose schema passes the check compiles.
+            let mut n = limits.max_depth;
+            let mut fits = chain(n, &link);
+            while check_schema(&fits, &limits).is_err() {
+                n -= 1;
+                fits = chain(n, &link);
+            }
+            let started = std::time::Instant::now();
+            compiler
+                .compile(&GrammarSpec::JsonSchema(fits))
+                .unwrap_or_else(|e| panic!("{name} chain of {n}: {e}"));
+            eprintln!("{name}: a chain of {n} compiled in {:?}", started.elapsed());
+            let e = compiler
+                .compile(&GrammarSpec::JsonSchema(chain(n + 1, &link)))
+                .unwrap_err();
+            assert!(matches!(e, GrammarError::TooComplex(_)), "{name}: {e}");
+        }
+        // As wide as allowed: every property required.
+        let names: Vec<String> = (0..limits.max_properties)
+            .map(|i| format!("p{i}"))
+            .collect();
+        let props: serde_json::Map<_, _> = names
+            .iter()
+            .map(|n| (n.clone(), serde_json::json!({"type": "integer"})))
+            .collect();
+        let wide = serde_json::json!({"type": "object", "properties": props, "required": names});
+        compiler.compile(&GrammarSpec::JsonSchema(wide)).unwrap();
     }
 
     /// Greedy decoding of a fixed preference under a constraint: the answer follows
