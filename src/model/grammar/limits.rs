@@ -289,7 +289,7 @@ mod tests {
         // root → $defs map → d0; d0 → d1 → … → d{n} by reference (d{n} is a leaf object).
         for n in [0, 1, 10, 300] {
             let d = depth(&reference_chain(n));
-            assert!(d >= n + 1 && d <= n + 3, "chain of {n}: depth {d}");
+            assert!((n + 1..=n + 3).contains(&d), "chain of {n}: depth {d}");
         }
         let e = check_schema(&reference_chain(300), &SchemaLimits::default()).unwrap_err();
         assert!(
