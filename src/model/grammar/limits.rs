@@ -50,7 +50,7 @@ impl Default for SchemaLimits {
     }
 }
 
-/// Where the graph's node for a JSON value is, and what leaves it.
+/// A schema's graph: the nodes each node leads to (node 0 is the root).
 struct Graph {
     edges: Vec<Vec<u32>>,
 }

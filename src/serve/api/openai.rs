@@ -595,24 +595,25 @@ fn unusable(e: GrammarError) -> ApiError {
     ))
 }
 
-/// Refuse a response format or tool schemas past the grammar compiler's limits, before
-/// anything is built from them. The compiler checks a schema it is given as one; the
-/// ones a tool grammar embeds are checked here.
+/// Refuse tool schemas, and a response format beside them, past the grammar compiler's
+/// limits before anything is built from them: a tool grammar embeds them in Lark, where
+/// the compiler cannot check them. A response format alone is checked by the compiler.
 fn check_grammar_limits(
     app: &AppState,
     format: Option<&GrammarSpec>,
     tool_plan: Option<&ToolPlan>,
 ) -> Result<(), ApiError> {
+    let Some(plan) = tool_plan.filter(|p| p.offers_calls()) else {
+        return Ok(());
+    };
     let limits = app
         .grammars
         .as_ref()
         .map(|c| *c.limits())
         .unwrap_or_default();
+    check_schema(&plan.any_call_schema(), &limits).map_err(unusable)?;
     if let Some(GrammarSpec::JsonSchema(schema)) = format {
         check_schema(schema, &limits).map_err(unusable)?;
-    }
-    if let Some(plan) = tool_plan.filter(|p| p.offers_calls()) {
-        check_schema(&plan.any_call_schema(), &limits).map_err(unusable)?;
     }
     Ok(())
 }
