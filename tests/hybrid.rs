@@ -160,7 +160,8 @@ fn hybrid_greedy_output_is_plain_greedy_output_alone_and_batched() {
 
 /// Sampling with the draft model keeps the target's distribution: the first token of
 /// 300 sampled generations (temperature 1, top-k 4), each drafted by the draft model,
-/// follows the target's own probabilities at the prompt's end.
+/// follows the target's own probabilities at the prompt's end. And a seed fixes the
+/// answer: plain sampling with the same seed gives the same tokens.
 #[test]
 fn hybrid_sampling_keeps_the_targets_distribution() {
     let Some(mut engine) = engines(ALWAYS) else {
@@ -196,6 +197,16 @@ fn hybrid_sampling_keeps_the_targets_distribution() {
             .generate(&prompt, &opts, &mut drafter(&empty, &prompt), &mut |_| true)
             .unwrap();
         drafted_by_model += usize::from(g.sources.model.steps > 0);
+        // The seed fixes the answer: plain sampling with it gives the same tokens.
+        let plain = engine
+            .generate(
+                &prompt,
+                &options(2, false, sampling),
+                &mut drafter(&empty, &prompt),
+                &mut |_| true,
+            )
+            .unwrap();
+        assert_eq!(g.tokens, plain.tokens, "seed {seed}");
         let first = g.tokens[0];
         let i = p
             .iter()
@@ -210,6 +221,26 @@ fn hybrid_sampling_keeps_the_targets_distribution() {
             (seen - want).abs() < 4.0 * sd + 0.01,
             "token {token}: drawn {seen:.3} of the time, the target says {want:.3} ({counts:?})"
         );
+    }
+    // Longer answers too: sixteen tokens, temperature 1 without top-k.
+    for seed in 0..10 {
+        let sampling = Sampling {
+            temperature: 1.0,
+            seed,
+            ..Sampling::default()
+        };
+        let run = |engine: &mut Engine, speculate: bool| {
+            engine
+                .generate(
+                    &prompt,
+                    &options(16, speculate, sampling),
+                    &mut drafter(&empty, &prompt),
+                    &mut |_| true,
+                )
+                .unwrap()
+        };
+        let (drafted, plain) = (run(&mut engine, true), run(&mut engine, false));
+        assert_eq!(drafted.tokens, plain.tokens, "seed {seed}");
     }
     // A model draft whose token is unlikely to be accepted is cut before it is
     // verified, so not every generation verifies one.

@@ -388,6 +388,107 @@ fn logprobs_come_with_every_token_and_speculation_leaves_them_unchanged() {
     assert!(none["choices"][0]["logprobs"].is_null(), "{none}");
 }
 
+/// A stream's text is the answer's, whatever the stop strings: text that may be the
+/// start of a stop string is held back until the stop string follows (and is cut) or
+/// does not. Stop strings are cut from the model's own answer at several places, so
+/// that they span token boundaries; with and without speculation.
+#[test]
+fn streams_never_send_the_start_of_a_stop_string() {
+    if !model_present() {
+        return;
+    }
+    for extra in [&[][..], &["--no-spec"][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Server::start_with(dir.path(), extra, false);
+        let body = |stop: Value| {
+            json!({"messages": [{"role": "user", "content": "Count from 1 to 30, separated by commas."}],
+                "max_tokens": 48, "temperature": 0, "stop": stop})
+        };
+        let (st, free) = s.post(
+            "/v1/chat/completions",
+            &body(json!(null)).to_string(),
+            false,
+        );
+        assert_eq!(st, 200, "{free}");
+        let text = free["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(text.len() > 30, "{text:?}");
+        let piece = |at: usize, len: usize| {
+            let mut at = at.min(text.len() - len);
+            while !text.is_char_boundary(at) || !text.is_char_boundary(at + len) {
+                at -= 1;
+            }
+            text[at..at + len].to_string()
+        };
+        let stops = [
+            json!(piece(text.len() / 2, 4)),
+            json!(piece(text.len() / 3, 2)),
+            json!([piece(text.len() * 3 / 4, 5), "never appears here"]),
+            json!(["no such text", format!("{}, zz", piece(text.len() / 4, 3))]),
+            json!(piece(text.len() - 3, 3)),
+        ];
+        for stop in stops {
+            let (st, whole) = s.post(
+                "/v1/chat/completions",
+                &body(stop.clone()).to_string(),
+                false,
+            );
+            assert_eq!(st, 200, "{whole}");
+            let answer = whole["choices"][0]["message"]["content"].as_str().unwrap();
+            // The answer is the free answer up to the earliest stop string.
+            let list: Vec<String> = match &stop {
+                Value::String(one) => vec![one.clone()],
+                many => serde_json::from_value(many.clone()).unwrap(),
+            };
+            let cut = list
+                .iter()
+                .filter_map(|x| text.find(x.as_str()))
+                .min()
+                .unwrap_or(text.len());
+            assert_eq!(answer, &text[..cut], "stop {stop}");
+            let mut streamed = body(stop.clone());
+            streamed["stream"] = json!(true);
+            let (sent, _) = stream_chat(&s, &streamed);
+            assert_eq!(sent, answer, "stop {stop} {extra:?}");
+        }
+    }
+}
+
+/// A seed fixes a sampled answer, with or without speculation: a speculating server
+/// that has learned the prompt's answers (so its drafts are verified and accepted)
+/// answers each seed as a server that does not speculate does.
+#[test]
+fn a_seed_gives_the_same_answer_with_and_without_speculation() {
+    if !model_present() {
+        return;
+    }
+    let (dir, plain_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = Server::start(dir.path());
+    let plain = Server::start_with(plain_dir.path(), &["--no-spec"], false);
+    let body = |seed: u64| {
+        json!({"messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+            "max_tokens": 32, "temperature": 1.0, "top_p": 0.95, "seed": seed})
+        .to_string()
+    };
+    let mut accepted = 0;
+    for seed in 0..6 {
+        let (_, want) = plain.post("/v1/chat/completions", &body(seed), false);
+        // Twice: the second time the store has the first answer to draft from.
+        for _ in 0..2 {
+            let (st, got) = spec.post("/v1/chat/completions", &body(seed), false);
+            assert_eq!(st, 200, "{got}");
+            assert_eq!(
+                got["choices"][0]["message"], want["choices"][0]["message"],
+                "seed {seed}"
+            );
+            accepted += got["suffixd"]["accepted_tokens"].as_u64().unwrap();
+        }
+    }
+    assert!(accepted > 50, "speculation accepted only {accepted} tokens");
+}
+
 /// `n` choices are `n` generations of one prompt, choice i sampled with seed + i: on a
 /// server without speculation (where a seed fixes the sample) each choice is what a
 /// one-choice request with that seed returns. Usage counts the prompt once.

@@ -22,22 +22,23 @@
 //!   dropped before the next draft.
 //!
 //! Greedy output is plain greedy output, as with any draft: the verifier decides every
-//! token. With sampling the draft's tokens are drawn from the draft model's distribution
-//! q (with the request's temperature, top-k and top-p) and accepted by the standard
-//! speculative sampling rule, min(1, p(x)/q(x)), with the residual max(p − q, 0) on
-//! rejection ([`walk_model_sampled`]): the target's distribution is preserved.
+//! token. With sampling the draft's token for a position is drawn from the draft
+//! model's distribution q (with the request's temperature, top-k and top-p) with the
+//! same uniform number ([`super::sampling::Draws`]) the verifier draws that position's
+//! token from the target's p with: where q is close to p the two draws agree and the
+//! token is accepted, and the answer is plain sampling's for the seed either way. (This
+//! accepts somewhat less often than the min(1, p/q) rule, which agrees with probability
+//! Σ min(p, q) but whose answer depends on what was drafted, so a seed would not
+//! reproduce.)
 
 use std::time::Instant;
-
-use candle_core::Tensor;
-use rand::Rng;
 
 use crate::speculate::{Draft, DraftSource};
 
 use super::super::cost::CostCurve;
 use super::super::forward::{BatchEntry, KvCache, LogitRows, Model, ModelError, argmax};
 use super::calibration::Calibration;
-use super::sampling::{Sampling, TokenLogprob, sample};
+use super::sampling::{TokenLogprob, sample};
 use super::{Engine, Plan, Sequence, StepReport, chain_parents};
 
 /// The longest draft the draft model writes in one step.
@@ -161,8 +162,6 @@ pub(super) struct DraftState {
     /// tokens the cache holds (all but the last).
     base: usize,
     in_cache: usize,
-    /// Per drafted token, the distribution it was drawn from (sampling only).
-    pub(super) q: Vec<Vec<f32>>,
 }
 
 impl DraftState {
@@ -499,7 +498,6 @@ fn run_draft_model(
         state.synced = context_len;
         state.base = context_len;
         state.in_cache = 0;
-        state.q.clear();
     }
     let c = dm.cost_ratio();
     loop {
@@ -516,10 +514,9 @@ fn run_draft_model(
                 )
             } else {
                 let q = sampling.distribution(&row);
-                let token = sample(&q, &mut d.seq.rng);
-                let p = q[token as usize];
-                d.seq.draft.as_mut().expect("set above").q.push(q);
-                (token, p)
+                let position = d.seq.out.len() + d.draft.len();
+                let token = sample(&q, d.seq.draws.at(position));
+                (token, q[token as usize])
             };
             let k = d.draft.len();
             let cumulative = d.draft.probs.last().copied().unwrap_or(1.0) * p;
@@ -577,79 +574,36 @@ fn run_draft_model(
     }
 }
 
-/// Sampled acceptance of a draft model's linear draft (`tokens`: the pending token, then
-/// the draft), the standard speculative sampling rule: draft token x, drawn from q, is
-/// accepted with probability min(1, p(x)/q(x)); at the first rejection the token is
-/// drawn from max(p − q, 0), renormalised; when every token is accepted the bonus is
-/// drawn from p. `q[i]` is the distribution draft token i was drawn from. The output
-/// follows p exactly.
-pub(super) fn walk_model_sampled(
-    tokens: &[u32],
-    logits: &Tensor,
-    q: &[Vec<f32>],
-    sampling: &Sampling,
-    rng: &mut impl Rng,
-) -> Result<(Vec<usize>, u32), ModelError> {
-    let mut path = vec![0usize];
-    for (i, &x) in tokens[1..].iter().enumerate() {
-        let row: Vec<f32> = logits.get(i)?.to_vec1()?;
-        let p = sampling.distribution(&row);
-        let Some(qi) = q.get(i).filter(|qi| qi.len() == p.len()) else {
-            // No record of how this token was drawn (cannot happen): plain sampling.
-            return Ok((path, sample(&p, rng)));
-        };
-        let x = x as usize;
-        let (px, qx) = (p[x], qi[x]);
-        if qx > 0.0 && rng.random::<f32>() < (px / qx).min(1.0) {
-            path.push(i + 1);
-            continue;
-        }
-        let mut residual: Vec<f32> = p.iter().zip(qi).map(|(a, b)| (a - b).max(0.0)).collect();
-        let total: f32 = residual.iter().sum();
-        if total <= 0.0 {
-            return Ok((path, sample(&p, rng)));
-        }
-        residual.iter_mut().for_each(|v| *v /= total);
-        return Ok((path, sample(&residual, rng)));
-    }
-    let row: Vec<f32> = logits.get(tokens.len() - 1)?.to_vec1()?;
-    Ok((path, sample(&sampling.distribution(&row), rng)))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::sampling::{Draws, Sampling, walk_sampled};
     use super::*;
-    use candle_core::Device;
-    use rand::SeedableRng;
+    use candle_core::{Device, Tensor};
 
-    /// The speculative sampling rule keeps the target's distribution: over many trials
-    /// of a one-token draft drawn from q, the first output token follows p, whatever q
-    /// is (here far from p, and missing one of p's tokens).
+    /// A model draft drawn from q with the position's uniform number, verified by the
+    /// sampled walk: over many seeds the first output token follows p whatever q is
+    /// (here far from p, and missing one of p's tokens), and the draft is accepted when
+    /// the two draws agree, with probability the overlap of the two distributions'
+    /// cumulative intervals.
     #[test]
-    fn model_drafts_accepted_by_the_sampling_rule_keep_the_targets_distribution() {
+    fn model_drafts_drawn_with_the_verifiers_numbers_keep_the_targets_distribution() {
         let sampling = Sampling {
             temperature: 1.0,
             ..Sampling::default()
         };
         let target_logits = [2.0f32, 1.0, 0.5, -1.0];
         let p = sampling.distribution(&target_logits);
-        let q = vec![0.1f32, 0.2, 0.7, 0.0];
+        let q = [0.1f32, 0.2, 0.7, 0.0];
         // Row 0 (the pending token's) decides the first token; row 1 the bonus.
         let logits = Tensor::new(&[target_logits, [0.0, 0.0, 0.0, 0.0]], &Device::Cpu).unwrap();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let trials = 200_000;
+        let trials = 200_000u64;
         let mut counts = [0usize; 4];
         let mut accepted = 0;
-        for _ in 0..trials {
-            let x = sample(&q, &mut rng);
-            let (path, bonus) = walk_model_sampled(
-                &[9, x],
-                &logits,
-                std::slice::from_ref(&q),
-                &sampling,
-                &mut rng,
-            )
-            .unwrap();
+        for seed in 0..trials {
+            let draws = Draws::new(seed);
+            let x = sample(&q, draws.at(0));
+            let (path, bonus) =
+                walk_sampled(&[9, x], &[-1, 0], &logits, &sampling, &draws, 0).unwrap();
             let first = if path.len() == 2 { x } else { bonus };
             counts[first as usize] += 1;
             accepted += path.len() - 1;
@@ -664,12 +618,16 @@ mod tests {
                 p[i]
             );
         }
-        // And the acceptance rate is Σ min(p, q), as the rule says.
-        let expected: f32 = p.iter().zip(&q).map(|(a, b)| a.min(*b)).sum();
+        let (mut fp, mut fq, mut overlap) = (0.0f32, 0.0f32, 0.0f32);
+        for (a, b) in p.iter().zip(&q) {
+            overlap += ((fp + a).min(fq + b) - fp.max(fq)).max(0.0);
+            fp += a;
+            fq += b;
+        }
         let rate = accepted as f64 / trials as f64;
         assert!(
-            (rate - f64::from(expected)).abs() < 0.01,
-            "{rate} vs {expected}"
+            (rate - f64::from(overlap)).abs() < 0.01,
+            "{rate} vs {overlap}"
         );
     }
 

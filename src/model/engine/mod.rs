@@ -23,7 +23,6 @@ mod sampling;
 use std::time::Instant;
 
 use candle_core::Tensor;
-use rand::SeedableRng;
 
 use crate::speculate::{Draft, DraftSource};
 
@@ -37,10 +36,9 @@ use crate::chat::ChatTemplate;
 pub use cache_drafter::{CacheDrafter, CacheSource, NamespaceSource};
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
-use hybrid::walk_model_sampled;
 pub use hybrid::{DEFAULT_TAU, DraftSources, SourceCounts};
+use sampling::{Draws, walk_constrained, walk_greedy, walk_sampled};
 pub use sampling::{MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
-use sampling::{walk_constrained, walk_greedy, walk_sampled};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -328,7 +326,7 @@ impl Engine {
             text: Detokenizer::new(),
             emitted: 0,
             logprobs: Vec::new(),
-            rng: rand::rngs::StdRng::seed_from_u64(opts.sampling.seed),
+            draws: Draws::new(opts.sampling.seed),
             constraint: opts.grammar.as_ref().map(Grammar::start),
             grammar_failure: None,
             draft: None,
@@ -576,7 +574,8 @@ impl Engine {
                     &parents,
                     &own,
                     &sampling,
-                    &mut seq.rng,
+                    &seq.draws,
+                    seq.out.len(),
                     constraint,
                 )? {
                     Ok(walk) => walk,
@@ -591,15 +590,17 @@ impl Engine {
                 }
             } else if seq.opts.sampling.temperature <= 0.0 {
                 walk_greedy(&tokens, &parents, &greedy_rows[rows.clone()])
-            } else if draft.source == DraftSource::Model && !draft.is_empty() {
-                let own = logits.narrow(0, rows.start, rows.len())?;
-                let sampling = seq.opts.sampling;
-                let q = seq.draft.as_ref().map_or(&[][..], |s| &s.q[..]);
-                walk_model_sampled(&tokens, &own, q, &sampling, &mut seq.rng)?
             } else {
                 let own = logits.narrow(0, rows.start, rows.len())?;
                 let sampling = seq.opts.sampling;
-                walk_sampled(&tokens, &parents, &own, &sampling, &mut seq.rng)?
+                walk_sampled(
+                    &tokens,
+                    &parents,
+                    &own,
+                    &sampling,
+                    &seq.draws,
+                    seq.out.len(),
+                )?
             };
             seq.cache.commit(&path);
             let accepted = path.len() - 1;
@@ -721,6 +722,23 @@ impl Engine {
     }
 }
 
+/// Where the longest end of `text` that is the start of one of `stops` (and not a
+/// whole stop string, which is cut as soon as it appears) begins; `text.len()` when no
+/// end of it is.
+fn stop_prefix_start(text: &str, stops: &[String]) -> usize {
+    let mut start = text.len();
+    for stop in stops {
+        // The longest proper prefix of `stop` that `text` ends with.
+        let longest = (1..stop.len().min(text.len() + 1))
+            .rev()
+            .find(|&n| stop.is_char_boundary(n) && text.ends_with(&stop[..n]));
+        if let Some(n) = longest {
+            start = start.min(text.len() - n);
+        }
+    }
+    start
+}
+
 /// What one sequence runs in a step.
 enum Plan {
     /// Nothing: it is finished.
@@ -798,7 +816,8 @@ pub struct Sequence {
     emitted: usize,
     /// The log-probability of each token of `out`, when the options ask for them.
     logprobs: Vec<TokenLogprob>,
-    rng: rand::rngs::StdRng,
+    /// The uniform numbers its sampled tokens are drawn with.
+    draws: Draws,
     /// The grammar's state after `out`, when the options constrain the answer.
     constraint: Option<Constraint>,
     /// Why the grammar could not go on, if it could not.
@@ -832,16 +851,47 @@ impl Sequence {
     }
 
     /// Tokens generated since the last call, with their log-probabilities when the
-    /// options ask for them (else empty).
+    /// options ask for them (else empty). While the sequence runs, tokens whose text may
+    /// be the start of a stop string are held back until it is known whether the stop
+    /// string follows (then they are cut from the answer) or not: a stream's tokens are
+    /// the finished answer's, never a stop string's first characters.
     pub fn take_new_tokens(&mut self) -> (&[u32], &[TokenLogprob]) {
-        let from = self.emitted.min(self.out.len());
-        self.emitted = self.emitted.max(self.out.len());
-        let logprobs = self.logprobs.get(from..).unwrap_or_default();
-        (&self.out[from..], logprobs)
+        let ready = if self.is_finished() {
+            self.out.len()
+        } else {
+            let held_from = stop_prefix_start(self.text.text(), &self.opts.stop);
+            self.text.tokens_before(held_from).min(self.out.len())
+        };
+        let from = self.emitted.min(ready);
+        self.emitted = self.emitted.max(ready);
+        let logprobs = self.logprobs.get(from..ready).unwrap_or_default();
+        (&self.out[from..ready], logprobs)
     }
 
     /// Stop it: the caller went away.
     pub fn cancel(&mut self) {
         self.finish = Some(FinishReason::Cancelled);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stop_prefix_start;
+
+    #[test]
+    fn text_that_may_start_a_stop_string_is_held_back() {
+        let stops = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(stop_prefix_start("1, 2, 3, 4,", &stops(&["4, 5"])), 9);
+        assert_eq!(stop_prefix_start("1, 2, 3, 4", &stops(&["4, 5"])), 9);
+        assert_eq!(stop_prefix_start("1, 2, 3, ", &stops(&["4, 5"])), 9);
+        // The earliest start over every stop string.
+        let two = stops(&["\nObservation:", "3, 4, 9"]);
+        assert_eq!(stop_prefix_start("1, 2, 3, 4", &two), 6);
+        assert_eq!(stop_prefix_start("Thought: x\nObs", &two), 10);
+        assert_eq!(stop_prefix_start("abc", &[]), 3);
+        assert_eq!(stop_prefix_start("", &stops(&["x"])), 0);
+        // Multi-byte characters: prefixes end on character boundaries.
+        assert_eq!(stop_prefix_start("café ", &stops(&["é!"])), 6);
+        assert_eq!(stop_prefix_start("caf\u{e9}", &stops(&["\u{e9}!"])), 3);
     }
 }

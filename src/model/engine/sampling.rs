@@ -1,10 +1,17 @@
 //! Sampling and acceptance: the distribution a sampled token is drawn from, the
 //! walks that accept a verified draft's path, greedy (exactly plain decoding's output)
-//! or sampled (speculative sampling, which preserves the model's distribution), and the
-//! log-probabilities reported with generated tokens.
+//! or sampled, and the log-probabilities reported with generated tokens.
+//!
+//! A sampled token is drawn by inverting its distribution's cumulative sum at a uniform
+//! number that depends on the request's seed and the token's position in the answer
+//! only ([`Draws`]). Verification draws the token at each position of the draft's path
+//! exactly as plain decoding would, and follows the child that holds it: the answer is
+//! plain sampling's answer for the seed, token for token, whatever was drafted (so a
+//! seed reproduces with and without speculation), each token follows the model's
+//! distribution, and a deterministic draft token x is accepted with probability p(x),
+//! as the speculative sampling rule accepts it.
 
 use candle_core::Tensor;
-use rand::Rng;
 
 use super::super::forward::ModelError;
 use super::super::grammar::{Constraint, GrammarError};
@@ -111,69 +118,83 @@ pub(super) fn walk_greedy(tokens: &[u32], parents: &[i32], argmax: &[u32]) -> (V
     }
 }
 
-/// Sampled acceptance (recursive rejection for deterministic drafts).
+/// The uniform numbers a sampled answer is drawn with: one per position of the answer,
+/// a function of the seed and the position alone (SplitMix64's stream for the seed).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Draws {
+    stream: u64,
+}
+
+impl Draws {
+    /// The draws of answers sampled with `seed`.
+    pub(super) fn new(seed: u64) -> Self {
+        Draws {
+            stream: splitmix64(seed),
+        }
+    }
+
+    /// The draw in [0, 1) for the answer's token at `position` (0 is its first token).
+    pub(super) fn at(&self, position: usize) -> f32 {
+        let bits = splitmix64(self.stream.wrapping_add(position as u64));
+        // The top 24 bits: every value is exact in an f32 and below 1.
+        (bits >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// SplitMix64's output function (Steele, Lea and Flood, 2014) over `state` advanced
+/// by its constant: consecutive states give independent-looking outputs.
+fn splitmix64(state: u64) -> u64 {
+    let mut z = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Sampled acceptance: from the root, the token at each position is drawn from the
+/// model's distribution at the path's last node with that position's draw; the walk
+/// follows the child holding it, and the first token no child holds is the bonus.
+/// `position`: the position in the answer of the token the root's row predicts.
 pub(super) fn walk_sampled(
     tokens: &[u32],
     parents: &[i32],
     logits: &Tensor,
     sampling: &Sampling,
-    rng: &mut impl Rng,
+    draws: &Draws,
+    position: usize,
 ) -> Result<(Vec<usize>, u32), ModelError> {
     let mut path = vec![0usize];
     let mut cur = 0usize;
     loop {
         let row: Vec<f32> = logits.get(cur)?.to_vec1()?;
-        let mut p = sampling.distribution(&row);
-        match try_children(tokens, parents, cur, &mut p, rng) {
+        let p = sampling.distribution(&row);
+        let token = sample(&p, draws.at(position + path.len() - 1));
+        match child_with(tokens, parents, cur, token) {
             Some(j) => {
                 path.push(j);
                 cur = j;
             }
-            None => return Ok((path, sample(&p, rng))),
+            None => return Ok((path, token)),
         }
     }
 }
 
-/// Offer node `cur`'s draft children to `p` in turn, each accepted with its
-/// probability; a rejected child's token leaves `p` (the residual max(p − q, 0) for a
-/// point mass q is p without it, renormalised). Returns the accepted child, or None with
-/// `p` the distribution the token is then drawn from.
-fn try_children(
-    tokens: &[u32],
-    parents: &[i32],
-    cur: usize,
-    p: &mut [f32],
-    rng: &mut impl Rng,
-) -> Option<usize> {
-    for j in (cur + 1..tokens.len()).filter(|&j| parents[j] == cur as i32) {
-        let x = tokens[j] as usize;
-        let px = p.get(x).copied().unwrap_or(0.0);
-        if px > 0.0 && rng.random::<f32>() < px {
-            return Some(j);
-        }
-        if px > 0.0 {
-            p[x] = 0.0;
-            let total: f32 = p.iter().sum();
-            if total <= 0.0 {
-                break;
-            }
-            p.iter_mut().for_each(|v| *v /= total);
-        }
-    }
-    None
+/// The child of node `cur` that holds `token`, if one does.
+fn child_with(tokens: &[u32], parents: &[i32], cur: usize, token: u32) -> Option<usize> {
+    (cur + 1..tokens.len()).find(|&j| parents[j] == cur as i32 && tokens[j] == token)
 }
 
 /// Acceptance under a grammar, greedy or sampled: at each node the row's logits are
 /// masked to what the grammar allows after the path so far, then the choice is made as
-/// plain constrained decoding makes it (the masked argmax, or a draw from the masked
-/// distribution, with the same acceptance rules as [`walk_greedy`] and
-/// [`walk_sampled`]). Every token taken, the bonus included, advances `constraint`.
+/// plain constrained decoding makes it (the masked argmax, or the position's draw from
+/// the masked distribution, as [`walk_greedy`] and [`walk_sampled`] make it). Every
+/// token taken, the bonus included, advances `constraint`.
 pub(super) fn walk_constrained(
     tokens: &[u32],
     parents: &[i32],
     logits: &Tensor,
     sampling: &Sampling,
-    rng: &mut impl Rng,
+    draws: &Draws,
+    position: usize,
     constraint: &mut Constraint,
 ) -> Result<Result<(Vec<usize>, u32), GrammarError>, ModelError> {
     let mut path = vec![0usize];
@@ -188,18 +209,15 @@ pub(super) fn walk_constrained(
                 "the grammar allows no token here".into(),
             )));
         }
-        let (next, chosen) = if sampling.temperature <= 0.0 {
-            let want = super::super::forward::argmax(&row);
-            let next =
-                (cur + 1..tokens.len()).find(|&j| parents[j] == cur as i32 && tokens[j] == want);
-            (next, want)
+        let chosen = if sampling.temperature <= 0.0 {
+            super::super::forward::argmax(&row)
         } else {
-            let mut p = sampling.distribution(&row);
-            match try_children(tokens, parents, cur, &mut p, rng) {
-                Some(j) => (Some(j), tokens[j]),
-                None => (None, sample(&p, rng)),
-            }
+            sample(
+                &sampling.distribution(&row),
+                draws.at(position + path.len() - 1),
+            )
         };
+        let next = child_with(tokens, parents, cur, chosen);
         if let Err(e) = constraint.advance(chosen) {
             return Ok(Err(e));
         }
@@ -213,17 +231,17 @@ pub(super) fn walk_constrained(
     }
 }
 
-/// A draw from `p` (a distribution that sums to 1).
-pub(super) fn sample(p: &[f32], rng: &mut impl Rng) -> u32 {
-    let r: f32 = rng.random();
+/// The token where `p`'s cumulative sum (in token order) first exceeds `draw`, a
+/// uniform number in [0, 1): a draw from `p`, a distribution that sums to 1.
+pub(super) fn sample(p: &[f32], draw: f32) -> u32 {
     let mut acc = 0.0;
     for (i, &x) in p.iter().enumerate() {
         acc += x;
-        if r < acc {
+        if draw < acc {
             return i as u32;
         }
     }
-    // Rounding left r above the total: the last token with mass.
+    // Rounding left the draw above the total: the last token with mass.
     p.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
 }
 
@@ -278,7 +296,7 @@ impl TokenLogprob {
 
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
+    use rand::{Rng, SeedableRng};
 
     use super::*;
 
@@ -389,12 +407,12 @@ mod tests {
             (vec![9u32, 1, 0, 3], vec![-1i32, 0, 0, 1]),
             (vec![9u32, 4, 2, 5], vec![-1i32, 0, 1, 0]),
         ] {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
             let n = 200_000;
             let mut hist = vec![0u64; logits.len()];
-            for _ in 0..n {
+            for seed in 0..n {
+                let draws = Draws::new(seed);
                 let (path, bonus) =
-                    walk_sampled(&tokens, &parents, &t, &sampling, &mut rng).unwrap();
+                    walk_sampled(&tokens, &parents, &t, &sampling, &draws, 5).unwrap();
                 let first = if path.len() > 1 {
                     tokens[path[1]]
                 } else {
@@ -465,13 +483,13 @@ mod tests {
             (vec![9u32, hello, no], vec![-1i32, 0, 0]),
             (vec![9u32, maybe, 7], vec![-1i32, 0, 1]),
         ] {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(11);
             let n = 20_000;
             let mut hist = std::collections::HashMap::<u32, u64>::new();
-            for _ in 0..n {
+            for seed in 0..n {
                 let mut c = grammar.start();
+                let draws = Draws::new(seed);
                 let (path, bonus) =
-                    walk_constrained(&tokens, &parents, &t, &sampling, &mut rng, &mut c)
+                    walk_constrained(&tokens, &parents, &t, &sampling, &draws, 0, &mut c)
                         .unwrap()
                         .unwrap();
                 let first = if path.len() > 1 {
@@ -496,6 +514,77 @@ mod tests {
             assert!(rest <= 5, "{hist:?}");
             // 99.9th percentile of chi-square with 2 degrees of freedom is 13.82.
             assert!(chi2 < 13.82, "chi2 {chi2} for {tokens:?}: {hist:?}");
+        }
+    }
+
+    /// Whatever the draft tree, a sampled walk takes at each position the token plain
+    /// sampling takes there with the same seed: the answer does not depend on what was
+    /// drafted. Rows differ per node, so a wrong position or row would show.
+    #[test]
+    fn a_sampled_walk_takes_plain_samplings_tokens_whatever_was_drafted() {
+        let vocab = 6usize;
+        let sampling = Sampling {
+            temperature: 1.0,
+            ..Sampling::default()
+        };
+        // Node i's row: logits that favour token (i % vocab) a little.
+        let row_of = |i: usize| -> Vec<f32> {
+            (0..vocab)
+                .map(|t| if t == i % vocab { 1.0 } else { 0.3 * t as f32 })
+                .collect()
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for seed in 0..2_000u64 {
+            let draws = Draws::new(seed);
+            let start = rng.random_range(0..100);
+            // A random tree of 8 nodes: node j's parent is one of the nodes before it.
+            let n = 8;
+            let parents: Vec<i32> = (0..n)
+                .map(|j| {
+                    if j == 0 {
+                        -1
+                    } else {
+                        rng.random_range(0..j) as i32
+                    }
+                })
+                .collect();
+            let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab as u32)).collect();
+            let rows: Vec<f32> = (0..n).flat_map(row_of).collect();
+            let t = Tensor::from_vec(rows, (n, vocab), &candle_core::Device::Cpu).unwrap();
+            let (path, bonus) =
+                walk_sampled(&tokens, &parents, &t, &sampling, &draws, start).unwrap();
+            // Plain sampling along the same path: at each node, its row and the draw of
+            // its position.
+            for (depth, &node) in path.iter().enumerate() {
+                let want = sample(
+                    &sampling.distribution(&row_of(node)),
+                    draws.at(start + depth),
+                );
+                let took = path.get(depth + 1).map_or(bonus, |&next| tokens[next]);
+                assert_eq!(took, want, "seed {seed}, tree {parents:?} {tokens:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn draws_are_uniform_and_depend_on_seed_and_position_only() {
+        let a = Draws::new(42);
+        assert_eq!(a.at(7), Draws::new(42).at(7));
+        assert_ne!(a.at(7), a.at(8));
+        assert_ne!(a.at(7), Draws::new(43).at(7));
+        // Ten bins over 100k positions of one seed and 100k seeds at one position.
+        for draws in [
+            (0..100_000).map(|i| a.at(i)).collect::<Vec<_>>(),
+            (0..100_000).map(|s| Draws::new(s).at(3)).collect(),
+        ] {
+            let mut bins = [0f64; 10];
+            for d in draws {
+                assert!((0.0..1.0).contains(&d));
+                bins[(d * 10.0) as usize] += 1.0;
+            }
+            let chi2: f64 = bins.iter().map(|o| (o - 10_000.0).powi(2) / 10_000.0).sum();
+            // 99.9th percentile of chi-square with 9 degrees of freedom is 27.88.
+            assert!(chi2 < 27.88, "{bins:?}");
         }
     }
 
