@@ -81,6 +81,7 @@ fn main() -> anyhow::Result<()> {
                 namespace: "default".into(),
                 logprobs: None,
                 grammar: None,
+                stop_on_repeat: None,
             };
             let mut times = Vec::new();
             for _ in 0..repeats.max(1) {

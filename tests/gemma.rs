@@ -58,6 +58,7 @@ fn options(max_tokens: usize, speculate: bool) -> GenerateOptions {
         namespace: "default".into(),
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     }
 }
 

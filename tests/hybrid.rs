@@ -87,6 +87,7 @@ fn options(max_tokens: usize, speculate: bool, sampling: Sampling) -> GenerateOp
         namespace: "default".into(),
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     }
 }
 

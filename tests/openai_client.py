@@ -168,6 +168,90 @@ obj = client.chat.completions.create(
 text = "".join(c.choices[0].delta.content or "" for c in obj if c.choices)
 assert isinstance(json.loads(text), dict), text
 
+# Tools as Pydantic writes them: a nested model and an Enum under `$defs`, through
+# `openai.pydantic_function_tool` (strict), and a hand-written object without
+# `additionalProperties` (closed by the server), with a forced call: one call that
+# validates, no markup in the content.
+from enum import Enum
+from typing import Literal, Union
+
+
+class Priority(str, Enum):
+    low = "low"
+    high = "high"
+
+
+class Assignee(BaseModel):
+    name: str = Field(max_length=20)
+
+
+class CreateTicket(BaseModel):
+    title: str = Field(max_length=40)
+    priority: Priority
+    assignee: Assignee
+
+
+ticket_tool = openai.pydantic_function_tool(CreateTicket)
+assert "$defs" in json.dumps(ticket_tool), ticket_tool
+ticket_ask = [{"role": "user", "content": "Open a high-priority ticket for Ana: the printer is broken."}]
+r = client.chat.completions.parse(
+    model=model, messages=ticket_ask, tools=[ticket_tool], tool_choice="required", max_tokens=96, temperature=0,
+)
+msg = r.choices[0].message
+assert r.choices[0].finish_reason == "tool_calls" and len(msg.tool_calls) == 1, r
+assert isinstance(msg.tool_calls[0].function.parsed_arguments, CreateTicket), msg
+assert not msg.content, msg
+loose = {"type": "function", "function": {"name": "add_note", "parameters": {
+    "type": "object", "properties": {"note": {"type": "string", "maxLength": 40}}, "required": ["note"]}}}
+# The README's example: parallel calls allowed (the default), one call comes back.
+r = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Note that the printer is broken."}], tools=[loose],
+    tool_choice="required", max_tokens=128, temperature=0,
+)
+calls = r.choices[0].message.tool_calls
+assert len(calls) == 1 and set(json.loads(calls[0].function.arguments)) == {"note"}, r
+# A call cut off by max_tokens: finish_reason "length", and no markup in the content.
+for stream in (False, True):
+    if stream:
+        chunks = list(client.chat.completions.create(
+            model=model, messages=ticket_ask, tools=[ticket_tool], tool_choice="required", max_tokens=12,
+            temperature=0, stream=True,
+        ))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finish == ["length"], chunks
+    else:
+        r = client.chat.completions.create(
+            model=model, messages=ticket_ask, tools=[ticket_tool], tool_choice="required", max_tokens=12,
+            temperature=0,
+        )
+        content = r.choices[0].message.content or ""
+        assert r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls, r
+    assert "tool_call" not in content, content
+
+
+# A discriminated union (Pydantic writes `oneOf` with a discriminator) as a response format.
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    lives: int = Field(ge=1, le=9)
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    breed: str = Field(max_length=20)
+
+
+class Pet(BaseModel):
+    pet: Union[Cat, Dog] = Field(discriminator="kind")
+
+
+assert "oneOf" in json.dumps(Pet.model_json_schema()), Pet.model_json_schema()
+pet = client.chat.completions.parse(
+    model=model, messages=[{"role": "user", "content": "Describe a pet as JSON."}], response_format=Pet,
+    max_tokens=64, temperature=0,
+)
+assert isinstance(pet.choices[0].message.parsed, Pet), pet
+
 # A schema the engine cannot use is a BadRequestError that names it.
 try:
     client.chat.completions.create(

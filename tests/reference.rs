@@ -319,6 +319,7 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
         namespace: "default".into(),
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     };
     let mut gguf_engine = gguf_engine;
     let mut hf_engine = hf_engine;

@@ -145,6 +145,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
         namespace: "default".into(),
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     };
     let prompts = prompts();
     assert_eq!(prompts.len(), 50);
@@ -206,6 +207,7 @@ fn a_stop_string_cuts_the_answer_before_it_with_and_without_speculation() {
         namespace: "default".into(),
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     };
     let chat = engine
         .template()
@@ -302,6 +304,7 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
                 namespace: "default".into(),
                 logprobs: None,
                 grammar: None,
+                stop_on_repeat: None,
             },
             &mut NoDrafts,
             &mut |_| true,
@@ -360,6 +363,7 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
         namespace: "default".into(),
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     };
     let plain: Vec<Vec<u32>> = prompts
         .iter()
@@ -647,6 +651,7 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
         namespace: namespace.into(),
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     };
     let questions = [
         "def first(xs): return xs[0]",

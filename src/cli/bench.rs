@@ -141,6 +141,7 @@ impl Side {
             .into(),
             logprobs: None,
             grammar: None,
+            stop_on_repeat: None,
         };
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],

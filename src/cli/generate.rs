@@ -221,6 +221,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         namespace: a.namespace.clone(),
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     };
     let empty = GlobalTree::new(params.max_depth)?;
     let snapshot = match &a.snapshot {

@@ -62,6 +62,47 @@ pub struct GenerateOptions {
     pub logprobs: Option<usize>,
     /// Hold the answer to this grammar (constrained decoding); None: free text.
     pub grammar: Option<Grammar>,
+    /// End the answer before a block between these delimiters that repeats one the
+    /// answer already holds, text for text (a small model asked for tool calls repeats
+    /// the call it just made until `max_tokens`); None: blocks may repeat.
+    pub stop_on_repeat: Option<Delimiters>,
+}
+
+/// Where a block of the answer starts and ends ([`GenerateOptions::stop_on_repeat`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delimiters {
+    /// The text that opens a block.
+    pub open: String,
+    /// The text that closes it.
+    pub close: String,
+}
+
+impl Delimiters {
+    /// Where to cut `text` when one of its complete blocks repeats an earlier one: the
+    /// start of the first such block, less the whitespace before it. None when no block
+    /// repeats. Every block is looked at, since one step may accept several.
+    pub fn repeat_at(&self, text: &str) -> Option<usize> {
+        let mut from = 0;
+        while let Some(start) = text[from..].find(&self.open).map(|i| from + i) {
+            let body = start + self.open.len();
+            let end = body + text[body..].find(&self.close)? + self.close.len();
+            if text[..start].contains(&text[start..end]) {
+                return Some(text[..start].trim_end().len());
+            }
+            from = end;
+        }
+        None
+    }
+
+    /// Where to cut `text` when it ends in an unclosed block whose text so far begins
+    /// an earlier block (the start of that block, less the whitespace before it): an
+    /// answer cut by its length while repeating a block. None otherwise.
+    pub fn unfinished_repeat_at(&self, text: &str) -> Option<usize> {
+        let start = text.rfind(&self.open)?;
+        let tail = &text[start..];
+        (!tail.contains(&self.close) && text[..start].contains(tail))
+            .then(|| text[..start].trim_end().len())
+    }
 }
 
 /// Why generation ended.
@@ -654,8 +695,36 @@ impl Engine {
                 seq.text.truncate(cut);
                 stop = true;
             }
+            if let Some(cut) = seq
+                .opts
+                .stop_on_repeat
+                .as_ref()
+                .and_then(|d| d.repeat_at(seq.text.text()))
+            {
+                let cut = seq.text.tokens_before(cut);
+                seq.out.truncate(cut);
+                seq.logprobs.truncate(cut);
+                seq.text.truncate(cut);
+                stop = true;
+            }
             // A complete grammar allows nothing but the end: no need for a step to say so.
             if seq.constraint.as_ref().is_some_and(Constraint::is_finished) {
+                stop = true;
+            }
+            if !stop
+                && seq.out.len() >= seq.opts.max_tokens
+                && let Some(cut) = seq
+                    .opts
+                    .stop_on_repeat
+                    .as_ref()
+                    .and_then(|d| d.unfinished_repeat_at(seq.text.text()))
+            {
+                // Cut off while repeating a block: the repeat is dropped, as a complete
+                // one would be, and the answer is what came before it.
+                let cut = seq.text.tokens_before(cut);
+                seq.out.truncate(cut);
+                seq.logprobs.truncate(cut);
+                seq.text.truncate(cut);
                 stop = true;
             }
             if stop {
@@ -877,6 +946,29 @@ impl Sequence {
 #[cfg(test)]
 mod tests {
     use super::stop_prefix_start;
+
+    #[test]
+    fn a_repeated_block_is_found_where_it_starts() {
+        let d = super::Delimiters {
+            open: "<c>".into(),
+            close: "</c>".into(),
+        };
+        assert_eq!(d.repeat_at("<c>a</c>"), None);
+        assert_eq!(d.repeat_at("<c>a</c>\n<c>b</c>"), None);
+        assert_eq!(d.repeat_at("<c>a</c>\n<c>a"), None, "not complete yet");
+        assert_eq!(d.repeat_at("x <c>a</c>\n<c>a</c>\n"), Some(10));
+        assert_eq!(d.repeat_at("<c>a</c><c>b</c> <c>a</c>"), Some(16));
+        // One step may accept several blocks: the first repeat is where to cut.
+        assert_eq!(d.repeat_at("<c>a</c>\n<c>a</c>\n<c>a</c>"), Some(8));
+        assert_eq!(d.unfinished_repeat_at("<c>ab</c>\n<c>a"), Some(9));
+        assert_eq!(d.unfinished_repeat_at("<c>ab</c>\n<c>b"), None);
+        assert_eq!(
+            d.unfinished_repeat_at("<c>ab</c>\n<c>ab</c>"),
+            None,
+            "complete"
+        );
+        assert_eq!(d.unfinished_repeat_at("<c>ab</c>"), None);
+    }
 
     #[test]
     fn text_that_may_start_a_stop_string_is_held_back() {

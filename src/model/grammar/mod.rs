@@ -77,8 +77,10 @@ pub enum GrammarSpec {
 /// How JSON is laid out under a schema: one space after `,` and `:`, no other
 /// whitespace. One layout makes the keys, separators and braces forced tokens (drafted
 /// for free) and makes answers repeat token for token, which the suffix trees learn.
-const JSON_LAYOUT: &str =
-    r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
+/// `oneOf` is read as `anyOf` (`coerce_one_of`): Pydantic writes `oneOf` for
+/// discriminated unions, whose branches exclude each other by their tag anyway; in
+/// general an answer may then match more than one branch.
+const JSON_LAYOUT: &str = r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "coerce_one_of": true}"#;
 
 /// `schema` with [`JSON_LAYOUT`], unless it sets its own (`x-guidance`). For schemas
 /// embedded in Lark grammars (`%json {..}`), which [`GrammarCompiler::compile`] does not

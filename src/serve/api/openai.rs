@@ -348,6 +348,10 @@ async fn generate(
     opts.grammar = grammar_of(&app, format, tool_plan.as_ref()).await?;
     // Calls are read from the answer when the model may make them.
     let reads_calls = tool_plan.as_ref().is_some_and(ToolPlan::offers_calls);
+    if reads_calls {
+        // A small model repeats the call it just made until `max_tokens`.
+        opts.stop_on_repeat = Some(tools::call_delimiters());
+    }
     // One job per choice, choice i sampling with seed + i; the model thread batches them
     // like any concurrent requests.
     let mut jobs = Vec::new();
@@ -397,16 +401,16 @@ async fn generate(
                 .as_deref()
                 .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, &mut 0));
             if chat {
-                let calls = reads_calls.then(|| tools::parse_tool_calls(&g.text)).flatten();
-                let (message, finish_reason) = match calls {
-                    Some((content, calls)) => {
-                        let calls: Vec<serde_json::Value> =
-                            calls.iter().map(|c| c.to_json(None)).collect();
-                        (json!({"role": "assistant", "content": content, "tool_calls": calls}), "tool_calls")
-                    }
-                    None => (json!({"role": "assistant", "content": g.text}), finish(g)),
+                let (content, calls) = if reads_calls {
+                    tools::read_answer(&g.text)
+                } else {
+                    (Some(g.text.clone()), Vec::new())
                 };
-                json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    message["tool_calls"] = calls.iter().map(|c| c.to_json(None)).collect();
+                }
+                json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": chat_finish(g, &calls)})
             } else {
                 json!({"index": i, "text": g.text, "finish_reason": finish(g), "logprobs": logprobs})
             }
@@ -585,6 +589,7 @@ fn generate_options(
         namespace,
         logprobs: None,
         grammar: None,
+        stop_on_repeat: None,
     })
 }
 
@@ -743,6 +748,15 @@ fn finish(g: &Generation) -> &'static str {
     }
 }
 
+/// A chat answer's `finish_reason`: `length` whenever `max_tokens` (or the context) cut
+/// it, as OpenAI says, even within a call; else `tool_calls` when it made calls.
+fn chat_finish(g: &Generation, calls: &[tools::ToolCall]) -> &'static str {
+    match finish(g) {
+        "stop" if !calls.is_empty() => "tool_calls",
+        other => other,
+    }
+}
+
 /// The usage of a request's choices: the prompt once (and its cached part, the first
 /// choice's), the completions summed.
 fn usage_of(gs: &[Generation]) -> serde_json::Value {
@@ -839,25 +853,30 @@ fn stream_response(
         }
         match done.await {
             Ok(Ok(g)) => {
-                let calls = reads_calls.then(|| tools::parse_tool_calls(&g.text)).flatten();
-                let end = if calls.is_some() { tools::streamable_len(&g.text) } else { g.text.len() };
-                let rest = if end > sent && g.text.is_char_boundary(sent) && g.text.is_char_boundary(end) {
-                    g.text[sent..end].to_string()
+                // The content past what was sent: the answer's, with any call blocks
+                // out of it (what went out is always its start).
+                let (content, calls) = if reads_calls {
+                    tools::read_answer(&g.text)
+                } else {
+                    (Some(g.text.clone()), Vec::new())
+                };
+                let content = content.unwrap_or_default();
+                let rest = if content.len() > sent && content.is_char_boundary(sent) {
+                    content[sent..].to_string()
                 } else {
                     String::new()
                 };
-                if !rest.is_empty() || (!pending.is_empty() && calls.is_none()) {
+                if !rest.is_empty() || (!pending.is_empty() && calls.is_empty()) {
                     let logprobs = take_logprobs(&mut pending);
                     yield Ok(chunk(json!({"content": rest}), logprobs, None));
                 }
-                let mut finish_reason = finish(&g);
-                if let Some((_, calls)) = &calls {
+                if !calls.is_empty() {
                     let deltas: Vec<serde_json::Value> =
                         calls.iter().enumerate().map(|(i, c)| c.to_json(Some(i))).collect();
                     let logprobs = take_logprobs(&mut pending);
                     yield Ok(chunk(json!({"tool_calls": deltas}), logprobs, None));
-                    finish_reason = "tool_calls";
                 }
+                let finish_reason = chat_finish(&g, &calls);
                 let choice = if chat {
                     json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
                 } else {

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::chat::ChatMessage;
+use crate::model::engine::Delimiters;
 use crate::model::grammar::{GrammarSpec, with_json_layout};
 
 use super::ApiError;
@@ -280,6 +281,7 @@ fn call_schema(tools: &[&Tool]) -> Value {
     let one = |t: &Tool, at: &str| {
         let mut arguments = t.parameters();
         rebase_references(&mut arguments, &format!("{at}/properties/arguments"));
+        close_objects(&mut arguments);
         json!({
             "type": "object",
             "properties": {
@@ -302,45 +304,82 @@ fn call_schema(tools: &[&Tool]) -> Value {
     }
 }
 
-/// Prefix every local JSON-pointer reference in `schema` (`#`, `#/..`) with `at`, the
-/// pointer to where `schema` is placed in a larger document. Anchors (`#name`) and other
-/// documents' URIs are left alone. Iterative: a schema's depth is the client's choice.
-fn rebase_references(schema: &mut Value, at: &str) {
-    // (value, whether it is a map of names to schemas, such as `properties`)
-    let mut stack = vec![(schema, false)];
-    while let Some((v, names_schemas)) = stack.pop() {
-        match v {
-            Value::Object(map) => {
-                if !names_schemas
-                    && let Some(Value::String(r)) = map.get_mut("$ref")
-                    && let Some(pointer) = r.strip_prefix('#')
-                    && (pointer.is_empty() || pointer.starts_with('/'))
-                {
-                    *r = format!("#{at}{pointer}");
-                }
+/// Call `f` on every schema object within `schema` (itself included), with whether it
+/// is a branch of an `allOf`. Values under `const`, `enum`, `default` and `examples`
+/// are data, not schemas, and are skipped; so are the names of `properties` and the
+/// like (a property named `$ref` is not a reference). Iterative: a schema's depth is
+/// the client's choice.
+fn for_each_schema(
+    schema: &mut Value,
+    mut f: impl FnMut(&mut serde_json::Map<String, Value>, bool),
+) {
+    /// What a value on the stack is.
+    #[derive(Clone, Copy)]
+    enum Held {
+        /// A schema (or a list of them); true: a branch of `allOf`.
+        Schema(bool),
+        /// A map of names to schemas, such as `properties`.
+        NamedSchemas,
+    }
+    let mut stack = vec![(schema, Held::Schema(false))];
+    while let Some((v, held)) = stack.pop() {
+        match (v, held) {
+            (Value::Object(map), Held::NamedSchemas) => {
+                stack.extend(map.values_mut().map(|c| (c, Held::Schema(false))));
+            }
+            (Value::Object(map), Held::Schema(in_all_of)) => {
+                f(map, in_all_of);
                 for (key, child) in map.iter_mut() {
-                    // Under `const`, `enum`, `default` and `examples` is data, not
-                    // schemas: a `$ref` key there is not a reference.
-                    if names_schemas
-                        || !matches!(key.as_str(), "const" | "enum" | "default" | "examples")
-                    {
-                        let map_of_schemas = !names_schemas
-                            && matches!(
-                                key.as_str(),
-                                "properties"
-                                    | "patternProperties"
-                                    | "$defs"
-                                    | "definitions"
-                                    | "dependentSchemas"
-                            );
-                        stack.push((child, map_of_schemas));
-                    }
+                    let held = match key.as_str() {
+                        "const" | "enum" | "default" | "examples" => continue,
+                        "properties" | "patternProperties" | "$defs" | "definitions"
+                        | "dependentSchemas" => Held::NamedSchemas,
+                        "allOf" => Held::Schema(true),
+                        _ => Held::Schema(false),
+                    };
+                    stack.push((child, held));
                 }
             }
-            Value::Array(items) => stack.extend(items.iter_mut().map(|c| (c, false))),
+            (Value::Array(items), Held::Schema(in_all_of)) => {
+                stack.extend(items.iter_mut().map(|c| (c, Held::Schema(in_all_of))));
+            }
             _ => {}
         }
     }
+}
+
+/// Prefix every local JSON-pointer reference in `schema` (`#`, `#/..`) with `at`, the
+/// pointer to where `schema` is placed in a larger document. Anchors (`#name`) and other
+/// documents' URIs are left alone.
+fn rebase_references(schema: &mut Value, at: &str) {
+    for_each_schema(schema, |map, _| {
+        if let Some(Value::String(r)) = map.get_mut("$ref")
+            && let Some(pointer) = r.strip_prefix('#')
+            && (pointer.is_empty() || pointer.starts_with('/'))
+        {
+            *r = format!("#{at}{pointer}");
+        }
+    });
+}
+
+/// Close the objects of a tool's arguments: an object schema that lists `properties`
+/// and says nothing of other keys (`additionalProperties`, `patternProperties`,
+/// `unevaluatedProperties`) allows no others, as OpenAI's strict function calling
+/// does; otherwise a small model invents keys until `max_tokens`. Branches of `allOf`
+/// are left open, since their properties add up.
+fn close_objects(schema: &mut Value) {
+    for_each_schema(schema, |map, in_all_of| {
+        let says_nothing = [
+            "additionalProperties",
+            "patternProperties",
+            "unevaluatedProperties",
+        ]
+        .iter()
+        .all(|k| !map.contains_key(*k));
+        if !in_all_of && map.contains_key("properties") && says_nothing {
+            map.insert("additionalProperties".into(), Value::Bool(false));
+        }
+    });
 }
 
 /// `response_format`: text (None), any JSON object, or JSON under a schema.
@@ -415,38 +454,57 @@ pub(super) fn call_text(name: &str, arguments: &Value) -> String {
     )
 }
 
-/// The calls in an answer, and the text around them (None when only calls). An answer
-/// with no well-formed call is all content: a `<tool_call>` block that does not hold
-/// `{"name": .., "arguments": {..}}` leaves the whole answer as text.
-pub(super) fn parse_tool_calls(text: &str) -> Option<(Option<String>, Vec<ToolCall>)> {
+/// The delimiters of a call in the answer, for ending an answer that repeats a call.
+pub(super) fn call_delimiters() -> Delimiters {
+    Delimiters {
+        open: CALL_OPEN.into(),
+        close: CALL_CLOSE.into(),
+    }
+}
+
+/// An answer that may hold calls, read: its content is the text outside the call
+/// blocks (None when there is none), its calls the blocks that hold a well-formed
+/// `{"name": .., "arguments": {..}}`. A block that does not (a call cut off by
+/// `max_tokens`, or a model's broken one) is dropped: call markup never reaches the
+/// content. Without any block the content is the whole text.
+pub(super) fn read_answer(text: &str) -> (Option<String>, Vec<ToolCall>) {
+    if !text.contains(CALL_OPEN) {
+        return (Some(text.to_string()), Vec::new());
+    }
     let mut calls = Vec::new();
-    let mut content = String::new();
+    let mut pieces: Vec<&str> = Vec::new();
     let mut rest = text;
     while let Some(at) = rest.find(CALL_OPEN) {
-        content.push_str(&rest[..at]);
+        pieces.push(&rest[..at]);
         let body_start = &rest[at + CALL_OPEN.len()..];
-        let (body, after, closed) = match body_start.find(CALL_CLOSE) {
-            Some(end) => (
-                &body_start[..end],
-                &body_start[end + CALL_CLOSE.len()..],
-                true,
-            ),
-            None => (body_start, "", false),
+        let (body, after) = match body_start.find(CALL_CLOSE) {
+            Some(end) => (&body_start[..end], &body_start[end + CALL_CLOSE.len()..]),
+            None => (body_start, ""),
         };
         match read_call(body) {
             Some(call) => calls.push(call),
-            // An unclosed last call cut off by `max_tokens`: the complete ones stand.
-            None if !closed && !calls.is_empty() => break,
-            None => return None,
+            None => tracing::debug!("an answer's call block is not a call: {body:?}"),
         }
         rest = after;
     }
-    if calls.is_empty() {
-        return None;
+    pieces.push(rest);
+    // The first piece keeps its start (a stream has sent it as it came); the rest are
+    // trimmed where they met a call block.
+    let mut content = String::new();
+    for (i, piece) in pieces.iter().enumerate() {
+        let piece = if i == 0 {
+            piece.trim_end()
+        } else {
+            piece.trim()
+        };
+        if !piece.is_empty() {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(piece);
+        }
     }
-    content.push_str(rest);
-    let content = content.trim();
-    Some(((!content.is_empty()).then(|| content.to_string()), calls))
+    ((!content.is_empty()).then_some(content), calls)
 }
 
 /// One call's `{"name": .., "arguments": {..}}`.
@@ -465,10 +523,11 @@ fn read_call(body: &str) -> Option<ToolCall> {
 }
 
 /// How much of a streamed answer may go out as content now: text before a call, less
-/// a tail that may be the start of one.
+/// a tail that may be the start of one, and less trailing whitespace (which
+/// [`read_answer`] drops before a call).
 pub(super) fn streamable_len(text: &str) -> usize {
     if let Some(at) = text.find(CALL_OPEN) {
-        return at;
+        return text[..at].trim_end().len();
     }
     let mut keep = text.len();
     for n in (1..CALL_OPEN.len()).rev() {
@@ -480,7 +539,7 @@ pub(super) fn streamable_len(text: &str) -> usize {
             break;
         }
     }
-    keep
+    text[..keep].trim_end().len()
 }
 
 /// A request's assistant message with `tool_calls` in OpenAI's form, for the template:
@@ -547,7 +606,7 @@ mod tests {
     #[test]
     fn calls_are_read_from_the_answer_with_the_text_around_them() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
-        let (content, calls) = parse_tool_calls(text).unwrap();
+        let (content, calls) = read_answer(text);
         assert_eq!(content.as_deref(), Some("Let me check."));
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1].name, "get_weather");
@@ -555,24 +614,89 @@ mod tests {
             serde_json::from_str::<Value>(&calls[1].arguments).unwrap(),
             json!({"city": "Oslo"})
         );
-        // No call, or a broken one: all text.
-        assert!(parse_tool_calls("It is sunny.").is_none());
-        assert!(parse_tool_calls("<tool_call>\n{\"name\": 3}\n</tool_call>").is_none());
+        // No call: all text, as it is.
+        assert_eq!(
+            read_answer(" It is sunny. ").0.as_deref(),
+            Some(" It is sunny. ")
+        );
+        // A broken block is dropped, never left as content.
+        assert_eq!(
+            read_answer("<tool_call>\n{\"name\": 3}\n</tool_call>"),
+            (None, vec![])
+        );
         // An unclosed last call (the answer ended at max_tokens or eos) still counts.
-        let (content, calls) =
-            parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {}}").unwrap();
+        let (content, calls) = read_answer("<tool_call>{\"name\": \"f\", \"arguments\": {}}");
         assert_eq!((content, calls.len()), (None, 1));
         // A last call cut off half-way is dropped; the complete ones stand.
         let cut = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"f\", \"argu";
-        assert_eq!(parse_tool_calls(cut).unwrap().1.len(), 1);
+        assert_eq!(
+            read_answer(cut),
+            (
+                None,
+                vec![ToolCall {
+                    name: "f".into(),
+                    arguments: "{}".into()
+                }]
+            )
+        );
+        // Text after a call is content too.
+        let (content, _) = read_answer(
+            "Sure.\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n Done. ",
+        );
+        assert_eq!(content.as_deref(), Some("Sure.\nDone."));
     }
 
     #[test]
     fn streaming_holds_back_what_may_open_a_call() {
         assert_eq!(streamable_len("Hello"), 5);
-        assert_eq!(streamable_len("Hello <tool"), 6);
-        assert_eq!(streamable_len("Hello <tool_call>\n{"), 6);
+        assert_eq!(streamable_len("Hello <tool"), 5);
+        assert_eq!(streamable_len("Hello <tool_call>\n{"), 5);
         assert_eq!(streamable_len("a < b"), 5);
+        assert_eq!(streamable_len("a\n"), 1);
+    }
+
+    #[test]
+    fn argument_objects_are_closed_and_references_rebased() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "item": {"$ref": "#/$defs/Item"},
+                "free": {"type": "object"},
+                "tags": {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}},
+                "$ref": {"type": "object", "properties": {"x": {}}},
+                "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+                "data": {"const": {"properties": {"$ref": "#/x"}}}
+            },
+            "$defs": {"Item": {"type": "object", "properties": {"n": {"type": "integer"}}}}
+        });
+        rebase_references(&mut schema, "/properties/arguments");
+        close_objects(&mut schema);
+        assert_eq!(schema["additionalProperties"], json!(false));
+        assert_eq!(
+            schema["$defs"]["Item"]["additionalProperties"],
+            json!(false)
+        );
+        assert_eq!(
+            schema["properties"]["item"]["$ref"],
+            "#/properties/arguments/$defs/Item"
+        );
+        let p = &schema["properties"];
+        assert!(
+            p["free"].get("additionalProperties").is_none(),
+            "an object without properties stays open"
+        );
+        assert_eq!(p["tags"]["additionalProperties"], json!({"type": "string"}));
+        assert_eq!(
+            p["$ref"]["additionalProperties"],
+            json!(false),
+            "a property named $ref is a schema"
+        );
+        assert!(p["both"]["allOf"][0].get("additionalProperties").is_none());
+        assert_eq!(
+            p["data"]["const"],
+            json!({"properties": {"$ref": "#/x"}}),
+            "data is left alone"
+        );
     }
 
     #[test]
