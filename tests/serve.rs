@@ -489,6 +489,74 @@ fn a_seed_gives_the_same_answer_with_and_without_speculation() {
     assert!(accepted > 50, "speculation accepted only {accepted} tokens");
 }
 
+/// `/health` and `/ready` on a real server: both 200 while it serves; on SIGTERM with a
+/// drain delay `/ready` turns 503 at once while requests are still answered, then the
+/// process exits 0.
+#[test]
+fn sigterm_drains_readiness_first_and_then_exits_cleanly() {
+    if !model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start_with(dir.path(), &["--drain-delay-s", "3"], false);
+    assert_eq!(s.get("/health", false), (200, json!({"status": "ok"})));
+    assert_eq!(s.get("/ready", false), (200, json!({"status": "ok"})));
+    s.signal_term();
+    let t = Instant::now();
+    let mut saw_draining = false;
+    while t.elapsed() < Duration::from_secs(2) {
+        let (status, body) = s.get("/ready", false);
+        if status == 503 {
+            assert!(
+                body["reason"].as_str().unwrap().contains("draining"),
+                "{body}"
+            );
+            saw_draining = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(saw_draining, "/ready never turned 503 after SIGTERM");
+    assert_eq!(s.get("/health", false).0, 200, "draining is alive");
+    let (st, answer) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 4}).to_string(),
+        false,
+    );
+    assert_eq!(st, 200, "requests are served while draining: {answer}");
+    let status = s.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "{status}: {}", s.log());
+}
+
+/// A model thread that dies (a panic, injected at its step) fails `/health` and
+/// `/ready`, and the process exits non-zero by itself, so that a supervisor restarts it.
+#[test]
+fn a_dead_model_thread_fails_health_and_the_process_exits_non_zero() {
+    if !model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start_with_env(
+        dir.path(),
+        &["--shutdown-grace-s", "1"],
+        false,
+        &[("FAILPOINTS", "model-step=panic")],
+    );
+    assert_eq!(s.get("/health", false).0, 200);
+    // The step panics: the request fails (or its connection closes), never hangs.
+    let failed = ureq::post(&s.url("/v1/completions"))
+        .set("content-type", "application/json")
+        .send_string(&json!({"prompt": "Hi", "max_tokens": 4}).to_string());
+    assert!(
+        !matches!(failed, Ok(ref r) if r.status() == 200),
+        "a request was answered without a model thread"
+    );
+    let status = s.wait_exit(Duration::from_secs(30));
+    assert!(!status.success(), "exited with {status}");
+    let log = s.log();
+    assert!(log.contains("model thread panicked"), "{log}");
+}
+
 /// `n` choices are `n` generations of one prompt, choice i sampled with seed + i: on a
 /// server without speculation (where a seed fixes the sample) each choice is what a
 /// one-choice request with that seed returns. Usage counts the prompt once.

@@ -43,7 +43,7 @@ enum Command {
     #[command(name = "e2e-bench")]
     E2eBench(bench::BenchArgs),
     /// Serve the OpenAI-compatible API, the admin API and /metrics.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
 }
 
 /// Speculation flags shared by every command that speculates.
@@ -235,7 +235,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(a) => store::run_inspect(a),
         Command::Ingest(a) => store::run_ingest(a),
         Command::Generate(a) => generate::run_generate(a),
-        Command::Serve(a) => serve::run_serve(a),
+        Command::Serve(a) => serve::run_serve(*a),
         Command::E2eBench(a) => bench::run_bench(a),
     };
     match result {

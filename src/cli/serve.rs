@@ -38,6 +38,9 @@ struct FileConfig {
     max_connections: Option<usize>,
     max_connections_per_client: Option<usize>,
     shutdown_grace_s: Option<u64>,
+    drain_delay_s: Option<u64>,
+    max_queued: Option<usize>,
+    stall_limit_s: Option<u64>,
     replicate: Option<String>,
     cluster: Option<String>,
     publish_snapshots_s: Option<u64>,
@@ -120,6 +123,19 @@ pub(super) struct ServeArgs {
     /// and the snapshot is written [default: 30].
     #[arg(long)]
     shutdown_grace_s: Option<u64>,
+    /// Seconds between SIGTERM and closing the listener: `/ready` answers 503 at once
+    /// while requests are still served, so that a load balancer takes the server out
+    /// first; set it to the balancer's probe interval [default: 0].
+    #[arg(long)]
+    drain_delay_s: Option<u64>,
+    /// Most requests waiting for the model thread beyond those it decodes; more get 429
+    /// with `Retry-After` [default: 256].
+    #[arg(long, env = "SUFFIXD_MAX_QUEUED")]
+    max_queued: Option<usize>,
+    /// Seconds the model thread may go without finishing a step (or, when idle, a
+    /// wait) before `/health` reports it stalled [default: 120].
+    #[arg(long)]
+    stall_limit_s: Option<u64>,
     /// Share the learned cache with the other replicas of `--cluster` through this NATS
     /// JetStream server (`nats://HOST:PORT`) [default: no replication].
     #[arg(long, env = "SUFFIXD_REPLICATE")]
@@ -155,6 +171,8 @@ fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
 }
 
 pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
+    // Fault points named in FAILPOINTS, for the tests; nothing in a release build.
+    let _faults = fail::FailScenario::setup();
     let file = read_config(a.config.as_deref())?;
     let stream_max_age = a.stream_max_age_s.or(file.stream_max_age_s);
     if let Some(age) = stream_max_age {
@@ -207,6 +225,9 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
             .or(file.max_connections_per_client)
             .unwrap_or((max_connections / 2).max(1)),
         shutdown_grace_s: a.shutdown_grace_s.or(file.shutdown_grace_s).unwrap_or(30),
+        drain_delay_s: a.drain_delay_s.or(file.drain_delay_s).unwrap_or(0),
+        max_queued: a.max_queued.or(file.max_queued).unwrap_or(256).max(1),
+        stall_limit_s: a.stall_limit_s.or(file.stall_limit_s).unwrap_or(120).max(1),
         replicate: a
             .replicate
             .or(file.replicate)

@@ -79,6 +79,14 @@ pub struct ServeConfig {
     pub max_connections_per_client: usize,
     /// Seconds requests in flight get to finish after SIGTERM before they are cancelled.
     pub shutdown_grace_s: u64,
+    /// Seconds between a shutdown signal and closing the listener, with `/ready`
+    /// answering 503 meanwhile.
+    pub drain_delay_s: u64,
+    /// Most requests waiting for the model thread; more get 429.
+    pub max_queued: usize,
+    /// Seconds the model thread may go without a sign of progress before `/health`
+    /// reports it stalled.
+    pub stall_limit_s: u64,
     /// Share the cache with other replicas through NATS JetStream (None: single node).
     pub replicate: Option<ReplicationConfig>,
     /// With `replicate`: write and publish a snapshot this often, in seconds.
@@ -128,6 +136,10 @@ pub struct AppState {
     pub replication: Option<Replication>,
     /// The cap on wrong admin tokens.
     pub admin_guard: api::AdminGuard,
+    /// Signs of the model thread's progress, for `/health` and `/ready`.
+    pub liveness: Arc<worker::Liveness>,
+    /// Set on a shutdown signal: `/ready` answers 503 from then on.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 /// Admin jobs whose status `GET /admin/jobs/{id}` still answers: the newest.
@@ -211,7 +223,10 @@ pub fn router(app: Arc<AppState>) -> Router {
             api::require_admin,
         ));
     Router::new()
+        .route("/health", get(api::health))
+        .route("/ready", get(api::ready))
         .route("/v1/models", get(api::models))
+        .route("/v1/models/{id}", get(api::model))
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
         .merge(admin)
@@ -248,6 +263,10 @@ pub enum ServeError {
     /// The server failed.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
+    /// The model thread died (a panic); the server stopped so that a supervisor can
+    /// restart it.
+    #[error("the model thread stopped unexpectedly ({0}); the server shut down")]
+    ModelThread(String),
 }
 
 /// Run the server until SIGTERM or Ctrl-C. `engine` is loaded; `tokenizer` is a second
@@ -271,11 +290,34 @@ pub fn serve(
         .inspect_err(|e| tracing::warn!("{e}: structured outputs are off"))
         .ok();
     let max_batch = cfg.max_batch;
+    let liveness = Arc::new(worker::Liveness::new());
+    // A panic on the model thread ends the server (after the grace period), which then
+    // exits non-zero: requests cannot be served without it.
+    let model_died = Arc::new(tokio::sync::Notify::new());
     let worker = {
         let (store, metrics) = (store.clone(), metrics.clone());
+        let (liveness, model_died) = (liveness.clone(), model_died.clone());
         std::thread::Builder::new()
             .name("model".into())
-            .spawn(move || worker::run(engine, store, params, metrics, rx, max_batch))?
+            .spawn(move || {
+                let run = std::panic::AssertUnwindSafe(|| {
+                    worker::run(engine, store, params, metrics, rx, max_batch, &liveness)
+                });
+                let outcome = std::panic::catch_unwind(run).map_err(|panic| {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    tracing::error!("the model thread panicked: {why}; shutting down");
+                    why
+                });
+                liveness.stop();
+                if outcome.is_err() {
+                    model_died.notify_one();
+                }
+                outcome
+            })?
     };
     let app = Arc::new(AppState {
         cfg: cfg.clone(),
@@ -296,21 +338,30 @@ pub fn serve(
         ids: AtomicU64::new(1),
         replication,
         admin_guard: Default::default(),
+        liveness,
+        draining: Default::default(),
     });
     if let (Some(every), Some(_)) = (cfg.publish_snapshots_s, &cfg.replicate) {
         publish_snapshots_every(&app, std::time::Duration::from_secs(every))?;
     }
-    listen(&cfg, app)?;
+    listen(&cfg, app, model_died)?;
     // The app state is gone with the runtime, and with it the last job senders: the
     // model thread then ends.
-    let _ = worker.join();
+    let died = match worker.join() {
+        Ok(Ok(())) => None,
+        Ok(Err(why)) => Some(why),
+        Err(_) => Some("a panic".to_string()),
+    };
     if cfg.snapshot_on_exit {
         match store.snapshot() {
             Ok(info) => tracing::info!("snapshot on exit: {}", info.path.display()),
             Err(e) => tracing::error!("snapshot on exit failed: {e}"),
         }
     }
-    Ok(())
+    match died {
+        Some(why) => Err(ServeError::ModelThread(why)),
+        None => Ok(()),
+    }
 }
 
 /// With no snapshot yet and warm logs given, build the first snapshot from the logs.
@@ -449,7 +500,11 @@ fn publish_snapshots_every(app: &Arc<AppState>, every: std::time::Duration) -> s
 
 /// Serve HTTP on `cfg.addr` until a shutdown signal, then stop the runtime. Dropping the
 /// tasks still running drops their requests, which cancels their generations.
-fn listen(cfg: &ServeConfig, app: Arc<AppState>) -> Result<(), ServeError> {
+fn listen(
+    cfg: &ServeConfig,
+    app: Arc<AppState>,
+    model_died: Arc<tokio::sync::Notify>,
+) -> Result<(), ServeError> {
     let limits = http::HttpLimits {
         read_timeout: cfg.read_timeout(),
         max_connections: cfg.max_connections,
@@ -468,7 +523,25 @@ fn listen(cfg: &ServeConfig, app: Arc<AppState>) -> Result<(), ServeError> {
                 source,
             })?;
         tracing::info!("listening on http://{}", listener.local_addr()?);
-        http::serve_http(listener, router(app.clone()), limits, shutdown_signal()).await;
+        let drain_delay = std::time::Duration::from_secs(cfg.drain_delay_s);
+        let shutdown = {
+            let app = app.clone();
+            async move {
+                tokio::select! {
+                    () = shutdown_signal() => {
+                        // Not ready from now on; requests are still served for the
+                        // drain delay, while a load balancer notices.
+                        app.draining.store(true, Ordering::Relaxed);
+                        if !drain_delay.is_zero() {
+                            tracing::info!("draining: /ready answers 503; closing the listener in {} s", drain_delay.as_secs());
+                            tokio::time::sleep(drain_delay).await;
+                        }
+                    }
+                    () = model_died.notified() => app.draining.store(true, Ordering::Relaxed),
+                }
+            }
+        };
+        http::serve_http(listener, router(app.clone()), limits, shutdown).await;
         Ok::<(), ServeError>(())
     })?;
     drop(app);

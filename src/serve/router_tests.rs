@@ -47,6 +47,9 @@ fn scripted_model(
             let _ = job.done.send(Err(JobError::Failed(7)));
             continue;
         }
+        if prompt.contains("SLOW") {
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        }
         if prompt.contains("REFUSE") {
             let _ = job
                 .done
@@ -130,6 +133,9 @@ impl TestServer {
             max_connections: 64,
             max_connections_per_client: 64,
             shutdown_grace_s: 1,
+            drain_delay_s: 0,
+            max_queued: 4,
+            stall_limit_s: 120,
             replicate: None,
             publish_snapshots_s: None,
         };
@@ -156,6 +162,8 @@ impl TestServer {
             ids: AtomicU64::new(1),
             replication: None,
             admin_guard: Default::default(),
+            liveness: Arc::new(super::worker::Liveness::new()),
+            draining: Default::default(),
         });
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let listener = runtime
@@ -492,4 +500,157 @@ fn metrics_are_prometheus_text() {
     let (status, text) = server.call("GET", "/metrics", None, None);
     assert_eq!(status, 200);
     assert!(text.contains("# TYPE suffixd_"), "{text}");
+}
+
+#[test]
+fn the_model_is_listed_by_id() {
+    let server = TestServer::start();
+    let (status, body) = server.call("GET", "/v1/models/test-model", None, None);
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (body["id"].as_str(), body["object"].as_str()),
+        (Some("test-model"), Some("model"))
+    );
+    let (status, body) = server.call("GET", "/v1/models/gpt-4o", None, None);
+    assert_eq!(status, 404, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "model_not_found");
+}
+
+#[test]
+fn health_and_readiness_follow_the_model_thread_and_draining() {
+    let server = TestServer::start();
+    let probe = |path| {
+        let (status, body) = server.call("GET", path, None, None);
+        (status, serde_json::from_str::<Value>(&body).unwrap())
+    };
+    server.app.liveness.beat();
+    assert_eq!(probe("/health"), (200, json!({"status": "ok"})));
+    assert_eq!(probe("/ready"), (200, json!({"status": "ok"})));
+    server
+        .app
+        .draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(probe("/health").0, 200, "draining is still alive");
+    let (status, body) = probe("/ready");
+    assert_eq!(status, 503);
+    assert!(
+        body["reason"].as_str().unwrap().contains("draining"),
+        "{body}"
+    );
+    server.app.liveness.stop();
+    for path in ["/health", "/ready"] {
+        let (status, body) = probe(path);
+        assert_eq!(status, 503, "{path}");
+        assert!(
+            body["reason"].as_str().unwrap().contains("stopped"),
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn openais_other_fields_are_ignored_unless_they_would_change_the_answer() {
+    let server = TestServer::start();
+    let ignored = json!({"prompt": "hi", "metadata": {"a": "b"}, "store": false, "service_tier": "auto",
+        "reasoning_effort": null, "prompt_cache_key": "k", "safety_identifier": "u1", "verbosity": null,
+        "prediction": null, "logit_bias": {}, "modalities": ["text"], "audio": null, "echo": false,
+        "best_of": 1, "suffix": null, "stream_options": null});
+    let (status, body) = server.post("/v1/completions", ignored);
+    assert_eq!(status, 200, "{body}");
+    for (field, value) in [
+        ("logit_bias", json!({"50": 100})),
+        ("modalities", json!(["text", "audio"])),
+        ("echo", json!(true)),
+        ("best_of", json!(3)),
+        ("suffix", json!("end")),
+        ("audio", json!({"voice": "x"})),
+    ] {
+        let mut body = json!({"prompt": "hi"});
+        body[field] = value;
+        let (status, answer) = server.post("/v1/completions", body);
+        assert_eq!(status, 400, "{field}: {answer}");
+        assert!(
+            answer["error"]["message"].as_str().unwrap().contains(field),
+            "{answer}"
+        );
+    }
+}
+
+#[test]
+fn a_list_of_prompts_gets_n_choices_each() {
+    let server = TestServer::start();
+    let (status, body) = server.post(
+        "/v1/completions",
+        json!({"prompt": ["one", "three"], "n": 2, "max_tokens": 4}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let choices = body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4, "{body}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+    }
+    assert_eq!(body["usage"]["prompt_tokens"], 3 + 5, "each prompt once");
+    let asked: Vec<String> = server
+        .asked()
+        .iter()
+        .map(|a| server.tokenizer.decode(&a.prompt, false).unwrap())
+        .collect();
+    assert_eq!(asked, ["one", "one", "three", "three"]);
+    for (prompt, stream, needle) in [
+        (json!([1, 2, 3]), false, "token ids"),
+        (json!([]), false, "non-empty"),
+        (json!(["a", ""]), false, "non-empty"),
+        (json!(["a", "b"]), true, "one prompt per request"),
+    ] {
+        let (status, body) = server.post(
+            "/v1/completions",
+            json!({"prompt": prompt, "stream": stream}),
+        );
+        assert_eq!(status, 400, "{prompt}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(needle),
+            "{body}"
+        );
+    }
+}
+
+/// The queue holds `max_queued` (4 here) requests waiting for the model thread; the
+/// next gets 429 with `Retry-After`.
+#[test]
+fn a_full_queue_answers_429_with_retry_after() {
+    let server = Arc::new(TestServer::start());
+    // The scripted model sleeps on SLOW prompts: the first holds it, four more queue.
+    let waiting: Vec<_> = (0..5)
+        .map(|i| {
+            let server = server.clone();
+            let handle = std::thread::spawn(move || {
+                server
+                    .post(
+                        "/v1/completions",
+                        json!({"prompt": format!("SLOW {i}"), "max_tokens": 1}),
+                    )
+                    .0
+            });
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            handle
+        })
+        .collect();
+    let response = ureq::post(&format!("{}/v1/completions", server.base))
+        .set("Content-Type", "application/json")
+        .send_string(&json!({"prompt": "hi"}).to_string());
+    let Err(ureq::Error::Status(429, r)) = response else {
+        panic!("a full queue answered {response:?}");
+    };
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let body: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    for handle in waiting {
+        assert_eq!(
+            handle.join().unwrap(),
+            200,
+            "the queued requests are served"
+        );
+    }
 }

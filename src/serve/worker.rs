@@ -9,8 +9,8 @@
 //! thread pool).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -43,6 +43,58 @@ pub struct Delta {
     pub tokens: Vec<u32>,
     /// Their log-probabilities.
     pub logprobs: Vec<TokenLogprob>,
+}
+
+/// Signs of the model thread's progress, for `/health` and `/ready`: when it last
+/// finished a step or an idle wait, and whether it has stopped.
+#[derive(Debug)]
+pub struct Liveness {
+    origin: Instant,
+    /// Milliseconds from `origin` to the last sign.
+    beat_ms: AtomicU64,
+    stopped: AtomicBool,
+}
+
+/// Longest idle wait of the model thread between signs of life.
+const IDLE_BEAT: Duration = Duration::from_millis(500);
+
+impl Liveness {
+    /// A thread that shows a sign of life now.
+    pub fn new() -> Self {
+        Liveness {
+            origin: Instant::now(),
+            beat_ms: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+        }
+    }
+
+    /// A sign of life.
+    pub fn beat(&self) {
+        let ms = self.origin.elapsed().as_millis() as u64;
+        self.beat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The thread has ended.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    /// Time since the last sign of life; None once the thread has ended.
+    pub fn since_beat(&self) -> Option<Duration> {
+        if self.stopped.load(Ordering::Relaxed) {
+            return None;
+        }
+        let now = self.origin.elapsed().as_millis() as u64;
+        Some(Duration::from_millis(
+            now.saturating_sub(self.beat_ms.load(Ordering::Relaxed)),
+        ))
+    }
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Why a job ended without a generation.
@@ -94,6 +146,7 @@ pub fn run(
     metrics: Arc<Metrics>,
     jobs: crossbeam::channel::Receiver<Job>,
     max_batch: usize,
+    liveness: &Liveness,
 ) {
     let (to_writer, completed) = crossbeam::channel::unbounded::<Completed>();
     std::thread::scope(|scope| {
@@ -111,9 +164,12 @@ pub fn run(
                 "cannot start the store writer thread ({e}); appending on the model thread"
             );
         }
-        step_jobs(
-            engine, &store, params, &metrics, jobs, max_batch, &to_writer,
-        );
+        let intake = Intake {
+            jobs,
+            max_batch,
+            liveness,
+        };
+        step_jobs(engine, &store, params, &metrics, intake, &to_writer);
         drop(to_writer);
     });
 }
@@ -151,27 +207,47 @@ fn admit<'a>(
     }
 }
 
+/// Where the model thread's jobs come from: the queue, how many run together, and the
+/// liveness it beats between steps and while it waits for jobs.
+struct Intake<'a> {
+    jobs: crossbeam::channel::Receiver<Job>,
+    max_batch: usize,
+    liveness: &'a Liveness,
+}
+
 /// The model thread's loop: admit jobs, step them together, hand completed ones over.
 fn step_jobs(
     mut engine: Engine,
     store: &Store,
     params: SpecParams,
     metrics: &Metrics,
-    jobs: crossbeam::channel::Receiver<Job>,
-    max_batch: usize,
+    intake: Intake<'_>,
     to_writer: &crossbeam::channel::Sender<Completed>,
 ) {
+    let Intake {
+        jobs,
+        max_batch,
+        liveness,
+    } = intake;
     let empty = GlobalTree::new(params.max_depth).expect("valid depth");
     let mut slots: Vec<Slot<'_>> = Vec::new();
     let mut open = true;
     let mut published_prefix = engine.prefix_cache_stats();
     metrics.publish_prefix_cache(published_prefix);
     loop {
-        // Admit: wait for work when idle, otherwise take what is queued.
+        liveness.beat();
+        // Admit: wait for work when idle (showing signs of life between waits),
+        // otherwise take what is queued.
         while open && slots.len() < max_batch.max(1) {
             let next = if slots.is_empty() {
-                jobs.recv()
-                    .map_err(|_| crossbeam::channel::TryRecvError::Disconnected)
+                jobs.recv_timeout(IDLE_BEAT).map_err(|e| match e {
+                    crossbeam::channel::RecvTimeoutError::Timeout => {
+                        crossbeam::channel::TryRecvError::Empty
+                    }
+                    crossbeam::channel::RecvTimeoutError::Disconnected => {
+                        crossbeam::channel::TryRecvError::Disconnected
+                    }
+                })
             } else {
                 jobs.try_recv()
             };
@@ -192,6 +268,9 @@ fn step_jobs(
                 slot.seq.cancel();
             }
         }
+        // Tests make the model thread panic here (FAILPOINTS=model-step=panic, in a
+        // build with the `fail` crate's failpoints, which the test build turns on).
+        fail::fail_point!("model-step");
         let result = {
             let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = slots
                 .iter_mut()

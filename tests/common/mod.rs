@@ -70,6 +70,16 @@ impl Server {
     /// SIGXFSZ ignored, so that a file-size limit makes writes fail (as a full disk
     /// does) instead of killing the process.
     pub fn start_with(dir: &Path, extra: &[&str], ignore_file_size_signal: bool) -> Server {
+        Self::start_with_env(dir, extra, ignore_file_size_signal, &[])
+    }
+
+    /// [`Server::start_with`], with `env` set for the process (FAILPOINTS, say).
+    pub fn start_with_env(
+        dir: &Path,
+        extra: &[&str],
+        ignore_file_size_signal: bool,
+        env: &[(&str, &str)],
+    ) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -103,6 +113,7 @@ impl Server {
             .args(extra)
             .env("SUFFIXD_ADMIN_TOKEN", TOKEN)
             .env("CANDLE_NUM_THREADS", "1")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log.reopen().unwrap())
             .spawn()
@@ -158,10 +169,25 @@ impl Server {
 
     /// SIGTERM; returns how long the process took to exit (at most `limit`).
     pub fn terminate(&mut self, limit: Duration) -> Duration {
+        self.signal_term();
+        let t = Instant::now();
+        self.wait_exit(limit);
+        t.elapsed()
+    }
+
+    /// Send SIGTERM and return at once.
+    pub fn signal_term(&self) {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    }
+
+    /// Wait for the process to exit (at most `limit`); its exit status.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let t = Instant::now();
-        while self.child.try_wait().unwrap().is_none() {
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
             assert!(
                 t.elapsed() < limit,
                 "no exit within {limit:?}: {}",
@@ -169,7 +195,6 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        t.elapsed()
     }
 
     /// SIGTERM, and wait for a graceful exit.

@@ -4,12 +4,14 @@
 
 mod admin;
 mod openai;
+mod probes;
 mod tools;
 
 pub use admin::{
     AdminGuard, admin_evict, admin_job, admin_snapshot, admin_stats, admin_verify, require_admin,
 };
-pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, models};
+pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, model, models};
+pub use probes::{health, ready};
 
 use std::sync::Arc;
 
@@ -30,6 +32,8 @@ pub struct ApiError {
     kind: &'static str,
     code: Option<&'static str>,
     message: String,
+    /// Seconds to send in `Retry-After`, for an answer that asks to come back later.
+    retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -39,6 +43,7 @@ impl ApiError {
             kind,
             code: None,
             message: message.into(),
+            retry_after_s: None,
         }
     }
 
@@ -68,7 +73,13 @@ impl From<JobError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": null, "code": self.code}});
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(s));
+        }
+        response
     }
 }
 
@@ -202,7 +213,7 @@ pub async fn method_not_allowed() -> Response {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
-        "this endpoint does not take that method (completions and admin changes are POST; models, stats, jobs and metrics are GET)",
+        "this endpoint does not take that method (completions and admin changes are POST; models, health, ready, stats, jobs and metrics are GET)",
     )
     .into_response()
 }

@@ -248,14 +248,31 @@ fn check_namespace(ns: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A completion's `prompt`: a string, or a list of them (a choice per prompt and `n`).
+/// Token-id prompts are read (and not used) so that they get a clear refusal.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum PromptField {
+    One(String),
+    Many(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
 /// The fields both endpoints share. Unknown fields are refused, so that a typo is an
-/// error and not a silently ignored setting; the accepted no-op fields are those
-/// OpenAI clients commonly send.
+/// error and not a silently ignored setting. OpenAI's fields that do not change an
+/// answer here are accepted and ignored (`metadata`, `store`, `service_tier`,
+/// `reasoning_effort`, `prompt_cache_key`, `safety_identifier`, `verbosity`,
+/// `prediction`, `stream_options`); those that would change it are refused unless
+/// they ask for nothing (`logit_bias` empty, `modalities` text only, `audio` and
+/// `web_search_options` null, `echo` false, `best_of` 1, `suffix` null).
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 struct GenerationRequest {
     model: Option<String>,
-    prompt: Option<String>,
+    prompt: Option<PromptField>,
     messages: Option<Vec<RequestMessage>>,
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
@@ -279,6 +296,23 @@ struct GenerationRequest {
     tool_choice: Option<serde_json::Value>,
     parallel_tool_calls: Option<bool>,
     response_format: Option<serde_json::Value>,
+    // Accepted and ignored: they do not change the answer.
+    metadata: Option<serde_json::Value>,
+    store: Option<serde_json::Value>,
+    service_tier: Option<serde_json::Value>,
+    reasoning_effort: Option<serde_json::Value>,
+    prompt_cache_key: Option<serde_json::Value>,
+    safety_identifier: Option<serde_json::Value>,
+    verbosity: Option<serde_json::Value>,
+    prediction: Option<serde_json::Value>,
+    // Accepted when they ask for nothing this server would do differently.
+    logit_bias: Option<serde_json::Value>,
+    modalities: Option<serde_json::Value>,
+    audio: Option<serde_json::Value>,
+    web_search_options: Option<serde_json::Value>,
+    echo: Option<serde_json::Value>,
+    best_of: Option<serde_json::Value>,
+    suffix: Option<serde_json::Value>,
 }
 
 fn unix_s() -> u64 {
@@ -287,13 +321,38 @@ fn unix_s() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The served model in OpenAI's form.
+fn model_json(app: &AppState) -> serde_json::Value {
+    json!({"id": app.model_id, "object": "model", "created": app.started, "owned_by": "suffixd"})
+}
+
 /// `GET /v1/models`.
 pub async fn models(State(app): State<Arc<AppState>>) -> Response {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": app.model_id, "object": "model", "created": app.started, "owned_by": "suffixd"}],
-    }))
-    .into_response()
+    Json(json!({"object": "list", "data": [model_json(&app)]})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the served model, or 404.
+pub async fn model(
+    State(app): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id != app.model_id {
+        return model_not_found(&app, &id).into_response();
+    }
+    Json(model_json(&app)).into_response()
+}
+
+/// The 404 for a model this server does not serve.
+fn model_not_found(app: &AppState, id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "model {id:?} is not served here; GET /v1/models lists {:?}",
+            app.model_id
+        ),
+    )
+    .code("model_not_found")
 }
 
 /// `POST /v1/completions`.
@@ -337,14 +396,47 @@ async fn generate(
     } else {
         None
     };
-    let pieces = prompt_pieces(&app, &req, chat, tool_plan.as_ref())?;
+    let prompts = prompt_pieces(&app, &req, chat, tool_plan.as_ref())?;
+    let n = req.n.unwrap_or(1);
+    let choices = prompts.len() * n as usize;
+    if choices > MAX_CHOICES as usize {
+        return Err(ApiError::bad_request(format!(
+            "{} prompts × `n` {n} asks for {choices} choices; at most {MAX_CHOICES}",
+            prompts.len()
+        )));
+    }
+    if req.stream && choices > 1 {
+        return Err(ApiError::bad_request(
+            "more than one prompt is not supported with `stream: true`; stream one prompt per request",
+        ));
+    }
     let namespace = namespace_of(&headers, &req)?;
     let mut opts = generate_options(&app, &req, namespace)?;
     opts.logprobs = logprobs_wanted(&req, chat)?;
     // The cheap checks before a grammar costs a compile.
     let format = tools::response_format(req.response_format.as_ref())?;
     check_grammar_limits(&app, format.as_ref(), tool_plan.as_ref())?;
-    let prompt = tokenize_prompt(&app, &pieces, opts.max_tokens)?;
+    let prompts = prompts
+        .iter()
+        .map(|pieces| tokenize_prompt(&app, pieces, opts.max_tokens))
+        .collect::<Result<Vec<_>, _>>()?;
+    // A bounded queue: once it is full the client is asked to come back (the count is
+    // read without a lock, and a request's choices go in together, so the queue may
+    // pass the bound by a few).
+    if app.jobs.len() >= app.cfg.max_queued {
+        app.metrics.record_error();
+        let mut busy = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "{} requests are waiting for the model (--max-queued {}); retry shortly",
+                app.jobs.len(),
+                app.cfg.max_queued
+            ),
+        );
+        busy.retry_after_s = Some(1);
+        return Err(busy);
+    }
     opts.grammar = grammar_of(&app, format, tool_plan.as_ref()).await?;
     // Calls are read from the answer when the model may make them.
     let reads_calls = tool_plan.as_ref().is_some_and(ToolPlan::offers_calls);
@@ -352,10 +444,10 @@ async fn generate(
         // A small model repeats the call it just made until `max_tokens`.
         opts.stop_on_repeat = Some(tools::call_delimiters());
     }
-    // One job per choice, choice i sampling with seed + i; the model thread batches them
-    // like any concurrent requests.
+    // One job per choice (prompt p's choice i at index p × n + i), choice i sampling
+    // with seed + i; the model thread batches them like any concurrent requests.
     let mut jobs = Vec::new();
-    for i in 0..req.n.unwrap_or(1) {
+    for (prompt, i) in prompts.iter().flat_map(|p| (0..n).map(move |i| (p, i))) {
         let mut opts = opts.clone();
         opts.sampling.seed = opts.sampling.seed.wrapping_add(u64::from(i));
         let (tok_tx, tok_rx) = mpsc::unbounded_channel();
@@ -422,7 +514,7 @@ async fn generate(
         "created": unix_s(),
         "model": app.model_id,
         "choices": choices,
-        "usage": usage_of(&generations),
+        "usage": usage_of(&generations, n as usize),
         "suffixd": spec_stats_of(&generations),
     }))
     .into_response())
@@ -437,15 +529,7 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
     if let Some(m) = &req.model
         && *m != app.model_id
     {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            format!(
-                "model {m:?} is not served here; GET /v1/models lists {:?}",
-                app.model_id
-            ),
-        )
-        .code("model_not_found"));
+        return Err(model_not_found(app, m));
     }
     match req.n {
         Some(n) if !(1..=MAX_CHOICES).contains(&n) => {
@@ -464,6 +548,51 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
         return Err(ApiError::bad_request(
             "`tools` belong to /v1/chat/completions",
         ));
+    }
+    use serde_json::Value;
+    let asks_nothing = |v: &Option<Value>, nothing: &[Value]| {
+        v.as_ref()
+            .is_none_or(|v| v.is_null() || nothing.contains(v))
+    };
+    let refusals = [
+        (
+            "logit_bias",
+            asks_nothing(&req.logit_bias, &[json!({})]),
+            "token biases are not supported",
+        ),
+        (
+            "modalities",
+            asks_nothing(&req.modalities, &[json!(["text"])]),
+            "this model answers in text only",
+        ),
+        (
+            "audio",
+            asks_nothing(&req.audio, &[]),
+            "this model answers in text only",
+        ),
+        (
+            "web_search_options",
+            asks_nothing(&req.web_search_options, &[]),
+            "web search is not available",
+        ),
+        (
+            "echo",
+            asks_nothing(&req.echo, &[json!(false)]),
+            "echoing the prompt is not supported",
+        ),
+        (
+            "best_of",
+            asks_nothing(&req.best_of, &[json!(1)]),
+            "`best_of` other than 1 is not supported; use `n`",
+        ),
+        (
+            "suffix",
+            asks_nothing(&req.suffix, &[]),
+            "insertion (`suffix`) is not supported",
+        ),
+    ];
+    if let Some((field, _, why)) = refusals.iter().find(|(_, ok, _)| !ok) {
+        return Err(ApiError::bad_request(format!("`{field}`: {why}")));
     }
     if req.presence_penalty.is_some_and(|p| p != 0.0)
         || req.frequency_penalty.is_some_and(|p| p != 0.0)
@@ -484,7 +613,7 @@ fn prompt_pieces(
     req: &GenerationRequest,
     chat: bool,
     tool_plan: Option<&ToolPlan>,
-) -> Result<Vec<PromptPiece>, ApiError> {
+) -> Result<Vec<Vec<PromptPiece>>, ApiError> {
     Ok(if chat {
         let template = app.template.as_ref().ok_or_else(|| {
             ApiError::bad_request("this model has no chat template; use /v1/completions")
@@ -517,32 +646,49 @@ fn prompt_pieces(
                 ),
             }
         }
-        template
-            .render_pieces_with_tools(&messages, tools_json.as_ref())
-            .map_err(|e| match e {
-                TemplateError::Render(_) => ApiError::bad_request(e.to_string()),
-                TemplateError::Compile(_) => ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    e.to_string(),
-                ),
-            })?
+        vec![
+            template
+                .render_pieces_with_tools(&messages, tools_json.as_ref())
+                .map_err(|e| match e {
+                    TemplateError::Render(_) => ApiError::bad_request(e.to_string()),
+                    TemplateError::Compile(_) => ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        e.to_string(),
+                    ),
+                })?,
+        ]
     } else {
         if req.messages.is_some() {
             return Err(ApiError::bad_request(
                 "`messages` belongs to /v1/chat/completions",
             ));
         }
-        let prompt = req
-            .prompt
-            .clone()
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| ApiError::bad_request("`prompt` must be a non-empty string"))?;
-        vec![if app.cfg.allow_control_tokens {
-            PromptPiece::Markup(prompt)
-        } else {
-            PromptPiece::Content(prompt)
-        }]
+        let texts = match &req.prompt {
+            Some(PromptField::One(p)) => vec![p.clone()],
+            Some(PromptField::Many(ps)) => ps.clone(),
+            Some(PromptField::Tokens(_) | PromptField::TokenLists(_)) => {
+                return Err(ApiError::bad_request(
+                    "`prompt` as token ids is not supported; send the text",
+                ));
+            }
+            None => Vec::new(),
+        };
+        if texts.is_empty() || texts.iter().any(String::is_empty) {
+            return Err(ApiError::bad_request(
+                "`prompt` must be a non-empty string or a list of them",
+            ));
+        }
+        texts
+            .into_iter()
+            .map(|prompt| {
+                vec![if app.cfg.allow_control_tokens {
+                    PromptPiece::Markup(prompt)
+                } else {
+                    PromptPiece::Content(prompt)
+                }]
+            })
+            .collect()
     })
 }
 
@@ -757,18 +903,21 @@ fn chat_finish(g: &Generation, calls: &[tools::ToolCall]) -> &'static str {
     }
 }
 
-/// The usage of a request's choices: the prompt once (and its cached part, the first
-/// choice's), the completions summed.
-fn usage_of(gs: &[Generation]) -> serde_json::Value {
-    let Some(first) = gs.first() else {
+/// The usage of a request's choices, `per_prompt` for each prompt: each prompt once
+/// (and its cached part, its first choice's), the completions summed.
+fn usage_of(gs: &[Generation], per_prompt: usize) -> serde_json::Value {
+    if gs.is_empty() {
         return json!(null);
-    };
+    }
+    let firsts = || gs.chunks(per_prompt.max(1)).map(|c| &c[0]);
+    let prompt: usize = firsts().map(|g| g.prompt_tokens).sum();
+    let cached: usize = firsts().map(|g| g.cached_prompt_tokens).sum();
     let completion: usize = gs.iter().map(|g| g.tokens.len()).sum();
     json!({
-        "prompt_tokens": first.prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": first.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": first.cached_prompt_tokens},
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -883,7 +1032,7 @@ fn stream_response(
                     json!({"index": 0, "text": "", "finish_reason": finish(&g), "logprobs": null})
                 };
                 let last = json!({"id": id, "object": object, "created": created, "model": app.model_id,
-                    "choices": [choice], "usage": usage_of(std::slice::from_ref(&g)),
+                    "choices": [choice], "usage": usage_of(std::slice::from_ref(&g), 1),
                     "suffixd": spec_stats_of(std::slice::from_ref(&g))});
                 yield Ok(Event::default().data(last.to_string()));
             }
