@@ -10,7 +10,8 @@ mod common;
 use common::{Server, model_present};
 use serde_json::{Value, json};
 
-/// Five schemas, four prompts each: 20 constrained requests.
+/// Six schemas, four prompts each: 24 constrained requests. The last forces text
+/// whose characters span several tokens' bytes (a grammar once failed on them).
 fn requests() -> Vec<(Value, Value)> {
     let schemas = [
         json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
@@ -24,6 +25,8 @@ fn requests() -> Vec<(Value, Value)> {
         json!({"type": "object", "properties": {"steps": {"type": "array", "maxItems": 3, "items": {"type": "object",
             "properties": {"n": {"type": "integer"}, "do": {"type": "string", "maxLength": 20}}, "required": ["n", "do"], "additionalProperties": false}}},
             "required": ["steps"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"city": {"enum": ["Zürich", "Kraków", "東京", "naïve ï\u{8b}"]},
+            "greeting": {"const": "¡Hola, señor! 🦀"}}, "required": ["city", "greeting"], "additionalProperties": false}),
     ];
     let prompts = [
         "Answer in JSON about a famous scientist.",

@@ -109,10 +109,19 @@ impl TokenizerEnv for Vocabulary {
         &self.trie
     }
 
+    /// The model's own tokenization of the text, and the trie's byte tokens for bytes
+    /// that are not text: the grammar engine asks for forced bytes that may stop inside
+    /// a character (the first byte of "é"), which a lossy conversion would turn into
+    /// U+FFFD's bytes and so into tokens the grammar refuses.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
-        self.tokenizer
-            .encode_literal(&String::from_utf8_lossy(s))
-            .unwrap_or_default()
+        let text_len = match std::str::from_utf8(s) {
+            Ok(_) => s.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        let text = std::str::from_utf8(&s[..text_len]).unwrap_or_default();
+        let mut ids = self.tokenizer.encode_literal(text).unwrap_or_default();
+        ids.extend(self.trie.greedy_tokenize(&s[text_len..]));
+        ids
     }
 }
 
@@ -160,6 +169,31 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
+/// Each token's bytes, as the grammar engine reads them, padded to the model's `vocab`
+/// rows of logits (special tokens start with [`TokTrie::SPECIAL_TOKEN_MARKER`]).
+fn token_bytes(tokenizer: &ModelTokenizer, vocab: usize) -> Result<Vec<Vec<u8>>, GrammarError> {
+    let bad = |e: String| GrammarError::Tokenizer(e);
+    let json: serde_json::Value =
+        serde_json::from_str(&tokenizer.to_json().map_err(|e| bad(e.to_string()))?)
+            .map_err(|e| bad(e.to_string()))?;
+    let mut words =
+        llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| bad(e.to_string()))?;
+    if words.len() > vocab {
+        return Err(bad(format!(
+            "the tokenizer has {} tokens, more than the model's {vocab} logits",
+            words.len()
+        )));
+    }
+    // Rows of logits past the tokenizer's vocabulary are tokens no text spells:
+    // special tokens nothing can produce.
+    while words.len() < vocab {
+        let mut name = format!(".<[{}]>", words.len()).into_bytes();
+        name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
+        words.push(name);
+    }
+    Ok(words)
+}
+
 impl GrammarCompiler {
     /// A compiler for `tokenizer`'s vocabulary, padded to the model's `vocab` rows of
     /// logits. `eos` ends an answer; the first is the one grammars name.
@@ -172,24 +206,7 @@ impl GrammarCompiler {
         let &first_eos = eos
             .first()
             .ok_or_else(|| bad("the model has no end-of-sequence token".into()))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&tokenizer.to_json().map_err(|e| bad(e.to_string()))?)
-                .map_err(|e| bad(e.to_string()))?;
-        let mut words =
-            llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| bad(e.to_string()))?;
-        if words.len() > vocab {
-            return Err(bad(format!(
-                "the tokenizer has {} tokens, more than the model's {vocab} logits",
-                words.len()
-            )));
-        }
-        // Rows of logits past the tokenizer's vocabulary are tokens no text spells:
-        // special tokens nothing can produce.
-        while words.len() < vocab {
-            let mut name = format!(".<[{}]>", words.len()).into_bytes();
-            name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
-            words.push(name);
-        }
+        let words = token_bytes(tokenizer, vocab)?;
         let info = TokRxInfo::new(vocab as u32, first_eos);
         let env: TokEnv = Arc::new(Vocabulary {
             trie: TokTrie::from(&info, &words),
@@ -486,6 +503,98 @@ pub(crate) mod tests {
         let eos = [tokenizer.token_id("<|im_end|>").unwrap()];
         let compiler = GrammarCompiler::new(&tokenizer, 49152, &eos).unwrap();
         Some((compiler, tokenizer))
+    }
+
+    /// The tokenizers the project loads: the default model's (from its GGUF) and, where
+    /// they are here, the shared data's SmolLM2 tokenizer.json and Gemma 3's GGUF.
+    fn loaded_tokenizers() -> Vec<(String, ModelTokenizer)> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let gguf = |path: &Path| {
+            let mut file = std::fs::File::open(path).ok()?;
+            let content = candle_core::quantized::gguf_file::Content::read(&mut file).ok()?;
+            ModelTokenizer::from_gguf(&content).ok()
+        };
+        let mut found = vec![(
+            "the default model".to_string(),
+            gguf(&root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).expect("run tools/setup.sh"),
+        )];
+        let shared = root.join("../shared/data/sharegpt/tokenizer_smollm2.json");
+        if let Ok(t) = ModelTokenizer::from_file(&shared) {
+            found.push(("tokenizer_smollm2.json".into(), t));
+        }
+        if let Some(t) = gguf(&root.join("models/gemma-3-270m-q4_k_m.gguf")) {
+            found.push(("Gemma 3".into(), t));
+        }
+        found
+    }
+
+    /// Every token of each vocabulary maps to the bytes the tokenizer decodes it to
+    /// (read after a plain token, so that a decoder's handling of a leading space shows
+    /// as it does mid-text). Tokens that are part of a character decode to U+FFFD and
+    /// are checked by the next test instead.
+    #[test]
+    fn every_token_maps_to_its_exact_bytes() {
+        for (name, tokenizer) in loaded_tokenizers() {
+            let vocab = tokenizer.vocab_size();
+            let words = token_bytes(&tokenizer, vocab).unwrap();
+            let lead = tokenizer.encode_literal("a").unwrap();
+            let lead_text = tokenizer.decode(&lead, false).unwrap();
+            let (mut checked, mut partial) = (0, 0);
+            for t in 0..vocab as u32 {
+                if words[t as usize].first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER) {
+                    continue;
+                }
+                let ids: Vec<u32> = lead.iter().copied().chain([t]).collect();
+                let text = tokenizer.decode(&ids, false).unwrap();
+                let Some(own) = text.strip_prefix(lead_text.as_str()) else {
+                    panic!("{name}: token {t} rewrote the text before it: {text:?}");
+                };
+                if own.contains('\u{fffd}') {
+                    partial += 1;
+                    continue;
+                }
+                assert_eq!(
+                    words[t as usize],
+                    own.as_bytes(),
+                    "{name}: token {t} ({own:?})"
+                );
+                checked += 1;
+            }
+            assert!(
+                checked > vocab * 9 / 10,
+                "{name}: {checked} of {vocab} tokens checked, {partial} partial"
+            );
+        }
+    }
+
+    /// Bytes that stop inside a character (what the grammar engine forces before the
+    /// rest of "é" is decided) tokenize to tokens whose bytes are exactly those.
+    #[test]
+    fn forced_bytes_that_split_a_character_tokenize_to_those_bytes() {
+        for (name, tokenizer) in loaded_tokenizers() {
+            let vocab = tokenizer.vocab_size();
+            let words = token_bytes(&tokenizer, vocab).unwrap();
+            let info = TokRxInfo::new(vocab as u32, 0);
+            let env = Vocabulary {
+                trie: TokTrie::from(&info, &words),
+                tokenizer: tokenizer.clone(),
+            };
+            for text in ["é", "ï\u{8b}", "x: \"日本", "🦀"] {
+                let bytes = text.as_bytes();
+                for cut in 1..=bytes.len() {
+                    let ids = env.tokenize_bytes(&bytes[..cut]);
+                    let spelled: Vec<u8> = ids
+                        .iter()
+                        .flat_map(|&t| words[t as usize].clone())
+                        .collect();
+                    assert_eq!(
+                        spelled,
+                        &bytes[..cut],
+                        "{name}: {text:?} cut at {cut}: {ids:?}"
+                    );
+                }
+            }
+        }
     }
 
     /// Schemas built to nest as deep as the limits allow, every way a schema nests
