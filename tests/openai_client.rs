@@ -1,8 +1,10 @@
 //! The official `openai` Python package (pinned in tools/requirements-tests.txt,
 //! installed by tools/setup.sh into `target/py`) against a real `suffixd serve` on
 //! loopback: chat, streaming, log-probabilities plain and streamed, completions, and a
-//! refused request, tools and structured outputs (tests/openai_client.py); and an agent
-//! framework, LangChain, running a tool loop (tests/agent_framework.py).
+//! refused request, tools and structured outputs (tests/openai_client.py); and agent
+//! frameworks: LangChain running a tool loop (tests/agent_framework.py), pydantic-ai and
+//! the OpenAI Agents SDK with a nested-model tool and a structured output type
+//! (tests/pydantic_agents.py).
 //!
 //! Set `SUFFIXD_SKIP_MODEL_TESTS=1` to skip on a machine without the model.
 
@@ -58,4 +60,15 @@ fn an_agent_framework_runs_a_tool_loop_against_the_server() {
         return;
     }
     run_script_against_a_server("agent_framework.py");
+}
+
+/// pydantic-ai's Agent and the OpenAI Agents SDK's Runner, each on its default path
+/// with a tool whose arguments are a nested Pydantic model (`$defs`) and a structured
+/// output type (tests/pydantic_agents.py).
+#[test]
+fn pydantic_ai_and_the_agents_sdk_run_nested_tools_and_typed_outputs() {
+    if !model_present() {
+        return;
+    }
+    run_script_against_a_server("pydantic_agents.py");
 }
