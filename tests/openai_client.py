@@ -115,8 +115,20 @@ deltas = [
     )
     if c.choices and c.choices[0].delta.tool_calls
 ]
-assert len(deltas) == 1 and deltas[0][0].function.name == "get_weather", deltas
-assert json.loads(deltas[0][0].function.arguments)["city"], deltas
+# As OpenAI streams a call: its id and name first (arguments ""), then the arguments
+# in fragments that add up to the whole answer's arguments.
+flat = [tc for chunk in deltas for tc in chunk]
+head = flat[0]
+assert head.id.startswith("call_") and head.function.name == "get_weather", flat
+assert head.function.arguments == "" and len(flat) >= 2, flat
+assert all(tc.index == 0 and tc.id is None and tc.function.name is None for tc in flat[1:]), flat
+whole = client.chat.completions.create(
+    model=model, messages=ask, tools=[weather], tool_choice="required", max_tokens=64, temperature=0,
+    parallel_tool_calls=False,
+)
+streamed_args = "".join(tc.function.arguments for tc in flat[1:])
+assert streamed_args == whole.choices[0].message.tool_calls[0].function.arguments, (flat, whole)
+assert json.loads(streamed_args)["city"], streamed_args
 
 # `auto`: the model may answer or call; either is well-formed.
 r = client.chat.completions.create(model=model, messages=ask, tools=[weather], max_tokens=48, temperature=0)

@@ -5,6 +5,7 @@
 mod admin;
 mod openai;
 mod probes;
+mod stream;
 mod tools;
 
 pub use admin::{

@@ -1,28 +1,26 @@
 //! `/v1/models`, `/v1/completions` and `/v1/chat/completions`: requests checked, tokenized
 //! and handed to the model thread; answers whole or streamed.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chat::{ChatMessage, PromptPiece, TemplateError};
-use crate::model::detokenizer::Detokenizer;
 use crate::model::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
 use crate::model::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
 
+use super::stream::{self, StreamCalls};
 use super::tools::{self, ToolPlan};
 use super::{ApiError, read_json};
 use crate::serve::AppState;
-use crate::serve::worker::{Delta, Job, JobError};
+use crate::serve::worker::{Job, JobError};
 
 /// `stop` may be a string or a list of strings.
 #[derive(Deserialize, Debug, Default)]
@@ -190,7 +188,7 @@ fn token_text(app: &AppState, token: u32) -> (String, serde_json::Value) {
 /// A choice's `logprobs` in OpenAI's form: chat's `{"content": [...]}`, or the legacy
 /// completion arrays, whose `text_offset` counts bytes from `*offset` (the text before
 /// these tokens), which moves past them.
-fn logprobs_json(
+pub(super) fn logprobs_json(
     app: &AppState,
     logprobs: &[TokenLogprob],
     chat: bool,
@@ -315,7 +313,7 @@ struct GenerationRequest {
     suffix: Option<serde_json::Value>,
 }
 
-fn unix_s() -> u64 {
+pub(super) fn unix_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -475,7 +473,14 @@ async fn generate(
     if req.stream {
         // check_supported allows one choice only when streaming.
         let (tok_rx, done_rx) = jobs.pop().expect("one job");
-        return Ok(stream_response(app, id, chat, reads_calls, tok_rx, done_rx).into_response());
+        // Calls held to the call grammar are in its layout: they stream as they are
+        // decoded; others go out whole at the end.
+        let calls = match (reads_calls, opts.grammar.is_some()) {
+            (true, true) => StreamCalls::AsDecoded,
+            (true, false) => StreamCalls::Whole,
+            (false, _) => StreamCalls::No,
+        };
+        return Ok(stream::stream_response(app, id, chat, calls, tok_rx, done_rx).into_response());
     }
     // The token channels are held until the answers are ready: if the client goes away
     // this handler is dropped with them, and the model thread cancels the generations.
@@ -887,7 +892,7 @@ async fn await_generation(
     }
 }
 
-fn finish(g: &Generation) -> &'static str {
+pub(super) fn finish(g: &Generation) -> &'static str {
     match g.finish_reason {
         crate::model::engine::FinishReason::Length => "length",
         _ => "stop",
@@ -896,7 +901,7 @@ fn finish(g: &Generation) -> &'static str {
 
 /// A chat answer's `finish_reason`: `length` whenever `max_tokens` (or the context) cut
 /// it, as OpenAI says, even within a call; else `tool_calls` when it made calls.
-fn chat_finish(g: &Generation, calls: &[tools::ToolCall]) -> &'static str {
+pub(super) fn chat_finish(g: &Generation, calls: &[tools::ToolCall]) -> &'static str {
     match finish(g) {
         "stop" if !calls.is_empty() => "tool_calls",
         other => other,
@@ -905,7 +910,7 @@ fn chat_finish(g: &Generation, calls: &[tools::ToolCall]) -> &'static str {
 
 /// The usage of a request's choices, `per_prompt` for each prompt: each prompt once
 /// (and its cached part, its first choice's), the completions summed.
-fn usage_of(gs: &[Generation], per_prompt: usize) -> serde_json::Value {
+pub(super) fn usage_of(gs: &[Generation], per_prompt: usize) -> serde_json::Value {
     if gs.is_empty() {
         return json!(null);
     }
@@ -923,7 +928,7 @@ fn usage_of(gs: &[Generation], per_prompt: usize) -> serde_json::Value {
 
 /// Speculation figures over a request's choices: steps and tokens summed, tokens per
 /// second of decoding the mean of the choices'.
-fn spec_stats_of(gs: &[Generation]) -> serde_json::Value {
+pub(super) fn spec_stats_of(gs: &[Generation]) -> serde_json::Value {
     let sum = |f: fn(&Generation) -> usize| gs.iter().map(f).sum::<usize>();
     let rate = gs.iter().map(|g| g.tokens_per_s).sum::<f64>() / gs.len().max(1) as f64;
     let mut sources = crate::model::engine::DraftSources::default();
@@ -931,119 +936,4 @@ fn spec_stats_of(gs: &[Generation]) -> serde_json::Value {
     json!({"steps": sum(|g| g.steps), "drafted_tokens": sum(|g| g.drafted_tokens),
         "accepted_tokens": sum(|g| g.accepted_tokens), "tokens_per_s": rate,
         "draft_sources": sources})
-}
-
-/// Server-Sent Events in OpenAI's chunk format, ending with `data: [DONE]`. When the
-/// client goes away the stream is dropped, the token channel closes, and the model
-/// thread cancels the generation at its next step.
-fn stream_response(
-    app: Arc<AppState>,
-    id: String,
-    chat: bool,
-    reads_calls: bool,
-    mut tokens: mpsc::UnboundedReceiver<Delta>,
-    done: oneshot::Receiver<Result<Generation, JobError>>,
-) -> impl IntoResponse {
-    let object = if chat {
-        "chat.completion.chunk"
-    } else {
-        "text_completion"
-    };
-    let stream = async_stream::stream! {
-        let created = unix_s();
-        // A chunk carries the log-probabilities of the tokens whose text it completes.
-        let chunk = |delta: serde_json::Value, logprobs: serde_json::Value, finish: Option<&str>| -> Event {
-            let choice = if chat {
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
-            } else {
-                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish, "logprobs": logprobs})
-            };
-            Event::default().data(json!({"id": id, "object": object, "created": created, "model": app.model_id, "choices": [choice]}).to_string())
-        };
-        if chat {
-            yield Ok::<Event, Infallible>(chunk(json!({"role": "assistant", "content": ""}), serde_json::Value::Null, None));
-        }
-        // Log-probabilities not sent yet, and the text before them (completions count
-        // `text_offset` from the answer's start).
-        let mut pending: Vec<TokenLogprob> = Vec::new();
-        let mut logprob_offset = 0usize;
-        let mut take_logprobs = |pending: &mut Vec<TokenLogprob>| -> serde_json::Value {
-            if pending.is_empty() {
-                return serde_json::Value::Null;
-            }
-            let v = logprobs_json(&app, pending, chat, &mut logprob_offset);
-            pending.clear();
-            v
-        };
-        // Decoded once per token; a character split across tokens comes out whole, with
-        // the token that completes it. What was sent is `text[..sent]`.
-        let mut all: Vec<u32> = Vec::new();
-        let mut answer = Detokenizer::new();
-        let mut sent = 0usize;
-        while let Some(delta) = tokens.recv().await {
-            all.extend_from_slice(&delta.tokens);
-            pending.extend(delta.logprobs);
-            if let Err(e) = answer.update(&app.tokenizer, &all) {
-                // The ids come from the model's own vocabulary, so this is a bug.
-                tracing::error!("cannot decode the generated tokens: {e}");
-                continue;
-            }
-            let text = answer.text();
-            // When the answer may call tools, text from where a call may begin is held
-            // back: calls go out as tool-call deltas at the end, never as content.
-            let end = if reads_calls { tools::streamable_len(text) } else { text.len() };
-            // The detokenizer's text never ends in a cut character.
-            if end > sent && text.is_char_boundary(sent) && text.is_char_boundary(end) {
-                let piece = text[sent..end].to_string();
-                sent = end;
-                let logprobs = take_logprobs(&mut pending);
-                yield Ok(chunk(json!({"content": piece}), logprobs, None));
-            }
-        }
-        match done.await {
-            Ok(Ok(g)) => {
-                // The content past what was sent: the answer's, with any call blocks
-                // out of it (what went out is always its start).
-                let (content, calls) = if reads_calls {
-                    tools::read_answer(&g.text)
-                } else {
-                    (Some(g.text.clone()), Vec::new())
-                };
-                let content = content.unwrap_or_default();
-                let rest = if content.len() > sent && content.is_char_boundary(sent) {
-                    content[sent..].to_string()
-                } else {
-                    String::new()
-                };
-                if !rest.is_empty() || (!pending.is_empty() && calls.is_empty()) {
-                    let logprobs = take_logprobs(&mut pending);
-                    yield Ok(chunk(json!({"content": rest}), logprobs, None));
-                }
-                if !calls.is_empty() {
-                    let deltas: Vec<serde_json::Value> =
-                        calls.iter().enumerate().map(|(i, c)| c.to_json(Some(i))).collect();
-                    let logprobs = take_logprobs(&mut pending);
-                    yield Ok(chunk(json!({"tool_calls": deltas}), logprobs, None));
-                }
-                let finish_reason = chat_finish(&g, &calls);
-                let choice = if chat {
-                    json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
-                } else {
-                    json!({"index": 0, "text": "", "finish_reason": finish(&g), "logprobs": null})
-                };
-                let last = json!({"id": id, "object": object, "created": created, "model": app.model_id,
-                    "choices": [choice], "usage": usage_of(std::slice::from_ref(&g), 1),
-                    "suffixd": spec_stats_of(std::slice::from_ref(&g))});
-                yield Ok(Event::default().data(last.to_string()));
-            }
-            Ok(Err(e)) => {
-                app.metrics.record_error();
-                let e = ApiError::from(e);
-                yield Ok(Event::default().data(json!({"error": {"message": e.message, "type": e.kind}}).to_string()));
-            }
-            Err(_) => {}
-        }
-        yield Ok(Event::default().data("[DONE]"));
-    };
-    Sse::new(stream)
 }

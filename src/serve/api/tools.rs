@@ -429,13 +429,8 @@ pub(super) struct ToolCall {
 impl ToolCall {
     /// The call in OpenAI's form, with a fresh id.
     pub(super) fn to_json(&self, index: Option<usize>) -> Value {
-        let id = format!(
-            "call_{:016x}{:08x}",
-            rand::random::<u64>(),
-            rand::random::<u32>()
-        );
         let mut call = json!({
-            "id": id,
+            "id": new_call_id(),
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         });
@@ -512,7 +507,18 @@ fn read_call(body: &str) -> Option<ToolCall> {
     let v: Value = serde_json::from_str(body.trim()).ok()?;
     let name = v.get("name")?.as_str()?.to_string();
     let arguments = match v.get("arguments") {
-        Some(a @ Value::Object(_)) => a.to_string(),
+        // The model's own text when it is the grammar's layout (as a stream sends it).
+        Some(a @ Value::Object(_)) => match call_head(body) {
+            Some((_, at))
+                if serde_json::from_str::<Value>(closed_arguments(&body[at..]))
+                    .ok()
+                    .as_ref()
+                    == Some(a) =>
+            {
+                closed_arguments(&body[at..]).to_string()
+            }
+            _ => a.to_string(),
+        },
         // Some models write the arguments as a JSON string.
         Some(Value::String(s)) if serde_json::from_str::<Value>(s).is_ok_and(|a| a.is_object()) => {
             s.clone()
@@ -540,6 +546,107 @@ pub(super) fn streamable_len(text: &str) -> usize {
         }
     }
     text[..keep].trim_end().len()
+}
+
+/// A call block's head in the layout the call grammar writes, `{"name": "NAME",
+/// "arguments": `: the name and where the arguments start in `body`. None for any other
+/// layout (a model writing calls freely), whose calls are sent whole.
+fn call_head(body: &str) -> Option<(&str, usize)> {
+    let lead = body.len() - body.trim_start().len();
+    let rest = body[lead..].strip_prefix("{\"name\": \"")?;
+    let name_len = rest.find('"')?;
+    let name = &rest[..name_len];
+    let after = rest[name_len..].strip_prefix("\", \"arguments\": ")?;
+    Some((name, body.len() - after.len()))
+}
+
+/// The arguments' text in a closed block's `args` (what follows the head): up to the
+/// object's closing brace.
+fn closed_arguments(args: &str) -> &str {
+    let args = args.trim_end();
+    args.strip_suffix('}').unwrap_or(args).trim_end()
+}
+
+/// How much of an open block's `args` is surely arguments: less a tail that may be the
+/// object's closing brace, whitespace and the start of the closing tag.
+fn open_arguments_len(args: &str) -> usize {
+    let mut end = args.len();
+    for n in (1..CALL_CLOSE.len()).rev() {
+        if args.ends_with(&CALL_CLOSE[..n]) {
+            end -= n;
+            break;
+        }
+    }
+    let kept = args[..end].trim_end();
+    kept.strip_suffix('}').unwrap_or(kept).trim_end().len()
+}
+
+/// Tool calls streamed as OpenAI streams them: a call's name (with its id) once its
+/// head is written, then its arguments in fragments as they are decoded. Only calls in
+/// the call grammar's layout stream, and a call whose text so far could still repeat
+/// an earlier one waits (the engine drops a repeat, see `call_delimiters`).
+#[derive(Default)]
+pub(super) struct CallStreamer {
+    /// Per call started: its id and the bytes of its arguments sent.
+    started: Vec<(String, usize)>,
+}
+
+impl CallStreamer {
+    /// The tool-call deltas that `text` (the answer so far) adds to what was sent.
+    pub(super) fn advance(&mut self, text: &str) -> Vec<Value> {
+        let mut deltas = Vec::new();
+        let mut earlier: Vec<&str> = Vec::new();
+        let mut from = 0;
+        let mut index = 0;
+        while let Some(open) = text[from..].find(CALL_OPEN).map(|i| from + i) {
+            let body_start = open + CALL_OPEN.len();
+            let close = text[body_start..].find(CALL_CLOSE).map(|i| body_start + i);
+            let block = &text[open..close.map_or(text.len(), |c| c + CALL_CLOSE.len())];
+            if close.is_none() && earlier.iter().any(|b| b.starts_with(block)) {
+                break;
+            }
+            let body = &text[body_start..close.unwrap_or(text.len())];
+            let Some((name, args_at)) = call_head(body) else {
+                break;
+            };
+            let args = &body[args_at..];
+            if index == self.started.len() {
+                let id = new_call_id();
+                deltas.push(json!({"index": index, "id": id, "type": "function",
+                    "function": {"name": name, "arguments": ""}}));
+                self.started.push((id, 0));
+            }
+            let ready = match close {
+                Some(_) => closed_arguments(args).len(),
+                None => open_arguments_len(args),
+            };
+            let sent = &mut self.started[index].1;
+            if ready > *sent && args.is_char_boundary(*sent) && args.is_char_boundary(ready) {
+                deltas
+                    .push(json!({"index": index, "function": {"arguments": &args[*sent..ready]}}));
+                *sent = ready;
+            }
+            let Some(close) = close else { break };
+            earlier.push(block);
+            index += 1;
+            from = close + CALL_CLOSE.len();
+        }
+        deltas
+    }
+
+    /// How many calls have started streaming.
+    pub(super) fn started(&self) -> usize {
+        self.started.len()
+    }
+}
+
+/// A fresh call id, in OpenAI's form.
+fn new_call_id() -> String {
+    format!(
+        "call_{:016x}{:08x}",
+        rand::random::<u64>(),
+        rand::random::<u32>()
+    )
 }
 
 /// A request's assistant message with `tool_calls` in OpenAI's form, for the template:
@@ -644,6 +751,52 @@ mod tests {
             "Sure.\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n Done. ",
         );
         assert_eq!(content.as_deref(), Some("Sure.\nDone."));
+    }
+
+    /// Streamed calls: the name with an id once the head is written, then argument
+    /// fragments that add up to what the whole answer reads; a call that may still
+    /// repeat an earlier one waits, and one that diverges streams.
+    #[test]
+    fn calls_stream_as_name_then_argument_fragments() {
+        let full = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": {\"b\": 1}, \"c\": \"x}\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 2}}\n</tool_call>";
+        let mut streamer = CallStreamer::default();
+        let mut names = Vec::new();
+        let mut args = vec![String::new(), String::new()];
+        for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
+            for d in streamer.advance(&full[..end]) {
+                let i = d["index"].as_u64().unwrap() as usize;
+                if let Some(name) = d["function"]["name"].as_str() {
+                    assert!(d["id"].as_str().unwrap().starts_with("call_"));
+                    assert_eq!(i, names.len());
+                    names.push(name.to_string());
+                }
+                args[i].push_str(d["function"]["arguments"].as_str().unwrap());
+            }
+        }
+        let (_, calls) = read_answer(full);
+        assert_eq!(names, ["f", "f"]);
+        assert_eq!(
+            args,
+            [calls[0].arguments.clone(), calls[1].arguments.clone()]
+        );
+        assert_eq!(args[0], "{\"a\": {\"b\": 1}, \"c\": \"x}\"}");
+        // A second call that may yet repeat the first is held back until it differs.
+        let first = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let mut streamer = CallStreamer::default();
+        assert_eq!(streamer.advance(first).len(), 2);
+        let again = format!("{first}\n<tool_call>\n{{\"name\": \"f\", \"arguments\": {{\"a\": ");
+        assert!(streamer.advance(&again).is_empty());
+        assert_eq!(
+            streamer.advance(&format!("{again}2")).len(),
+            2,
+            "diverged: name and fragment"
+        );
+        // Another layout (a model writing freely) does not stream.
+        assert!(
+            CallStreamer::default()
+                .advance("<tool_call>{\"arguments\": {}, \"name\": \"f\"}")
+                .is_empty()
+        );
     }
 
     #[test]
