@@ -321,15 +321,13 @@ impl Engine {
         }
     }
 
-    /// Where to cut the answer when its text contains a stop string: the most tokens
-    /// whose text ends before the earliest one.
+    /// Where the answer's text holds its earliest stop string, if it holds one.
     fn stop_at(text: &Detokenizer, stops: &[String]) -> Option<usize> {
-        let at = stops
+        stops
             .iter()
             .filter(|s| !s.is_empty())
             .filter_map(|s| text.text().find(s.as_str()))
-            .min()?;
-        Some(text.tokens_before(at))
+            .min()
     }
 
     /// Start a request: check it, and set up its cache (with the longest prefix of its
@@ -689,22 +687,17 @@ impl Engine {
                 // The ids come from the model's own vocabulary: a bug, not bad input.
                 tracing::error!("{e} ({} generated ids)", seq.out.len());
             }
-            if let Some(cut) = Self::stop_at(&seq.text, &seq.opts.stop) {
-                seq.out.truncate(cut);
-                seq.logprobs.truncate(cut);
-                seq.text.truncate(cut);
+            if let Some(at) = Self::stop_at(&seq.text, &seq.opts.stop) {
+                seq.cut_text_at(at);
                 stop = true;
             }
-            if let Some(cut) = seq
+            if let Some(at) = seq
                 .opts
                 .stop_on_repeat
                 .as_ref()
                 .and_then(|d| d.repeat_at(seq.text.text()))
             {
-                let cut = seq.text.tokens_before(cut);
-                seq.out.truncate(cut);
-                seq.logprobs.truncate(cut);
-                seq.text.truncate(cut);
+                seq.cut_text_at(at);
                 stop = true;
             }
             // A complete grammar allows nothing but the end: no need for a step to say so.
@@ -721,10 +714,7 @@ impl Engine {
             {
                 // Cut off while repeating a block: the repeat is dropped, as a complete
                 // one would be, and the answer is what came before it.
-                let cut = seq.text.tokens_before(cut);
-                seq.out.truncate(cut);
-                seq.logprobs.truncate(cut);
-                seq.text.truncate(cut);
+                seq.cut_text_at(cut);
                 stop = true;
             }
             if stop {
@@ -935,6 +925,15 @@ impl Sequence {
         self.emitted = self.emitted.max(ready);
         let logprobs = self.logprobs.get(from..ready).unwrap_or_default();
         (&self.out[from..ready], logprobs)
+    }
+
+    /// Keep the most tokens whose text ends at or before byte `at` of the answer's
+    /// text, with their log-probabilities.
+    fn cut_text_at(&mut self, at: usize) {
+        let keep = self.text.tokens_before(at);
+        self.out.truncate(keep);
+        self.logprobs.truncate(keep);
+        self.text.truncate(keep);
     }
 
     /// Stop it: the caller went away.

@@ -498,11 +498,7 @@ async fn generate(
                 .as_deref()
                 .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, &mut 0));
             if chat {
-                let (content, calls) = if reads_calls {
-                    tools::read_answer(&g.text)
-                } else {
-                    (Some(g.text.clone()), Vec::new())
-                };
+                let (content, calls) = tools::read_answer(&g.text, reads_calls);
                 let mut message = json!({"role": "assistant", "content": content});
                 if !calls.is_empty() {
                     message["tool_calls"] = calls.iter().map(|c| c.to_json(None)).collect();

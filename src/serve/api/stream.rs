@@ -110,11 +110,7 @@ pub(super) fn stream_response(
             Ok(Ok(g)) => {
                 // The content past what was sent: the answer's, with any call blocks
                 // out of it (what went out is always its start).
-                let (content, calls) = if reads_calls {
-                    tools::read_answer(&g.text)
-                } else {
-                    (Some(g.text.clone()), Vec::new())
-                };
+                let (content, calls) = tools::read_answer(&g.text, reads_calls);
                 let content = content.unwrap_or_default();
                 let rest = if content.len() > sent && content.is_char_boundary(sent) {
                     content[sent..].to_string()

@@ -461,9 +461,10 @@ pub(super) fn call_delimiters() -> Delimiters {
 /// blocks (None when there is none), its calls the blocks that hold a well-formed
 /// `{"name": .., "arguments": {..}}`. A block that does not (a call cut off by
 /// `max_tokens`, or a model's broken one) is dropped: call markup never reaches the
-/// content. Without any block the content is the whole text.
-pub(super) fn read_answer(text: &str) -> (Option<String>, Vec<ToolCall>) {
-    if !text.contains(CALL_OPEN) {
+/// content. Without any block, or when the answer could make no calls (`reads_calls`
+/// false), the content is the whole text.
+pub(super) fn read_answer(text: &str, reads_calls: bool) -> (Option<String>, Vec<ToolCall>) {
+    if !reads_calls || !text.contains(CALL_OPEN) {
         return (Some(text.to_string()), Vec::new());
     }
     let mut calls = Vec::new();
@@ -713,7 +714,7 @@ mod tests {
     #[test]
     fn calls_are_read_from_the_answer_with_the_text_around_them() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
-        let (content, calls) = read_answer(text);
+        let (content, calls) = read_answer(text, true);
         assert_eq!(content.as_deref(), Some("Let me check."));
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1].name, "get_weather");
@@ -723,21 +724,21 @@ mod tests {
         );
         // No call: all text, as it is.
         assert_eq!(
-            read_answer(" It is sunny. ").0.as_deref(),
+            read_answer(" It is sunny. ", true).0.as_deref(),
             Some(" It is sunny. ")
         );
         // A broken block is dropped, never left as content.
         assert_eq!(
-            read_answer("<tool_call>\n{\"name\": 3}\n</tool_call>"),
+            read_answer("<tool_call>\n{\"name\": 3}\n</tool_call>", true),
             (None, vec![])
         );
         // An unclosed last call (the answer ended at max_tokens or eos) still counts.
-        let (content, calls) = read_answer("<tool_call>{\"name\": \"f\", \"arguments\": {}}");
+        let (content, calls) = read_answer("<tool_call>{\"name\": \"f\", \"arguments\": {}}", true);
         assert_eq!((content, calls.len()), (None, 1));
         // A last call cut off half-way is dropped; the complete ones stand.
         let cut = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"f\", \"argu";
         assert_eq!(
-            read_answer(cut),
+            read_answer(cut, true),
             (
                 None,
                 vec![ToolCall {
@@ -749,8 +750,15 @@ mod tests {
         // Text after a call is content too.
         let (content, _) = read_answer(
             "Sure.\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n Done. ",
+            true,
         );
         assert_eq!(content.as_deref(), Some("Sure.\nDone."));
+        // An answer that could make no calls is all text, markup included.
+        let markup = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+        assert_eq!(
+            read_answer(markup, false),
+            (Some(markup.to_string()), vec![])
+        );
     }
 
     /// Streamed calls: the name with an id once the head is written, then argument
@@ -773,7 +781,7 @@ mod tests {
                 args[i].push_str(d["function"]["arguments"].as_str().unwrap());
             }
         }
-        let (_, calls) = read_answer(full);
+        let (_, calls) = read_answer(full, true);
         assert_eq!(names, ["f", "f"]);
         assert_eq!(
             args,
