@@ -552,3 +552,39 @@ fn wrong_admin_tokens_are_rate_limited() {
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(s.get("/admin/stats", true).0, 200);
 }
+
+/// The limit is per source: while a guesser on 127.0.0.1 waits out its 429s, the
+/// operator on 127.0.0.2 (curl bound to it) gets in, and a request without a token
+/// guesses nothing and gets 401, not 429.
+#[test]
+fn a_guesser_does_not_lock_the_operator_out() {
+    if !model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path());
+    let from = |source: &str, token: Option<&str>| -> u16 {
+        let mut curl = std::process::Command::new("curl");
+        curl.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--interface", source]);
+        if let Some(token) = token {
+            curl.args(["-H", &format!("Authorization: Bearer {token}")]);
+        }
+        let out = curl.arg(format!("{}/admin/stats", s.base)).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).parse().unwrap()
+    };
+    // A slow machine may cross into a new second between the guesses and the checks, so
+    // a round counts only when the guesser is still refused after the operator's turn.
+    for round in 0.. {
+        assert!(round < 5, "the guesser was never still refused after the operator's turn");
+        let mut guesses = 0;
+        while from("127.0.0.1", Some("wrong")) != 429 {
+            guesses += 1;
+            assert!(guesses < 200, "no 429 after 200 wrong tokens");
+        }
+        assert_eq!(from("127.0.0.2", Some(common::TOKEN)), 200, "the operator is let in");
+        assert_eq!(from("127.0.0.1", None), 401, "no token: nothing guessed");
+        if from("127.0.0.1", Some(common::TOKEN)) == 429 {
+            break;
+        }
+    }
+}

@@ -51,11 +51,13 @@ if ! command -v nats-server >/dev/null 2>&1; then
 fi
 
 # The test suite drives the server with the official openai client
-# (tests/openai_client.rs), pinned in tools/requirements-tests.txt, in a virtual
-# environment of its own under target/ (reinstalled when the list changes).
+# (tests/openai_client.rs), agent frameworks, schemathesis and BFCL's cases, pinned in
+# tools/requirements-tests*.txt, in a virtual environment of its own under target/
+# (reinstalled when a list changes).
 REQUIREMENTS=tools/requirements-tests.txt
+NODEPS=tools/requirements-tests-nodeps.txt
 VENV=target/py
-wanted=$(sha256sum <"$REQUIREMENTS")
+wanted=$(cat "$REQUIREMENTS" "$NODEPS" | sha256sum)
 if [ "$(cat "$VENV/.suffixd-requirements" 2>/dev/null)" != "$wanted" ]; then
     echo "setup: installing the test suite's Python packages into $VENV"
     rm -rf "$VENV"
@@ -64,6 +66,8 @@ if [ "$(cat "$VENV/.suffixd-requirements" 2>/dev/null)" != "$wanted" ]; then
         || { echo "setup: the tests need python3 with venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQUIREMENTS" \
         || { echo "setup: could not install $REQUIREMENTS into $VENV" >&2; exit 1; }
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$NODEPS" \
+        || { echo "setup: could not install $NODEPS into $VENV" >&2; exit 1; }
     echo "$wanted" >"$VENV/.suffixd-requirements"
 fi
 

@@ -268,7 +268,11 @@ pub async fn serve_http(
         };
         let inner = TowerToHyperService::new(router.clone());
         let (for_requests, connection) = (table.clone(), admitted.connection.clone());
-        let service = hyper::service::service_fn(move |request| {
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+            // Handlers that limit per client (the admin API's wrong tokens) read it here.
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
             let in_flight = InFlight::start(&for_requests, &connection);
             let response = hyper::service::Service::call(&inner, request);
             async move {

@@ -231,6 +231,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(api::chat_completions))
         .merge(admin)
         .route("/metrics", get(api::metrics))
+        .route("/openapi.json", get(api::openapi))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(axum::middleware::map_response(api::json_errors))

@@ -654,3 +654,42 @@ fn a_full_queue_answers_429_with_retry_after() {
         );
     }
 }
+
+/// `GET /openapi.json` serves the kept document, and the document and the router agree:
+/// each path and method it names is routed (the fallback's "no such endpoint" never
+/// answers), and a path it does not name is not.
+#[test]
+fn the_openapi_document_names_exactly_the_routes() {
+    let server = TestServer::start();
+    let (status, text) = server.call("GET", "/openapi.json", None, None);
+    assert_eq!(status, 200, "{text}");
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    let routed = |status: u16, body: &str| {
+        !(status == 404 && body.contains("no such endpoint")) && status != 405
+    };
+    for (path, operations) in paths {
+        let concrete = path.replace("{id}", "1");
+        for method in operations.as_object().unwrap().keys() {
+            let method = method.to_uppercase();
+            let body = (method == "POST").then_some("{}");
+            let (status, body) = server.call(&method, &concrete, body, Some(ADMIN_TOKEN));
+            assert!(routed(status, &body), "{method} {path}: {status} {body}");
+        }
+    }
+    // Every route the router's source declares is in the document.
+    let router_paths: Vec<&str> = include_str!("mod.rs")
+        .split(".route(\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert!(router_paths.len() >= 14, "{router_paths:?}");
+    let mut documented: Vec<&str> = paths.keys().map(String::as_str).collect();
+    documented.sort_unstable();
+    let mut expected = router_paths.clone();
+    expected.sort_unstable();
+    assert_eq!(documented, expected);
+    let (status, body) = server.call("GET", "/v1/undocumented", None, None);
+    assert!(!routed(status, &body), "{status} {body}");
+}

@@ -60,6 +60,20 @@ pub struct Server {
     log: tempfile::NamedTempFile,
 }
 
+/// The flags every test server starts with, less those `extra` sets itself (the CLI
+/// refuses a flag given twice).
+fn defaults_not_in(extra: &[&str]) -> Vec<&'static str> {
+    [
+        ("--cost", "flat"),
+        ("--max-context", "512"),
+        ("--max-tokens-limit", "256"),
+    ]
+    .into_iter()
+    .filter(|(flag, _)| !extra.contains(flag))
+    .flat_map(|(flag, value)| [flag, value])
+    .collect()
+}
+
 impl Server {
     /// Start on `dir` with the test defaults.
     pub fn start(dir: &Path) -> Server {
@@ -102,14 +116,7 @@ impl Server {
                 "--snapshot-dir",
             ])
             .arg(dir)
-            .args([
-                "--cost",
-                "flat",
-                "--max-context",
-                "512",
-                "--max-tokens-limit",
-                "256",
-            ])
+            .args(defaults_not_in(extra))
             .args(extra)
             .env("SUFFIXD_ADMIN_TOKEN", TOKEN)
             .env("CANDLE_NUM_THREADS", "1")

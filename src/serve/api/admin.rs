@@ -1,11 +1,14 @@
 //! The admin API: snapshots and their jobs, stats, evictions and checks, behind
 //! `SUFFIXD_ADMIN_TOKEN` ([`require_admin`], in front of every admin route).
 
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path as UrlPath, Request, State};
+use axum::extract::{ConnectInfo, Path as UrlPath, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -22,19 +25,23 @@ use crate::serve::AppState;
 
 /// The admin routes' one gate (a `route_layer` in [`crate::serve::router`]): a request
 /// goes on to its handler only with the admin token, while the admin API is enabled and
-/// wrong tokens are not arriving too fast.
+/// wrong tokens are not arriving too fast from where it comes from.
 pub async fn require_admin(
     State(app): State<Arc<AppState>>,
     request: Request,
     next: Next,
 ) -> Response {
-    match authorize(&app, request.headers()) {
+    let source = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip());
+    match authorize(&app, request.headers(), source) {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),
     }
 }
 
-fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+fn authorize(app: &AppState, headers: &HeaderMap, source: Option<IpAddr>) -> Result<(), ApiError> {
     let Some(token) = &app.cfg.admin_token else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -42,27 +49,37 @@ fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
             "the admin API is disabled: set SUFFIXD_ADMIN_TOKEN to enable it",
         ));
     };
-    if !app.admin_guard.may_try() {
-        return Err(ApiError::new(
+    let unauthorized = |what: &str| {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            format!("{what} admin token: send Authorization: Bearer $SUFFIXD_ADMIN_TOKEN"),
+        )
+    };
+    // A request without a token guesses nothing: it is not counted against its source.
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return Err(unauthorized("missing"));
+    };
+    let source = AdminGuard::source_of(source);
+    if !app.admin_guard.may_try(source) {
+        let mut refusal = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
             format!(
-                "more than {} wrong admin tokens in the last second: admin requests are refused until it has passed",
+                "more than {} wrong admin tokens in the last second from {source}: its admin requests are refused until it has passed",
                 AdminGuard::FAILURES_PER_SECOND
             ),
-        ));
+        );
+        refusal.retry_after_s = Some(1);
+        return Err(refusal);
     }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if !given.is_some_and(|g| same_secret(g.as_bytes(), token.as_bytes())) {
-        app.admin_guard.failed();
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "missing or wrong admin token: send Authorization: Bearer $SUFFIXD_ADMIN_TOKEN",
-        ));
+    if !same_secret(given.as_bytes(), token.as_bytes()) {
+        app.admin_guard.failed(source);
+        return Err(unauthorized("wrong"));
     }
     Ok(())
 }
@@ -77,35 +94,73 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// A cap on wrong admin tokens: past [`AdminGuard::FAILURES_PER_SECOND`] in one second,
-/// every admin request is refused (429) for the rest of it, so guessing runs at that
-/// rate rather than as fast as a connection carries requests.
+/// A cap on wrong admin tokens per source: past [`AdminGuard::FAILURES_PER_SECOND`] in
+/// one second, a source's admin requests are refused (429) for the rest of it, so
+/// guessing runs at that rate rather than as fast as a connection carries requests,
+/// and a guesser elsewhere does not lock the operator out. A source is an IPv4 address
+/// or an IPv6 /64 (one host's share); past [`AdminGuard::SOURCES`] sources guessing at
+/// once, the rest share one window.
 #[derive(Default)]
 pub struct AdminGuard {
-    /// The current one-second window and the failures in it.
-    window: std::sync::Mutex<(Option<std::time::Instant>, u32)>,
+    /// Each source's current one-second window and the failures in it.
+    windows: std::sync::Mutex<HashMap<IpAddr, (Instant, u32)>>,
 }
 
 impl AdminGuard {
-    /// Wrong tokens allowed per second.
+    /// Wrong tokens allowed per second and source.
     pub const FAILURES_PER_SECOND: u32 = 20;
+    /// Sources tracked at once.
+    pub const SOURCES: usize = 4096;
+    /// The shared window of sources past [`AdminGuard::SOURCES`] and of requests whose
+    /// address is unknown.
+    const SHARED: IpAddr = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
 
-    fn current(&self) -> std::sync::MutexGuard<'_, (Option<std::time::Instant>, u32)> {
-        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        if w.0
-            .is_none_or(|start| start.elapsed() >= std::time::Duration::from_secs(1))
-        {
-            *w = (Some(std::time::Instant::now()), 0);
+    fn source_of(peer: Option<IpAddr>) -> IpAddr {
+        match peer.map(|ip| ip.to_canonical()) {
+            Some(IpAddr::V6(v6)) => {
+                let host = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(Ipv6Addr::from(host))
+            }
+            Some(v4) => v4,
+            None => Self::SHARED,
         }
-        w
     }
 
-    fn may_try(&self) -> bool {
-        self.current().1 < Self::FAILURES_PER_SECOND
+    /// The window `source` counts in: its own, or the shared one when [`Self::SOURCES`]
+    /// others are tracked.
+    fn window_of(windows: &HashMap<IpAddr, (Instant, u32)>, source: IpAddr) -> IpAddr {
+        if windows.len() >= Self::SOURCES && !windows.contains_key(&source) {
+            Self::SHARED
+        } else {
+            source
+        }
     }
 
-    fn failed(&self) {
-        self.current().1 += 1;
+    /// The failures counted against `source` in the current second.
+    fn failures(&self, source: IpAddr) -> u32 {
+        let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        match windows.get(&Self::window_of(&windows, source)) {
+            Some((start, n)) if start.elapsed() < Duration::from_secs(1) => *n,
+            _ => 0,
+        }
+    }
+
+    fn may_try(&self, source: IpAddr) -> bool {
+        self.failures(source) < Self::FAILURES_PER_SECOND
+    }
+
+    fn failed(&self, source: IpAddr) {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        let expired = |start: &Instant| start.elapsed() >= Duration::from_secs(1);
+        if Self::window_of(&windows, source) == Self::SHARED {
+            windows.retain(|_, (start, _)| !expired(start));
+        }
+        let key = Self::window_of(&windows, source);
+        let window = windows.entry(key).or_insert((Instant::now(), 0));
+        if expired(&window.0) {
+            *window = (Instant::now(), 0);
+        }
+        window.1 += 1;
     }
 }
 
@@ -186,6 +241,11 @@ pub async fn admin_evict(State(app): State<Arc<AppState>>, body: Body) -> Respon
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    if let Some(namespace) = &req.namespace
+        && let Err(e) = super::openai::check_namespace(namespace)
+    {
+        return e.into_response();
+    }
     let Some(scope) = req.scope(now_ms()) else {
         return ApiError::bad_request(
             "give {\"namespace\", \"id\"}, {\"namespace\"} or {\"older_than_s\"}",
@@ -235,5 +295,55 @@ pub async fn admin_verify(State(app): State<Arc<AppState>>) -> Response {
             e.to_string(),
         )
         .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_is_an_ipv4_address_or_an_ipv6_slash_64() {
+        let v4: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(AdminGuard::source_of(Some(v4)), v4);
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
+        assert_eq!(AdminGuard::source_of(Some(mapped)), v4);
+        let (a, b): (IpAddr, IpAddr) = (
+            "2001:db8:1:2::1".parse().unwrap(),
+            "2001:db8:1:2:ffff::9".parse().unwrap(),
+        );
+        assert_eq!(AdminGuard::source_of(Some(a)), AdminGuard::source_of(Some(b)));
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_ne!(AdminGuard::source_of(Some(a)), AdminGuard::source_of(Some(other)));
+        assert_eq!(AdminGuard::source_of(None), AdminGuard::SHARED);
+    }
+
+    #[test]
+    fn one_source_guessing_does_not_lock_out_another() {
+        let guard = AdminGuard::default();
+        let (guesser, operator): (IpAddr, IpAddr) =
+            ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        for _ in 0..AdminGuard::FAILURES_PER_SECOND {
+            assert!(guard.may_try(guesser));
+            guard.failed(guesser);
+        }
+        assert!(!guard.may_try(guesser));
+        assert!(guard.may_try(operator));
+    }
+
+    #[test]
+    fn sources_past_the_cap_share_one_window() {
+        let guard = AdminGuard::default();
+        for i in 0..AdminGuard::SOURCES as u32 {
+            guard.failed(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+        }
+        let late: IpAddr = "192.0.2.9".parse().unwrap();
+        for _ in 0..AdminGuard::FAILURES_PER_SECOND {
+            guard.failed(late);
+        }
+        assert_eq!(guard.windows.lock().unwrap().len(), AdminGuard::SOURCES + 1);
+        assert!(!guard.may_try(late), "the late source's failures filled the shared window");
+        assert!(!guard.may_try("192.0.2.10".parse().unwrap()));
+        assert!(guard.may_try(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000))));
     }
 }

@@ -214,9 +214,22 @@ pub async fn method_not_allowed() -> Response {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
-        "this endpoint does not take that method (completions and admin changes are POST; models, health, ready, stats, jobs and metrics are GET)",
+        "this endpoint does not take that method (completions and admin changes are POST; models, health, ready, stats, jobs, metrics and openapi.json are GET)",
     )
     .into_response()
+}
+
+/// The OpenAPI document of this API (`GET /openapi.json`), kept beside the handlers and
+/// fuzzed against a running server by tests/schemathesis.rs.
+const OPENAPI_DOCUMENT: &str = include_str!("openapi.json");
+
+/// `GET /openapi.json`.
+pub async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        OPENAPI_DOCUMENT,
+    )
+        .into_response()
 }
 
 /// Any other path.

@@ -236,7 +236,7 @@ pub const MAX_NAMESPACE_BYTES: usize = 128;
 
 /// A namespace (from `x-suffixd-namespace` or `user`) is 1 to 128 bytes of printable
 /// ASCII without spaces. Anything else is refused, never mapped to another namespace.
-fn check_namespace(ns: &str) -> Result<(), ApiError> {
+pub(super) fn check_namespace(ns: &str) -> Result<(), ApiError> {
     if ns.is_empty() || ns.len() > MAX_NAMESPACE_BYTES || !ns.bytes().all(|b| b.is_ascii_graphic())
     {
         return Err(ApiError::bad_request(format!(
