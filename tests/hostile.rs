@@ -365,7 +365,7 @@ fn odd_inputs_get_clear_answers() {
             json!({"prompt": "hi", "logprobs": 1, "top_logprobs": 1}),
             "a completion takes `logprobs: N`",
         ),
-        // Choices: 1 to 16, one when streamed.
+        // Choices: 1 to 16.
         (
             "/v1/completions",
             json!({"prompt": "hi", "n": 0}),
@@ -375,11 +375,6 @@ fn odd_inputs_get_clear_answers() {
             "/v1/completions",
             json!({"prompt": "hi", "n": 17}),
             "`n` must be from 1 to 16",
-        ),
-        (
-            "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": true}),
-            "`stream: true`",
         ),
         // Far past what the context can hold: refused before it is tokenized.
         (

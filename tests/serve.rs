@@ -557,9 +557,9 @@ fn a_dead_model_thread_fails_health_and_the_process_exits_non_zero() {
     assert!(log.contains("model thread panicked"), "{log}");
 }
 
-/// `n` choices are `n` generations of one prompt, choice i sampled with seed + i: on a
-/// server without speculation (where a seed fixes the sample) each choice is what a
-/// one-choice request with that seed returns. Usage counts the prompt once.
+/// `n` choices are `n` generations of one prompt, choice i sampled with seed + i: each
+/// choice is what a one-choice request with that seed returns, and streamed with `n`
+/// they arrive under their indices. Usage counts the prompt once.
 #[test]
 fn n_choices_are_generations_with_seeds_one_apart() {
     if !model_present() {
@@ -599,4 +599,28 @@ fn n_choices_are_generations_with_seeds_one_apart() {
         s.post("/v1/chat/completions", &body(1, 1).to_string(), false)
             .1["usage"]["prompt_tokens"]
     );
+    // Streamed, the same choices arrive, each under its index and ending with its own
+    // finish reason; a last chunk without choices carries the same counts.
+    let mut streamed = body(3, 40);
+    streamed["stream"] = json!(true);
+    let (_, chunks) = stream_chat(&s, &streamed);
+    let (mut texts, mut finishes) = (vec![String::new(); 3], vec![Value::Null; 3]);
+    for chunk in &chunks[..chunks.len() - 1] {
+        let choice = &chunk["choices"][0];
+        let i = choice["index"].as_u64().unwrap() as usize;
+        texts[i].push_str(choice["delta"]["content"].as_str().unwrap_or_default());
+        if !choice["finish_reason"].is_null() {
+            finishes[i] = choice["finish_reason"].clone();
+        }
+    }
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(texts[i], choice["message"]["content"].as_str().unwrap(), "choice {i}");
+        assert_eq!(finishes[i], choice["finish_reason"], "choice {i}");
+    }
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]), "{last}");
+    // (Its prompt now comes from the prefix cache: `cached_tokens` may differ.)
+    for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(last["usage"][field], many["usage"][field], "{field}: {last}");
+    }
 }

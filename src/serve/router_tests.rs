@@ -598,21 +598,66 @@ fn a_list_of_prompts_gets_n_choices_each() {
         .map(|a| server.tokenizer.decode(&a.prompt, false).unwrap())
         .collect();
     assert_eq!(asked, ["one", "one", "three", "three"]);
-    for (prompt, stream, needle) in [
-        (json!([1, 2, 3]), false, "token ids"),
-        (json!([]), false, "non-empty"),
-        (json!(["a", ""]), false, "non-empty"),
-        (json!(["a", "b"]), true, "one prompt per request"),
+    for (prompt, needle) in [
+        (json!([1, 2, 3]), "token ids"),
+        (json!([]), "non-empty"),
+        (json!(["a", ""]), "non-empty"),
     ] {
-        let (status, body) = server.post(
-            "/v1/completions",
-            json!({"prompt": prompt, "stream": stream}),
-        );
+        let (status, body) = server.post("/v1/completions", json!({"prompt": prompt}));
         assert_eq!(status, 400, "{prompt}: {body}");
         assert!(
             body["error"]["message"].as_str().unwrap().contains(needle),
             "{body}"
         );
+    }
+}
+
+/// Streamed, a list of prompts with `n` each streams every choice with its index, each
+/// ending with its finish reason; a last chunk without choices carries the usage of all.
+#[test]
+fn streamed_choices_come_with_their_index_and_usage_at_the_end() {
+    let server = TestServer::start();
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": ["one", "three"], "n": 2, "stream": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "n": 4, "stream": true}),
+        ),
+    ] {
+        let (status, text) = server.call("POST", path, Some(&body.to_string()), None);
+        assert_eq!(status, 200, "{text}");
+        let events = events(&text);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let (mut texts, mut finishes) = (vec![String::new(); 4], vec![0; 4]);
+        for chunk in &chunks[..chunks.len() - 1] {
+            let choice = &chunk["choices"][0];
+            let i = choice["index"].as_u64().unwrap() as usize;
+            let piece = if path.contains("chat") {
+                choice["delta"]["content"].as_str()
+            } else {
+                choice["text"].as_str()
+            };
+            texts[i].push_str(piece.unwrap_or_default());
+            finishes[i] += usize::from(choice["finish_reason"] == "stop");
+            assert!(chunk.get("usage").is_none(), "{chunk}");
+        }
+        assert_eq!(texts, vec![ANSWER; 4], "{path}");
+        assert_eq!(finishes, [1; 4], "{path}: one finish per choice");
+        let last = chunks.last().unwrap();
+        assert_eq!(last["choices"], json!([]), "{last}");
+        assert_eq!(last["usage"]["completion_tokens"], 4 * ANSWER.len(), "{last}");
+        if path.contains("chat") {
+            assert_eq!(last["suffixd"]["steps"].as_u64().map(|s| s > 0), Some(true));
+        } else {
+            assert_eq!(last["usage"]["prompt_tokens"], 3 + 5, "each prompt once: {last}");
+        }
     }
 }
 

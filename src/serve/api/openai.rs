@@ -403,11 +403,6 @@ async fn generate(
             prompts.len()
         )));
     }
-    if req.stream && choices > 1 {
-        return Err(ApiError::bad_request(
-            "more than one prompt is not supported with `stream: true`; stream one prompt per request",
-        ));
-    }
     let namespace = namespace_of(&headers, &req)?;
     let mut opts = generate_options(&app, &req, namespace)?;
     opts.logprobs = logprobs_wanted(&req, chat)?;
@@ -471,8 +466,6 @@ async fn generate(
         app.next_id()
     );
     if req.stream {
-        // check_supported allows one choice only when streaming.
-        let (tok_rx, done_rx) = jobs.pop().expect("one job");
         // Calls held to the call grammar are in its layout: they stream as they are
         // decoded; others go out whole at the end.
         let calls = match (reads_calls, opts.grammar.is_some()) {
@@ -480,7 +473,8 @@ async fn generate(
             (true, false) => StreamCalls::Whole,
             (false, _) => StreamCalls::No,
         };
-        return Ok(stream::stream_response(app, id, chat, calls, tok_rx, done_rx).into_response());
+        let stream = stream::stream_response(app, id, chat, calls, jobs, n as usize);
+        return Ok(stream.into_response());
     }
     // The token channels are held until the answers are ready: if the client goes away
     // this handler is dropped with them, and the model thread cancels the generations.
@@ -525,7 +519,7 @@ async fn generate(
 pub const MAX_CHOICES: u32 = 16;
 
 /// Refuse what this server does not do: another model, more choices than
-/// [`MAX_CHOICES`] (or more than one streamed), penalties.
+/// [`MAX_CHOICES`], penalties.
 fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Result<(), ApiError> {
     if let Some(m) = &req.model
         && *m != app.model_id
@@ -537,11 +531,6 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
             return Err(ApiError::bad_request(format!(
                 "`n` must be from 1 to {MAX_CHOICES}"
             )));
-        }
-        Some(n) if n > 1 && req.stream => {
-            return Err(ApiError::bad_request(
-                "`n` > 1 is not supported with `stream: true`; stream one choice per request",
-            ));
         }
         _ => {}
     }
@@ -778,6 +767,9 @@ async fn grammar_of(
     format: Option<GrammarSpec>,
     tool_plan: Option<&ToolPlan>,
 ) -> Result<Option<Grammar>, ApiError> {
+    // `auto` alone only guards calls the model opens: without a grammar engine for
+    // this tokenizer, the answer stays free.
+    let optional = format.is_none() && tool_plan.is_some_and(ToolPlan::lets_the_model_choose);
     let spec = match tool_plan {
         Some(plan) => plan.grammar(format.as_ref()),
         None => format,
@@ -785,11 +777,14 @@ async fn grammar_of(
     let Some(spec) = spec else {
         return Ok(None);
     };
-    let compiler = app.grammars.clone().ok_or_else(|| {
-        ApiError::bad_request(
+    let Some(compiler) = app.grammars.clone() else {
+        if optional {
+            return Ok(None);
+        }
+        return Err(ApiError::bad_request(
             "structured outputs and required tool calls are unavailable for this model's tokenizer",
-        )
-    })?;
+        ));
+    };
     // Compiling blocks (on a compile thread, for a slot): off the async workers.
     let compiled = tokio::task::spawn_blocking(move || compiler.compile(&spec))
         .await

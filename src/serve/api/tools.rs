@@ -15,7 +15,8 @@
 //! message and earlier calls are written into the assistant's turns in that form. With
 //! `tool_choice` `required` or a named function, decoding is held to a grammar of calls
 //! whose arguments follow each tool's `parameters` schema, so even a small model emits
-//! a valid call; with `auto` the model chooses, and the answer is read for calls.
+//! a valid call; with `auto` the model chooses, and a call it opens is held to the
+//! tools' schemas (a lazy grammar); the answer is read for calls.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -185,6 +186,11 @@ impl ToolPlan {
         }))
     }
 
+    /// True when the model decides whether to call (`auto`).
+    pub(super) fn lets_the_model_choose(&self) -> bool {
+        self.choice == ToolChoice::Auto
+    }
+
     /// True when the model sees the tools and may call them.
     pub(super) fn offers_calls(&self) -> bool {
         self.choice != ToolChoice::None
@@ -230,12 +236,13 @@ impl ToolPlan {
         call_schema(&self.tools.iter().collect::<Vec<_>>())
     }
 
-    /// The grammar the answer is held to: the calls when they are required, or either
-    /// the response format or calls when both are possible. None: free text.
+    /// The grammar the answer is held to: the calls when they are required; either the
+    /// response format or calls when both are possible; with `auto` alone, free text
+    /// until the model opens a call, and from there calls only (a lazy grammar: text
+    /// never holds a call's opening, so a call that starts is a valid call).
     pub(super) fn grammar(&self, response_format: Option<&GrammarSpec>) -> Option<GrammarSpec> {
         let candidates: Vec<&Tool> = match &self.choice {
             ToolChoice::None => return response_format.cloned(),
-            ToolChoice::Auto if response_format.is_none() => return None,
             ToolChoice::Named(name) => self
                 .tools
                 .iter()
@@ -255,6 +262,21 @@ impl ToolPlan {
             close = format!("\n{CALL_CLOSE}"),
         );
         match (self.choice == ToolChoice::Auto, response_format) {
+            (true, None) => {
+                // Two ways through: text without the opening, or text up to the first
+                // opening (a lazy lexeme, which ends there) and then calls.
+                let more = if self.parallel { " (\"\\n\" call)*" } else { "" };
+                lark.push_str(&format!(
+                    "start: PROSE | prose_then_call{more}\n\
+                     PROSE: /(?s:.*)/ & ~/(?s:.*{open}.*)/\n\
+                     prose_then_call: prose_to_opening call_rest\n\
+                     prose_to_opening[suffix={open_literal:?}]: /(?s:.*)/\n\
+                     call_rest: \"\\n\" %json {call_schema} {close:?}\n",
+                    open = regex_literal(CALL_OPEN),
+                    open_literal = CALL_OPEN,
+                    close = format!("\n{CALL_CLOSE}"),
+                ));
+            }
             (true, Some(format)) => {
                 let schema = match format {
                     GrammarSpec::JsonObject => json!({"type": "object"}),
@@ -271,6 +293,18 @@ impl ToolPlan {
         }
         Some(GrammarSpec::Lark(lark))
     }
+}
+
+/// `text` as a regular expression matching it literally (inside a lark `/../`).
+fn regex_literal(text: &str) -> String {
+    text.chars()
+        // Only the syntax's own characters: `\<` and `\>` are word boundaries there.
+        .map(|c| match c {
+            '\\' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^'
+            | '$' | '#' | '&' | '-' | '~' | '/' => format!("\\{c}"),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 /// The schema of one call of any of `tools`: `{"name": .., "arguments": ..}` with the
@@ -879,10 +913,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(plan.offers_calls());
-        assert!(
-            plan.grammar(None).is_none(),
-            "auto without a format is free text"
-        );
+        let Some(GrammarSpec::Lark(lazy)) = plan.grammar(None) else {
+            panic!("auto guards the calls the model opens");
+        };
+        assert!(lazy.contains("PROSE") && lazy.contains("suffix="), "{lazy}");
         let required =
             ToolPlan::from_request(Some(vec![weather()]), Some(&json!("required")), Some(false))
                 .unwrap()
@@ -896,3 +930,8 @@ mod tests {
         );
     }
 }
+
+/// The lazy `auto` grammar compiled for the default model's tokenizer.
+#[cfg(test)]
+#[path = "tools_grammar_tests.rs"]
+mod grammar_tests;

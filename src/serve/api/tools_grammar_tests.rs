@@ -1,0 +1,81 @@
+//! The lazy `auto` grammar ([`ToolPlan::grammar`]) compiled for the default model's
+//! tokenizer (installed by tools/setup.sh): free text, and from a call's opening on, a
+//! valid call of the offered tools only.
+
+use super::*;
+use crate::model::grammar::GrammarCompiler;
+use crate::model::tokenizer::ModelTokenizer;
+
+fn compiler() -> (GrammarCompiler, ModelTokenizer, u32) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mut file = std::fs::File::open(path).expect("run tools/setup.sh");
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let tokenizer = ModelTokenizer::from_gguf(&content).unwrap();
+    let eos = tokenizer.token_id("<|im_end|>").unwrap();
+    let compiler = GrammarCompiler::new(&tokenizer, 49152, &[eos]).unwrap();
+    (compiler, tokenizer, eos)
+}
+
+fn auto_plan(parallel: bool) -> ToolPlan {
+    let tools = serde_json::from_value(json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"]}}}]))
+    .unwrap();
+    ToolPlan::from_request(Some(tools), Some(&json!("auto")), Some(parallel))
+        .unwrap()
+        .unwrap()
+}
+
+/// Whether the constraint allows `token` next.
+fn allows(c: &mut crate::model::grammar::Constraint, token: u32) -> bool {
+    let mut logits = vec![0.0f32; 49152];
+    c.mask_logits(&mut logits).unwrap();
+    logits[token as usize].is_finite()
+}
+
+#[test]
+fn auto_leaves_text_free_and_holds_an_opened_call_to_the_tools() {
+    let (compiler, tok, eos) = compiler();
+    for parallel in [true, false] {
+        let spec = auto_plan(parallel).grammar(None).expect("auto has a grammar");
+        let grammar = compiler.compile(&spec).unwrap();
+
+        // Text that never opens a call is free, markup and all, and may end anywhere.
+        let mut c = grammar.start();
+        for &t in &tok.encode_text("Sure: <b>22°C</b> in Paris, {\"a\": 1} <tool").unwrap() {
+            assert!(allows(&mut c, t), "text token {t} refused");
+            c.advance(t).unwrap();
+        }
+        assert!(allows(&mut c, eos), "free text may end");
+
+        // Once the opening is written, only a call of the tools follows.
+        let mut c = grammar.start();
+        for &t in &tok.encode_text("Let me check.<tool_call>").unwrap() {
+            c.advance(t).unwrap();
+        }
+        let prose = tok.encode_text(" I think").unwrap()[0];
+        assert!(!allows(&mut c, prose), "text after the opening");
+        assert!(!allows(&mut c, eos), "the opening without a call");
+        let call = "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        for &t in &tok.encode_text(call).unwrap() {
+            assert!(allows(&mut c, t), "call token {t} refused");
+            c.advance(t).unwrap();
+        }
+        assert!(allows(&mut c, eos), "the answer may end after its call");
+        let wrong = tok.encode_text("\n{\"name\": \"get_time\"").unwrap();
+        let mut c = grammar.start();
+        for &t in &tok.encode_text("<tool_call>").unwrap() {
+            c.advance(t).unwrap();
+        }
+        let refused = wrong.iter().any(|&t| {
+            let ok = allows(&mut c, t);
+            if ok {
+                c.advance(t).unwrap();
+            }
+            !ok
+        });
+        assert!(refused, "a call of a tool that is not offered");
+    }
+}
