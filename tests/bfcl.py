@@ -122,7 +122,7 @@ def run_case(client, model, category, case, answer, max_tokens):
             max_tokens=max_tokens,
         )
     except APIStatusError as e:
-        row.update(status=e.status_code, error=str(e)[:400])
+        row.update(status=e.status_code, error=str(e)[:400], match=False)
         return row
     finally:
         row["seconds"] = round(time.monotonic() - start, 3)
