@@ -97,7 +97,10 @@ fn bfcl_cases_get_valid_calls_and_speculation_changes_no_answer() {
             "{id}: a forced call returned none: {row}"
         );
         let content = row["content"].as_str().unwrap_or("");
-        assert!(!content.contains("<tool_call>"), "{id}: markup in content: {row}");
+        assert!(
+            !content.contains("<tool_call>"),
+            "{id}: markup in content: {row}"
+        );
         let other = &plain_rows[id];
         assert_eq!(
             (&row["calls"], &row["content"], &row["finish"]),
@@ -108,5 +111,8 @@ fn bfcl_cases_get_valid_calls_and_speculation_changes_no_answer() {
     // BFCL's checker runs: a 135M model matches some of its answers (about a sixth when
     // this was written; a drop to none means the checker or the calls broke).
     let matched = spec_rows.values().filter(|r| r["match"] == true).count();
-    assert!(matched >= 30, "only {matched} of 432 calls match BFCL's answers: {summary}");
+    assert!(
+        matched >= 30,
+        "only {matched} of 432 calls match BFCL's answers: {summary}"
+    );
 }

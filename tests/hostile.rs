@@ -560,23 +560,41 @@ fn a_guesser_does_not_lock_the_operator_out() {
     let s = Server::start(dir.path());
     let from = |source: &str, token: Option<&str>| -> u16 {
         let mut curl = std::process::Command::new("curl");
-        curl.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--interface", source]);
+        curl.args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--interface",
+            source,
+        ]);
         if let Some(token) = token {
             curl.args(["-H", &format!("Authorization: Bearer {token}")]);
         }
-        let out = curl.arg(format!("{}/admin/stats", s.base)).output().unwrap();
+        let out = curl
+            .arg(format!("{}/admin/stats", s.base))
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).parse().unwrap()
     };
     // A slow machine may cross into a new second between the guesses and the checks, so
     // a round counts only when the guesser is still refused after the operator's turn.
     for round in 0.. {
-        assert!(round < 5, "the guesser was never still refused after the operator's turn");
+        assert!(
+            round < 5,
+            "the guesser was never still refused after the operator's turn"
+        );
         let mut guesses = 0;
         while from("127.0.0.1", Some("wrong")) != 429 {
             guesses += 1;
             assert!(guesses < 200, "no 429 after 200 wrong tokens");
         }
-        assert_eq!(from("127.0.0.2", Some(common::TOKEN)), 200, "the operator is let in");
+        assert_eq!(
+            from("127.0.0.2", Some(common::TOKEN)),
+            200,
+            "the operator is let in"
+        );
         assert_eq!(from("127.0.0.1", None), 401, "no token: nothing guessed");
         if from("127.0.0.1", Some(common::TOKEN)) == 429 {
             break;

@@ -614,13 +614,20 @@ fn n_choices_are_generations_with_seeds_one_apart() {
         }
     }
     for (i, choice) in choices.iter().enumerate() {
-        assert_eq!(texts[i], choice["message"]["content"].as_str().unwrap(), "choice {i}");
+        assert_eq!(
+            texts[i],
+            choice["message"]["content"].as_str().unwrap(),
+            "choice {i}"
+        );
         assert_eq!(finishes[i], choice["finish_reason"], "choice {i}");
     }
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"], json!([]), "{last}");
     // (Its prompt now comes from the prefix cache: `cached_tokens` may differ.)
     for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
-        assert_eq!(last["usage"][field], many["usage"][field], "{field}: {last}");
+        assert_eq!(
+            last["usage"][field], many["usage"][field],
+            "{field}: {last}"
+        );
     }
 }

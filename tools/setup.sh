@@ -50,6 +50,21 @@ if ! command -v nats-server >/dev/null 2>&1; then
     fi
 fi
 
+# tests/hostile.rs sends admin requests from a second loopback address with curl.
+if ! command -v curl >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing curl (apt-get install curl)"
+        SUDO=""
+        [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+        $SUDO apt-get install -y -q curl >/dev/null \
+            || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q curl >/dev/null; } \
+            || { echo "setup: could not install curl, which the tests need" >&2; exit 1; }
+    else
+        echo "setup: the tests need curl on PATH" >&2
+        exit 1
+    fi
+fi
+
 # The test suite drives the server with the official openai client
 # (tests/openai_client.rs), agent frameworks, schemathesis and BFCL's cases, pinned in
 # tools/requirements-tests*.txt, in a virtual environment of its own under target/

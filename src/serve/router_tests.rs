@@ -652,11 +652,19 @@ fn streamed_choices_come_with_their_index_and_usage_at_the_end() {
         assert_eq!(finishes, [1; 4], "{path}: one finish per choice");
         let last = chunks.last().unwrap();
         assert_eq!(last["choices"], json!([]), "{last}");
-        assert_eq!(last["usage"]["completion_tokens"], 4 * ANSWER.len(), "{last}");
+        assert_eq!(
+            last["usage"]["completion_tokens"],
+            4 * ANSWER.len(),
+            "{last}"
+        );
         if path.contains("chat") {
             assert_eq!(last["suffixd"]["steps"].as_u64().map(|s| s > 0), Some(true));
         } else {
-            assert_eq!(last["usage"]["prompt_tokens"], 3 + 5, "each prompt once: {last}");
+            assert_eq!(
+                last["usage"]["prompt_tokens"],
+                3 + 5,
+                "each prompt once: {last}"
+            );
         }
     }
 }

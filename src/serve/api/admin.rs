@@ -312,9 +312,15 @@ mod tests {
             "2001:db8:1:2::1".parse().unwrap(),
             "2001:db8:1:2:ffff::9".parse().unwrap(),
         );
-        assert_eq!(AdminGuard::source_of(Some(a)), AdminGuard::source_of(Some(b)));
+        assert_eq!(
+            AdminGuard::source_of(Some(a)),
+            AdminGuard::source_of(Some(b))
+        );
         let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_ne!(AdminGuard::source_of(Some(a)), AdminGuard::source_of(Some(other)));
+        assert_ne!(
+            AdminGuard::source_of(Some(a)),
+            AdminGuard::source_of(Some(other))
+        );
         assert_eq!(AdminGuard::source_of(None), AdminGuard::SHARED);
     }
 
@@ -342,7 +348,10 @@ mod tests {
             guard.failed(late);
         }
         assert_eq!(guard.windows.lock().unwrap().len(), AdminGuard::SOURCES + 1);
-        assert!(!guard.may_try(late), "the late source's failures filled the shared window");
+        assert!(
+            !guard.may_try(late),
+            "the late source's failures filled the shared window"
+        );
         assert!(!guard.may_try("192.0.2.10".parse().unwrap()));
         assert!(guard.may_try(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000))));
     }

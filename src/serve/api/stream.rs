@@ -209,7 +209,12 @@ impl ChoiceStream {
         if self.pending.is_empty() {
             return Value::Null;
         }
-        let v = logprobs_json(&chunks.app, &self.pending, chunks.chat, &mut self.logprob_offset);
+        let v = logprobs_json(
+            &chunks.app,
+            &self.pending,
+            chunks.chat,
+            &mut self.logprob_offset,
+        );
         self.pending.clear();
         v
     }
@@ -244,7 +249,12 @@ impl ChoiceStream {
             let deltas = self.calls.advance(&text);
             if !deltas.is_empty() {
                 let logprobs = self.take_logprobs(chunks);
-                events.push(chunks.event(self.index, json!({"tool_calls": deltas}), logprobs, None));
+                events.push(chunks.event(
+                    self.index,
+                    json!({"tool_calls": deltas}),
+                    logprobs,
+                    None,
+                ));
             }
         }
         events
@@ -252,7 +262,12 @@ impl ChoiceStream {
 
     /// The last chunks of a finished answer: content past what was sent, the rest of
     /// its calls, and its finish reason (with `usage`'s figures when given).
-    fn finish(&mut self, chunks: &Chunks, g: &Generation, usage: Option<&[Generation]>) -> Vec<Event> {
+    fn finish(
+        &mut self,
+        chunks: &Chunks,
+        g: &Generation,
+        usage: Option<&[Generation]>,
+    ) -> Vec<Event> {
         let mut events = Vec::new();
         // The content past what was sent: the answer's, with any call blocks out of it
         // (what went out is always its start).
@@ -286,7 +301,11 @@ impl ChoiceStream {
             let logprobs = self.take_logprobs(chunks);
             events.push(chunks.event(self.index, json!({"tool_calls": deltas}), logprobs, None));
         }
-        let finish_reason = if chunks.chat { chat_finish(g, &calls) } else { finish(g) };
+        let finish_reason = if chunks.chat {
+            chat_finish(g, &calls)
+        } else {
+            finish(g)
+        };
         let choice = chunks.choice(self.index, json!({}), Value::Null, Some(finish_reason));
         events.push(chunks.event_with(choice, usage));
         events

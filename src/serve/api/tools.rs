@@ -265,7 +265,11 @@ impl ToolPlan {
             (true, None) => {
                 // Two ways through: text without the opening, or text up to the first
                 // opening (a lazy lexeme, which ends there) and then calls.
-                let more = if self.parallel { " (\"\\n\" call)*" } else { "" };
+                let more = if self.parallel {
+                    " (\"\\n\" call)*"
+                } else {
+                    ""
+                };
                 lark.push_str(&format!(
                     "start: PROSE | prose_then_call{more}\n\
                      PROSE: /(?s:.*)/ & ~/(?s:.*{open}.*)/\n\
@@ -300,8 +304,8 @@ fn regex_literal(text: &str) -> String {
     text.chars()
         // Only the syntax's own characters: `\<` and `\>` are word boundaries there.
         .map(|c| match c {
-            '\\' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^'
-            | '$' | '#' | '&' | '-' | '~' | '/' => format!("\\{c}"),
+            '\\' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$'
+            | '#' | '&' | '-' | '~' | '/' => format!("\\{c}"),
             c => c.to_string(),
         })
         .collect()

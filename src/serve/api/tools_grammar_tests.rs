@@ -39,12 +39,17 @@ fn allows(c: &mut crate::model::grammar::Constraint, token: u32) -> bool {
 fn auto_leaves_text_free_and_holds_an_opened_call_to_the_tools() {
     let (compiler, tok, eos) = compiler();
     for parallel in [true, false] {
-        let spec = auto_plan(parallel).grammar(None).expect("auto has a grammar");
+        let spec = auto_plan(parallel)
+            .grammar(None)
+            .expect("auto has a grammar");
         let grammar = compiler.compile(&spec).unwrap();
 
         // Text that never opens a call is free, markup and all, and may end anywhere.
         let mut c = grammar.start();
-        for &t in &tok.encode_text("Sure: <b>22°C</b> in Paris, {\"a\": 1} <tool").unwrap() {
+        for &t in &tok
+            .encode_text("Sure: <b>22°C</b> in Paris, {\"a\": 1} <tool")
+            .unwrap()
+        {
             assert!(allows(&mut c, t), "text token {t} refused");
             c.advance(t).unwrap();
         }
@@ -58,7 +63,8 @@ fn auto_leaves_text_free_and_holds_an_opened_call_to_the_tools() {
         let prose = tok.encode_text(" I think").unwrap()[0];
         assert!(!allows(&mut c, prose), "text after the opening");
         assert!(!allows(&mut c, eos), "the opening without a call");
-        let call = "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let call =
+            "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
         for &t in &tok.encode_text(call).unwrap() {
             assert!(allows(&mut c, t), "call token {t} refused");
             c.advance(t).unwrap();
