@@ -229,33 +229,34 @@ impl ChoiceStream {
             tracing::error!("cannot decode the generated tokens: {e}");
             return Vec::new();
         }
-        let mut events = Vec::new();
-        let text = self.answer.text().to_string();
+        // What this step adds, read from the decoded text without copying it (the
+        // answer grows every step): new content, and call fragments.
+        let text = self.answer.text();
         // When the answer may call tools, text from where a call may begin is held
         // back: calls go out as tool-call deltas, never as content.
         let end = if self.calls_out == StreamCalls::No {
             text.len()
         } else {
-            tools::streamable_len(&text)
+            tools::streamable_len(text)
         };
         // The detokenizer's text never ends in a cut character.
-        if end > self.sent && text.is_char_boundary(self.sent) && text.is_char_boundary(end) {
-            let piece = text[self.sent..end].to_string();
+        let piece =
+            (end > self.sent && text.is_char_boundary(self.sent) && text.is_char_boundary(end))
+                .then(|| text[self.sent..end].to_string());
+        let deltas = if self.calls_out == StreamCalls::AsDecoded {
+            self.calls.advance(text)
+        } else {
+            Vec::new()
+        };
+        let mut events = Vec::new();
+        if let Some(piece) = piece {
             self.sent = end;
             let logprobs = self.take_logprobs(chunks);
             events.push(chunks.event(self.index, json!({"content": piece}), logprobs, None));
         }
-        if self.calls_out == StreamCalls::AsDecoded {
-            let deltas = self.calls.advance(&text);
-            if !deltas.is_empty() {
-                let logprobs = self.take_logprobs(chunks);
-                events.push(chunks.event(
-                    self.index,
-                    json!({"tool_calls": deltas}),
-                    logprobs,
-                    None,
-                ));
-            }
+        if !deltas.is_empty() {
+            let logprobs = self.take_logprobs(chunks);
+            events.push(chunks.event(self.index, json!({"tool_calls": deltas}), logprobs, None));
         }
         events
     }
