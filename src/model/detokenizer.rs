@@ -79,6 +79,15 @@ impl Detokenizer {
         self.ends.partition_point(|&end| end <= at)
     }
 
+    /// The length of the text of the first `n` tokens (all of them when there are fewer;
+    /// a token waiting for the rest of its character adds nothing yet).
+    pub fn text_len_of(&self, n: usize) -> usize {
+        match n.min(self.ends.len()) {
+            0 => 0,
+            n => self.ends[n - 1],
+        }
+    }
+
     /// Keep the first `n` tokens and their text.
     pub fn truncate(&mut self, n: usize) {
         if n >= self.ends.len() {
@@ -185,6 +194,10 @@ mod tests {
         assert_eq!(d.text(), "café");
         // The cut token ends where the text ended before it.
         assert_eq!(d.tokens_before(3), ids.len() - 1);
+        assert_eq!(d.text_len_of(ids.len() - 1), 3);
+        assert_eq!(d.text_len_of(ids.len()), "café".len());
+        assert_eq!(d.text_len_of(ids.len() + 5), "café".len());
+        assert_eq!(d.text_len_of(0), 0);
     }
 
     /// `tokens_before` and `truncate` cut where a stop string starts, as the engine does.

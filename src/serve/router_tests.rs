@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use super::worker::{Delta, Job, JobError};
 use super::*;
 use crate::chat::ChatTemplate;
+use crate::model::detokenizer::Detokenizer;
 use crate::model::engine::{FinishReason, GenerateOptions, Generation};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::tokenizer::testing::byte_tokenizer;
@@ -59,9 +60,13 @@ fn scripted_model(
         let mut tokens = tokenizer.encode_text(ANSWER).unwrap();
         let cut = tokens.len() > job.opts.max_tokens;
         tokens.truncate(job.opts.max_tokens);
-        for &token in &tokens {
+        // One token a step, its text decoded as the engine does.
+        let mut text = Detokenizer::new();
+        for seen in 1..=tokens.len() {
+            let before = text.text().len();
+            text.update(&tokenizer, &tokens[..seen]).unwrap();
             let delta = Delta {
-                tokens: vec![token],
+                text: text.text()[before..].to_string(),
                 logprobs: Vec::new(),
             };
             let _ = job.tokens.send(delta);

@@ -36,12 +36,13 @@ pub struct Job {
     pub done: oneshot::Sender<Result<Generation, JobError>>,
 }
 
-/// Tokens of a running job accepted in one step, with their log-probabilities when the
-/// job's options ask for them (else empty).
+/// What a running job's answer gained in one step: the text of the tokens accepted
+/// (decoded once, by the engine), with their log-probabilities when the job's options
+/// ask for them (else empty).
 pub struct Delta {
-    /// The new tokens.
-    pub tokens: Vec<u32>,
-    /// Their log-probabilities.
+    /// The text the new tokens add (empty while a character waits for its last token).
+    pub text: String,
+    /// The new tokens' log-probabilities.
     pub logprobs: Vec<TokenLogprob>,
 }
 
@@ -310,12 +311,15 @@ fn step_jobs(
             }
         }
         for slot in &mut slots {
-            let (new, logprobs) = slot.seq.take_new_tokens();
+            let new = slot.seq.take_new();
+            if new.tokens.is_empty() {
+                continue;
+            }
             let delta = Delta {
-                tokens: new.to_vec(),
-                logprobs: logprobs.to_vec(),
+                text: new.text.to_string(),
+                logprobs: new.logprobs.to_vec(),
             };
-            if !delta.tokens.is_empty() && slot.job.tokens.send(delta).is_err() {
+            if slot.job.tokens.send(delta).is_err() {
                 slot.seq.cancel();
             }
         }

@@ -364,6 +364,7 @@ impl Engine {
             out: Vec::new(),
             text: Detokenizer::new(),
             emitted: 0,
+            emitted_text: 0,
             logprobs: Vec::new(),
             draws: Draws::new(opts.sampling.seed),
             constraint: opts.grammar.as_ref().map(Grammar::start),
@@ -772,7 +773,7 @@ impl Engine {
         let mut seq = self.start(prompt, opts)?;
         while !seq.is_finished() {
             self.step(&mut [(&mut seq, &mut *drafter)])?;
-            let (new, _) = seq.take_new_tokens();
+            let new = seq.take_new().tokens;
             if !new.is_empty() && !on_tokens(new) {
                 seq.cancel();
             }
@@ -854,6 +855,17 @@ fn chain_parents(n: usize) -> Vec<i32> {
     (0..n as i32).map(|i| i - 1).collect()
 }
 
+/// What a sequence generated since it was last asked ([`Sequence::take_new`]).
+#[derive(Debug)]
+pub struct NewOutput<'a> {
+    /// The new tokens.
+    pub tokens: &'a [u32],
+    /// Their log-probabilities, when the options ask for them (else empty).
+    pub logprobs: &'a [TokenLogprob],
+    /// The text they add to the answer.
+    pub text: &'a str,
+}
+
 /// A request in flight: its KV cache and what it has generated. What it drafts from
 /// is its [`Drafter`]'s.
 pub struct Sequence {
@@ -871,8 +883,10 @@ pub struct Sequence {
     out: Vec<u32>,
     /// The text of `out`, decoded as it grows (stop strings are looked for in it).
     text: Detokenizer,
-    /// Tokens of `out` already handed out by [`Sequence::take_new_tokens`].
+    /// Tokens of `out` already handed out by [`Sequence::take_new`].
     emitted: usize,
+    /// Bytes of `text` already handed out with them.
+    emitted_text: usize,
     /// The log-probability of each token of `out`, when the options ask for them.
     logprobs: Vec<TokenLogprob>,
     /// The uniform numbers its sampled tokens are drawn with.
@@ -909,12 +923,14 @@ impl Sequence {
         &self.out
     }
 
-    /// Tokens generated since the last call, with their log-probabilities when the
-    /// options ask for them (else empty). While the sequence runs, tokens whose text may
-    /// be the start of a stop string are held back until it is known whether the stop
+    /// What was generated since the last call: the tokens, their log-probabilities
+    /// when the options ask for them (else empty), and their text, decoded once here so
+    /// that no one decodes it again. While the sequence runs, tokens whose text may be
+    /// the start of a stop string are held back until it is known whether the stop
     /// string follows (then they are cut from the answer) or not: a stream's tokens are
-    /// the finished answer's, never a stop string's first characters.
-    pub fn take_new_tokens(&mut self) -> (&[u32], &[TokenLogprob]) {
+    /// the finished answer's, never a stop string's first characters. A token that ends
+    /// inside a character adds its text with the token that completes it.
+    pub fn take_new(&mut self) -> NewOutput<'_> {
         let ready = if self.is_finished() {
             self.out.len()
         } else {
@@ -923,8 +939,14 @@ impl Sequence {
         };
         let from = self.emitted.min(ready);
         self.emitted = self.emitted.max(ready);
-        let logprobs = self.logprobs.get(from..ready).unwrap_or_default();
-        (&self.out[from..ready], logprobs)
+        let text_end = self.text.text_len_of(ready);
+        let text_from = self.emitted_text.min(text_end);
+        self.emitted_text = self.emitted_text.max(text_end);
+        NewOutput {
+            tokens: &self.out[from..ready],
+            logprobs: self.logprobs.get(from..ready).unwrap_or_default(),
+            text: &self.text.text()[text_from..text_end],
+        }
     }
 
     /// Keep the most tokens whose text ends at or before byte `at` of the answer's

@@ -7,6 +7,7 @@ mod openai;
 mod probes;
 mod stream;
 mod tools;
+mod wire;
 
 pub use admin::{
     AdminGuard, admin_evict, admin_job, admin_snapshot, admin_stats, admin_verify, require_admin,
@@ -21,7 +22,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 use super::AppState;
 use super::worker::JobError;
@@ -71,10 +71,23 @@ impl From<JobError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The error's body, OpenAI's shape.
+    fn body(&self) -> wire::ErrorBody<'_> {
+        wire::ErrorBody {
+            error: wire::ErrorDetail {
+                message: &self.message,
+                kind: self.kind,
+                param: None,
+                code: self.code,
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"message": self.message, "type": self.kind, "param": null, "code": self.code}});
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = (self.status, Json(self.body())).into_response();
         if let Some(s) = self.retry_after_s {
             response
                 .headers_mut()

@@ -18,6 +18,10 @@ use crate::model::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
 
 use super::stream::{self, StreamCalls};
 use super::tools::{self, ToolPlan};
+use super::wire::{
+    AssistantMessage, ChatChoice, ChatTokenLogprob, Completion, Logprobs, Model, ModelList,
+    PromptTokensDetails, SpecStats, TextChoice, TopLogprob, Usage,
+};
 use super::{ApiError, read_json};
 use crate::serve::AppState;
 use crate::serve::worker::{Job, JobError};
@@ -175,43 +179,48 @@ fn logprobs_wanted(req: &GenerationRequest, chat: bool) -> Result<Option<usize>,
 
 /// A token as text, and its UTF-8 bytes; the bytes are null when the token is part of
 /// a character (its text alone is not valid UTF-8).
-fn token_text(app: &AppState, token: u32) -> (String, serde_json::Value) {
+fn token_text(app: &AppState, token: u32) -> (String, Option<Vec<u8>>) {
     let text = app.tokenizer.decode(&[token], false).unwrap_or_default();
-    let bytes = if text.contains('\u{fffd}') {
-        serde_json::Value::Null
-    } else {
-        json!(text.as_bytes())
-    };
+    let bytes = (!text.contains('\u{fffd}')).then(|| text.as_bytes().to_vec());
     (text, bytes)
 }
 
 /// A choice's `logprobs` in OpenAI's form: chat's `{"content": [...]}`, or the legacy
 /// completion arrays, whose `text_offset` counts bytes from `*offset` (the text before
 /// these tokens), which moves past them.
-pub(super) fn logprobs_json(
+pub(super) fn logprobs_of(
     app: &AppState,
     logprobs: &[TokenLogprob],
     chat: bool,
     offset: &mut usize,
-) -> serde_json::Value {
+) -> Logprobs {
     if chat {
-        let content: Vec<serde_json::Value> = logprobs
+        let content = logprobs
             .iter()
             .map(|lp| {
                 let (token, bytes) = token_text(app, lp.token);
                 *offset += token.len();
-                let top: Vec<serde_json::Value> = lp
+                let top_logprobs = lp
                     .top
                     .iter()
-                    .map(|&(t, l)| {
+                    .map(|&(t, logprob)| {
                         let (token, bytes) = token_text(app, t);
-                        json!({"token": token, "logprob": l, "bytes": bytes})
+                        TopLogprob {
+                            token,
+                            logprob,
+                            bytes,
+                        }
                     })
                     .collect();
-                json!({"token": token, "logprob": lp.logprob, "bytes": bytes, "top_logprobs": top})
+                ChatTokenLogprob {
+                    token,
+                    logprob: lp.logprob,
+                    bytes,
+                    top_logprobs,
+                }
             })
             .collect();
-        return json!({ "content": content });
+        return Logprobs::Chat { content };
     }
     let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -228,7 +237,12 @@ pub(super) fn logprobs_json(
             .collect();
         top_logprobs.push(top);
     }
-    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset})
+    Logprobs::Completion {
+        tokens,
+        token_logprobs,
+        top_logprobs,
+        text_offset,
+    }
 }
 
 /// Longest namespace, in bytes.
@@ -320,13 +334,22 @@ pub(super) fn unix_s() -> u64 {
 }
 
 /// The served model in OpenAI's form.
-fn model_json(app: &AppState) -> serde_json::Value {
-    json!({"id": app.model_id, "object": "model", "created": app.started, "owned_by": "suffixd"})
+fn model_of(app: &AppState) -> Model<'_> {
+    Model {
+        id: &app.model_id,
+        object: "model",
+        created: app.started,
+        owned_by: "suffixd",
+    }
 }
 
 /// `GET /v1/models`.
 pub async fn models(State(app): State<Arc<AppState>>) -> Response {
-    Json(json!({"object": "list", "data": [model_json(&app)]})).into_response()
+    Json(ModelList {
+        object: "list",
+        data: vec![model_of(&app)],
+    })
+    .into_response()
 }
 
 /// `GET /v1/models/{id}`: the served model, or 404.
@@ -337,7 +360,7 @@ pub async fn model(
     if id != app.model_id {
         return model_not_found(&app, &id).into_response();
     }
-    Json(model_json(&app)).into_response()
+    Json(model_of(&app)).into_response()
 }
 
 /// The 404 for a model this server does not serve.
@@ -483,35 +506,55 @@ async fn generate(
     for done_rx in done {
         generations.push(await_generation(&app, done_rx).await?);
     }
-    let choices: Vec<serde_json::Value> = generations
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let logprobs = g
-                .logprobs
-                .as_deref()
-                .map_or(serde_json::Value::Null, |l| logprobs_json(&app, l, chat, &mut 0));
-            if chat {
-                let (content, calls) = tools::read_answer(&g.text, reads_calls);
-                let mut message = json!({"role": "assistant", "content": content});
-                if !calls.is_empty() {
-                    message["tool_calls"] = calls.iter().map(|c| c.to_json(None)).collect();
-                }
-                json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": chat_finish(g, &calls)})
-            } else {
-                json!({"index": i, "text": g.text, "finish_reason": finish(g), "logprobs": logprobs})
-            }
+    let logprobs = |g: &Generation| {
+        g.logprobs
+            .as_deref()
+            .map(|l| logprobs_of(&app, l, chat, &mut 0))
+    };
+    let (usage, suffixd) = (
+        usage_of(&generations, n as usize),
+        spec_stats_of(&generations),
+    );
+    if !chat {
+        let choices = generations.iter().enumerate().map(|(index, g)| TextChoice {
+            index,
+            text: g.text.clone(),
+            finish_reason: Some(finish(g)),
+            logprobs: logprobs(g),
+        });
+        return Ok(Json(Completion {
+            id,
+            object: "text_completion",
+            created: unix_s(),
+            model: app.model_id.clone(),
+            choices: choices.collect(),
+            usage,
+            suffixd,
         })
-        .collect();
-    Ok(Json(json!({
-        "id": id,
-        "object": if chat { "chat.completion" } else { "text_completion" },
-        "created": unix_s(),
-        "model": app.model_id,
-        "choices": choices,
-        "usage": usage_of(&generations, n as usize),
-        "suffixd": spec_stats_of(&generations),
-    }))
+        .into_response());
+    }
+    let choices = generations.iter().enumerate().map(|(index, g)| {
+        let (content, calls) = tools::read_answer(&g.text, reads_calls);
+        ChatChoice {
+            index,
+            finish_reason: chat_finish(g, &calls),
+            message: AssistantMessage {
+                role: "assistant",
+                content,
+                tool_calls: calls.iter().map(|c| c.to_wire(None)).collect(),
+            },
+            logprobs: logprobs(g),
+        }
+    });
+    Ok(Json(Completion {
+        id,
+        object: "chat.completion",
+        created: unix_s(),
+        model: app.model_id.clone(),
+        choices: choices.collect(),
+        usage,
+        suffixd,
+    })
     .into_response())
 }
 
@@ -901,30 +944,33 @@ pub(super) fn chat_finish(g: &Generation, calls: &[tools::ToolCall]) -> &'static
 
 /// The usage of a request's choices, `per_prompt` for each prompt: each prompt once
 /// (and its cached part, its first choice's), the completions summed.
-pub(super) fn usage_of(gs: &[Generation], per_prompt: usize) -> serde_json::Value {
-    if gs.is_empty() {
-        return json!(null);
-    }
+pub(super) fn usage_of(gs: &[Generation], per_prompt: usize) -> Usage {
     let firsts = || gs.chunks(per_prompt.max(1)).map(|c| &c[0]);
     let prompt: usize = firsts().map(|g| g.prompt_tokens).sum();
     let cached: usize = firsts().map(|g| g.cached_prompt_tokens).sum();
     let completion: usize = gs.iter().map(|g| g.tokens.len()).sum();
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+        prompt_tokens_details: PromptTokensDetails {
+            cached_tokens: cached,
+        },
+    }
 }
 
 /// Speculation figures over a request's choices: steps and tokens summed, tokens per
 /// second of decoding the mean of the choices'.
-pub(super) fn spec_stats_of(gs: &[Generation]) -> serde_json::Value {
+pub(super) fn spec_stats_of(gs: &[Generation]) -> SpecStats {
     let sum = |f: fn(&Generation) -> usize| gs.iter().map(f).sum::<usize>();
     let rate = gs.iter().map(|g| g.tokens_per_s).sum::<f64>() / gs.len().max(1) as f64;
     let mut sources = crate::model::engine::DraftSources::default();
     gs.iter().for_each(|g| sources.add(&g.sources));
-    json!({"steps": sum(|g| g.steps), "drafted_tokens": sum(|g| g.drafted_tokens),
-        "accepted_tokens": sum(|g| g.accepted_tokens), "tokens_per_s": rate,
-        "draft_sources": sources})
+    SpecStats {
+        steps: sum(|g| g.steps),
+        drafted_tokens: sum(|g| g.drafted_tokens),
+        accepted_tokens: sum(|g| g.accepted_tokens),
+        tokens_per_s: rate,
+        draft_sources: sources,
+    }
 }

@@ -7,17 +7,19 @@ use std::sync::Arc;
 
 use axum::response::IntoResponse;
 use axum::response::sse::{Event, Sse};
-use serde_json::{Value, json};
+use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::model::detokenizer::Detokenizer;
 use crate::model::engine::{Generation, TokenLogprob};
 use crate::serve::AppState;
 use crate::serve::worker::{Delta, JobError};
 
 use super::ApiError;
-use super::openai::{chat_finish, finish, logprobs_json, spec_stats_of, unix_s, usage_of};
+use super::openai::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
 use super::tools::{self, CallStreamer};
+use super::wire::{
+    ChatChunkChoice, Chunk, ChunkChoice, Logprobs, MessageDelta, TextChoice, ToolCallDelta,
+};
 
 /// How a streamed answer's tool calls go out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +99,8 @@ pub(super) fn stream_response(
             (0..count).map(|index| ChoiceStream::new(index, calls_out)).collect();
         if chunks.chat {
             for state in &states {
-                yield Ok::<Event, Infallible>(chunks.event(state.index, json!({"role": "assistant", "content": ""}), Value::Null, None));
+                let role = MessageDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() };
+                yield Ok::<Event, Infallible>(chunks.event(state.index, role, None, None));
             }
         }
         let mut generations: Vec<Option<Generation>> = (0..count).map(|_| None).collect();
@@ -119,7 +122,7 @@ pub(super) fn stream_response(
                 Progress::Done(Ok(Err(e))) => {
                     chunks.app.metrics.record_error();
                     let e = ApiError::from(e);
-                    yield Ok(Event::default().data(json!({"error": {"message": e.message, "type": e.kind}}).to_string()));
+                    yield Ok(sse_data(&e.body()));
                     break;
                 }
                 // The model thread went away: the stream ends without a finish.
@@ -128,11 +131,7 @@ pub(super) fn stream_response(
         }
         let generations: Vec<Generation> = generations.into_iter().flatten().collect();
         if count > 1 && generations.len() == count {
-            let last = json!({"id": chunks.id, "object": chunks.object, "created": chunks.created,
-                "model": chunks.app.model_id, "choices": [],
-                "usage": usage_of(&generations, per_prompt),
-                "suffixd": spec_stats_of(&generations)});
-            yield Ok(Event::default().data(last.to_string()));
+            yield Ok(chunks.event_with(Vec::new(), Some((&generations, per_prompt))));
         }
         yield Ok(Event::default().data("[DONE]"));
     };
@@ -151,37 +150,76 @@ struct Chunks {
 impl Chunks {
     /// A chunk of choice `index`: a chat `delta`, or for completions its `content` as
     /// `text`, with the log-probabilities of the tokens whose text it completes.
-    fn event(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Event {
-        self.event_with(self.choice(index, delta, logprobs, finish), None)
+    fn event(
+        &self,
+        index: usize,
+        delta: MessageDelta,
+        logprobs: Option<Logprobs>,
+        finish: Option<&'static str>,
+    ) -> Event {
+        self.event_with(vec![self.choice(index, delta, logprobs, finish)], None)
     }
 
-    fn choice(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
+    fn choice(
+        &self,
+        index: usize,
+        delta: MessageDelta,
+        logprobs: Option<Logprobs>,
+        finish_reason: Option<&'static str>,
+    ) -> ChunkChoice {
         if self.chat {
-            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+            ChunkChoice::Chat(ChatChunkChoice {
+                index,
+                delta,
+                logprobs,
+                finish_reason,
+            })
         } else {
-            json!({"index": index, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish, "logprobs": logprobs})
+            ChunkChoice::Text(TextChoice {
+                index,
+                text: delta.content.unwrap_or_default(),
+                finish_reason,
+                logprobs,
+            })
         }
     }
 
-    /// A chunk of one choice, with the usage and figures of `usage` when given.
-    fn event_with(&self, choice: Value, usage: Option<&[Generation]>) -> Event {
-        let mut chunk = json!({"id": self.id, "object": self.object, "created": self.created,
-            "model": self.app.model_id, "choices": [choice]});
-        if let Some(gs) = usage {
-            chunk["usage"] = usage_of(gs, 1);
-            chunk["suffixd"] = spec_stats_of(gs);
-        }
-        Event::default().data(chunk.to_string())
+    /// A chunk of `choices`, with the usage and figures of `usage`'s answers when given
+    /// (and how many choices each prompt has).
+    fn event_with(
+        &self,
+        choices: Vec<ChunkChoice>,
+        usage: Option<(&[Generation], usize)>,
+    ) -> Event {
+        sse_data(&Chunk {
+            id: &self.id,
+            object: self.object,
+            created: self.created,
+            model: &self.app.model_id,
+            choices,
+            usage: usage.map(|(gs, per_prompt)| usage_of(gs, per_prompt)),
+            suffixd: usage.map(|(gs, _)| spec_stats_of(gs)),
+        })
     }
 }
 
-/// One choice on its way out: its tokens decoded once each, what of its text was sent,
-/// log-probabilities not sent yet, and its calls as they stream.
+/// An event whose data is `body` as JSON.
+fn sse_data(body: &impl Serialize) -> Event {
+    // The API's answers are plain structs of strings and numbers, which always
+    // serialize; an error here would be a bug, sent as an error event.
+    let data = serde_json::to_string(body).unwrap_or_else(|e| {
+        tracing::error!("cannot serialize a stream chunk: {e}");
+        r#"{"error":{"message":"the server could not write this chunk","type":"server_error","param":null,"code":null}}"#.to_string()
+    });
+    Event::default().data(data)
+}
+
+/// One choice on its way out: its text so far (as the engine decoded it), what of it
+/// was sent, log-probabilities not sent yet, and its calls as they stream.
 struct ChoiceStream {
     index: usize,
     calls_out: StreamCalls,
-    tokens: Vec<u32>,
-    answer: Detokenizer,
+    answer: String,
     /// What was sent is `answer.text()[..sent]`.
     sent: usize,
     pending: Vec<TokenLogprob>,
@@ -196,8 +234,7 @@ impl ChoiceStream {
         ChoiceStream {
             index,
             calls_out,
-            tokens: Vec::new(),
-            answer: Detokenizer::new(),
+            answer: String::new(),
             sent: 0,
             pending: Vec::new(),
             logprob_offset: 0,
@@ -205,33 +242,28 @@ impl ChoiceStream {
         }
     }
 
-    fn take_logprobs(&mut self, chunks: &Chunks) -> Value {
+    fn take_logprobs(&mut self, chunks: &Chunks) -> Option<Logprobs> {
         if self.pending.is_empty() {
-            return Value::Null;
+            return None;
         }
-        let v = logprobs_json(
+        let v = logprobs_of(
             &chunks.app,
             &self.pending,
             chunks.chat,
             &mut self.logprob_offset,
         );
         self.pending.clear();
-        v
+        Some(v)
     }
 
-    /// The chunks a step's tokens make: new content (a character split across tokens
+    /// The chunks a step's text makes: new content (a character split across tokens
     /// comes out whole, with the token that completes it), and call fragments.
     fn advance(&mut self, chunks: &Chunks, delta: Delta) -> Vec<Event> {
-        self.tokens.extend_from_slice(&delta.tokens);
+        self.answer.push_str(&delta.text);
         self.pending.extend(delta.logprobs);
-        if let Err(e) = self.answer.update(&chunks.app.tokenizer, &self.tokens) {
-            // The ids come from the model's own vocabulary, so this is a bug.
-            tracing::error!("cannot decode the generated tokens: {e}");
-            return Vec::new();
-        }
-        // What this step adds, read from the decoded text without copying it (the
-        // answer grows every step): new content, and call fragments.
-        let text = self.answer.text();
+        // What this step adds, read from the answer without copying it (it grows every
+        // step): new content, and call fragments.
+        let text = self.answer.as_str();
         // When the answer may call tools, text from where a call may begin is held
         // back: calls go out as tool-call deltas, never as content.
         let end = if self.calls_out == StreamCalls::No {
@@ -239,7 +271,7 @@ impl ChoiceStream {
         } else {
             tools::streamable_len(text)
         };
-        // The detokenizer's text never ends in a cut character.
+        // The engine's text never ends in a cut character.
         let piece =
             (end > self.sent && text.is_char_boundary(self.sent) && text.is_char_boundary(end))
                 .then(|| text[self.sent..end].to_string());
@@ -252,11 +284,11 @@ impl ChoiceStream {
         if let Some(piece) = piece {
             self.sent = end;
             let logprobs = self.take_logprobs(chunks);
-            events.push(chunks.event(self.index, json!({"content": piece}), logprobs, None));
+            events.push(chunks.event(self.index, content_delta(piece), logprobs, None));
         }
         if !deltas.is_empty() {
             let logprobs = self.take_logprobs(chunks);
-            events.push(chunks.event(self.index, json!({"tool_calls": deltas}), logprobs, None));
+            events.push(chunks.event(self.index, tool_calls_delta(deltas), logprobs, None));
         }
         events
     }
@@ -282,7 +314,7 @@ impl ChoiceStream {
         };
         if !rest.is_empty() || (!self.pending.is_empty() && calls.is_empty()) {
             let logprobs = self.take_logprobs(chunks);
-            events.push(chunks.event(self.index, json!({"content": rest}), logprobs, None));
+            events.push(chunks.event(self.index, content_delta(rest), logprobs, None));
         }
         // The rest of the calls: the last fragments of those streaming, and whole the
         // ones that did not stream.
@@ -296,19 +328,40 @@ impl ChoiceStream {
                 .iter()
                 .enumerate()
                 .skip(self.calls.started())
-                .map(|(i, c)| c.to_json(Some(i))),
+                .map(|(i, c)| ToolCallDelta::whole(i, c.to_wire(None))),
         );
         if !deltas.is_empty() {
             let logprobs = self.take_logprobs(chunks);
-            events.push(chunks.event(self.index, json!({"tool_calls": deltas}), logprobs, None));
+            events.push(chunks.event(self.index, tool_calls_delta(deltas), logprobs, None));
         }
         let finish_reason = if chunks.chat {
             chat_finish(g, &calls)
         } else {
             finish(g)
         };
-        let choice = chunks.choice(self.index, json!({}), Value::Null, Some(finish_reason));
-        events.push(chunks.event_with(choice, usage));
+        let choice = chunks.choice(
+            self.index,
+            MessageDelta::default(),
+            None,
+            Some(finish_reason),
+        );
+        events.push(chunks.event_with(vec![choice], usage.map(|gs| (gs, 1))));
         events
+    }
+}
+
+/// A delta of content.
+fn content_delta(text: String) -> MessageDelta {
+    MessageDelta {
+        content: Some(text),
+        ..Default::default()
+    }
+}
+
+/// A delta of call pieces.
+fn tool_calls_delta(deltas: Vec<ToolCallDelta>) -> MessageDelta {
+    MessageDelta {
+        tool_calls: deltas,
+        ..Default::default()
     }
 }

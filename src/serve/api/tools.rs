@@ -26,6 +26,7 @@ use crate::model::engine::Delimiters;
 use crate::model::grammar::{GrammarSpec, with_json_layout};
 
 use super::ApiError;
+use super::wire::{FunctionCall, FunctionDelta, ToolCallDelta, ToolCallOut};
 
 /// Where a call starts and ends in the answer.
 const CALL_OPEN: &str = "<tool_call>";
@@ -465,17 +466,17 @@ pub(super) struct ToolCall {
 }
 
 impl ToolCall {
-    /// The call in OpenAI's form, with a fresh id.
-    pub(super) fn to_json(&self, index: Option<usize>) -> Value {
-        let mut call = json!({
-            "id": new_call_id(),
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        });
-        if let Some(i) = index {
-            call["index"] = json!(i);
+    /// The call in OpenAI's form, with a fresh id (and its `index` in a stream).
+    pub(super) fn to_wire(&self, index: Option<usize>) -> ToolCallOut {
+        ToolCallOut {
+            index,
+            id: new_call_id(),
+            kind: "function",
+            function: FunctionCall {
+                name: self.name.clone(),
+                arguments: self.arguments.clone(),
+            },
         }
-        call
     }
 }
 
@@ -632,7 +633,7 @@ pub(super) struct CallStreamer {
 
 impl CallStreamer {
     /// The tool-call deltas that `text` (the answer so far) adds to what was sent.
-    pub(super) fn advance(&mut self, text: &str) -> Vec<Value> {
+    pub(super) fn advance(&mut self, text: &str) -> Vec<ToolCallDelta> {
         let mut deltas = Vec::new();
         let mut earlier: Vec<&str> = Vec::new();
         let mut from = 0;
@@ -651,8 +652,15 @@ impl CallStreamer {
             let args = &body[args_at..];
             if index == self.started.len() {
                 let id = new_call_id();
-                deltas.push(json!({"index": index, "id": id, "type": "function",
-                    "function": {"name": name, "arguments": ""}}));
+                deltas.push(ToolCallDelta {
+                    index,
+                    id: Some(id.clone()),
+                    kind: Some("function"),
+                    function: FunctionDelta {
+                        name: Some(name.to_string()),
+                        arguments: String::new(),
+                    },
+                });
                 self.started.push((id, 0));
             }
             let ready = match close {
@@ -661,8 +669,15 @@ impl CallStreamer {
             };
             let sent = &mut self.started[index].1;
             if ready > *sent && args.is_char_boundary(*sent) && args.is_char_boundary(ready) {
-                deltas
-                    .push(json!({"index": index, "function": {"arguments": &args[*sent..ready]}}));
+                deltas.push(ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: args[*sent..ready].to_string(),
+                    },
+                });
                 *sent = ready;
             }
             let Some(close) = close else { break };
@@ -810,13 +825,15 @@ mod tests {
         let mut args = vec![String::new(), String::new()];
         for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
             for d in streamer.advance(&full[..end]) {
-                let i = d["index"].as_u64().unwrap() as usize;
-                if let Some(name) = d["function"]["name"].as_str() {
-                    assert!(d["id"].as_str().unwrap().starts_with("call_"));
-                    assert_eq!(i, names.len());
-                    names.push(name.to_string());
+                if let Some(name) = d.function.name {
+                    assert!(d.id.unwrap().starts_with("call_"));
+                    assert_eq!(d.kind, Some("function"));
+                    assert_eq!(d.index, names.len());
+                    names.push(name);
+                } else {
+                    assert_eq!((d.id, d.kind), (None, None));
                 }
-                args[i].push_str(d["function"]["arguments"].as_str().unwrap());
+                args[d.index].push_str(&d.function.arguments);
             }
         }
         let (_, calls) = read_answer(full, true);
