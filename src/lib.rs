@@ -7,12 +7,14 @@
 //! evictions and snapshots with other replicas through NATS JetStream. [`simulate`] is
 //! the reference benchmark's simulated verifier. Beside the flow: [`corpus`] reads
 //! request logs and token-stream files, [`chat`] holds chat messages and the model's
-//! chat template, and [`vocab`] names the tokenizer token ids come from. `fuzzing` (the
+//! chat template, [`vocab`] names the tokenizer token ids come from, and [`files`]
+//! opens the files an operator names (regular files only). `fuzzing` (the
 //! `fuzzing` feature) holds the fuzz harnesses over the readers of the store's files.
 
 pub mod chat;
 pub mod cli;
 pub mod corpus;
+pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod model;

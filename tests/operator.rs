@@ -189,6 +189,154 @@ fn fifos_in_a_store_are_refused_not_waited_on() {
     );
 }
 
+/// `suffixd args`, stopped after `limit` if it is still running then: its stderr, and
+/// whether it exited (with what status) in time.
+fn run_within(args: &[&str], limit: std::time::Duration) -> (Option<bool>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_suffixd"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let exited = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status.success());
+        }
+        if t.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (exited, stderr)
+}
+
+/// Every path an operator names is a regular file or a clear error at once: a FIFO
+/// (whose open waits for a writer) as the config, a model, a draft model, warm logs,
+/// build's logs, or a store's `NEXT_ID` or `LOCK`; `/dev/zero` (a device that reads
+/// without end) as a model or logs; and a log whose one line never ends.
+#[test]
+fn every_path_an_operator_names_must_be_a_regular_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let fifo = tmp.path().join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let f = s(&fifo);
+    let store = s(&tmp.path().join("store"));
+    let model = s(&common::model_path());
+    let serve = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["serve", "--addr", "127.0.0.1:0", "--snapshot-dir", &store];
+        args.extend_from_slice(extra);
+        args.iter().map(|a| a.to_string()).collect()
+    };
+    let mut cases: Vec<(Vec<String>, &str)> = vec![
+        (serve(&["--config", &f]), "a FIFO, not a regular file"),
+        (serve(&["--model", &f]), "a FIFO, not a regular file"),
+        (
+            serve(&["--model", "/dev/zero"]),
+            "a device, not a regular file",
+        ),
+    ];
+    if common::model_present() {
+        cases.push((serve(&["--model", &model, "--draft-model", &f]), "a FIFO"));
+        cases.push((serve(&["--model", &model, "--warm-logs", &f]), "a FIFO"));
+    }
+    let build = |logs: &str, out: &str| -> Vec<String> {
+        ["build", "--logs", logs, "--out", out]
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+    };
+    let fresh = |name: &str| s(&tmp.path().join(name));
+    cases.push((build(&f, &fresh("out1")), "a FIFO"));
+    cases.push((build("/dev/zero", &fresh("out2")), "a device"));
+    // A store whose NEXT_ID, or LOCK, is a FIFO.
+    let logs = log(tmp.path(), "logs.jsonl", 100, 2);
+    for name in ["NEXT_ID", "LOCK"] {
+        let dir = tmp.path().join(format!("store-{name}"));
+        std::fs::create_dir(&dir).unwrap();
+        assert!(
+            Command::new("mkfifo")
+                .arg(dir.join(name))
+                .status()
+                .unwrap()
+                .success()
+        );
+        let mut args = build(&s(&logs), &s(&dir));
+        args.push("--append".into());
+        cases.push((args, "a FIFO"));
+    }
+    // One line that never ends (here: one byte past the longest line read).
+    let endless = tmp.path().join("endless.jsonl");
+    let file = std::fs::File::create(&endless).unwrap();
+    file.set_len(suffixd::corpus::MAX_LINE_BYTES as u64 + 1)
+        .unwrap();
+    cases.push((
+        build(&s(&endless), &fresh("out3")),
+        "endless.jsonl:1: a line longer than",
+    ));
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (exited, stderr) = run_within(&args, std::time::Duration::from_secs(60));
+        assert_eq!(
+            exited,
+            Some(false),
+            "{args:?} did not fail in time: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in {stderr}"
+        );
+    }
+}
+
+/// A model whose weights hold a NaN or infinite scale is refused at load, naming the
+/// tensor, instead of answering garbage.
+#[test]
+fn a_model_with_a_nan_scale_is_refused_naming_the_tensor() {
+    if !common::model_present() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("nan.gguf");
+    std::fs::copy(common::model_path(), &bad).unwrap();
+    let (offset, dtype) = {
+        let mut file = std::fs::File::open(&bad).unwrap();
+        let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+        let info = &content.tensor_infos["blk.3.ffn_down.weight"];
+        (content.tensor_data_offset + info.offset, info.ggml_dtype)
+    };
+    // The default model is Q4_1 here: each block starts with its f16 scale. The
+    // 10th block's scale becomes NaN.
+    assert_eq!(dtype, candle_core::quantized::GgmlDType::Q4_1);
+    let at = offset + 10 * 20;
+    let mut bytes = std::fs::read(&bad).unwrap();
+    bytes[at as usize..at as usize + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    std::fs::write(&bad, bytes).unwrap();
+    let out = run(&[
+        "generate",
+        "--model",
+        bad.to_str().unwrap(),
+        "--prompt",
+        "Hi",
+    ]);
+    assert_refused(
+        &out,
+        "tensor blk.3.ffn_down.weight (Q4_1) has a NaN or infinite scale at block 10",
+    );
+}
+
 /// The sequences of the store in `dir`, as `(id, tokens)`, opened as a server would.
 ///
 /// The directory's `flock` belongs to an open file description, and a sibling test that

@@ -163,7 +163,7 @@ fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
     match path {
         None => Ok(FileConfig::default()),
         Some(p) => {
-            let text = std::fs::read_to_string(p)
+            let text = crate::files::read_regular_to_string(p, "config file")
                 .with_context(|| format!("cannot read config {}", p.display()))?;
             toml::from_str(&text).with_context(|| format!("config {} is not valid", p.display()))
         }

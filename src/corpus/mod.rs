@@ -4,7 +4,6 @@
 //! Files are streamed line by line and never loaded whole. Compression is recognised
 //! by the zstd magic number, not the file name.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -31,6 +30,19 @@ pub enum CorpusError {
         path: PathBuf,
         /// What the OS said.
         source: std::io::Error,
+    },
+    /// A line longer than any record (an endless line would be read until memory ran
+    /// out).
+    #[error(
+        "{path}:{line}: a line longer than {limit} bytes, more than any record; is this a log of JSON lines?"
+    )]
+    LineTooLong {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The longest line read, in bytes.
+        limit: usize,
     },
     /// A line is not a token example.
     #[error(
@@ -65,7 +77,7 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 /// Open a file for line reading, decompressing zstd transparently.
 pub fn open_lines(path: &Path) -> Result<Box<dyn BufRead + Send>, std::io::Error> {
-    let mut file = File::open(path)?;
+    let mut file = crate::files::open_regular(path, "request log")?;
     let mut magic = [0u8; 4];
     let n = read_up_to(&mut file, &mut magic)?;
     let head = std::io::Cursor::new(magic[..n].to_vec());
@@ -102,17 +114,102 @@ pub(crate) fn read_json_lines<T: serde::de::DeserializeOwned>(
         source,
     })?;
     let path = path.to_path_buf();
-    Ok(reader
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| l.as_ref().map_or(true, |s| !s.trim().is_empty()))
-        .map(move |(i, line)| {
-            let line = line.map_err(|source| CorpusError::Io {
-                path: path.clone(),
-                source,
+    Ok(BoundedLines::new(reader, MAX_LINE_BYTES)
+        .filter(|l| l.as_ref().map_or(true, |(_, s)| !s.trim().is_empty()))
+        .map(move |line| {
+            let (number, line) = line.map_err(|e| match e {
+                LineError::Io(source) => CorpusError::Io {
+                    path: path.clone(),
+                    source,
+                },
+                LineError::TooLong { line, limit } => CorpusError::LineTooLong {
+                    path: path.clone(),
+                    line,
+                    limit,
+                },
             })?;
-            serde_json::from_str::<T>(&line).map_err(|e| parse_error(path.clone(), i + 1, e))
+            serde_json::from_str::<T>(&line).map_err(|e| parse_error(path.clone(), number, e))
         }))
+}
+
+/// Longest line a log or token-stream file may hold, in bytes: far more than any
+/// record (a 128k-token conversation is under 1 MB), and a bound on what one line costs.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// Why a line could not be read.
+#[derive(Debug)]
+enum LineError {
+    Io(std::io::Error),
+    /// Line `line` (1-based) runs past `limit` bytes.
+    TooLong {
+        line: usize,
+        limit: usize,
+    },
+}
+
+/// The lines of a reader with their 1-based numbers, as `BufRead::lines` gives them
+/// (without `\n` or `\r\n`), but never longer than `limit` bytes: a longer line is an
+/// error, and the iterator ends after it.
+struct BoundedLines<R> {
+    reader: R,
+    limit: usize,
+    number: usize,
+    done: bool,
+}
+
+impl<R: BufRead> BoundedLines<R> {
+    fn new(reader: R, limit: usize) -> Self {
+        BoundedLines {
+            reader,
+            limit,
+            number: 0,
+            done: false,
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for BoundedLines<R> {
+    type Item = Result<(usize, String), LineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        self.number += 1;
+        let mut buf = Vec::new();
+        // One byte past the limit tells a line of exactly `limit` bytes from a longer one.
+        let read = (&mut self.reader)
+            .take(self.limit as u64 + 1)
+            .read_until(b'\n', &mut buf);
+        match read {
+            Err(e) => {
+                self.done = true;
+                Some(Err(LineError::Io(e)))
+            }
+            Ok(0) => None,
+            Ok(_) => {
+                if buf.last() == Some(&b'\n') {
+                    buf.pop();
+                    if buf.last() == Some(&b'\r') {
+                        buf.pop();
+                    }
+                } else if buf.len() > self.limit {
+                    self.done = true;
+                    return Some(Err(LineError::TooLong {
+                        line: self.number,
+                        limit: self.limit,
+                    }));
+                }
+                Some(
+                    String::from_utf8(buf)
+                        .map(|s| (self.number, s))
+                        .map_err(|e| {
+                            LineError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+                        }),
+                )
+            }
+        }
+    }
 }
 
 /// Stream the examples of a token-stream file, at most `limit` of them.
@@ -133,6 +230,46 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// Lines as `BufRead::lines` reads them, until one runs past the limit: an error
+    /// naming it, then the end.
+    #[test]
+    fn lines_are_bounded() {
+        let text = b"ab\r\n\ncdef\nghijklmnop\nq";
+        let read = |limit| -> Vec<Result<(usize, String), String>> {
+            BoundedLines::new(&text[..], limit)
+                .map(|l| {
+                    l.map_err(|e| match e {
+                        LineError::TooLong { line, limit } => format!("{line} > {limit}"),
+                        LineError::Io(e) => e.to_string(),
+                    })
+                })
+                .collect()
+        };
+        let ok = |n, s: &str| Ok((n, s.to_string()));
+        let all = vec![
+            ok(1, "ab"),
+            ok(2, ""),
+            ok(3, "cdef"),
+            ok(4, "ghijklmnop"),
+            ok(5, "q"),
+        ];
+        assert_eq!(read(10), all);
+        assert_eq!(read(1000), all);
+        assert_eq!(
+            read(9),
+            vec![
+                ok(1, "ab"),
+                ok(2, ""),
+                ok(3, "cdef"),
+                Err("4 > 9".to_string())
+            ]
+        );
+        let lines: Vec<String> = std::io::BufRead::lines(&text[..])
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(lines, ["ab", "", "cdef", "ghijklmnop", "q"]);
+    }
+
     #[test]
     fn reads_plain_and_zstd_and_ignores_extra_keys() {
         let dir = tempfile::tempdir().unwrap();
@@ -140,7 +277,7 @@ mod tests {
         let plain = dir.path().join("a.jsonl");
         std::fs::write(&plain, text).unwrap();
         let zst = dir.path().join("a.bin");
-        let mut enc = zstd::Encoder::new(File::create(&zst).unwrap(), 3).unwrap();
+        let mut enc = zstd::Encoder::new(std::fs::File::create(&zst).unwrap(), 3).unwrap();
         enc.write_all(text.as_bytes()).unwrap();
         enc.finish().unwrap();
         for p in [&plain, &zst] {

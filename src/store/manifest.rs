@@ -15,6 +15,11 @@ pub const MANIFEST: &str = "CURRENT";
 /// neither the snapshot nor the log, and must not be handed out again.
 pub const NEXT_ID: &str = "NEXT_ID";
 
+/// The folder in a store directory where a start sets aside snapshot files that
+/// `CURRENT` does not name but that may hold what the store does not (a newer snapshot
+/// left by a restore of an older one): moved, never deleted.
+pub const QUARANTINE: &str = "quarantine";
+
 /// Errors from reading or updating a store directory.
 #[derive(Debug, thiserror::Error)]
 pub enum DirError {
@@ -125,14 +130,39 @@ pub fn holds_store(fs: &dyn Directory, dir: &Path) -> Result<bool, DirError> {
     Ok(false)
 }
 
-/// A path for the next snapshot file of `dir` (one past the highest number present).
+/// A path for the next snapshot file of `dir`: one past the highest number present,
+/// set-aside snapshots included, so that a number names one snapshot only.
 pub fn next_snapshot_path(fs: &dyn Directory, dir: &Path) -> Result<PathBuf, DirError> {
     fs.create_dir_all(dir).map_err(io(dir))?;
-    let highest = snapshot_files(fs, dir)?
-        .first()
-        .and_then(|p| p.file_name()?.to_str().and_then(snapshot_number))
-        .unwrap_or(0);
+    let highest = |dir: &Path| -> Result<u64, DirError> {
+        Ok(snapshot_files(fs, dir)?
+            .first()
+            .and_then(|p| p.file_name()?.to_str().and_then(snapshot_number))
+            .unwrap_or(0))
+    };
+    let highest = highest(dir)?.max(highest(&dir.join(QUARANTINE))?);
     Ok(dir.join(format!("snap-{:06}.sfxd", highest + 1)))
+}
+
+/// Move the snapshot file `path` of `dir` into its [`QUARANTINE`] folder (under a name
+/// no file there has), durably. Returns where it went.
+pub fn set_aside(fs: &dyn Directory, dir: &Path, path: &Path) -> Result<PathBuf, DirError> {
+    let into = dir.join(QUARANTINE);
+    fs.create_dir_all(&into).map_err(io(&into))?;
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("snapshot");
+    let mut to = into.join(name);
+    let mut n = 1;
+    while fs.kind(&to).map_err(io(&to))?.is_some() {
+        to = into.join(format!("{name}.{n}"));
+        n += 1;
+    }
+    fs.rename(path, &to).map_err(io(path))?;
+    fs.sync_dir(&into).map_err(io(&into))?;
+    fs.sync_dir(dir).map_err(io(dir))?;
+    Ok(to)
 }
 
 /// Make `snapshot` (a file in `dir`) the current one: write the manifest to a temporary
@@ -161,7 +191,9 @@ pub fn publish(fs: &dyn Directory, dir: &Path, snapshot: &Path) -> Result<(), Di
 /// None, none is deleted: without a manifest they may be all the store has), and every
 /// `.tmp` file (a write a crash cut short; only a rename makes one live). Returns the
 /// files and bytes removed. Only the store's writer (the holder of its `LOCK`) may call
-/// it. Best effort: a file that cannot be removed costs disk space, not correctness.
+/// it, and only once `current` holds all that the others do (a start sets aside the
+/// snapshots it cannot prove so, [`set_aside`]). Best effort: a file that cannot be
+/// removed costs disk space, not correctness.
 pub fn remove_stale(
     fs: &dyn Directory,
     dir: &Path,
@@ -187,9 +219,23 @@ pub fn remove_stale(
 /// The next own id recorded at the last snapshot. None when there is none (a store
 /// from before the file existed, or no snapshot yet) or it does not parse (logged):
 /// the ids are then recovered from the snapshot and the log alone.
-pub fn read_next_id(fs: &dyn Directory, dir: &Path) -> Option<u64> {
+///
+/// Something other than a regular file at its path is an error: ids recovered without
+/// it could hand out an id that was evicted before the cut again.
+pub fn read_next_id(fs: &dyn Directory, dir: &Path) -> Result<Option<u64>, DirError> {
     let path = dir.join(NEXT_ID);
-    let text = fs::read_to_string_if_any(fs, &path).ok()??;
+    let text = match fs::read_to_string_if_any(fs, &path) {
+        Ok(Some(text)) => text,
+        Ok(None) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(io(&path)(e)),
+        Err(e) => {
+            tracing::warn!(
+                "cannot read {} ({e}): own ids are recovered from the snapshot and the log alone",
+                path.display()
+            );
+            return Ok(None);
+        }
+    };
     let parsed = text.trim().parse().ok();
     if parsed.is_none() {
         tracing::warn!(
@@ -197,7 +243,7 @@ pub fn read_next_id(fs: &dyn Directory, dir: &Path) -> Option<u64> {
             path.display()
         );
     }
-    parsed
+    Ok(parsed)
 }
 
 /// Record `next` as the next own id, atomically (temporary file, fsync, rename).

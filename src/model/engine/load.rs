@@ -48,9 +48,11 @@ impl Engine {
             path: path.into(),
             message,
         };
-        let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io {
-            path: path.into(),
-            source,
+        let mut f = crate::files::open_regular(path, "GGUF model file").map_err(|source| {
+            ModelError::Io {
+                path: path.into(),
+                source,
+            }
         })?;
         let content = gguf_file::Content::read(&mut f).map_err(|e| {
             fmt(format!(
@@ -103,16 +105,22 @@ impl Engine {
         max_context: usize,
         device: &Device,
     ) -> Result<Self, ModelError> {
-        let tokenizer = ModelTokenizer::from_file(&dir.join("tokenizer.json")).map_err(|e| {
-            ModelError::Format {
-                path: dir.into(),
-                message: e.to_string(),
+        let tokenizer_json = dir.join("tokenizer.json");
+        crate::files::check_regular(&tokenizer_json, "tokenizer.json").map_err(|source| {
+            ModelError::Io {
+                path: tokenizer_json.clone(),
+                source,
             }
         })?;
+        let tokenizer =
+            ModelTokenizer::from_file(&tokenizer_json).map_err(|e| ModelError::Format {
+                path: dir.into(),
+                message: e.to_string(),
+            })?;
         let model = Model::load_safetensors(dir, format, max_context, device)?;
         let json = |name: &str| -> Result<serde_json::Value, ModelError> {
             let path = dir.join(name);
-            match std::fs::read_to_string(&path) {
+            match crate::files::read_regular_to_string(&path, "JSON file") {
                 Ok(text) => serde_json::from_str(&text).map_err(|e| ModelError::Format {
                     path,
                     message: format!("not JSON: {e}"),

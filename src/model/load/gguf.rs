@@ -5,7 +5,7 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 
-use super::{head_width, md_f32, md_u32};
+use super::{finite, head_width, md_f32, md_u32};
 use crate::model::arch::{Family, RopeSpec, SUPPORTED_GGUF, gemma_layer_slides};
 use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::linear::{
@@ -65,7 +65,15 @@ impl Model {
                 size("rope.dimension_count")?
             )));
         }
-        let file = std::fs::File::open(path).map_err(|source| ModelError::Io {
+        let file = crate::files::open_regular(path, "GGUF model file").map_err(|source| {
+            ModelError::Io {
+                path: path.into(),
+                source,
+            }
+        })?;
+        // SAFETY: mapped read-only, and only read within its length; a model file is
+        // not written while it is served.
+        let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ModelError::Io {
             path: path.into(),
             source,
         })?;
@@ -73,6 +81,7 @@ impl Model {
             path,
             content,
             file,
+            bytes,
             device,
         };
         let matrix = |qt: QTensor| -> Result<Weights, ModelError> {
@@ -222,6 +231,8 @@ struct Tensors<'a> {
     path: &'a Path,
     content: &'a gguf_file::Content,
     file: std::fs::File,
+    /// The file's bytes, where each tensor's scales are checked before it is loaded.
+    bytes: memmap2::Mmap,
     device: &'a Device,
 }
 
@@ -238,9 +249,35 @@ impl Tensors<'_> {
     }
 
     fn get(&mut self, name: &str) -> Result<QTensor, ModelError> {
+        self.check_finite(name)?;
         self.content
             .tensor(&mut self.file, name, self.device)
             .map_err(|e| self.error(format!("tensor {name}: {e}")))
+    }
+
+    /// An error naming tensor `name` if a scale of it (a value, for float formats) is
+    /// NaN or infinite. Read from the file, so that a GPU load copies nothing back.
+    fn check_finite(&self, name: &str) -> Result<(), ModelError> {
+        let Some(info) = self.content.tensor_infos.get(name) else {
+            return Ok(()); // Loading it says it is missing.
+        };
+        let dtype = info.ggml_dtype;
+        let len = info.shape.elem_count() / dtype.block_size() * dtype.type_size();
+        let start = self.content.tensor_data_offset.saturating_add(info.offset);
+        let Some(data) = usize::try_from(start)
+            .ok()
+            .and_then(|start| self.bytes.get(start..start.checked_add(len)?))
+        else {
+            return Ok(()); // Past the file's end: loading it says so.
+        };
+        match finite::first_non_finite(dtype, data) {
+            None => Ok(()),
+            Some(at) => Err(self.error(format!(
+                "tensor {name} ({dtype:?}) has a NaN or infinite {} at {} {at}: the file is damaged or was written wrong; use another copy",
+                if dtype.block_size() == 1 { "value" } else { "scale" },
+                if dtype.block_size() == 1 { "value" } else { "block" },
+            ))),
+        }
     }
 
     /// A vector's values on the host (biases, RoPE divisors).

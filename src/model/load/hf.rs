@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use super::{HfConfig, head_width, rope_rows_interleaved, safetensors_files};
+use super::{HfConfig, finite, head_width, rope_rows_interleaved, safetensors_files};
 use crate::model::arch::{Family, RopeSpec};
 use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::kernels::norm::RopePairs;
@@ -41,12 +41,34 @@ impl Model {
         let global_rope = hf.rope(head_dim).map_err(fmt)?;
         let windows = hf.windows(family).map_err(fmt)?;
         let files = safetensors_files(dir)?;
+        for file in &files {
+            crate::files::check_regular(file, "safetensors file").map_err(|source| {
+                ModelError::Io {
+                    path: file.clone(),
+                    source,
+                }
+            })?;
+        }
         // SAFETY: the files are mapped read-only; candle checks every tensor's extent
         // against the file before it reads it.
         let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
             .map_err(|e| fmt(format!("cannot map the safetensors files: {e}")))?;
         let names: HashSet<String> = st.tensors().into_iter().map(|(name, _)| name).collect();
         let tensor = |name: &str| -> Result<Tensor, ModelError> {
+            // A NaN or infinite weight would turn every logit it reaches into NaN.
+            if let Ok(view) = st.get(name) {
+                let dtype = match view.dtype() {
+                    safetensors::Dtype::F32 => Some(GgmlDType::F32),
+                    safetensors::Dtype::F16 => Some(GgmlDType::F16),
+                    safetensors::Dtype::BF16 => Some(GgmlDType::BF16),
+                    _ => None,
+                };
+                if let Some(at) = dtype.and_then(|d| finite::first_non_finite(d, view.data())) {
+                    return Err(fmt(format!(
+                        "tensor {name} has a NaN or infinite value at {at}: the file is damaged or was written wrong; use another copy"
+                    )));
+                }
+            }
             st.load(name, device)
                 .and_then(|t| t.to_dtype(DType::F32))
                 .map_err(|e| fmt(format!("tensor {name}: {e}")))

@@ -2,6 +2,7 @@
 //! safetensors shards, and the row order llama.cpp's converter gives q and k; the
 //! loaders themselves, one per format, in [`gguf`] and [`hf`].
 
+mod finite;
 mod gguf;
 mod hf;
 
@@ -77,10 +78,13 @@ impl HfConfig {
     /// Read `dir/config.json` and name its family.
     pub(super) fn read(dir: &Path) -> Result<(Self, Family), ModelError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let text =
+            crate::files::read_regular_to_string(&path, "model config.json").map_err(|source| {
+                ModelError::Io {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
         let fmt = |message: String| ModelError::Format {
             path: path.clone(),
             message,
@@ -219,10 +223,13 @@ pub(super) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> 
         }
         return Ok(vec![single]);
     }
-    let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
-        path: index.clone(),
-        source,
-    })?;
+    let text =
+        crate::files::read_regular_to_string(&index, "safetensors index").map_err(|source| {
+            ModelError::Io {
+                path: index.clone(),
+                source,
+            }
+        })?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Format {
         path: index.clone(),
         message: format!("not JSON: {e}"),

@@ -1,6 +1,8 @@
 //! The real directory: `std::fs`, read-only memory maps and `flock`.
 
 use std::fs::{File, OpenOptions};
+
+use crate::files::{check_regular, check_regular_if_any, open_regular};
 use std::io::{Seek, SeekFrom};
 use std::path::Path;
 
@@ -52,11 +54,12 @@ impl Directory for DiskDirectory {
     }
 
     fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        check_regular(path, "store file")?;
         std::fs::read(path)
     }
 
     fn map(&self, path: &Path) -> std::io::Result<FileBytes> {
-        let file = File::open(path)?;
+        let file = open_regular(path, "store file")?;
         if file.metadata()?.len() == 0 {
             // mmap refuses an empty length; an empty file is its bytes.
             return Ok(FileBytes::new(Vec::new()));
@@ -69,6 +72,7 @@ impl Directory for DiskDirectory {
     }
 
     fn create(&self, path: &Path) -> std::io::Result<Box<dyn LogFile>> {
+        check_regular_if_any(path, "store file")?;
         let file = OpenOptions::new()
             .create(true)
             .truncate(true)
@@ -78,6 +82,7 @@ impl Directory for DiskDirectory {
     }
 
     fn open_write(&self, path: &Path) -> std::io::Result<Box<dyn LogFile>> {
+        check_regular(path, "store file")?;
         Ok(Box::new(OpenOptions::new().write(true).open(path)?))
     }
 
@@ -96,6 +101,8 @@ impl Directory for DiskDirectory {
     /// `flock` on `path` for as long as the file stays open: the kernel releases it when
     /// the process dies, kill -9 included, so a crash never leaves a stale lock.
     fn try_lock(&self, path: &Path) -> std::io::Result<Option<DirLock>> {
+        // Opening a FIFO for writing waits for a reader: look first.
+        check_regular_if_any(path, "lock file")?;
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)

@@ -20,16 +20,6 @@ impl Store {
         let mut cut = None;
         if let Some(path) = current {
             let snap = Snapshot::open_in(fs, &path, Some(cfg.tokenizer))?;
-            // Snapshots a crash left unpublished (or undeleted after the manifest moved
-            // on), and half-written temporary files: full-size until the next snapshot.
-            let name = path.file_name().and_then(|n| n.to_str());
-            let (files, bytes) = crate::store::manifest::remove_stale(fs, &cfg.dir, name)?;
-            if files > 0 {
-                tracing::info!(
-                    "store directory {}: removed {files} file(s) ({bytes} bytes) that no manifest names, left by a crash",
-                    cfg.dir.display()
-                );
-            }
             let h = snap.header();
             cut = Some((path.clone(), h.log_id, h.wal_seq));
             state = State::from_snapshot(&cfg, snap, state.next_id, |_, _| None)?;
@@ -74,6 +64,9 @@ impl Store {
             Some((path, log_id, wal_seq)) => log.replay_after(path, *log_id, *wal_seq),
             None => Replay::After(0),
         };
+        if let Some((path, log_id, wal_seq)) = &cut {
+            Self::settle_other_snapshots(&cfg, path, (*log_id, *wal_seq), &log, replay)?;
+        }
         let mut replayed = 0;
         // Set up only where it is used: it reads every record's id.
         let mut over_foreign =
@@ -119,7 +112,7 @@ impl Store {
             log.id,
         )?;
         // Ids handed out and evicted before the last snapshot's cut are only in NEXT_ID.
-        if let Some(next) = crate::store::manifest::read_next_id(fs, &cfg.dir)
+        if let Some(next) = crate::store::manifest::read_next_id(fs, &cfg.dir)?
             && own_ids(cfg.id_origin).contains(&next)
         {
             state.next_id = state.next_id.max(next);
@@ -147,6 +140,101 @@ impl Store {
             _lock: lock,
         };
         Ok(store)
+    }
+
+    /// The snapshot files beside the current one `current` (which cut log `cut.0` at
+    /// `cut.1`), after a crash or a restore. One that the current snapshot and the log
+    /// already hold is deleted: an older snapshot of the same log (a crash before the
+    /// publish that replaced it deleted it), or a newer one whose records the log still
+    /// holds from the current snapshot's cut on (a crash before `CURRENT` named it).
+    /// Any other (the newer snapshot an operator stepped back from by restoring an
+    /// older one, a damaged one, one of another log) may hold what the store does not:
+    /// it is moved to `quarantine/`, never deleted. Half-written `.tmp` files are
+    /// deleted. When the current snapshot's cut is older than the log's first record,
+    /// the records between are in no file the store reads: said at WARN, with the count.
+    fn settle_other_snapshots(
+        cfg: &StoreConfig,
+        current: &Path,
+        cut: (u64, u64),
+        log: &LogPosition,
+        replay: Replay,
+    ) -> Result<(), StoreOpenError> {
+        let fs = &*cfg.directory;
+        let (cut_log, cut_seq) = cut;
+        // Whether replaying the log over the current snapshot passes every record
+        // after its cut.
+        let log_whole_after_cut =
+            matches!(replay, Replay::After(_)) && log.first.is_none_or(|f| f <= cut_seq + 1);
+        let (mut removed, mut bytes) = (0, 0);
+        let mut set_aside = Vec::new();
+        for path in snapshot_files(fs, &cfg.dir)? {
+            if path == current {
+                continue;
+            }
+            let position = Snapshot::open_in(fs, &path, None)
+                .ok()
+                .map(|s| (s.header().log_id, s.header().wal_seq));
+            let held = position.is_some_and(|(log_id, seq)| {
+                let older_of_same_log = log_id != 0 && log_id == cut_log && seq <= cut_seq;
+                let in_the_log =
+                    log_id != 0 && log_id == log.id && log_whole_after_cut && seq <= log.last;
+                older_of_same_log || in_the_log
+            });
+            if held {
+                let len = crate::store::fs::entries_if_any(fs, &cfg.dir)
+                    .ok()
+                    .and_then(|es| {
+                        let name = path.file_name()?.to_str()?;
+                        es.into_iter().find(|e| e.name == name)
+                    })
+                    .map_or(0, |e| e.len);
+                if fs.remove(&path).is_ok() {
+                    removed += 1;
+                    bytes += len;
+                }
+            } else {
+                set_aside.push(crate::store::manifest::set_aside(fs, &cfg.dir, &path)?);
+            }
+        }
+        let (tmp_files, tmp_bytes) = crate::store::manifest::remove_stale(fs, &cfg.dir, None)?;
+        if removed + tmp_files > 0 {
+            tracing::info!(
+                "store directory {}: removed {} file(s) ({} bytes) that a crash left and the current snapshot and the log hold",
+                cfg.dir.display(),
+                removed + tmp_files,
+                bytes + tmp_bytes
+            );
+        }
+        let names = |paths: &[PathBuf]| {
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if !set_aside.is_empty() {
+            tracing::warn!(
+                "store directory {}: {} snapshot file(s) that CURRENT does not name and that may hold sequences this store does not were moved to {} (nothing was deleted). To go back to one: stop the server, move it into the store directory and write its name into CURRENT",
+                cfg.dir.display(),
+                set_aside.len(),
+                names(&set_aside)
+            );
+        }
+        if let (Replay::After(after), Some(first)) = (replay, log.first)
+            && first > after + 1
+        {
+            tracing::warn!(
+                "snapshot {} cut this log at record {after}, but the log now starts at record {first}: the {} records between were folded into a later snapshot and are not in this store (an older snapshot was restored?){}",
+                current.display(),
+                first - after - 1,
+                if set_aside.is_empty() {
+                    String::new()
+                } else {
+                    format!("; a later snapshot is in {}", names(&set_aside))
+                }
+            );
+        }
+        Ok(())
     }
 
     /// Without a manifest, a store starts from its log alone. That is right for a
@@ -223,6 +311,8 @@ struct LogPosition {
     last: u64,
     /// Whether any segment is there at all.
     exists: bool,
+    /// The first sequence number of its oldest segment, when there is one.
+    first: Option<u64>,
     /// Records in it.
     records: usize,
 }
@@ -245,6 +335,7 @@ impl LogPosition {
                 .unwrap_or(0),
             last: last_record.max(named),
             exists: !segs.is_empty(),
+            first: segs.first().map(|(first, _)| *first),
             records: scans.iter().map(|s| s.records.len()).sum(),
         }
     }

@@ -59,6 +59,8 @@ on_disk_and_in_ram!(
     replicas_share_ids_and_a_record_applied_twice_counts_once,
     budget_evicts_least_recently_used_first,
     an_own_id_is_readable_before_last_own_id_covers_it,
+    restoring_an_older_snapshot_sets_the_newer_aside_and_going_back_loses_nothing,
+    a_crash_s_leftover_snapshots_that_the_store_holds_are_deleted,
 );
 
 fn count(store: &Store, ns: &str, path: &[u32]) -> u32 {
@@ -416,4 +418,136 @@ fn nothing_acknowledged_is_lost_at_any_power_cut() {
             "power cut before operation {cut}: the store goes on"
         );
     }
+}
+
+/// Point `CURRENT` at `snapshot`, as the documented restore does.
+fn name_in_current(cfg: &StoreConfig, snapshot: &Path) {
+    let name = snapshot.file_name().unwrap().to_str().unwrap();
+    crate::store::fs::replace_file(
+        &*cfg.directory,
+        &cfg.dir.join(crate::store::manifest::MANIFEST),
+        crate::store::faults::DurableFile::Manifest,
+        |f| std::io::Write::write_all(f, format!("{name}\n").as_bytes()),
+    )
+    .unwrap();
+}
+
+/// Restoring an older snapshot (`CURRENT` names it) starts from it and the log; the
+/// newer snapshot, which holds what neither does, is moved to `quarantine/` unchanged,
+/// its number is not used again, and moving it back restores every sequence.
+fn restoring_an_older_snapshot_sets_the_newer_aside_and_going_back_loses_nothing(place: Place) {
+    let cfg = place.cfg();
+    let fs = &*cfg.directory;
+    let (older, older_bytes, newer) = {
+        let s = Store::open(place.cfg()).unwrap();
+        s.append("a", &[1, 2, 3]).unwrap();
+        let older = s.snapshot().unwrap().path;
+        // The operator's backup of it (the next snapshot deletes the file).
+        let older_bytes = fs.read(&older).unwrap();
+        s.append("a", &[1, 2, 4]).unwrap();
+        let newer = s.snapshot().unwrap().path;
+        s.append("a", &[1, 2, 5]).unwrap();
+        (older, older_bytes, newer)
+    };
+    let newer_bytes = fs.read(&newer).unwrap();
+    // The documented restore: copy the snapshot back in, name it in CURRENT.
+    let name = older.file_name().unwrap().to_str().unwrap().to_string();
+    put_back(&cfg, &[files_of(&cfg), vec![(name, older_bytes)]].concat());
+    name_in_current(&cfg, &older);
+    let s = Store::open(place.cfg()).unwrap();
+    // The older snapshot and the log after the newer one's cut: [1 2 4] is only in the
+    // newer snapshot (its log records went at that snapshot).
+    assert_eq!(count(&s, "a", &[1, 2, 3]), 1);
+    assert_eq!(count(&s, "a", &[1, 2, 4]), 0);
+    assert_eq!(count(&s, "a", &[1, 2, 5]), 1);
+    let aside = cfg
+        .dir
+        .join(crate::store::manifest::QUARANTINE)
+        .join(newer.file_name().unwrap());
+    assert_eq!(fs.read(&aside).unwrap(), newer_bytes, "moved whole");
+    assert_eq!(fs.kind(&newer).unwrap(), None);
+    assert_ne!(
+        next_snapshot_path(fs, &cfg.dir).unwrap().file_name(),
+        newer.file_name(),
+        "a set-aside snapshot's number names no other"
+    );
+    drop(s);
+    // Going back: move it in and name it.
+    fs.rename(&aside, &newer).unwrap();
+    name_in_current(&cfg, &newer);
+    let s = Store::open(place.cfg()).unwrap();
+    for last in [3, 4, 5] {
+        assert_eq!(count(&s, "a", &[1, 2, last]), 1, "[1 2 {last}]");
+    }
+    // The older snapshot is a past state of this log: deleted, not set aside.
+    assert_eq!(fs.kind(&older).unwrap(), None);
+    let quarantined = fs
+        .entries(&cfg.dir.join(crate::store::manifest::QUARANTINE))
+        .unwrap();
+    assert!(quarantined.is_empty(), "{quarantined:?}");
+}
+
+/// The store directory's files (not `LOCK`) and their bytes.
+fn files_of(cfg: &StoreConfig) -> Vec<(String, Vec<u8>)> {
+    let fs = &*cfg.directory;
+    let mut files: Vec<_> = fs
+        .entries(&cfg.dir)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == crate::store::fs::EntryKind::File && e.name != "LOCK")
+        .map(|e| (e.name.clone(), fs.read(&cfg.dir.join(&e.name)).unwrap()))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Make the store directory's files `files` (`LOCK` aside).
+fn put_back(cfg: &StoreConfig, files: &[(String, Vec<u8>)]) {
+    let fs = &*cfg.directory;
+    for (name, _) in files_of(cfg) {
+        fs.remove(&cfg.dir.join(name)).unwrap();
+    }
+    for (name, bytes) in files {
+        crate::store::fs::replace_file(
+            fs,
+            &cfg.dir.join(name),
+            crate::store::faults::DurableFile::Snapshot,
+            |f| std::io::Write::write_all(f, bytes),
+        )
+        .unwrap();
+    }
+}
+
+/// A snapshot that a crash left beside the current one, and that the current one and
+/// the log hold (written before `CURRENT` named it, the log not cut yet), is deleted
+/// at start, not set aside: crashes do not pile files up.
+fn a_crash_s_leftover_snapshots_that_the_store_holds_are_deleted(place: Place) {
+    let cfg = place.cfg();
+    let fs = &*cfg.directory;
+    {
+        let s = Store::open(place.cfg()).unwrap();
+        s.append("a", &[1, 2, 3]).unwrap();
+        s.snapshot().unwrap();
+        s.append("a", &[1, 2, 4]).unwrap();
+    }
+    let before = files_of(&cfg);
+    let later = {
+        let s = Store::open(place.cfg()).unwrap();
+        s.snapshot().unwrap().path
+    };
+    let later_bytes = fs.read(&later).unwrap();
+    // The crash: the later snapshot written, `CURRENT` and the log as before it.
+    put_back(&cfg, &before);
+    let name = later.file_name().unwrap().to_str().unwrap().to_string();
+    put_back(&cfg, &[before.clone(), vec![(name, later_bytes)]].concat());
+    let s = Store::open(place.cfg()).unwrap();
+    assert_eq!(count(&s, "a", &[1, 2]), 2);
+    assert_eq!(fs.kind(&later).unwrap(), None, "deleted");
+    assert_eq!(
+        fs.kind(&cfg.dir.join(crate::store::manifest::QUARANTINE))
+            .unwrap(),
+        None,
+        "nothing set aside"
+    );
+    assert_eq!(files_of(&cfg), before);
 }
