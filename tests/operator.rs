@@ -301,6 +301,72 @@ fn every_path_an_operator_names_must_be_a_regular_file() {
     }
 }
 
+/// `build`, `build --append` and `ingest` write only namespaces a request can address
+/// (what `x-suffixd-namespace` and `user` accept), from a log's records or from
+/// `--namespace`; anything else is refused, naming it.
+#[test]
+fn writers_refuse_namespaces_no_request_can_address() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    for (i, bad) in ["", "has space", "né", &"x".repeat(129)]
+        .into_iter()
+        .enumerate()
+    {
+        let logs = tmp.path().join("bad.jsonl");
+        let line = serde_json::json!({"namespace": bad, "prompt": [1], "response": [2, 3, 4]});
+        std::fs::write(&logs, format!("{line}\n")).unwrap();
+        let out_dir = tmp.path().join(format!("out{i}"));
+        let built = run(&["build", "--logs", &s(&logs), "--out", &s(&out_dir)]);
+        assert_refused(&built, "cannot be addressed by any request");
+        assert!(!out_dir.join("CURRENT").exists());
+        let ingested = run(&["ingest", "--dir", &s(&out_dir), "--logs", &s(&logs)]);
+        assert_refused(&ingested, "cannot be addressed by any request");
+        let good = log(tmp.path(), "good.jsonl", 100, 1);
+        let named = run(&[
+            "build",
+            "--logs",
+            &s(&good),
+            "--out",
+            &s(&out_dir),
+            "--namespace",
+            bad,
+        ]);
+        assert_refused(&named, "cannot be addressed by any request");
+        let store = Store::open(StoreConfig::new(
+            &out_dir,
+            suffixd::store::TokenizerId::UNKNOWN,
+        ))
+        .unwrap();
+        assert!(
+            store.namespace_names().is_empty(),
+            "nothing written for {bad:?}"
+        );
+    }
+}
+
+/// A prefix-cache budget past memory is capped, with a warning that says so.
+#[test]
+fn a_prefix_cache_budget_past_memory_is_capped() {
+    if !common::model_present() {
+        return;
+    }
+    let out = run(&[
+        "generate",
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "2",
+        "--prefix-cache-bytes",
+        "18446744073709551615",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("is more than half the usable memory"),
+        "{stderr}"
+    );
+}
+
 /// A model whose weights hold a NaN or infinite scale is refused at load, naming the
 /// tensor, instead of answering garbage.
 #[test]

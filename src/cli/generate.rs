@@ -107,13 +107,24 @@ impl ModelArgs {
             }
             CostMode::Flat => engine.set_cost_curve(CostCurve::flat()),
         }
-        let prefix_bytes = self.prefix_cache_bytes.unwrap_or_else(|| {
-            default_prefix_cache_bytes(
+        let memory = crate::store::live::usable_memory_bytes();
+        let prefix_bytes = match (self.prefix_cache_bytes, memory) {
+            // A budget past memory would be no budget: the cache would grow until the
+            // process is killed for memory.
+            (Some(asked), Some(memory)) if asked > memory / 2 => {
+                tracing::warn!(
+                    "--prefix-cache-bytes {asked} is more than half the usable memory ({memory} bytes): capped at {}",
+                    memory / 2
+                );
+                memory / 2
+            }
+            (Some(asked), _) => asked,
+            (None, memory) => default_prefix_cache_bytes(
                 engine.kv_bytes_per_token(),
                 engine.context_len(),
-                crate::store::live::usable_memory_bytes(),
-            )
-        });
+                memory,
+            ),
+        };
         engine.set_prefix_cache_bytes(prefix_bytes);
         if let Some(draft_path) = &self.draft_model {
             let weights = self.draft_weights.unwrap_or(WeightFormat::Native);

@@ -47,8 +47,15 @@ pub(super) struct BuildArgs {
 /// Load a tokenizer from tokenizer.json, a model directory's tokenizer.json, or a GGUF
 /// model's metadata.
 pub(super) fn load_tokenizer(path: &Path) -> anyhow::Result<ModelTokenizer> {
+    let file = if path.is_dir() {
+        path.join("tokenizer.json")
+    } else {
+        path.to_path_buf()
+    };
+    crate::files::check_regular(&file, "tokenizer or model file")
+        .with_context(|| format!("cannot read tokenizer {}", file.display()))?;
     if path.is_dir() {
-        Ok(ModelTokenizer::from_file(&path.join("tokenizer.json"))?)
+        Ok(ModelTokenizer::from_file(&file)?)
     } else if path.extension().is_some_and(|e| e == "gguf") {
         let mut f = std::fs::File::open(path)
             .with_context(|| format!("cannot open model {}", path.display()))?;
@@ -278,6 +285,13 @@ pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
     use crate::store::from_logs::TextEncoder;
     use crate::store::live::{Store, StoreConfig};
     use std::io::Write;
+    if !crate::store::is_namespace(&a.namespace) {
+        bail!(
+            "--namespace {:?} cannot be addressed by any request: a namespace is 1 to {} printable ASCII characters without spaces",
+            a.namespace,
+            crate::store::MAX_NAMESPACE_BYTES
+        );
+    }
     let tokenizer = a.tokenizer.as_deref().map(load_tokenizer).transpose()?;
     let store = Store::open(StoreConfig {
         max_depth: a.max_depth,
@@ -295,6 +309,13 @@ pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
         for rec in read_log(path)? {
             let rec = rec?;
             let ns = rec.namespace.clone().unwrap_or_else(|| a.namespace.clone());
+            if !crate::store::is_namespace(&ns) {
+                bail!(
+                    "{}: namespace {ns:?} cannot be addressed by any request: a namespace is 1 to {} printable ASCII characters without spaces; rename it",
+                    path.display(),
+                    crate::store::MAX_NAMESPACE_BYTES
+                );
+            }
             for r in rec.responses() {
                 let ids = match r {
                     Response::Tokens(t) => t.to_vec(),

@@ -63,6 +63,17 @@ pub enum BuildError {
         /// The directory.
         path: PathBuf,
     },
+    /// A namespace no request could address.
+    #[error(
+        "{whence}: namespace {name:?} cannot be addressed by any request: a namespace is 1 to {max} printable ASCII characters without spaces; rename it",
+        max = crate::store::MAX_NAMESPACE_BYTES
+    )]
+    BadNamespace {
+        /// Where it was named: a log, or `--namespace`.
+        whence: String,
+        /// The name.
+        name: String,
+    },
     /// Token-id logs and text logs were mixed: their ids would not agree.
     #[error(
         "{path}: mixes token-id and text records; the ids of token-id logs come from an unknown tokenizer"
@@ -109,6 +120,12 @@ pub fn build_from_logs(
         path: out_dir.into(),
         source,
     })?;
+    if !crate::store::is_namespace(&opts.namespace) {
+        return Err(BuildError::BadNamespace {
+            whence: "--namespace".into(),
+            name: opts.namespace.clone(),
+        });
+    }
     let _lock = lock(fs, out_dir)?;
     if holds_store(fs, out_dir)? {
         return Err(BuildError::StoreExists {
@@ -125,6 +142,12 @@ pub fn build_from_logs(
                 .namespace
                 .clone()
                 .unwrap_or_else(|| opts.namespace.clone());
+            if !crate::store::is_namespace(&ns) {
+                return Err(BuildError::BadNamespace {
+                    whence: path.display().to_string(),
+                    name: ns,
+                });
+            }
             let queue = kept.entry(ns).or_default();
             for r in rec.responses() {
                 let ids = match r {

@@ -33,6 +33,19 @@ pub mod snapshot;
 pub mod wal;
 
 pub use change::{Change, EvictScope};
+
+/// Longest namespace, in bytes.
+pub const MAX_NAMESPACE_BYTES: usize = 128;
+
+/// Whether `name` can name a namespace: 1 to [`MAX_NAMESPACE_BYTES`] bytes of
+/// printable ASCII without spaces, as requests address them (`x-suffixd-namespace`,
+/// `user`). Every writer checks it, so that no store holds a namespace no request can
+/// reach.
+pub fn is_namespace(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAMESPACE_BYTES
+        && name.bytes().all(|b| b.is_ascii_graphic())
+}
 pub(crate) use fs::replace_file;
 pub use fs::{Directory, DiskDirectory, RamDirectory};
 pub use layered::{Layered, LayeredCursor};

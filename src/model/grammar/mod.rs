@@ -42,7 +42,7 @@ pub use limits::{SchemaLimits, check_schema};
 pub const COMPILE_STACK_BYTES: usize = 256 << 20;
 
 /// Errors from building a grammar or running one.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum GrammarError {
     /// The model's tokenizer cannot be described to the grammar engine.
     #[error("constrained decoding is unavailable for this model's tokenizer: {0}")]
@@ -132,6 +132,52 @@ pub struct GrammarCompiler {
     eos: Arc<[u32]>,
     limits: SchemaLimits,
     slots: Arc<CompileSlots>,
+    compiled: Arc<Mutex<Compiled>>,
+}
+
+/// Grammars compiled lately, by what they were compiled from: agents send the same
+/// tool schemas and response formats with every request, and one compile can take
+/// seconds. Refusals are kept too (the same bad schema again costs nothing), not the
+/// compiler's own failures. Bounded in entries and in the bytes of their sources (a
+/// grammar's size follows its source's), least recently used out first.
+struct Compiled {
+    grammars: lru::LruCache<String, Result<Grammar, GrammarError>>,
+    source_bytes: usize,
+}
+
+/// Most grammars kept compiled.
+const COMPILED_GRAMMARS: usize = 64;
+/// Most bytes of sources kept compiled; a larger source is compiled every time.
+const COMPILED_SOURCE_BYTES: usize = 4 << 20;
+
+impl Compiled {
+    fn get(&mut self, key: &str) -> Option<Result<Grammar, GrammarError>> {
+        self.grammars.get(key).cloned()
+    }
+
+    fn put(&mut self, key: String, compiled: Result<Grammar, GrammarError>) {
+        if key.len() > COMPILED_SOURCE_BYTES || self.grammars.contains(&key) {
+            return;
+        }
+        self.source_bytes += key.len();
+        self.grammars.put(key, compiled);
+        while self.grammars.len() > COMPILED_GRAMMARS || self.source_bytes > COMPILED_SOURCE_BYTES {
+            match self.grammars.pop_lru() {
+                Some((old, _)) => self.source_bytes -= old.len(),
+                None => break,
+            }
+        }
+    }
+}
+
+/// What a grammar is compiled from, as text: the key of [`Compiled`].
+fn source_key(spec: &GrammarSpec) -> String {
+    match spec {
+        GrammarSpec::JsonObject => "object".into(),
+        // serde_json writes an object's keys in one order, so equal schemas are equal text.
+        GrammarSpec::JsonSchema(schema) => format!("schema {schema}"),
+        GrammarSpec::Lark(source) => format!("lark {source}"),
+    }
 }
 
 /// How many compiles may run at once: the rest wait, so many heavy schemas at a time
@@ -233,6 +279,10 @@ impl GrammarCompiler {
             eos: eos.into(),
             limits: SchemaLimits::default(),
             slots: Arc::new(CompileSlots::new(cores)),
+            compiled: Arc::new(Mutex::new(Compiled {
+                grammars: lru::LruCache::unbounded(),
+                source_bytes: 0,
+            })),
         })
     }
 
@@ -245,8 +295,26 @@ impl GrammarCompiler {
     /// once one of the compiler's slots (one per core) is free. An invalid schema or
     /// grammar is a [`GrammarError::Invalid`] that names the problem; a schema past the
     /// [`SchemaLimits`] is a [`GrammarError::TooComplex`], refused before compiling.
+    /// The same spec again is answered from the grammars compiled lately.
     /// Blocks: call it off async workers.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        let key = source_key(spec);
+        if let Some(compiled) = self.compiled.lock().expect("grammar cache lock").get(&key) {
+            return compiled;
+        }
+        let compiled = self.compile_uncached(spec);
+        if !matches!(compiled, Err(GrammarError::Compiler(_))) {
+            self.compiled
+                .lock()
+                .expect("grammar cache lock")
+                .put(key, compiled.clone());
+        }
+        compiled
+    }
+
+    /// Check and compile `spec`, as [`GrammarCompiler::compile`] describes, without
+    /// the cache.
+    fn compile_uncached(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
         if let GrammarSpec::JsonSchema(schema) = spec {
             check_schema(schema, &self.limits)?;
         }
@@ -754,6 +822,53 @@ pub(crate) mod tests {
         let mut c = grammar.clone().drafting_forced_tokens(false).start();
         c.shape_draft(&mut plain).unwrap();
         assert_eq!(plain.tokens, brace);
+    }
+
+    /// A spec compiled again comes from the cache, refusals included, and answers as a
+    /// fresh compile does; the cache keeps the most recently used within its bounds.
+    #[test]
+    fn a_spec_compiled_again_comes_from_the_cache() {
+        let Some((compiler, _)) = smollm2() else {
+            return;
+        };
+        let schema = GrammarSpec::JsonSchema(serde_json::json!({
+            "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]
+        }));
+        let bad = GrammarSpec::JsonSchema(serde_json::json!({"type": "no-such-type"}));
+        let masks = |g: &Grammar| {
+            let mut c = g.start();
+            let mut logits = vec![0.0f32; 49152];
+            c.mask_logits(&mut logits).unwrap();
+            logits
+        };
+        let first = compiler.compile(&schema).unwrap();
+        let again = compiler.compile(&schema).unwrap();
+        assert_eq!(masks(&first), masks(&again));
+        assert!(compiler.compile(&bad).is_err());
+        let refused = compiler.compile(&bad).unwrap_err();
+        assert!(refused.to_string().contains("no-such-type"), "{refused}");
+        {
+            let compiled = compiler.compiled.lock().unwrap();
+            assert_eq!(compiled.grammars.len(), 2);
+            assert!(compiled.grammars.contains(&source_key(&schema)));
+            assert!(compiled.grammars.contains(&source_key(&bad)));
+        }
+        // The bounds: entries, then source bytes; a source past them is not kept.
+        let mut cache = Compiled {
+            grammars: lru::LruCache::unbounded(),
+            source_bytes: 0,
+        };
+        let refusal = || Err(GrammarError::Invalid("x".into()));
+        for i in 0..COMPILED_GRAMMARS + 5 {
+            cache.put(format!("key {i}"), refusal());
+        }
+        assert_eq!(cache.grammars.len(), COMPILED_GRAMMARS);
+        assert!(cache.get("key 0").is_none() && cache.get("key 5").is_some());
+        cache.put("y".repeat(COMPILED_SOURCE_BYTES + 1), refusal());
+        assert!(cache.get(&"y".repeat(COMPILED_SOURCE_BYTES + 1)).is_none());
+        cache.put("z".repeat(COMPILED_SOURCE_BYTES - 2), refusal());
+        assert!(cache.source_bytes <= COMPILED_SOURCE_BYTES);
+        assert_eq!(cache.grammars.len(), 1, "the big one pushed the rest out");
     }
 
     #[test]

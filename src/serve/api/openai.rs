@@ -245,14 +245,13 @@ pub(super) fn logprobs_of(
     }
 }
 
-/// Longest namespace, in bytes.
-pub const MAX_NAMESPACE_BYTES: usize = 128;
+pub use crate::store::MAX_NAMESPACE_BYTES;
 
 /// A namespace (from `x-suffixd-namespace` or `user`) is 1 to 128 bytes of printable
-/// ASCII without spaces. Anything else is refused, never mapped to another namespace.
+/// ASCII without spaces ([`crate::store::is_namespace`]). Anything else is refused,
+/// never mapped to another namespace.
 pub(super) fn check_namespace(ns: &str) -> Result<(), ApiError> {
-    if ns.is_empty() || ns.len() > MAX_NAMESPACE_BYTES || !ns.bytes().all(|b| b.is_ascii_graphic())
-    {
+    if !crate::store::is_namespace(ns) {
         return Err(ApiError::bad_request(format!(
             "a namespace (the x-suffixd-namespace header or `user`) must be 1 to {MAX_NAMESPACE_BYTES} printable ASCII characters without spaces"
         )));
