@@ -45,6 +45,9 @@ pub fn model_path(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
 pub struct ModelArgs {
     /// A GGUF file (llama, qwen2, qwen3, gemma3), or a Hugging Face directory with config.json,
     /// tokenizer.json and safetensors weights (default: the model tools/setup.sh installs).
+    /// `synthetic:NAME[:SEED]` makes random weights of a real shape (llama-3.2-1b,
+    /// llama-3.1-8b, qwen2.5-7b, qwen3-8b, gemma-3-4b, mistral-7b) with the default
+    /// model's tokenizer, for speed and exactness checks only.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// How weights are held: native (as in the file), q8-0, f32 or bf16. All are exact
@@ -93,10 +96,40 @@ pub enum CostMode {
 impl ModelArgs {
     /// Load the engine these flags describe.
     pub fn load(&self) -> anyhow::Result<Engine> {
-        let path = model_path(self.model.as_deref())?;
         let device = crate::model::device()?;
-        let mut engine = Engine::load(&path, self.weights, self.max_context, &device)
-            .with_context(|| format!("cannot load model {}", path.display()))?;
+        let synthetic = self
+            .model
+            .as_deref()
+            .and_then(|p| p.to_str()?.strip_prefix("synthetic:"));
+        let mut engine = match synthetic {
+            Some(spec) => {
+                // `synthetic:NAME` or `synthetic:NAME:SEED`, with the default model's
+                // tokenizer.
+                let (name, seed) = match spec.rsplit_once(':') {
+                    Some((name, seed)) => (
+                        name,
+                        seed.parse()
+                            .with_context(|| format!("synthetic seed {seed:?} is not a number"))?,
+                    ),
+                    None => (spec, 0),
+                };
+                let vocabulary = model_path(None)?;
+                Engine::synthetic(
+                    name,
+                    seed,
+                    &vocabulary,
+                    self.weights,
+                    self.max_context,
+                    &device,
+                )
+                .with_context(|| format!("cannot make synthetic model {spec}"))?
+            }
+            None => {
+                let path = model_path(self.model.as_deref())?;
+                Engine::load(&path, self.weights, self.max_context, &device)
+                    .with_context(|| format!("cannot load model {}", path.display()))?
+            }
+        };
         match self.cost {
             CostMode::Measure => {
                 // A GPU's rows are nearly free well past 64 (docs/gpu.md), so its curve

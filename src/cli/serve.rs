@@ -254,12 +254,16 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     model_args.model = Some(model_path(
         a.model.model.as_deref().or(file.model.as_deref()),
     )?);
-    let model_id = model_args
-        .model
-        .as_ref()
-        .and_then(|p| p.file_stem())
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
+    let model_id = match model_args.model.as_ref().and_then(|p| p.to_str()) {
+        // A synthetic shape's name has dots that are not an extension.
+        Some(spec) if spec.starts_with("synthetic:") => spec.to_string(),
+        _ => model_args
+            .model
+            .as_ref()
+            .and_then(|p| p.file_stem())
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into()),
+    };
     tracing::info!("loading {} ({:?} weights)", model_id, model_args.weights);
     let engine = model_args.load()?;
     tracing::info!(

@@ -32,6 +32,7 @@ mod kv_cache;
 mod linear;
 mod load;
 pub mod prefix;
+pub use load::synthetic;
 pub mod tokenizer;
 
 /// The device models run on: the first CUDA GPU with the `cuda` feature, else the CPU.

@@ -59,8 +59,55 @@ impl Engine {
                 "not a readable GGUF file (or a model directory): {e}"
             ))
         })?;
-        let tokenizer = ModelTokenizer::from_gguf(&content).map_err(|e| fmt(e.to_string()))?;
         let model = Model::load_gguf(path, &content, format, max_context, device)?;
+        Self::with_gguf_vocabulary(model, path, &content)
+    }
+
+    /// A model of a real architecture with seeded random weights, made on `device`
+    /// ([`crate::model::load::synthetic`]), served with the tokenizer, chat template and
+    /// end tokens of the GGUF file `vocabulary` (its vocabulary padded to the shape's).
+    pub fn synthetic(
+        name: &str,
+        seed: u64,
+        vocabulary: &Path,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let shape = crate::model::load::synthetic::shape(name)?;
+        let mut f =
+            crate::files::open_regular(vocabulary, "GGUF model file").map_err(|source| {
+                ModelError::Io {
+                    path: vocabulary.into(),
+                    source,
+                }
+            })?;
+        let content = gguf_file::Content::read(&mut f).map_err(|e| ModelError::Format {
+            path: vocabulary.into(),
+            message: format!("not a readable GGUF file: {e}"),
+        })?;
+        let words = ModelTokenizer::from_gguf(&content)
+            .map_err(|e| ModelError::Format {
+                path: vocabulary.into(),
+                message: e.to_string(),
+            })?
+            .vocab_size();
+        let model = Model::synthetic(&shape, words, seed, format, max_context, device)?;
+        Self::with_gguf_vocabulary(model, vocabulary, &content)
+    }
+
+    /// The engine of `model` with the tokenizer, chat template and end tokens of the
+    /// GGUF file at `path` (read as `content`).
+    fn with_gguf_vocabulary(
+        model: Model,
+        path: &Path,
+        content: &gguf_file::Content,
+    ) -> Result<Self, ModelError> {
+        let fmt = |message: String| ModelError::Format {
+            path: path.into(),
+            message,
+        };
+        let tokenizer = ModelTokenizer::from_gguf(content).map_err(|e| fmt(e.to_string()))?;
         let md_tok = |key: &str| content.metadata.get(key).and_then(|v| v.to_u32().ok());
         let name = |id: Option<u32>| {
             id.and_then(|i| tokenizer.decode(&[i], false).ok())

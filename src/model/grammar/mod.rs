@@ -180,8 +180,9 @@ fn source_key(spec: &GrammarSpec) -> String {
     }
 }
 
-/// How many compiles may run at once: the rest wait, so many heavy schemas at a time
-/// take their turns on a few cores instead of all of them.
+/// How many compiles may run at once (one per two cores): the rest wait, so many heavy
+/// schemas at a time take their turns on half the cores, and the model thread and the
+/// HTTP workers keep the others.
 struct CompileSlots {
     free: Mutex<usize>,
     freed: Condvar,
@@ -278,7 +279,7 @@ impl GrammarCompiler {
             factory: Arc::new(factory),
             eos: eos.into(),
             limits: SchemaLimits::default(),
-            slots: Arc::new(CompileSlots::new(cores)),
+            slots: Arc::new(CompileSlots::new(cores / 2)),
             compiled: Arc::new(Mutex::new(Compiled {
                 grammars: lru::LruCache::unbounded(),
                 source_bytes: 0,
@@ -292,17 +293,28 @@ impl GrammarCompiler {
     }
 
     /// Compile `spec`, on a thread of its own with a [`COMPILE_STACK_BYTES`] stack,
-    /// once one of the compiler's slots (one per core) is free. An invalid schema or
+    /// once one of the compiler's slots (one per two cores) is free. An invalid schema or
     /// grammar is a [`GrammarError::Invalid`] that names the problem; a schema past the
     /// [`SchemaLimits`] is a [`GrammarError::TooComplex`], refused before compiling.
     /// The same spec again is answered from the grammars compiled lately.
     /// Blocks: call it off async workers.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        self.compile_while(spec, &|| true)
+    }
+
+    /// [`GrammarCompiler::compile`], given up when `wanted` says no once a slot is free:
+    /// a request whose client went away while it waited costs no compile (a compile
+    /// that has started runs to its end, and its grammar is kept).
+    pub fn compile_while(
+        &self,
+        spec: &GrammarSpec,
+        wanted: &dyn Fn() -> bool,
+    ) -> Result<Grammar, GrammarError> {
         let key = source_key(spec);
         if let Some(compiled) = self.compiled.lock().expect("grammar cache lock").get(&key) {
             return compiled;
         }
-        let compiled = self.compile_uncached(spec);
+        let compiled = self.compile_uncached(spec, wanted);
         if !matches!(compiled, Err(GrammarError::Compiler(_))) {
             self.compiled
                 .lock()
@@ -314,11 +326,20 @@ impl GrammarCompiler {
 
     /// Check and compile `spec`, as [`GrammarCompiler::compile`] describes, without
     /// the cache.
-    fn compile_uncached(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+    fn compile_uncached(
+        &self,
+        spec: &GrammarSpec,
+        wanted: &dyn Fn() -> bool,
+    ) -> Result<Grammar, GrammarError> {
         if let GrammarSpec::JsonSchema(schema) = spec {
             check_schema(schema, &self.limits)?;
         }
         let _slot = self.slots.take();
+        if !wanted() {
+            return Err(GrammarError::Compiler(
+                "its request went away before it compiled".into(),
+            ));
+        }
         let (this, spec) = (self.clone(), spec.clone());
         std::thread::Builder::new()
             .name("grammar-compile".into())
@@ -841,6 +862,11 @@ pub(crate) mod tests {
             c.mask_logits(&mut logits).unwrap();
             logits
         };
+        // A request that went away while it waited for a slot costs no compile, and
+        // leaves nothing in the cache.
+        let gone = compiler.compile_while(&schema, &|| false).unwrap_err();
+        assert!(matches!(gone, GrammarError::Compiler(_)), "{gone}");
+        assert_eq!(compiler.compiled.lock().unwrap().grammars.len(), 0);
         let first = compiler.compile(&schema).unwrap();
         let again = compiler.compile(&schema).unwrap();
         assert_eq!(masks(&first), masks(&again));

@@ -19,6 +19,48 @@ use crate::model::linear::{
     Embedding, Linear, NormWeights, Weights, dense_of, rounded_to_bf16, weights_of,
 };
 
+/// Where a Hugging Face model's tensors come from, by their checkpoint names: the
+/// safetensors files, or seeded random weights of a named shape ([`super::synthetic`]).
+pub(super) trait HfTensors {
+    /// Whether the checkpoint has tensor `name`.
+    fn has(&self, name: &str) -> bool;
+    /// Tensor `name` in f32 on `device`; an error says what is wrong with it.
+    fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, String>;
+}
+
+/// The tensors of safetensors files, mapped.
+struct Mapped {
+    st: candle_core::safetensors::MmapedSafetensors,
+    names: HashSet<String>,
+}
+
+impl HfTensors for Mapped {
+    fn has(&self, name: &str) -> bool {
+        self.names.contains(name)
+    }
+
+    fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, String> {
+        // A NaN or infinite weight would turn every logit it reaches into NaN.
+        if let Ok(view) = self.st.get(name) {
+            let dtype = match view.dtype() {
+                safetensors::Dtype::F32 => Some(GgmlDType::F32),
+                safetensors::Dtype::F16 => Some(GgmlDType::F16),
+                safetensors::Dtype::BF16 => Some(GgmlDType::BF16),
+                _ => None,
+            };
+            if let Some(at) = dtype.and_then(|d| finite::first_non_finite(d, view.data())) {
+                return Err(format!(
+                    "has a NaN or infinite value at {at}: the file is damaged or was written wrong; use another copy"
+                ));
+            }
+        }
+        self.st
+            .load(name, device)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .map_err(|e| e.to_string())
+    }
+}
+
 impl Model {
     /// Load a Hugging Face directory: `config.json` and `model.safetensors` (or the
     /// shards that `model.safetensors.index.json` names). Weights in f16, bf16 or f32;
@@ -34,12 +76,6 @@ impl Model {
             message,
         };
         let (hf, family) = HfConfig::read(dir)?;
-        let block = family.block();
-        let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
-        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
-        let head_dim = head_width(heads, kv_heads, width, hf.head_dim).map_err(fmt)?;
-        let global_rope = hf.rope(head_dim).map_err(fmt)?;
-        let windows = hf.windows(family).map_err(fmt)?;
         let files = safetensors_files(dir)?;
         for file in &files {
             crate::files::check_regular(file, "safetensors file").map_err(|source| {
@@ -53,24 +89,35 @@ impl Model {
         // against the file before it reads it.
         let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
             .map_err(|e| fmt(format!("cannot map the safetensors files: {e}")))?;
-        let names: HashSet<String> = st.tensors().into_iter().map(|(name, _)| name).collect();
+        let names = st.tensors().into_iter().map(|(name, _)| name).collect();
+        let mapped = Mapped { st, names };
+        Self::from_hf(dir, &hf, family, &mapped, format, max_context, device)
+    }
+
+    /// The model a Hugging Face config describes, its tensors from `source` (`origin`
+    /// names where they come from, for errors).
+    pub(super) fn from_hf(
+        origin: &Path,
+        hf: &HfConfig,
+        family: Family,
+        source: &dyn HfTensors,
+        format: WeightFormat,
+        max_context: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let fmt = |message: String| ModelError::Format {
+            path: origin.into(),
+            message,
+        };
+        let block = family.block();
+        let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
+        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
+        let head_dim = head_width(heads, kv_heads, width, hf.head_dim).map_err(fmt)?;
+        let global_rope = hf.rope(head_dim).map_err(fmt)?;
+        let windows = hf.windows(family).map_err(fmt)?;
         let tensor = |name: &str| -> Result<Tensor, ModelError> {
-            // A NaN or infinite weight would turn every logit it reaches into NaN.
-            if let Ok(view) = st.get(name) {
-                let dtype = match view.dtype() {
-                    safetensors::Dtype::F32 => Some(GgmlDType::F32),
-                    safetensors::Dtype::F16 => Some(GgmlDType::F16),
-                    safetensors::Dtype::BF16 => Some(GgmlDType::BF16),
-                    _ => None,
-                };
-                if let Some(at) = dtype.and_then(|d| finite::first_non_finite(d, view.data())) {
-                    return Err(fmt(format!(
-                        "tensor {name} has a NaN or infinite value at {at}: the file is damaged or was written wrong; use another copy"
-                    )));
-                }
-            }
-            st.load(name, device)
-                .and_then(|t| t.to_dtype(DType::F32))
+            source
+                .tensor(name, device)
                 .map_err(|e| fmt(format!("tensor {name}: {e}")))
         };
         let matrix = |t: Tensor| -> Result<Weights, ModelError> {
@@ -94,7 +141,7 @@ impl Model {
             )?)
         };
         let part = |needed: bool, name: &str| -> Result<bool, ModelError> {
-            match (needed, names.contains(name)) {
+            match (needed, source.has(name)) {
                 (true, false) => Err(fmt(format!("{family:?} needs tensor {name}"))),
                 (_, here) => Ok(here),
             }
@@ -102,7 +149,7 @@ impl Model {
         let embed = tensor("model.embed_tokens.weight")?;
         let vocab = embed.dim(0)?;
         // Tied when the checkpoint has no head of its own.
-        let head = Linear::new(vec![if names.contains("lm_head.weight") {
+        let head = Linear::new(vec![if source.has("lm_head.weight") {
             matrix(tensor("lm_head.weight")?)?
         } else {
             matrix(embed.clone())?

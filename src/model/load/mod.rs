@@ -5,6 +5,7 @@
 mod finite;
 mod gguf;
 mod hf;
+pub mod synthetic;
 
 use std::path::{Path, PathBuf};
 
@@ -85,12 +86,17 @@ impl HfConfig {
                     source,
                 }
             })?;
+        Self::parse(&text, &path)
+    }
+
+    /// A `config.json`'s text (from `path`, for errors), and its family.
+    pub(super) fn parse(text: &str, path: &Path) -> Result<(Self, Family), ModelError> {
         let fmt = |message: String| ModelError::Format {
-            path: path.clone(),
+            path: path.into(),
             message,
         };
-        let cfg: HfConfig = serde_json::from_str(&text)
-            .map_err(|e| fmt(format!("not a model config.json: {e}")))?;
+        let cfg: HfConfig =
+            serde_json::from_str(text).map_err(|e| fmt(format!("not a model config.json: {e}")))?;
         let model_type = cfg.model_type.as_deref().unwrap_or("llama");
         let family = Family::from_hf(model_type).ok_or_else(|| {
             fmt(format!(

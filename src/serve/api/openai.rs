@@ -2,6 +2,7 @@
 //! and handed to the model thread; answers whole or streamed.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Json;
 use axum::body::Body;
@@ -827,11 +828,17 @@ async fn grammar_of(
             "structured outputs and required tool calls are unavailable for this model's tokenizer",
         ));
     };
-    // Compiling blocks (on a compile thread, for a slot): off the async workers.
-    let compiled = tokio::task::spawn_blocking(move || compiler.compile(&spec))
-        .await
-        .map_err(|_| GrammarError::Compiler("its task was cancelled".into()))
-        .and_then(|r| r);
+    // Compiling blocks (on a compile thread, for a slot): off the async workers. If the
+    // client goes away meanwhile, this handler is dropped with the guard, and a compile
+    // still waiting for its slot is given up.
+    let wanted = Arc::new(AtomicBool::new(true));
+    let _unwanted_when_dropped = ClearOnDrop(wanted.clone());
+    let compiled = tokio::task::spawn_blocking(move || {
+        compiler.compile_while(&spec, &|| wanted.load(Ordering::Relaxed))
+    })
+    .await
+    .map_err(|_| GrammarError::Compiler("its task was cancelled".into()))
+    .and_then(|r| r);
     match compiled {
         Ok(g) => Ok(Some(g.drafting_forced_tokens(app.cfg.grammar_drafts))),
         Err(e @ GrammarError::Compiler(_)) => {
@@ -843,6 +850,15 @@ async fn grammar_of(
             ))
         }
         Err(e) => Err(unusable(e)),
+    }
+}
+
+/// Clears its flag when dropped: whoever holds it went away.
+struct ClearOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
     }
 }
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU at the sizes people deploy, without their weights (issue 63): for each shape, a
+# model with seeded random bf16 weights made on the GPU (`--model synthetic:NAME`), its
+# verifier cost curve t(K)/t(1) for K up to 32 at two contexts, and one plain decoding
+# step's weight traffic against the card's copy bandwidth measured in the same run.
+# Only the llama family (Llama 3, Mistral) runs on the device kernels today; the other
+# shapes stop with a "CPU only" error until they do, which is logged, not hidden.
+#
+# Here (no GPU needed):
+#   tools/build-cuda.sh --example shape_cost
+#   target/release/examples/shape_cost --write-vocabulary \
+#       models/SmolLM2-135M-Instruct.Q4_1.gguf target/vocab.gguf
+# There, with the binary and the vocabulary carried:
+#   tools/gpu-shapes.sh
+# BIN (default target/cuda/release/examples/shape_cost), VOCAB (default target/vocab.gguf),
+# SHAPES (default: llama-3.2-1b llama-3.1-8b mistral-7b qwen3-8b), RESULTS (default $OUT,
+# else target/gpu-shapes) and DEADLINE (seconds for all of it, default 480) override.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/cuda/release/examples/shape_cost}
+VOCAB=${VOCAB:-target/vocab.gguf}
+SHAPES=${SHAPES:-llama-3.2-1b llama-3.1-8b mistral-7b qwen3-8b}
+RESULTS=${RESULTS:-${OUT:-target/gpu-shapes}}
+DEADLINE=${DEADLINE:-480}
+mkdir -p "$RESULTS"
+if [ -z "${CUDA_LIBS:-}" ]; then
+    CUDA_LIBS=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)
+    [ -d "$CUDA_LIBS" ] || CUDA_LIBS=$PWD/.cuda-toolkit/nvidia/cu13/lib
+fi
+export LD_LIBRARY_PATH="$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader \
+    | tee "$RESULTS/gpu.txt"
+for shape in $SHAPES; do
+    rest=$((DEADLINE - SECONDS))
+    if [ "$rest" -lt 30 ]; then
+        echo "== $shape: skipped, ${rest}s left" | tee -a "$RESULTS/summary.txt"
+        continue
+    fi
+    timeout "$rest" "$BIN" "$shape" --vocabulary "$VOCAB" --weights bf16 \
+        --contexts 64,1024 --max-k 32 --repeats 5 \
+        >"$RESULTS/$shape.jsonl" 2>"$RESULTS/$shape.log"
+    rc=$?
+    echo "== $shape: rc $rc, $(wc -l <"$RESULTS/$shape.jsonl") lines, $((DEADLINE - SECONDS))s left" \
+        | tee -a "$RESULTS/summary.txt"
+    cat "$RESULTS/$shape.jsonl"
+    [ "$rc" -eq 0 ] || tail -3 "$RESULTS/$shape.log"
+done
