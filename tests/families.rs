@@ -534,6 +534,20 @@ fn mistral_s_sliding_window_matches_the_library_s_mistral() {
         Model::load_safetensors(dir.path(), WeightFormat::F32, CONTEXT, &Device::Cpu).unwrap();
     let last = ours(&unwindowed, &PROMPT).pop().unwrap();
     assert!(worst(&last, &from_dir[PROMPT.len() - 1]) > 1e-3);
+    // A window as long as the context never binds: the layers are plain ones (which the
+    // GPU's kernels run), with the bits of the model without a window.
+    let mut long = tiny.config(false);
+    long["sliding_window"] = serde_json::json!(CONTEXT);
+    std::fs::write(dir.path().join("config.json"), long.to_string()).unwrap();
+    let long =
+        Model::load_safetensors(dir.path(), WeightFormat::F32, CONTEXT, &Device::Cpu).unwrap();
+    assert_eq!(long.config().sliding_window, None);
+    let bits_of =
+        |rows: Vec<Vec<f32>>| -> Vec<u32> { rows.concat().iter().map(|v| v.to_bits()).collect() };
+    assert_eq!(
+        bits_of(ours(&long, &PROMPT)),
+        bits_of(ours(&unwindowed, &PROMPT))
+    );
 }
 
 #[test]
@@ -567,6 +581,49 @@ fn bits(t: &Tensor) -> Vec<u32> {
     flat(t).iter().map(|v| v.to_bits()).collect()
 }
 
+/// A token's logits from `model` are the same bits whether it runs alone, in a chain
+/// after a committed prefix, or in a branching tree beside a wrong branch.
+fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
+    let n = PROMPT.len();
+    // One token at a time, as plain decoding runs.
+    let mut cache = KvCache::default();
+    let mut alone = Vec::new();
+    for (i, &t) in PROMPT.iter().enumerate() {
+        alone.push(bits(&model.forward(&mut cache, &[t], &[-1]).unwrap()));
+        cache.commit(&[0]);
+        assert_eq!(cache.len(), i + 1);
+    }
+    // The first 4 committed, the rest verified as one chain.
+    let mut cache = KvCache::default();
+    model.forward(&mut cache, &PROMPT[..4], &chain(4)).unwrap();
+    cache.commit(&[0, 1, 2, 3]);
+    let rest = model
+        .forward(&mut cache, &PROMPT[4..], &chain(n - 4))
+        .unwrap();
+    for (i, want) in alone.iter().enumerate().skip(4) {
+        assert_eq!(
+            &bits(&rest.i(i - 4).unwrap()),
+            want,
+            "{what}: token {i} in a chain"
+        );
+    }
+    // A tree after the first 7: the true continuation beside a wrong branch.
+    let mut cache = KvCache::default();
+    model.forward(&mut cache, &PROMPT[..7], &chain(7)).unwrap();
+    cache.commit(&(0..7).collect::<Vec<_>>());
+    let tree = [PROMPT[7], 1, PROMPT[8], PROMPT[9], 2];
+    let logits = model
+        .forward(&mut cache, &tree, &[-1, -1, 0, 2, 1])
+        .unwrap();
+    for (row, pos) in [(0, 7), (2, 8), (3, 9)] {
+        assert_eq!(
+            bits(&logits.i(row).unwrap()),
+            alone[pos],
+            "{what}: token {pos} in a tree"
+        );
+    }
+}
+
 #[test]
 fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
     for fam in [Fam::Llama3, Fam::Qwen2, Fam::Qwen3, Fam::Gemma3] {
@@ -575,45 +632,65 @@ fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
         let path = dir.path().join("model.gguf");
         tiny.write_gguf(&path, GgmlDType::Q8_0);
         let model = load_gguf(&path, WeightFormat::Native);
-        let n = PROMPT.len();
-        // One token at a time, as plain decoding runs.
-        let mut cache = KvCache::default();
-        let mut alone = Vec::new();
-        for (i, &t) in PROMPT.iter().enumerate() {
-            alone.push(bits(&model.forward(&mut cache, &[t], &[-1]).unwrap()));
-            cache.commit(&[0]);
-            assert_eq!(cache.len(), i + 1);
-        }
-        // The first 4 committed, the rest verified as one chain.
-        let mut cache = KvCache::default();
-        model.forward(&mut cache, &PROMPT[..4], &chain(4)).unwrap();
-        cache.commit(&[0, 1, 2, 3]);
-        let rest = model
-            .forward(&mut cache, &PROMPT[4..], &chain(n - 4))
-            .unwrap();
-        for (i, want) in alone.iter().enumerate().skip(4) {
-            assert_eq!(
-                &bits(&rest.i(i - 4).unwrap()),
-                want,
-                "{fam:?}: token {i} in a chain"
+        same_bits_alone_in_a_chain_and_in_a_tree(&model, &format!("{fam:?}"));
+    }
+}
+
+/// On a GPU (the `cuda` feature; tools/gpu-check.sh runs this with
+/// `SUFFIXD_TEST_DEVICE=cuda`), its own kernels run Llama 3, Mistral (a window as long as
+/// the context), Qwen 2 (q|k|v biases) and Qwen 3 (head norms, heads wider than width /
+/// heads): each family's logits agree with the CPU's pass on the same weights (relative
+/// error under 1e-3: summation orders differ) in f32 and bf16, and a token's logits are
+/// the same bits alone, in a chain and in a tree. Gemma 3 is refused by name.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_a_gpu_its_kernels_run_llama_mistral_and_qwen_exactly() {
+    assert!(
+        std::env::var("SUFFIXD_TEST_DEVICE").is_ok_and(|d| d == "cuda"),
+        "this test needs a GPU: run it with SUFFIXD_TEST_DEVICE=cuda"
+    );
+    let gpu = Device::new_cuda(0).expect("a CUDA GPU");
+    let load = |path: &Path, format: WeightFormat, device: &Device| {
+        let mut f = std::fs::File::open(path).unwrap();
+        let content = gguf_file::Content::read(&mut f).unwrap();
+        Model::load_gguf(path, &content, format, CONTEXT, device)
+    };
+    for fam in [Fam::Llama3, Fam::Mistral, Fam::Qwen2, Fam::Qwen3] {
+        let mut tiny = Tiny::new(fam);
+        tiny.window = CONTEXT;
+        let dir = tempfile::tempdir().unwrap();
+        tiny.write_hf(dir.path());
+        for format in [WeightFormat::F32, WeightFormat::Bf16] {
+            let what = format!("{fam:?} {format:?} on the GPU");
+            let on_gpu = Model::load_safetensors(dir.path(), format, CONTEXT, &gpu).unwrap();
+            let on_cpu =
+                Model::load_safetensors(dir.path(), format, CONTEXT, &Device::Cpu).unwrap();
+            let (dev, cpu) = (ours(&on_gpu, &PROMPT), ours(&on_cpu, &PROMPT));
+            let (dev, cpu) = (dev.concat(), cpu.concat());
+            assert!(dev.iter().all(|x| x.is_finite()), "{what}: finite logits");
+            let diff: f64 = cpu
+                .iter()
+                .zip(&dev)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum();
+            let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
+            let rel = (diff / norm).sqrt();
+            eprintln!("{what}: relative difference from the CPU {rel:.3e}");
+            assert!(
+                rel < 1e-3,
+                "{what}: logits differ from the CPU's by {rel:.3e}"
             );
-        }
-        // A tree after the first 7: the true continuation beside a wrong branch.
-        let mut cache = KvCache::default();
-        model.forward(&mut cache, &PROMPT[..7], &chain(7)).unwrap();
-        cache.commit(&(0..7).collect::<Vec<_>>());
-        let tree = [PROMPT[7], 1, PROMPT[8], PROMPT[9], 2];
-        let logits = model
-            .forward(&mut cache, &tree, &[-1, -1, 0, 2, 1])
-            .unwrap();
-        for (row, pos) in [(0, 7), (2, 8), (3, 9)] {
-            assert_eq!(
-                bits(&logits.i(row).unwrap()),
-                alone[pos],
-                "{fam:?}: token {pos} in a tree"
-            );
+            same_bits_alone_in_a_chain_and_in_a_tree(&on_gpu, &what);
         }
     }
+    let tiny = Tiny::new(Fam::Gemma3);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    tiny.write_gguf(&path, GgmlDType::F32);
+    let refused = load(&path, WeightFormat::Bf16, &gpu)
+        .err()
+        .expect("Gemma 3 refused on a GPU");
+    assert!(refused.to_string().contains("CPU only"), "{refused}");
 }
 
 #[test]

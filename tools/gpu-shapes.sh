@@ -3,11 +3,14 @@
 # model with seeded random bf16 weights made on the GPU (`--model synthetic:NAME`), its
 # verifier cost curve t(K)/t(1) for K up to 32 at two contexts, and one plain decoding
 # step's weight traffic against the card's copy bandwidth measured in the same run.
-# Only the llama family (Llama 3, Mistral) runs on the device kernels today; the other
-# shapes stop with a "CPU only" error until they do, which is logged, not hidden.
+# Llama 3, Mistral and Qwen 2/3 run on the device kernels; Gemma 3 stops with a "CPU only"
+# error until its device code lands, which is logged, not hidden. With TEST_BIN (the
+# `families` test binary of the CUDA build) it first checks each of those families on
+# the GPU against the CPU and for the same bits alone, in a chain and in a tree.
 #
 # Here (no GPU needed):
 #   tools/build-cuda.sh --example shape_cost
+#   CARGO_COMMAND=test tools/build-cuda.sh --no-run --test families   (TEST_BIN)
 #   target/release/examples/shape_cost --write-vocabulary \
 #       models/SmolLM2-135M-Instruct.Q4_1.gguf target/vocab.gguf
 # There, with the binary and the vocabulary carried:
@@ -19,7 +22,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/cuda/release/examples/shape_cost}
 VOCAB=${VOCAB:-target/vocab.gguf}
-SHAPES=${SHAPES:-llama-3.2-1b llama-3.1-8b mistral-7b qwen3-8b}
+SHAPES=${SHAPES:-llama-3.2-1b llama-3.1-8b qwen3-8b qwen2.5-7b mistral-7b}
+TEST_BIN=${TEST_BIN:-}
 RESULTS=${RESULTS:-${OUT:-target/gpu-shapes}}
 DEADLINE=${DEADLINE:-480}
 mkdir -p "$RESULTS"
@@ -30,6 +34,12 @@ fi
 export LD_LIBRARY_PATH="$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader \
     | tee "$RESULTS/gpu.txt"
+if [ -n "$TEST_BIN" ]; then
+    SUFFIXD_TEST_DEVICE=cuda timeout 120 "$TEST_BIN" on_a_gpu --test-threads 1 --nocapture \
+        >"$RESULTS/families.log" 2>&1
+    echo "== families on the GPU: rc $?" | tee -a "$RESULTS/summary.txt"
+    grep -E 'relative difference|^test |panicked' "$RESULTS/families.log" | tee -a "$RESULTS/summary.txt"
+fi
 for shape in $SHAPES; do
     rest=$((DEADLINE - SECONDS))
     if [ "$rest" -lt 30 ]; then

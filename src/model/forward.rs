@@ -56,7 +56,7 @@ pub enum ModelError {
     BadPass(String),
     /// The model's block has parts the device paths do not run yet.
     #[error(
-        "this {0:?} model runs on the CPU only so far (the GPU path implements llama's plain block); use a build without the cuda feature"
+        "this {0:?} model runs on the CPU only so far (the GPU's kernels run Llama, Mistral and Qwen 2/3 in f32 or bf16; candle's GPU operations llama's plain block); use a build without the cuda feature, or --weights bf16"
     )]
     CpuOnly(Family),
     /// The draft model cannot draft for this target (hybrid mode).
@@ -171,12 +171,19 @@ pub(super) struct Layer {
 }
 
 impl Layer {
-    /// Whether the layer is llama's block and nothing more: what the device paths run.
+    /// Whether the layer is llama's block and nothing more: what candle's operations run
+    /// on a GPU.
     pub(super) fn is_plain(&self) -> bool {
         self.qkv_bias.is_none()
             && self.q_norm.is_none()
             && self.k_norm.is_none()
-            && self.post_attn_norm.is_none()
+            && self.is_llama_like()
+    }
+
+    /// Whether the layer is llama's block, with Qwen's q|k|v biases and head norms
+    /// allowed: what the GPU's own kernels run.
+    pub(super) fn is_llama_like(&self) -> bool {
+        self.post_attn_norm.is_none()
             && self.post_ffn_norm.is_none()
             && self.window.is_none()
             && self.rope == 0
@@ -326,27 +333,39 @@ impl Model {
     /// tables the layers name).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn assemble(
-        cfg: ModelConfig,
+        mut cfg: ModelConfig,
         embed: Embedding,
-        layers: Vec<Layer>,
+        mut layers: Vec<Layer>,
         norm: NormWeights,
         head: Linear,
         ropes: &[RopeSpec],
         device: &Device,
         format: WeightFormat,
     ) -> Result<Self, ModelError> {
+        // A window as long as the context never binds: such a layer is a plain one
+        // (Mistral 7B v0.1's 4,096 at a context of 4,096 or less runs on the GPU).
+        for layer in &mut layers {
+            if layer.rope == 0 && layer.window.is_some_and(|w| w >= cfg.context) {
+                layer.window = None;
+            }
+        }
+        cfg.sliding_window = layers.iter().find_map(|l| l.window);
         let ropes = ropes
             .iter()
             .map(|spec| RopeTable::new(spec, cfg.head_dim, cfg.context, device))
             .collect::<Result<Vec<_>, _>>()?;
-        // What the device paths run: llama's block, with heads as wide as width / heads.
-        let plain = cfg.embed_scale.is_none()
-            && cfg.heads * cfg.head_dim == cfg.width
+        // What the GPU's own kernels run: llama's block, with Qwen's biases and head
+        // norms; what candle's GPU operations run: llama's block alone, with heads as
+        // wide as width / heads.
+        let llama_like = cfg.embed_scale.is_none()
             && cfg.activation == Activation::Silu
             && cfg.rope_pairs == RopePairs::Adjacent
             && cfg.attn_scale == 1.0 / (cfg.head_dim as f32).sqrt()
+            && layers.iter().all(Layer::is_llama_like);
+        let plain = llama_like
+            && cfg.heads * cfg.head_dim == cfg.width
             && layers.iter().all(Layer::is_plain);
-        if !plain && !device.is_cpu() {
+        if !llama_like && !device.is_cpu() {
             return Err(ModelError::CpuOnly(cfg.family));
         }
         // A quantized table is kept on the CPU only, where there are no device kernels.
@@ -365,8 +384,16 @@ impl Model {
             )?,
             Embedding::Quantized { .. } => None,
         };
+        #[cfg(feature = "cuda")]
+        if cuda.is_none() && !plain && !device.is_cpu() {
+            return Err(ModelError::CpuOnly(cfg.family));
+        }
         #[cfg(not(feature = "cuda"))]
         let _ = format;
+        #[cfg(not(feature = "cuda"))]
+        if !plain && !device.is_cpu() {
+            return Err(ModelError::CpuOnly(cfg.family));
+        }
         Ok(Model {
             #[cfg(feature = "cuda")]
             cuda,

@@ -1,5 +1,5 @@
-// suffixd's device kernels for the llama forward pass, compiled at run time by NVRTC
-// (src/verify/cuda/mod.rs). Every one is row-invariant: a row's result is computed by the
+// suffixd's device kernels for the llama-family forward pass (Llama, Mistral, Qwen 2 and
+// 3), compiled at run time by NVRTC (src/model/cuda/mod.rs). Every one is row-invariant: a row's result is computed by the
 // same operations in the same order whatever else is in the pass (how many rows, which
 // sequences, where the row sits in its tile), so a token verified inside a draft gets
 // the bits plain decoding gives it. The rules that buy this:
@@ -591,6 +591,97 @@ MMA_TILES(mma_plain, MODE_PLAIN, MMA_HEAD_KSPLIT)  // the head alone
 MMA_TILES(mma_residual, MODE_RESIDUAL, MMA_KSPLIT)
 MMA_TILES(mma_silu, MODE_SILU, MMA_KSPLIT)
 MMA_TILES(mma_qkv, MODE_QKV, MMA_KSPLIT)
+
+// ---- Qwen's heads: q|k|v biases (Qwen 2) and per-head RMS norms of q and k (Qwen 3) ----
+// For these layers the q|k|v projection writes its products to `raw` as they are
+// (MODE_PLAIN, the input norm fused); this kernel, one warp per (row, head of q, k or v),
+// adds the bias, norms the head, applies RoPE to queries and keys and writes the query
+// out and the key and value into the cache, where MODE_QKV would have. Lane l holds the
+// RoPE pairs l, l + 32, ... of its head; a head's sum of squares is each lane's in pair
+// order, then the warp's butterfly: the same order in every row and every pass.
+#define HEADS_MAX_PAIRS 4  // head_dim up to 256
+
+struct HeadsArgs {
+    const float* raw;      // rows x (q_width + 2 kv_width), the projection's products
+    const float* bias;     // q_width + 2 kv_width biases; null: none
+    const float* q_norm;   // head_dim weights of each query head's norm; null: none
+    const float* k_norm;   // the same for keys
+    const float* cos_tab;  // RoPE tables, [position][head_dim / 2]
+    const float* sin_tab;
+    const int* meta;       // the pass's per-row fields
+    float* q_out;          // queries, rows x q_width
+    int q_width;
+    int kv_width;
+    int head_dim;
+    int layer;
+    int meta_rows;
+    float eps;
+};
+
+extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
+    const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int hd = a.head_dim, half = hd / 2;
+    const int heads = a.q_width / hd, kv_heads = a.kv_width / hd;
+    // 0: a query head, 1: a key head, 2: a value head (warp-uniform).
+    const int kind = h < heads ? 0 : (h < heads + kv_heads ? 1 : 2);
+    const int n0 = h * hd;
+    const float* in = a.raw + (size_t)r * (a.q_width + 2 * a.kv_width) + n0;
+    float v0[HEADS_MAX_PAIRS], v1[HEADS_MAX_PAIRS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int m = 0; m < HEADS_MAX_PAIRS; m++) {
+        const int j = lane + 32 * m;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (j < half) {
+            x0 = in[2 * j];
+            x1 = in[2 * j + 1];
+            if (a.bias) {
+                x0 = __fadd_rn(x0, a.bias[n0 + 2 * j]);
+                x1 = __fadd_rn(x1, a.bias[n0 + 2 * j + 1]);
+            }
+            ss = __fadd_rn(ss, __fmul_rn(x0, x0));
+            ss = __fadd_rn(ss, __fmul_rn(x1, x1));
+        }
+        v0[m] = x0;
+        v1[m] = x1;
+    }
+    const float* norm = kind == 0 ? a.q_norm : (kind == 1 ? a.k_norm : nullptr);
+    if (norm) {
+        ss = warp_sum(ss);
+        const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hd), a.eps)));
+#pragma unroll
+        for (int m = 0; m < HEADS_MAX_PAIRS; m++) {
+            const int j = lane + 32 * m;
+            if (j < half) {
+                v0[m] = __fmul_rn(__fmul_rn(v0[m], inv), norm[2 * j]);
+                v1[m] = __fmul_rn(__fmul_rn(v1[m], inv), norm[2 * j + 1]);
+            }
+        }
+    }
+    const int pos = meta_of(a.meta, a.meta_rows, ROW_POS, r);
+    float* out;
+    if (kind == 0) {
+        out = a.q_out + (size_t)r * a.q_width + n0;
+    } else {
+        const int g = h - heads - (kind - 1) * kv_heads;
+        out = kv_row(base_of(a.meta, a.meta_rows, r), meta_of(a.meta, a.meta_rows, ROW_CAP, r),
+                     a.kv_width, a.layer, kind - 1, meta_of(a.meta, a.meta_rows, ROW_SLOT, r)) + g * hd;
+    }
+#pragma unroll
+    for (int m = 0; m < HEADS_MAX_PAIRS; m++) {
+        const int j = lane + 32 * m;
+        if (j >= half) continue;
+        float e0 = v0[m], e1 = v1[m];
+        if (kind < 2) {
+            const float cs = a.cos_tab[(size_t)pos * half + j];
+            const float sn = a.sin_tab[(size_t)pos * half + j];
+            e0 = __fsub_rn(__fmul_rn(v0[m], cs), __fmul_rn(v1[m], sn));
+            e1 = __fadd_rn(__fmul_rn(v0[m], sn), __fmul_rn(v1[m], cs));
+        }
+        out[2 * j] = e0;
+        out[2 * j + 1] = e1;
+    }
+}
 
 // Row r of the pass takes row ids[r] of the embedding table.
 extern "C" __global__ void embed_rows(const float* table, const int* ids, float* x, int width) {

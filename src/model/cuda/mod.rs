@@ -7,13 +7,15 @@
 //! cuBLAS cannot promise that (it picks its algorithm by shape), nor can candle's
 //! quantized kernels, so neither is on this path.
 //!
-//! A layer is five launches: q|k|v with the RMS norm fused before it and RoPE and the KV
+//! A llama layer is five launches: q|k|v with the RMS norm fused before it and RoPE and the KV
 //! write after it; attention over each row's own keys, split across blocks by fixed key
 //! ranges; the output projection added to the residual; gate|up with the norm before and
 //! SiLU·up after; the down projection added to the residual. Per pass, one upload of the
 //! rows' fields and one launch each for the embedding and the head; greedy decoding's
 //! argmax runs on the device too ([`CudaForward::argmax_rows`]), so only the chosen ids
-//! come back.
+//! come back. Qwen's layers (q|k|v biases, per-head norms of q and k) take one launch
+//! more: the q|k|v products go out as they are and [`HeadsArgs`]'s kernel adds the bias,
+//! norms each head, applies RoPE and writes the KV cache.
 
 use std::sync::{Arc, Mutex};
 
@@ -249,6 +251,31 @@ struct AttentionArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for AttentionArgs {}
 
+/// `#[repr(C)]` twin of `struct HeadsArgs` in kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct HeadsArgs {
+    raw: u64,
+    bias: u64,
+    q_norm: u64,
+    k_norm: u64,
+    cos_tab: u64,
+    sin_tab: u64,
+    meta: u64,
+    q_out: u64,
+    q_width: i32,
+    kv_width: i32,
+    head_dim: i32,
+    layer: i32,
+    meta_rows: i32,
+    eps: f32,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for HeadsArgs {}
+
+/// The widest head kernels.cu's `qkv_heads` takes (HEADS_MAX_PAIRS pairs per lane).
+const HEADS_MAX_HEAD_DIM: usize = 256;
+
 /// The per-row fields of a pass, in the order of kernels.cu's ROW_* constants.
 const ROW_FIELDS: usize = 8;
 /// Threads of an attention block (kernels.cu's ATTN_THREADS).
@@ -265,10 +292,20 @@ enum Matrix {
 struct DeviceLayer {
     attn_norm: CudaSlice<f32>,
     qkv: Matrix,
+    /// Qwen's parts between the q|k|v projection and attention, if the layer has any.
+    heads: Option<HeadParts>,
     wo: Matrix,
     ffn_norm: CudaSlice<f32>,
     gate_up: Matrix,
     down: Matrix,
+}
+
+/// What a layer does to its q, k and v heads before RoPE besides llama's block: Qwen 2's
+/// biases, Qwen 3's RMS norm of each head of q and of k.
+struct HeadParts {
+    bias: Option<CudaSlice<f32>>,
+    q_norm: Option<CudaSlice<f32>>,
+    k_norm: Option<CudaSlice<f32>>,
 }
 
 /// A layer's tensors, as the loader has them on the device (f32, `n × k`).
@@ -276,6 +313,11 @@ struct LayerTensors {
     attn_norm: Tensor,
     /// q, k and v stacked.
     qkv: Tensor,
+    /// Their biases, side by side (Qwen 2).
+    qkv_bias: Option<Vec<f32>>,
+    /// The norms of each head of q and of k (Qwen 3).
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
     wo: Tensor,
     ffn_norm: Tensor,
     /// Gate and up stacked.
@@ -342,6 +384,8 @@ struct Kernels {
     mma: Option<[MmaProjection; 4]>,
     embed: CudaFunction,
     attention: CudaFunction,
+    /// Qwen's bias, head norms and RoPE after a plain q|k|v projection.
+    heads: CudaFunction,
     argmax: CudaFunction,
     tuning: Tuning,
     _module: Arc<CudaModule>,
@@ -352,6 +396,8 @@ struct Kernels {
 struct Scratch {
     x: Option<CudaSlice<f32>>,
     q: Option<CudaSlice<f32>>,
+    /// The q|k|v products of layers with [`HeadParts`].
+    raw: Option<CudaSlice<f32>>,
     attended: Option<CudaSlice<f32>>,
     hidden: Option<CudaSlice<f32>>,
     logits: Option<CudaSlice<f32>>,
@@ -416,6 +462,9 @@ pub(super) fn build(
             Some(LayerTensors {
                 attn_norm: l.attn_norm.device.clone(),
                 qkv: l.qkv.device_matrix()?,
+                qkv_bias: l.qkv_bias.clone(),
+                q_norm: l.q_norm.as_ref().map(|n| n.device.clone()),
+                k_norm: l.k_norm.as_ref().map(|n| n.device.clone()),
                 wo: l.wo.device_matrix()?,
                 ffn_norm: l.ffn_norm.device.clone(),
                 gate_up: l.gate_up.device_matrix()?,
@@ -517,6 +566,13 @@ impl CudaForward {
             hd.is_multiple_of(8) && (ATTENTION_THREADS as usize).is_multiple_of(hd),
             "head_dim must be a multiple of 8 that divides 128",
         )?;
+        let with_heads = layers
+            .iter()
+            .any(|l| l.qkv_bias.is_some() || l.q_norm.is_some() || l.k_norm.is_some());
+        need(
+            !with_heads || (hd <= HEADS_MAX_HEAD_DIM && hd.is_multiple_of(2)),
+            "q|k|v biases and head norms need head_dim even and at most 256",
+        )?;
         need(
             cfg.heads.is_multiple_of(cfg.kv_heads),
             "heads must be a multiple of kv_heads",
@@ -576,6 +632,7 @@ impl CudaForward {
             qkv: pair("matmul_qkv")?,
             embed: f("embed_rows")?,
             attention: f("attention")?,
+            heads: f("qkv_heads")?,
             argmax: f("argmax_rows")?,
             tuning,
             _module: module.clone(),
@@ -598,9 +655,23 @@ impl CudaForward {
         let layers = layers
             .iter()
             .map(|l| {
+                let heads = if l.qkv_bias.is_some() || l.q_norm.is_some() || l.k_norm.is_some() {
+                    Some(HeadParts {
+                        bias: l
+                            .qkv_bias
+                            .as_ref()
+                            .map(|b| stream.clone_htod(b.as_slice()))
+                            .transpose()?,
+                        q_norm: l.q_norm.as_ref().map(&f32s).transpose()?,
+                        k_norm: l.k_norm.as_ref().map(&f32s).transpose()?,
+                    })
+                } else {
+                    None
+                };
                 Ok(DeviceLayer {
                     attn_norm: f32s(&l.attn_norm)?,
                     qkv: matrix(&l.qkv)?,
+                    heads,
                     wo: matrix(&l.wo)?,
                     ffn_norm: f32s(&l.ffn_norm)?,
                     gate_up: matrix(&l.gate_up)?,
@@ -776,6 +847,11 @@ impl CudaForward {
             wanted,
             x: buffer(&mut scratch.x, rows * width)?,
             q: buffer(&mut scratch.q, rows * qw)?,
+            raw: if self.layers.iter().any(|l| l.heads.is_some()) {
+                buffer(&mut scratch.raw, rows * (qw + 2 * cfg.kv_heads * hd))?
+            } else {
+                0
+            },
             attended: buffer(&mut scratch.attended, rows * qw)?,
             hidden: buffer(&mut scratch.hidden, rows * self.ffn)?,
             logits: buffer(&mut scratch.logits, (wanted * cfg.vocab).max(1))?,
@@ -853,19 +929,22 @@ impl CudaForward {
             meta_rows: rows as i32,
         };
         for (l, layer) in self.layers.iter().enumerate() {
-            self.launch_matmul(
-                Mode::Qkv,
-                &layer.qkv,
-                MatmulArgs {
-                    x: p.x,
-                    norm_w: self.ptr(&layer.attn_norm),
-                    q_out: p.q,
-                    k: width as i32,
-                    groups: ((qw + 2 * kvw) / 4) as i32,
-                    layer: l as i32,
-                    ..base
-                },
-            )?;
+            match &layer.heads {
+                None => self.launch_matmul(
+                    Mode::Qkv,
+                    &layer.qkv,
+                    MatmulArgs {
+                        x: p.x,
+                        norm_w: self.ptr(&layer.attn_norm),
+                        q_out: p.q,
+                        k: width as i32,
+                        groups: ((qw + 2 * kvw) / 4) as i32,
+                        layer: l as i32,
+                        ..base
+                    },
+                )?,
+                Some(parts) => self.launch_heads(p, l, layer, parts, &base)?,
+            }
             let args = AttentionArgs {
                 layer: l as i32,
                 ..attention
@@ -949,6 +1028,65 @@ impl CudaForward {
 }
 
 impl CudaForward {
+    /// Layer `l`'s q|k|v for a layer with [`HeadParts`]: the products as they are into
+    /// `p.raw`, then one warp per (row, head) adds the bias, norms the head and applies
+    /// RoPE, writing queries to `p.q` and keys and values to the cache.
+    fn launch_heads(
+        &self,
+        p: &Pass,
+        l: usize,
+        layer: &DeviceLayer,
+        parts: &HeadParts,
+        base: &MatmulArgs,
+    ) -> Result<(), CudaError> {
+        let cfg = &self.cfg;
+        let hd = cfg.head_dim;
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        self.launch_matmul(
+            Mode::Plain,
+            &layer.qkv,
+            MatmulArgs {
+                x: p.x,
+                norm_w: self.ptr(&layer.attn_norm),
+                out: p.raw,
+                k: cfg.width as i32,
+                groups: ((qw + 2 * kvw) / 4) as i32,
+                out_stride: (qw + 2 * kvw) as i32,
+                ..*base
+            },
+        )?;
+        let optional = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| self.ptr(s));
+        let args = HeadsArgs {
+            raw: p.raw,
+            bias: optional(&parts.bias),
+            q_norm: optional(&parts.q_norm),
+            k_norm: optional(&parts.k_norm),
+            cos_tab: base.cos_tab,
+            sin_tab: base.sin_tab,
+            meta: p.fields,
+            q_out: p.q,
+            q_width: qw as i32,
+            kv_width: kvw as i32,
+            head_dim: hd as i32,
+            layer: l as i32,
+            meta_rows: p.rows as i32,
+            eps: cfg.rms_eps,
+        };
+        let mut b = self.stream.launch_builder(&self.kernels.heads);
+        b.arg(&args);
+        // SAFETY: args matches HeadsArgs; raw holds rows × (q_width + 2 kv_width)
+        // products, the bias that many floats and each norm head_dim; every row's KV slot
+        // lies within its sequence's capacity (reserved by the pass).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (p.rows as u32, (cfg.heads + 2 * cfg.kv_heads) as u32, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        Ok(())
+    }
+
     /// The greedy choice of each row of `logits` `(T, vocab)` (f32, on this GPU): the
     /// index of the largest value, the lowest of equal ones, NaN never the largest, as
     /// [`super::forward::argmax_rows`] on the CPU. One launch, and only the ids come back.
@@ -991,6 +1129,8 @@ struct Pass {
     wanted: usize,
     x: u64,
     q: u64,
+    /// The q|k|v products of layers with [`HeadParts`] (0 when no layer has any).
+    raw: u64,
     attended: u64,
     hidden: u64,
     logits: u64,
@@ -1066,8 +1206,21 @@ mod tests {
                 "argmax_rows",
                 "kv_keep",
                 "embed_rows",
+                "qkv_heads",
             ] {
                 assert!(ptx.contains(name), "{name} is in the PTX");
+            }
+            // The host's twins of the kernels' argument structs have their sizes.
+            for (kernel, bytes) in [
+                (
+                    "matmul_plain_f32_r1",
+                    std::mem::size_of::<super::MatmulArgs>(),
+                ),
+                ("attention", std::mem::size_of::<super::AttentionArgs>()),
+                ("qkv_heads", std::mem::size_of::<super::HeadsArgs>()),
+            ] {
+                let param = format!("{kernel}_param_0[{bytes}]");
+                assert!(ptx.contains(&param), "{param} is in the PTX");
             }
             // The launch bounds follow the warps the host launches with.
             let bound = format!(".maxntid {}, 1, 1", tuning.warps * 32);
