@@ -636,61 +636,78 @@ fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
     }
 }
 
-/// On a GPU (the `cuda` feature; tools/gpu-check.sh runs this with
-/// `SUFFIXD_TEST_DEVICE=cuda`), its own kernels run Llama 3, Mistral (a window as long as
-/// the context), Qwen 2 (q|k|v biases) and Qwen 3 (head norms, heads wider than width /
-/// heads): each family's logits agree with the CPU's pass on the same weights (relative
-/// error under 1e-3: summation orders differ) in f32 and bf16, and a token's logits are
-/// the same bits alone, in a chain and in a tree. Gemma 3 is refused by name.
+/// On a GPU (the `cuda` feature; tools/gpu-shapes.sh runs this with
+/// `SUFFIXD_TEST_DEVICE=cuda`), its own kernels run every family: Llama 3, Mistral (its
+/// window binding), Qwen 2 (q|k|v biases), Qwen 3 (head norms, heads wider than width /
+/// heads) and Gemma 3 (sandwich norms, GELU, scaled embeddings, sliding layers with their
+/// own RoPE base), from a directory and from GGUF (RoPE on halves). Each one's logits
+/// agree with the CPU's pass on the same weights (relative error under 1e-3: summation
+/// orders differ) in f32 and bf16, and a token's logits are the same bits alone, in a
+/// chain and in a tree.
 #[cfg(feature = "cuda")]
 #[test]
-fn on_a_gpu_its_kernels_run_llama_mistral_and_qwen_exactly() {
+fn on_a_gpu_its_kernels_run_every_family_exactly() {
     assert!(
         std::env::var("SUFFIXD_TEST_DEVICE").is_ok_and(|d| d == "cuda"),
         "this test needs a GPU: run it with SUFFIXD_TEST_DEVICE=cuda"
     );
     let gpu = Device::new_cuda(0).expect("a CUDA GPU");
-    let load = |path: &Path, format: WeightFormat, device: &Device| {
-        let mut f = std::fs::File::open(path).unwrap();
-        let content = gguf_file::Content::read(&mut f).unwrap();
-        Model::load_gguf(path, &content, format, CONTEXT, device)
-    };
-    for fam in [Fam::Llama3, Fam::Mistral, Fam::Qwen2, Fam::Qwen3] {
-        let mut tiny = Tiny::new(fam);
-        tiny.window = CONTEXT;
+    for fam in [
+        Fam::Llama3,
+        Fam::Mistral,
+        Fam::Qwen2,
+        Fam::Qwen3,
+        Fam::Gemma3,
+    ] {
+        let tiny = Tiny::new(fam);
         let dir = tempfile::tempdir().unwrap();
         tiny.write_hf(dir.path());
-        for format in [WeightFormat::F32, WeightFormat::Bf16] {
-            let what = format!("{fam:?} {format:?} on the GPU");
-            let on_gpu = Model::load_safetensors(dir.path(), format, CONTEXT, &gpu).unwrap();
-            let on_cpu =
-                Model::load_safetensors(dir.path(), format, CONTEXT, &Device::Cpu).unwrap();
-            let (dev, cpu) = (ours(&on_gpu, &PROMPT), ours(&on_cpu, &PROMPT));
-            let (dev, cpu) = (dev.concat(), cpu.concat());
-            assert!(dev.iter().all(|x| x.is_finite()), "{what}: finite logits");
-            let diff: f64 = cpu
-                .iter()
-                .zip(&dev)
-                .map(|(a, b)| ((a - b) as f64).powi(2))
-                .sum();
-            let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
-            let rel = (diff / norm).sqrt();
-            eprintln!("{what}: relative difference from the CPU {rel:.3e}");
-            assert!(
-                rel < 1e-3,
-                "{what}: logits differ from the CPU's by {rel:.3e}"
-            );
-            same_bits_alone_in_a_chain_and_in_a_tree(&on_gpu, &what);
+        let gguf = dir.path().join("model.gguf");
+        tiny.write_gguf(&gguf, GgmlDType::F32);
+        let load = |from_gguf: bool, format: WeightFormat, device: &Device| {
+            if from_gguf {
+                let mut f = std::fs::File::open(&gguf).unwrap();
+                let content = gguf_file::Content::read(&mut f).unwrap();
+                Model::load_gguf(&gguf, &content, format, CONTEXT, device).unwrap()
+            } else {
+                Model::load_safetensors(dir.path(), format, CONTEXT, device).unwrap()
+            }
+        };
+        // Mistral's GGUF is llama's: its window lives in the directory's config.
+        let sources: &[bool] = if fam == Fam::Mistral {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &from_gguf in sources {
+            for format in [WeightFormat::F32, WeightFormat::Bf16] {
+                let what = format!(
+                    "{fam:?} {format:?} from {} on the GPU",
+                    if from_gguf { "GGUF" } else { "a directory" }
+                );
+                let on_gpu = load(from_gguf, format, &gpu);
+                let on_cpu = load(from_gguf, format, &Device::Cpu);
+                let (dev, cpu) = (
+                    ours(&on_gpu, &PROMPT).concat(),
+                    ours(&on_cpu, &PROMPT).concat(),
+                );
+                assert!(dev.iter().all(|x| x.is_finite()), "{what}: finite logits");
+                let diff: f64 = cpu
+                    .iter()
+                    .zip(&dev)
+                    .map(|(a, b)| ((a - b) as f64).powi(2))
+                    .sum();
+                let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
+                let rel = (diff / norm).sqrt();
+                eprintln!("{what}: relative difference from the CPU {rel:.3e}");
+                assert!(
+                    rel < 1e-3,
+                    "{what}: logits differ from the CPU's by {rel:.3e}"
+                );
+                same_bits_alone_in_a_chain_and_in_a_tree(&on_gpu, &what);
+            }
         }
     }
-    let tiny = Tiny::new(Fam::Gemma3);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("model.gguf");
-    tiny.write_gguf(&path, GgmlDType::F32);
-    let refused = load(&path, WeightFormat::Bf16, &gpu)
-        .err()
-        .expect("Gemma 3 refused on a GPU");
-    assert!(refused.to_string().contains("CPU only"), "{refused}");
 }
 
 #[test]

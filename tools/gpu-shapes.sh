@@ -3,10 +3,9 @@
 # model with seeded random bf16 weights made on the GPU (`--model synthetic:NAME`), its
 # verifier cost curve t(K)/t(1) for K up to 32 at two contexts, and one plain decoding
 # step's weight traffic against the card's copy bandwidth measured in the same run.
-# Llama 3, Mistral and Qwen 2/3 run on the device kernels; Gemma 3 stops with a "CPU only"
-# error until its device code lands, which is logged, not hidden. With TEST_BIN (the
-# `families` test binary of the CUDA build) it first checks each of those families on
-# the GPU against the CPU and for the same bits alone, in a chain and in a tree.
+# Every family runs on the device kernels. With TEST_BIN (the `families` test binary of
+# the CUDA build) it first checks each family on the GPU against the CPU and for the
+# same bits alone, in a chain and in a tree; a shape that fails is logged, not hidden.
 #
 # Here (no GPU needed):
 #   tools/build-cuda.sh --example shape_cost
@@ -16,13 +15,13 @@
 # There, with the binary and the vocabulary carried:
 #   tools/gpu-shapes.sh
 # BIN (default target/cuda/release/examples/shape_cost), VOCAB (default target/vocab.gguf),
-# SHAPES (default: llama-3.2-1b llama-3.1-8b mistral-7b qwen3-8b), RESULTS (default $OUT,
+# SHAPES (default: every shape), RESULTS (default $OUT,
 # else target/gpu-shapes) and DEADLINE (seconds for all of it, default 480) override.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/cuda/release/examples/shape_cost}
 VOCAB=${VOCAB:-target/vocab.gguf}
-SHAPES=${SHAPES:-llama-3.2-1b llama-3.1-8b qwen3-8b qwen2.5-7b mistral-7b}
+SHAPES=${SHAPES:-llama-3.2-1b llama-3.1-8b qwen3-8b qwen2.5-7b gemma-3-4b mistral-7b}
 TEST_BIN=${TEST_BIN:-}
 RESULTS=${RESULTS:-${OUT:-target/gpu-shapes}}
 DEADLINE=${DEADLINE:-480}

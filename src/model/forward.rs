@@ -54,11 +54,11 @@ pub enum ModelError {
     /// in the caller, refused before it can index out of bounds.
     #[error("bad pass: {0}")]
     BadPass(String),
-    /// The model's block has parts the device paths do not run yet.
+    /// The model cannot run on this device in this weight format.
     #[error(
-        "this {0:?} model runs on the CPU only so far (the GPU's kernels run Llama, Mistral and Qwen 2/3 in f32 or bf16; candle's GPU operations llama's plain block); use a build without the cuda feature, or --weights bf16"
+        "this {0:?} model cannot run on this GPU in this weight format: the GPU's own kernels run every family in f32 or bf16 (--weights bf16), candle's GPU operations llama's plain block alone; or use a build without the cuda feature"
     )]
-    CpuOnly(Family),
+    NotOnDevice(Family),
     /// The draft model cannot draft for this target (hybrid mode).
     #[error("draft model: {0}")]
     DraftModel(String),
@@ -177,13 +177,7 @@ impl Layer {
         self.qkv_bias.is_none()
             && self.q_norm.is_none()
             && self.k_norm.is_none()
-            && self.is_llama_like()
-    }
-
-    /// Whether the layer is llama's block, with Qwen's q|k|v biases and head norms
-    /// allowed: what the GPU's own kernels run.
-    pub(super) fn is_llama_like(&self) -> bool {
-        self.post_attn_norm.is_none()
+            && self.post_attn_norm.is_none()
             && self.post_ffn_norm.is_none()
             && self.window.is_none()
             && self.rope == 0
@@ -354,45 +348,31 @@ impl Model {
             .iter()
             .map(|spec| RopeTable::new(spec, cfg.head_dim, cfg.context, device))
             .collect::<Result<Vec<_>, _>>()?;
-        // What the GPU's own kernels run: llama's block, with Qwen's biases and head
-        // norms; what candle's GPU operations run: llama's block alone, with heads as
-        // wide as width / heads.
-        let llama_like = cfg.embed_scale.is_none()
+        // What candle's GPU operations run (the GPU's own kernels run every family):
+        // llama's block alone, with heads as wide as width / heads.
+        let plain = cfg.embed_scale.is_none()
             && cfg.activation == Activation::Silu
             && cfg.rope_pairs == RopePairs::Adjacent
             && cfg.attn_scale == 1.0 / (cfg.head_dim as f32).sqrt()
-            && layers.iter().all(Layer::is_llama_like);
-        let plain = llama_like
             && cfg.heads * cfg.head_dim == cfg.width
             && layers.iter().all(Layer::is_plain);
-        if !llama_like && !device.is_cpu() {
-            return Err(ModelError::CpuOnly(cfg.family));
-        }
         // A quantized table is kept on the CPU only, where there are no device kernels.
         #[cfg(feature = "cuda")]
         let cuda = match &embed {
-            Embedding::Dense(embed) => super::cuda::build(
-                &cfg,
-                embed,
-                &layers,
-                &norm,
-                &head,
-                &ropes[0].cos,
-                &ropes[0].sin,
-                device,
-                format,
-            )?,
+            Embedding::Dense(embed) => {
+                super::cuda::build(&cfg, embed, &layers, &norm, &head, &ropes, device, format)?
+            }
             Embedding::Quantized { .. } => None,
         };
         #[cfg(feature = "cuda")]
         if cuda.is_none() && !plain && !device.is_cpu() {
-            return Err(ModelError::CpuOnly(cfg.family));
+            return Err(ModelError::NotOnDevice(cfg.family));
         }
         #[cfg(not(feature = "cuda"))]
         let _ = format;
         #[cfg(not(feature = "cuda"))]
         if !plain && !device.is_cpu() {
-            return Err(ModelError::CpuOnly(cfg.family));
+            return Err(ModelError::NotOnDevice(cfg.family));
         }
         Ok(Model {
             #[cfg(feature = "cuda")]

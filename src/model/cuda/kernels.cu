@@ -1,8 +1,9 @@
-// suffixd's device kernels for the llama-family forward pass (Llama, Mistral, Qwen 2 and
-// 3), compiled at run time by NVRTC (src/model/cuda/mod.rs). Every one is row-invariant: a row's result is computed by the
-// same operations in the same order whatever else is in the pass (how many rows, which
-// sequences, where the row sits in its tile), so a token verified inside a draft gets
-// the bits plain decoding gives it. The rules that buy this:
+// suffixd's device kernels for the forward pass of every family (Llama, Mistral, Qwen 2
+// and 3, Gemma 3), compiled at run time by NVRTC (src/model/cuda/mod.rs). Every one is
+// row-invariant: a row's result is computed by the same operations in the same order
+// whatever else is in the pass (how many rows, which sequences, where the row sits in its
+// tile), so a token verified inside a draft gets the bits plain decoding gives it. The
+// rules that buy this:
 //   - each output is one thread's or one warp's fixed-order chain of explicit fmaf
 //     (compiled with --fmad=false, so nothing is contracted behind our back), reduced
 //     across the warp by a fixed xor butterfly;
@@ -616,6 +617,8 @@ struct HeadsArgs {
     int layer;
     int meta_rows;
     float eps;
+    int halves;            // RoPE pairs values j and j + head_dim / 2 (GGUF's Qwen and
+                           // Gemma), else 2j and 2j + 1
 };
 
 extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
@@ -631,13 +634,14 @@ extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
 #pragma unroll
     for (int m = 0; m < HEADS_MAX_PAIRS; m++) {
         const int j = lane + 32 * m;
+        const int i0 = a.halves ? j : 2 * j, i1 = a.halves ? j + half : 2 * j + 1;
         float x0 = 0.0f, x1 = 0.0f;
         if (j < half) {
-            x0 = in[2 * j];
-            x1 = in[2 * j + 1];
+            x0 = in[i0];
+            x1 = in[i1];
             if (a.bias) {
-                x0 = __fadd_rn(x0, a.bias[n0 + 2 * j]);
-                x1 = __fadd_rn(x1, a.bias[n0 + 2 * j + 1]);
+                x0 = __fadd_rn(x0, a.bias[n0 + i0]);
+                x1 = __fadd_rn(x1, a.bias[n0 + i1]);
             }
             ss = __fadd_rn(ss, __fmul_rn(x0, x0));
             ss = __fadd_rn(ss, __fmul_rn(x1, x1));
@@ -652,9 +656,10 @@ extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
 #pragma unroll
         for (int m = 0; m < HEADS_MAX_PAIRS; m++) {
             const int j = lane + 32 * m;
+            const int i0 = a.halves ? j : 2 * j, i1 = a.halves ? j + half : 2 * j + 1;
             if (j < half) {
-                v0[m] = __fmul_rn(__fmul_rn(v0[m], inv), norm[2 * j]);
-                v1[m] = __fmul_rn(__fmul_rn(v1[m], inv), norm[2 * j + 1]);
+                v0[m] = __fmul_rn(__fmul_rn(v0[m], inv), norm[i0]);
+                v1[m] = __fmul_rn(__fmul_rn(v1[m], inv), norm[i1]);
             }
         }
     }
@@ -671,6 +676,7 @@ extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
     for (int m = 0; m < HEADS_MAX_PAIRS; m++) {
         const int j = lane + 32 * m;
         if (j >= half) continue;
+        const int i0 = a.halves ? j : 2 * j, i1 = a.halves ? j + half : 2 * j + 1;
         float e0 = v0[m], e1 = v1[m];
         if (kind < 2) {
             const float cs = a.cos_tab[(size_t)pos * half + j];
@@ -678,8 +684,54 @@ extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
             e0 = __fsub_rn(__fmul_rn(v0[m], cs), __fmul_rn(v1[m], sn));
             e1 = __fadd_rn(__fmul_rn(v0[m], sn), __fmul_rn(v1[m], cs));
         }
-        out[2 * j] = e0;
-        out[2 * j + 1] = e1;
+        out[i0] = e0;
+        out[i1] = e1;
+    }
+}
+
+// ---- Gemma 3's parts: scaled embeddings, sandwich norms, the GELU gate ----
+
+// x[i] *= s for the first n values (Gemma scales its embeddings by sqrt(width)).
+extern "C" __global__ void scale_rows(float* x, int n, float s) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], s);
+}
+
+#define NORM_ADD_THREADS 256
+
+// x[r] += rms_norm(y[r]) * w, one block per row (a sublayer's output through its post
+// norm into the residual stream). The sum of squares: each thread's values in order,
+// the warp's butterfly, then the warps in order: the same in every row and pass.
+extern "C" __global__ void __launch_bounds__(NORM_ADD_THREADS) norm_add(float* x, const float* y, const float* w, int width, float eps) {
+    __shared__ float red[NORM_ADD_THREADS / 32];
+    const int r = blockIdx.x, t = threadIdx.x;
+    const float* yr = y + (size_t)r * width;
+    float* xr = x + (size_t)r * width;
+    float ss = 0.0f;
+    for (int i = t; i < width; i += NORM_ADD_THREADS) ss = fmaf(yr[i], yr[i], ss);
+    ss = warp_sum(ss);
+    if ((t & 31) == 0) red[t >> 5] = ss;
+    __syncthreads();
+    float total = red[0];
+    for (int k = 1; k < NORM_ADD_THREADS / 32; k++) total = __fadd_rn(total, red[k]);
+    const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)width), eps)));
+    for (int i = t; i < width; i += NORM_ADD_THREADS)
+        xr[i] = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(yr[i], inv), w[i]));
+}
+
+// out[r][i] = gelu_tanh(gate) * up for gate_up[r] = gate (ffn) | up (ffn), as the CPU's
+// gelu_tanh_mul computes it: with e = exp(-2|y|), (1 + tanh y) / 2 is 1 / (1 + e) for
+// y >= 0 and e / (1 + e) below, without cancellation near -1.
+extern "C" __global__ void gelu_mul(const float* gate_up, float* out, int rows, int ffn) {
+    const size_t n = (size_t)rows * ffn;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = k / ffn, i = k % ffn;
+        const float g = gate_up[r * 2 * ffn + i], u = gate_up[r * 2 * ffn + ffn + i];
+        const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+        const float y = __fmul_rn(0.7978846f, __fadd_rn(g, cube));
+        const float e = expf(__fmul_rn(-2.0f, fabsf(y)));
+        const float numerator = y >= 0.0f ? g : __fmul_rn(g, e);
+        out[k] = __fmul_rn(__fdiv_rn(numerator, __fadd_rn(1.0f, e)), u);
     }
 }
 
@@ -693,7 +745,7 @@ extern "C" __global__ void embed_rows(const float* table, const int* ids, float*
 
 #define ATTN_CHUNK 64                 // keys per chunk
 #define ATTN_THREADS (2 * ATTN_CHUNK)  // two threads per key for its dot product
-#define ATTN_MAX_HEAD_DIM 128
+#define ATTN_MAX_HEAD_DIM 256
 
 struct AttentionArgs {
     const float* q;      // rows x heads*head_dim
@@ -708,6 +760,7 @@ struct AttentionArgs {
     int layer;
     float scale;
     int meta_rows;
+    int window;          // a sliding window: a row sees its last `window` keys; 0: all
 };
 
 // Attention for one (row, head, split) per block. A row's keys come in the order plain
@@ -717,13 +770,16 @@ struct AttentionArgs {
 // fixed order, and leaves its (max, sum, weighted values) in `partials`. The last of a
 // (row, head)'s blocks to finish combines the splits in split order and writes the
 // output. Many short blocks instead of one long one per (row, head): a one-row step has
-// heads x ATTN_SPLITS blocks in flight instead of heads. Needs head_dim a multiple of 8
-// dividing ATTN_THREADS.
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionArgs a) {
+// heads x ATTN_SPLITS blocks in flight instead of heads. Each thread carries EPT of a
+// head's values (1: head_dim a multiple of 8 dividing ATTN_THREADS; 2: head_dim 256,
+// `attention_wide`). With a window, keys before the row's last `window` weigh zero and
+// chunks wholly before them are skipped; the chunks stay fixed by absolute key index.
+template <int EPT>
+__device__ __forceinline__ void attention_block(const AttentionArgs& a) {
     __shared__ float q[ATTN_MAX_HEAD_DIM];
     __shared__ float p[ATTN_CHUNK];
     __shared__ float dots[ATTN_THREADS];
-    __shared__ float part[ATTN_THREADS];
+    __shared__ float part[ATTN_THREADS * EPT];
     __shared__ float red[ATTN_THREADS / 32];
     __shared__ int slots[ATTN_CHUNK];
     __shared__ int last;
@@ -738,14 +794,21 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
     const u64 base = base_of(a.meta, a.meta_rows, r);
     const float* keys = kv_row(base, cap, kvw, a.layer, 0, 0) + g * hd;
     const float* values = kv_row(base, cap, kvw, a.layer, 1, 0) + g * hd;
-    if (t < hd) q[t] = a.q[((size_t)r * a.heads + h) * hd + t];
-    const int groups = ATTN_THREADS / hd;  // value partial sums per output element
-    const int d = t % hd, grp = t / hd;
+    for (int e = t; e < hd; e += ATTN_THREADS) q[e] = a.q[((size_t)r * a.heads + h) * hd + e];
+    // Thread t sums values d, d + cols, ... (EPT of them) over keys grp, grp + groups, ...
+    const int cols = hd / EPT;
+    const int groups = ATTN_THREADS / cols;  // value partial sums per output element
+    const int d = t % cols, grp = t / cols;
+    // The first key the row sees.
+    const int lo = a.window > 0 && n > a.window ? n - a.window : 0;
     // Thread t computes half `t / ATTN_CHUNK` of key `t % ATTN_CHUNK`'s dot product.
     const int key = t % ATTN_CHUNK, half = t / ATTN_CHUNK, span = hd / 2;
-    float m = NEG_INF, l = 0.0f, acc = 0.0f;
+    float m = NEG_INF, l = 0.0f, acc[EPT];
+#pragma unroll
+    for (int e = 0; e < EPT; e++) acc[e] = 0.0f;
     __syncthreads();
     for (int c0 = split * ATTN_CHUNK; c0 < n; c0 += ATTN_SPLITS * ATTN_CHUNK) {
+        if (c0 + ATTN_CHUNK <= lo) continue;  // block-uniform: the whole chunk is out
         const int i = c0 + key;
         if (i < n) {
             const int slot = i < ctx ? i : a.ancestors[anc_off + i - ctx];
@@ -765,7 +828,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
         }
         __syncthreads();  // both halves of every dot product are in
         float s = NEG_INF;
-        if (t < ATTN_CHUNK && i < n) s = __fmul_rn(__fadd_rn(dots[t], dots[t + ATTN_CHUNK]), a.scale);
+        const bool seen = i < n && i >= lo;
+        if (t < ATTN_CHUNK && seen) s = __fmul_rn(__fadd_rn(dots[t], dots[t + ATTN_CHUNK]), a.scale);
         // The chunk's maximum (order-free), then the new running maximum.
         float cm = warp_max(s);
         if ((t & 31) == 0) red[t >> 5] = cm;
@@ -773,28 +837,34 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
         cm = red[0];
         for (int w = 1; w < ATTN_THREADS / 32; w++) cm = fmaxf(cm, red[w]);
         const float m_new = fmaxf(m, cm);
-        const float e = (t < ATTN_CHUNK && i < n) ? expf(__fsub_rn(s, m_new)) : 0.0f;
+        const float e = (t < ATTN_CHUNK && seen) ? expf(__fsub_rn(s, m_new)) : 0.0f;
         if (t < ATTN_CHUNK) p[t] = e;
         __syncthreads();  // everyone has read red; p and slots are written
         // The chunk's sum: warp butterflies, then the warps in order.
         float cs = warp_sum(e);
         if ((t & 31) == 0) red[t >> 5] = cs;
         // This thread's share of the weighted values: keys grp, grp + groups, ...
-        float pv = 0.0f;
         const int in_chunk = min(ATTN_CHUNK, n - c0);
+#pragma unroll
+        for (int ev = 0; ev < EPT; ev++) {
+            float pv = 0.0f;
 #pragma unroll 8
-        for (int j = grp; j < in_chunk; j += groups)
-            pv = fmaf(p[j], values[(size_t)slots[j] * kvw + d], pv);
-        part[t] = pv;
+            for (int j = grp; j < in_chunk; j += groups)
+                pv = fmaf(p[j], values[(size_t)slots[j] * kvw + d + ev * cols], pv);
+            part[ev * ATTN_THREADS + t] = pv;
+        }
         __syncthreads();
         cs = red[0];
         for (int w = 1; w < ATTN_THREADS / 32; w++) cs = __fadd_rn(cs, red[w]);
         const float corr = expf(__fsub_rn(m, m_new));  // 0 on the first chunk
         l = fmaf(l, corr, cs);
         if (grp == 0) {
-            float sum = part[d];
-            for (int gi = 1; gi < groups; gi++) sum = __fadd_rn(sum, part[gi * hd + d]);
-            acc = fmaf(acc, corr, sum);
+#pragma unroll
+            for (int ev = 0; ev < EPT; ev++) {
+                float sum = part[ev * ATTN_THREADS + d];
+                for (int gi = 1; gi < groups; gi++) sum = __fadd_rn(sum, part[ev * ATTN_THREADS + gi * cols + d]);
+                acc[ev] = fmaf(acc[ev], corr, sum);
+            }
         }
         m = m_new;
         __syncthreads();  // before the next chunk overwrites p, slots, dots, part and red
@@ -805,7 +875,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
     const int stride = 2 + hd;
     float* mine = a.partials + (pair * ATTN_SPLITS + split) * stride;
     if (t == 0) { mine[0] = m; mine[1] = l; }
-    if (grp == 0) mine[2 + d] = acc;
+    if (grp == 0)
+#pragma unroll
+        for (int ev = 0; ev < EPT; ev++) mine[2 + d + ev * cols] = acc[ev];
     __threadfence();  // the part is visible device-wide before the ticket is drawn
     __syncthreads();
     if (t == 0) last = atomicAdd(a.tickets + pair, 1) == ATTN_SPLITS - 1;
@@ -817,18 +889,31 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionAr
         const float* parts = a.partials + pair * ATTN_SPLITS * stride;
         float mx = NEG_INF;
         for (int sp = 0; sp < ATTN_SPLITS; sp++) mx = fmaxf(mx, __ldcg(parts + sp * stride));
-        float lsum = 0.0f, vsum = 0.0f;
+        float lsum = 0.0f, vsum[EPT];
+#pragma unroll
+        for (int ev = 0; ev < EPT; ev++) vsum[ev] = 0.0f;
         for (int sp = 0; sp < ATTN_SPLITS; sp++) {
             const float* pp = parts + sp * stride;
             const float ls = __ldcg(pp + 1);
             if (ls == 0.0f) continue;  // a split without keys
             const float w = expf(__fsub_rn(__ldcg(pp), mx));
             lsum = fmaf(ls, w, lsum);
-            vsum = fmaf(__ldcg(pp + 2 + d), w, vsum);
+#pragma unroll
+            for (int ev = 0; ev < EPT; ev++) vsum[ev] = fmaf(__ldcg(pp + 2 + d + ev * cols), w, vsum[ev]);
         }
-        a.out[pair * hd + d] = __fdiv_rn(vsum, lsum);
+#pragma unroll
+        for (int ev = 0; ev < EPT; ev++) a.out[pair * hd + d + ev * cols] = __fdiv_rn(vsum[ev], lsum);
     }
     if (t == 0) a.tickets[pair] = 0;  // every split has drawn: ready for the next pass
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionArgs a) {
+    attention_block<1>(a);
+}
+
+// Heads of 256 values (Gemma 3).
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_wide(AttentionArgs a) {
+    attention_block<2>(a);
 }
 
 #define ARGMAX_THREADS 1024

@@ -13,9 +13,13 @@
 //! SiLU·up after; the down projection added to the residual. Per pass, one upload of the
 //! rows' fields and one launch each for the embedding and the head; greedy decoding's
 //! argmax runs on the device too ([`CudaForward::argmax_rows`]), so only the chosen ids
-//! come back. Qwen's layers (q|k|v biases, per-head norms of q and k) take one launch
-//! more: the q|k|v products go out as they are and [`HeadsArgs`]'s kernel adds the bias,
-//! norms each head, applies RoPE and writes the KV cache.
+//! come back. Qwen's and Gemma's layers (q|k|v biases, per-head norms of q and k, RoPE
+//! on halves) take one launch more: the q|k|v products go out as they are and
+//! [`HeadsArgs`]'s kernel adds the bias, norms each head, applies RoPE and writes the KV
+//! cache. Gemma 3 adds a launch for each post-norm (the sublayer's output as it is, then
+//! normed into the residual), one for its GELU gate and one to scale the embeddings;
+//! its sliding layers read their own RoPE table and attention skips keys before the
+//! window.
 
 use std::sync::{Arc, Mutex};
 
@@ -34,7 +38,11 @@ use graphs::Graphs;
 pub use kv::DeviceKv;
 use kv::KvKeeper;
 
-use super::forward::{BatchEntry, BatchPlan, Layer, ModelConfig, ModelError, WeightFormat};
+use super::forward::{
+    BatchEntry, BatchPlan, Layer, ModelConfig, ModelError, RopeTable, WeightFormat,
+};
+use super::kernels::activation::Activation;
+use super::kernels::norm::RopePairs;
 use super::linear::{Linear, NormWeights};
 
 /// The kernels' source.
@@ -247,6 +255,7 @@ struct AttentionArgs {
     layer: i32,
     scale: f32,
     meta_rows: i32,
+    window: i32,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for AttentionArgs {}
@@ -269,6 +278,7 @@ struct HeadsArgs {
     layer: i32,
     meta_rows: i32,
     eps: f32,
+    halves: i32,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for HeadsArgs {}
@@ -282,6 +292,8 @@ const ROW_FIELDS: usize = 8;
 const ATTENTION_THREADS: u32 = 128;
 /// Threads of an argmax block (kernels.cu's ARGMAX_THREADS).
 const ARGMAX_THREADS: u32 = 1024;
+/// Threads of a norm_add block (kernels.cu's NORM_ADD_THREADS).
+const NORM_ADD_THREADS: u32 = 256;
 
 /// A weight matrix on the device, `n × k` row-major.
 enum Matrix {
@@ -292,12 +304,21 @@ enum Matrix {
 struct DeviceLayer {
     attn_norm: CudaSlice<f32>,
     qkv: Matrix,
-    /// Qwen's parts between the q|k|v projection and attention, if the layer has any.
+    /// Qwen's and Gemma's parts between the q|k|v projection and attention, if the
+    /// layer has any.
     heads: Option<HeadParts>,
     wo: Matrix,
+    /// Gemma's norm of attention's output before the residual.
+    post_attn_norm: Option<CudaSlice<f32>>,
     ffn_norm: CudaSlice<f32>,
     gate_up: Matrix,
     down: Matrix,
+    /// Gemma's norm of the feed-forward's output before the residual.
+    post_ffn_norm: Option<CudaSlice<f32>>,
+    /// The sliding window (0: none).
+    window: i32,
+    /// Which of the model's RoPE tables the layer reads.
+    rope: usize,
 }
 
 /// What a layer does to its q, k and v heads before RoPE besides llama's block: Qwen 2's
@@ -315,14 +336,18 @@ struct LayerTensors {
     qkv: Tensor,
     /// Their biases, side by side (Qwen 2).
     qkv_bias: Option<Vec<f32>>,
-    /// The norms of each head of q and of k (Qwen 3).
+    /// The norms of each head of q and of k (Qwen 3, Gemma 3).
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     wo: Tensor,
+    post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
     /// Gate and up stacked.
     gate_up: Tensor,
     down: Tensor,
+    post_ffn_norm: Option<Tensor>,
+    window: Option<usize>,
+    rope: usize,
 }
 
 /// The row tiles the projections come in: a pass uses the smallest that holds all its
@@ -384,8 +409,14 @@ struct Kernels {
     mma: Option<[MmaProjection; 4]>,
     embed: CudaFunction,
     attention: CudaFunction,
-    /// Qwen's bias, head norms and RoPE after a plain q|k|v projection.
+    /// Attention for heads of 256 values.
+    attention_wide: CudaFunction,
+    /// Qwen's and Gemma's bias, head norms and RoPE after a plain q|k|v projection.
     heads: CudaFunction,
+    /// Gemma's embedding scale, post-norms and GELU gate.
+    scale_rows: CudaFunction,
+    norm_add: CudaFunction,
+    gelu_mul: CudaFunction,
     argmax: CudaFunction,
     tuning: Tuning,
     _module: Arc<CudaModule>,
@@ -398,6 +429,10 @@ struct Scratch {
     q: Option<CudaSlice<f32>>,
     /// The q|k|v products of layers with [`HeadParts`].
     raw: Option<CudaSlice<f32>>,
+    /// A sublayer's output before its post-norm (Gemma).
+    post: Option<CudaSlice<f32>>,
+    /// The gate|up products before the GELU gate (Gemma).
+    gate_up: Option<CudaSlice<f32>>,
     attended: Option<CudaSlice<f32>>,
     hidden: Option<CudaSlice<f32>>,
     logits: Option<CudaSlice<f32>>,
@@ -439,8 +474,7 @@ pub(super) fn build(
     layers: &[Layer],
     norm: &NormWeights,
     head: &Linear,
-    cos: &Tensor,
-    sin: &Tensor,
+    ropes: &[RopeTable],
     device: &candle_core::Device,
     format: WeightFormat,
 ) -> Result<Option<CudaForward>, ModelError> {
@@ -466,26 +500,20 @@ pub(super) fn build(
                 q_norm: l.q_norm.as_ref().map(|n| n.device.clone()),
                 k_norm: l.k_norm.as_ref().map(|n| n.device.clone()),
                 wo: l.wo.device_matrix()?,
+                post_attn_norm: l.post_attn_norm.as_ref().map(|n| n.device.clone()),
                 ffn_norm: l.ffn_norm.device.clone(),
                 gate_up: l.gate_up.device_matrix()?,
                 down: l.down.device_matrix()?,
+                post_ffn_norm: l.post_ffn_norm.as_ref().map(|n| n.device.clone()),
+                window: l.window,
+                rope: l.rope,
             })
         })
         .collect::<Option<Vec<_>>>();
     let (Some(tensors), Some(head)) = (tensors, head.device_matrix()) else {
         return Ok(None);
     };
-    match CudaForward::new(
-        gpu,
-        cfg,
-        embed,
-        &tensors,
-        &norm.device,
-        &head,
-        cos,
-        sin,
-        bf16,
-    ) {
+    match CudaForward::new(gpu, cfg, embed, &tensors, &norm.device, &head, ropes, bf16) {
         Ok(forward) => Ok(Some(forward)),
         Err(CudaError::Shape(why)) => {
             tracing::warn!("{why}: candle's operations run this model, with attention on the host");
@@ -506,8 +534,8 @@ pub struct CudaForward {
     layers: Vec<DeviceLayer>,
     norm: CudaSlice<f32>,
     head: Matrix,
-    cos: CudaSlice<f32>,
-    sin: CudaSlice<f32>,
+    /// RoPE's tables (cos, sin): one, or Gemma's global and local ones.
+    ropes: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
     ffn: usize,
     scratch: Mutex<Scratch>,
 }
@@ -538,8 +566,7 @@ impl CudaForward {
         layers: &[LayerTensors],
         norm: &Tensor,
         head: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        ropes: &[RopeTable],
         bf16: bool,
     ) -> Result<Self, CudaError> {
         let (w, hd) = (cfg.width, cfg.head_dim);
@@ -563,12 +590,23 @@ impl CudaForward {
             "widths must be multiples of 8",
         )?;
         need(
-            hd.is_multiple_of(8) && (ATTENTION_THREADS as usize).is_multiple_of(hd),
-            "head_dim must be a multiple of 8 that divides 128",
+            hd.is_multiple_of(8) && (ATTENTION_THREADS as usize).is_multiple_of(hd)
+                || hd == 2 * ATTENTION_THREADS as usize,
+            "head_dim must be a multiple of 8 that divides 128, or 256",
         )?;
-        let with_heads = layers
-            .iter()
-            .any(|l| l.qkv_bias.is_some() || l.q_norm.is_some() || l.k_norm.is_some());
+        need(
+            matches!(cfg.activation, Activation::Silu | Activation::GeluTanh),
+            "the feed-forward's gate must be SiLU or GELU (tanh)",
+        )?;
+        need(
+            layers.iter().all(|l| l.rope < ropes.len()),
+            "a layer names a RoPE table the model does not have",
+        )?;
+        let halves = cfg.rope_pairs == RopePairs::Halves;
+        let with_heads = halves
+            || layers
+                .iter()
+                .any(|l| l.qkv_bias.is_some() || l.q_norm.is_some() || l.k_norm.is_some());
         need(
             !with_heads || (hd <= HEADS_MAX_HEAD_DIM && hd.is_multiple_of(2)),
             "q|k|v biases and head norms need head_dim even and at most 256",
@@ -632,7 +670,11 @@ impl CudaForward {
             qkv: pair("matmul_qkv")?,
             embed: f("embed_rows")?,
             attention: f("attention")?,
+            attention_wide: f("attention_wide")?,
             heads: f("qkv_heads")?,
+            scale_rows: f("scale_rows")?,
+            norm_add: f("norm_add")?,
+            gelu_mul: f("gelu_mul")?,
             argmax: f("argmax_rows")?,
             tuning,
             _module: module.clone(),
@@ -655,32 +697,40 @@ impl CudaForward {
         let layers = layers
             .iter()
             .map(|l| {
-                let heads = if l.qkv_bias.is_some() || l.q_norm.is_some() || l.k_norm.is_some() {
-                    Some(HeadParts {
-                        bias: l
-                            .qkv_bias
-                            .as_ref()
-                            .map(|b| stream.clone_htod(b.as_slice()))
-                            .transpose()?,
-                        q_norm: l.q_norm.as_ref().map(&f32s).transpose()?,
-                        k_norm: l.k_norm.as_ref().map(&f32s).transpose()?,
-                    })
-                } else {
-                    None
-                };
+                let heads =
+                    if halves || l.qkv_bias.is_some() || l.q_norm.is_some() || l.k_norm.is_some() {
+                        Some(HeadParts {
+                            bias: l
+                                .qkv_bias
+                                .as_ref()
+                                .map(|b| stream.clone_htod(b.as_slice()))
+                                .transpose()?,
+                            q_norm: l.q_norm.as_ref().map(&f32s).transpose()?,
+                            k_norm: l.k_norm.as_ref().map(&f32s).transpose()?,
+                        })
+                    } else {
+                        None
+                    };
                 Ok(DeviceLayer {
                     attn_norm: f32s(&l.attn_norm)?,
                     qkv: matrix(&l.qkv)?,
                     heads,
                     wo: matrix(&l.wo)?,
+                    post_attn_norm: l.post_attn_norm.as_ref().map(&f32s).transpose()?,
                     ffn_norm: f32s(&l.ffn_norm)?,
                     gate_up: matrix(&l.gate_up)?,
                     down: matrix(&l.down)?,
+                    post_ffn_norm: l.post_ffn_norm.as_ref().map(&f32s).transpose()?,
+                    window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                    rope: l.rope,
                 })
             })
             .collect::<Result<Vec<_>, CudaError>>()?;
         let (embed, norm, head) = (f32s(embed)?, f32s(norm)?, matrix(head)?);
-        let (cos, sin) = (f32s(cos)?, f32s(sin)?);
+        let ropes = ropes
+            .iter()
+            .map(|t| Ok((f32s(&t.cos)?, f32s(&t.sin)?)))
+            .collect::<Result<Vec<_>, CudaError>>()?;
         // The copies ran on this thread's stream; the passes may run on another's.
         stream.synchronize()?;
         Ok(CudaForward {
@@ -689,8 +739,7 @@ impl CudaForward {
             embed,
             norm,
             head,
-            cos,
-            sin,
+            ropes,
             layers,
             ffn,
             kernels,
@@ -852,6 +901,20 @@ impl CudaForward {
             } else {
                 0
             },
+            post: if self
+                .layers
+                .iter()
+                .any(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some())
+            {
+                buffer(&mut scratch.post, rows * width)?
+            } else {
+                0
+            },
+            gate_up: if cfg.activation == Activation::GeluTanh {
+                buffer(&mut scratch.gate_up, rows * 2 * self.ffn)?
+            } else {
+                0
+            },
             attended: buffer(&mut scratch.attended, rows * qw)?,
             hidden: buffer(&mut scratch.hidden, rows * self.ffn)?,
             logits: buffer(&mut scratch.logits, (wanted * cfg.vocab).max(1))?,
@@ -901,6 +964,13 @@ impl CudaForward {
                 shared_mem_bytes: 0,
             })
         }?;
+        if let Some(scale) = cfg.embed_scale {
+            let n = (rows * width) as i32;
+            let mut b = self.stream.launch_builder(&self.kernels.scale_rows);
+            b.arg(&p.x).arg(&n).arg(&scale);
+            // SAFETY: scale_rows(x, n, s): x holds rows × width floats.
+            unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }?;
+        }
 
         let base = MatmulArgs {
             rows: rows as i32,
@@ -910,8 +980,6 @@ impl CudaForward {
             head_dim: hd as i32,
             meta: p.fields,
             meta_rows: rows as i32,
-            cos_tab: self.ptr(&self.cos),
-            sin_tab: self.ptr(&self.sin),
             ..Default::default()
         };
         let attention = AttentionArgs {
@@ -925,10 +993,17 @@ impl CudaForward {
             kv_heads: cfg.kv_heads as i32,
             head_dim: hd as i32,
             layer: 0,
-            scale: 1.0 / (hd as f32).sqrt(),
+            scale: cfg.attn_scale,
             meta_rows: rows as i32,
+            window: 0,
         };
         for (l, layer) in self.layers.iter().enumerate() {
+            let (cos, sin) = &self.ropes[layer.rope];
+            let base = MatmulArgs {
+                cos_tab: self.ptr(cos),
+                sin_tab: self.ptr(sin),
+                ..base
+            };
             match &layer.heads {
                 None => self.launch_matmul(
                     Mode::Qkv,
@@ -947,9 +1022,15 @@ impl CudaForward {
             }
             let args = AttentionArgs {
                 layer: l as i32,
+                window: layer.window,
                 ..attention
             };
-            let mut b = self.stream.launch_builder(&self.kernels.attention);
+            let kernel = if hd > ATTENTION_THREADS as usize {
+                &self.kernels.attention_wide
+            } else {
+                &self.kernels.attention
+            };
+            let mut b = self.stream.launch_builder(kernel);
             b.arg(&args);
             // SAFETY: args matches AttentionArgs; every row's keys were written by this
             // pass or committed before it, within its sequence's capacity; partials and
@@ -965,43 +1046,24 @@ impl CudaForward {
                     shared_mem_bytes: 0,
                 })
             }?;
-            self.launch_matmul(
-                Mode::Residual,
+            self.launch_into_residual(
+                p,
                 &layer.wo,
+                layer.post_attn_norm.as_ref(),
                 MatmulArgs {
                     x: p.attended,
-                    out: p.x,
-                    resid: p.x,
                     k: qw as i32,
-                    groups: (width / 4) as i32,
-                    out_stride: width as i32,
                     ..base
                 },
             )?;
-            self.launch_matmul(
-                Mode::Silu,
-                &layer.gate_up,
-                MatmulArgs {
-                    x: p.x,
-                    norm_w: self.ptr(&layer.ffn_norm),
-                    out: p.hidden,
-                    k: width as i32,
-                    groups: (self.ffn / 2) as i32,
-                    out_stride: self.ffn as i32,
-                    kv_width: self.ffn as i32,
-                    ..base
-                },
-            )?;
-            self.launch_matmul(
-                Mode::Residual,
+            self.launch_feed_forward(p, layer, &base)?;
+            self.launch_into_residual(
+                p,
                 &layer.down,
+                layer.post_ffn_norm.as_ref(),
                 MatmulArgs {
                     x: p.hidden,
-                    out: p.x,
-                    resid: p.x,
                     k: self.ffn as i32,
-                    groups: (width / 4) as i32,
-                    out_stride: width as i32,
                     ..base
                 },
             )?;
@@ -1028,6 +1090,103 @@ impl CudaForward {
 }
 
 impl CudaForward {
+    /// A sublayer's output projection `m` (input and `k` in `args`) added to the residual
+    /// stream `p.x`: fused, or with a post-norm, written as it is to `p.post` and then
+    /// normed into the residual (Gemma's sandwich).
+    fn launch_into_residual(
+        &self,
+        p: &Pass,
+        m: &Matrix,
+        post_norm: Option<&CudaSlice<f32>>,
+        args: MatmulArgs,
+    ) -> Result<(), CudaError> {
+        let width = self.cfg.width;
+        let args = MatmulArgs {
+            groups: (width / 4) as i32,
+            out_stride: width as i32,
+            ..args
+        };
+        let Some(norm) = post_norm else {
+            return self.launch_matmul(
+                Mode::Residual,
+                m,
+                MatmulArgs {
+                    out: p.x,
+                    resid: p.x,
+                    ..args
+                },
+            );
+        };
+        self.launch_matmul(
+            Mode::Plain,
+            m,
+            MatmulArgs {
+                out: p.post,
+                ..args
+            },
+        )?;
+        let (w, width, eps) = (self.ptr(norm), width as i32, self.cfg.rms_eps);
+        let mut b = self.stream.launch_builder(&self.kernels.norm_add);
+        b.arg(&p.x).arg(&p.post).arg(&w).arg(&width).arg(&eps);
+        // SAFETY: norm_add(x, y, w, width, eps): x and post hold rows × width floats,
+        // the norm width weights.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (p.rows as u32, 1, 1),
+                block_dim: (NORM_ADD_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        Ok(())
+    }
+
+    /// The feed-forward's gate|up into `p.hidden`: SiLU fused into the projection, or
+    /// GELU (Gemma) over the products written as they are to `p.gate_up`.
+    fn launch_feed_forward(
+        &self,
+        p: &Pass,
+        layer: &DeviceLayer,
+        base: &MatmulArgs,
+    ) -> Result<(), CudaError> {
+        let (width, ffn) = (self.cfg.width, self.ffn);
+        let args = MatmulArgs {
+            x: p.x,
+            norm_w: self.ptr(&layer.ffn_norm),
+            k: width as i32,
+            ..*base
+        };
+        if self.cfg.activation == Activation::Silu {
+            return self.launch_matmul(
+                Mode::Silu,
+                &layer.gate_up,
+                MatmulArgs {
+                    out: p.hidden,
+                    groups: (ffn / 2) as i32,
+                    out_stride: ffn as i32,
+                    kv_width: ffn as i32,
+                    ..args
+                },
+            );
+        }
+        self.launch_matmul(
+            Mode::Plain,
+            &layer.gate_up,
+            MatmulArgs {
+                out: p.gate_up,
+                groups: (2 * ffn / 4) as i32,
+                out_stride: (2 * ffn) as i32,
+                ..args
+            },
+        )?;
+        let (rows, ffn) = (p.rows as i32, ffn as i32);
+        let mut b = self.stream.launch_builder(&self.kernels.gelu_mul);
+        b.arg(&p.gate_up).arg(&p.hidden).arg(&rows).arg(&ffn);
+        // SAFETY: gelu_mul(gate_up, out, rows, ffn): gate_up holds rows × 2·ffn floats,
+        // hidden rows × ffn.
+        unsafe { b.launch(LaunchConfig::for_num_elems((p.rows * self.ffn) as u32)) }?;
+        Ok(())
+    }
+
     /// Layer `l`'s q|k|v for a layer with [`HeadParts`]: the products as they are into
     /// `p.raw`, then one warp per (row, head) adds the bias, norms the head and applies
     /// RoPE, writing queries to `p.q` and keys and values to the cache.
@@ -1071,6 +1230,7 @@ impl CudaForward {
             layer: l as i32,
             meta_rows: p.rows as i32,
             eps: cfg.rms_eps,
+            halves: i32::from(cfg.rope_pairs == RopePairs::Halves),
         };
         let mut b = self.stream.launch_builder(&self.kernels.heads);
         b.arg(&args);
@@ -1131,6 +1291,10 @@ struct Pass {
     q: u64,
     /// The q|k|v products of layers with [`HeadParts`] (0 when no layer has any).
     raw: u64,
+    /// A sublayer's output before its post-norm (0 when no layer has one).
+    post: u64,
+    /// The gate|up products before a GELU gate (0 with SiLU).
+    gate_up: u64,
     attended: u64,
     hidden: u64,
     logits: u64,
@@ -1207,6 +1371,10 @@ mod tests {
                 "kv_keep",
                 "embed_rows",
                 "qkv_heads",
+                "attention_wide",
+                "norm_add",
+                "gelu_mul",
+                "scale_rows",
             ] {
                 assert!(ptx.contains(name), "{name} is in the PTX");
             }
