@@ -631,3 +631,75 @@ fn n_choices_are_generations_with_seeds_one_apart() {
         );
     }
 }
+
+/// The prefix cache's per-namespace share, through the real server: a quiet tenant's
+/// prompt is evicted by a busy tenant's twenty different prompts under plain least recent
+/// use, and kept with `--prefix-cache-share 30`, while the busy tenant still uses the
+/// rest of the budget.
+#[test]
+fn a_namespace_keeps_its_prefix_cache_share_while_another_floods_it() {
+    if !model_present() {
+        return;
+    }
+    // Ten 16-token blocks of the default model (46,080 bytes a token, 256 of bookkeeping
+    // a block).
+    let budget = (10 * (16 * 46_080 + 256)).to_string();
+    let quiet_prompt = "The quiet tenant asks the same long question every morning: what is the weather going to be like in Paris, Lyon and Marseille today, and should I bring an umbrella?";
+    let ask = |s: &Server, namespace: &str, prompt: &str| -> Value {
+        let body = json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
+        let r = ureq::post(&s.url("/v1/completions"))
+            .set("x-suffixd-namespace", namespace)
+            .send_string(&body.to_string());
+        let (st, r) = answer(r);
+        assert_eq!(st, 200, "{r}");
+        r
+    };
+    let cached = |r: &Value| {
+        r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    for share in ["0", "30"] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Server::start_with(
+            dir.path(),
+            &[
+                "--prefix-cache-bytes",
+                &budget,
+                "--prefix-cache-share",
+                share,
+            ],
+            false,
+        );
+        let first = ask(&s, "quiet", quiet_prompt);
+        assert!(
+            first["usage"]["prompt_tokens"].as_u64().unwrap() > 32,
+            "{first}"
+        );
+        for i in 0..20 {
+            let flood = format!(
+                "Busy tenant request {i}: summarise ticket {i} about the printer on floor {i}, which jams every time someone prints in colour"
+            );
+            ask(&s, "busy", &flood);
+        }
+        let again = ask(&s, "quiet", quiet_prompt);
+        let (_, stats) = s.get("/admin/stats", true);
+        let prefix = &stats["serving"]["prefix_cache"];
+        if share == "0" {
+            assert_eq!(
+                cached(&again),
+                0,
+                "plain LRU evicts the quiet prompt: {again}"
+            );
+        } else {
+            assert!(cached(&again) >= 32, "the share keeps it: {again}");
+            assert!(
+                prefix["namespace_share_bytes"].as_u64().unwrap() > 0,
+                "{prefix}"
+            );
+        }
+        // Either way the cache is full and within its budget.
+        assert_eq!(prefix["blocks"], 10, "{prefix}");
+        assert!(prefix["bytes"].as_u64().unwrap() <= budget.parse::<u64>().unwrap());
+    }
+}

@@ -69,6 +69,11 @@ pub struct ModelArgs {
     /// memory (the cgroup's limit in a container)].
     #[arg(long, env = "SUFFIXD_PREFIX_CACHE_BYTES")]
     pub prefix_cache_bytes: Option<u64>,
+    /// Percent of the prefix cache's budget each namespace keeps whatever other
+    /// namespaces send: their inserts evict its blocks only past that share. A floor,
+    /// not a cap [default: 0, least recently used over all namespaces].
+    #[arg(long, env = "SUFFIXD_PREFIX_CACHE_SHARE", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub prefix_cache_share: Option<u8>,
     /// Hybrid mode: a smaller model with the target's tokenizer (a GGUF file or a Hugging
     /// Face directory) drafts where the suffix trees have nothing likely. The target's
     /// own file with --draft-weights q8-0 or native is the cheapest pair.
@@ -159,6 +164,7 @@ impl ModelArgs {
             ),
         };
         engine.set_prefix_cache_bytes(prefix_bytes);
+        engine.set_prefix_cache_share(f64::from(self.prefix_cache_share.unwrap_or(0)) / 100.0);
         if let Some(draft_path) = &self.draft_model {
             let weights = self.draft_weights.unwrap_or(WeightFormat::Native);
             let draft = Engine::load(draft_path, weights, self.max_context, &device)

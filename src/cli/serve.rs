@@ -47,6 +47,7 @@ struct FileConfig {
     keep_snapshots: Option<usize>,
     stream_max_age_s: Option<u64>,
     prefix_cache_bytes: Option<u64>,
+    prefix_cache_share: Option<u8>,
     draft_model: Option<PathBuf>,
     draft_weights: Option<crate::model::forward::WeightFormat>,
     hybrid_tau: Option<f64>,
@@ -248,6 +249,7 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     let mut model_args = a.model.clone();
     model_args.prefix_cache_bytes = a.model.prefix_cache_bytes.or(file.prefix_cache_bytes);
+    model_args.prefix_cache_share = a.model.prefix_cache_share.or(file.prefix_cache_share);
     model_args.draft_model = a.model.draft_model.clone().or(file.draft_model);
     model_args.draft_weights = a.model.draft_weights.or(file.draft_weights);
     model_args.hybrid_tau = a.model.hybrid_tau.or(file.hybrid_tau);

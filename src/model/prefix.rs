@@ -25,6 +25,11 @@
 //!   memory they free (measured: 120 MB more resident than the budget explains, under
 //!   200 different long prompts). Restored prefixes are copies, so a request never holds
 //!   a block: evicting one in the middle of a request's life changes nothing for it.
+//! - **Shares.** Optionally each namespace is guaranteed a share of the budget
+//!   ([`PrefixCache::set_namespace_share`]): another namespace's insert evicts only
+//!   leaves of namespaces holding more than their share (or its own), so one tenant's
+//!   traffic cannot push another's cached prompts below it. The share is a floor, not a
+//!   cap: a namespace alone may fill the whole budget.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -55,6 +60,8 @@ struct BlockKey {
 /// One cached block.
 struct Block {
     key: BlockKey,
+    /// The namespace its chain starts at.
+    namespace: Arc<str>,
     /// Cached blocks that continue this one.
     children: u32,
     /// When it was last restored or offered (the cache's clock).
@@ -114,6 +121,10 @@ pub struct PrefixCacheStats {
     pub bytes: u64,
     /// The byte budget (0: the cache is off).
     pub budget_bytes: u64,
+    /// Bytes of the budget each namespace keeps whatever the others insert (0: none).
+    pub namespace_share_bytes: u64,
+    /// Namespaces holding blocks now.
+    pub namespaces: u64,
 }
 
 /// Cached prompt prefixes' keys and values, by namespace (see the module docs).
@@ -126,6 +137,12 @@ pub struct PrefixCache {
     blocks: HashMap<u64, Block>,
     /// Blocks no cached block continues, oldest first: the eviction candidates.
     leaves: BTreeSet<(u64, u64)>,
+    /// Blocks held per namespace.
+    held: HashMap<Arc<str>, u64>,
+    /// Blocks each namespace keeps against the others' inserts (0: no shares).
+    share_blocks: u64,
+    /// The share as a fraction of the budget, for budgets set later.
+    share: f64,
     next_id: u64,
     clock: u64,
     stats: PrefixCacheStats,
@@ -142,6 +159,9 @@ impl PrefixCache {
             index: HashMap::new(),
             blocks: HashMap::new(),
             leaves: BTreeSet::new(),
+            held: HashMap::new(),
+            share_blocks: 0,
+            share: 0.0,
             next_id: 0,
             clock: 0,
             stats: PrefixCacheStats {
@@ -167,7 +187,8 @@ impl PrefixCache {
         self.budget_bytes >= self.block_bytes()
     }
 
-    /// Change the budget, evicting what no longer fits.
+    /// Change the budget, evicting what no longer fits (shares do not protect blocks
+    /// from a smaller budget).
     pub fn set_budget(&mut self, budget_bytes: u64) {
         self.budget_bytes = budget_bytes;
         self.stats.budget_bytes = budget_bytes;
@@ -176,6 +197,18 @@ impl PrefixCache {
                 break;
             }
         }
+        self.set_namespace_share(self.share);
+    }
+
+    /// Guarantee each namespace `share` (0 to 1) of the budget: another namespace's
+    /// insert never evicts its blocks while it holds no more than that. 0 turns shares
+    /// off (plain LRU over all namespaces).
+    pub fn set_namespace_share(&mut self, share: f64) {
+        self.share = share.clamp(0.0, 1.0);
+        // Whole blocks; the epsilon keeps 10 × 0.3 at 3 under float rounding.
+        let budget_blocks = self.budget_bytes / self.block_bytes();
+        self.share_blocks = (budget_blocks as f64 * self.share + 1e-9).floor() as u64;
+        self.stats.namespace_share_bytes = self.share_blocks * self.block_bytes();
     }
 
     /// The counters.
@@ -183,6 +216,7 @@ impl PrefixCache {
         PrefixCacheStats {
             blocks: self.blocks.len() as u64,
             bytes: self.held_bytes(),
+            namespaces: self.held.len() as u64,
             ..self.stats
         }
     }
@@ -251,7 +285,8 @@ impl PrefixCache {
         let tokens = &tokens[..tokens.len().min(cache.len())];
         let now = self.tick();
         let span = BLOCK_TOKENS * self.row;
-        let mut parent = Parent::Namespace(namespace.into());
+        let namespace: Arc<str> = namespace.into();
+        let mut parent = Parent::Namespace(namespace.clone());
         let mut added = 0;
         for (b, chunk) in tokens.chunks_exact(BLOCK_TOKENS).enumerate() {
             let key = BlockKey {
@@ -276,7 +311,7 @@ impl PrefixCache {
             if let Parent::Block(p) = &parent {
                 self.adopt(*p);
             }
-            let Some(mut kv) = self.make_room() else {
+            let Some(mut kv) = self.make_room(&namespace) else {
                 if let Parent::Block(p) = &parent {
                     self.disown(*p);
                 }
@@ -290,10 +325,12 @@ impl PrefixCache {
             let id = self.next_id;
             self.next_id += 1;
             self.index.insert(key.clone(), id);
+            *self.held.entry(namespace.clone()).or_default() += 1;
             self.blocks.insert(
                 id,
                 Block {
                     key,
+                    namespace: namespace.clone(),
                     children: 0,
                     last_used: now,
                     kv,
@@ -335,13 +372,18 @@ impl PrefixCache {
         }
     }
 
-    /// Memory for one more block within the budget: a fresh mapping, or the memory of
-    /// the least recently used leaf, evicted. `None` when nothing can be evicted (or the
-    /// system has no memory to give).
-    fn make_room(&mut self) -> Option<BlockMemory> {
+    /// Memory for one more block of `namespace` within the budget: a fresh mapping, or
+    /// the memory of the least recently used leaf `namespace` may evict, evicted. `None`
+    /// when nothing can be evicted (or the system has no memory to give).
+    fn make_room(&mut self, namespace: &Arc<str>) -> Option<BlockMemory> {
         let mut reused = None;
         while self.held_bytes() + self.block_bytes() > self.budget_bytes {
-            reused = Some(self.evict_oldest_leaf()?);
+            let victim = if self.share_blocks == 0 {
+                self.leaves.first().copied()
+            } else {
+                self.oldest_leaf_evictable_by(namespace)
+            };
+            reused = Some(self.evict(victim?));
         }
         match reused {
             Some(memory) => Some(memory),
@@ -349,16 +391,37 @@ impl PrefixCache {
         }
     }
 
+    /// The least recently used leaf that an insert into `namespace` may evict: its own,
+    /// or one of a namespace holding more than its share.
+    fn oldest_leaf_evictable_by(&self, namespace: &Arc<str>) -> Option<(u64, u64)> {
+        self.leaves.iter().copied().find(|(_, id)| {
+            let owner = &self.blocks[id].namespace;
+            owner == namespace || self.held.get(owner).copied().unwrap_or(0) > self.share_blocks
+        })
+    }
+
     /// Evict the least recently used leaf; returns its memory.
     fn evict_oldest_leaf(&mut self) -> Option<BlockMemory> {
-        let (_, id) = self.leaves.pop_first()?;
-        let block = self.blocks.remove(&id).expect("a leaf is a block");
+        let leaf = self.leaves.first().copied()?;
+        Some(self.evict(leaf))
+    }
+
+    /// Evict leaf `(last_used, id)`; returns its memory.
+    fn evict(&mut self, leaf: (u64, u64)) -> BlockMemory {
+        self.leaves.remove(&leaf);
+        let block = self.blocks.remove(&leaf.1).expect("a leaf is a block");
         self.index.remove(&block.key);
         if let Parent::Block(p) = block.key.parent {
             self.disown(p);
         }
+        if let Some(held) = self.held.get_mut(&block.namespace) {
+            *held -= 1;
+            if *held == 0 {
+                self.held.remove(&block.namespace);
+            }
+        }
         self.stats.blocks_evicted += 1;
-        Some(block.kv)
+        block.kv
     }
 }
 
@@ -527,9 +590,13 @@ mod tests {
                 1..60,
             ),
             budget_blocks in 0u64..8,
+            share_blocks in 0u64..4,
         ) {
             let mut prefix = PrefixCache::new(LAYERS, ROW, 0);
             prefix.set_budget(blocks_budget(&prefix, budget_blocks));
+            if budget_blocks > 0 {
+                prefix.set_namespace_share(share_blocks as f64 / budget_blocks as f64);
+            }
             let namespaces = ["a", "b"];
             let mut offered: Vec<(usize, Vec<u32>)> = Vec::new();
             for (offer, ns, blocks, extra) in ops {
@@ -540,7 +607,16 @@ mod tests {
                     .collect();
                 tokens.extend((0..extra as u32).map(|i| 900 + i));
                 if offer {
+                    // The other namespace's blocks, if within its share, stay whole.
+                    let other = namespaces[1 - ns];
+                    let before = prefix.held.get(other).copied().unwrap_or(0);
                     prefix.insert(namespaces[ns], &tokens, &cache_of(&tokens));
+                    if before <= prefix.share_blocks {
+                        proptest::prop_assert_eq!(
+                            prefix.held.get(other).copied().unwrap_or(0),
+                            before
+                        );
+                    }
                     offered.push((ns, tokens));
                 } else {
                     let mut cache = KvCache::default();
@@ -556,8 +632,46 @@ mod tests {
                 let s = prefix.stats();
                 proptest::prop_assert!(s.bytes <= s.budget_bytes);
                 proptest::prop_assert_eq!(s.blocks, prefix.index.len() as u64);
+                proptest::prop_assert_eq!(prefix.held.values().sum::<u64>(), s.blocks);
             }
         }
+    }
+
+    #[test]
+    fn a_namespace_keeps_its_share_while_another_floods_the_cache() {
+        let mut prefix = PrefixCache::new(LAYERS, ROW, 0);
+        prefix.set_budget(blocks_budget(&prefix, 10));
+        let quiet: Vec<u32> = (1..=48).collect();
+        let flood = |prefix: &mut PrefixCache| {
+            for i in 0..20u32 {
+                let t: Vec<u32> = (0..16).map(|j| 1000 + 100 * i + j).collect();
+                prefix.insert("busy", &t, &cache_of(&t));
+            }
+        };
+        // Without shares, least recently used goes first: the quiet tenant's three
+        // blocks are gone after twenty from the busy one.
+        prefix.insert("quiet", &quiet, &cache_of(&quiet));
+        flood(&mut prefix);
+        assert_eq!(prefix.restore("quiet", &quiet, &mut KvCache::default()), 0);
+        // With a 30% share (three blocks), they stay, and the busy tenant still fills
+        // the rest.
+        prefix.set_namespace_share(0.3);
+        assert_eq!(
+            prefix.stats().namespace_share_bytes,
+            blocks_budget(&prefix, 3)
+        );
+        prefix.insert("quiet", &quiet, &cache_of(&quiet));
+        flood(&mut prefix);
+        let mut restored = KvCache::default();
+        assert_eq!(prefix.restore("quiet", &quiet, &mut restored), 48);
+        assert_eq!(tokens_in(&restored), quiet);
+        let s = prefix.stats();
+        assert_eq!((s.blocks, s.namespaces), (10, 2));
+        // A share is a floor, not a cap: past it, the quiet tenant's blocks are fair game.
+        let more: Vec<u32> = (2000..2080).collect();
+        prefix.insert("quiet", &more, &cache_of(&more));
+        flood(&mut prefix);
+        assert_eq!(prefix.held["quiet"], 3);
     }
 
     #[test]

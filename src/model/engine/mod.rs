@@ -202,6 +202,12 @@ impl Engine {
         self.prefix.set_budget(bytes);
     }
 
+    /// Guarantee each namespace `share` (0 to 1) of the prefix cache's budget against
+    /// the other namespaces' inserts (see [`PrefixCache::set_namespace_share`]).
+    pub fn set_prefix_cache_share(&mut self, share: f64) {
+        self.prefix.set_namespace_share(share);
+    }
+
     /// The prefix cache's counters.
     pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
         self.prefix.stats()
