@@ -231,3 +231,27 @@ fn generated_deep_and_wide_schemas_never_stop_the_server() {
     assert!(server.child.try_wait().unwrap().is_none());
     server.terminate(std::time::Duration::from_secs(60));
 }
+
+/// The attack's heaviest literal, a 200 KB `const`, in each way a schema arrives
+/// (response formats, tool parameters, chat and completions): a 400 naming the bound on
+/// literals, before any compile. Each token of such an answer made the grammar engine
+/// walk the whole literal again, holding up every sequence in the batch (docs/structured.md).
+#[test]
+fn a_literal_past_the_bound_is_refused_naming_it() {
+    if !model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let schema = serde_json::json!({"type": "object", "properties": {"v": {"const": "x".repeat(200_000)}}, "required": ["v"]});
+    for way in 0..5 {
+        let (path, body) = request(schema.clone(), way);
+        let (status, answer) = server.post(path, &body.to_string(), false);
+        assert_eq!(status, 400, "way {way}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("`const` and `enum`"),
+            "way {way}: {answer}"
+        );
+    }
+}

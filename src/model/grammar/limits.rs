@@ -35,17 +35,23 @@ pub struct SchemaLimits {
     pub max_nodes: usize,
     /// Most properties (or `required` names) one object may list.
     pub max_properties: usize,
+    /// Most characters in all the schema's `const` and `enum` strings together. The
+    /// grammar engine walks what a long literal forces again at every token, so one
+    /// request with a 200 KB `const` slowed every other sequence in the batch.
+    pub max_literal_chars: usize,
 }
 
 impl Default for SchemaLimits {
     /// Well beyond what real schemas use (OpenAI's structured outputs allow 10 levels of
     /// nesting and 5,000 properties in all), and far inside what the compile thread's
-    /// stack holds (a test compiles schemas at these limits).
+    /// stack holds (a test compiles schemas at these limits). Literals: OpenAI's own
+    /// bound, 120,000 characters of names, `enum` and `const` values in all.
     fn default() -> Self {
         SchemaLimits {
             max_depth: 256,
             max_nodes: 50_000,
             max_properties: 2_000,
+            max_literal_chars: 120_000,
         }
     }
 }
@@ -106,6 +112,7 @@ fn build_graph(schema: &Value, limits: &SchemaLimits) -> Result<Graph, GrammarEr
         ))
     };
     nodes.add(schema);
+    let mut literal_chars = 0usize;
     let mut next = 0;
     while next < nodes.values.len() {
         let (id, value) = (next as u32, nodes.values[next]);
@@ -114,6 +121,24 @@ fn build_graph(schema: &Value, limits: &SchemaLimits) -> Result<Graph, GrammarEr
             Value::Object(map) => {
                 if let Some(Value::String(target)) = map.get("$ref") {
                     refs.push((id, target));
+                }
+                let strings = |v: Option<&Value>| -> usize {
+                    match v {
+                        Some(Value::String(s)) => s.chars().count(),
+                        Some(Value::Array(items)) => items
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .map(|s| s.chars().count())
+                            .sum(),
+                        _ => 0,
+                    }
+                };
+                literal_chars += strings(map.get("const")) + strings(map.get("enum"));
+                if literal_chars > limits.max_literal_chars {
+                    return Err(GrammarError::TooComplex(format!(
+                        "the schema's `const` and `enum` strings hold more than {} characters in all, more than this server compiles (OpenAI's bound too); send shorter literals, or a pattern",
+                        limits.max_literal_chars
+                    )));
                 }
                 if ["$id", "id", "$anchor", "$dynamicAnchor"]
                     .iter()
@@ -343,6 +368,20 @@ mod tests {
                 .to_string()
                 .contains("objects and arrays")
         );
+        // Literals: a 200 KB `const`, or many `enum` strings adding up past the bound,
+        // are refused; the bound itself compiles.
+        let long = "x".repeat(limits.max_literal_chars + 1);
+        let refused = check_schema(&json!({"const": long}), &limits).unwrap_err();
+        assert!(
+            refused.to_string().contains("`const` and `enum`"),
+            "{refused}"
+        );
+        let options: Vec<String> = (0..2_001).map(|i| format!("{i:061}")).collect();
+        let nested =
+            json!({"type": "object", "properties": {"a": {"enum": options}, "b": {"const": "x"}}});
+        assert!(check_schema(&nested, &limits).is_err());
+        let at = json!({"const": "é".repeat(limits.max_literal_chars)});
+        assert!(check_schema(&at, &limits).is_ok());
     }
 
     #[test]

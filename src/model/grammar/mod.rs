@@ -97,6 +97,11 @@ pub fn with_json_layout(mut schema: serde_json::Value) -> serde_json::Value {
     schema
 }
 
+/// Bytes of forced text tokenized at most (see [`Vocabulary::tokenize_bytes`]): far
+/// more than a draft follows (a pass verifies at most 64 rows on a CPU, 128 on a GPU)
+/// and far from the first token, which is all a mask takes from it.
+const TOKENIZED_BYTES: usize = 4096;
+
 /// The model's vocabulary for llguidance: each token's bytes, and tokenization through
 /// the model's own tokenizer.
 struct Vocabulary {
@@ -113,7 +118,25 @@ impl TokenizerEnv for Vocabulary {
     /// that are not text: the grammar engine asks for forced bytes that may stop inside
     /// a character (the first byte of "é"), which a lossy conversion would turn into
     /// U+FFFD's bytes and so into tokens the grammar refuses.
+    ///
+    /// Past [`TOKENIZED_BYTES`] only a prefix is tokenized, less its last token (the
+    /// text after the cut could have merged into it): the engine tokenizes everything a
+    /// grammar forces at every step, to mask all but the first forced token and to
+    /// draft the rest, and a forced value of 200 KB made that step hold up every
+    /// sequence in the batch (tools/grammar-load.py: a bystander's short answer took 60
+    /// times as long beside eight such requests).
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        let cut = s.len() > TOKENIZED_BYTES;
+        let s = if cut {
+            // Back to a character's first byte, so the prefix stays text.
+            let mut end = TOKENIZED_BYTES;
+            while end > TOKENIZED_BYTES - 4 && s[end] & 0xC0 == 0x80 {
+                end -= 1;
+            }
+            &s[..end]
+        } else {
+            s
+        };
         let text_len = match std::str::from_utf8(s) {
             Ok(_) => s.len(),
             Err(e) => e.valid_up_to(),
@@ -121,6 +144,9 @@ impl TokenizerEnv for Vocabulary {
         let text = std::str::from_utf8(&s[..text_len]).unwrap_or_default();
         let mut ids = self.tokenizer.encode_literal(text).unwrap_or_default();
         ids.extend(self.trie.greedy_tokenize(&s[text_len..]));
+        if cut {
+            ids.pop();
+        }
         ids
     }
 }
