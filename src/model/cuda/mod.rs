@@ -15,7 +15,7 @@
 //! argmax runs on the device too ([`CudaForward::argmax_rows`]), so only the chosen ids
 //! come back. Qwen's and Gemma's layers (q|k|v biases, per-head norms of q and k, RoPE
 //! on halves) take one launch more: the q|k|v products go out as they are and
-//! [`HeadsArgs`]'s kernel adds the bias, norms each head, applies RoPE and writes the KV
+//! `qkv_heads` (launch.rs) adds the bias, norms each head, applies RoPE and writes the KV
 //! cache. Gemma 3 adds a launch for each post-norm (the sublayer's output as it is, then
 //! normed into the residual), one for its GELU gate and one to scale the embeddings;
 //! its sliding layers read their own RoPE table and attention skips keys before the
@@ -27,16 +27,20 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
     PushKernelArg,
 };
-use candle_core::cuda_backend::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
 
 mod graphs;
 mod kv;
+mod launch;
+mod tuning;
 
 use graphs::Graphs;
 pub use kv::DeviceKv;
 use kv::KvKeeper;
+use launch::Pass;
+pub use tuning::{Tuning, compile};
+use tuning::{arch_of, env_u32};
 
 use super::forward::{
     BatchEntry, BatchPlan, Layer, ModelConfig, ModelError, RopeTable, WeightFormat,
@@ -70,218 +74,6 @@ impl From<candle_core::cuda_backend::cudarc::driver::DriverError> for CudaError 
         CudaError::Driver(e.to_string())
     }
 }
-
-/// Launch shapes the kernels are compiled for: fixed for a process, so they change speed
-/// (and, for `attention_splits`, the order attention's sums take), never row invariance.
-/// `SUFFIXD_CUDA_WARPS`, `SUFFIXD_CUDA_ATTN_SPLITS`, `SUFFIXD_CUDA_MMA_KSPLIT`,
-/// `SUFFIXD_CUDA_MMA_HEAD_KSPLIT`, `SUFFIXD_CUDA_MMA_WIDE` (`off`, or 2 or 4) and
-/// `SUFFIXD_CUDA_MMA_WIDE_FROM` override the defaults, for tuning on a new card
-/// (docs/gpu.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuning {
-    /// Warps per block of a projection (each warp computes four outputs).
-    pub warps: u32,
-    /// Blocks that share one (row, head)'s keys in attention.
-    pub attention_splits: u32,
-    /// Warps of a tensor-core projection block, each taking every `mma_ksplit`-th chunk of
-    /// 32 columns (their sums are added in warp order, so this too fixes an order).
-    pub mma_ksplit: u32,
-    /// The same for the head's tensor-core projection.
-    pub mma_head_ksplit: u32,
-    /// Output tiles of eight a tensor-core block computes in a pass of at least
-    /// `mma_wide_from` rows, so that each activation is read and split into bf16 halves
-    /// once for all of them (1: never). Speed only: an output's arithmetic is the same.
-    pub mma_wide: u32,
-    /// The row count from which the tensor-core projections take `mma_wide` tiles.
-    pub mma_wide_from: u32,
-}
-
-impl Default for Tuning {
-    fn default() -> Self {
-        // The fastest of warps {2, 4, 8} x splits {4, 8, 16}, and of the tensor cores'
-        // splits {4, 8} x {1, 4} for the head, on an H100 (docs/gpu.md).
-        Tuning {
-            warps: 4,
-            attention_splits: 16,
-            mma_ksplit: 8,
-            mma_head_ksplit: 4,
-            mma_wide: 4,
-            mma_wide_from: 17,
-        }
-    }
-}
-
-impl Tuning {
-    /// The defaults, with the environment's overrides where they are valid (a power of two
-    /// from 1 to 16 warps, 1 to 64 splits); an invalid one is named in a warning.
-    pub fn from_env() -> Self {
-        let mut t = Tuning::default();
-        let read = env_u32;
-        let warps = |n: u32| n.is_power_of_two() && n <= 16;
-        if let Some(w) = read("SUFFIXD_CUDA_WARPS", &warps) {
-            t.warps = w;
-        }
-        if let Some(s) = read("SUFFIXD_CUDA_ATTN_SPLITS", &|n| (1..=64).contains(&n)) {
-            t.attention_splits = s;
-        }
-        if let Some(w) = read("SUFFIXD_CUDA_MMA_KSPLIT", &warps) {
-            t.mma_ksplit = w;
-        }
-        if let Some(w) = read("SUFFIXD_CUDA_MMA_HEAD_KSPLIT", &warps) {
-            t.mma_head_ksplit = w;
-        }
-        if std::env::var("SUFFIXD_CUDA_MMA_WIDE").is_ok_and(|v| v == "off") {
-            t.mma_wide = 1;
-        } else if let Some(n) = read("SUFFIXD_CUDA_MMA_WIDE", &|n| [1, 2, 4].contains(&n)) {
-            t.mma_wide = n;
-        }
-        if let Some(n) = read("SUFFIXD_CUDA_MMA_WIDE_FROM", &|n| n >= 1) {
-            t.mma_wide_from = n;
-        }
-        // A tensor-core block's partial sums must fit in 48 KiB of static shared memory.
-        let largest = t.mma_ksplit.max(t.mma_head_ksplit);
-        if mma_shared_bytes(largest, t.mma_wide) > 48 * 1024 {
-            tracing::warn!(
-                "SUFFIXD_CUDA_MMA_KSPLIT / _HEAD_KSPLIT {largest} with SUFFIXD_CUDA_MMA_WIDE {} need more shared memory than a block has: the defaults are used",
-                t.mma_wide
-            );
-            let d = Tuning::default();
-            (t.mma_ksplit, t.mma_head_ksplit, t.mma_wide) =
-                (d.mma_ksplit, d.mma_head_ksplit, d.mma_wide);
-        }
-        t
-    }
-}
-
-/// The number in environment variable `name` when it is set and `ok`; a value that is
-/// not is named in a warning, and None leaves the default.
-pub(super) fn env_u32(name: &str, ok: &dyn Fn(u32) -> bool) -> Option<u32> {
-    let v = std::env::var(name).ok()?;
-    match v.parse::<u32>() {
-        Ok(n) if ok(n) => Some(n),
-        _ => {
-            tracing::warn!("{name}={v} is out of range: the default is used");
-            None
-        }
-    }
-}
-
-/// Bytes of kernels.cu's `parts` in the largest tensor-core block: `ksplit` warps of
-/// four row tiles of one output tile, or two row tiles of `wide` output tiles.
-fn mma_shared_bytes(ksplit: u32, wide: u32) -> u32 {
-    let floats = (4 * 6).max(2 * (4 * wide + 2));
-    ksplit * floats * 32 * 4
-}
-
-/// Compile the kernels for the GPU's architecture, to PTX (no GPU needed).
-pub fn compile(arch: &'static str, tuning: Tuning) -> Result<String, CudaError> {
-    let opts = CompileOptions {
-        // No contraction of a*b+c into fma behind our back: the kernels say where
-        // they fuse, so the same source gives the same arithmetic in every unrolled copy.
-        fmad: Some(false),
-        ftz: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        arch: Some(arch),
-        options: vec![
-            "--std=c++17".into(),
-            format!("-DWARPS_PER_BLOCK={}", tuning.warps),
-            format!("-DATTN_SPLITS={}", tuning.attention_splits),
-            format!("-DMMA_KSPLIT={}", tuning.mma_ksplit),
-            format!("-DMMA_HEAD_KSPLIT={}", tuning.mma_head_ksplit),
-            format!("-DMMA_WIDE_NT={}", tuning.mma_wide.max(1)),
-        ],
-        ..Default::default()
-    };
-    let ptx =
-        compile_ptx_with_opts(KERNELS, opts).map_err(|e| CudaError::Compile(e.to_string()))?;
-    Ok(ptx.to_src())
-}
-
-/// The NVRTC target for a GPU of compute capability `(major, minor)`: its own where NVRTC
-/// knows it, else the newest below it (the driver JIT-compiles PTX forward).
-fn arch_of((major, minor): (i32, i32)) -> &'static str {
-    match major * 10 + minor {
-        cc if cc >= 120 => "compute_120",
-        cc if cc >= 100 => "compute_100",
-        cc if cc >= 90 => "compute_90",
-        89 => "compute_89",
-        cc if cc >= 86 => "compute_86",
-        _ => "compute_80",
-    }
-}
-
-/// `#[repr(C)]` twin of `struct MatmulArgs` in kernels.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct MatmulArgs {
-    x: u64,
-    row_map: u64,
-    norm_w: u64,
-    w: u64,
-    out: u64,
-    resid: u64,
-    cos_tab: u64,
-    sin_tab: u64,
-    meta: u64,
-    q_out: u64,
-    k: i32,
-    groups: i32,
-    rows: i32,
-    out_stride: i32,
-    eps: f32,
-    q_width: i32,
-    kv_width: i32,
-    head_dim: i32,
-    layer: i32,
-    meta_rows: i32,
-}
-// SAFETY: plain old data with the C layout kernels.cu declares.
-unsafe impl DeviceRepr for MatmulArgs {}
-
-/// `#[repr(C)]` twin of `struct AttentionArgs` in kernels.cu.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct AttentionArgs {
-    q: u64,
-    out: u64,
-    meta: u64,
-    ancestors: u64,
-    partials: u64,
-    tickets: u64,
-    heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-    layer: i32,
-    scale: f32,
-    meta_rows: i32,
-    window: i32,
-}
-// SAFETY: as above.
-unsafe impl DeviceRepr for AttentionArgs {}
-
-/// `#[repr(C)]` twin of `struct HeadsArgs` in kernels.cu.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct HeadsArgs {
-    raw: u64,
-    bias: u64,
-    q_norm: u64,
-    k_norm: u64,
-    cos_tab: u64,
-    sin_tab: u64,
-    meta: u64,
-    q_out: u64,
-    q_width: i32,
-    kv_width: i32,
-    head_dim: i32,
-    layer: i32,
-    meta_rows: i32,
-    eps: f32,
-    halves: i32,
-}
-// SAFETY: as above.
-unsafe impl DeviceRepr for HeadsArgs {}
 
 /// The widest head kernels.cu's `qkv_heads` takes (HEADS_MAX_PAIRS pairs per lane).
 const HEADS_MAX_HEAD_DIM: usize = 256;
@@ -365,38 +157,6 @@ const MMA_TILES: [(usize, bool); 5] = [(1, false), (2, false), (4, false), (1, t
 
 /// One tensor-core projection kernel per shape ([`MMA_TILES`]), bf16 weights only.
 type MmaProjection = [CudaFunction; MMA_TILES.len()];
-
-/// The tensor-core kernel for a pass of `rows` rows: its index in [`MMA_TILES`], the row
-/// tiles of 16 a block carries and the output tiles of 8. Many rows take blocks of
-/// several output tiles, which read each activation once for all of them; either way a
-/// pass uses the fewest row tiles that hold its rows, else the most of its kind, and its
-/// row groups spread along the grid's y.
-fn mma_shape(rows: usize, tuning: &Tuning) -> (usize, usize, u32) {
-    let wide = tuning.mma_wide > 1 && rows >= tuning.mma_wide_from as usize;
-    let mut of_kind = MMA_TILES
-        .iter()
-        .enumerate()
-        .filter(|&(_, &(_, w))| w == wide);
-    let (shape, &(tiles, _)) = of_kind
-        .clone()
-        .find(|&(_, &(t, _))| 16 * t >= rows)
-        .or_else(|| of_kind.next_back())
-        .expect("MMA_TILES has shapes of both kinds");
-    (shape, tiles, if wide { tuning.mma_wide } else { 1 })
-}
-
-/// What a projection does with its products (kernels.cu's MODE_*).
-#[derive(Clone, Copy)]
-enum Mode {
-    /// Written as they are (the head).
-    Plain,
-    /// Added to the residual stream (the output and down projections).
-    Residual,
-    /// silu(gate) · up (the feed-forward's gate|up).
-    Silu,
-    /// RoPE, then queries out and keys and values into the cache.
-    Qkv,
-}
 
 /// The launchable kernels.
 struct Kernels {
@@ -760,64 +520,6 @@ impl CudaForward {
         }
     }
 
-    /// Launch a projection of `m`: `args.groups` counts groups of four outputs (two in
-    /// [`Mode::Silu`]), as the CUDA-core kernels take them; the tensor-core kernels take
-    /// tiles of eight (four gate|up pairs), half as many.
-    fn launch_matmul(&self, mode: Mode, m: &Matrix, mut args: MatmulArgs) -> Result<(), CudaError> {
-        let (w, which) = self.matrix_ptr(m);
-        args.w = w;
-        let rows = args.rows as usize;
-        let k = &self.kernels;
-        let (function, cfg) = match (&k.mma, m) {
-            (Some(mma), Matrix::Bf16(_)) => {
-                // One block of mma_ksplit warps (the head: mma_head_ksplit) per tile of
-                // eight outputs.
-                args.groups /= 2;
-                let warps = match mode {
-                    Mode::Plain => k.tuning.mma_head_ksplit,
-                    _ => k.tuning.mma_ksplit,
-                };
-                let (shape, tiles, nt) = mma_shape(rows, &k.tuning);
-                let cfg = LaunchConfig {
-                    grid_dim: (
-                        (args.groups as u32).div_ceil(nt),
-                        rows.div_ceil(16 * tiles).max(1) as u32,
-                        1,
-                    ),
-                    block_dim: (warps * 32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                (&mma[mode as usize][shape], cfg)
-            }
-            _ => {
-                let tile = TILES
-                    .iter()
-                    .position(|&t| t >= rows)
-                    .unwrap_or(TILES.len() - 1);
-                let projection = match mode {
-                    Mode::Plain => &k.plain,
-                    Mode::Residual => &k.residual,
-                    Mode::Silu => &k.silu,
-                    Mode::Qkv => &k.qkv,
-                };
-                // Each warp computes four outputs (two in Mode::Silu).
-                let warps = k.tuning.warps;
-                let cfg = LaunchConfig {
-                    grid_dim: ((args.groups as u32).div_ceil(warps), 1, 1),
-                    block_dim: (warps * 32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                (&projection[which][tile], cfg)
-            }
-        };
-        let mut b = self.stream.launch_builder(function);
-        b.arg(&args);
-        // SAFETY: args matches MatmulArgs in kernels.cu; every pointer addresses a live
-        // buffer sized for `rows` rows of its width (checked by the caller's layout).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
-    }
-
     /// The pass: see [`super::forward::Model::forward_batch`].
     pub(super) fn forward(
         &self,
@@ -943,310 +645,9 @@ impl CudaForward {
         let t = Tensor::from_storage(storage, n.max(1), BackpropOp::none(), false);
         Ok(t.narrow(0, 0, n)?.reshape((wanted, cfg.vocab))?)
     }
-
-    /// Every launch of one pass, in order, on the pass's buffers: all a pass's launches
-    /// read from device memory what changes between passes of the same shape, so a CUDA
-    /// graph of them replays any such pass.
-    fn launch_pass(&self, p: &Pass) -> Result<(), CudaError> {
-        let cfg = &self.cfg;
-        let (width, hd) = (cfg.width, cfg.head_dim);
-        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
-        let rows = p.rows;
-        let mut b = self.stream.launch_builder(&self.kernels.embed);
-        let (embed, w32) = (self.ptr(&self.embed), width as i32);
-        b.arg(&embed).arg(&p.ids).arg(&p.x).arg(&w32);
-        // SAFETY: embed_rows(table, ids, x, width); ids are below the vocabulary (the
-        // engine checks prompts and drafts), x holds rows × width.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (rows as u32, 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }?;
-        if let Some(scale) = cfg.embed_scale {
-            let n = (rows * width) as i32;
-            let mut b = self.stream.launch_builder(&self.kernels.scale_rows);
-            b.arg(&p.x).arg(&n).arg(&scale);
-            // SAFETY: scale_rows(x, n, s): x holds rows × width floats.
-            unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }?;
-        }
-
-        let base = MatmulArgs {
-            rows: rows as i32,
-            eps: cfg.rms_eps,
-            q_width: qw as i32,
-            kv_width: kvw as i32,
-            head_dim: hd as i32,
-            meta: p.fields,
-            meta_rows: rows as i32,
-            ..Default::default()
-        };
-        let attention = AttentionArgs {
-            q: p.q,
-            out: p.attended,
-            meta: p.fields,
-            ancestors: p.ancestors,
-            partials: p.partials,
-            tickets: p.tickets,
-            heads: cfg.heads as i32,
-            kv_heads: cfg.kv_heads as i32,
-            head_dim: hd as i32,
-            layer: 0,
-            scale: cfg.attn_scale,
-            meta_rows: rows as i32,
-            window: 0,
-        };
-        for (l, layer) in self.layers.iter().enumerate() {
-            let (cos, sin) = &self.ropes[layer.rope];
-            let base = MatmulArgs {
-                cos_tab: self.ptr(cos),
-                sin_tab: self.ptr(sin),
-                ..base
-            };
-            match &layer.heads {
-                None => self.launch_matmul(
-                    Mode::Qkv,
-                    &layer.qkv,
-                    MatmulArgs {
-                        x: p.x,
-                        norm_w: self.ptr(&layer.attn_norm),
-                        q_out: p.q,
-                        k: width as i32,
-                        groups: ((qw + 2 * kvw) / 4) as i32,
-                        layer: l as i32,
-                        ..base
-                    },
-                )?,
-                Some(parts) => self.launch_heads(p, l, layer, parts, &base)?,
-            }
-            let args = AttentionArgs {
-                layer: l as i32,
-                window: layer.window,
-                ..attention
-            };
-            let kernel = if hd > ATTENTION_THREADS as usize {
-                &self.kernels.attention_wide
-            } else {
-                &self.kernels.attention
-            };
-            let mut b = self.stream.launch_builder(kernel);
-            b.arg(&args);
-            // SAFETY: args matches AttentionArgs; every row's keys were written by this
-            // pass or committed before it, within its sequence's capacity; partials and
-            // tickets hold rows × heads × splits parts and rows × heads tickets.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (
-                        rows as u32,
-                        cfg.heads as u32,
-                        self.kernels.tuning.attention_splits,
-                    ),
-                    block_dim: (ATTENTION_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }?;
-            self.launch_into_residual(
-                p,
-                &layer.wo,
-                layer.post_attn_norm.as_ref(),
-                MatmulArgs {
-                    x: p.attended,
-                    k: qw as i32,
-                    ..base
-                },
-            )?;
-            self.launch_feed_forward(p, layer, &base)?;
-            self.launch_into_residual(
-                p,
-                &layer.down,
-                layer.post_ffn_norm.as_ref(),
-                MatmulArgs {
-                    x: p.hidden,
-                    k: self.ffn as i32,
-                    ..base
-                },
-            )?;
-        }
-        if p.wanted > 0 {
-            self.launch_matmul(
-                Mode::Plain,
-                &self.head,
-                MatmulArgs {
-                    x: p.x,
-                    row_map: p.head_rows,
-                    norm_w: self.ptr(&self.norm),
-                    out: p.logits,
-                    k: width as i32,
-                    groups: (cfg.vocab / 4) as i32,
-                    rows: p.wanted as i32,
-                    out_stride: cfg.vocab as i32,
-                    ..base
-                },
-            )?;
-        }
-        Ok(())
-    }
 }
 
 impl CudaForward {
-    /// A sublayer's output projection `m` (input and `k` in `args`) added to the residual
-    /// stream `p.x`: fused, or with a post-norm, written as it is to `p.post` and then
-    /// normed into the residual (Gemma's sandwich).
-    fn launch_into_residual(
-        &self,
-        p: &Pass,
-        m: &Matrix,
-        post_norm: Option<&CudaSlice<f32>>,
-        args: MatmulArgs,
-    ) -> Result<(), CudaError> {
-        let width = self.cfg.width;
-        let args = MatmulArgs {
-            groups: (width / 4) as i32,
-            out_stride: width as i32,
-            ..args
-        };
-        let Some(norm) = post_norm else {
-            return self.launch_matmul(
-                Mode::Residual,
-                m,
-                MatmulArgs {
-                    out: p.x,
-                    resid: p.x,
-                    ..args
-                },
-            );
-        };
-        self.launch_matmul(
-            Mode::Plain,
-            m,
-            MatmulArgs {
-                out: p.post,
-                ..args
-            },
-        )?;
-        let (w, width, eps) = (self.ptr(norm), width as i32, self.cfg.rms_eps);
-        let mut b = self.stream.launch_builder(&self.kernels.norm_add);
-        b.arg(&p.x).arg(&p.post).arg(&w).arg(&width).arg(&eps);
-        // SAFETY: norm_add(x, y, w, width, eps): x and post hold rows × width floats,
-        // the norm width weights.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (p.rows as u32, 1, 1),
-                block_dim: (NORM_ADD_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }?;
-        Ok(())
-    }
-
-    /// The feed-forward's gate|up into `p.hidden`: SiLU fused into the projection, or
-    /// GELU (Gemma) over the products written as they are to `p.gate_up`.
-    fn launch_feed_forward(
-        &self,
-        p: &Pass,
-        layer: &DeviceLayer,
-        base: &MatmulArgs,
-    ) -> Result<(), CudaError> {
-        let (width, ffn) = (self.cfg.width, self.ffn);
-        let args = MatmulArgs {
-            x: p.x,
-            norm_w: self.ptr(&layer.ffn_norm),
-            k: width as i32,
-            ..*base
-        };
-        if self.cfg.activation == Activation::Silu {
-            return self.launch_matmul(
-                Mode::Silu,
-                &layer.gate_up,
-                MatmulArgs {
-                    out: p.hidden,
-                    groups: (ffn / 2) as i32,
-                    out_stride: ffn as i32,
-                    kv_width: ffn as i32,
-                    ..args
-                },
-            );
-        }
-        self.launch_matmul(
-            Mode::Plain,
-            &layer.gate_up,
-            MatmulArgs {
-                out: p.gate_up,
-                groups: (2 * ffn / 4) as i32,
-                out_stride: (2 * ffn) as i32,
-                ..args
-            },
-        )?;
-        let (rows, ffn) = (p.rows as i32, ffn as i32);
-        let mut b = self.stream.launch_builder(&self.kernels.gelu_mul);
-        b.arg(&p.gate_up).arg(&p.hidden).arg(&rows).arg(&ffn);
-        // SAFETY: gelu_mul(gate_up, out, rows, ffn): gate_up holds rows × 2·ffn floats,
-        // hidden rows × ffn.
-        unsafe { b.launch(LaunchConfig::for_num_elems((p.rows * self.ffn) as u32)) }?;
-        Ok(())
-    }
-
-    /// Layer `l`'s q|k|v for a layer with [`HeadParts`]: the products as they are into
-    /// `p.raw`, then one warp per (row, head) adds the bias, norms the head and applies
-    /// RoPE, writing queries to `p.q` and keys and values to the cache.
-    fn launch_heads(
-        &self,
-        p: &Pass,
-        l: usize,
-        layer: &DeviceLayer,
-        parts: &HeadParts,
-        base: &MatmulArgs,
-    ) -> Result<(), CudaError> {
-        let cfg = &self.cfg;
-        let hd = cfg.head_dim;
-        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
-        self.launch_matmul(
-            Mode::Plain,
-            &layer.qkv,
-            MatmulArgs {
-                x: p.x,
-                norm_w: self.ptr(&layer.attn_norm),
-                out: p.raw,
-                k: cfg.width as i32,
-                groups: ((qw + 2 * kvw) / 4) as i32,
-                out_stride: (qw + 2 * kvw) as i32,
-                ..*base
-            },
-        )?;
-        let optional = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| self.ptr(s));
-        let args = HeadsArgs {
-            raw: p.raw,
-            bias: optional(&parts.bias),
-            q_norm: optional(&parts.q_norm),
-            k_norm: optional(&parts.k_norm),
-            cos_tab: base.cos_tab,
-            sin_tab: base.sin_tab,
-            meta: p.fields,
-            q_out: p.q,
-            q_width: qw as i32,
-            kv_width: kvw as i32,
-            head_dim: hd as i32,
-            layer: l as i32,
-            meta_rows: p.rows as i32,
-            eps: cfg.rms_eps,
-            halves: i32::from(cfg.rope_pairs == RopePairs::Halves),
-        };
-        let mut b = self.stream.launch_builder(&self.kernels.heads);
-        b.arg(&args);
-        // SAFETY: args matches HeadsArgs; raw holds rows × (q_width + 2 kv_width)
-        // products, the bias that many floats and each norm head_dim; every row's KV slot
-        // lies within its sequence's capacity (reserved by the pass).
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (p.rows as u32, (cfg.heads + 2 * cfg.kv_heads) as u32, 1),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }?;
-        Ok(())
-    }
-
     /// The greedy choice of each row of `logits` `(T, vocab)` (f32, on this GPU): the
     /// index of the largest value, the lowest of equal ones, NaN never the largest, as
     /// [`super::forward::argmax_rows`] on the CPU. One launch, and only the ids come back.
@@ -1283,32 +684,6 @@ impl CudaForward {
     }
 }
 
-/// The device addresses one pass reads and writes.
-struct Pass {
-    rows: usize,
-    wanted: usize,
-    x: u64,
-    q: u64,
-    /// The q|k|v products of layers with [`HeadParts`] (0 when no layer has any).
-    raw: u64,
-    /// A sublayer's output before its post-norm (0 when no layer has one).
-    post: u64,
-    /// The gate|up products before a GELU gate (0 with SiLU).
-    gate_up: u64,
-    attended: u64,
-    hidden: u64,
-    logits: u64,
-    /// Attention's per-split parts and tickets.
-    partials: u64,
-    tickets: u64,
-    /// The rows' fields (kernels.cu's ROW_*).
-    fields: u64,
-    ids: u64,
-    /// The rows the head reads.
-    head_rows: u64,
-    ancestors: u64,
-}
-
 #[cfg(test)]
 mod tests {
     /// The kernel a pass takes by its row count: one output tile up to 16 rows, four
@@ -1329,9 +704,13 @@ mod tests {
             (64, (4, 2, 4), (2, 4, 1)),
             (300, (4, 2, 4), (2, 4, 1)),
         ] {
-            assert_eq!(super::mma_shape(rows, &default), wide_shape, "{rows} rows");
             assert_eq!(
-                super::mma_shape(rows, &narrow),
+                super::launch::mma_shape(rows, &default),
+                wide_shape,
+                "{rows} rows"
+            );
+            assert_eq!(
+                super::launch::mma_shape(rows, &narrow),
                 narrow_shape,
                 "{rows} rows, narrow"
             );
@@ -1340,7 +719,7 @@ mod tests {
             mma_wide_from: 1,
             ..default
         };
-        assert_eq!(super::mma_shape(1, &from_one), (3, 1, 4));
+        assert_eq!(super::launch::mma_shape(1, &from_one), (3, 1, 4));
     }
 
     /// NVRTC compiles the kernels (it needs no GPU): the first check of any change to them.
@@ -1382,10 +761,13 @@ mod tests {
             for (kernel, bytes) in [
                 (
                     "matmul_plain_f32_r1",
-                    std::mem::size_of::<super::MatmulArgs>(),
+                    std::mem::size_of::<super::launch::MatmulArgs>(),
                 ),
-                ("attention", std::mem::size_of::<super::AttentionArgs>()),
-                ("qkv_heads", std::mem::size_of::<super::HeadsArgs>()),
+                (
+                    "attention",
+                    std::mem::size_of::<super::launch::AttentionArgs>(),
+                ),
+                ("qkv_heads", std::mem::size_of::<super::launch::HeadsArgs>()),
             ] {
                 let param = format!("{kernel}_param_0[{bytes}]");
                 assert!(ptx.contains(&param), "{param} is in the PTX");

@@ -1,0 +1,506 @@
+//! One pass's launches, in order: the projections (on the CUDA cores or the tensor
+//! cores, by weight type and row count), attention, and the families' extra steps (Qwen's
+//! and Gemma's heads, Gemma's post-norms and GELU gate), with the argument structs that
+//! mirror kernels.cu's.
+
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+
+use super::{
+    ATTENTION_THREADS, CudaError, CudaForward, DeviceLayer, HeadParts, MMA_TILES, Matrix,
+    NORM_ADD_THREADS, TILES, Tuning,
+};
+use crate::model::kernels::activation::Activation;
+use crate::model::kernels::norm::RopePairs;
+
+/// `#[repr(C)]` twin of `struct MatmulArgs` in kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct MatmulArgs {
+    x: u64,
+    row_map: u64,
+    norm_w: u64,
+    w: u64,
+    out: u64,
+    resid: u64,
+    cos_tab: u64,
+    sin_tab: u64,
+    meta: u64,
+    q_out: u64,
+    k: i32,
+    groups: i32,
+    rows: i32,
+    out_stride: i32,
+    eps: f32,
+    q_width: i32,
+    kv_width: i32,
+    head_dim: i32,
+    layer: i32,
+    meta_rows: i32,
+}
+// SAFETY: plain old data with the C layout kernels.cu declares.
+unsafe impl DeviceRepr for MatmulArgs {}
+
+/// `#[repr(C)]` twin of `struct AttentionArgs` in kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct AttentionArgs {
+    q: u64,
+    out: u64,
+    meta: u64,
+    ancestors: u64,
+    partials: u64,
+    tickets: u64,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    layer: i32,
+    scale: f32,
+    meta_rows: i32,
+    window: i32,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for AttentionArgs {}
+
+/// `#[repr(C)]` twin of `struct HeadsArgs` in kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct HeadsArgs {
+    raw: u64,
+    bias: u64,
+    q_norm: u64,
+    k_norm: u64,
+    cos_tab: u64,
+    sin_tab: u64,
+    meta: u64,
+    q_out: u64,
+    q_width: i32,
+    kv_width: i32,
+    head_dim: i32,
+    layer: i32,
+    meta_rows: i32,
+    eps: f32,
+    halves: i32,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for HeadsArgs {}
+
+/// The tensor-core kernel for a pass of `rows` rows: its index in [`MMA_TILES`], the row
+/// tiles of 16 a block carries and the output tiles of 8. Many rows take blocks of
+/// several output tiles, which read each activation once for all of them; either way a
+/// pass uses the fewest row tiles that hold its rows, else the most of its kind, and its
+/// row groups spread along the grid's y.
+pub(super) fn mma_shape(rows: usize, tuning: &Tuning) -> (usize, usize, u32) {
+    let wide = tuning.mma_wide > 1 && rows >= tuning.mma_wide_from as usize;
+    let mut of_kind = MMA_TILES
+        .iter()
+        .enumerate()
+        .filter(|&(_, &(_, w))| w == wide);
+    let (shape, &(tiles, _)) = of_kind
+        .clone()
+        .find(|&(_, &(t, _))| 16 * t >= rows)
+        .or_else(|| of_kind.next_back())
+        .expect("MMA_TILES has shapes of both kinds");
+    (shape, tiles, if wide { tuning.mma_wide } else { 1 })
+}
+
+/// What a projection does with its products (kernels.cu's MODE_*).
+#[derive(Clone, Copy)]
+pub(super) enum Mode {
+    /// Written as they are (the head).
+    Plain,
+    /// Added to the residual stream (the output and down projections).
+    Residual,
+    /// silu(gate) · up (the feed-forward's gate|up).
+    Silu,
+    /// RoPE, then queries out and keys and values into the cache.
+    Qkv,
+}
+
+impl CudaForward {
+    /// Launch a projection of `m`: `args.groups` counts groups of four outputs (two in
+    /// [`Mode::Silu`]), as the CUDA-core kernels take them; the tensor-core kernels take
+    /// tiles of eight (four gate|up pairs), half as many.
+    fn launch_matmul(&self, mode: Mode, m: &Matrix, mut args: MatmulArgs) -> Result<(), CudaError> {
+        let (w, which) = self.matrix_ptr(m);
+        args.w = w;
+        let rows = args.rows as usize;
+        let k = &self.kernels;
+        let (function, cfg) = match (&k.mma, m) {
+            (Some(mma), Matrix::Bf16(_)) => {
+                // One block of mma_ksplit warps (the head: mma_head_ksplit) per tile of
+                // eight outputs.
+                args.groups /= 2;
+                let warps = match mode {
+                    Mode::Plain => k.tuning.mma_head_ksplit,
+                    _ => k.tuning.mma_ksplit,
+                };
+                let (shape, tiles, nt) = mma_shape(rows, &k.tuning);
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        (args.groups as u32).div_ceil(nt),
+                        rows.div_ceil(16 * tiles).max(1) as u32,
+                        1,
+                    ),
+                    block_dim: (warps * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (&mma[mode as usize][shape], cfg)
+            }
+            _ => {
+                let tile = TILES
+                    .iter()
+                    .position(|&t| t >= rows)
+                    .unwrap_or(TILES.len() - 1);
+                let projection = match mode {
+                    Mode::Plain => &k.plain,
+                    Mode::Residual => &k.residual,
+                    Mode::Silu => &k.silu,
+                    Mode::Qkv => &k.qkv,
+                };
+                // Each warp computes four outputs (two in Mode::Silu).
+                let warps = k.tuning.warps;
+                let cfg = LaunchConfig {
+                    grid_dim: ((args.groups as u32).div_ceil(warps), 1, 1),
+                    block_dim: (warps * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (&projection[which][tile], cfg)
+            }
+        };
+        let mut b = self.stream.launch_builder(function);
+        b.arg(&args);
+        // SAFETY: args matches MatmulArgs in kernels.cu; every pointer addresses a live
+        // buffer sized for `rows` rows of its width (checked by the caller's layout).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Every launch of one pass, in order, on the pass's buffers: all a pass's launches
+    /// read from device memory what changes between passes of the same shape, so a CUDA
+    /// graph of them replays any such pass.
+    pub(super) fn launch_pass(&self, p: &Pass) -> Result<(), CudaError> {
+        let cfg = &self.cfg;
+        let (width, hd) = (cfg.width, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let rows = p.rows;
+        let mut b = self.stream.launch_builder(&self.kernels.embed);
+        let (embed, w32) = (self.ptr(&self.embed), width as i32);
+        b.arg(&embed).arg(&p.ids).arg(&p.x).arg(&w32);
+        // SAFETY: embed_rows(table, ids, x, width); ids are below the vocabulary (the
+        // engine checks prompts and drafts), x holds rows × width.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        if let Some(scale) = cfg.embed_scale {
+            let n = (rows * width) as i32;
+            let mut b = self.stream.launch_builder(&self.kernels.scale_rows);
+            b.arg(&p.x).arg(&n).arg(&scale);
+            // SAFETY: scale_rows(x, n, s): x holds rows × width floats.
+            unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }?;
+        }
+
+        let base = MatmulArgs {
+            rows: rows as i32,
+            eps: cfg.rms_eps,
+            q_width: qw as i32,
+            kv_width: kvw as i32,
+            head_dim: hd as i32,
+            meta: p.fields,
+            meta_rows: rows as i32,
+            ..Default::default()
+        };
+        let attention = AttentionArgs {
+            q: p.q,
+            out: p.attended,
+            meta: p.fields,
+            ancestors: p.ancestors,
+            partials: p.partials,
+            tickets: p.tickets,
+            heads: cfg.heads as i32,
+            kv_heads: cfg.kv_heads as i32,
+            head_dim: hd as i32,
+            layer: 0,
+            scale: cfg.attn_scale,
+            meta_rows: rows as i32,
+            window: 0,
+        };
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (cos, sin) = &self.ropes[layer.rope];
+            let base = MatmulArgs {
+                cos_tab: self.ptr(cos),
+                sin_tab: self.ptr(sin),
+                ..base
+            };
+            match &layer.heads {
+                None => self.launch_matmul(
+                    Mode::Qkv,
+                    &layer.qkv,
+                    MatmulArgs {
+                        x: p.x,
+                        norm_w: self.ptr(&layer.attn_norm),
+                        q_out: p.q,
+                        k: width as i32,
+                        groups: ((qw + 2 * kvw) / 4) as i32,
+                        layer: l as i32,
+                        ..base
+                    },
+                )?,
+                Some(parts) => self.launch_heads(p, l, layer, parts, &base)?,
+            }
+            let args = AttentionArgs {
+                layer: l as i32,
+                window: layer.window,
+                ..attention
+            };
+            let kernel = if hd > ATTENTION_THREADS as usize {
+                &self.kernels.attention_wide
+            } else {
+                &self.kernels.attention
+            };
+            let mut b = self.stream.launch_builder(kernel);
+            b.arg(&args);
+            // SAFETY: args matches AttentionArgs; every row's keys were written by this
+            // pass or committed before it, within its sequence's capacity; partials and
+            // tickets hold rows × heads × splits parts and rows × heads tickets.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (
+                        rows as u32,
+                        cfg.heads as u32,
+                        self.kernels.tuning.attention_splits,
+                    ),
+                    block_dim: (ATTENTION_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }?;
+            self.launch_into_residual(
+                p,
+                &layer.wo,
+                layer.post_attn_norm.as_ref(),
+                MatmulArgs {
+                    x: p.attended,
+                    k: qw as i32,
+                    ..base
+                },
+            )?;
+            self.launch_feed_forward(p, layer, &base)?;
+            self.launch_into_residual(
+                p,
+                &layer.down,
+                layer.post_ffn_norm.as_ref(),
+                MatmulArgs {
+                    x: p.hidden,
+                    k: self.ffn as i32,
+                    ..base
+                },
+            )?;
+        }
+        if p.wanted > 0 {
+            self.launch_matmul(
+                Mode::Plain,
+                &self.head,
+                MatmulArgs {
+                    x: p.x,
+                    row_map: p.head_rows,
+                    norm_w: self.ptr(&self.norm),
+                    out: p.logits,
+                    k: width as i32,
+                    groups: (cfg.vocab / 4) as i32,
+                    rows: p.wanted as i32,
+                    out_stride: cfg.vocab as i32,
+                    ..base
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A sublayer's output projection `m` (input and `k` in `args`) added to the residual
+    /// stream `p.x`: fused, or with a post-norm, written as it is to `p.post` and then
+    /// normed into the residual (Gemma's sandwich).
+    fn launch_into_residual(
+        &self,
+        p: &Pass,
+        m: &Matrix,
+        post_norm: Option<&CudaSlice<f32>>,
+        args: MatmulArgs,
+    ) -> Result<(), CudaError> {
+        let width = self.cfg.width;
+        let args = MatmulArgs {
+            groups: (width / 4) as i32,
+            out_stride: width as i32,
+            ..args
+        };
+        let Some(norm) = post_norm else {
+            return self.launch_matmul(
+                Mode::Residual,
+                m,
+                MatmulArgs {
+                    out: p.x,
+                    resid: p.x,
+                    ..args
+                },
+            );
+        };
+        self.launch_matmul(
+            Mode::Plain,
+            m,
+            MatmulArgs {
+                out: p.post,
+                ..args
+            },
+        )?;
+        let (w, width, eps) = (self.ptr(norm), width as i32, self.cfg.rms_eps);
+        let mut b = self.stream.launch_builder(&self.kernels.norm_add);
+        b.arg(&p.x).arg(&p.post).arg(&w).arg(&width).arg(&eps);
+        // SAFETY: norm_add(x, y, w, width, eps): x and post hold rows × width floats,
+        // the norm width weights.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (p.rows as u32, 1, 1),
+                block_dim: (NORM_ADD_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        Ok(())
+    }
+
+    /// The feed-forward's gate|up into `p.hidden`: SiLU fused into the projection, or
+    /// GELU (Gemma) over the products written as they are to `p.gate_up`.
+    fn launch_feed_forward(
+        &self,
+        p: &Pass,
+        layer: &DeviceLayer,
+        base: &MatmulArgs,
+    ) -> Result<(), CudaError> {
+        let (width, ffn) = (self.cfg.width, self.ffn);
+        let args = MatmulArgs {
+            x: p.x,
+            norm_w: self.ptr(&layer.ffn_norm),
+            k: width as i32,
+            ..*base
+        };
+        if self.cfg.activation == Activation::Silu {
+            return self.launch_matmul(
+                Mode::Silu,
+                &layer.gate_up,
+                MatmulArgs {
+                    out: p.hidden,
+                    groups: (ffn / 2) as i32,
+                    out_stride: ffn as i32,
+                    kv_width: ffn as i32,
+                    ..args
+                },
+            );
+        }
+        self.launch_matmul(
+            Mode::Plain,
+            &layer.gate_up,
+            MatmulArgs {
+                out: p.gate_up,
+                groups: (2 * ffn / 4) as i32,
+                out_stride: (2 * ffn) as i32,
+                ..args
+            },
+        )?;
+        let (rows, ffn) = (p.rows as i32, ffn as i32);
+        let mut b = self.stream.launch_builder(&self.kernels.gelu_mul);
+        b.arg(&p.gate_up).arg(&p.hidden).arg(&rows).arg(&ffn);
+        // SAFETY: gelu_mul(gate_up, out, rows, ffn): gate_up holds rows × 2·ffn floats,
+        // hidden rows × ffn.
+        unsafe { b.launch(LaunchConfig::for_num_elems((p.rows * self.ffn) as u32)) }?;
+        Ok(())
+    }
+
+    /// Layer `l`'s q|k|v for a layer with [`HeadParts`]: the products as they are into
+    /// `p.raw`, then one warp per (row, head) adds the bias, norms the head and applies
+    /// RoPE, writing queries to `p.q` and keys and values to the cache.
+    fn launch_heads(
+        &self,
+        p: &Pass,
+        l: usize,
+        layer: &DeviceLayer,
+        parts: &HeadParts,
+        base: &MatmulArgs,
+    ) -> Result<(), CudaError> {
+        let cfg = &self.cfg;
+        let hd = cfg.head_dim;
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        self.launch_matmul(
+            Mode::Plain,
+            &layer.qkv,
+            MatmulArgs {
+                x: p.x,
+                norm_w: self.ptr(&layer.attn_norm),
+                out: p.raw,
+                k: cfg.width as i32,
+                groups: ((qw + 2 * kvw) / 4) as i32,
+                out_stride: (qw + 2 * kvw) as i32,
+                ..*base
+            },
+        )?;
+        let optional = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| self.ptr(s));
+        let args = HeadsArgs {
+            raw: p.raw,
+            bias: optional(&parts.bias),
+            q_norm: optional(&parts.q_norm),
+            k_norm: optional(&parts.k_norm),
+            cos_tab: base.cos_tab,
+            sin_tab: base.sin_tab,
+            meta: p.fields,
+            q_out: p.q,
+            q_width: qw as i32,
+            kv_width: kvw as i32,
+            head_dim: hd as i32,
+            layer: l as i32,
+            meta_rows: p.rows as i32,
+            eps: cfg.rms_eps,
+            halves: i32::from(cfg.rope_pairs == RopePairs::Halves),
+        };
+        let mut b = self.stream.launch_builder(&self.kernels.heads);
+        b.arg(&args);
+        // SAFETY: args matches HeadsArgs; raw holds rows × (q_width + 2 kv_width)
+        // products, the bias that many floats and each norm head_dim; every row's KV slot
+        // lies within its sequence's capacity (reserved by the pass).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (p.rows as u32, (cfg.heads + 2 * cfg.kv_heads) as u32, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        Ok(())
+    }
+}
+
+/// The device addresses one pass reads and writes.
+pub(super) struct Pass {
+    pub(super) rows: usize,
+    pub(super) wanted: usize,
+    pub(super) x: u64,
+    pub(super) q: u64,
+    /// The q|k|v products of layers with [`HeadParts`] (0 when no layer has any).
+    pub(super) raw: u64,
+    /// A sublayer's output before its post-norm (0 when no layer has one).
+    pub(super) post: u64,
+    /// The gate|up products before a GELU gate (0 with SiLU).
+    pub(super) gate_up: u64,
+    pub(super) attended: u64,
+    pub(super) hidden: u64,
+    pub(super) logits: u64,
+    /// Attention's per-split parts and tickets.
+    pub(super) partials: u64,
+    pub(super) tickets: u64,
+    /// The rows' fields (kernels.cu's ROW_*).
+    pub(super) fields: u64,
+    pub(super) ids: u64,
+    /// The rows the head reads.
+    pub(super) head_rows: u64,
+    pub(super) ancestors: u64,
+}
