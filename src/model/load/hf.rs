@@ -76,6 +76,12 @@ impl Model {
             message,
         };
         let (hf, family) = HfConfig::read(dir)?;
+        // The config's own faults first: they name what to fix whatever the weights.
+        let heads = hf.num_attention_heads;
+        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
+        let head_dim = head_width(heads, kv_heads, hf.hidden_size, hf.head_dim).map_err(fmt)?;
+        hf.rope(head_dim).map_err(fmt)?;
+        hf.windows(family).map_err(fmt)?;
         let files = safetensors_files(dir)?;
         for file in &files {
             crate::files::check_regular(file, "safetensors file").map_err(|source| {
