@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use super::{HfConfig, finite, head_width, rope_rows_interleaved, safetensors_files};
+use super::{HfConfig, HfLayout, finite, rope_rows_interleaved, safetensors_files};
 use crate::model::arch::{Family, RopeSpec};
 use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::kernels::norm::RopePairs;
@@ -77,11 +77,7 @@ impl Model {
         };
         let (hf, family) = HfConfig::read(dir)?;
         // The config's own faults first: they name what to fix whatever the weights.
-        let heads = hf.num_attention_heads;
-        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
-        let head_dim = head_width(heads, kv_heads, hf.hidden_size, hf.head_dim).map_err(fmt)?;
-        hf.rope(head_dim).map_err(fmt)?;
-        hf.windows(family).map_err(fmt)?;
+        hf.layout(family).map_err(fmt)?;
         let files = safetensors_files(dir)?;
         for file in &files {
             crate::files::check_regular(file, "safetensors file").map_err(|source| {
@@ -117,10 +113,12 @@ impl Model {
         };
         let block = family.block();
         let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
-        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
-        let head_dim = head_width(heads, kv_heads, width, hf.head_dim).map_err(fmt)?;
-        let global_rope = hf.rope(head_dim).map_err(fmt)?;
-        let windows = hf.windows(family).map_err(fmt)?;
+        let HfLayout {
+            kv_heads,
+            head_dim,
+            rope: global_rope,
+            windows,
+        } = hf.layout(family).map_err(fmt)?;
         let tensor = |name: &str| -> Result<Tensor, ModelError> {
             source
                 .tensor(name, device)

@@ -163,6 +163,20 @@ impl HfConfig {
 
     /// Each layer's sliding window: Mistral's on every layer, Gemma's on all but every
     /// n-th.
+    /// What the config's sizes make of the block: key/value heads, head width, the
+    /// global RoPE and each layer's window. Its faults are the config's, named.
+    pub(super) fn layout(&self, family: Family) -> Result<HfLayout, String> {
+        let heads = self.num_attention_heads;
+        let kv_heads = self.num_key_value_heads.unwrap_or(heads);
+        let head_dim = head_width(heads, kv_heads, self.hidden_size, self.head_dim)?;
+        Ok(HfLayout {
+            kv_heads,
+            head_dim,
+            rope: self.rope(head_dim)?,
+            windows: self.windows(family)?,
+        })
+    }
+
     pub(super) fn windows(&self, family: Family) -> Result<Vec<Option<usize>>, String> {
         let n = self.num_hidden_layers;
         Ok(match family {
@@ -191,6 +205,14 @@ impl HfConfig {
             _ => vec![None; n],
         })
     }
+}
+
+/// A Hugging Face config's block sizes ([`HfConfig::layout`]).
+pub(super) struct HfLayout {
+    pub(super) kv_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) rope: RopeSpec,
+    pub(super) windows: Vec<Option<usize>>,
 }
 
 /// The width of one attention head: the file's own (`key_length`, `head_dim`), else
