@@ -8,7 +8,8 @@
 //! the reference benchmark's simulated verifier. Beside the flow: [`corpus`] reads
 //! request logs and token-stream files, [`chat`] holds chat messages and the model's
 //! chat template, [`vocab`] names the tokenizer token ids come from, and [`files`]
-//! opens the files an operator names (regular files only). `fuzzing` (the
+//! opens the files an operator names (regular files only), [`memory`] reads and
+//! trims the process's resident memory. `fuzzing` (the
 //! `fuzzing` feature) holds the fuzz harnesses over the readers of the store's files.
 
 pub mod chat;
@@ -17,6 +18,7 @@ pub mod corpus;
 pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod memory;
 pub mod model;
 pub mod replicate;
 pub mod serve;

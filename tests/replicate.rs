@@ -1,8 +1,8 @@
 //! Replication through a real `nats-server` (installed by `tools/setup.sh`) on loopback,
 //! started and killed by the tests: three replicas converge, a NATS outage loses nothing, a
 //! restarted replica resumes, a redelivered stream counts once, another tokenizer's
-//! records are refused, operator evictions spread, and a new replica starts from a
-//! published snapshot.
+//! records are refused, operator evictions spread, a new replica starts from a
+//! published snapshot, and what `suffixd ingest` adds to a replica reaches the others.
 
 mod common;
 
@@ -16,9 +16,10 @@ use suffixd::replicate::{
     PublishedSnapshot, ReplicaIdentity, Replication, ReplicationConfig, ReplicationStats, bootstrap,
 };
 use suffixd::speculate::{SpecParams, Speculator};
-use suffixd::store::live::{Store, StoreConfig};
+use suffixd::store::live::{Store, StoreConfig, own_ids};
 use suffixd::store::{EvictScope, LayeredCursor, TokenizerId};
 use suffixd::tree::{Expand, GlobalIndex};
+use suffixd::vocab::TextEncoder;
 
 use common::{Server, model_present};
 
@@ -793,4 +794,71 @@ fn the_stream_keeps_records_as_long_as_configured() {
             max_age() == Some(expected) && r.stats().connected
         });
     }
+}
+
+/// `suffixd ingest` into a stopped replica's store appends under the replica's tag, so
+/// that when it serves again its publisher sends what was ingested to the cluster (an
+/// operator warming a cluster from logs ingests into one replica).
+#[test]
+fn what_ingest_adds_to_a_replica_s_store_reaches_the_cluster() {
+    if !model_present() {
+        return;
+    }
+    let mut file = std::fs::File::open(common::model_path()).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let tokenizer = suffixd::model::tokenizer::ModelTokenizer::from_gguf(&content)
+        .unwrap()
+        .identity();
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&tmp.path().join("nats"), None);
+    let url = nats.url();
+    let a_dir = tmp.path().join("a");
+    let a = Replica::open(&a_dir, &url, tokenizer);
+    let b = Replica::open(&tmp.path().join("b"), &url, tokenizer);
+    a.store.append("default", &response(0)).unwrap();
+    wait_for("b holds a's append", || b.cached().len() == 1);
+    drop(a);
+
+    let log = tmp.path().join("log.jsonl");
+    let lines: Vec<String> = (1..=20)
+        .map(|i| serde_json::json!({"prompt": [1], "response": response(i)}).to_string())
+        .collect();
+    std::fs::write(&log, lines.join("\n")).unwrap();
+    let out = common::run(&[
+        "ingest",
+        "--dir",
+        a_dir.to_str().unwrap(),
+        "--logs",
+        log.to_str().unwrap(),
+        "--tokenizer",
+        common::model_path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tag = ReplicaIdentity::load(&a_dir)
+        .unwrap()
+        .expect("a's identity")
+        .tag;
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("(tag {tag})")),
+        "ingest names the replica it appends as: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let a = Replica::open(&a_dir, &url, tokenizer);
+    wait_for_or(
+        "b holds what was ingested into a",
+        || b.cached().len() == 21,
+        || format!("a: {:?}; b: {:?}", a.stats(), b.stats()),
+    );
+    assert_eq!(a.cached(), b.cached());
+    assert!(
+        b.cached()
+            .iter()
+            .all(|(_, id, _)| own_ids(tag).contains(id)),
+        "every sequence carries a's tag"
+    );
 }

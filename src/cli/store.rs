@@ -293,9 +293,21 @@ pub(super) fn run_ingest(a: IngestArgs) -> anyhow::Result<()> {
         );
     }
     let tokenizer = a.tokenizer.as_deref().map(load_tokenizer).transpose()?;
+    // A replica's store: append under its tag, so its publisher sends what is ingested
+    // to the cluster when it next serves (other ids are never published).
+    let replica = crate::replicate::ReplicaIdentity::load(&a.dir)?;
+    if let Some(r) = &replica {
+        eprintln!(
+            "{} belongs to replica {} (tag {}): its cluster receives these appends when it next serves",
+            a.dir.display(),
+            r.name,
+            r.tag
+        );
+    }
     let store = Store::open(StoreConfig {
         max_depth: a.max_depth,
         budget_tokens: a.budget_tokens,
+        id_origin: replica.map_or(0, |r| r.tag),
         ..StoreConfig::new(
             a.dir.clone(),
             tokenizer

@@ -222,6 +222,20 @@ pub struct ReplicaIdentity {
 impl ReplicaIdentity {
     /// The identity kept in `store_dir`, or a new one written there.
     pub fn load_or_create(store_dir: &Path) -> Result<Self, ReplicateError> {
+        if let Some(id) = Self::load(store_dir)? {
+            return Ok(id);
+        }
+        let id = ReplicaIdentity {
+            name: format!("{:016x}", rand::random::<u64>()),
+            tag: rand::random_range(1..=MAX_ID_ORIGIN),
+        };
+        write_state(&store_dir.join(STATE_DIR).join("replica.json"), &id)?;
+        Ok(id)
+    }
+
+    /// The identity kept in `store_dir`, if it has served as a replica. `suffixd ingest`
+    /// appends under it, so what it adds is published when the replica next serves.
+    pub fn load(store_dir: &Path) -> Result<Option<Self>, ReplicateError> {
         let path = store_dir.join(STATE_DIR).join("replica.json");
         match std::fs::read(&path) {
             Ok(bytes) => {
@@ -236,16 +250,9 @@ impl ReplicaIdentity {
                         reason: format!("tag {} is outside 1..={MAX_ID_ORIGIN}", id.tag),
                     });
                 }
-                Ok(id)
+                Ok(Some(id))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let id = ReplicaIdentity {
-                    name: format!("{:016x}", rand::random::<u64>()),
-                    tag: rand::random_range(1..=MAX_ID_ORIGIN),
-                };
-                write_state(&path, &id)?;
-                Ok(id)
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(ReplicateError::State { path, source }),
         }
     }

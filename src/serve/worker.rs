@@ -233,6 +233,8 @@ fn step_jobs(
     let empty = GlobalTree::new(params.max_depth).expect("valid depth");
     let mut slots: Vec<Slot<'_>> = Vec::new();
     let mut open = true;
+    // Whether a job came since the heap was last trimmed.
+    let mut served = false;
     let mut published_prefix = engine.prefix_cache_stats();
     metrics.publish_prefix_cache(published_prefix);
     loop {
@@ -253,13 +255,23 @@ fn step_jobs(
                 jobs.try_recv()
             };
             match next {
-                Ok(job) => slots.extend(admit(&mut engine, store, &empty, params, job)),
+                Ok(job) => {
+                    served = true;
+                    slots.extend(admit(&mut engine, store, &empty, params, job));
+                }
                 Err(crossbeam::channel::TryRecvError::Empty) => break,
                 Err(crossbeam::channel::TryRecvError::Disconnected) => open = false,
             }
         }
         if slots.is_empty() {
             if open {
+                // Idle for a beat after work: give the heap it freed back (answers'
+                // grammar copies, built on other threads, are freed here; glibc would
+                // keep their pages resident).
+                if served {
+                    crate::memory::trim();
+                    served = false;
+                }
                 continue;
             }
             return;

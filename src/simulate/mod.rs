@@ -254,8 +254,8 @@ fn open_snapshot(
     report: &mut SimulateReport,
     progress: &mut impl FnMut(&str),
 ) -> Result<u64, SimulateError> {
-    memory::trim();
-    let rss0 = memory::rss_bytes();
+    crate::memory::trim();
+    let rss0 = crate::memory::rss_bytes();
     let t = Instant::now();
     let snap = Snapshot::open(path, None)?;
     let mut namespaces = snap.namespaces()?;
@@ -279,7 +279,7 @@ fn open_snapshot(
     let next_id = base.ids().max().map_or(0, |m| m + 1);
     report.warm_examples = base.len();
     cache.open(base)?;
-    let rss1 = memory::rss_bytes();
+    let rss1 = crate::memory::rss_bytes();
     report.cached_tokens = cache.cached_tokens();
     report.cached_requests = cache.order.len();
     report.snapshot_file_bytes = snap.file_len();
@@ -411,8 +411,8 @@ fn warm_up(
     report: &mut SimulateReport,
     progress: &mut impl FnMut(&str),
 ) -> Result<(), SimulateError> {
-    memory::trim();
-    let rss0 = memory::rss_bytes();
+    crate::memory::trim();
+    let rss0 = crate::memory::rss_bytes();
     let t = Instant::now();
     let base = GlobalTree::build(
         report.params.max_depth,
@@ -421,8 +421,8 @@ fn warm_up(
     let warm_ns = t.elapsed().as_nanos();
     let ids: Vec<u64> = kept.iter().map(|(id, _)| *id).collect();
     drop(kept);
-    memory::trim();
-    let rss1 = memory::rss_bytes();
+    crate::memory::trim();
+    let rss1 = crate::memory::rss_bytes();
     report.warmup_s = warm_ns as f64 / 1e9;
     report.cached_tokens = base.cached_tokens();
     report.cached_requests = base.len();
@@ -438,33 +438,4 @@ fn warm_up(
     ));
     cache.warm(base, ids)?;
     Ok(())
-}
-
-/// Resident-memory readings for the bytes-per-token figure, measured as the reference
-/// benchmark measures them (RSS after returning freed heap to the OS).
-mod memory {
-    /// Resident set size of this process, in bytes (0 where /proc is absent).
-    pub fn rss_bytes() -> u64 {
-        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-        let pages: u64 = statm
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        pages * 4096
-    }
-
-    /// Give freed heap pages back to the OS so that they do not hide growth.
-    pub fn trim() {
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        {
-            unsafe extern "C" {
-                fn malloc_trim(pad: usize) -> i32;
-            }
-            // SAFETY: malloc_trim only releases free memory held by glibc's allocator.
-            unsafe {
-                malloc_trim(0);
-            }
-        }
-    }
 }

@@ -111,6 +111,18 @@ impl Draft {
         (node, done)
     }
 
+    /// The nodes from a root down to `node`, in that order.
+    pub fn path_to(&self, node: usize) -> Vec<usize> {
+        let mut path = vec![node];
+        let mut parent = self.parents[node];
+        while let Ok(p) = usize::try_from(parent) {
+            path.push(p);
+            parent = self.parents[p];
+        }
+        path.reverse();
+        path
+    }
+
     /// Add `chain` below node `under` (-1: the context), each token certain given the
     /// one before (its probability is its parent's).
     pub fn graft_chain(&mut self, under: i32, chain: &[u32]) {
