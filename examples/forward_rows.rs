@@ -32,7 +32,7 @@ fn main() -> anyhow::Result<()> {
             .map(|i| 100 + (i + 7 * s as u32) % 1000)
             .collect();
         model.forward(cache, &prefix, &chain(prefix.len()))?;
-        cache.commit(&(0..prefix.len()).collect::<Vec<_>>());
+        cache.commit(&(0..prefix.len()).collect::<Vec<_>>())?;
     }
     let logit_rows = match std::env::var("LOGITS").as_deref() {
         Ok("none") => LogitRows::None,
@@ -56,7 +56,7 @@ fn main() -> anyhow::Result<()> {
         argmax_rows(&logits)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         for cache in &mut caches {
-            cache.commit(&[]);
+            cache.commit(&[])?;
         }
     }
     times.sort_by(f64::total_cmp);

@@ -590,13 +590,13 @@ fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
     let mut alone = Vec::new();
     for (i, &t) in PROMPT.iter().enumerate() {
         alone.push(bits(&model.forward(&mut cache, &[t], &[-1]).unwrap()));
-        cache.commit(&[0]);
+        cache.commit(&[0]).unwrap();
         assert_eq!(cache.len(), i + 1);
     }
     // The first 4 committed, the rest verified as one chain.
     let mut cache = KvCache::default();
     model.forward(&mut cache, &PROMPT[..4], &chain(4)).unwrap();
-    cache.commit(&[0, 1, 2, 3]);
+    cache.commit(&[0, 1, 2, 3]).unwrap();
     let rest = model
         .forward(&mut cache, &PROMPT[4..], &chain(n - 4))
         .unwrap();
@@ -610,7 +610,7 @@ fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
     // A tree after the first 7: the true continuation beside a wrong branch.
     let mut cache = KvCache::default();
     model.forward(&mut cache, &PROMPT[..7], &chain(7)).unwrap();
-    cache.commit(&(0..7).collect::<Vec<_>>());
+    cache.commit(&(0..7).collect::<Vec<_>>()).unwrap();
     let tree = [PROMPT[7], 1, PROMPT[8], PROMPT[9], 2];
     let logits = model
         .forward(&mut cache, &tree, &[-1, -1, 0, 2, 1])

@@ -112,7 +112,7 @@ fn f32_forward_pass_matches_the_library_model_on_prefill_a_branching_tree_and_af
     let d = max_diff(&logits.i(n - 1).unwrap(), &lib[0]);
     println!("prefill: max |Δlogit| {d:e}");
     assert!(d < TOLERANCE, "prefill differs by {d}");
-    cache.commit(&(0..n).collect::<Vec<_>>());
+    cache.commit(&(0..n).collect::<Vec<_>>()).unwrap();
 
     // Two branches after the prompt: a → b and c → d.
     let (a, b, c, dd, e) = (504u32, 1056, 19556, 28, 905);
@@ -133,7 +133,7 @@ fn f32_forward_pass_matches_the_library_model_on_prefill_a_branching_tree_and_af
     }
 
     // Keep the c → d branch; the next token must see exactly prompt, c, d.
-    cache.commit(&[2, 3]);
+    cache.commit(&[2, 3]).unwrap();
     let logits = ours.forward(&mut cache, &[e], &[-1]).unwrap();
     let x = Tensor::new(&[e], &Device::Cpu)
         .unwrap()
@@ -249,7 +249,7 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
     let run = |m: &Model| {
         let mut cache = KvCache::default();
         let first = m.forward(&mut cache, &prompt, &chain(n)).unwrap();
-        cache.commit(&(0..n).collect::<Vec<_>>());
+        cache.commit(&(0..n).collect::<Vec<_>>()).unwrap();
         let second = m.forward(&mut cache, &tree, &[-1, 0, -1, 2]).unwrap();
         Tensor::cat(&[first.i(n - 1).unwrap().unsqueeze(0).unwrap(), second], 0).unwrap()
     };

@@ -430,7 +430,9 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
             model
                 .forward(&mut cache, &context, &chain(context.len()))
                 .unwrap();
-            cache.commit(&(0..context.len()).collect::<Vec<_>>());
+            cache
+                .commit(&(0..context.len()).collect::<Vec<_>>())
+                .unwrap();
             cache
         };
         // Plain decoding: one token per pass.
@@ -438,7 +440,7 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
         let mut cache = prefilled();
         for &t in &draft {
             alone.push(bits(&model.forward(&mut cache, &[t], &[-1]).unwrap(), 0));
-            cache.commit(&[0]);
+            cache.commit(&[0]).unwrap();
         }
         for k in [2, 16, 64] {
             let mut cache = prefilled();
@@ -495,7 +497,9 @@ fn the_gpu_pass_agrees_with_the_cpu_pass() {
         let mut cache = KvCache::default();
         let first = model.forward(&mut cache, &context, &chain).unwrap();
         let first: Vec<f32> = first.get(context.len() - 1).unwrap().to_vec1().unwrap();
-        cache.commit(&(0..context.len()).collect::<Vec<_>>());
+        cache
+            .commit(&(0..context.len()).collect::<Vec<_>>())
+            .unwrap();
         let rest = model.forward(&mut cache, &draft, &parents).unwrap();
         let mut all = first;
         all.extend(rest.flatten_all().unwrap().to_vec1::<f32>().unwrap());

@@ -65,6 +65,9 @@ pub enum ModelError {
     /// A tensor operation failed.
     #[error("model computation failed: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A pass's accepted rows could not be kept in the KV cache.
+    #[error(transparent)]
+    Commit(#[from] super::kv_cache::CommitError),
     /// The GPU's own kernels could not be set up or run.
     #[cfg(feature = "cuda")]
     #[error(transparent)]

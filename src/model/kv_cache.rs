@@ -104,20 +104,23 @@ impl KvCache {
     /// Keep the rows at `accepted` (indices into the last forward pass, a root-to-leaf
     /// path in order) as the continuation of the context; drop the rest. Positions were
     /// base + depth, so a path's rows move down unchanged.
-    pub fn commit(&mut self, accepted: &[usize]) {
+    ///
+    /// On a GPU the rows move with a kernel launch; when it fails the cache no longer
+    /// holds what the sequence's tokens say, and the error ends the pass (the sequence
+    /// cannot go on, and nothing is committed).
+    pub fn commit(&mut self, accepted: &[usize]) -> Result<(), CommitError> {
         assert!(
             accepted.iter().all(|&i| i < self.pending),
             "accepted rows were computed"
         );
         #[cfg(feature = "cuda")]
         if let Some(device) = &self.device {
-            // A failed launch leaves the device in error, and the next pass reports it.
-            if let Err(e) = device.keep(self.len, accepted) {
-                tracing::error!("moving the accepted rows of the KV cache failed: {e}");
-            }
+            device
+                .keep(self.len, accepted)
+                .map_err(|e| CommitError(e.to_string()))?;
             self.len += accepted.len();
             self.pending = 0;
-            return;
+            return Ok(());
         }
         let row = self.row;
         let is_prefix = accepted.iter().enumerate().all(|(k, &i)| k == i);
@@ -134,5 +137,11 @@ impl KvCache {
         }
         self.len += accepted.len();
         self.pending = 0;
+        Ok(())
     }
 }
+
+/// The accepted rows of a pass could not be kept: the device failed moving them.
+#[derive(Debug, thiserror::Error)]
+#[error("keeping the accepted rows of the KV cache on the device failed: {0}")]
+pub struct CommitError(String);

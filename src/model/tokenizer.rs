@@ -497,24 +497,31 @@ pub(crate) mod testing {
 mod tests {
     use super::*;
 
-    /// The reference tokenizer file built from SmolLM2's GGUF metadata, when this
-    /// checkout sits beside the shared data.
-    fn reference() -> Option<ModelTokenizer> {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/data/sharegpt/tokenizer_smollm2.json");
-        p.exists().then(|| ModelTokenizer::from_file(&p).unwrap())
+    /// SmolLM2's tokenizer: from the default model's GGUF (which `tools/setup.sh`
+    /// installs), and from the reference tokenizer.json built from it when this checkout
+    /// sits beside the shared data.
+    fn smollm2_tokenizers() -> Vec<ModelTokenizer> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let model = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let mut file = std::fs::File::open(&model)
+            .unwrap_or_else(|e| panic!("{}: {e}; run tools/setup.sh", model.display()));
+        let content = gguf_file::Content::read(&mut file).unwrap();
+        let mut found = vec![ModelTokenizer::from_gguf(&content).unwrap()];
+        let reference = root.join("../shared/data/sharegpt/tokenizer_smollm2.json");
+        if reference.exists() {
+            found.push(ModelTokenizer::from_file(&reference).unwrap());
+        }
+        found
     }
 
     #[test]
-    fn reference_file_tokenizes_the_check_string() {
-        let Some(t) = reference() else {
-            eprintln!("skipped: ../shared/data/sharegpt/tokenizer_smollm2.json is absent");
-            return;
-        };
-        assert_eq!(
-            t.encode_text("Hello, world! How are you today?").unwrap(),
-            vec![19556, 28, 905, 17, 1073, 359, 346, 1834, 47]
-        );
+    fn smollm2_s_tokenizer_tokenizes_the_check_string() {
+        for t in smollm2_tokenizers() {
+            assert_eq!(
+                t.encode_text("Hello, world! How are you today?").unwrap(),
+                vec![19556, 28, 905, 17, 1073, 359, 346, 1834, 47]
+            );
+        }
     }
 
     #[test]

@@ -298,11 +298,18 @@ pub fn serve(
     let worker = {
         let (store, metrics) = (store.clone(), metrics.clone());
         let (liveness, model_died) = (liveness.clone(), model_died.clone());
+        let grammars = grammars.clone();
         std::thread::Builder::new()
             .name("model".into())
             .spawn(move || {
                 let run = std::panic::AssertUnwindSafe(|| {
-                    worker::run(engine, store, params, metrics, rx, max_batch, &liveness)
+                    let intake = worker::Intake {
+                        jobs: rx,
+                        max_batch,
+                        liveness: &liveness,
+                        grammars,
+                    };
+                    worker::run(engine, store, params, metrics, intake)
                 });
                 let outcome = std::panic::catch_unwind(run).map_err(|panic| {
                     let why = panic

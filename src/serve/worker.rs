@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::model::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence, TokenLogprob};
 use crate::model::forward::ModelError;
+use crate::model::grammar::{GRAMMAR_IDLE, GrammarCompiler};
 use crate::speculate::SpecParams;
 use crate::store::live::Store;
 use crate::tree::GlobalTree;
@@ -136,7 +137,7 @@ struct Completed {
 }
 
 /// Run jobs until the channel closes and the last request in flight is done, at most
-/// `max_batch` at a time. Completed requests go to a store writer thread, which appends
+/// `intake.max_batch` at a time. Completed requests go to a store writer thread, which appends
 /// them (WAL write, fsync, budget evictions) and only then answers: the model thread
 /// never waits for the disk, and an answer still means its response is durable. Returns
 /// once the writer has written every completed request.
@@ -145,9 +146,7 @@ pub fn run(
     store: Arc<Store>,
     params: SpecParams,
     metrics: Arc<Metrics>,
-    jobs: crossbeam::channel::Receiver<Job>,
-    max_batch: usize,
-    liveness: &Liveness,
+    intake: Intake<'_>,
 ) {
     let (to_writer, completed) = crossbeam::channel::unbounded::<Completed>();
     std::thread::scope(|scope| {
@@ -165,11 +164,6 @@ pub fn run(
                 "cannot start the store writer thread ({e}); appending on the model thread"
             );
         }
-        let intake = Intake {
-            jobs,
-            max_batch,
-            liveness,
-        };
         step_jobs(engine, &store, params, &metrics, intake, &to_writer);
         drop(to_writer);
     });
@@ -208,12 +202,16 @@ fn admit<'a>(
     }
 }
 
-/// Where the model thread's jobs come from: the queue, how many run together, and the
-/// liveness it beats between steps and while it waits for jobs.
-struct Intake<'a> {
-    jobs: crossbeam::channel::Receiver<Job>,
-    max_batch: usize,
-    liveness: &'a Liveness,
+/// Where the model thread's jobs come from and what it keeps while it waits for them.
+pub struct Intake<'a> {
+    /// The queue of admitted requests.
+    pub jobs: crossbeam::channel::Receiver<Job>,
+    /// How many run together at most.
+    pub max_batch: usize,
+    /// Beaten between steps and while waiting for jobs.
+    pub liveness: &'a Liveness,
+    /// The requests' grammar cache, whose unused grammars the idle thread forgets.
+    pub grammars: Option<GrammarCompiler>,
 }
 
 /// The model thread's loop: admit jobs, step them together, hand completed ones over.
@@ -229,6 +227,7 @@ fn step_jobs(
         jobs,
         max_batch,
         liveness,
+        grammars,
     } = intake;
     let empty = GlobalTree::new(params.max_depth).expect("valid depth");
     let mut slots: Vec<Slot<'_>> = Vec::new();
@@ -265,10 +264,13 @@ fn step_jobs(
         }
         if slots.is_empty() {
             if open {
-                // Idle for a beat after work: give the heap it freed back (answers'
-                // grammar copies, built on other threads, are freed here; glibc would
-                // keep their pages resident).
-                if served {
+                // Idle for a beat: forget grammars no one asks for any more, and after
+                // work give the heap it freed back (glibc would keep the pages
+                // resident, per thread arena).
+                let forgotten = grammars
+                    .as_ref()
+                    .map_or(0, |g| g.forget_unused(GRAMMAR_IDLE));
+                if served || forgotten > 0 {
                     crate::memory::trim();
                     served = false;
                 }

@@ -391,13 +391,13 @@ fn pass_seconds(model: &Model, rows: u32) -> Result<f64, ModelError> {
     let mut cache = KvCache::default();
     let prefix: Vec<u32> = (100..132).collect();
     model.forward(&mut cache, &prefix, &chain_parents(prefix.len()))?;
-    cache.commit(&(0..prefix.len()).collect::<Vec<_>>());
+    cache.commit(&(0..prefix.len()).collect::<Vec<_>>())?;
     let tokens: Vec<u32> = (200..200 + rows).collect();
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
         model.forward(&mut cache, &tokens, &chain_parents(tokens.len()))?;
-        cache.commit(&[]);
+        cache.commit(&[])?;
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
@@ -494,7 +494,7 @@ fn run_draft_model(
         let state = d.seq.draft.as_mut().expect("set above");
         state
             .cache
-            .commit(&(0..d.catch_up.len()).collect::<Vec<_>>());
+            .commit(&(0..d.catch_up.len()).collect::<Vec<_>>())?;
         state.synced = context_len;
         state.base = context_len;
         state.in_cache = 0;
@@ -567,7 +567,7 @@ fn run_draft_model(
         }
         for d in &mut going {
             let state = d.seq.draft.as_mut().expect("set above");
-            state.cache.commit(&[0]);
+            state.cache.commit(&[0])?;
             state.in_cache += 1;
         }
         active = going;

@@ -247,7 +247,7 @@ impl Engine {
         for chunk in prefix.chunks(PREFILL_CHUNK) {
             self.model
                 .forward(&mut cache, chunk, &chain_parents(chunk.len()))?;
-            cache.commit(&(0..chunk.len()).collect::<Vec<_>>());
+            cache.commit(&(0..chunk.len()).collect::<Vec<_>>())?;
         }
         let mut ks = vec![1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128];
         ks.retain(|&k| k <= max_k.max(1));
@@ -263,7 +263,7 @@ impl Engine {
                 let logits = self.model.forward(&mut cache, &tokens, &parents)?;
                 self.model.argmax_rows(&logits)?;
                 runs.push(t.elapsed().as_secs_f64());
-                cache.commit(&[]);
+                cache.commit(&[])?;
             }
         }
         let times: Vec<f64> = runs
@@ -560,7 +560,7 @@ impl Engine {
             let (draft, tokens, parents) = match plan {
                 Plan::Idle => continue,
                 Plan::Prefill { tokens, .. } => {
-                    seq.cache.commit(&(0..tokens.len()).collect::<Vec<_>>());
+                    seq.cache.commit(&(0..tokens.len()).collect::<Vec<_>>())?;
                     seq.prefilled += tokens.len();
                     if !seq.in_prefill() {
                         // Offered now, not only at the end, so that a request of the
@@ -602,7 +602,7 @@ impl Engine {
                     Err(e) => {
                         // The grammar could not go on (a schema past the engine's
                         // limits): the request fails with the reason, the batch goes on.
-                        seq.cache.commit(&[0]);
+                        seq.cache.commit(&[0])?;
                         seq.grammar_failure = Some(e.to_string());
                         seq.finish = Some(FinishReason::Stop);
                         continue;
@@ -622,7 +622,7 @@ impl Engine {
                     seq.out.len(),
                 )?
             };
-            seq.cache.commit(&path);
+            seq.cache.commit(&path)?;
             let accepted = path.len() - 1;
             report.accepted.push(accepted);
             seq.sources.record(draft.source, draft.len(), accepted);

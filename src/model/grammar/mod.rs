@@ -24,9 +24,12 @@
 mod limits;
 
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
-use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::toktrie::{
+    InferenceCapabilities, SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv,
+};
 use llguidance::{Matcher, ParserFactory};
 
 use crate::speculate::{Draft, DraftSource};
@@ -100,8 +103,8 @@ pub fn with_json_layout(mut schema: serde_json::Value) -> serde_json::Value {
 /// Bytes of forced text tokenized at most (see [`Vocabulary::tokenize_bytes`]): about
 /// the [`FORCED_DRAFT_TOKENS`] a draft follows at 4 bytes a token, and far from the
 /// first token, which is all a mask takes from it. The text is tokenized again at every
-/// mask (0.45 ms a token at 4 KB).
-const TOKENIZED_BYTES: usize = 1024;
+/// mask (0.45 ms a token at 4 KB, 0.13 ms at 1 KB).
+const TOKENIZED_BYTES: usize = 512;
 
 /// Forced tokens drafted at most: as many rows as a pass verifies at most (64 on a CPU,
 /// 128 on a GPU). Past them nothing is drafted after the likeliest leaf, which would
@@ -173,9 +176,21 @@ pub struct GrammarCompiler {
 /// compiler's own failures. Bounded in entries and in the bytes of their sources (a
 /// grammar's size follows its source's), least recently used out first.
 struct Compiled {
-    grammars: lru::LruCache<String, Result<Grammar, GrammarError>>,
+    grammars: lru::LruCache<String, Cached>,
     source_bytes: usize,
 }
+
+/// A compiled grammar (or the reason its spec was refused), and when it was last asked
+/// for.
+struct Cached {
+    compiled: Result<Grammar, GrammarError>,
+    used: Instant,
+}
+
+/// How long a compiled grammar no request asks for is kept: agents send their tool
+/// schemas with every request, so a schema unused this long belongs to a client that
+/// has gone, or comes back seldom enough to compile again.
+pub const GRAMMAR_IDLE: Duration = Duration::from_secs(120);
 
 /// Most grammars kept compiled.
 const COMPILED_GRAMMARS: usize = 64;
@@ -184,7 +199,26 @@ const COMPILED_SOURCE_BYTES: usize = 4 << 20;
 
 impl Compiled {
     fn get(&mut self, key: &str) -> Option<Result<Grammar, GrammarError>> {
-        self.grammars.get(key).cloned()
+        let cached = self.grammars.get_mut(key)?;
+        cached.used = Instant::now();
+        Some(cached.compiled.clone())
+    }
+
+    /// Drop the grammars no request has asked for in `idle`; how many went.
+    fn forget_unused(&mut self, idle: Duration) -> usize {
+        let mut forgotten = 0;
+        // Least recently used first: the first one still in use ends the walk.
+        while self
+            .grammars
+            .peek_lru()
+            .is_some_and(|(_, cached)| cached.used.elapsed() >= idle)
+        {
+            if let Some((key, _)) = self.grammars.pop_lru() {
+                self.source_bytes -= key.len();
+                forgotten += 1;
+            }
+        }
+        forgotten
     }
 
     fn put(&mut self, key: String, compiled: Result<Grammar, GrammarError>) {
@@ -192,7 +226,8 @@ impl Compiled {
             return;
         }
         self.source_bytes += key.len();
-        self.grammars.put(key, compiled);
+        let used = Instant::now();
+        self.grammars.put(key, Cached { compiled, used });
         while self.grammars.len() > COMPILED_GRAMMARS || self.source_bytes > COMPILED_SOURCE_BYTES {
             match self.grammars.pop_lru() {
                 Some((old, _)) => self.source_bytes -= old.len(),
@@ -317,6 +352,17 @@ impl GrammarCompiler {
                 source_bytes: 0,
             })),
         })
+    }
+
+    /// Drop the compiled grammars no request has asked for in `idle` (the server's
+    /// model thread calls it while idle, with [`GRAMMAR_IDLE`]): a heavy grammar's lexer
+    /// states take hundreds of megabytes, which its tenant's leaving should give back.
+    /// How many went.
+    pub fn forget_unused(&self, idle: Duration) -> usize {
+        self.compiled
+            .lock()
+            .expect("grammar cache lock")
+            .forget_unused(idle)
     }
 
     /// The bounds every JSON schema is checked against before it is compiled.
@@ -453,6 +499,7 @@ impl Grammar {
             matcher: self.start.clone(),
             eos: self.eos.clone(),
             force: self.force,
+            mask: None,
         }
     }
 }
@@ -462,6 +509,8 @@ pub struct Constraint {
     matcher: Matcher,
     eos: Arc<[u32]>,
     force: bool,
+    /// The mask [`Constraint::forced_next`] computed at this state, if it did.
+    mask: Option<SimpleVob>,
 }
 
 impl Constraint {
@@ -472,11 +521,36 @@ impl Constraint {
     /// Set the logits of every token the grammar does not allow next to −∞. When the
     /// grammar may end here, every end-of-sequence token stays allowed.
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
-        let mask = self
-            .matcher
+        let mask = match self.mask.take() {
+            Some(mask) => mask,
+            None => self.compute_mask()?,
+        };
+        Self::apply(&mask, &self.eos, logits);
+        Ok(())
+    }
+
+    /// The one token the grammar allows next, when it allows one alone (a forced
+    /// token, never an end): whatever the sampling, a distribution over one token picks
+    /// it, so its logits need not be read. Otherwise None, and the mask computed is
+    /// kept for [`Constraint::mask_logits`].
+    pub fn forced_next(&mut self) -> Result<Option<u32>, GrammarError> {
+        let mask = self.compute_mask()?;
+        let only = match mask.first_bit_set() {
+            Some(t) if mask.num_set() == 1 && !self.eos.contains(&(t as u32)) => Some(t as u32),
+            _ => None,
+        };
+        self.mask = Some(mask);
+        Ok(only)
+    }
+
+    fn compute_mask(&mut self) -> Result<SimpleVob, GrammarError> {
+        self.matcher
             .compute_mask_or_eos()
-            .map_err(|e| self.failed(e))?;
-        let may_end = mask.is_allowed(self.eos[0]);
+            .map_err(|e| self.failed(e))
+    }
+
+    fn apply(mask: &SimpleVob, eos: &[u32], logits: &mut [f32]) {
+        let may_end = mask.is_allowed(eos[0]);
         let len = logits.len();
         mask.iter_unset_entries(|i| {
             if i < len {
@@ -486,18 +560,18 @@ impl Constraint {
         // Rows past the mask's vocabulary cannot be allowed.
         logits[mask.len().min(len)..].fill(f32::NEG_INFINITY);
         if !may_end {
-            for &e in self.eos.iter() {
+            for &e in eos {
                 if let Some(l) = logits.get_mut(e as usize) {
                     *l = f32::NEG_INFINITY;
                 }
             }
         }
-        Ok(())
     }
 
     /// Take `token`, which the mask allowed. An end-of-sequence token ends the answer
     /// and leaves the state alone (a complete grammar takes no more tokens).
     pub fn advance(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.mask = None;
         if self.eos.contains(&token) {
             return Ok(());
         }
@@ -513,6 +587,7 @@ impl Constraint {
 
     /// Take `token` if the grammar allows it next; false (and no change) if not.
     fn try_advance(&mut self, token: u32) -> bool {
+        self.mask = None;
         if self.eos.contains(&token) {
             // An end is accepted only where the grammar is complete: never drafted.
             return false;
@@ -521,6 +596,7 @@ impl Constraint {
     }
 
     fn rollback(&mut self, n: usize) -> Result<(), GrammarError> {
+        self.mask = None;
         self.matcher.rollback(n).map_err(|e| self.failed(e))
     }
 

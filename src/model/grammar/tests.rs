@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// A compiler over SmolLM2's tokenizer: the shared data's copy when this checkout
 /// sits beside it, else the default model's (which `tools/setup.sh` installs).
-pub(crate) fn smollm2() -> Option<(GrammarCompiler, ModelTokenizer)> {
+pub(crate) fn smollm2() -> (GrammarCompiler, ModelTokenizer) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let shared = root.join("../shared/data/sharegpt/tokenizer_smollm2.json");
     let model = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -20,7 +20,7 @@ pub(crate) fn smollm2() -> Option<(GrammarCompiler, ModelTokenizer)> {
     };
     let eos = [tokenizer.token_id("<|im_end|>").unwrap()];
     let compiler = GrammarCompiler::new(&tokenizer, 49152, &eos).unwrap();
-    Some((compiler, tokenizer))
+    (compiler, tokenizer)
 }
 
 /// The tokenizers the project loads: the default model's (from its GGUF) and, where
@@ -121,9 +121,7 @@ fn forced_bytes_that_split_a_character_tokenize_to_those_bytes() {
 /// Before the limits, a chain of 800 references aborted the process.
 #[test]
 fn schemas_at_the_limits_compile_and_past_them_are_refused() {
-    let Some((compiler, _)) = smollm2() else {
-        return;
-    };
+    let (compiler, _) = smollm2();
     let limits = *compiler.limits();
     // Each link is one object, reached by reference from the one before.
     let chain = |n: usize, link: &dyn Fn(String) -> serde_json::Value| {
@@ -185,9 +183,7 @@ fn schemas_at_the_limits_compile_and_past_them_are_refused() {
 /// the schema even when the "model" would rather say something else.
 #[test]
 fn the_mask_holds_answers_to_the_schema() {
-    let Some((compiler, tok)) = smollm2() else {
-        return;
-    };
+    let (compiler, tok) = smollm2();
     let schema = serde_json::json!({
         "type": "object",
         "properties": {"name": {"type": "string", "enum": ["ada", "bob"]}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
@@ -233,9 +229,7 @@ fn the_mask_holds_answers_to_the_schema() {
 /// unchanged by shaping.
 #[test]
 fn drafts_lose_forbidden_branches_and_gain_forced_tokens() {
-    let Some((compiler, tok)) = smollm2() else {
-        return;
-    };
+    let (compiler, tok) = smollm2();
     let schema = serde_json::json!({
         "type": "object", "properties": {"colour": {"type": "string"}},
         "required": ["colour"], "additionalProperties": false
@@ -280,7 +274,7 @@ fn drafts_lose_forbidden_branches_and_gain_forced_tokens() {
 /// leaves the state where it was.
 #[test]
 fn the_cut_keeps_the_paths_the_grammar_takes_and_forced_chains_are_bounded() {
-    let (compiler, tok) = smollm2().expect("the default model's tokenizer");
+    let (compiler, tok) = smollm2();
     let schema = serde_json::json!({
         "type": "object",
         "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -333,6 +327,7 @@ fn the_cut_keeps_the_paths_the_grammar_takes_and_forced_chains_are_bounded() {
         let mut draft = Draft::default();
         c.shape_draft(&mut draft).unwrap();
         assert_eq!(draft.len(), FORCED_DRAFT_TOKENS);
+        assert_eq!(c.forced_next().unwrap(), Some(draft.tokens[0]));
         let mut logits = vec![0f32; 49152];
         c.mask_logits(&mut logits).unwrap();
         let allowed: Vec<usize> = (0..logits.len())
@@ -350,9 +345,7 @@ fn the_cut_keeps_the_paths_the_grammar_takes_and_forced_chains_are_bounded() {
 /// fresh compile does; the cache keeps the most recently used within its bounds.
 #[test]
 fn a_spec_compiled_again_comes_from_the_cache() {
-    let Some((compiler, _)) = smollm2() else {
-        return;
-    };
+    let (compiler, _) = smollm2();
     let schema = GrammarSpec::JsonSchema(serde_json::json!({
         "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]
     }));
@@ -396,13 +389,28 @@ fn a_spec_compiled_again_comes_from_the_cache() {
     cache.put("z".repeat(COMPILED_SOURCE_BYTES - 2), refusal());
     assert!(cache.source_bytes <= COMPILED_SOURCE_BYTES);
     assert_eq!(cache.grammars.len(), 1, "the big one pushed the rest out");
+
+    // Grammars no one asked for lately are forgotten, least recently used first; one
+    // asked for since stays.
+    let mut cache = Compiled {
+        grammars: lru::LruCache::unbounded(),
+        source_bytes: 0,
+    };
+    cache.put("old".into(), refusal());
+    cache.put("older".into(), refusal());
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(cache.get("old").is_some());
+    assert_eq!(cache.forget_unused(Duration::from_secs(3600)), 0);
+    assert_eq!(cache.forget_unused(Duration::from_millis(20)), 1);
+    assert!(cache.get("older").is_none() && cache.get("old").is_some());
+    assert_eq!(cache.source_bytes, "old".len());
+    assert_eq!(cache.forget_unused(Duration::ZERO), 1);
+    assert_eq!((cache.grammars.len(), cache.source_bytes), (0, 0));
 }
 
 #[test]
 fn invalid_schemas_and_grammars_are_named() {
-    let Some((compiler, _)) = smollm2() else {
-        return;
-    };
+    let (compiler, _) = smollm2();
     for (spec, needle) in [
         (
             GrammarSpec::JsonSchema(serde_json::json!([1, 2])),
@@ -420,4 +428,31 @@ fn invalid_schemas_and_grammars_are_named() {
             "{spec:?}: {e}"
         );
     }
+}
+
+/// A token the grammar forces is named without logits; where it allows a choice there is
+/// none, and the mask computed for the question is the one applied.
+#[test]
+fn a_forced_token_is_named_and_a_choice_is_masked() {
+    let (compiler, tok) = smollm2();
+    let schema = serde_json::json!({"type": "string", "enum": ["alpha", "beta"]});
+    let grammar = compiler.compile(&GrammarSpec::JsonSchema(schema)).unwrap();
+    let mut c = grammar.start();
+    let quote = tok.encode_text("\"").unwrap();
+    assert_eq!(c.forced_next().unwrap(), Some(quote[0]));
+    c.advance(quote[0]).unwrap();
+    assert_eq!(c.forced_next().unwrap(), None, "alpha or beta");
+    let mut logits = vec![0f32; 49152];
+    c.mask_logits(&mut logits).unwrap();
+    let allowed: Vec<String> = (0..logits.len())
+        .filter(|&i| logits[i].is_finite())
+        .map(|i| tok.decode(&[i as u32], false).unwrap())
+        .collect();
+    assert!(allowed.len() >= 2, "{allowed:?}");
+    assert!(
+        allowed
+            .iter()
+            .all(|t| "alpha".starts_with(t.as_str()) || "beta".starts_with(t.as_str())),
+        "{allowed:?}"
+    );
 }
