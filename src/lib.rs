@@ -15,6 +15,7 @@
 pub mod chat;
 pub mod cli;
 pub mod corpus;
+pub mod drafting;
 pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

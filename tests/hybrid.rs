@@ -8,7 +8,8 @@
 mod common;
 
 use suffixd::corpus::logs::ChatMessage;
-use suffixd::model::engine::{CacheDrafter, Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::drafting::CacheDrafter;
+use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 use suffixd::speculate::SpecParams;
 use suffixd::store::Layered;

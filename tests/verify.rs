@@ -9,8 +9,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use suffixd::corpus::logs::ChatMessage;
+use suffixd::drafting::CacheDrafter;
 use suffixd::model::cost::CostCurve;
-use suffixd::model::engine::{CacheDrafter, Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::store::Layered;

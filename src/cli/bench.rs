@@ -10,9 +10,8 @@ use serde::Deserialize;
 
 use crate::chat::{ChatMessage, PromptPiece};
 use crate::corpus::open_lines;
-use crate::model::engine::{
-    CacheDrafter, DraftSources, Engine, GenerateOptions, NoDrafts, Sampling,
-};
+use crate::drafting::CacheDrafter;
+use crate::model::engine::{DraftSources, Engine, GenerateOptions, NoDrafts, Sampling};
 use crate::store::Layered;
 use crate::tree::GlobalTree;
 

@@ -6,8 +6,9 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::chat::{ChatMessage, PromptPiece};
+use crate::drafting::CacheDrafter;
 use crate::model::cost::CostCurve;
-use crate::model::engine::{CacheDrafter, Drafter, Engine, GenerateOptions, NoDrafts, Sampling};
+use crate::model::engine::{Drafter, Engine, GenerateOptions, NoDrafts, Sampling};
 use crate::model::forward::WeightFormat;
 use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};

@@ -1,6 +1,6 @@
 //! `suffixd serve`: the last stage before the CLI. tokio and axum handle HTTP; one
 //! model thread runs generation ([`worker`]), each request drafting through a
-//! [`crate::model::engine::CacheDrafter`]; the store is shared by the model thread
+//! [`crate::drafting::CacheDrafter`]; the store is shared by the model thread
 //! (drafts and appends) and the admin endpoints.
 //!
 //! Boot order: open the newest snapshot of the store directory; if there is none and

@@ -22,7 +22,7 @@ use crate::store::live::Store;
 use crate::tree::GlobalTree;
 
 use super::metrics::Metrics;
-use crate::model::engine::{CacheDrafter, NamespaceSource};
+use crate::drafting::{CacheDrafter, NamespaceSource};
 
 /// One request for the model thread.
 pub struct Job {

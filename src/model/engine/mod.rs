@@ -13,7 +13,6 @@
 //!   decoding is better. Expected accepted is SCORE of the kept nodes, scaled by how well
 //!   past SCOREs predicted acceptance.
 
-mod cache_drafter;
 mod calibration;
 mod drafter;
 mod hybrid;
@@ -34,7 +33,6 @@ use super::grammar::{Constraint, Grammar, GrammarCompiler, GrammarError};
 use super::prefix::PrefixCache;
 use super::tokenizer::ModelTokenizer;
 use crate::chat::ChatTemplate;
-pub use cache_drafter::{CacheDrafter, CacheSource, NamespaceSource};
 use calibration::Calibration;
 pub use drafter::{Drafter, NoDrafts};
 pub use hybrid::{DEFAULT_TAU, DraftSources, SourceCounts};
