@@ -111,6 +111,17 @@ impl Draft {
         (node, done)
     }
 
+    /// The nodes without a child, in index order.
+    pub fn leaves(&self) -> Vec<usize> {
+        let mut has_child = vec![false; self.len()];
+        for &p in &self.parents {
+            if let Ok(p) = usize::try_from(p) {
+                has_child[p] = true;
+            }
+        }
+        (0..self.len()).filter(|&i| !has_child[i]).collect()
+    }
+
     /// The nodes from a root down to `node`, in that order.
     pub fn path_to(&self, node: usize) -> Vec<usize> {
         let mut path = vec![node];

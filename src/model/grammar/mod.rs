@@ -613,15 +613,9 @@ impl Constraint {
     pub fn shape_draft(&mut self, draft: &mut Draft) -> Result<(), GrammarError> {
         if !draft.is_empty() {
             let mut keep = vec![false; draft.len()];
-            let mut has_child = vec![false; draft.len()];
-            for &p in &draft.parents {
-                if let Ok(p) = usize::try_from(p) {
-                    has_child[p] = true;
-                }
-            }
             // Each root-to-leaf path is checked once; a node is kept when the grammar
             // takes its path (an end-of-sequence token is never drafted).
-            for leaf in (0..draft.len()).filter(|&i| !has_child[i]) {
+            for leaf in draft.leaves() {
                 let path = draft.path_to(leaf);
                 let tokens: Vec<u32> = path.iter().map(|&i| draft.tokens[i]).collect();
                 let drafted = tokens
@@ -659,15 +653,10 @@ impl Constraint {
     /// Draft the tokens the grammar forces after the draft's likeliest leaf: where a
     /// drafted value closes, the separator and the next key follow without a choice.
     fn force_after_likeliest_leaf(&mut self, draft: &mut Draft) -> Result<(), GrammarError> {
-        let mut has_child = vec![false; draft.len()];
-        for &p in &draft.parents {
-            if p >= 0 {
-                has_child[p as usize] = true;
-            }
-        }
         // The likeliest leaf, the deepest (latest) of equals.
-        let Some(leaf) = (0..draft.len())
-            .filter(|&i| !has_child[i])
+        let Some(leaf) = draft
+            .leaves()
+            .into_iter()
             .max_by(|&a, &b| draft.probs[a].total_cmp(&draft.probs[b]).then(a.cmp(&b)))
         else {
             return Ok(());
