@@ -174,6 +174,8 @@ fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
 pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     // Fault points named in FAILPOINTS, for the tests; nothing in a release build.
     let _faults = fail::FailScenario::setup();
+    // Before any thread starts, so that none gets an arena of its own.
+    crate::memory::limit_arenas(crate::memory::SERVER_ARENAS);
     let file = read_config(a.config.as_deref())?;
     let stream_max_age = a.stream_max_age_s.or(file.stream_max_age_s);
     if let Some(age) = stream_max_age {
