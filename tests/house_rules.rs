@@ -157,3 +157,264 @@ fn a_forbidden_import_is_found_and_comments_are_not() {
         [("serve".to_string(), 3), ("speculate".to_string(), 2)]
     );
 }
+
+/// A file's module path under `src/`: `model/cuda/mod.rs` is `model::cuda`.
+fn module_of(relative: &str) -> Vec<String> {
+    let trimmed = relative.trim_end_matches(".rs");
+    let mut path: Vec<String> = trimmed.split('/').map(str::to_string).collect();
+    if matches!(
+        path.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        path.pop();
+    }
+    path
+}
+
+/// The path segments at the start of `text` (`a::b::{c::d, e}` gives `[a, b, c, d]` and
+/// `[a, b, e]`), each a list of names.
+fn paths_at(text: &str) -> Vec<Vec<String>> {
+    let ident = |s: &str| -> usize {
+        s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len())
+    };
+    let mut segments = Vec::new();
+    let mut rest = text;
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            // Each item of the group, at depth one, after the segments so far.
+            let mut out = Vec::new();
+            let (mut depth, mut start) = (0, 0);
+            for (i, c) in group.char_indices() {
+                let end_of_item = match c {
+                    '{' => {
+                        depth += 1;
+                        false
+                    }
+                    '}' if depth > 0 => {
+                        depth -= 1;
+                        false
+                    }
+                    '}' => true,
+                    ',' => depth == 0,
+                    _ => false,
+                };
+                if end_of_item {
+                    for tail in paths_at(group[start..i].trim_start()) {
+                        out.push([segments.clone(), tail].concat());
+                    }
+                    start = i + 1;
+                    if c == '}' {
+                        break;
+                    }
+                }
+            }
+            return out;
+        }
+        let n = ident(rest);
+        if n == 0 {
+            break;
+        }
+        segments.push(rest[..n].to_string());
+        rest = &rest[n..];
+        match rest.strip_prefix("::") {
+            Some(after) => rest = after.trim_start(),
+            None => break,
+        }
+    }
+    vec![segments]
+}
+
+/// The files each file takes names from: `crate::`, `super::` and `self::` paths, and a
+/// `use` of a child module, resolved to the deepest module that is a file. A file's use
+/// of its own ancestors (a child reading its parent's items) is not counted: a module
+/// and its parent are one room.
+fn file_imports(src: &Path, files: &[PathBuf]) -> BTreeMap<String, BTreeMap<String, usize>> {
+    let relative: Vec<String> = files
+        .iter()
+        .map(|p| {
+            p.strip_prefix(src)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/")
+        })
+        .collect();
+    let modules: BTreeMap<Vec<String>, String> =
+        relative.iter().map(|r| (module_of(r), r.clone())).collect();
+    let mut imports = BTreeMap::new();
+    for (path, rel) in files.iter().zip(&relative) {
+        let here = module_of(rel);
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut found: BTreeMap<String, usize> = BTreeMap::new();
+        let code: Vec<&str> = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect();
+        for (n, line) in code.iter().enumerate() {
+            // The rest of the file from here, for `use` groups over several lines.
+            let rest_of_file = code[n..].join(" ");
+            let mut starts: Vec<(Vec<String>, usize)> = Vec::new();
+            for (at, _) in line.match_indices("crate::") {
+                starts.push((Vec::new(), at + "crate::".len()));
+            }
+            for (at, _) in line.match_indices("self::") {
+                let before = line[..at].chars().last();
+                if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                    starts.push((here.clone(), at + "self::".len()));
+                }
+            }
+            let mut search = 0;
+            while let Some(at) = line[search..].find("super::") {
+                let at = search + at;
+                let before = line[..at].chars().last();
+                if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                    search = at + 1;
+                    continue;
+                }
+                let mut base = here.clone();
+                let mut end = at;
+                while line[end..].starts_with("super::") {
+                    base.pop();
+                    end += "super::".len();
+                }
+                starts.push((base, end));
+                search = end;
+            }
+            let trimmed = line.trim_start();
+            let use_body = trimmed
+                .strip_prefix("pub use ")
+                .or_else(|| trimmed.strip_prefix("pub(super) use "))
+                .or_else(|| trimmed.strip_prefix("pub(crate) use "))
+                .or_else(|| trimmed.strip_prefix("use "));
+            if let Some(body) = use_body {
+                let at = line.len() - body.len();
+                let first: String = body
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let child = [here.clone(), vec![first]].concat();
+                if modules.contains_key(&child) {
+                    starts.push((here.clone(), at));
+                }
+            }
+            for (base, at) in starts {
+                let from = rest_of_file.get(at..).unwrap_or("");
+                for tail in paths_at(from) {
+                    let full = [base.clone(), tail].concat();
+                    let target = (0..=full.len())
+                        .rev()
+                        .find_map(|k| modules.get(&full[..k]).map(|f| (k, f)));
+                    let Some((k, target)) = target else { continue };
+                    let ancestor = k <= here.len() && full[..k] == here[..k];
+                    if !ancestor && target != rel {
+                        found.entry(target.clone()).or_insert(n + 1);
+                    }
+                }
+            }
+        }
+        imports.insert(rel.clone(), found);
+    }
+    imports
+}
+
+/// One circle of `imports`, as the files around it, if there is one.
+fn a_circle(imports: &BTreeMap<String, BTreeMap<String, usize>>) -> Option<Vec<String>> {
+    // Depth-first, colouring files: 1 on the path, 2 done.
+    fn visit(
+        file: &str,
+        imports: &BTreeMap<String, BTreeMap<String, usize>>,
+        colour: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        colour.insert(file.to_string(), 1);
+        path.push(file.to_string());
+        for next in imports.get(file).into_iter().flat_map(|m| m.keys()) {
+            match colour.get(next.as_str()) {
+                Some(1) => {
+                    let from = path.iter().position(|f| f == next).unwrap();
+                    return Some(path[from..].to_vec());
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(circle) = visit(next, imports, colour, path) {
+                        return Some(circle);
+                    }
+                }
+            }
+        }
+        path.pop();
+        colour.insert(file.to_string(), 2);
+        None
+    }
+    let mut colour = BTreeMap::new();
+    for file in imports.keys() {
+        if !colour.contains_key(file) {
+            if let Some(circle) = visit(file, imports, &mut colour, &mut Vec::new()) {
+                return Some(circle);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_files_import_each_other_in_a_circle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let imports = file_imports(&src, &files);
+    // The resolution finds what it must: the forward pass takes its errors from
+    // model/error.rs, and the stream its answers' fields from serve/api/answer.rs.
+    assert!(imports["model/forward.rs"].contains_key("model/error.rs"));
+    assert!(imports["serve/api/stream.rs"].contains_key("serve/api/answer.rs"));
+    if let Some(circle) = a_circle(&imports) {
+        let ties: Vec<String> = circle
+            .iter()
+            .zip(circle.iter().cycle().skip(1))
+            .map(|(a, b)| format!("src/{a}:{} takes from src/{b}", imports[a][b]))
+            .collect();
+        panic!(
+            "files import each other in a circle; move what they share into a module of its own:\n{}",
+            ties.join("\n")
+        );
+    }
+}
+
+#[test]
+fn a_circle_is_found_and_a_parent_is_not_one() {
+    let dir = std::env::temp_dir().join(format!("house-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("room")).unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+    write(
+        "room/mod.rs",
+        "mod a;\nmod b;\npub use a::Thing;\npub struct Shared;\n",
+    );
+    write(
+        "room/a.rs",
+        "use super::{Shared, b::{Other,\n    More}};\npub struct Thing;\n",
+    );
+    write(
+        "room/b.rs",
+        "// use super::a::Thing; in a comment\npub struct Other;\n",
+    );
+    let mut files = Vec::new();
+    sources(&dir, &mut files);
+    let imports = file_imports(&dir, &files);
+    assert_eq!(
+        imports["room/a.rs"].keys().collect::<Vec<_>>(),
+        ["room/b.rs"],
+        "a takes from b; its parent's items are its own room's"
+    );
+    assert_eq!(a_circle(&imports), None);
+    write(
+        "room/b.rs",
+        "pub struct Other;\nfn f() { crate::room::a::Thing; }\n",
+    );
+    let imports = file_imports(&dir, &files);
+    assert_eq!(
+        a_circle(&imports),
+        Some(vec!["room/a.rs".to_string(), "room/b.rs".to_string()])
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -17,7 +17,7 @@ pub struct KvCache {
     /// The cache on the GPU, when the model runs there through its own kernels (then
     /// `keys` and `values` stay empty).
     #[cfg(feature = "cuda")]
-    pub(super) device: Option<super::cuda::DeviceKv>,
+    pub(super) device: Option<super::cuda::kv::DeviceKv>,
 }
 
 impl KvCache {

@@ -4,7 +4,11 @@
 //! - [`arch`]: the model families (llama, Mistral, Qwen 2 and 3, Gemma 3) and what each
 //!   adds to the llama block.
 //! - [`forward`]: the forward pass over a draft tree; `kv_cache`: each sequence's keys
-//!   and values, of which only the accepted path is kept after a step.
+//!   and values, of which only the accepted path is kept after a step. What the CPU pass
+//!   and the GPU's share, each in its own module so that neither imports the other:
+//!   `config` (sizes, switches, weight formats), `layer` (a block's weights, RoPE
+//!   tables), `pass` (a batch's rows and layout) and `error` (what loading or running
+//!   fails with); [`forward`] hands them on.
 //! - [`kernels`]: the row-invariant CPU matmul and attention the model runs on.
 //! - `cuda` (with the `cuda` feature): the same guarantee on a GPU, through kernels
 //!   compiled at run time, with the KV cache on the device.
@@ -20,17 +24,21 @@
 //! [`crate::vocab`]; it does not import the store.
 
 pub mod arch;
+mod config;
 pub mod cost;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod detokenizer;
 pub mod engine;
+mod error;
 pub mod forward;
 pub mod grammar;
 pub mod kernels;
 mod kv_cache;
+mod layer;
 mod linear;
 mod load;
+mod pass;
 pub mod prefix;
 pub use load::synthetic;
 pub mod tokenizer;

@@ -7,7 +7,7 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 
-use super::CudaError;
+use super::error::CudaError;
 
 /// What moves a sequence's accepted rows into place (shared by every [`DeviceKv`]).
 pub(super) struct KvKeeper {

@@ -30,11 +30,13 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
 
+pub(super) mod error;
 mod graphs;
-mod kv;
+pub(super) mod kv;
 mod launch;
 mod tuning;
 
+pub use error::CudaError;
 use graphs::Graphs;
 pub use kv::DeviceKv;
 use kv::KvKeeper;
@@ -42,38 +44,16 @@ use launch::Pass;
 pub use tuning::{Tuning, compile};
 use tuning::{arch_of, env_u32};
 
-use super::forward::{
-    BatchEntry, BatchPlan, Layer, ModelConfig, ModelError, RopeTable, WeightFormat,
-};
+use super::config::{ModelConfig, WeightFormat};
+use super::error::ModelError;
 use super::kernels::activation::Activation;
 use super::kernels::norm::RopePairs;
+use super::layer::{Layer, RopeTable};
 use super::linear::{Linear, NormWeights};
+use super::pass::{BatchEntry, BatchPlan};
 
 /// The kernels' source.
 pub const KERNELS: &str = include_str!("kernels.cu");
-
-/// Why the device pass cannot be set up or run.
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    /// NVRTC refused the kernels (a toolkit or driver mismatch).
-    #[error("cannot compile the device kernels with NVRTC: {0}")]
-    Compile(String),
-    /// A driver call failed.
-    #[error("CUDA driver call failed: {0}")]
-    Driver(String),
-    /// The model's shape is outside what the kernels handle.
-    #[error("the device kernels cannot run this model: {0}")]
-    Shape(String),
-    /// A candle operation on the weights failed.
-    #[error("{0}")]
-    Candle(#[from] candle_core::Error),
-}
-
-impl From<candle_core::cuda_backend::cudarc::driver::DriverError> for CudaError {
-    fn from(e: candle_core::cuda_backend::cudarc::driver::DriverError) -> Self {
-        CudaError::Driver(e.to_string())
-    }
-}
 
 /// The widest head kernels.cu's `qkv_heads` takes (HEADS_MAX_PAIRS pairs per lane).
 const HEADS_MAX_HEAD_DIM: usize = 256;

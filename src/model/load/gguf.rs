@@ -7,7 +7,8 @@ use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 
 use super::{finite, head_width, md_f32, md_u32};
 use crate::model::arch::{Family, RopeSpec, SUPPORTED_GGUF, gemma_layer_slides};
-use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
+use crate::model::forward::{Model, ModelConfig, ModelError, WeightFormat};
+use crate::model::layer::Layer;
 use crate::model::linear::{
     Embedding, Linear, NormWeights, Weights, dense_of, requantize_q8_0, rounded_to_bf16, weights_of,
 };

@@ -13,8 +13,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{HfConfig, HfLayout, finite, rope_rows_interleaved, safetensors_files};
 use crate::model::arch::{Family, RopeSpec};
-use crate::model::forward::{Layer, Model, ModelConfig, ModelError, WeightFormat};
+use crate::model::forward::{Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::kernels::norm::RopePairs;
+use crate::model::layer::Layer;
 use crate::model::linear::{
     Embedding, Linear, NormWeights, Weights, dense_of, rounded_to_bf16, weights_of,
 };

@@ -3,6 +3,7 @@
 //! body).
 
 mod admin;
+mod answer;
 mod openai;
 mod probes;
 mod stream;

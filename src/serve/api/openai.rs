@@ -14,15 +14,13 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chat::{ChatMessage, PromptPiece, TemplateError};
-use crate::model::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
+use crate::model::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling};
 use crate::model::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
 
+use super::answer::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
 use super::stream::{self, StreamCalls};
 use super::tools::{self, ToolPlan};
-use super::wire::{
-    AssistantMessage, ChatChoice, ChatTokenLogprob, Completion, Logprobs, Model, ModelList,
-    PromptTokensDetails, SpecStats, TextChoice, TopLogprob, Usage,
-};
+use super::wire::{AssistantMessage, ChatChoice, Completion, Model, ModelList, TextChoice};
 use super::{ApiError, read_json};
 use crate::serve::AppState;
 use crate::serve::worker::{Job, JobError};
@@ -178,74 +176,6 @@ fn logprobs_wanted(req: &GenerationRequest, chat: bool) -> Result<Option<usize>,
     }
 }
 
-/// A token as text, and its UTF-8 bytes; the bytes are null when the token is part of
-/// a character (its text alone is not valid UTF-8).
-fn token_text(app: &AppState, token: u32) -> (String, Option<Vec<u8>>) {
-    let text = app.tokenizer.decode(&[token], false).unwrap_or_default();
-    let bytes = (!text.contains('\u{fffd}')).then(|| text.as_bytes().to_vec());
-    (text, bytes)
-}
-
-/// A choice's `logprobs` in OpenAI's form: chat's `{"content": [...]}`, or the legacy
-/// completion arrays, whose `text_offset` counts bytes from `*offset` (the text before
-/// these tokens), which moves past them.
-pub(super) fn logprobs_of(
-    app: &AppState,
-    logprobs: &[TokenLogprob],
-    chat: bool,
-    offset: &mut usize,
-) -> Logprobs {
-    if chat {
-        let content = logprobs
-            .iter()
-            .map(|lp| {
-                let (token, bytes) = token_text(app, lp.token);
-                *offset += token.len();
-                let top_logprobs = lp
-                    .top
-                    .iter()
-                    .map(|&(t, logprob)| {
-                        let (token, bytes) = token_text(app, t);
-                        TopLogprob {
-                            token,
-                            logprob,
-                            bytes,
-                        }
-                    })
-                    .collect();
-                ChatTokenLogprob {
-                    token,
-                    logprob: lp.logprob,
-                    bytes,
-                    top_logprobs,
-                }
-            })
-            .collect();
-        return Logprobs::Chat { content };
-    }
-    let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for lp in logprobs {
-        let (token, _) = token_text(app, lp.token);
-        text_offset.push(*offset);
-        *offset += token.len();
-        tokens.push(token);
-        token_logprobs.push(lp.logprob);
-        let top: serde_json::Map<String, serde_json::Value> = lp
-            .top
-            .iter()
-            .map(|&(t, l)| (token_text(app, t).0, json!(l)))
-            .collect();
-        top_logprobs.push(top);
-    }
-    Logprobs::Completion {
-        tokens,
-        token_logprobs,
-        top_logprobs,
-        text_offset,
-    }
-}
-
 pub use crate::store::MAX_NAMESPACE_BYTES;
 
 /// A namespace (from `x-suffixd-namespace` or `user`) is 1 to 128 bytes of printable
@@ -325,12 +255,6 @@ struct GenerationRequest {
     echo: Option<serde_json::Value>,
     best_of: Option<serde_json::Value>,
     suffix: Option<serde_json::Value>,
-}
-
-pub(super) fn unix_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// The served model in OpenAI's form.
@@ -938,54 +862,5 @@ async fn await_generation(
                 "generation was dropped",
             ))
         }
-    }
-}
-
-pub(super) fn finish(g: &Generation) -> &'static str {
-    match g.finish_reason {
-        crate::model::engine::FinishReason::Length => "length",
-        _ => "stop",
-    }
-}
-
-/// A chat answer's `finish_reason`: `length` whenever `max_tokens` (or the context) cut
-/// it, as OpenAI says, even within a call; else `tool_calls` when it made calls.
-pub(super) fn chat_finish(g: &Generation, calls: &[tools::ToolCall]) -> &'static str {
-    match finish(g) {
-        "stop" if !calls.is_empty() => "tool_calls",
-        other => other,
-    }
-}
-
-/// The usage of a request's choices, `per_prompt` for each prompt: each prompt once
-/// (and its cached part, its first choice's), the completions summed.
-pub(super) fn usage_of(gs: &[Generation], per_prompt: usize) -> Usage {
-    let firsts = || gs.chunks(per_prompt.max(1)).map(|c| &c[0]);
-    let prompt: usize = firsts().map(|g| g.prompt_tokens).sum();
-    let cached: usize = firsts().map(|g| g.cached_prompt_tokens).sum();
-    let completion: usize = gs.iter().map(|g| g.tokens.len()).sum();
-    Usage {
-        prompt_tokens: prompt,
-        completion_tokens: completion,
-        total_tokens: prompt + completion,
-        prompt_tokens_details: PromptTokensDetails {
-            cached_tokens: cached,
-        },
-    }
-}
-
-/// Speculation figures over a request's choices: steps and tokens summed, tokens per
-/// second of decoding the mean of the choices'.
-pub(super) fn spec_stats_of(gs: &[Generation]) -> SpecStats {
-    let sum = |f: fn(&Generation) -> usize| gs.iter().map(f).sum::<usize>();
-    let rate = gs.iter().map(|g| g.tokens_per_s).sum::<f64>() / gs.len().max(1) as f64;
-    let mut sources = crate::model::engine::DraftSources::default();
-    gs.iter().for_each(|g| sources.add(&g.sources));
-    SpecStats {
-        steps: sum(|g| g.steps),
-        drafted_tokens: sum(|g| g.drafted_tokens),
-        accepted_tokens: sum(|g| g.accepted_tokens),
-        tokens_per_s: rate,
-        draft_sources: sources,
     }
 }

@@ -15,7 +15,7 @@ use crate::serve::AppState;
 use crate::serve::worker::{Delta, JobError};
 
 use super::ApiError;
-use super::openai::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
+use super::answer::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
 use super::tools::{self, CallStreamer};
 use super::wire::{
     ChatChunkChoice, Chunk, ChunkChoice, Logprobs, MessageDelta, TextChoice, ToolCallDelta,
