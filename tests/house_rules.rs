@@ -348,10 +348,10 @@ fn a_circle(imports: &BTreeMap<String, BTreeMap<String, usize>>) -> Option<Vec<S
     }
     let mut colour = BTreeMap::new();
     for file in imports.keys() {
-        if !colour.contains_key(file) {
-            if let Some(circle) = visit(file, imports, &mut colour, &mut Vec::new()) {
-                return Some(circle);
-            }
+        if !colour.contains_key(file)
+            && let Some(circle) = visit(file, imports, &mut colour, &mut Vec::new())
+        {
+            return Some(circle);
         }
     }
     None
