@@ -40,6 +40,8 @@ fn workload_points() -> Vec<FaultPoint> {
             FaultPoint::Replace(DurableFile::Quarantine | DurableFile::ReplicationState, _) => {
                 false
             }
+            // The eviction outbox is replication's: replicate::outbox's unit tests.
+            FaultPoint::OutboxWrite | FaultPoint::OutboxFsync => false,
         })
         .collect()
 }

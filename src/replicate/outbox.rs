@@ -8,10 +8,10 @@
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::{ReplicateError, WireOp};
+use crate::store::faults::{self, FaultPoint};
 use crate::store::{Change, EvictScope};
 
 /// Once everything is sent and the file is this large, it is emptied.
@@ -30,6 +30,11 @@ pub(super) struct EvictionOutbox {
     file: File,
     pending: VecDeque<(u64, EvictScope)>,
     last: u64,
+    /// Bytes of whole, written entries: where the next entry starts. A failed write is
+    /// cut back to here, never further.
+    intact: u64,
+    /// A failed write may have left bytes after `intact` that are not cut out yet.
+    dirty: bool,
 }
 
 impl EvictionOutbox {
@@ -77,29 +82,38 @@ impl EvictionOutbox {
             file,
             pending,
             last,
+            intact,
+            dirty: false,
         })
     }
 
-    /// Write `scope` down (fsynced) to be sent.
+    /// Write `scope` down (fsynced) to be sent. On an error nothing written before is
+    /// touched: what this write left is cut back out (now, or before the next write if
+    /// the cut fails too), and the entry is not numbered.
     pub(super) fn push(&mut self, scope: EvictScope) -> Result<(), ReplicateError> {
+        let error = |source| ReplicateError::State {
+            path: self.path.clone(),
+            source,
+        };
+        if self.dirty {
+            self.file.set_len(self.intact).map_err(error)?;
+            self.dirty = false;
+        }
         let n = self.last + 1;
         let op = Change::Evict(scope.clone()).into();
         let mut line = serde_json::to_vec(&Entry { n, op }).expect("an eviction serializes");
         line.push(b'\n');
-        let written = self
-            .file
-            .write_all(&line)
+        let written = faults::write_all(FaultPoint::OutboxWrite, &mut self.file, &line)
+            .and_then(|()| faults::check(FaultPoint::OutboxFsync))
             .and_then(|()| self.file.sync_data());
         if let Err(source) = written {
-            // Take a partial line back out, so that the next entry is not glued to it.
-            if let Ok(len) = self.file.metadata().map(|m| m.len()) {
-                let _ = self.file.set_len(len.saturating_sub(line.len() as u64));
-            }
-            return Err(ReplicateError::State {
-                path: self.path.clone(),
-                source,
-            });
+            // Back to the last whole entry: a partial line must not glue the next entry
+            // to it, and a cut by this line's length would eat into acknowledged ones
+            // when the write stopped short.
+            self.dirty = self.file.set_len(self.intact).is_err();
+            return Err(error(source));
         }
+        self.intact += line.len() as u64;
         self.last = n;
         self.pending.push_back((n, scope));
         Ok(())
@@ -122,7 +136,9 @@ impl EvictionOutbox {
                 .is_ok_and(|m| m.len() >= TRUNCATE_FROM_BYTES)
         {
             // Numbering goes on from `last`; the positions file remembers what was sent.
-            let _ = self.file.set_len(0);
+            if self.file.set_len(0).is_ok() {
+                self.intact = 0;
+            }
         }
     }
 
@@ -134,6 +150,8 @@ impl EvictionOutbox {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     fn evict(id: u64) -> EvictScope {
@@ -173,5 +191,32 @@ mod tests {
             "numbering goes on after the torn line"
         );
         assert_eq!(o.len(), 1);
+    }
+
+    #[test]
+    fn a_failed_write_loses_no_entry_written_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("evictions.jsonl");
+        let mut o = EvictionOutbox::open(&path, 0).unwrap();
+        for id in 1..=3 {
+            o.push(evict(id)).unwrap();
+        }
+        // A full disk: the write stops after 10 bytes; then an fsync fails.
+        fail::cfg(FaultPoint::OutboxWrite.name(), "1*return(10)").unwrap();
+        assert!(o.push(evict(4)).is_err());
+        fail::remove(FaultPoint::OutboxWrite.name());
+        fail::cfg(FaultPoint::OutboxFsync.name(), "1*return").unwrap();
+        assert!(o.push(evict(5)).is_err());
+        fail::remove(FaultPoint::OutboxFsync.name());
+        assert_eq!(o.len(), 3, "the failed entries were not taken");
+        o.push(evict(6)).unwrap();
+        drop(o);
+        let o = EvictionOutbox::open(&path, 0).unwrap();
+        let kept: Vec<(u64, EvictScope)> = o.pending.iter().cloned().collect();
+        assert_eq!(
+            kept,
+            [(1, evict(1)), (2, evict(2)), (3, evict(3)), (4, evict(6))],
+            "every acknowledged entry, whole, and the next one numbered after them"
+        );
     }
 }

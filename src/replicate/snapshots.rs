@@ -18,11 +18,11 @@ use tokio::io::AsyncWriteExt;
 
 use super::SyncError;
 use crate::store::DiskDirectory;
+use crate::store::TokenizerId;
 use crate::store::live::{Store, own_ids};
 use crate::store::manifest::{current_snapshot, next_snapshot_path, publish};
 use crate::store::snapshot::Snapshot;
 use crate::store::wal::segments;
-use crate::store::{EvictScope, TokenizerId};
 
 /// The bucket of a cluster's snapshots.
 pub(super) fn bucket_name(cluster: &str) -> String {
@@ -268,9 +268,7 @@ pub(super) fn merge(store: &Store, snap: &Snapshot, own_tag: u16) -> Result<Merg
             })
             .collect()
     };
-    for (namespace, id) in victims {
-        merged.evicted += store.evict(&EvictScope::id(namespace, id))?;
-    }
+    merged.evicted += store.evict_sequences(&victims)?;
     Ok(merged)
 }
 

@@ -1,4 +1,4 @@
-//! Fault points for the store's file operations, so that tests can make a write, an
+//! Fault points for the store's file operations (and replication's eviction outbox), so that tests can make a write, an
 //! fsync, a rename or a removal fail at any step of append, snapshot and compaction
 //! (`tests/faults.rs`). They are the `fail` crate's points, named by [`FaultPoint`]:
 //! compiled in only when its `failpoints` feature is on, which the test build turns on
@@ -56,6 +56,10 @@ pub enum FaultPoint {
     WalTruncate,
     /// A step of replacing a file whole.
     Replace(DurableFile, ReplaceStep),
+    /// Writing an entry of replication's eviction outbox.
+    OutboxWrite,
+    /// The outbox's fsync before an operator's eviction is acknowledged.
+    OutboxFsync,
 }
 
 impl FaultPoint {
@@ -70,6 +74,8 @@ impl FaultPoint {
             FaultPoint::WalNewSegment,
             FaultPoint::WalRemove,
             FaultPoint::WalTruncate,
+            FaultPoint::OutboxWrite,
+            FaultPoint::OutboxFsync,
         ];
         for file in [Snapshot, Manifest, NextId, Quarantine, ReplicationState] {
             for step in [Write, Fsync, Rename, DirFsync] {
@@ -89,6 +95,8 @@ impl FaultPoint {
             FaultPoint::WalNewSegment => wal("new-segment"),
             FaultPoint::WalRemove => wal("remove"),
             FaultPoint::WalTruncate => wal("truncate"),
+            FaultPoint::OutboxWrite => "outbox-write".into(),
+            FaultPoint::OutboxFsync => "outbox-fsync".into(),
             FaultPoint::Replace(file, step) => {
                 let file = match file {
                     DurableFile::Snapshot => "snapshot",
@@ -114,6 +122,7 @@ impl FaultPoint {
             self,
             FaultPoint::WalWrite
                 | FaultPoint::WalNewSegment
+                | FaultPoint::OutboxWrite
                 | FaultPoint::Replace(_, ReplaceStep::Write)
         )
     }

@@ -49,10 +49,11 @@ impl LastUse {
         self.order.pop(&(namespace.to_string(), id));
     }
 
-    /// The least recently used sequence.
-    pub fn coldest(&self) -> Option<(&str, u64)> {
+    /// Every sequence, coldest first.
+    pub fn coldest_first(&self) -> impl Iterator<Item = (&str, u64)> {
         self.order
-            .peek_lru()
+            .iter()
+            .rev()
             .map(|((ns, id), _)| (ns.as_str(), *id))
     }
 
@@ -78,18 +79,18 @@ mod tests {
             (10, "a".into(), 1),
         ]);
         assert_eq!(
-            lu.coldest(),
+            lu.coldest_first().next(),
             Some(("a", 1)),
             "oldest time, ties by namespace and id"
         );
         lu.used("a", 1, 40);
-        assert_eq!(lu.coldest(), Some(("a", 2)));
+        assert_eq!(lu.coldest_first().next(), Some(("a", 2)));
         lu.used("c", 7, 50);
         let old: Vec<_> = lu.unused_since(40).collect();
         assert_eq!(old, vec![("a", 2), ("b", 1)]);
         lu.remove("a", 2);
         lu.remove("a", 2);
-        assert_eq!(lu.coldest(), Some(("b", 1)));
+        assert_eq!(lu.coldest_first().next(), Some(("b", 1)));
         assert_eq!(lu.unused_since(0).count(), 0);
     }
 }

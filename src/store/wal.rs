@@ -597,10 +597,24 @@ impl Wal {
     /// An eviction of more than one sequence is refused: the store logs the sequences
     /// it removed.
     pub fn write(&self, op: &Change) -> Result<u64, WalError> {
+        self.write_group(std::slice::from_ref(op))
+    }
+
+    /// Append `ops` as consecutive records in one write: all of them or none (a failed
+    /// write is cut back out). Returns the last one's sequence number, the one to
+    /// [`Wal::sync`]; with no `ops`, the last record written.
+    pub fn write_group(&self, ops: &[Change]) -> Result<u64, WalError> {
         let mut w = self.writer.lock().expect("wal writer lock");
         w.repair()?;
-        let seq = next_seq(&w.path, w.written)?;
-        let bytes = encode(seq, op).ok_or_else(|| WalError::Unresolved(op.clone()))?;
+        let mut seq = w.written;
+        let mut bytes = Vec::new();
+        for op in ops {
+            seq = next_seq(&w.path, seq)?;
+            bytes.extend(encode(seq, op).ok_or_else(|| WalError::Unresolved(op.clone()))?);
+        }
+        if bytes.is_empty() {
+            return Ok(seq);
+        }
         if let Err(source) = faults::write_all(FaultPoint::WalWrite, &mut w.file, &bytes) {
             w.take_back();
             return Err(w.io(source));

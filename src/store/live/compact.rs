@@ -86,7 +86,7 @@ impl Store {
             })?;
             drop(st);
             for (seq, op) in carried {
-                Self::apply(&self.cfg, &mut fresh, &op)?;
+                Self::apply_to(&self.cfg, &mut fresh, &op)?;
                 fresh.since_cut.push((seq, op));
             }
             writer.apply(|st| *st = fresh.clone());

@@ -100,6 +100,11 @@ pub fn own_ids(origin: u16) -> std::ops::Range<u64> {
 /// `suffixd ingest` raised its peak RSS by 350 MB (69 bytes a token).
 pub const BYTES_PER_CACHED_TOKEN: u64 = 80;
 
+/// The most changes [`Store::apply`] takes in one group: a namespace of a million
+/// sequences is evicted in groups, so no append waits behind one long hold of the
+/// writer's lock.
+pub const GROUP_MAX: usize = 4096;
+
 /// The most a default budget holds: 8 M tokens (about 640 MB resident), well above a
 /// busy server's day of distinct responses.
 pub const DEFAULT_BUDGET_CAP_TOKENS: u64 = 8_000_000;
@@ -475,7 +480,7 @@ pub(crate) fn now_ms() -> u64 {
 
 impl Store {
     /// Apply one logged change; idempotent (an id already present is not added twice).
-    fn apply(cfg: &StoreConfig, state: &mut State, op: &Change) -> Result<bool, TreeError> {
+    fn apply_to(cfg: &StoreConfig, state: &mut State, op: &Change) -> Result<bool, TreeError> {
         match op {
             Change::Append {
                 namespace,
@@ -541,7 +546,7 @@ impl Store {
             let op = make();
             let seq = self.wal.write(&op)?;
             let changed = writer.apply(|st| {
-                let changed = Self::apply(&self.cfg, st, &op);
+                let changed = Self::apply_to(&self.cfg, st, &op);
                 st.since_cut.push((seq, op.clone()));
                 changed
             })?;
@@ -554,6 +559,74 @@ impl Store {
         };
         self.wal.sync(seq)?;
         Ok(changed)
+    }
+
+    /// Log and apply `changes` as one group: one hold of the writer lock, one write to
+    /// the log, one fsync; returns how many changed the store. Evictions go through it:
+    /// a budget that drops a thousand sequences costs one fsync, not a thousand, before
+    /// the client whose append caused it gets its answer. At most [`GROUP_MAX`] changes.
+    pub fn apply(&self, changes: &[Change]) -> Result<usize, ChangeError> {
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        assert!(
+            changes.len() <= GROUP_MAX,
+            "a group of {} changes",
+            changes.len()
+        );
+        let (last, changed) = {
+            let mut writer = self.writer();
+            let last = self.wal.write_group(changes)?;
+            let first = last + 1 - changes.len() as u64;
+            let changed = writer.apply(|st| {
+                // Every change is logged, so every one is applied and cut with the
+                // log, even after one fails (as a single commit does).
+                let mut changed = 0;
+                let mut failed = None;
+                for (seq, op) in (first..).zip(changes) {
+                    match Self::apply_to(&self.cfg, st, op) {
+                        Ok(c) => changed += c as usize,
+                        Err(e) => failed = failed.or(Some(e)),
+                    }
+                    st.since_cut.push((seq, op.clone()));
+                }
+                failed.map_or(Ok(changed), Err)
+            })?;
+            for change in changes {
+                if let Change::Append { id, .. } = change
+                    && own_ids(self.cfg.id_origin).contains(id)
+                {
+                    self.last_own_id.fetch_max(*id, Ordering::Release);
+                }
+            }
+            (last, changed)
+        };
+        self.wal.sync(last)?;
+        Ok(changed)
+    }
+
+    /// Evict these sequences (namespace, id), in groups of up to [`GROUP_MAX`] with one
+    /// fsync each; returns how many were cached. Those not cached are not logged.
+    pub fn evict_sequences(&self, victims: &[(String, u64)]) -> Result<usize, ChangeError> {
+        let mut evicted = 0;
+        for group in victims.chunks(GROUP_MAX) {
+            let changes: Vec<Change> = {
+                let st = self.state.read();
+                group
+                    .iter()
+                    .filter(|(ns, id)| {
+                        st.namespaces
+                            .get(ns)
+                            .is_some_and(|n| n.seqs.contains_key(id))
+                    })
+                    .map(|(ns, id)| Change::evict(ns.clone(), *id))
+                    .collect()
+            };
+            let n = self.apply(&changes)?;
+            self.counters.lock().expect("counters").evicted += n as u64;
+            evicted += n;
+        }
+        Ok(evicted)
     }
 
     /// Add a completed request's response to `namespace`; durable when this returns
@@ -634,51 +707,32 @@ impl Store {
     }
 
     /// Evict what `scope` names; returns how many sequences went. Each is logged as
-    /// its own eviction.
+    /// its own eviction, in groups of up to [`GROUP_MAX`] with one fsync each.
     pub fn evict(&self, scope: &EvictScope) -> Result<usize, ChangeError> {
-        let victims: Vec<(String, u64)> = match scope {
-            EvictScope::Id { namespace, id } => vec![(namespace.clone(), *id)],
-            EvictScope::Namespace { namespace } => {
-                let st = self.state.read();
-                st.namespaces
+        if matches!(scope, EvictScope::UnusedSince { .. }) {
+            self.apply_touches();
+        }
+        let victims: Vec<(String, u64)> = {
+            let st = self.state.read();
+            match scope {
+                EvictScope::Id { namespace, id } => vec![(namespace.clone(), *id)],
+                EvictScope::Namespace { namespace } => st
+                    .namespaces
                     .get(namespace)
                     .map(|n| n.seqs.keys().map(|&id| (namespace.clone(), id)).collect())
-                    .unwrap_or_default()
-            }
-            EvictScope::UnusedSince { cutoff_ms } => {
-                self.apply_touches();
-                let st = self.state.read();
-                st.lru
+                    .unwrap_or_default(),
+                EvictScope::UnusedSince { cutoff_ms } => st
+                    .lru
                     .unused_since(*cutoff_ms)
                     .map(|(ns, id)| (ns.to_string(), id))
-                    .collect()
+                    .collect(),
             }
         };
-        let mut n = 0;
-        for (namespace, id) in victims {
-            n += self.evict_one(namespace, id)? as usize;
-        }
-        Ok(n)
-    }
-
-    /// Evict one sequence; returns whether it was cached.
-    fn evict_one(&self, namespace: String, id: u64) -> Result<bool, ChangeError> {
-        let known = {
-            let st = self.state.read();
-            st.namespaces
-                .get(&namespace)
-                .is_some_and(|n| n.seqs.contains_key(&id))
-        };
-        if !known {
-            return Ok(false);
-        }
-        let r = self.commit(|| Change::evict(namespace, id))?;
-        self.counters.lock().expect("counters").evicted += r as u64;
-        Ok(r)
+        self.evict_sequences(&victims)
     }
 
     /// Evict least recently used sequences while over the token budget, and those older
-    /// than the maximum age.
+    /// than the maximum age: each in one group (one fsync) when it fits in one.
     pub fn enforce_budget(&self) -> Result<(), ChangeError> {
         if let Some(age) = self.cfg.max_age_ms {
             self.evict(&EvictScope::UnusedSince {
@@ -690,19 +744,30 @@ impl Store {
         };
         self.apply_touches();
         loop {
-            let victim = {
+            // The coldest sequences whose tokens bring the store back within budget.
+            // Appends racing with this may leave it over: then another round.
+            let victims: Vec<(String, u64)> = {
                 let st = self.state.read();
                 let total: u64 = st.namespaces.values().map(Namespace::tokens).sum();
-                if total <= budget {
-                    return Ok(());
-                }
-                st.lru.coldest().map(|(ns, id)| (ns.to_string(), id))
+                let mut over = total.saturating_sub(budget);
+                st.lru
+                    .coldest_first()
+                    .map_while(|(ns, id)| {
+                        (over > 0).then(|| {
+                            let tokens = st
+                                .namespaces
+                                .get(ns)
+                                .and_then(|n| n.trees.sequence(id))
+                                .map_or(0, <[u32]>::len);
+                            over = over.saturating_sub(tokens.max(1) as u64);
+                            (ns.to_string(), id)
+                        })
+                    })
+                    .take(GROUP_MAX)
+                    .collect()
             };
-            match victim {
-                Some((ns, id)) => {
-                    self.evict_one(ns, id)?;
-                }
-                None => return Ok(()),
+            if victims.is_empty() || self.evict_sequences(&victims)? == 0 {
+                return Ok(());
             }
         }
     }

@@ -76,7 +76,7 @@ impl Store {
                 (Some(foreign), _) => foreign.apply(&cfg, &mut state, &r.op)?,
                 (None, Replay::After(cut)) if r.seq <= cut => None,
                 (None, _) => {
-                    Self::apply(&cfg, &mut state, &r.op)?;
+                    Self::apply_to(&cfg, &mut state, &r.op)?;
                     Some(r.op.clone())
                 }
             };
@@ -464,7 +464,7 @@ impl ForeignReplay {
                 return Ok(None);
             }
         };
-        Store::apply(cfg, state, &op)?;
+        Store::apply_to(cfg, state, &op)?;
         self.applied += 1;
         Ok(Some(op))
     }

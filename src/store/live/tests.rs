@@ -302,6 +302,54 @@ fn budget_evicts_least_recently_used_first(place: Place) {
     assert_eq!(count(&s, "n", &[1]), 0);
 }
 
+/// An eviction of many sequences, by the budget or by namespace, is one group in the
+/// log: one write and one fsync, where it was one of each per sequence, each before the
+/// answer of the append that caused it.
+#[test]
+fn evictions_are_logged_in_groups_of_one_write_and_one_fsync() {
+    let ram = RamDirectory::new();
+    let place = Place::Ram(ram.clone());
+    let s = Store::open(StoreConfig {
+        budget_tokens: Some(41),
+        ..place.cfg()
+    })
+    .unwrap();
+    let mut ids: Vec<u64> = (0..39).map(|i| s.append("n", &[i]).unwrap()).collect();
+    let one_append = {
+        let before = ram.operations();
+        ids.push(s.append("n", &[39]).unwrap());
+        ram.operations() - before
+    };
+    assert!(one_append >= 2, "a write and an fsync: {one_append}");
+    // 40 tokens, then 30 more: 29 over the budget, so the 29 coldest go, in one group.
+    let before = ram.operations();
+    let big = s.append("n", &[100; 30]).unwrap();
+    let evicting_append = ram.operations() - before;
+    assert!(
+        evicting_append <= 2 * one_append,
+        "an append that evicts 29 sequences costs what two appends cost, not 30: \
+         {evicting_append} operations against {one_append}"
+    );
+    let held = |id: u64| s.read().namespaces["n"].seqs.contains_key(&id);
+    assert!(ids[..29].iter().all(|&id| !held(id)), "the coldest went");
+    assert!(
+        ids[29..].iter().all(|&id| held(id)) && held(big),
+        "the rest stayed"
+    );
+    let before = ram.operations();
+    let namespace = EvictScope::Namespace {
+        namespace: "n".into(),
+    };
+    assert_eq!(s.evict(&namespace).unwrap(), 12);
+    assert!(
+        ram.operations() - before <= one_append,
+        "a namespace is one group"
+    );
+    drop(s);
+    let s = Store::open(place.cfg()).unwrap();
+    assert_eq!(s.read().namespaces.get("n").map_or(0, |n| n.sequences()), 0);
+}
+
 /// What a workload was told had happened, and after how many of the directory's
 /// changing operations it was told.
 #[derive(Clone, Debug)]
@@ -334,6 +382,15 @@ fn power_cut_workload(ram: &RamDirectory) -> Vec<(u64, Acked)> {
     append(&mut acked, "a", &[5, 5, 5, 5]);
     store.snapshot().unwrap();
     append(&mut acked, "c", &[3]);
+    // A namespace evicted as one group: one write, one fsync.
+    let group: Vec<u64> = (0..3).map(|i| append(&mut acked, "e", &[6, i])).collect();
+    let namespace = EvictScope::Namespace {
+        namespace: "e".into(),
+    };
+    assert_eq!(store.evict(&namespace).unwrap(), 3);
+    for id in group {
+        acked.push((ram.operations(), Acked::Evicted("e", id)));
+    }
     acked
 }
 
