@@ -33,6 +33,8 @@
 
 use std::time::Instant;
 
+use candle_core::Tensor;
+
 use crate::speculate::{Draft, DraftSource};
 
 use super::super::cost::CostCurve;
@@ -420,22 +422,16 @@ struct Drafting<'a> {
     catch_up: Vec<u32>,
 }
 
-fn run_draft_model(
-    dm: &mut DraftModel,
-    cost: &CostCurve,
-    calibration: &Calibration,
-    eos: &[u32],
-    wanting: &mut [(&mut Sequence, &mut Draft)],
-) -> Result<(), ModelError> {
-    let capacity = dm.model.config().context;
-    let mut active: Vec<Drafting<'_>> = Vec::with_capacity(wanting.len());
-    for (seq, out) in wanting.iter_mut() {
-        let (seq, out): (&mut Sequence, &mut Draft) = (seq, out);
+impl<'a> Drafting<'a> {
+    /// `seq`'s drafting for this step, its draft cache cut back to what it holds of the
+    /// context; `None` when it has no room to draft (the model's `capacity`, its
+    /// `max_tokens`).
+    fn start(seq: &'a mut Sequence, out: &'a mut Draft, capacity: usize) -> Option<Self> {
         let room = capacity.saturating_sub(seq.context.len());
         let left = seq.opts.max_tokens.saturating_sub(seq.out.len() + 1);
         let limit = MAX_MODEL_DRAFT.min(room.saturating_sub(1)).min(left);
         if limit == 0 {
-            continue;
+            return None;
         }
         let state = seq.draft.get_or_insert_with(DraftState::default);
         // What the cache holds of the context; at least the newest token is run again,
@@ -454,7 +450,7 @@ fn run_draft_model(
         } else {
             seq.context[state.synced..].to_vec()
         };
-        active.push(Drafting {
+        Some(Drafting {
             seq,
             draft: Draft {
                 source: DraftSource::Model,
@@ -465,71 +461,72 @@ fn run_draft_model(
             last: 1.0,
             limit,
             catch_up,
-        });
+        })
     }
+
+    /// The draft cache of the sequence.
+    fn cache(&mut self) -> &mut KvCache {
+        &mut self.seq.draft.as_mut().expect("set by start").cache
+    }
+
+    /// Take the next draft token from the draft model's `row` of logits, as the
+    /// sequence's sampling would (greedy: the argmax; else drawn from q with the
+    /// position's uniform number), and add its calibrated worth. Returns the token.
+    fn take_next(&mut self, row: &[f32], calibration: &Calibration) -> u32 {
+        let sampling = self.seq.opts.sampling;
+        let (token, p) = if sampling.temperature <= 0.0 {
+            let token = argmax(row);
+            (
+                token,
+                TokenLogprob::from_logits(row, token, 0).logprob.exp(),
+            )
+        } else {
+            let q = sampling.distribution(row);
+            let position = self.seq.out.len() + self.draft.len();
+            let token = sample(&q, self.seq.draws.at(position));
+            (token, q[token as usize])
+        };
+        let k = self.draft.len();
+        let cumulative = self.draft.probs.last().copied().unwrap_or(1.0) * p;
+        self.draft.tokens.push(token);
+        self.draft.parents.push(k as i32 - 1);
+        self.draft.probs.push(cumulative);
+        self.draft.score += cumulative;
+        self.last *= calibration.model_rate(f64::from(p));
+        self.worth += self.last;
+        token
+    }
+}
+
+/// Draft with the draft model for every sequence `wanting` one: a catch-up pass over
+/// each one's tokens since its cache's end, then one batched single-row pass per
+/// further token, while one more token pays for each sequence.
+fn run_draft_model(
+    dm: &mut DraftModel,
+    cost: &CostCurve,
+    calibration: &Calibration,
+    eos: &[u32],
+    wanting: &mut [(&mut Sequence, &mut Draft)],
+) -> Result<(), ModelError> {
+    let capacity = dm.model.config().context;
+    let mut active: Vec<Drafting<'_>> = wanting
+        .iter_mut()
+        .filter_map(|(seq, out)| Drafting::start(seq, out, capacity))
+        .collect();
     if active.is_empty() {
         return Ok(());
     }
-    // The catch-up pass: every sequence's tokens since its cache's end; the last row's
-    // logits give the first draft token.
-    let parents: Vec<Vec<i32>> = active
-        .iter()
-        .map(|d| chain_parents(d.catch_up.len()))
-        .collect();
-    let mut logits = {
-        let mut entries: Vec<BatchEntry<'_>> = active
-            .iter_mut()
-            .zip(&parents)
-            .map(|(d, parents)| BatchEntry {
-                cache: &mut d.seq.draft.as_mut().expect("set above").cache,
-                tokens: &d.catch_up,
-                parents,
-                logits: LogitRows::Last,
-            })
-            .collect();
-        dm.model.forward_batch(&mut entries)?
-    };
-    for d in &mut active {
-        let context_len = d.seq.context.len();
-        let state = d.seq.draft.as_mut().expect("set above");
-        state
-            .cache
-            .commit(&(0..d.catch_up.len()).collect::<Vec<_>>())?;
-        state.synced = context_len;
-        state.base = context_len;
-        state.in_cache = 0;
-    }
+    let mut logits = catch_up(dm, &mut active)?;
     let c = dm.cost_ratio();
     loop {
         // Each active sequence takes its next token from its row of `logits`.
         let mut going: Vec<Drafting<'_>> = Vec::with_capacity(active.len());
         for (r, mut d) in active.into_iter().enumerate() {
             let row: Vec<f32> = logits.get(r)?.to_vec1()?;
-            let sampling = d.seq.opts.sampling;
-            let (token, p) = if sampling.temperature <= 0.0 {
-                let token = argmax(&row);
-                (
-                    token,
-                    TokenLogprob::from_logits(&row, token, 0).logprob.exp(),
-                )
-            } else {
-                let q = sampling.distribution(&row);
-                let position = d.seq.out.len() + d.draft.len();
-                let token = sample(&q, d.seq.draws.at(position));
-                (token, q[token as usize])
-            };
-            let k = d.draft.len();
-            let cumulative = d.draft.probs.last().copied().unwrap_or(1.0) * p;
-            d.draft.tokens.push(token);
-            d.draft.parents.push(k as i32 - 1);
-            d.draft.probs.push(cumulative);
-            d.draft.score += cumulative;
-            let ratio = calibration.model_rate(f64::from(p));
-            d.last *= ratio;
-            d.worth += d.last;
+            let token = d.take_next(&row, calibration);
             // One more token, accepted as often as the draft model's tokens lately are,
             // against one more draft pass and one more verified row.
-            let k = k + 1;
+            let k = d.draft.len();
             let now = d.worth / (cost.cost(1 + k) + c * k as f64);
             let next = (d.worth + d.last * calibration.model_mean_rate())
                 / (cost.cost(2 + k) + c * (k + 1) as f64);
@@ -543,35 +540,73 @@ fn run_draft_model(
         if going.is_empty() {
             return Ok(());
         }
-        let t = Instant::now();
-        let last: Vec<[u32; 1]> = going
-            .iter()
-            .map(|d| [*d.draft.tokens.last().expect("drafted one")])
-            .collect();
-        logits = {
-            let mut entries: Vec<BatchEntry<'_>> = going
-                .iter_mut()
-                .zip(&last)
-                .map(|(d, token)| BatchEntry {
-                    cache: &mut d.seq.draft.as_mut().expect("set above").cache,
-                    tokens: token,
-                    parents: &[-1],
-                    logits: LogitRows::All,
-                })
-                .collect();
-            dm.model.forward_batch(&mut entries)?
-        };
-        if going.len() == 1 {
-            let seconds = t.elapsed().as_secs_f64();
-            dm.draft_t1_s += RATE * (seconds - dm.draft_t1_s);
-        }
-        for d in &mut going {
-            let state = d.seq.draft.as_mut().expect("set above");
-            state.cache.commit(&[0])?;
-            state.in_cache += 1;
-        }
+        logits = draft_pass(dm, &mut going)?;
         active = going;
     }
+}
+
+/// The catch-up pass: every sequence's tokens since its cache's end, kept in its cache;
+/// the last row's logits of each give its first draft token.
+fn catch_up(dm: &mut DraftModel, active: &mut [Drafting<'_>]) -> Result<Tensor, ModelError> {
+    let parents: Vec<Vec<i32>> = active
+        .iter()
+        .map(|d| chain_parents(d.catch_up.len()))
+        .collect();
+    let logits = {
+        let mut entries: Vec<BatchEntry<'_>> = active
+            .iter_mut()
+            .zip(&parents)
+            .map(|(d, parents)| BatchEntry {
+                cache: &mut d.seq.draft.as_mut().expect("set by start").cache,
+                tokens: &d.catch_up,
+                parents,
+                logits: LogitRows::Last,
+            })
+            .collect();
+        dm.model.forward_batch(&mut entries)?
+    };
+    for d in active {
+        let context_len = d.seq.context.len();
+        let rows: Vec<usize> = (0..d.catch_up.len()).collect();
+        d.cache().commit(&rows)?;
+        let state = d.seq.draft.as_mut().expect("set by start");
+        state.synced = context_len;
+        state.base = context_len;
+        state.in_cache = 0;
+    }
+    Ok(logits)
+}
+
+/// One batched single-row pass of the draft model over each going sequence's last draft
+/// token, kept in its cache; a pass of one sequence times the model's step.
+fn draft_pass(dm: &mut DraftModel, going: &mut [Drafting<'_>]) -> Result<Tensor, ModelError> {
+    let t = Instant::now();
+    let last: Vec<[u32; 1]> = going
+        .iter()
+        .map(|d| [*d.draft.tokens.last().expect("drafted one")])
+        .collect();
+    let logits = {
+        let mut entries: Vec<BatchEntry<'_>> = going
+            .iter_mut()
+            .zip(&last)
+            .map(|(d, token)| BatchEntry {
+                cache: &mut d.seq.draft.as_mut().expect("set by start").cache,
+                tokens: token,
+                parents: &[-1],
+                logits: LogitRows::All,
+            })
+            .collect();
+        dm.model.forward_batch(&mut entries)?
+    };
+    if going.len() == 1 {
+        let seconds = t.elapsed().as_secs_f64();
+        dm.draft_t1_s += RATE * (seconds - dm.draft_t1_s);
+    }
+    for d in going {
+        d.cache().commit(&[0])?;
+        d.seq.draft.as_mut().expect("set by start").in_cache += 1;
+    }
+    Ok(logits)
 }
 
 #[cfg(test)]

@@ -106,6 +106,62 @@ impl Model {
             matrix(embed_q)?
         }]);
         let norm = t.norm("output_norm.weight")?;
+        let (ropes, windows) = t.positions(family, &arch, head_dim, layers_n)?;
+        let base = ropes[0].base;
+        let mut layers = Vec::with_capacity(layers_n);
+        for (i, window) in windows.into_iter().enumerate() {
+            layers.push(t.layer(i, window, family, &arch, &matrix)?);
+        }
+        let cfg = ModelConfig {
+            family,
+            layers: layers_n,
+            heads,
+            kv_heads,
+            head_dim,
+            width,
+            vocab,
+            context: max_context.min(trained_context).max(1),
+            rope_base: base,
+            rms_eps: md_f32(content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            activation: block.activation,
+            embed_scale: block.embed_scale.then(|| (width as f32).sqrt()),
+            rope_pairs: block.gguf_rope_pairs,
+            sliding_window: layers.iter().find_map(|l| l.window),
+        };
+        Self::assemble(cfg, embed, layers, norm, head, &ropes, device, format)
+    }
+}
+
+/// The tensors of an open GGUF file.
+struct Tensors<'a> {
+    path: &'a Path,
+    content: &'a gguf_file::Content,
+    file: std::fs::File,
+    /// The file's bytes, where each tensor's scales are checked before it is loaded.
+    bytes: memmap2::Mmap,
+    device: &'a Device,
+}
+
+impl Tensors<'_> {
+    /// The RoPE tables the layers name (the global one first; Gemma's sliding layers use
+    /// a second, with its own base) and each layer's sliding window. Llama 3's scaling
+    /// comes as per-frequency divisors in `rope_freqs.weight`.
+    fn positions(
+        &mut self,
+        family: Family,
+        arch: &str,
+        head_dim: usize,
+        layers_n: usize,
+    ) -> Result<(Vec<RopeSpec>, Vec<Option<usize>>), ModelError> {
+        let (content, path) = (self.content, self.path);
+        let fmt = |message: String| ModelError::Format {
+            path: path.into(),
+            message,
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        let has = |k: &str| content.metadata.contains_key(&key(k));
+        let size = |k: &str| md_u32(content, &key(k)).map(|v| v as usize).map_err(fmt);
         // Gemma's sliding layers use a second RoPE table; Llama 3's scaling comes as
         // per-frequency divisors in `rope_freqs.weight`.
         let default_base = match family {
@@ -117,8 +173,8 @@ impl Model {
             .metadata
             .get(&key("rope.scaling.type"))
             .and_then(|v| v.to_string().ok().cloned());
-        let divisors = if t.present("rope_freqs.weight") {
-            t.host("rope_freqs.weight")?
+        let divisors = if self.present("rope_freqs.weight") {
+            self.host("rope_freqs.weight")?
         } else {
             match scaling.as_deref() {
                 None | Some("none") => Vec::new(),
@@ -163,81 +219,58 @@ impl Model {
             // attention; so does suffixd, to give the same tokens.
             vec![None; layers_n]
         };
-        let mut layers = Vec::with_capacity(layers_n);
-        for (i, window) in windows.into_iter().enumerate() {
-            let p = |s: &str| format!("blk.{i}.{s}");
-            let qkv_bias = if t.part(block.qkv_bias, &p("attn_q.bias"), &arch)? {
-                let mut bias = t.host(&p("attn_q.bias"))?;
-                bias.extend(t.host(&p("attn_k.bias"))?);
-                bias.extend(t.host(&p("attn_v.bias"))?);
-                Some(bias)
-            } else {
-                None
-            };
-            let q_norm = t.optional_norm(block.qk_norm, &p("attn_q_norm.weight"), &arch)?;
-            let k_norm = t.optional_norm(block.qk_norm, &p("attn_k_norm.weight"), &arch)?;
-            let post_attn_norm = t.optional_norm(
-                block.sandwich_norms,
-                &p("post_attention_norm.weight"),
-                &arch,
-            )?;
-            let post_ffn_norm =
-                t.optional_norm(block.sandwich_norms, &p("post_ffw_norm.weight"), &arch)?;
-            layers.push(Layer {
-                attn_norm: t.norm(&p("attn_norm.weight"))?,
-                qkv: Linear::new(vec![
-                    matrix(t.get(&p("attn_q.weight"))?)?,
-                    matrix(t.get(&p("attn_k.weight"))?)?,
-                    matrix(t.get(&p("attn_v.weight"))?)?,
-                ]),
-                qkv_bias,
-                q_norm,
-                k_norm,
-                wo: Linear::new(vec![matrix(t.get(&p("attn_output.weight"))?)?]),
-                post_attn_norm,
-                ffn_norm: t.norm(&p("ffn_norm.weight"))?,
-                gate_up: Linear::new(vec![
-                    matrix(t.get(&p("ffn_gate.weight"))?)?,
-                    matrix(t.get(&p("ffn_up.weight"))?)?,
-                ]),
-                down: Linear::new(vec![matrix(t.get(&p("ffn_down.weight"))?)?]),
-                post_ffn_norm,
-                rope: usize::from(window.is_some()),
-                window,
-            });
-        }
-        let cfg = ModelConfig {
-            family,
-            layers: layers_n,
-            heads,
-            kv_heads,
-            head_dim,
-            width,
-            vocab,
-            context: max_context.min(trained_context).max(1),
-            rope_base: base,
-            rms_eps: md_f32(content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            attn_scale: 1.0 / (head_dim as f32).sqrt(),
-            activation: block.activation,
-            embed_scale: block.embed_scale.then(|| (width as f32).sqrt()),
-            rope_pairs: block.gguf_rope_pairs,
-            sliding_window: layers.iter().find_map(|l| l.window),
-        };
-        Self::assemble(cfg, embed, layers, norm, head, &ropes, device, format)
+        Ok((ropes, windows))
     }
-}
 
-/// The tensors of an open GGUF file.
-struct Tensors<'a> {
-    path: &'a Path,
-    content: &'a gguf_file::Content,
-    file: std::fs::File,
-    /// The file's bytes, where each tensor's scales are checked before it is loaded.
-    bytes: memmap2::Mmap,
-    device: &'a Device,
-}
+    /// Layer `i`'s weights, with the parts its family's block has.
+    fn layer(
+        &mut self,
+        i: usize,
+        window: Option<usize>,
+        family: Family,
+        arch: &str,
+        matrix: &dyn Fn(QTensor) -> Result<Weights, ModelError>,
+    ) -> Result<Layer, ModelError> {
+        let block = family.block();
+        let p = |s: &str| format!("blk.{i}.{s}");
+        let qkv_bias = if self.part(block.qkv_bias, &p("attn_q.bias"), arch)? {
+            let mut bias = self.host(&p("attn_q.bias"))?;
+            bias.extend(self.host(&p("attn_k.bias"))?);
+            bias.extend(self.host(&p("attn_v.bias"))?);
+            Some(bias)
+        } else {
+            None
+        };
+        let q_norm = self.optional_norm(block.qk_norm, &p("attn_q_norm.weight"), arch)?;
+        let k_norm = self.optional_norm(block.qk_norm, &p("attn_k_norm.weight"), arch)?;
+        let post_attn_norm =
+            self.optional_norm(block.sandwich_norms, &p("post_attention_norm.weight"), arch)?;
+        let post_ffn_norm =
+            self.optional_norm(block.sandwich_norms, &p("post_ffw_norm.weight"), arch)?;
+        Ok(Layer {
+            attn_norm: self.norm(&p("attn_norm.weight"))?,
+            qkv: Linear::new(vec![
+                matrix(self.get(&p("attn_q.weight"))?)?,
+                matrix(self.get(&p("attn_k.weight"))?)?,
+                matrix(self.get(&p("attn_v.weight"))?)?,
+            ]),
+            qkv_bias,
+            q_norm,
+            k_norm,
+            wo: Linear::new(vec![matrix(self.get(&p("attn_output.weight"))?)?]),
+            post_attn_norm,
+            ffn_norm: self.norm(&p("ffn_norm.weight"))?,
+            gate_up: Linear::new(vec![
+                matrix(self.get(&p("ffn_gate.weight"))?)?,
+                matrix(self.get(&p("ffn_up.weight"))?)?,
+            ]),
+            down: Linear::new(vec![matrix(self.get(&p("ffn_down.weight"))?)?]),
+            post_ffn_norm,
+            rope: usize::from(window.is_some()),
+            window,
+        })
+    }
 
-impl Tensors<'_> {
     fn error(&self, message: String) -> ModelError {
         ModelError::Format {
             path: self.path.into(),
