@@ -101,6 +101,7 @@ mod avx2 {
         c0: usize,
         out: Out,
     ) {
+        prefetch_columns(w, c0 + PREFETCH_AHEAD, C);
         let mut r = 0;
         unsafe {
             while r + 4 <= rows {
@@ -115,6 +116,26 @@ mod avx2 {
                 _ => unreachable!("fewer than four rows remain"),
             }
         }
+    }
+}
+
+/// How many columns ahead of the ones being multiplied a thread asks for the weights.
+const PREFETCH_AHEAD: usize = 4;
+
+/// Ask the cache for columns `c0..c0 + count` of `w`, if they exist: the hardware's
+/// stream prefetcher stops at every 4 KiB page, and a column of the default model is
+/// 2.3–6 KiB, so each tile's first loads would wait on memory (as in
+/// [`super::matmul`]'s quantized columns).
+#[cfg(target_arch = "x86_64")]
+fn prefetch_columns(w: &DenseMatrix, c0: usize, count: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    if c0 + count > w.n {
+        return;
+    }
+    let part = &w.weights[c0 * w.k..(c0 + count) * w.k];
+    for at in (0..part.len()).step_by(16) {
+        // SAFETY: `at` is inside `part`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(part.as_ptr().add(at) as *const i8) };
     }
 }
 
