@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use suffixd::model::engine::Engine;
+use suffixd::engine::Engine;
 use suffixd::model::forward::WeightFormat;
 use suffixd::model::synthetic;
 

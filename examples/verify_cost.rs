@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 
 fn list<T>(arg: &str, parse: impl Fn(&str) -> T) -> Vec<T> {

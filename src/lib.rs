@@ -2,7 +2,9 @@
 //!
 //! The modules follow the data flow (see `ARCHITECTURE.md`):
 //! [`tree`] (suffix trees) → [`speculate`] (drafts) → [`store`] (snapshots, write-ahead
-//! log, eviction, compaction) → [`model`] (the model that checks drafts) → [`serve`]
+//! log, eviction, compaction) → [`model`] (the forward pass that checks drafts) →
+//! [`engine`] (batching, acceptance, grammars, the prefix cache) → [`drafting`] (the
+//! drafters over the store) → [`serve`]
 //! (the OpenAI and admin APIs) → [`cli`]. [`replicate`] shares a store's appends,
 //! evictions and snapshots with other replicas through NATS JetStream. [`simulate`] is
 //! the reference benchmark's simulated verifier. Beside the flow: [`corpus`] reads
@@ -16,6 +18,7 @@ pub mod chat;
 pub mod cli;
 pub mod corpus;
 pub mod drafting;
+pub mod engine;
 pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use suffixd::chat::PromptPiece;
 use suffixd::drafting::CacheDrafter;
-use suffixd::model::cost::CostCurve;
-use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::cost::CostCurve;
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::store::Layered;

@@ -9,7 +9,7 @@ mod common;
 
 use suffixd::corpus::logs::ChatMessage;
 use suffixd::drafting::CacheDrafter;
-use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 use suffixd::speculate::SpecParams;
 use suffixd::store::Layered;

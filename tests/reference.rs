@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, IndexOp, Tensor};
-use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::{KvCache, Model, WeightFormat};
 use suffixd::model::tokenizer::ModelTokenizer;
 

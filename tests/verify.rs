@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use suffixd::corpus::logs::ChatMessage;
 use suffixd::drafting::CacheDrafter;
-use suffixd::model::cost::CostCurve;
-use suffixd::model::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::cost::CostCurve;
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
 use suffixd::model::forward::WeightFormat;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::store::Layered;
@@ -193,7 +193,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
 /// token, at a token's start, and in a token a draft carries.
 #[test]
 fn a_stop_string_cuts_the_answer_before_it_with_and_without_speculation() {
-    use suffixd::model::engine::FinishReason;
+    use suffixd::engine::FinishReason;
     let Some(path) = model() else { return };
     let mut engine =
         Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
@@ -633,7 +633,7 @@ fn agent_prompt(engine: &Engine, turns: &[&str]) -> Vec<u32> {
 /// answers exactly.
 #[test]
 fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
-    use suffixd::model::engine::{Drafter, Sequence};
+    use suffixd::engine::{Drafter, Sequence};
     let Some(path) = model() else { return };
     let mut engine =
         Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
@@ -773,8 +773,7 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
         .zip(namespaces)
         .map(|(p, n)| Some(engine.start(p, &opts(true, n)).unwrap()))
         .collect();
-    let mut results: Vec<Option<suffixd::model::engine::Generation>> =
-        (0..5).map(|_| None).collect();
+    let mut results: Vec<Option<suffixd::engine::Generation>> = (0..5).map(|_| None).collect();
     while seqs.iter().any(Option::is_some) {
         let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = seqs
             .iter_mut()

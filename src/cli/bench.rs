@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::chat::{ChatMessage, PromptPiece};
 use crate::corpus::open_lines;
 use crate::drafting::CacheDrafter;
-use crate::model::engine::{DraftSources, Engine, GenerateOptions, NoDrafts, Sampling};
+use crate::engine::{DraftSources, Engine, GenerateOptions, NoDrafts, Sampling};
 use crate::store::Layered;
 use crate::tree::GlobalTree;
 
@@ -308,8 +308,7 @@ pub(super) fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
     );
     if let Some(h) = &hybrid_pass {
         let s = &h.sources;
-        let rate =
-            |c: &crate::model::engine::SourceCounts| c.accepted as f64 / c.drafted.max(1) as f64;
+        let rate = |c: &crate::engine::SourceCounts| c.accepted as f64 / c.drafted.max(1) as f64;
         let steps = (s.none + s.suffix.steps + s.model.steps).max(1) as f64;
         println!(
             "hybrid (τ {}): suffix-only {:.1} tok/s, hybrid {:.1} tok/s: {:.3}x of suffix-only (median per item {:.3}x); steps drafted by the suffix trees {:.0}%, the draft model {:.0}%, none {:.0}% ({} model drafts cut before verification); acceptance suffix {:.2}, model {:.2}; draft model {:.2} s",

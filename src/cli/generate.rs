@@ -7,8 +7,8 @@ use clap::Args;
 
 use crate::chat::{ChatMessage, PromptPiece};
 use crate::drafting::CacheDrafter;
-use crate::model::cost::CostCurve;
-use crate::model::engine::{Drafter, Engine, GenerateOptions, NoDrafts, Sampling};
+use crate::engine::cost::CostCurve;
+use crate::engine::{Drafter, Engine, GenerateOptions, NoDrafts, Sampling};
 use crate::model::forward::WeightFormat;
 use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};
@@ -170,7 +170,7 @@ impl ModelArgs {
             let weights = self.draft_weights.unwrap_or(WeightFormat::Native);
             let draft = Engine::load(draft_path, weights, self.max_context, &device)
                 .with_context(|| format!("cannot load draft model {}", draft_path.display()))?;
-            let tau = self.hybrid_tau.unwrap_or(crate::model::engine::DEFAULT_TAU);
+            let tau = self.hybrid_tau.unwrap_or(crate::engine::DEFAULT_TAU);
             engine
                 .set_draft_model(draft, tau)
                 .with_context(|| format!("cannot draft with {}", draft_path.display()))?;

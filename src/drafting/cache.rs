@@ -6,7 +6,7 @@
 //! ([`SpecParams::request_depth`]), exactly as `simulate` does, so a mode drafts the same
 //! in the server as in the simulator.
 
-use crate::model::engine::Drafter;
+use crate::engine::Drafter;
 use crate::speculate::{Draft, DraftSource, SpecParams, Speculator};
 use crate::store::live::Store;
 use crate::store::{Layered, LayeredCursor};

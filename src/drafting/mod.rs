@@ -1,6 +1,6 @@
 //! Where drafts come from: the cache drafter, which reads the store's trees for a
 //! request and speculates over them. A room above `model` (whose engine asks a
-//! [`crate::model::engine::Drafter`] for drafts) and `store` (whose trees it reads), so
+//! [`crate::engine::Drafter`] for drafts) and `store` (whose trees it reads), so
 //! that neither imports the other.
 
 mod cache;

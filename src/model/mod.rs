@@ -12,34 +12,25 @@
 //! - [`kernels`]: the row-invariant CPU matmul and attention the model runs on.
 //! - `cuda` (with the `cuda` feature): the same guarantee on a GPU, through kernels
 //!   compiled at run time, with the KV cache on the device.
-//! - [`prefix`]: the keys and values of earlier prompts' prefixes, reused by later
-//!   requests in the same namespace instead of prefilled again.
-//! - [`cost`]: what a forward pass of K rows costs, measured at start and kept up to date.
 //! - [`detokenizer`]: an answer's text, decoded once per token as it grows (stop
 //!   strings, streamed deltas, the final text).
-//! - [`engine`]: the generation loop, exact greedy and distribution-preserving sampling,
-//!   and cost-aware draft sizes.
 //!
 //! It reads the chat template from [`crate::chat`] and names tokenizers through
 //! [`crate::vocab`]; it does not import the store.
 
 pub mod arch;
 mod config;
-pub mod cost;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod detokenizer;
-pub mod engine;
 mod error;
 pub mod forward;
-pub mod grammar;
 pub mod kernels;
 mod kv_cache;
 mod layer;
 mod linear;
 mod load;
 mod pass;
-pub mod prefix;
 pub use load::synthetic;
 pub mod tokenizer;
 

@@ -3,9 +3,9 @@
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use crate::model::cost::CostCurve;
-use crate::model::engine::{DraftSources, Generation, SourceCounts, StepReport};
-use crate::model::prefix::PrefixCacheStats;
+use crate::engine::cost::CostCurve;
+use crate::engine::prefix::PrefixCacheStats;
+use crate::engine::{DraftSources, Generation, SourceCounts, StepReport};
 
 /// Upper bounds of the accepted-tokens-per-step histogram.
 const ACCEPT_BUCKETS: [f64; 8] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0];

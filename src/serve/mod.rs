@@ -20,8 +20,8 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use crate::chat::ChatTemplate;
-use crate::model::engine::Engine;
-use crate::model::grammar::GrammarCompiler;
+use crate::engine::Engine;
+use crate::engine::grammar::GrammarCompiler;
 use crate::model::tokenizer::ModelTokenizer;
 use crate::replicate::{ReplicaIdentity, Replication, ReplicationConfig, bootstrap};
 use crate::speculate::SpecParams;

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::model::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence, TokenLogprob};
+use crate::engine::grammar::{GRAMMAR_IDLE, GrammarCompiler};
+use crate::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence, TokenLogprob};
 use crate::model::forward::ModelError;
-use crate::model::grammar::{GRAMMAR_IDLE, GrammarCompiler};
 use crate::speculate::SpecParams;
 use crate::store::live::Store;
 use crate::tree::GlobalTree;
@@ -389,7 +389,7 @@ fn store_completed(store: &Store, metrics: &Metrics, c: Completed) {
         done,
     } = c;
     metrics.record_generation(&g);
-    if !g.tokens.is_empty() && g.finish_reason != crate::model::engine::FinishReason::Cancelled {
+    if !g.tokens.is_empty() && g.finish_reason != crate::engine::FinishReason::Cancelled {
         let t = Instant::now();
         if let Err(e) = store.append(&namespace, &g.tokens) {
             tracing::error!("cannot cache a completed response: {e}");

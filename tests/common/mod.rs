@@ -253,7 +253,7 @@ pub fn raw_exchange(base: &str, request: &[u8]) -> String {
 /// What [`run_batched`] did: each prompt's generation, in prompt order, the widest batch
 /// and the steps it took.
 pub struct Batched {
-    pub generations: Vec<suffixd::model::engine::Generation>,
+    pub generations: Vec<suffixd::engine::Generation>,
     pub widest: usize,
     pub steps: usize,
 }
@@ -261,14 +261,14 @@ pub struct Batched {
 /// Run `prompts` through `engine` under continuous batching, as the server does: the
 /// first `together` start at once, then one more joins at each step, each drafting from
 /// its own drafter; a sequence leaves the batch when it finishes.
-pub fn run_batched<D: suffixd::model::engine::Drafter>(
-    engine: &mut suffixd::model::engine::Engine,
+pub fn run_batched<D: suffixd::engine::Drafter>(
+    engine: &mut suffixd::engine::Engine,
     prompts: &[Vec<u32>],
-    options: impl Fn(usize) -> suffixd::model::engine::GenerateOptions,
+    options: impl Fn(usize) -> suffixd::engine::GenerateOptions,
     drafters: &mut [D],
     together: usize,
 ) -> Batched {
-    use suffixd::model::engine::{Drafter, Generation, Sequence};
+    use suffixd::engine::{Drafter, Generation, Sequence};
     let mut seqs: Vec<Option<Sequence>> = prompts.iter().map(|_| None).collect();
     let mut done: Vec<Option<Generation>> = prompts.iter().map(|_| None).collect();
     let (mut steps, mut widest) = (0, 0);

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::model::engine::{Generation, TokenLogprob};
+use crate::engine::{Generation, TokenLogprob};
 use crate::serve::AppState;
 
 use super::tools;
@@ -11,7 +11,7 @@ use super::wire::{ChatTokenLogprob, Logprobs, PromptTokensDetails, SpecStats, To
 
 pub(super) fn finish(g: &Generation) -> &'static str {
     match g.finish_reason {
-        crate::model::engine::FinishReason::Length => "length",
+        crate::engine::FinishReason::Length => "length",
         _ => "stop",
     }
 }
@@ -47,7 +47,7 @@ pub(super) fn usage_of(gs: &[Generation], per_prompt: usize) -> Usage {
 pub(super) fn spec_stats_of(gs: &[Generation]) -> SpecStats {
     let sum = |f: fn(&Generation) -> usize| gs.iter().map(f).sum::<usize>();
     let rate = gs.iter().map(|g| g.tokens_per_s).sum::<f64>() / gs.len().max(1) as f64;
-    let mut sources = crate::model::engine::DraftSources::default();
+    let mut sources = crate::engine::DraftSources::default();
     gs.iter().for_each(|g| sources.add(&g.sources));
     SpecStats {
         steps: sum(|g| g.steps),

@@ -14,8 +14,8 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chat::{ChatMessage, PromptPiece, TemplateError};
-use crate::model::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling};
-use crate::model::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
+use crate::engine::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
+use crate::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling};
 
 use super::answer::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
 use super::stream::{self, StreamCalls};

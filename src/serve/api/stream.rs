@@ -10,7 +10,7 @@ use axum::response::sse::{Event, Sse};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::model::engine::{Generation, TokenLogprob};
+use crate::engine::{Generation, TokenLogprob};
 use crate::serve::AppState;
 use crate::serve::worker::{Delta, JobError};
 

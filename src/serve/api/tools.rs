@@ -22,8 +22,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::chat::ChatMessage;
-use crate::model::engine::Delimiters;
-use crate::model::grammar::{GrammarSpec, with_json_layout};
+use crate::engine::Delimiters;
+use crate::engine::grammar::{GrammarSpec, with_json_layout};
 
 use super::ApiError;
 use super::wire::{FunctionCall, FunctionDelta, ToolCallDelta, ToolCallOut};

@@ -3,7 +3,7 @@
 //! valid call of the offered tools only.
 
 use super::*;
-use crate::model::grammar::GrammarCompiler;
+use crate::engine::grammar::GrammarCompiler;
 use crate::model::tokenizer::ModelTokenizer;
 
 fn compiler() -> (GrammarCompiler, ModelTokenizer, u32) {
@@ -29,7 +29,7 @@ fn auto_plan(parallel: bool) -> ToolPlan {
 }
 
 /// Whether the constraint allows `token` next.
-fn allows(c: &mut crate::model::grammar::Constraint, token: u32) -> bool {
+fn allows(c: &mut crate::engine::grammar::Constraint, token: u32) -> bool {
     let mut logits = vec![0.0f32; 49152];
     c.mask_logits(&mut logits).unwrap();
     logits[token as usize].is_finite()

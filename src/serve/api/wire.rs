@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::model::engine::DraftSources;
+use crate::engine::DraftSources;
 
 /// `chat.completion` or `text_completion`: a finished answer with all its choices.
 #[derive(Debug, Serialize)]

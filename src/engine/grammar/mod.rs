@@ -34,7 +34,7 @@ use llguidance::{Matcher, ParserFactory};
 
 use crate::speculate::{Draft, DraftSource};
 
-use super::tokenizer::ModelTokenizer;
+use crate::model::tokenizer::ModelTokenizer;
 
 pub use limits::{SchemaLimits, check_schema};
 

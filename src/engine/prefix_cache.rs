@@ -1,8 +1,8 @@
 //! The engine's prefix cache settings and counters (the cache itself:
-//! [`crate::model::prefix`]).
+//! [`crate::engine::prefix`]).
 
 use super::Engine;
-use crate::model::prefix::PrefixCacheStats;
+use super::prefix::PrefixCacheStats;
 
 impl Engine {
     /// Give the prefix cache `bytes` (0 turns it off). It runs on the CPU only: on a GPU
@@ -17,7 +17,7 @@ impl Engine {
     }
 
     /// Guarantee each namespace `share` (0 to 1) of the prefix cache's budget against
-    /// the other namespaces' inserts (see [`crate::model::prefix::PrefixCache::set_namespace_share`]).
+    /// the other namespaces' inserts (see [`crate::engine::prefix::PrefixCache::set_namespace_share`]).
     pub fn set_prefix_cache_share(&mut self, share: f64) {
         self.prefix.set_namespace_share(share);
     }

@@ -6,10 +6,10 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::gguf_file;
 
-use super::super::forward::{Model, ModelError, WeightFormat};
-use super::super::tokenizer::ModelTokenizer;
 use super::Engine;
 use crate::chat::ChatTemplate;
+use crate::model::forward::{Model, ModelError, WeightFormat};
+use crate::model::tokenizer::ModelTokenizer;
 
 /// Control tokens that end a chat turn in the families suffixd loads.
 const TURN_ENDS: [&str; 3] = ["<end_of_turn>", "<|eot_id|>", "<|im_end|>"];
@@ -74,7 +74,7 @@ impl Engine {
         max_context: usize,
         device: &Device,
     ) -> Result<Self, ModelError> {
-        let shape = crate::model::load::synthetic::shape(name)?;
+        let shape = crate::model::synthetic::shape(name)?;
         let mut f =
             crate::files::open_regular(vocabulary, "GGUF model file").map_err(|source| {
                 ModelError::Io {

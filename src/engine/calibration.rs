@@ -226,7 +226,7 @@ fn level_trials(draft: &Draft, accepted: &[usize]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::cost::CostCurve;
+    use crate::engine::cost::CostCurve;
 
     fn copy_draft(len: usize) -> Draft {
         Draft {

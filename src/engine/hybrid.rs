@@ -37,11 +37,11 @@ use candle_core::Tensor;
 
 use crate::speculate::{Draft, DraftSource};
 
-use super::super::cost::CostCurve;
-use super::super::forward::{BatchEntry, KvCache, LogitRows, Model, ModelError, argmax};
 use super::calibration::Calibration;
+use super::cost::CostCurve;
 use super::sampling::{TokenLogprob, sample};
 use super::{Engine, Plan, Sequence, StepReport, chain_parents};
+use crate::model::forward::{BatchEntry, KvCache, LogitRows, Model, ModelError, argmax};
 
 /// The longest draft the draft model writes in one step.
 const MAX_MODEL_DRAFT: usize = 16;

@@ -34,7 +34,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::forward::KvCache;
+use crate::model::forward::KvCache;
 
 /// Tokens per cached block.
 pub const BLOCK_TOKENS: usize = 16;

@@ -13,8 +13,8 @@
 
 use candle_core::Tensor;
 
-use super::super::forward::ModelError;
-use super::super::grammar::{Constraint, GrammarError};
+use super::grammar::{Constraint, GrammarError};
+use crate::model::forward::ModelError;
 
 /// Sampling parameters; temperature 0 is greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -214,7 +214,7 @@ pub(super) fn walk_constrained(
                     )));
                 }
                 if sampling.temperature <= 0.0 {
-                    super::super::forward::argmax(&row)
+                    crate::model::forward::argmax(&row)
                 } else {
                     sample(
                         &sampling.distribution(&row),
@@ -452,8 +452,8 @@ mod tests {
     /// forbidden child first, then an allowed one; or a single allowed child.
     #[test]
     fn constrained_speculative_sampling_keeps_the_masked_distribution() {
-        use crate::model::grammar::GrammarSpec;
-        let (compiler, tok) = crate::model::grammar::tests::smollm2();
+        use crate::engine::grammar::GrammarSpec;
+        let (compiler, tok) = crate::engine::grammar::tests::smollm2();
         let grammar = compiler
             .compile(&GrammarSpec::Lark(
                 r#"start: "yes" | "no" | "maybe""#.into(),
