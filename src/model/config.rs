@@ -13,7 +13,8 @@ use super::kernels::norm::RopePairs;
 #[serde(rename_all = "snake_case")]
 pub enum WeightFormat {
     /// As stored in the file (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K have
-    /// kernels; other formats fall back to candle's matmul, which is not row-invariant).
+    /// kernels, and F32, F16 and BF16 run on the f32 kernel; other formats fall back to
+    /// candle's matmul, which is not row-invariant).
     Native,
     /// Requantized to Q8_0.
     Q8_0,

@@ -108,133 +108,40 @@ impl Model {
         max_context: usize,
         device: &Device,
     ) -> Result<Self, ModelError> {
-        let fmt = |message: String| ModelError::Format {
-            path: origin.into(),
-            message,
-        };
-        let block = family.block();
         let (heads, width) = (hf.num_attention_heads, hf.hidden_size);
         let HfLayout {
             kv_heads,
             head_dim,
             rope: global_rope,
             windows,
-        } = hf.layout(family).map_err(fmt)?;
-        let tensor = |name: &str| -> Result<Tensor, ModelError> {
-            source
-                .tensor(name, device)
-                .map_err(|e| fmt(format!("tensor {name}: {e}")))
+        } = hf.layout(family).map_err(|message| ModelError::Format {
+            path: origin.into(),
+            message,
+        })?;
+        let r = HfReader {
+            origin,
+            source,
+            format,
+            device,
+            family,
+            heads,
+            kv_heads,
+            head_dim,
         };
-        let matrix = |t: Tensor| -> Result<Weights, ModelError> {
-            match format {
-                WeightFormat::Native | WeightFormat::F32 => Ok(dense_of(t, device)?),
-                WeightFormat::Bf16 => Ok(dense_of(rounded_to_bf16(&t)?, device)?),
-                WeightFormat::Q8_0 => weights_of(QTensor::quantize(&t, GgmlDType::Q8_0)?, device)
-                    .map_err(|e| fmt(e.to_string())),
-            }
-        };
-        let norm = |name: &str| -> Result<NormWeights, ModelError> {
-            Ok(NormWeights::new(
-                tensor(name)?.affine(1.0, block.hf_norm_offset as f64)?,
-            )?)
-        };
-        // A head norm's weights in the adjacent-pairs order of its heads' values.
-        let head_norm = |name: &str| -> Result<NormWeights, ModelError> {
-            let w = tensor(name)?.affine(1.0, block.hf_norm_offset as f64)?;
-            Ok(NormWeights::new(
-                rope_rows_interleaved(&w.reshape((head_dim, 1))?, 1)?.flatten_all()?,
-            )?)
-        };
-        let part = |needed: bool, name: &str| -> Result<bool, ModelError> {
-            match (needed, source.has(name)) {
-                (true, false) => Err(fmt(format!("{family:?} needs tensor {name}"))),
-                (_, here) => Ok(here),
-            }
-        };
-        let embed = tensor("model.embed_tokens.weight")?;
+        let embed = r.tensor("model.embed_tokens.weight")?;
         let vocab = embed.dim(0)?;
         // Tied when the checkpoint has no head of its own.
         let head = Linear::new(vec![if source.has("lm_head.weight") {
-            matrix(tensor("lm_head.weight")?)?
+            r.matrix(r.tensor("lm_head.weight")?)?
         } else {
-            matrix(embed.clone())?
+            r.matrix(embed.clone())?
         }]);
-        // Gemma 3 norms the feed-forward's input as `pre_feedforward_layernorm`, and
-        // calls its post-attention norm what llama calls its feed-forward norm.
-        let ffn_norm_name = if block.sandwich_norms {
-            "pre_feedforward_layernorm"
-        } else {
-            "post_attention_layernorm"
-        };
-        let mut layers = Vec::with_capacity(hf.num_hidden_layers);
-        for (i, window) in windows.into_iter().enumerate() {
-            let p = |s: &str| format!("model.layers.{i}.{s}");
-            let qkv_bias = if part(block.qkv_bias, &p("self_attn.q_proj.bias"))? {
-                let rows = |name: &str, n: usize| -> Result<Vec<f32>, ModelError> {
-                    let b = tensor(&p(name))?;
-                    let len = b.dim(0)?;
-                    Ok(rope_rows_interleaved(&b.reshape((len, 1))?, n)?
-                        .flatten_all()?
-                        .to_vec1()?)
-                };
-                let mut bias = rows("self_attn.q_proj.bias", heads)?;
-                bias.extend(rows("self_attn.k_proj.bias", kv_heads)?);
-                bias.extend(tensor(&p("self_attn.v_proj.bias"))?.to_vec1::<f32>()?);
-                Some(bias)
-            } else {
-                None
-            };
-            // Norms by the family, not by presence: Gemma's post-attention norm has the
-            // name llama gives its feed-forward norm.
-            let optional = |wanted: bool,
-                            name: &str,
-                            read: &dyn Fn(&str) -> Result<NormWeights, ModelError>|
-             -> Result<Option<NormWeights>, ModelError> {
-                if wanted && part(true, &p(name))? {
-                    Ok(Some(read(&p(name))?))
-                } else {
-                    Ok(None)
-                }
-            };
-            layers.push(Layer {
-                attn_norm: norm(&p("input_layernorm.weight"))?,
-                qkv: Linear::new(vec![
-                    matrix(rope_rows_interleaved(
-                        &tensor(&p("self_attn.q_proj.weight"))?,
-                        heads,
-                    )?)?,
-                    matrix(rope_rows_interleaved(
-                        &tensor(&p("self_attn.k_proj.weight"))?,
-                        kv_heads,
-                    )?)?,
-                    matrix(tensor(&p("self_attn.v_proj.weight"))?)?,
-                ]),
-                qkv_bias,
-                q_norm: optional(block.qk_norm, "self_attn.q_norm.weight", &head_norm)?,
-                k_norm: optional(block.qk_norm, "self_attn.k_norm.weight", &head_norm)?,
-                wo: Linear::new(vec![matrix(tensor(&p("self_attn.o_proj.weight"))?)?]),
-                post_attn_norm: optional(
-                    block.sandwich_norms,
-                    "post_attention_layernorm.weight",
-                    &norm,
-                )?,
-                ffn_norm: norm(&p(&format!("{ffn_norm_name}.weight")))?,
-                gate_up: Linear::new(vec![
-                    matrix(tensor(&p("mlp.gate_proj.weight"))?)?,
-                    matrix(tensor(&p("mlp.up_proj.weight"))?)?,
-                ]),
-                down: Linear::new(vec![matrix(tensor(&p("mlp.down_proj.weight"))?)?]),
-                post_ffn_norm: optional(
-                    block.sandwich_norms,
-                    "post_feedforward_layernorm.weight",
-                    &norm,
-                )?,
-                // Gemma's sliding layers have their own RoPE table; Mistral's one.
-                rope: usize::from(window.is_some() && family == Family::Gemma3),
-                window,
-            });
-        }
-        let final_norm = norm("model.norm.weight")?;
+        let layers = windows
+            .into_iter()
+            .enumerate()
+            .map(|(i, window)| r.layer(i, window))
+            .collect::<Result<Vec<_>, _>>()?;
+        let final_norm = r.norm("model.norm.weight")?;
         let mut ropes = vec![global_rope];
         if family == Family::Gemma3 {
             ropes.push(RopeSpec {
@@ -242,6 +149,7 @@ impl Model {
                 divisors: Vec::new(),
             });
         }
+        let block = family.block();
         let cfg = ModelConfig {
             family,
             layers: hf.num_hidden_layers,
@@ -269,5 +177,146 @@ impl Model {
             device,
             format,
         )
+    }
+}
+
+/// Reading one checkpoint's tensors into the model's layout: q and k rows (and their
+/// biases and head norms) reordered into adjacent RoPE pairs, norms with the family's
+/// offset, matrices in the weight format asked for.
+struct HfReader<'a> {
+    origin: &'a Path,
+    source: &'a dyn HfTensors,
+    format: WeightFormat,
+    device: &'a Device,
+    family: Family,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl HfReader<'_> {
+    fn error(&self, message: String) -> ModelError {
+        ModelError::Format {
+            path: self.origin.into(),
+            message,
+        }
+    }
+
+    fn tensor(&self, name: &str) -> Result<Tensor, ModelError> {
+        self.source
+            .tensor(name, self.device)
+            .map_err(|e| self.error(format!("tensor {name}: {e}")))
+    }
+
+    fn matrix(&self, t: Tensor) -> Result<Weights, ModelError> {
+        let device = self.device;
+        match self.format {
+            WeightFormat::Native | WeightFormat::F32 => Ok(dense_of(t, device)?),
+            WeightFormat::Bf16 => Ok(dense_of(rounded_to_bf16(&t)?, device)?),
+            WeightFormat::Q8_0 => weights_of(QTensor::quantize(&t, GgmlDType::Q8_0)?, device)
+                .map_err(|e| self.error(e.to_string())),
+        }
+    }
+
+    fn norm(&self, name: &str) -> Result<NormWeights, ModelError> {
+        let offset = self.family.block().hf_norm_offset as f64;
+        Ok(NormWeights::new(self.tensor(name)?.affine(1.0, offset)?)?)
+    }
+
+    /// A head norm's weights in the adjacent-pairs order of its heads' values.
+    fn head_norm(&self, name: &str) -> Result<NormWeights, ModelError> {
+        let offset = self.family.block().hf_norm_offset as f64;
+        let w = self.tensor(name)?.affine(1.0, offset)?;
+        Ok(NormWeights::new(
+            rope_rows_interleaved(&w.reshape((self.head_dim, 1))?, 1)?.flatten_all()?,
+        )?)
+    }
+
+    /// Whether the checkpoint has `name`; an error when the family `needed` it.
+    fn part(&self, needed: bool, name: &str) -> Result<bool, ModelError> {
+        match (needed, self.source.has(name)) {
+            (true, false) => Err(self.error(format!("{:?} needs tensor {name}", self.family))),
+            (_, here) => Ok(here),
+        }
+    }
+
+    /// A bias of `n` heads' rows, reordered as its projection's rows are.
+    fn bias_rows(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+        let b = self.tensor(name)?;
+        let len = b.dim(0)?;
+        Ok(rope_rows_interleaved(&b.reshape((len, 1))?, n)?
+            .flatten_all()?
+            .to_vec1()?)
+    }
+
+    /// Layer `i`, sliding over `window` if it has one.
+    fn layer(&self, i: usize, window: Option<usize>) -> Result<Layer, ModelError> {
+        let block = self.family.block();
+        let p = |s: &str| format!("model.layers.{i}.{s}");
+        let qkv_bias = if self.part(block.qkv_bias, &p("self_attn.q_proj.bias"))? {
+            let mut bias = self.bias_rows(&p("self_attn.q_proj.bias"), self.heads)?;
+            bias.extend(self.bias_rows(&p("self_attn.k_proj.bias"), self.kv_heads)?);
+            bias.extend(self.tensor(&p("self_attn.v_proj.bias"))?.to_vec1::<f32>()?);
+            Some(bias)
+        } else {
+            None
+        };
+        // Norms by the family, not by presence: Gemma's post-attention norm has the
+        // name llama gives its feed-forward norm.
+        let optional = |wanted: bool,
+                        name: &str,
+                        read: &dyn Fn(&str) -> Result<NormWeights, ModelError>|
+         -> Result<Option<NormWeights>, ModelError> {
+            if wanted && self.part(true, &p(name))? {
+                Ok(Some(read(&p(name))?))
+            } else {
+                Ok(None)
+            }
+        };
+        let head_norm = |name: &str| self.head_norm(name);
+        let norm = |name: &str| self.norm(name);
+        // Gemma 3 norms the feed-forward's input as `pre_feedforward_layernorm`, and
+        // calls its post-attention norm what llama calls its feed-forward norm.
+        let ffn_norm_name = if block.sandwich_norms {
+            "pre_feedforward_layernorm"
+        } else {
+            "post_attention_layernorm"
+        };
+        let projection = |name: &str, heads: usize| -> Result<Weights, ModelError> {
+            self.matrix(rope_rows_interleaved(&self.tensor(&p(name))?, heads)?)
+        };
+        Ok(Layer {
+            attn_norm: self.norm(&p("input_layernorm.weight"))?,
+            qkv: Linear::new(vec![
+                projection("self_attn.q_proj.weight", self.heads)?,
+                projection("self_attn.k_proj.weight", self.kv_heads)?,
+                self.matrix(self.tensor(&p("self_attn.v_proj.weight"))?)?,
+            ]),
+            qkv_bias,
+            q_norm: optional(block.qk_norm, "self_attn.q_norm.weight", &head_norm)?,
+            k_norm: optional(block.qk_norm, "self_attn.k_norm.weight", &head_norm)?,
+            wo: Linear::new(vec![
+                self.matrix(self.tensor(&p("self_attn.o_proj.weight"))?)?,
+            ]),
+            post_attn_norm: optional(
+                block.sandwich_norms,
+                "post_attention_layernorm.weight",
+                &norm,
+            )?,
+            ffn_norm: self.norm(&p(&format!("{ffn_norm_name}.weight")))?,
+            gate_up: Linear::new(vec![
+                self.matrix(self.tensor(&p("mlp.gate_proj.weight"))?)?,
+                self.matrix(self.tensor(&p("mlp.up_proj.weight"))?)?,
+            ]),
+            down: Linear::new(vec![self.matrix(self.tensor(&p("mlp.down_proj.weight"))?)?]),
+            post_ffn_norm: optional(
+                block.sandwich_norms,
+                "post_feedforward_layernorm.weight",
+                &norm,
+            )?,
+            // Gemma's sliding layers have their own RoPE table; Mistral's one.
+            rope: usize::from(window.is_some() && self.family == Family::Gemma3),
+            window,
+        })
     }
 }

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Plain decoding and prefill on the CPU, suffixd against llama.cpp, on the same GGUF files
+(issue 67): what a user comparing the two would run.
+
+    tools/cpu-vs-llamacpp.py [--rounds 5] [--threads 2] FILE...
+
+For each file and round, in turn: `llama-bench -p 512 -n 128` (llama.cpp's pp512 and
+tg128, one repetition), then `suffixd generate --no-spec` twice: a chat answer of 128
+tokens (decoding tokens per second) and a 512-token raw prompt with one token out
+(prefill tokens per second). Prints each file's medians and suffixd's ratio to
+llama.cpp. Make other formats of the default model with tools/gguf-convert.py. Build
+llama.cpp with ../shared/peer/llamacpp/build.sh (LLAMA_BENCH overrides its path). Run
+it on a quiet machine: both programs' threads spin.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+CHAT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+# About 512 tokens of plain English for the default tokenizer (checked: the run prints
+# the prompt's token count).
+PARAGRAPH = ("The keeper climbed the stairs of the lighthouse every evening, counted the "
+             "steps, cleaned the lamp and wrote the weather into the log before dark. ")
+
+
+def llama_bench(binary, path, threads):
+    out = subprocess.run([binary, "-m", path, "-t", str(threads), "-p", "512", "-n", "128",
+                          "-r", "1", "-o", "json"], check=True, capture_output=True,
+                         text=True).stdout
+    rows = json.loads(out)
+    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
+    tg = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
+    return pp, tg
+
+
+def suffixd(binary, path, threads, args):
+    env = dict(os.environ, CANDLE_NUM_THREADS=str(threads))
+    out = subprocess.run([binary, "generate", "--model", path, "--no-spec", "--json", *args],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--suffixd", default=os.path.join(root, "target/release/suffixd"))
+    ap.add_argument("--llama-bench", default=os.environ.get(
+        "LLAMA_BENCH", "/tmp/llamacpp-build/bin/llama-bench"))
+    a = ap.parse_args()
+    long_prompt = PARAGRAPH * 18
+    print("| file | llama.cpp tg128 | suffixd decode | ratio | llama.cpp pp512 | "
+          "suffixd prefill | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for path in a.files:
+        theirs_pp, theirs_tg, ours_tg, ours_pp = [], [], [], []
+        prompt_tokens = generated = 0
+        for _ in range(a.rounds):
+            pp, tg = llama_bench(a.llama_bench, path, a.threads)
+            theirs_pp.append(pp)
+            theirs_tg.append(tg)
+            g = suffixd(a.suffixd, path, a.threads, ["--chat", CHAT, "--max-tokens", "128"])
+            generated = len(g["tokens"])
+            ours_tg.append(g["tokens_per_s"])
+            g = suffixd(a.suffixd, path, a.threads, ["--prompt", long_prompt,
+                                                     "--max-tokens", "1"])
+            prompt_tokens = g["prompt_tokens"]
+            ours_pp.append(prompt_tokens / g["prefill_s"])
+        m = statistics.median
+        print(f"| {os.path.basename(path)} | {m(theirs_tg):.1f} | {m(ours_tg):.1f} | "
+              f"{m(ours_tg) / m(theirs_tg):.2f}× | {m(theirs_pp):.1f} | {m(ours_pp):.1f} | "
+              f"{m(ours_pp) / m(theirs_pp):.2f}× |")
+        print(f"  ({a.rounds} rounds; suffixd decoded {generated} tokens, prefilled "
+              f"{prompt_tokens})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
