@@ -16,8 +16,8 @@ pub fn rss_bytes() -> u64 {
 /// How many malloc arenas `serve` lets glibc keep (unless `MALLOC_ARENA_MAX` says
 /// otherwise). glibc's default is eight per core, and a thread keeps the arena it first
 /// allocated in: after heavy grammars on tokio's workers and the compile threads, those
-/// arenas held freed pages that `malloc_trim` could not give back (324 MiB settled from
-/// 231 at start; with two arenas 263). Two arenas cost no speed under load (tools/load.py,
+/// arenas held freed pages that `malloc_trim` could not give back (292 MiB settled from
+/// 229 at start; with two arenas 236, docs/structured.md). Two arenas cost no speed under load (tools/load.py,
 /// 8 clients, 6 alternated runs each: median 736 tok/s against 708 uncapped).
 pub const SERVER_ARENAS: i32 = 2;
 

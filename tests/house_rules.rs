@@ -261,9 +261,18 @@ fn file_imports(src: &Path, files: &[PathBuf]) -> BTreeMap<String, BTreeMap<Stri
             .lines()
             .map(|l| l.split("//").next().unwrap_or(""))
             .collect();
+        // The code as one text, for `use` groups over several lines, and where each
+        // line starts in it.
+        let joined = code.join("\n");
+        let line_starts: Vec<usize> = code
+            .iter()
+            .scan(0, |at, line| {
+                let start = *at;
+                *at += line.len() + 1;
+                Some(start)
+            })
+            .collect();
         for (n, line) in code.iter().enumerate() {
-            // The rest of the file from here, for `use` groups over several lines.
-            let rest_of_file = code[n..].join(" ");
             let mut starts: Vec<(Vec<String>, usize)> = Vec::new();
             for (at, _) in line.match_indices("crate::") {
                 starts.push((Vec::new(), at + "crate::".len()));
@@ -309,7 +318,7 @@ fn file_imports(src: &Path, files: &[PathBuf]) -> BTreeMap<String, BTreeMap<Stri
                 }
             }
             for (base, at) in starts {
-                let from = rest_of_file.get(at..).unwrap_or("");
+                let from = joined.get(line_starts[n] + at..).unwrap_or("");
                 for tail in paths_at(from) {
                     let full = [base.clone(), tail].concat();
                     let target = (0..=full.len())

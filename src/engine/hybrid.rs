@@ -548,27 +548,13 @@ fn run_draft_model(
 /// The catch-up pass: every sequence's tokens since its cache's end, kept in its cache;
 /// the last row's logits of each give its first draft token.
 fn catch_up(dm: &mut DraftModel, active: &mut [Drafting<'_>]) -> Result<Tensor, ModelError> {
-    let parents: Vec<Vec<i32>> = active
-        .iter()
-        .map(|d| chain_parents(d.catch_up.len()))
+    let chains: Vec<Vec<u32>> = active
+        .iter_mut()
+        .map(|d| std::mem::take(&mut d.catch_up))
         .collect();
-    let logits = {
-        let mut entries: Vec<BatchEntry<'_>> = active
-            .iter_mut()
-            .zip(&parents)
-            .map(|(d, parents)| BatchEntry {
-                cache: &mut d.seq.draft.as_mut().expect("set by start").cache,
-                tokens: &d.catch_up,
-                parents,
-                logits: LogitRows::Last,
-            })
-            .collect();
-        dm.model.forward_batch(&mut entries)?
-    };
+    let logits = forward_chains(dm, active, &chains)?;
     for d in active {
         let context_len = d.seq.context.len();
-        let rows: Vec<usize> = (0..d.catch_up.len()).collect();
-        d.cache().commit(&rows)?;
         let state = d.seq.draft.as_mut().expect("set by start");
         state.synced = context_len;
         state.base = context_len;
@@ -581,30 +567,44 @@ fn catch_up(dm: &mut DraftModel, active: &mut [Drafting<'_>]) -> Result<Tensor, 
 /// token, kept in its cache; a pass of one sequence times the model's step.
 fn draft_pass(dm: &mut DraftModel, going: &mut [Drafting<'_>]) -> Result<Tensor, ModelError> {
     let t = Instant::now();
-    let last: Vec<[u32; 1]> = going
+    let last: Vec<Vec<u32>> = going
         .iter()
-        .map(|d| [*d.draft.tokens.last().expect("drafted one")])
+        .map(|d| vec![*d.draft.tokens.last().expect("drafted one")])
         .collect();
-    let logits = {
-        let mut entries: Vec<BatchEntry<'_>> = going
-            .iter_mut()
-            .zip(&last)
-            .map(|(d, token)| BatchEntry {
-                cache: &mut d.seq.draft.as_mut().expect("set by start").cache,
-                tokens: token,
-                parents: &[-1],
-                logits: LogitRows::All,
-            })
-            .collect();
-        dm.model.forward_batch(&mut entries)?
-    };
+    let logits = forward_chains(dm, going, &last)?;
     if going.len() == 1 {
         let seconds = t.elapsed().as_secs_f64();
         dm.draft_t1_s += RATE * (seconds - dm.draft_t1_s);
     }
     for d in going {
-        d.cache().commit(&[0])?;
         d.seq.draft.as_mut().expect("set by start").in_cache += 1;
+    }
+    Ok(logits)
+}
+
+/// One batched pass of the draft model: `chains[i]` after sequence i's draft cache,
+/// kept there whole; returns each chain's last row of logits.
+fn forward_chains(
+    dm: &mut DraftModel,
+    drafting: &mut [Drafting<'_>],
+    chains: &[Vec<u32>],
+) -> Result<Tensor, ModelError> {
+    let parents: Vec<Vec<i32>> = chains.iter().map(|c| chain_parents(c.len())).collect();
+    let logits = {
+        let mut entries: Vec<BatchEntry<'_>> = drafting
+            .iter_mut()
+            .zip(chains.iter().zip(&parents))
+            .map(|(d, (tokens, parents))| BatchEntry {
+                cache: d.cache(),
+                tokens,
+                parents,
+                logits: LogitRows::Last,
+            })
+            .collect();
+        dm.model.forward_batch(&mut entries)?
+    };
+    for (d, chain) in drafting.iter_mut().zip(chains) {
+        d.cache().commit(&(0..chain.len()).collect::<Vec<_>>())?;
     }
     Ok(logits)
 }

@@ -129,12 +129,7 @@ impl EvictionOutbox {
         while self.pending.front().is_some_and(|(m, _)| *m <= n) {
             self.pending.pop_front();
         }
-        if self.pending.is_empty()
-            && self
-                .file
-                .metadata()
-                .is_ok_and(|m| m.len() >= TRUNCATE_FROM_BYTES)
-        {
+        if self.pending.is_empty() && self.intact >= TRUNCATE_FROM_BYTES {
             // Numbering goes on from `last`; the positions file remembers what was sent.
             if self.file.set_len(0).is_ok() {
                 self.intact = 0;

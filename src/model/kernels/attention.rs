@@ -9,6 +9,8 @@
 //! decoding gives it.
 
 #[cfg(target_arch = "x86_64")]
+use super::prefetch_row;
+#[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
 use super::{Out, ROUNDING, Simd, reduce_lanes, round_to_integer};
 
@@ -311,16 +313,6 @@ pub(super) mod avx2 {
 /// bound by reading them.
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_ROWS: usize = 8;
-
-/// Ask the cache for the lines of `row`.
-#[cfg(target_arch = "x86_64")]
-fn prefetch_row(row: &[f32]) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-    for at in (0..row.len()).step_by(16) {
-        // SAFETY: `at` < `row.len()`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at) as *const i8) };
-    }
-}
 
 /// Most query heads per key/value head that the grouped path takes at once.
 const MAX_GROUP: usize = 4;

@@ -128,14 +128,8 @@ const PREFETCH_AHEAD: usize = 4;
 /// [`super::matmul`]'s quantized columns).
 #[cfg(target_arch = "x86_64")]
 fn prefetch_columns(w: &DenseMatrix, c0: usize, count: usize) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-    if c0 + count > w.n {
-        return;
-    }
-    let part = &w.weights[c0 * w.k..(c0 + count) * w.k];
-    for at in (0..part.len()).step_by(16) {
-        // SAFETY: `at` is inside `part`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(part.as_ptr().add(at) as *const i8) };
+    if c0 + count <= w.n {
+        super::prefetch_row(&w.weights[c0 * w.k..(c0 + count) * w.k]);
     }
 }
 

@@ -59,6 +59,17 @@ use reduce_lanes_m256;
 /// 1.5 · 2^23 leaves no fraction bits. Plain arithmetic, so it vectorizes and the AVX2
 /// paths can repeat it, where `f32::round` is a libm call per value.
 #[inline(always)]
+/// Ask the cache for the lines of `row` (attention's keys and values, the dense
+/// kernel's next columns).
+#[cfg(target_arch = "x86_64")]
+fn prefetch_row(row: &[f32]) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    for at in (0..row.len()).step_by(16) {
+        // SAFETY: `at` < `row.len()`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at) as *const i8) };
+    }
+}
+
 fn round_to_integer(x: f32) -> f32 {
     (x + ROUNDING) - ROUNDING
 }

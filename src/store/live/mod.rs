@@ -532,58 +532,47 @@ impl Store {
         }
     }
 
-    /// Log, apply, then wait for the log to be durable. Logging and applying happen
-    /// under the writer lock, so a snapshot's cut sees a change in both or in neither;
-    /// the fsync happens after it, where group commit can share it.
-    ///
-    /// `make` builds the change under the writer lock: an own append takes its id there,
-    /// so own ids are applied in id order and [`Store::last_own_id`] never passes one
-    /// still on its way in (a replica's publisher reads "at or below it and not cached"
-    /// as evicted, and would skip it for good).
+    /// Log, apply, then wait for the log to be durable: [`Store::commit_group`] of one.
     fn commit(&self, make: impl FnOnce() -> Change) -> Result<bool, ChangeError> {
-        let (seq, changed) = {
-            let mut writer = self.writer();
-            let op = make();
-            let seq = self.wal.write(&op)?;
-            let changed = writer.apply(|st| {
-                let changed = Self::apply_to(&self.cfg, st, &op);
-                st.since_cut.push((seq, op.clone()));
-                changed
-            })?;
-            if let Change::Append { id, .. } = op
-                && own_ids(self.cfg.id_origin).contains(&id)
-            {
-                self.last_own_id.fetch_max(id, Ordering::Release);
-            }
-            (seq, changed)
-        };
-        self.wal.sync(seq)?;
-        Ok(changed)
+        Ok(self.commit_group(|| vec![make()])? > 0)
     }
 
     /// Log and apply `changes` as one group: one hold of the writer lock, one write to
     /// the log, one fsync; returns how many changed the store. Evictions go through it:
     /// a budget that drops a thousand sequences costs one fsync, not a thousand, before
     /// the client whose append caused it gets its answer. At most [`GROUP_MAX`] changes.
-    pub fn apply(&self, changes: &[Change]) -> Result<usize, ChangeError> {
-        if changes.is_empty() {
-            return Ok(0);
-        }
+    pub fn apply(&self, changes: Vec<Change>) -> Result<usize, ChangeError> {
         assert!(
             changes.len() <= GROUP_MAX,
             "a group of {} changes",
             changes.len()
         );
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        self.commit_group(|| changes)
+    }
+
+    /// Log, apply, then wait for the log to be durable. Logging and applying happen
+    /// under the writer lock, so a snapshot's cut sees a change in both or in neither;
+    /// the fsync happens after it, where group commit can share it.
+    ///
+    /// `make` builds the changes under the writer lock: an own append takes its id
+    /// there, so own ids are applied in id order and [`Store::last_own_id`] never passes
+    /// one still on its way in (a replica's publisher reads "at or below it and not
+    /// cached" as evicted, and would skip it for good).
+    fn commit_group(&self, make: impl FnOnce() -> Vec<Change>) -> Result<usize, ChangeError> {
         let (last, changed) = {
             let mut writer = self.writer();
-            let last = self.wal.write_group(changes)?;
+            let changes = make();
+            let last = self.wal.write_group(&changes)?;
             let first = last + 1 - changes.len() as u64;
             let changed = writer.apply(|st| {
                 // Every change is logged, so every one is applied and cut with the
-                // log, even after one fails (as a single commit does).
+                // log, even after one fails.
                 let mut changed = 0;
                 let mut failed = None;
-                for (seq, op) in (first..).zip(changes) {
+                for (seq, op) in (first..).zip(&changes) {
                     match Self::apply_to(&self.cfg, st, op) {
                         Ok(c) => changed += c as usize,
                         Err(e) => failed = failed.or(Some(e)),
@@ -592,7 +581,7 @@ impl Store {
                 }
                 failed.map_or(Ok(changed), Err)
             })?;
-            for change in changes {
+            for change in &changes {
                 if let Change::Append { id, .. } = change
                     && own_ids(self.cfg.id_origin).contains(id)
                 {
@@ -622,7 +611,7 @@ impl Store {
                     .map(|(ns, id)| Change::evict(ns.clone(), *id))
                     .collect()
             };
-            let n = self.apply(&changes)?;
+            let n = self.apply(changes)?;
             self.counters.lock().expect("counters").evicted += n as u64;
             evicted += n;
         }
