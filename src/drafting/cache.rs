@@ -10,7 +10,7 @@ use crate::engine::Drafter;
 use crate::speculate::{Draft, DraftSource, SpecParams, Speculator};
 use crate::store::live::Store;
 use crate::store::{Layered, LayeredCursor};
-use crate::tree::{GlobalIndex, GlobalTree, RequestTree};
+use crate::tree::{GlobalIndex, RequestTree};
 
 /// Lends a drafter the shared cache for the span of one call.
 pub trait CacheSource {
@@ -36,16 +36,11 @@ pub struct NamespaceSource<'a> {
     pub store: &'a Store,
     /// The namespace to draft from.
     pub namespace: String,
-    /// An empty tree of the store's depth, the view of a missing namespace.
-    pub empty: &'a GlobalTree,
 }
 
 impl CacheSource for NamespaceSource<'_> {
     fn with_view<R>(&self, f: impl FnOnce(&Layered<'_>) -> R) -> R {
-        self.store.with_namespace(&self.namespace, |ns| match ns {
-            Some(ns) => f(&ns.view()),
-            None => f(&Layered::new(None, self.empty, self.empty)),
-        })
+        self.store.with_view(&self.namespace, f)
     }
 
     /// Marks a cached sequence that holds the longest tail of `context` the cache has as
@@ -136,6 +131,7 @@ mod tests {
     use crate::corpus::read_examples;
     use crate::simulate::{SimulateConfig, simulate};
     use crate::speculate::SpecMode;
+    use crate::tree::GlobalTree;
 
     const TEST_REQUESTS: usize = 80;
 

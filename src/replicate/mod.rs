@@ -29,6 +29,7 @@ use std::time::Duration;
 
 mod outbox;
 mod snapshots;
+mod state;
 mod stats;
 mod worker;
 
@@ -37,16 +38,12 @@ pub use stats::ReplicationStats;
 
 use async_nats::jetstream;
 
-use crate::store::faults::DurableFile;
-use crate::store::live::{MAX_ID_ORIGIN, Store, own_ids};
+use crate::store::live::{Store, own_ids};
 use crate::store::{Change, EvictScope, TokenizerId};
-use crate::store::{DiskDirectory, replace_file};
 
 use outbox::EvictionOutbox;
+use state::{Positions, ReplicaFiles};
 use worker::Worker;
-
-/// Where a replica keeps its identity and stream positions, inside the store directory.
-const STATE_DIR: &str = "replication";
 
 /// Most sequences published in one batch, between two position writes.
 const PUBLISH_BATCH: usize = 256;
@@ -222,58 +219,14 @@ pub struct ReplicaIdentity {
 impl ReplicaIdentity {
     /// The identity kept in `store_dir`, or a new one written there.
     pub fn load_or_create(store_dir: &Path) -> Result<Self, ReplicateError> {
-        if let Some(id) = Self::load(store_dir)? {
-            return Ok(id);
-        }
-        let id = ReplicaIdentity {
-            name: format!("{:016x}", rand::random::<u64>()),
-            tag: rand::random_range(1..=MAX_ID_ORIGIN),
-        };
-        write_state(&store_dir.join(STATE_DIR).join("replica.json"), &id)?;
-        Ok(id)
+        ReplicaFiles::on_disk(store_dir).identity_or_new()
     }
 
     /// The identity kept in `store_dir`, if it has served as a replica. `suffixd ingest`
     /// appends under it, so what it adds is published when the replica next serves.
     pub fn load(store_dir: &Path) -> Result<Option<Self>, ReplicateError> {
-        let path = store_dir.join(STATE_DIR).join("replica.json");
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let id: ReplicaIdentity =
-                    serde_json::from_slice(&bytes).map_err(|e| ReplicateError::BadState {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    })?;
-                if id.tag == 0 || id.tag > MAX_ID_ORIGIN {
-                    return Err(ReplicateError::BadState {
-                        path,
-                        reason: format!("tag {} is outside 1..={MAX_ID_ORIGIN}", id.tag),
-                    });
-                }
-                Ok(Some(id))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(ReplicateError::State { path, source }),
-        }
+        ReplicaFiles::on_disk(store_dir).identity()
     }
-}
-
-/// How far this replica has got, kept durably in the store directory.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
-struct Positions {
-    /// The last own id JetStream acknowledged.
-    published_id: u64,
-    /// The last stream sequence applied (or skipped as this replica's own).
-    applied_seq: u64,
-    /// The last entry of the eviction outbox JetStream acknowledged.
-    #[serde(default)]
-    evictions_published: u64,
-    /// When the stream these positions count in was created (µs since the epoch; None
-    /// before this replica first saw it). A stream created at another time is a new
-    /// stream: NATS lost its storage, or the stream was deleted, and the positions
-    /// count in one that is gone.
-    #[serde(default)]
-    stream_created_us: Option<i64>,
 }
 
 /// One record on the stream: what a replica did, and who it is. Budget and age
@@ -416,20 +369,8 @@ impl Replication {
         store: Arc<Store>,
         tokenizer: TokenizerId,
     ) -> Result<Self, ReplicateError> {
-        let positions_path = store.dir().join(STATE_DIR).join("positions.json");
-        let positions = match std::fs::read(&positions_path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ReplicateError::BadState {
-                path: positions_path.clone(),
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Positions::default(),
-            Err(source) => {
-                return Err(ReplicateError::State {
-                    path: positions_path,
-                    source,
-                });
-            }
-        };
+        let files = ReplicaFiles::new(store.directory(), store.dir());
+        let positions = files.positions()?;
         let stats = Arc::new(Mutex::new(ReplicationStats {
             replica: identity.name.clone(),
             tag: identity.tag,
@@ -442,10 +383,9 @@ impl Replication {
         let stop = Arc::new(AtomicBool::new(false));
         let positions = Arc::new(Mutex::new(positions));
         let (uploads, upload_queue) = tokio::sync::mpsc::unbounded_channel();
-        let outbox = Arc::new(Mutex::new(EvictionOutbox::open(
-            &store.dir().join(STATE_DIR).join("evictions.jsonl"),
-            positions.lock().expect("positions").evictions_published,
-        )?));
+        let outbox = Arc::new(Mutex::new(
+            files.outbox(positions.lock().expect("positions").evictions_published)?,
+        ));
         let worker = Worker {
             outbox: outbox.clone(),
             cfg,
@@ -453,7 +393,7 @@ impl Replication {
             store,
             tokenizer,
             positions: positions.clone(),
-            positions_path,
+            files,
             upload_queue: Mutex::new(Some(upload_queue)),
             stats: stats.clone(),
             stop: stop.clone(),
@@ -603,13 +543,11 @@ pub fn bootstrap(
     });
     match fetched {
         Ok(Some(b)) => {
-            let path = dir.join(STATE_DIR).join("positions.json");
-            let mut positions: Positions = std::fs::read(&path)
-                .ok()
-                .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-                .unwrap_or_default();
+            let files = ReplicaFiles::on_disk(dir);
+            // Damaged positions are replaced: the snapshot says where to start.
+            let mut positions = files.positions().unwrap_or_default();
             positions.applied_seq = b.position;
-            write_state(&path, &positions)?;
+            files.save_positions(&positions)?;
             Ok(Some(b))
         }
         Ok(None) => Ok(None),
@@ -630,21 +568,6 @@ impl Drop for Replication {
             let _ = t.join();
         }
     }
-}
-
-/// Write a state file atomically (temporary file, fsync, rename, directory fsync).
-fn write_state(path: &Path, value: &impl serde::Serialize) -> Result<(), ReplicateError> {
-    let error = |source| ReplicateError::State {
-        path: path.into(),
-        source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(error)?;
-    let bytes = serde_json::to_vec(value).map_err(|e| error(e.into()))?;
-    replace_file(&DiskDirectory, path, DurableFile::ReplicationState, |f| {
-        f.write_all(&bytes)
-    })
-    .map_err(error)
 }
 
 #[cfg(test)]

@@ -7,15 +7,17 @@
 //! acknowledged to the operator.
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::{ReplicateError, WireOp};
 use crate::store::faults::{self, FaultPoint};
+use crate::store::fs::{Directory, LogFile, refuse_non_regular};
 use crate::store::{Change, EvictScope};
 
-/// Once everything is sent and the file is this large, it is emptied.
-const TRUNCATE_FROM_BYTES: u64 = 1 << 20;
+/// Once everything is sent, durably recorded as sent, and the file is this large, it
+/// is emptied.
+const COMPACT_FROM_BYTES: u64 = 1 << 20;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Entry {
@@ -27,7 +29,7 @@ struct Entry {
 /// Evictions not yet acknowledged, in order.
 pub(super) struct EvictionOutbox {
     path: PathBuf,
-    file: File,
+    file: Box<dyn LogFile>,
     pending: VecDeque<(u64, EvictScope)>,
     last: u64,
     /// Bytes of whole, written entries: where the next entry starts. A failed write is
@@ -35,20 +37,24 @@ pub(super) struct EvictionOutbox {
     intact: u64,
     /// A failed write may have left bytes after `intact` that are not cut out yet.
     dirty: bool,
+    /// [`EvictionOutbox::compact`] empties a file of at least this many bytes.
+    pub(super) compact_from: u64,
 }
 
 impl EvictionOutbox {
-    /// The outbox at `path`, holding the entries after `published`.
-    pub(super) fn open(path: &Path, published: u64) -> Result<Self, ReplicateError> {
+    /// The outbox at `path` on `fs`, holding the entries after `published`.
+    pub(super) fn open(
+        fs: &Arc<dyn Directory>,
+        path: &Path,
+        published: u64,
+    ) -> Result<Self, ReplicateError> {
         let error = |source| ReplicateError::State {
             path: path.into(),
             source,
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(error)?;
-        }
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
+        refuse_non_regular(&**fs, path, "replication outbox").map_err(error)?;
+        let text = match fs.read(path) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(error(e)),
         };
@@ -70,13 +76,18 @@ impl EvictionOutbox {
                 pending.push_back((n, scope));
             }
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(error)?;
+        let mut file = if fs.kind(path).map_err(error)?.is_some() {
+            fs.open_write(path).map_err(error)?
+        } else {
+            // The new name is made durable before any entry is acknowledged in it.
+            let file = fs.create(path).map_err(error)?;
+            fs.sync_dir(path.parent().unwrap_or(Path::new(".")))
+                .map_err(error)?;
+            file
+        };
         // Drop a torn last line, so the next entry starts on a line of its own.
         file.set_len(intact).map_err(error)?;
+        file.seek_to(intact).map_err(error)?;
         Ok(EvictionOutbox {
             path: path.into(),
             file,
@@ -84,19 +95,26 @@ impl EvictionOutbox {
             last,
             intact,
             dirty: false,
+            compact_from: COMPACT_FROM_BYTES,
         })
+    }
+
+    /// Cut the file back to its whole entries and write there next.
+    fn cut_to_intact(&mut self) -> std::io::Result<()> {
+        self.file.set_len(self.intact)?;
+        self.file.seek_to(self.intact)
     }
 
     /// Write `scope` down (fsynced) to be sent. On an error nothing written before is
     /// touched: what this write left is cut back out (now, or before the next write if
     /// the cut fails too), and the entry is not numbered.
     pub(super) fn push(&mut self, scope: EvictScope) -> Result<(), ReplicateError> {
-        let error = |source| ReplicateError::State {
-            path: self.path.clone(),
+        let error = |path: &Path, source| ReplicateError::State {
+            path: path.into(),
             source,
         };
         if self.dirty {
-            self.file.set_len(self.intact).map_err(error)?;
+            self.cut_to_intact().map_err(|e| error(&self.path, e))?;
             self.dirty = false;
         }
         let n = self.last + 1;
@@ -110,8 +128,8 @@ impl EvictionOutbox {
             // Back to the last whole entry: a partial line must not glue the next entry
             // to it, and a cut by this line's length would eat into acknowledged ones
             // when the write stopped short.
-            self.dirty = self.file.set_len(self.intact).is_err();
-            return Err(error(source));
+            self.dirty = self.cut_to_intact().is_err();
+            return Err(error(&self.path, source));
         }
         self.intact += line.len() as u64;
         self.last = n;
@@ -129,11 +147,18 @@ impl EvictionOutbox {
         while self.pending.front().is_some_and(|(m, _)| *m <= n) {
             self.pending.pop_front();
         }
-        if self.pending.is_empty() && self.intact >= TRUNCATE_FROM_BYTES {
-            // Numbering goes on from `last`; the positions file remembers what was sent.
-            if self.file.set_len(0).is_ok() {
-                self.intact = 0;
-            }
+    }
+
+    /// Empty a large file once every entry in it was sent and the positions file says
+    /// so durably (`published_durably`, as last written). Not sooner: the numbering
+    /// goes on from the larger of the file's last entry and the positions file's, and
+    /// a number used twice would be dropped by JetStream as a duplicate.
+    pub(super) fn compact(&mut self, published_durably: u64) {
+        let all_sent_durably = self.pending.is_empty() && self.last <= published_durably;
+        if all_sent_durably && self.intact >= self.compact_from && self.intact > 0 {
+            self.intact = 0;
+            // A failed cut leaves entries already sent, which a reopen skips.
+            self.dirty = self.cut_to_intact().is_err();
         }
     }
 
@@ -148,6 +173,11 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+    use crate::store::DiskDirectory;
+
+    fn disk() -> Arc<dyn Directory> {
+        Arc::new(DiskDirectory)
+    }
 
     fn evict(id: u64) -> EvictScope {
         EvictScope::Id {
@@ -161,7 +191,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("evictions.jsonl");
         {
-            let mut o = EvictionOutbox::open(&path, 0).unwrap();
+            let mut o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
             for id in 1..=3 {
                 o.push(evict(id)).unwrap();
             }
@@ -175,11 +205,11 @@ mod tests {
             .unwrap()
             .write_all(b"{\"n\":4,\"op\":\"ev")
             .unwrap();
-        let mut o = EvictionOutbox::open(&path, 1).unwrap();
+        let mut o = EvictionOutbox::open(&disk(), &path, 1).unwrap();
         assert_eq!(o.len(), 2);
         assert_eq!(o.front(), Some((2, evict(2))));
         o.push(evict(9)).unwrap();
-        let o = EvictionOutbox::open(&path, 3).unwrap();
+        let o = EvictionOutbox::open(&disk(), &path, 3).unwrap();
         assert_eq!(
             o.front(),
             Some((4, evict(9))),
@@ -192,7 +222,7 @@ mod tests {
     fn a_failed_write_loses_no_entry_written_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("evictions.jsonl");
-        let mut o = EvictionOutbox::open(&path, 0).unwrap();
+        let mut o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
         for id in 1..=3 {
             o.push(evict(id)).unwrap();
         }
@@ -206,12 +236,45 @@ mod tests {
         assert_eq!(o.len(), 3, "the failed entries were not taken");
         o.push(evict(6)).unwrap();
         drop(o);
-        let o = EvictionOutbox::open(&path, 0).unwrap();
+        let o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
         let kept: Vec<(u64, EvictScope)> = o.pending.iter().cloned().collect();
         assert_eq!(
             kept,
             [(1, evict(1)), (2, evict(2)), (3, evict(3)), (4, evict(6))],
             "every acknowledged entry, whole, and the next one numbered after them"
         );
+    }
+
+    /// The file is emptied only once the positions file durably says every entry went
+    /// out: a disk may keep an unsynced truncation through a power cut, and an empty
+    /// file beside stale positions would number the next eviction as one JetStream has
+    /// seen (and drops as a duplicate).
+    #[test]
+    fn the_file_empties_only_after_the_positions_say_all_went_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("evictions.jsonl");
+        let mut o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
+        o.compact_from = 0;
+        for id in 1..=2 {
+            o.push(evict(id)).unwrap();
+        }
+        let full = std::fs::metadata(&path).unwrap().len();
+        o.sent(2);
+        o.compact(1);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            full,
+            "positions say 1"
+        );
+        o.compact(2);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            0,
+            "positions say 2"
+        );
+        o.push(evict(3)).unwrap();
+        drop(o);
+        let o = EvictionOutbox::open(&disk(), &path, 2).unwrap();
+        assert_eq!(o.front(), Some((3, evict(3))), "numbering goes on");
     }
 }

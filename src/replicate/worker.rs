@@ -3,7 +3,6 @@
 //! published snapshot when the stream dropped records it had not read, and uploads
 //! snapshots.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,10 +15,11 @@ use crate::store::snapshot::Snapshot;
 use crate::store::{Change, TokenizerId};
 
 use super::outbox::EvictionOutbox;
+use super::state::{Positions, ReplicaFiles, STATE_DIR};
 use super::{
-    CONSUMER_STALL, DUPLICATE_WINDOW, POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL, Positions,
+    CONSUMER_STALL, DUPLICATE_WINDOW, POSITION_EVERY, PUBLISH_BATCH, PUBLISH_POLL,
     PublishedSnapshot, RETRY, Record, ReplicaIdentity, ReplicationConfig, ReplicationStats,
-    STATE_DIR, SyncError, Upload, snapshots, write_state,
+    SyncError, Upload, snapshots,
 };
 
 /// The replication thread's state.
@@ -30,7 +30,7 @@ pub(super) struct Worker {
     pub(super) store: Arc<Store>,
     pub(super) tokenizer: TokenizerId,
     pub(super) positions: Arc<Mutex<Positions>>,
-    pub(super) positions_path: PathBuf,
+    pub(super) files: ReplicaFiles,
     pub(super) upload_queue: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Upload>>>,
     pub(super) stats: Arc<Mutex<ReplicationStats>>,
     pub(super) stop: Arc<AtomicBool>,
@@ -449,7 +449,8 @@ impl Worker {
             "replication: stream records {from}..{} are gone from the stream: catching up from a published snapshot",
             next - 1
         );
-        let path = self.store.dir().join(STATE_DIR).join("catch-up.snapshot");
+        // Fetched onto the disk, beside the other files: the snapshot reader maps it.
+        let path = self.files.path("catch-up.snapshot");
         let fetched =
             snapshots::fetch_newest(js, &self.cfg.cluster, &path, self.tokenizer, from).await;
         let covered = match fetched {
@@ -565,10 +566,17 @@ impl Worker {
 
     fn save_positions(&self) {
         let positions = *self.positions.lock().expect("positions");
-        if let Err(e) = write_state(&self.positions_path, &positions) {
+        match self.files.save_positions(&positions) {
+            // Only now may the outbox forget what went out (its numbering must not
+            // start over below what JetStream has seen).
+            Ok(()) => self
+                .outbox
+                .lock()
+                .expect("outbox")
+                .compact(positions.evictions_published),
             // The positions only save work: an older one re-sends or re-reads records,
             // which the ids make harmless.
-            tracing::error!("{e}");
+            Err(e) => tracing::error!("{e}"),
         }
     }
 }

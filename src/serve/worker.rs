@@ -19,7 +19,6 @@ use crate::engine::{Drafter, Engine, GenerateOptions, Generation, Sequence, Toke
 use crate::model::forward::ModelError;
 use crate::speculate::SpecParams;
 use crate::store::live::Store;
-use crate::tree::GlobalTree;
 
 use super::metrics::Metrics;
 use crate::drafting::{CacheDrafter, NamespaceSource};
@@ -174,7 +173,6 @@ pub fn run(
 fn admit<'a>(
     engine: &mut Engine,
     store: &'a Store,
-    empty: &'a GlobalTree,
     params: SpecParams,
     job: Job,
 ) -> Option<Slot<'a>> {
@@ -183,7 +181,6 @@ fn admit<'a>(
             let source = NamespaceSource {
                 store,
                 namespace: job.opts.namespace.clone(),
-                empty,
             };
             Some(Slot {
                 seq,
@@ -214,7 +211,8 @@ pub struct Intake<'a> {
     pub grammars: Option<GrammarCompiler>,
 }
 
-/// The model thread's loop: admit jobs, step them together, hand completed ones over.
+/// The model thread's loop: admit jobs, step them together, stream what they gained,
+/// hand completed ones over.
 fn step_jobs(
     mut engine: Engine,
     store: &Store,
@@ -229,7 +227,6 @@ fn step_jobs(
         liveness,
         grammars,
     } = intake;
-    let empty = GlobalTree::new(params.max_depth).expect("valid depth");
     let mut slots: Vec<Slot<'_>> = Vec::new();
     let mut open = true;
     // Whether a job came since the heap was last trimmed.
@@ -238,45 +235,31 @@ fn step_jobs(
     metrics.publish_prefix_cache(published_prefix);
     loop {
         liveness.beat();
-        // Admit: wait for work when idle (showing signs of life between waits),
-        // otherwise take what is queued.
         while open && slots.len() < max_batch.max(1) {
-            let next = if slots.is_empty() {
-                jobs.recv_timeout(IDLE_BEAT).map_err(|e| match e {
-                    crossbeam::channel::RecvTimeoutError::Timeout => {
-                        crossbeam::channel::TryRecvError::Empty
-                    }
-                    crossbeam::channel::RecvTimeoutError::Disconnected => {
-                        crossbeam::channel::TryRecvError::Disconnected
-                    }
-                })
-            } else {
-                jobs.try_recv()
-            };
-            match next {
+            match next_job(&jobs, slots.is_empty()) {
                 Ok(job) => {
                     served = true;
-                    slots.extend(admit(&mut engine, store, &empty, params, job));
+                    slots.extend(admit(&mut engine, store, params, job));
                 }
                 Err(crossbeam::channel::TryRecvError::Empty) => break,
                 Err(crossbeam::channel::TryRecvError::Disconnected) => open = false,
             }
         }
         if slots.is_empty() {
-            if open {
-                // Idle for a beat: forget grammars no one asks for any more, and after
-                // work give the heap it freed back (glibc would keep the pages
-                // resident, per thread arena).
-                let forgotten = grammars
-                    .as_ref()
-                    .map_or(0, |g| g.forget_unused(GRAMMAR_IDLE));
-                if served || forgotten > 0 {
-                    crate::memory::trim();
-                    served = false;
-                }
-                continue;
+            if !open {
+                return;
             }
-            return;
+            // Idle for a beat: forget grammars no one asks for any more, and after work
+            // give the heap it freed back (glibc would keep the pages resident, per
+            // thread arena).
+            let forgotten = grammars
+                .as_ref()
+                .map_or(0, |g| g.forget_unused(GRAMMAR_IDLE));
+            if served || forgotten > 0 {
+                crate::memory::trim();
+                served = false;
+            }
+            continue;
         }
         for slot in &mut slots {
             if slot.job.tokens.is_closed() {
@@ -286,95 +269,131 @@ fn step_jobs(
         // Tests make the model thread panic here (FAILPOINTS=model-step=panic, in a
         // build with the `fail` crate's failpoints, which the test build turns on).
         fail::fail_point!("model-step");
-        let result = {
-            let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = slots
-                .iter_mut()
-                .map(|s| (&mut s.seq, &mut s.drafter as &mut dyn Drafter))
-                .collect();
-            engine.step(&mut batch)
-        };
-        match result {
-            Ok(report) => {
-                metrics.record_step(&report);
-                metrics.publish_cost_curve(engine.cost_curve());
-            }
-            Err(e) => {
-                // The pass as a whole failed: find which requests fail alone, answer
-                // those, and let the others go on. A failed pass commits nothing to a
-                // cache, so stepping each again is safe.
-                tracing::warn!(
-                    "a batched step of {} requests failed ({e}); stepping each alone",
-                    slots.len()
-                );
-                let mut i = 0;
-                while i < slots.len() {
-                    let slot = &mut slots[i];
-                    let alone =
-                        engine.step(&mut [(&mut slot.seq, &mut slot.drafter as &mut dyn Drafter)]);
-                    match alone {
-                        Ok(report) => {
-                            metrics.record_step(&report);
-                            i += 1;
-                        }
-                        Err(e) => {
-                            let slot = slots.swap_remove(i);
-                            let _ = slot.job.done.send(Err(JobError::failed("step", &e)));
-                        }
-                    }
-                }
-            }
-        }
-        for slot in &mut slots {
-            let new = slot.seq.take_new();
-            if new.tokens.is_empty() {
-                continue;
-            }
-            let delta = Delta {
-                text: new.text.to_string(),
-                logprobs: new.logprobs.to_vec(),
-            };
-            if slot.job.tokens.send(delta).is_err() {
-                slot.seq.cancel();
-            }
-        }
-        let mut i = 0;
-        while i < slots.len() {
-            if !slots[i].seq.is_finished() {
-                i += 1;
-                continue;
-            }
-            let slot = slots.swap_remove(i);
-            let generation = engine.finish(slot.seq);
-            if let Some(why) = &generation.grammar_failure {
-                // Not an answer: refused with the reason, and not learned from.
-                tracing::warn!("a request's grammar failed: {why}");
-                let _ = slot.job.done.send(Err(JobError::Rejected(format!(
-                    "the response format or tool schemas are more than the grammar engine can run ({why}); simplify the schema"
-                ))));
-                continue;
-            }
-            let t = Instant::now();
-            let c = Completed {
-                namespace: slot.job.opts.namespace,
-                generation,
-                done: slot.job.done,
-            };
-            if let Err(crossbeam::channel::SendError(c)) = to_writer.send(c) {
-                store_completed(store, metrics, c);
-            }
-            let handover = t.elapsed().as_secs_f64();
-            metrics.record_store_handover(handover);
-            tracing::debug!(
-                handover_us = handover * 1e6,
-                "completed request handed over"
-            );
-        }
+        step_batch(&mut engine, metrics, &mut slots);
+        stream_new_tokens(&mut slots);
+        hand_over_finished(&mut engine, store, metrics, to_writer, &mut slots);
         // Its counters change only when requests start, finish prefill or finish.
         let prefix = engine.prefix_cache_stats();
         if prefix != published_prefix {
             metrics.publish_prefix_cache(prefix);
             published_prefix = prefix;
         }
+    }
+}
+
+/// The next job: when `idle`, waiting up to [`IDLE_BEAT`] for one (so the thread shows
+/// signs of life between waits); otherwise only one already queued.
+fn next_job(
+    jobs: &crossbeam::channel::Receiver<Job>,
+    idle: bool,
+) -> Result<Job, crossbeam::channel::TryRecvError> {
+    use crossbeam::channel::{RecvTimeoutError, TryRecvError};
+    if !idle {
+        return jobs.try_recv();
+    }
+    jobs.recv_timeout(IDLE_BEAT).map_err(|e| match e {
+        RecvTimeoutError::Timeout => TryRecvError::Empty,
+        RecvTimeoutError::Disconnected => TryRecvError::Disconnected,
+    })
+}
+
+/// One forward pass over every slot. When the pass as a whole fails, each request is
+/// stepped alone: those that fail alone are answered and dropped, the others go on. A
+/// failed pass commits nothing to a cache, so stepping each again is safe.
+fn step_batch(engine: &mut Engine, metrics: &Metrics, slots: &mut Vec<Slot<'_>>) {
+    let result = {
+        let mut batch: Vec<(&mut Sequence, &mut dyn Drafter)> = slots
+            .iter_mut()
+            .map(|s| (&mut s.seq, &mut s.drafter as &mut dyn Drafter))
+            .collect();
+        engine.step(&mut batch)
+    };
+    let e = match result {
+        Ok(report) => {
+            metrics.record_step(&report);
+            metrics.publish_cost_curve(engine.cost_curve());
+            return;
+        }
+        Err(e) => e,
+    };
+    tracing::warn!(
+        "a batched step of {} requests failed ({e}); stepping each alone",
+        slots.len()
+    );
+    let mut i = 0;
+    while i < slots.len() {
+        let slot = &mut slots[i];
+        match engine.step(&mut [(&mut slot.seq, &mut slot.drafter as &mut dyn Drafter)]) {
+            Ok(report) => {
+                metrics.record_step(&report);
+                i += 1;
+            }
+            Err(e) => {
+                let slot = slots.swap_remove(i);
+                let _ = slot.job.done.send(Err(JobError::failed("step", &e)));
+            }
+        }
+    }
+}
+
+/// Send each request's client the text its step accepted; a client gone away cancels
+/// its request.
+fn stream_new_tokens(slots: &mut [Slot<'_>]) {
+    for slot in slots {
+        let new = slot.seq.take_new();
+        if new.tokens.is_empty() {
+            continue;
+        }
+        let delta = Delta {
+            text: new.text.to_string(),
+            logprobs: new.logprobs.to_vec(),
+        };
+        if slot.job.tokens.send(delta).is_err() {
+            slot.seq.cancel();
+        }
+    }
+}
+
+/// Take the finished requests out of the batch and hand them to the store writer (or,
+/// when it is gone, append and answer here). A request whose grammar failed is refused
+/// with the reason and not learned from.
+fn hand_over_finished(
+    engine: &mut Engine,
+    store: &Store,
+    metrics: &Metrics,
+    to_writer: &crossbeam::channel::Sender<Completed>,
+    slots: &mut Vec<Slot<'_>>,
+) {
+    let mut i = 0;
+    while i < slots.len() {
+        if !slots[i].seq.is_finished() {
+            i += 1;
+            continue;
+        }
+        let slot = slots.swap_remove(i);
+        let generation = engine.finish(slot.seq);
+        if let Some(why) = &generation.grammar_failure {
+            tracing::warn!("a request's grammar failed: {why}");
+            let _ = slot.job.done.send(Err(JobError::Rejected(format!(
+                "the response format or tool schemas are more than the grammar engine can run ({why}); simplify the schema"
+            ))));
+            continue;
+        }
+        let t = Instant::now();
+        let c = Completed {
+            namespace: slot.job.opts.namespace,
+            generation,
+            done: slot.job.done,
+        };
+        if let Err(crossbeam::channel::SendError(c)) = to_writer.send(c) {
+            store_completed(store, metrics, c);
+        }
+        let handover = t.elapsed().as_secs_f64();
+        metrics.record_store_handover(handover);
+        tracing::debug!(
+            handover_us = handover * 1e6,
+            "completed request handed over"
+        );
     }
 }
 

@@ -46,7 +46,6 @@ pub fn is_namespace(name: &str) -> bool {
         && name.len() <= MAX_NAMESPACE_BYTES
         && name.bytes().all(|b| b.is_ascii_graphic())
 }
-pub(crate) use fs::replace_file;
 pub use fs::{Directory, DiskDirectory, RamDirectory};
 pub use layered::{Layered, LayeredCursor};
 pub use layers::Layers;

@@ -23,7 +23,7 @@ use super::tools::{self, ToolPlan};
 use super::wire::{AssistantMessage, ChatChoice, Completion, Model, ModelList, TextChoice};
 use super::{ApiError, read_json};
 use crate::serve::AppState;
-use crate::serve::worker::{Job, JobError};
+use crate::serve::worker::{Delta, Job, JobError};
 
 /// `stop` may be a string or a list of strings.
 #[derive(Deserialize, Debug, Default)]
@@ -360,23 +360,7 @@ async fn generate(
         .iter()
         .map(|pieces| tokenize_prompt(&app, pieces, opts.max_tokens))
         .collect::<Result<Vec<_>, _>>()?;
-    // A bounded queue: once it is full the client is asked to come back (the count is
-    // read without a lock, and a request's choices go in together, so the queue may
-    // pass the bound by a few).
-    if app.jobs.len() >= app.cfg.max_queued {
-        app.metrics.record_error();
-        let mut busy = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            format!(
-                "{} requests are waiting for the model (--max-queued {}); retry shortly",
-                app.jobs.len(),
-                app.cfg.max_queued
-            ),
-        );
-        busy.retry_after_s = Some(1);
-        return Err(busy);
-    }
+    refuse_when_queue_full(&app)?;
     opts.grammar = grammar_of(&app, format, tool_plan.as_ref()).await?;
     // Calls are read from the answer when the model may make them.
     let reads_calls = tool_plan.as_ref().is_some_and(ToolPlan::offers_calls);
@@ -384,8 +368,61 @@ async fn generate(
         // A small model repeats the call it just made until `max_tokens`.
         opts.stop_on_repeat = Some(tools::call_delimiters());
     }
-    // One job per choice (prompt p's choice i at index p × n + i), choice i sampling
-    // with seed + i; the model thread batches them like any concurrent requests.
+    let jobs = enqueue(&app, &prompts, n, &opts)?;
+    let id = format!(
+        "{}-{}",
+        if chat { "chatcmpl" } else { "cmpl" },
+        app.next_id()
+    );
+    if req.stream {
+        // Calls held to the call grammar are in its layout: they stream as they are
+        // decoded; others go out whole at the end.
+        let calls = match (reads_calls, opts.grammar.is_some()) {
+            (true, true) => StreamCalls::AsDecoded,
+            (true, false) => StreamCalls::Whole,
+            (false, _) => StreamCalls::No,
+        };
+        let stream = stream::stream_response(app, id, chat, calls, jobs, n as usize);
+        return Ok(stream.into_response());
+    }
+    answer_whole(app, id, chat, reads_calls, n as usize, jobs).await
+}
+
+/// Refuse a request while the queue is full, asking the client to come back: a bounded
+/// queue (the count is read without a lock, and a request's choices go in together, so
+/// the queue may pass the bound by a few).
+fn refuse_when_queue_full(app: &AppState) -> Result<(), ApiError> {
+    if app.jobs.len() < app.cfg.max_queued {
+        return Ok(());
+    }
+    app.metrics.record_error();
+    let mut busy = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limit_error",
+        format!(
+            "{} requests are waiting for the model (--max-queued {}); retry shortly",
+            app.jobs.len(),
+            app.cfg.max_queued
+        ),
+    );
+    busy.retry_after_s = Some(1);
+    Err(busy)
+}
+
+/// What a job sends back: its tokens as they come, and its generation at the end.
+type JobChannels = (
+    mpsc::UnboundedReceiver<Delta>,
+    oneshot::Receiver<Result<Generation, JobError>>,
+);
+
+/// Queue one job per choice (prompt p's choice i at index p × n + i), choice i sampling
+/// with seed + i; the model thread batches them like any concurrent requests.
+fn enqueue(
+    app: &AppState,
+    prompts: &[Vec<u32>],
+    n: u32,
+    opts: &GenerateOptions,
+) -> Result<Vec<JobChannels>, ApiError> {
     let mut jobs = Vec::new();
     for (prompt, i) in prompts.iter().flat_map(|p| (0..n).map(move |i| (p, i))) {
         let mut opts = opts.clone();
@@ -407,22 +444,18 @@ async fn generate(
         })?;
         jobs.push((tok_rx, done_rx));
     }
-    let id = format!(
-        "{}-{}",
-        if chat { "chatcmpl" } else { "cmpl" },
-        app.next_id()
-    );
-    if req.stream {
-        // Calls held to the call grammar are in its layout: they stream as they are
-        // decoded; others go out whole at the end.
-        let calls = match (reads_calls, opts.grammar.is_some()) {
-            (true, true) => StreamCalls::AsDecoded,
-            (true, false) => StreamCalls::Whole,
-            (false, _) => StreamCalls::No,
-        };
-        let stream = stream::stream_response(app, id, chat, calls, jobs, n as usize);
-        return Ok(stream.into_response());
-    }
+    Ok(jobs)
+}
+
+/// Wait for every choice and answer with them all in one body.
+async fn answer_whole(
+    app: Arc<AppState>,
+    id: String,
+    chat: bool,
+    reads_calls: bool,
+    n: usize,
+    jobs: Vec<JobChannels>,
+) -> Result<Response, ApiError> {
     // The token channels are held until the answers are ready: if the client goes away
     // this handler is dropped with them, and the model thread cancels the generations.
     let (_cancel_on_drop, done): (Vec<_>, Vec<_>) = jobs.into_iter().unzip();
@@ -435,10 +468,7 @@ async fn generate(
             .as_deref()
             .map(|l| logprobs_of(&app, l, chat, &mut 0))
     };
-    let (usage, suffixd) = (
-        usage_of(&generations, n as usize),
-        spec_stats_of(&generations),
-    );
+    let (usage, suffixd) = (usage_of(&generations, n), spec_stats_of(&generations));
     if !chat {
         let choices = generations.iter().enumerate().map(|(index, g)| TextChoice {
             index,

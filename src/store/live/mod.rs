@@ -431,6 +431,8 @@ pub struct Store {
     verified: Mutex<Option<(PathBuf, Result<(), String>)>>,
     /// Last-use marks not applied yet ([`Store::touch`]).
     touches: touches::PendingTouches,
+    /// An empty tree: the view of a namespace that does not exist (yet).
+    empty: GlobalTree,
     /// The directory's lock, held while the store is open: one writer per directory.
     _lock: DirLock,
 }
@@ -794,6 +796,15 @@ impl Store {
         f(self.state.read().namespaces.get(name))
     }
 
+    /// Call `f` with the drafting view of namespace `name`, under the read lock as
+    /// [`Store::with_namespace`]: an empty view when the namespace does not exist (yet).
+    pub fn with_view<R>(&self, name: &str, f: impl FnOnce(&Layered<'_>) -> R) -> R {
+        match self.state.read().namespaces.get(name) {
+            Some(ns) => f(&ns.view()),
+            None => f(&Layered::new(None, &self.empty, &self.empty)),
+        }
+    }
+
     /// The names of the namespaces, in order.
     pub fn namespace_names(&self) -> Vec<String> {
         self.state.read().namespaces.keys().cloned().collect()
@@ -861,6 +872,12 @@ impl Store {
     /// The store directory.
     pub fn dir(&self) -> &Path {
         &self.cfg.dir
+    }
+
+    /// The filesystem the store keeps its files on: others who keep durable files
+    /// beside the store's (replication) keep them here too.
+    pub fn directory(&self) -> Arc<dyn Directory> {
+        self.cfg.directory.clone()
     }
 
     /// Counters since start.

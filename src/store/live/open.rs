@@ -123,6 +123,7 @@ impl Store {
         } else {
             0
         };
+        let empty = GlobalTree::new(cfg.max_depth)?;
         let store = Store {
             cfg,
             next_id: AtomicU64::new(state.next_id),
@@ -137,6 +138,7 @@ impl Store {
             wal_damage,
             verified: Mutex::new(None),
             touches: Default::default(),
+            empty,
             _lock: lock,
         };
         Ok(store)
