@@ -24,8 +24,7 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
@@ -34,22 +33,22 @@ pub(super) mod error;
 mod graphs;
 pub(super) mod kv;
 mod launch;
+mod module;
 mod tuning;
+mod upload;
 
 pub use error::CudaError;
 use graphs::Graphs;
 pub use kv::DeviceKv;
 use kv::KvKeeper;
 use launch::Pass;
+use module::{Kernels, MMA_TILES, TILES};
+use tuning::env_u32;
 pub use tuning::{Tuning, compile};
-use tuning::{arch_of, env_u32};
+pub(super) use upload::build;
 
-use super::config::{ModelConfig, WeightFormat};
-use super::error::ModelError;
+use super::config::ModelConfig;
 use super::kernels::activation::Activation;
-use super::kernels::norm::RopePairs;
-use super::layer::{Layer, RopeTable};
-use super::linear::{Linear, NormWeights};
 use super::pass::{BatchEntry, BatchPlan};
 
 /// The kernels' source.
@@ -101,67 +100,6 @@ struct HeadParts {
     k_norm: Option<CudaSlice<f32>>,
 }
 
-/// A layer's tensors, as the loader has them on the device (f32, `n × k`).
-struct LayerTensors {
-    attn_norm: Tensor,
-    /// q, k and v stacked.
-    qkv: Tensor,
-    /// Their biases, side by side (Qwen 2).
-    qkv_bias: Option<Vec<f32>>,
-    /// The norms of each head of q and of k (Qwen 3, Gemma 3).
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
-    wo: Tensor,
-    post_attn_norm: Option<Tensor>,
-    ffn_norm: Tensor,
-    /// Gate and up stacked.
-    gate_up: Tensor,
-    down: Tensor,
-    post_ffn_norm: Option<Tensor>,
-    window: Option<usize>,
-    rope: usize,
-}
-
-/// The row tiles the projections come in: a pass uses the smallest that holds all its
-/// rows, else the largest. A row's arithmetic is the same in each (kernels.cu), so the
-/// choice changes speed, not bits; a one-row step does an eighth of an 8-row tile's work.
-const TILES: [usize; 3] = [1, 4, 8];
-
-/// One projection kernel per weight type (f32, bf16) and row tile ([`TILES`]).
-type Projection = [[CudaFunction; TILES.len()]; 2];
-
-/// The tensor-core projections' tiles of 16 rows a block carries: a pass uses the fewest
-/// that hold all its rows, else the most, in blocks of one output tile; then the same
-/// with [`Tuning::mma_wide`] output tiles (kernels.cu's matmul_mma_block).
-const MMA_TILES: [(usize, bool); 5] = [(1, false), (2, false), (4, false), (1, true), (2, true)];
-
-/// One tensor-core projection kernel per shape ([`MMA_TILES`]), bf16 weights only.
-type MmaProjection = [CudaFunction; MMA_TILES.len()];
-
-/// The launchable kernels.
-struct Kernels {
-    plain: Projection,
-    residual: Projection,
-    silu: Projection,
-    qkv: Projection,
-    /// The tensor-core projections, by mode (see [`Mode`]), for bf16 weights, unless
-    /// `SUFFIXD_CUDA_MMA=off` or they cannot run (see [`CudaForward::new`]).
-    mma: Option<[MmaProjection; 4]>,
-    embed: CudaFunction,
-    attention: CudaFunction,
-    /// Attention for heads of 256 values.
-    attention_wide: CudaFunction,
-    /// Qwen's and Gemma's bias, head norms and RoPE after a plain q|k|v projection.
-    heads: CudaFunction,
-    /// Gemma's embedding scale, post-norms and GELU gate.
-    scale_rows: CudaFunction,
-    norm_add: CudaFunction,
-    gelu_mul: CudaFunction,
-    argmax: CudaFunction,
-    tuning: Tuning,
-    _module: Arc<CudaModule>,
-}
-
 /// Buffers a pass reuses, grown as needed.
 #[derive(Default)]
 struct Scratch {
@@ -203,66 +141,6 @@ fn ensure<'a, T: DeviceRepr + candle_core::cuda_backend::cudarc::driver::ValidAs
     Ok(slot.as_mut().expect("just set"))
 }
 
-/// The device pass for a model loaded on `device`, when it can run there: a CUDA GPU,
-/// f32 or bf16 weights, a shape the kernels take, and `SUFFIXD_DEVICE_KERNELS` not
-/// `off` (which keeps candle's operations, with attention on the host: the path before
-/// these kernels, kept to compare against). None otherwise.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn build(
-    cfg: &ModelConfig,
-    embed: &Tensor,
-    layers: &[Layer],
-    norm: &NormWeights,
-    head: &Linear,
-    ropes: &[RopeTable],
-    device: &candle_core::Device,
-    format: WeightFormat,
-) -> Result<Option<CudaForward>, ModelError> {
-    let candle_core::Device::Cuda(gpu) = device else {
-        return Ok(None);
-    };
-    let bf16 = match format {
-        WeightFormat::F32 => false,
-        WeightFormat::Bf16 => true,
-        WeightFormat::Native | WeightFormat::Q8_0 => return Ok(None),
-    };
-    if std::env::var("SUFFIXD_DEVICE_KERNELS").is_ok_and(|v| v == "off") {
-        tracing::warn!("SUFFIXD_DEVICE_KERNELS=off: candle's operations, attention on the host");
-        return Ok(None);
-    }
-    let tensors = layers
-        .iter()
-        .map(|l| {
-            Some(LayerTensors {
-                attn_norm: l.attn_norm.device.clone(),
-                qkv: l.qkv.device_matrix()?,
-                qkv_bias: l.qkv_bias.clone(),
-                q_norm: l.q_norm.as_ref().map(|n| n.device.clone()),
-                k_norm: l.k_norm.as_ref().map(|n| n.device.clone()),
-                wo: l.wo.device_matrix()?,
-                post_attn_norm: l.post_attn_norm.as_ref().map(|n| n.device.clone()),
-                ffn_norm: l.ffn_norm.device.clone(),
-                gate_up: l.gate_up.device_matrix()?,
-                down: l.down.device_matrix()?,
-                post_ffn_norm: l.post_ffn_norm.as_ref().map(|n| n.device.clone()),
-                window: l.window,
-                rope: l.rope,
-            })
-        })
-        .collect::<Option<Vec<_>>>();
-    let (Some(tensors), Some(head)) = (tensors, head.device_matrix()) else {
-        return Ok(None);
-    };
-    match CudaForward::new(gpu, cfg, embed, &tensors, &norm.device, &head, ropes, bf16) {
-        Ok(forward) => Ok(Some(forward)),
-        Err(CudaError::Shape(why)) => {
-            tracing::warn!("{why}: candle's operations run this model, with attention on the host");
-            Ok(None)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// The device pass: weights, kernels and scratch buffers.
 pub struct CudaForward {
     cfg: ModelConfig,
@@ -280,215 +158,7 @@ pub struct CudaForward {
     scratch: Mutex<Scratch>,
 }
 
-/// `t`'s elements, contiguous, as a fresh device buffer of `T`.
-fn buffer_of<T: candle_core::cuda_backend::CudaDType + DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    t: &Tensor,
-) -> Result<CudaSlice<T>, CudaError> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cuda(c) = &*storage else {
-        return Err(CudaError::Shape("a weight is not on the GPU".into()));
-    };
-    let s = c.as_cuda_slice::<T>()?;
-    let start = layout.start_offset();
-    let view = s.slice(start..start + t.elem_count());
-    Ok(stream.clone_dtod(&view)?)
-}
-
 impl CudaForward {
-    /// Upload the model to the kernels' layout: f32 weights, or bf16 when `bf16`.
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        device: &CudaDevice,
-        cfg: &ModelConfig,
-        embed: &Tensor,
-        layers: &[LayerTensors],
-        norm: &Tensor,
-        head: &Tensor,
-        ropes: &[RopeTable],
-        bf16: bool,
-    ) -> Result<Self, CudaError> {
-        let (w, hd) = (cfg.width, cfg.head_dim);
-        let qw = cfg.heads * hd;
-        let kvw = cfg.kv_heads * hd;
-        let ffn = layers
-            .first()
-            .map(|l| l.gate_up.dim(0))
-            .transpose()?
-            .unwrap_or(0)
-            / 2;
-        let need = |ok: bool, what: &str| {
-            if ok {
-                Ok(())
-            } else {
-                Err(CudaError::Shape(what.into()))
-            }
-        };
-        need(
-            w.is_multiple_of(8) && qw.is_multiple_of(8) && ffn.is_multiple_of(8),
-            "widths must be multiples of 8",
-        )?;
-        need(
-            hd.is_multiple_of(8) && (ATTENTION_THREADS as usize).is_multiple_of(hd)
-                || hd == 2 * ATTENTION_THREADS as usize,
-            "head_dim must be a multiple of 8 that divides 128, or 256",
-        )?;
-        need(
-            matches!(cfg.activation, Activation::Silu | Activation::GeluTanh),
-            "the feed-forward's gate must be SiLU or GELU (tanh)",
-        )?;
-        need(
-            layers.iter().all(|l| l.rope < ropes.len()),
-            "a layer names a RoPE table the model does not have",
-        )?;
-        let halves = cfg.rope_pairs == RopePairs::Halves;
-        let with_heads = halves
-            || layers
-                .iter()
-                .any(|l| l.qkv_bias.is_some() || l.q_norm.is_some() || l.k_norm.is_some());
-        need(
-            !with_heads || (hd <= HEADS_MAX_HEAD_DIM && hd.is_multiple_of(2)),
-            "q|k|v biases and head norms need head_dim even and at most 256",
-        )?;
-        need(
-            cfg.heads.is_multiple_of(cfg.kv_heads),
-            "heads must be a multiple of kv_heads",
-        )?;
-        need(
-            cfg.vocab.is_multiple_of(4),
-            "the vocabulary must be a multiple of 4",
-        )?;
-        let stream = device.cuda_stream();
-        let tuning = Tuning::from_env();
-        let capability = stream.context().compute_capability()?;
-        let ptx = compile(arch_of(capability), tuning)?;
-        let module = stream
-            .context()
-            .load_module(candle_core::cuda_backend::cudarc::nvrtc::Ptx::from_src(ptx))?;
-        let f = |name: &str| module.load_function(name);
-        let pair = |name: &str| -> Result<Projection, CudaError> {
-            let tiles = |dtype: &str| -> Result<[CudaFunction; TILES.len()], CudaError> {
-                let [a, b, c] = TILES.map(|t| f(&format!("{name}_{dtype}_r{t}")));
-                Ok([a?, b?, c?])
-            };
-            Ok([tiles("f32")?, tiles("bf16")?])
-        };
-        // bf16 projections run on the tensor cores (sm_80 and later, every projection's k
-        // a multiple of 32): exact, and a draft of up to 16 rows costs what one row does
-        // (docs/gpu.md). SUFFIXD_CUDA_MMA=off puts them on the CUDA cores.
-        let major = capability.0;
-        let mma_on = std::env::var("SUFFIXD_CUDA_MMA").map_or(true, |v| v != "off");
-        // Its tiles are 8 outputs wide: the head's too (the other widths are multiples of
-        // head_dim or of 32).
-        let fits = [w, qw, ffn].iter().all(|k| k % 32 == 0) && cfg.vocab.is_multiple_of(8);
-        let mma = if bf16 && major >= 8 && mma_on && fits {
-            let tiles = |name: &str| -> Result<MmaProjection, CudaError> {
-                let [a, b, c, d, e] = MMA_TILES
-                    .map(|(t, wide)| f(&format!("{name}_{}{t}", if wide { 'w' } else { 't' })));
-                Ok([a?, b?, c?, d?, e?])
-            };
-            Some([
-                tiles("mma_plain")?,
-                tiles("mma_residual")?,
-                tiles("mma_silu")?,
-                tiles("mma_qkv")?,
-            ])
-        } else {
-            None
-        };
-        if bf16 && mma_on && mma.is_none() {
-            tracing::warn!(
-                "no tensor-core path for this GPU or this model's widths: the CUDA cores run the projections"
-            );
-        }
-        let kernels = Kernels {
-            mma,
-            plain: pair("matmul_plain")?,
-            residual: pair("matmul_residual")?,
-            silu: pair("matmul_silu")?,
-            qkv: pair("matmul_qkv")?,
-            embed: f("embed_rows")?,
-            attention: f("attention")?,
-            attention_wide: f("attention_wide")?,
-            heads: f("qkv_heads")?,
-            scale_rows: f("scale_rows")?,
-            norm_add: f("norm_add")?,
-            gelu_mul: f("gelu_mul")?,
-            argmax: f("argmax_rows")?,
-            tuning,
-            _module: module.clone(),
-        };
-        let keeper = Arc::new(KvKeeper {
-            stream: stream.clone(),
-            keep: f("kv_keep")?,
-            layers: cfg.layers,
-            row: kvw,
-            context: cfg.context,
-        });
-        let matrix = |t: &Tensor| -> Result<Matrix, CudaError> {
-            Ok(if bf16 {
-                Matrix::Bf16(buffer_of(&stream, &t.to_dtype(DType::BF16)?)?)
-            } else {
-                Matrix::F32(buffer_of(&stream, &t.to_dtype(DType::F32)?)?)
-            })
-        };
-        let f32s = |t: &Tensor| buffer_of::<f32>(&stream, &t.to_dtype(DType::F32)?);
-        let layers = layers
-            .iter()
-            .map(|l| {
-                let heads =
-                    if halves || l.qkv_bias.is_some() || l.q_norm.is_some() || l.k_norm.is_some() {
-                        Some(HeadParts {
-                            bias: l
-                                .qkv_bias
-                                .as_ref()
-                                .map(|b| stream.clone_htod(b.as_slice()))
-                                .transpose()?,
-                            q_norm: l.q_norm.as_ref().map(&f32s).transpose()?,
-                            k_norm: l.k_norm.as_ref().map(&f32s).transpose()?,
-                        })
-                    } else {
-                        None
-                    };
-                Ok(DeviceLayer {
-                    attn_norm: f32s(&l.attn_norm)?,
-                    qkv: matrix(&l.qkv)?,
-                    heads,
-                    wo: matrix(&l.wo)?,
-                    post_attn_norm: l.post_attn_norm.as_ref().map(&f32s).transpose()?,
-                    ffn_norm: f32s(&l.ffn_norm)?,
-                    gate_up: matrix(&l.gate_up)?,
-                    down: matrix(&l.down)?,
-                    post_ffn_norm: l.post_ffn_norm.as_ref().map(&f32s).transpose()?,
-                    window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-                    rope: l.rope,
-                })
-            })
-            .collect::<Result<Vec<_>, CudaError>>()?;
-        let (embed, norm, head) = (f32s(embed)?, f32s(norm)?, matrix(head)?);
-        let ropes = ropes
-            .iter()
-            .map(|t| Ok((f32s(&t.cos)?, f32s(&t.sin)?)))
-            .collect::<Result<Vec<_>, CudaError>>()?;
-        // The copies ran on this thread's stream; the passes may run on another's.
-        stream.synchronize()?;
-        Ok(CudaForward {
-            cfg: cfg.clone(),
-            device: device.clone(),
-            embed,
-            norm,
-            head,
-            ropes,
-            layers,
-            ffn,
-            kernels,
-            keeper,
-            stream,
-            scratch: Mutex::default(),
-        })
-    }
-
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         s.device_ptr(&self.stream).0
     }
