@@ -55,10 +55,6 @@ macro_rules! reduce_lanes_m256 {
 #[cfg(target_arch = "x86_64")]
 use reduce_lanes_m256;
 
-/// `x` rounded to the nearest integer, ties to even, for |x| ≤ 2^22: adding and removing
-/// 1.5 · 2^23 leaves no fraction bits. Plain arithmetic, so it vectorizes and the AVX2
-/// paths can repeat it, where `f32::round` is a libm call per value.
-#[inline(always)]
 /// Ask the cache for the lines of `row` (attention's keys and values, the dense
 /// kernel's next columns).
 #[cfg(target_arch = "x86_64")]
@@ -70,6 +66,10 @@ fn prefetch_row(row: &[f32]) {
     }
 }
 
+/// `x` rounded to the nearest integer, ties to even, for |x| ≤ 2^22: adding and removing
+/// 1.5 · 2^23 leaves no fraction bits. Plain arithmetic, so it vectorizes and the AVX2
+/// paths can repeat it, where `f32::round` is a libm call per value.
+#[inline(always)]
 fn round_to_integer(x: f32) -> f32 {
     (x + ROUNDING) - ROUNDING
 }
