@@ -7,8 +7,10 @@
 For each file and round, in turn: `llama-bench -p 512 -n 128` (llama.cpp's pp512 and
 tg128, one repetition), then `suffixd generate --no-spec` twice: a chat answer of 128
 tokens (decoding tokens per second) and a 512-token raw prompt with one token out
-(prefill tokens per second). Prints each file's medians and suffixd's ratio to
-llama.cpp. Make other formats of the default model with tools/gguf-convert.py. Build
+(prefill tokens per second); then the machine's read bandwidth over a buffer of the
+file's size (`examples/read_bandwidth`, same threads). Prints each file's medians,
+suffixd's ratio to llama.cpp, and the share of the bandwidth each program's decoding
+streams (the file's bytes × tokens per second: every weight is read once a token). Make other formats of the default model with tools/gguf-convert.py. Build
 llama.cpp with ../shared/peer/llamacpp/build.sh (LLAMA_BENCH overrides its path). Run
 it on a quiet machine: both programs' threads spin.
 """
@@ -43,6 +45,13 @@ def suffixd(binary, path, threads, args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def read_bandwidth(binary, path, threads):
+    """The machine's read bandwidth, GB/s (median of its rounds), over the file's size."""
+    out = subprocess.run([binary, path, str(threads), "9"], check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["gb_per_s"]
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,13 +59,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--suffixd", default=os.path.join(root, "target/release/suffixd"))
+    ap.add_argument("--read-bandwidth", default=os.path.join(
+        root, "target/release/examples/read_bandwidth"),
+        help="cargo build --release --example read_bandwidth")
     ap.add_argument("--llama-bench", default=os.environ.get(
         "LLAMA_BENCH", "/tmp/llamacpp-build/bin/llama-bench"))
     a = ap.parse_args()
     long_prompt = PARAGRAPH * 18
     print("| file | llama.cpp tg128 | suffixd decode | ratio | llama.cpp pp512 | "
-          "suffixd prefill | ratio |")
-    print("|---|---|---|---|---|---|---|")
+          "suffixd prefill | ratio | read GB/s | llama.cpp share | suffixd share |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for path in a.files:
         theirs_pp, theirs_tg, ours_tg, ours_pp = [], [], [], []
         prompt_tokens = generated = 0
@@ -72,9 +84,12 @@ def main():
             prompt_tokens = g["prompt_tokens"]
             ours_pp.append(prompt_tokens / g["prefill_s"])
         m = statistics.median
+        bandwidth = read_bandwidth(a.read_bandwidth, path, a.threads)
+        gb = os.path.getsize(path) / 1e9
         print(f"| {os.path.basename(path)} | {m(theirs_tg):.1f} | {m(ours_tg):.1f} | "
               f"{m(ours_tg) / m(theirs_tg):.2f}× | {m(theirs_pp):.1f} | {m(ours_pp):.1f} | "
-              f"{m(ours_pp) / m(theirs_pp):.2f}× |")
+              f"{m(ours_pp) / m(theirs_pp):.2f}× | {bandwidth:.1f} | "
+              f"{gb * m(theirs_tg) / bandwidth:.0%} | {gb * m(ours_tg) / bandwidth:.0%} |")
         print(f"  ({a.rounds} rounds; suffixd decoded {generated} tokens, prefilled "
               f"{prompt_tokens})", file=sys.stderr)
 
