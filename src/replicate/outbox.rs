@@ -53,19 +53,21 @@ impl EvictionOutbox {
             source,
         };
         refuse_non_regular(&**fs, path, "replication outbox").map_err(error)?;
-        let text = match fs.read(path) {
-            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        let bytes = match fs.read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(error(e)),
         };
         let mut last = published;
         let mut pending = VecDeque::new();
         let mut intact = 0;
         // A line that does not read as an eviction ends what is kept, as a torn one does.
-        for line in text.split_inclusive('\n') {
+        // Read as bytes: `intact` counts the file's own bytes, whatever a damaged line
+        // holds.
+        for line in bytes.split_inclusive(|&b| b == b'\n') {
             let Some((n, Change::Evict(scope))) = line
-                .strip_suffix('\n')
-                .and_then(|l| serde_json::from_str::<Entry>(l).ok())
+                .strip_suffix(b"\n")
+                .and_then(|l| serde_json::from_slice::<Entry>(l).ok())
                 .map(|entry| (entry.n, Change::from(entry.op)))
             else {
                 break;
@@ -276,5 +278,34 @@ mod tests {
         drop(o);
         let o = EvictionOutbox::open(&disk(), &path, 2).unwrap();
         assert_eq!(o.front(), Some((3, evict(3))), "numbering goes on");
+    }
+
+    /// A damaged line (here a byte that is not UTF-8 inside a string) ends what is kept,
+    /// and the next entry is written right after the whole ones: the file's bytes are
+    /// counted as they are, not as text that replaced the bad byte.
+    #[test]
+    fn a_line_with_bytes_that_are_not_text_ends_what_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("evictions.jsonl");
+        {
+            let mut o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
+            o.push(evict(1)).unwrap();
+        }
+        let whole = std::fs::read(&path).unwrap();
+        let mut damaged = whole.clone();
+        damaged.extend_from_slice(b"{\"n\":2,\"op\":\"evict\",\"namespace\":\"\xff\",\"id\":2}\n");
+        std::fs::write(&path, &damaged).unwrap();
+        let mut o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
+        assert_eq!(o.len(), 1);
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            whole,
+            "the damaged line is cut off"
+        );
+        o.push(evict(3)).unwrap();
+        drop(o);
+        let o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
+        let kept: Vec<(u64, EvictScope)> = o.pending.iter().cloned().collect();
+        assert_eq!(kept, [(1, evict(1)), (2, evict(3))]);
     }
 }
