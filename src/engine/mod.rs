@@ -402,15 +402,22 @@ impl Engine {
         Ok(report)
     }
 
-    /// What each sequence of `batch` runs in this step: drafts are asked for, cut to
-    /// what the whole batch gains from, and put after each pending token.
+    /// What each sequence of `batch` runs in this step. A decoding sequence's draft goes
+    /// through the drafting stages in order:
+    /// 1. the suffix draft, from the sequence's drafter ([`Engine::suffix_draft`]);
+    /// 2. cut to the model's vocabulary ([`cut_to_vocabulary`]);
+    /// 3. shaped by its grammar, if constrained ([`Engine::suffix_draft`]);
+    /// 4. the draft model's offer where the suffix draft is weak (hybrid mode,
+    ///    [`Engine::offer_draft_model`]);
+    /// 5. the batch's allocation: each draft cut to what the whole batch gains from
+    ///    ([`Engine::allocate_drafts`]), then to the room its sequence has left
+    ///    ([`fit_to_room`]), and put after its pending token.
     fn plan(
         &mut self,
         batch: &mut [(&mut Sequence, &mut dyn Drafter)],
         report: &mut StepReport,
     ) -> Vec<Plan> {
         let context_len = self.context_len();
-        let vocab = self.model.config().vocab;
         let mut prefill_rows = 0;
         let mut plans: Vec<Plan> = Vec::with_capacity(batch.len());
         for (seq, drafter) in batch.iter_mut() {
@@ -426,26 +433,8 @@ impl Engine {
                 let parents = chain_parents(tokens.len());
                 plans.push(Plan::Prefill { tokens, parents });
             } else {
-                let mut draft = Draft::default();
-                if seq.opts.speculate {
-                    let t = Instant::now();
-                    draft = drafter.draft(&seq.context);
-                    report.draft_s.push(t.elapsed().as_secs_f64());
-                    // A damaged cache may hold ids the model does not have: they cost
-                    // a draft, never the pass (children follow their parents, so a
-                    // cut at the first bad one keeps a tree).
-                    if let Some(bad) = draft.tokens.iter().position(|&t| t as usize >= vocab) {
-                        draft.truncate(bad);
-                    }
-                    if let Some(constraint) = seq.constraint.as_mut()
-                        && let Err(e) = constraint.shape_draft(&mut draft)
-                    {
-                        tracing::error!("{e}; the step runs without a draft");
-                        draft = Draft::default();
-                    }
-                }
                 plans.push(Plan::Verify {
-                    draft,
+                    draft: self.suffix_draft(seq, &mut **drafter, report),
                     tokens: Vec::new(),
                     parents: Vec::new(),
                 });
@@ -465,27 +454,45 @@ impl Engine {
             .collect();
         self.allocate_drafts(prefill_rows + decoding, &mut drafts);
         for ((seq, _), plan) in batch.iter().zip(plans.iter_mut()) {
-            let Plan::Verify {
+            if let Plan::Verify {
                 draft,
                 tokens,
                 parents,
             } = plan
-            else {
-                continue;
-            };
-            let room = context_len - seq.cache.len();
-            draft.truncate(
-                draft
-                    .len()
-                    .min(room - 1)
-                    .min(seq.opts.max_tokens - seq.out.len() - 1),
-            );
-            tokens.push(seq.pending);
-            tokens.extend_from_slice(&draft.tokens);
-            parents.push(-1);
-            parents.extend(draft.parents.iter().map(|&p| p + 1));
+            {
+                fit_to_room(seq, draft, context_len);
+                tokens.push(seq.pending);
+                tokens.extend_from_slice(&draft.tokens);
+                parents.push(-1);
+                parents.extend(draft.parents.iter().map(|&p| p + 1));
+            }
         }
         plans
+    }
+
+    /// Stages 1–3 of a decoding sequence's draft: its drafter's suffix draft, cut to the
+    /// vocabulary and shaped by its grammar. Empty when the sequence does not speculate,
+    /// or when its grammar cannot shape the draft (logged; the step runs without one).
+    fn suffix_draft(
+        &self,
+        seq: &mut Sequence,
+        drafter: &mut dyn Drafter,
+        report: &mut StepReport,
+    ) -> Draft {
+        if !seq.opts.speculate {
+            return Draft::default();
+        }
+        let t = Instant::now();
+        let mut draft = drafter.draft(&seq.context);
+        report.draft_s.push(t.elapsed().as_secs_f64());
+        cut_to_vocabulary(&mut draft, self.model.config().vocab);
+        if let Some(constraint) = seq.constraint.as_mut()
+            && let Err(e) = constraint.shape_draft(&mut draft)
+        {
+            tracing::error!("{e}; the step runs without a draft");
+            return Draft::default();
+        }
+        draft
     }
 
     /// The forward pass over every planned row; `None` when nothing runs.
@@ -597,6 +604,27 @@ impl Engine {
         }
         Ok(self.finish(seq))
     }
+}
+
+/// A damaged cache may hold ids the model does not have: they cost a draft, never the
+/// pass. Children follow their parents, so a cut at the first bad one keeps a tree.
+fn cut_to_vocabulary(draft: &mut Draft, vocab: usize) {
+    if let Some(bad) = draft.tokens.iter().position(|&t| t as usize >= vocab) {
+        draft.truncate(bad);
+    }
+}
+
+/// A draft cut to the rows its sequence has room for: the pending token and the draft
+/// fit in the context window, and the draft is no longer than the tokens still allowed
+/// after the one the pass surely produces.
+fn fit_to_room(seq: &Sequence, draft: &mut Draft, context_len: usize) {
+    let room = context_len - seq.cache.len();
+    draft.truncate(
+        draft
+            .len()
+            .min(room - 1)
+            .min(seq.opts.max_tokens - seq.out.len() - 1),
+    );
 }
 
 /// Where the longest end of `text` that is the start of one of `stops` (and not a
