@@ -606,8 +606,9 @@ impl Engine {
     }
 }
 
-/// A damaged cache may hold ids the model does not have: they cost a draft, never the
-/// pass. Children follow their parents, so a cut at the first bad one keeps a tree.
+/// Cut `draft` before its first token outside the vocabulary: a damaged cache may hold
+/// ids the model does not have, and they cost a draft, never the pass. Children follow
+/// their parents, so a cut at the first bad one keeps a tree.
 fn cut_to_vocabulary(draft: &mut Draft, vocab: usize) {
     if let Some(bad) = draft.tokens.iter().position(|&t| t as usize >= vocab) {
         draft.truncate(bad);

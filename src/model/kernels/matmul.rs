@@ -249,88 +249,6 @@ fn tile_portable(
     }
 }
 
-/// Where one x86 tile's operands start: each of its `C` columns' weights and per-block
-/// tables, each of its `R` rows' activations, scales and sums. A table the format lacks
-/// (no second scales without halves, no offsets unless affine) gives null pointers.
-#[cfg(target_arch = "x86_64")]
-struct TileOperands<const R: usize, const C: usize> {
-    /// Blocks per column (and per row).
-    blocks: usize,
-    /// The blocks that come in whole groups; the rest is the tail.
-    whole: usize,
-    /// Each column's quantized weights.
-    weights: [*const u8; C],
-    /// Each column's block scales.
-    scales: [*const f32; C],
-    /// Each column's second-half block scales (K-quants' halves).
-    second_scales: [*const f32; C],
-    /// Each column's block offsets (affine formats).
-    offsets: [*const f32; C],
-    /// Each row's quantized activations.
-    activations: [*const i8; R],
-    /// Each row's block scales.
-    row_scales: [*const f32; R],
-    /// Each row's integer block sums.
-    block_sums: [*const i32; R],
-    /// Each row's integer first-half sums.
-    first_half_sums: [*const i32; R],
-    /// Each row's float block sums (for affine offsets).
-    float_sums: [*const f32; R],
-}
-
-#[cfg(target_arch = "x86_64")]
-impl<const R: usize, const C: usize> TileOperands<R, C> {
-    /// The operands of rows `r0..r0 + R` and columns `c0..c0 + C`. Panics unless every
-    /// one of them lies inside `w` and `a` with all its blocks, scales and sums: the
-    /// tile's loads rely on that.
-    #[inline(always)]
-    fn new(w: &PackedMatrix, a: &QuantizedRows, r0: usize, c0: usize, halves: bool) -> Self {
-        let blocks = w.k / BLOCK;
-        assert!(
-            r0 + R <= a.rows && c0 + C <= w.n && a.k == w.k,
-            "the tile is inside the pass"
-        );
-        let column = w.column_bytes();
-        assert!(w.quants.len() >= w.n * column && a.quants.len() >= a.rows * a.k);
-        assert!(w.scales.len() >= w.n * blocks && a.scales.len() >= a.rows * blocks);
-        assert!(!halves || w.second_scales.len() >= w.n * blocks);
-        assert!(
-            a.block_sums.len() >= a.rows * blocks && a.first_half_sums.len() >= a.rows * blocks
-        );
-        assert!(
-            !w.kind.affine || (w.offsets.len() >= w.n * blocks && a.sums.len() >= a.rows * blocks)
-        );
-        let whole = whole_blocks(blocks);
-        assert!(!halves || whole == blocks, "K-quants come in whole groups");
-        TileOperands {
-            blocks,
-            whole,
-            weights: starts(&w.quants, c0, column),
-            scales: starts(&w.scales, c0, blocks),
-            second_scales: starts(&w.second_scales, c0, blocks),
-            offsets: starts(&w.offsets, c0, blocks),
-            activations: starts(&a.quants, r0, a.k),
-            row_scales: starts(&a.scales, r0, blocks),
-            block_sums: starts(&a.block_sums, r0, blocks),
-            first_half_sums: starts(&a.first_half_sums, r0, blocks),
-            float_sums: starts(&a.sums, r0, blocks),
-        }
-    }
-}
-
-/// Where each of `N` consecutive items of `stride` values, from item `first`, starts in
-/// `table`; null past its end (a table the format lacks is empty). Only the tile's
-/// asserts make the pointers safe to read through.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn starts<T, const N: usize>(table: &[T], first: usize, stride: usize) -> [*const T; N] {
-    std::array::from_fn(|i| {
-        table
-            .get((first + i) * stride..)
-            .map_or(std::ptr::null(), <[T]>::as_ptr)
-    })
-}
-
 /// The x86 tiles, written once and compiled per instruction set. A group's integer dot
 /// products accumulate in i32 lanes, one block per lane, exactly; each set supplies the
 /// integer steps:
@@ -365,14 +283,11 @@ macro_rules! x86_tiles {
             /// operands in this set's vector registers.
             const ROWS: usize = $rows;
 
-            /// Eight 32-bit lanes (or 32 bytes) from `p`.
-            macro_rules! lanes {
-                ($p:expr) => {
-                    _mm256_loadu_si256($p as *const __m256i)
-                };
-            }
-
             /// `R` rows × `C` columns, starting at `(r0, c0)`.
+            ///
+            /// One long function on purpose: split into stage functions, even inlined
+            /// ones, the 1-row tile that decodes the default model measured 2–4% slower
+            /// (docs/design/model.md).
             ///
             /// SAFETY: the CPU has this module's features; the rows and columns exist in
             /// `a` and `w`.
@@ -390,266 +305,247 @@ macro_rules! x86_tiles {
                 c0: usize,
                 out: Out,
             ) {
-                let at = TileOperands::<R, C>::new(w, a, r0, c0, HALVES);
-                let affine = w.kind.affine;
+                let blocks = w.k / BLOCK;
+                assert!(
+                    r0 + R <= a.rows && c0 + C <= w.n && a.k == w.k,
+                    "the tile is inside the pass"
+                );
+                let column = w.column_bytes();
+                assert!(w.quants.len() >= w.n * column && a.quants.len() >= a.rows * a.k);
+                assert!(w.scales.len() >= w.n * blocks && a.scales.len() >= a.rows * blocks);
+                assert!(!HALVES || w.second_scales.len() >= w.n * blocks);
+                assert!(
+                    a.block_sums.len() >= a.rows * blocks
+                        && a.first_half_sums.len() >= a.rows * blocks
+                );
+                let signed_bytes = SIGNED && !NIBBLES;
+                let zero = _mm256_setzero_si256();
                 let mut acc = [[_mm256_setzero_ps(); C]; R];
-                // SAFETY: `at`'s constructor checked that every operand lies inside the
-                // pass; the CPU has this module's features (the caller's).
-                unsafe {
-                    for g in 0..at.whole / GROUP {
-                        let (first_halves, dots) =
-                            group_dots::<R, C, SIGNED, HALVES, NIBBLES>(&at, g);
-                        add_group::<R, C, HALVES>(&mut acc, &at, g, &first_halves, &dots, affine);
+                // SAFETY (every pointer below): the asserts above put columns c0..c0 + C
+                // and rows r0..r0 + R, with all their blocks, scales and sums, inside the
+                // slices; the loads below read a whole group's or a tail block's bytes,
+                // which lie inside its column or row.
+                let wq: [*const u8; C] =
+                    std::array::from_fn(|j| unsafe { w.quants.as_ptr().add((c0 + j) * column) });
+                // Each column's first per-block value; null for a table the format lacks
+                // (empty: no second scales without halves, no offsets unless affine).
+                let per_column = |table: &[f32]| -> [*const f32; C] {
+                    std::array::from_fn(|j| {
+                        if table.is_empty() {
+                            std::ptr::null()
+                        } else {
+                            unsafe { table.as_ptr().add((c0 + j) * blocks) }
+                        }
+                    })
+                };
+                let wsc = per_column(&w.scales);
+                let wsc2 = per_column(&w.second_scales);
+                let aq: [*const i8; R] =
+                    std::array::from_fn(|i| unsafe { a.quants.as_ptr().add((r0 + i) * a.k) });
+                let asc: [*const f32; R] =
+                    std::array::from_fn(|i| unsafe { a.scales.as_ptr().add((r0 + i) * blocks) });
+                let asum: [*const i32; R] = std::array::from_fn(|i| unsafe {
+                    a.block_sums.as_ptr().add((r0 + i) * blocks)
+                });
+                let afirst: [*const i32; R] = std::array::from_fn(|i| unsafe {
+                    a.first_half_sums.as_ptr().add((r0 + i) * blocks)
+                });
+                let affine = w.kind.affine;
+                assert!(!affine || (w.offsets.len() >= w.n * blocks && a.sums.len() >= a.rows * blocks));
+                let wof = per_column(&w.offsets);
+                let asums: [*const f32; R] =
+                    std::array::from_fn(|i| unsafe { a.sums.as_ptr().add((r0 + i) * blocks) });
+                let whole = whole_blocks(blocks);
+                assert!(!HALVES || whole == blocks, "K-quants come in whole groups");
+                // Eight 32-bit lanes (or 32 bytes) from `p`.
+                macro_rules! lanes {
+                    ($p:expr) => {
+                        _mm256_loadu_si256($p as *const __m256i)
+                    };
+                }
+                for g in 0..whole / GROUP {
+                    let bytes = g * GROUP * BLOCK; // where the group starts, 8-bit layout
+                    let step = 4 * GROUP; // bytes per step
+                    unsafe {
+                        let mut starts = [(zero, zero); R];
+                        for i in 0..R {
+                            let ($ss, $sf, $ssg, $sn, $sh) = (
+                                lanes!(asum[i].add(g * GROUP)),
+                                if HALVES { lanes!(afirst[i].add(g * GROUP)) } else { zero },
+                                SIGNED,
+                                NIBBLES,
+                                HALVES,
+                            );
+                            starts[i] = $start;
+                        }
+                        let mut dots = [[zero; C]; R];
+                        let mut first_halves = [[zero; C]; R];
+                        for i in 0..R {
+                            for j in 0..C {
+                                dots[i][j] = starts[i].0;
+                            }
+                        }
+                        if NIBBLES {
+                            for pair in 0..4 {
+                                let mut low = [zero; C];
+                                let mut high = [zero; C];
+                                for j in 0..C {
+                                    let packed = lanes!(wq[j].add(bytes / 2 + pair * step));
+                                    let nibble = _mm256_set1_epi8(15);
+                                    low[j] = _mm256_and_si256(packed, nibble);
+                                    high[j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+                                }
+                                for i in 0..R {
+                                    let a_low = lanes!(aq[i].add(bytes + pair * step));
+                                    let a_high = lanes!(aq[i].add(bytes + (pair + 4) * step));
+                                    for j in 0..C {
+                                        for (wv, av) in [(low[j], a_low), (high[j], a_high)] {
+                                            let operand = {
+                                                let ($cw, $cs) = (wv, false);
+                                                $column
+                                            };
+                                            let ($dacc, $dop, $dw, $da, $ds) =
+                                                (dots[i][j], operand, wv, av, false);
+                                            dots[i][j] = $dot;
+                                        }
+                                    }
+                                }
+                            }
+                        } else {
+                            for s in 0..8 {
+                                if HALVES && s == 4 {
+                                    for i in 0..R {
+                                        for j in 0..C {
+                                            first_halves[i][j] = dots[i][j];
+                                            dots[i][j] = starts[i].1;
+                                        }
+                                    }
+                                }
+                                let mut wv = [zero; C];
+                                let mut operand = [zero; C];
+                                for j in 0..C {
+                                    wv[j] = lanes!(wq[j].add(bytes + s * step));
+                                    operand[j] = {
+                                        let ($cw, $cs) = (wv[j], signed_bytes);
+                                        $column
+                                    };
+                                }
+                                for i in 0..R {
+                                    let av = lanes!(aq[i].add(bytes + s * step));
+                                    for j in 0..C {
+                                        let ($dacc, $dop, $dw, $da, $ds) =
+                                            (dots[i][j], operand[j], wv[j], av, signed_bytes);
+                                        dots[i][j] = $dot;
+                                    }
+                                }
+                            }
+                        }
+                        let ws: [__m256; C] =
+                            std::array::from_fn(|j| _mm256_loadu_ps(wsc[j].add(g * GROUP)));
+                        let ws2: [__m256; C] = std::array::from_fn(|j| {
+                            if HALVES {
+                                _mm256_loadu_ps(wsc2[j].add(g * GROUP))
+                            } else {
+                                _mm256_setzero_ps()
+                            }
+                        });
+                        for i in 0..R {
+                            let ad = _mm256_loadu_ps(asc[i].add(g * GROUP));
+                            for j in 0..C {
+                                if HALVES {
+                                    acc[i][j] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(first_halves[i][j]),
+                                        _mm256_mul_ps(ad, ws[j]),
+                                        acc[i][j],
+                                    );
+                                    acc[i][j] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(dots[i][j]),
+                                        _mm256_mul_ps(ad, ws2[j]),
+                                        acc[i][j],
+                                    );
+                                } else {
+                                    acc[i][j] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(dots[i][j]),
+                                        _mm256_mul_ps(ad, ws[j]),
+                                        acc[i][j],
+                                    );
+                                }
+                            }
+                        }
+                        if affine {
+                            let wo: [__m256; C] =
+                                std::array::from_fn(|j| _mm256_loadu_ps(wof[j].add(g * GROUP)));
+                            for i in 0..R {
+                                let sums = _mm256_loadu_ps(asums[i].add(g * GROUP));
+                                for j in 0..C {
+                                    acc[i][j] = _mm256_fmadd_ps(wo[j], sums, acc[i][j]);
+                                }
+                            }
+                        }
                     }
-                    for b in at.whole..at.blocks {
-                        add_tail_block::<R, C, SIGNED, NIBBLES>(&mut acc, &at, b, affine);
+                }
+                // The tail, a block at a time: lane l takes values 4l..4l + 4, and a
+                // signed nibble is made a signed byte first.
+                for b in whole..blocks {
+                    unsafe {
+                        let mut wv = [zero; C];
+                        let mut operand = [zero; C];
+                        let mut ws = [_mm256_setzero_ps(); C];
+                        for j in 0..C {
+                            wv[j] = if NIBBLES {
+                                let packed =
+                                    _mm_loadu_si128(wq[j].add(b * BLOCK / 2) as *const __m128i);
+                                let nibble = _mm_set1_epi8(15);
+                                let low = _mm_and_si128(packed, nibble);
+                                let high = _mm_and_si128(_mm_srli_epi16(packed, 4), nibble);
+                                let v = _mm256_set_m128i(high, low);
+                                if SIGNED { _mm256_sub_epi8(v, _mm256_set1_epi8(8)) } else { v }
+                            } else {
+                                _mm256_loadu_si256(wq[j].add(b * BLOCK) as *const __m256i)
+                            };
+                            operand[j] = {
+                                let ($cw, $cs) = (wv[j], SIGNED);
+                                $column
+                            };
+                            ws[j] = _mm256_broadcast_ss(&*wsc[j].add(b));
+                        }
+                        for i in 0..R {
+                            let av = _mm256_loadu_si256(aq[i].add(b * BLOCK) as *const __m256i);
+                            let ad = _mm256_broadcast_ss(&*asc[i].add(b));
+                            let start = {
+                                let ($ta, $ts) = (av, SIGNED);
+                                $tail_start
+                            };
+                            for j in 0..C {
+                                let quads = {
+                                    let ($dacc, $dop, $dw, $da, $ds) =
+                                        (start, operand[j], wv[j], av, SIGNED);
+                                    $dot
+                                };
+                                acc[i][j] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(quads),
+                                    _mm256_mul_ps(ad, ws[j]),
+                                    acc[i][j],
+                                );
+                            }
+                        }
+                        if affine {
+                            // The block's offset term in lane 0, 0 · 0 in the others.
+                            let lane0 = |p: *const f32| _mm256_zextps128_ps256(_mm_load_ss(p));
+                            let wo: [__m256; C] = std::array::from_fn(|j| lane0(wof[j].add(b)));
+                            for i in 0..R {
+                                let sums = lane0(asums[i].add(b));
+                                for j in 0..C {
+                                    acc[i][j] = _mm256_fmadd_ps(wo[j], sums, acc[i][j]);
+                                }
+                            }
+                        }
                     }
                 }
                 for i in 0..R {
                     for j in 0..C {
                         // SAFETY: (r0 + i, c0 + j) is in the pass and owned by this tile.
                         unsafe { out.write(r0 + i, c0 + j, reduce_lanes_m256!(acc[i][j])) };
-                    }
-                }
-            }
-
-            /// Group `g`'s integer dots for every (row, column) of the tile, one block
-            /// per i32 lane, exactly: the blocks' first halves apart from their second
-            /// with `HALVES` (K-quants scale each half), else all in the second.
-            ///
-            /// SAFETY: as [`tile`]; `g` is a whole group of `at`.
-            ///
-            /// This and the other stages are always inlined into `tile`, whose features
-            /// their intrinsics then get: as functions of their own (`#[inline]` with the
-            /// features) they cost multi-row tiles 7–11% (`cargo bench --bench kernels`).
-            #[inline(always)]
-            unsafe fn group_dots<
-                const R: usize,
-                const C: usize,
-                const SIGNED: bool,
-                const HALVES: bool,
-                const NIBBLES: bool,
-            >(
-                at: &TileOperands<R, C>,
-                g: usize,
-            ) -> ([[__m256i; C]; R], [[__m256i; C]; R]) {
-                // SAFETY: inlined into `tile`, which has this module's features.
-                let zero = unsafe { _mm256_setzero_si256() };
-                let signed_bytes = SIGNED && !NIBBLES;
-                let bytes = g * GROUP * BLOCK; // where the group starts, 8-bit layout
-                let step = 4 * GROUP; // bytes per step
-                let (wq, aq) = (&at.weights, &at.activations);
-                let mut dots = [[zero; C]; R];
-                let mut first_halves = [[zero; C]; R];
-                // SAFETY: the loads read group `g`'s bytes and sums, inside the column's
-                // and the row's (the caller's).
-                unsafe {
-                    let mut starts = [(zero, zero); R];
-                    for i in 0..R {
-                        let ($ss, $sf, $ssg, $sn, $sh) = (
-                            lanes!(at.block_sums[i].add(g * GROUP)),
-                            if HALVES { lanes!(at.first_half_sums[i].add(g * GROUP)) } else { zero },
-                            SIGNED,
-                            NIBBLES,
-                            HALVES,
-                        );
-                        starts[i] = $start;
-                    }
-                    for i in 0..R {
-                        for j in 0..C {
-                            dots[i][j] = starts[i].0;
-                        }
-                    }
-                    if NIBBLES {
-                        for pair in 0..4 {
-                            let mut low = [zero; C];
-                            let mut high = [zero; C];
-                            for j in 0..C {
-                                let packed = lanes!(wq[j].add(bytes / 2 + pair * step));
-                                let nibble = _mm256_set1_epi8(15);
-                                low[j] = _mm256_and_si256(packed, nibble);
-                                high[j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-                            }
-                            for i in 0..R {
-                                let a_low = lanes!(aq[i].add(bytes + pair * step));
-                                let a_high = lanes!(aq[i].add(bytes + (pair + 4) * step));
-                                for j in 0..C {
-                                    for (wv, av) in [(low[j], a_low), (high[j], a_high)] {
-                                        let operand = {
-                                            let ($cw, $cs) = (wv, false);
-                                            $column
-                                        };
-                                        let ($dacc, $dop, $dw, $da, $ds) =
-                                            (dots[i][j], operand, wv, av, false);
-                                        dots[i][j] = $dot;
-                                    }
-                                }
-                            }
-                        }
-                    } else {
-                        for s in 0..8 {
-                            if HALVES && s == 4 {
-                                for i in 0..R {
-                                    for j in 0..C {
-                                        first_halves[i][j] = dots[i][j];
-                                        dots[i][j] = starts[i].1;
-                                    }
-                                }
-                            }
-                            let mut wv = [zero; C];
-                            let mut operand = [zero; C];
-                            for j in 0..C {
-                                wv[j] = lanes!(wq[j].add(bytes + s * step));
-                                operand[j] = {
-                                    let ($cw, $cs) = (wv[j], signed_bytes);
-                                    $column
-                                };
-                            }
-                            for i in 0..R {
-                                let av = lanes!(aq[i].add(bytes + s * step));
-                                for j in 0..C {
-                                    let ($dacc, $dop, $dw, $da, $ds) =
-                                        (dots[i][j], operand[j], wv[j], av, signed_bytes);
-                                    dots[i][j] = $dot;
-                                }
-                            }
-                        }
-                    }
-                }
-                (first_halves, dots)
-            }
-
-            /// Group `g`'s dots scaled into the float accumulators: each lane (block)
-            /// by the row's and the column's block scales (per half with `HALVES`),
-            /// plus the affine formats' offset times the row's block sum.
-            ///
-            /// SAFETY: as [`group_dots`].
-            #[inline(always)]
-            unsafe fn add_group<const R: usize, const C: usize, const HALVES: bool>(
-                acc: &mut [[__m256; C]; R],
-                at: &TileOperands<R, C>,
-                g: usize,
-                first_halves: &[[__m256i; C]; R],
-                dots: &[[__m256i; C]; R],
-                affine: bool,
-            ) {
-                // SAFETY: the loads read group `g`'s scales and sums (the caller's).
-                unsafe {
-                    let ws: [__m256; C] =
-                        std::array::from_fn(|j| _mm256_loadu_ps(at.scales[j].add(g * GROUP)));
-                    let ws2: [__m256; C] = std::array::from_fn(|j| {
-                        if HALVES {
-                            _mm256_loadu_ps(at.second_scales[j].add(g * GROUP))
-                        } else {
-                            _mm256_setzero_ps()
-                        }
-                    });
-                    for i in 0..R {
-                        let ad = _mm256_loadu_ps(at.row_scales[i].add(g * GROUP));
-                        for j in 0..C {
-                            if HALVES {
-                                acc[i][j] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(first_halves[i][j]),
-                                    _mm256_mul_ps(ad, ws[j]),
-                                    acc[i][j],
-                                );
-                                acc[i][j] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(dots[i][j]),
-                                    _mm256_mul_ps(ad, ws2[j]),
-                                    acc[i][j],
-                                );
-                            } else {
-                                acc[i][j] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(dots[i][j]),
-                                    _mm256_mul_ps(ad, ws[j]),
-                                    acc[i][j],
-                                );
-                            }
-                        }
-                    }
-                    if affine {
-                        let wo: [__m256; C] =
-                            std::array::from_fn(|j| _mm256_loadu_ps(at.offsets[j].add(g * GROUP)));
-                        for i in 0..R {
-                            let sums = _mm256_loadu_ps(at.float_sums[i].add(g * GROUP));
-                            for j in 0..C {
-                                acc[i][j] = _mm256_fmadd_ps(wo[j], sums, acc[i][j]);
-                            }
-                        }
-                    }
-                }
-            }
-
-            /// Tail block `b` (after the whole groups) into the accumulators: lane l
-            /// takes values 4l..4l + 4, and a signed nibble is made a signed byte first.
-            ///
-            /// SAFETY: as [`tile`]; `b` is a tail block of `at`.
-            #[inline(always)]
-            unsafe fn add_tail_block<
-                const R: usize,
-                const C: usize,
-                const SIGNED: bool,
-                const NIBBLES: bool,
-            >(
-                acc: &mut [[__m256; C]; R],
-                at: &TileOperands<R, C>,
-                b: usize,
-                affine: bool,
-            ) {
-                // SAFETY: the loads read block `b`'s bytes, scales and sums (the caller's).
-                unsafe {
-                    let mut wv = [_mm256_setzero_si256(); C];
-                    let mut operand = [_mm256_setzero_si256(); C];
-                    let mut ws = [_mm256_setzero_ps(); C];
-                    for j in 0..C {
-                        wv[j] = if NIBBLES {
-                            let packed =
-                                _mm_loadu_si128(at.weights[j].add(b * BLOCK / 2) as *const __m128i);
-                            let nibble = _mm_set1_epi8(15);
-                            let low = _mm_and_si128(packed, nibble);
-                            let high = _mm_and_si128(_mm_srli_epi16(packed, 4), nibble);
-                            let v = _mm256_set_m128i(high, low);
-                            if SIGNED { _mm256_sub_epi8(v, _mm256_set1_epi8(8)) } else { v }
-                        } else {
-                            _mm256_loadu_si256(at.weights[j].add(b * BLOCK) as *const __m256i)
-                        };
-                        operand[j] = {
-                            let ($cw, $cs) = (wv[j], SIGNED);
-                            $column
-                        };
-                        ws[j] = _mm256_broadcast_ss(&*at.scales[j].add(b));
-                    }
-                    for i in 0..R {
-                        let av =
-                            _mm256_loadu_si256(at.activations[i].add(b * BLOCK) as *const __m256i);
-                        let ad = _mm256_broadcast_ss(&*at.row_scales[i].add(b));
-                        let start = {
-                            let ($ta, $ts) = (av, SIGNED);
-                            $tail_start
-                        };
-                        for j in 0..C {
-                            let quads = {
-                                let ($dacc, $dop, $dw, $da, $ds) =
-                                    (start, operand[j], wv[j], av, SIGNED);
-                                $dot
-                            };
-                            acc[i][j] = _mm256_fmadd_ps(
-                                _mm256_cvtepi32_ps(quads),
-                                _mm256_mul_ps(ad, ws[j]),
-                                acc[i][j],
-                            );
-                        }
-                    }
-                    if affine {
-                        // The block's offset term in lane 0, 0 · 0 in the others.
-                        let lane0 = |p: *const f32| _mm256_zextps128_ps256(_mm_load_ss(p));
-                        let wo: [__m256; C] = std::array::from_fn(|j| lane0(at.offsets[j].add(b)));
-                        for i in 0..R {
-                            let sums = lane0(at.float_sums[i].add(b));
-                            for j in 0..C {
-                                acc[i][j] = _mm256_fmadd_ps(wo[j], sums, acc[i][j]);
-                            }
-                        }
                     }
                 }
             }
