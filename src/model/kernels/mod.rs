@@ -55,8 +55,7 @@ macro_rules! reduce_lanes_m256 {
 #[cfg(target_arch = "x86_64")]
 use reduce_lanes_m256;
 
-/// Ask the cache for the lines of `row` (attention's keys and values, the dense
-/// kernel's next columns).
+/// Ask the level-1 cache for the lines of `row` (attention's keys and values).
 #[cfg(target_arch = "x86_64")]
 fn prefetch_row(row: &[f32]) {
     use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
