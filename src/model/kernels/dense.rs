@@ -132,14 +132,9 @@ const PREFETCH_AHEAD: usize = 4;
 /// 14.2 and 26.9; with this one 19.0 and 29.1 (read bandwidth there: 26.8 and 33.8).
 #[cfg(target_arch = "x86_64")]
 fn prefetch_columns(w: &DenseMatrix, c0: usize, count: usize) {
-    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-    if c0 + count > w.n {
-        return;
-    }
-    let columns = &w.weights[c0 * w.k..(c0 + count) * w.k];
-    for at in (0..columns.len()).step_by(16) {
-        // SAFETY: `at` < `columns.len()`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(columns.as_ptr().add(at) as *const i8) };
+    use std::arch::x86_64::_MM_HINT_T1;
+    if c0 + count <= w.n {
+        super::prefetch_lines::<_MM_HINT_T1, f32>(&w.weights[c0 * w.k..(c0 + count) * w.k]);
     }
 }
 

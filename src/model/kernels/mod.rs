@@ -55,14 +55,23 @@ macro_rules! reduce_lanes_m256 {
 #[cfg(target_arch = "x86_64")]
 use reduce_lanes_m256;
 
-/// Ask the level-1 cache for the lines of `row` (attention's keys and values).
+/// Ask the cache level `HINT` names (`_MM_HINT_T0`: L1, `_MM_HINT_T1`: L2) for every
+/// 64-byte line of `values`: attention's next keys and values (L1), the matmul kernels'
+/// next columns (L2, see `dense::prefetch_columns`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<const HINT: i32, T>(values: &[T]) {
+    let start = values.as_ptr() as *const i8;
+    for at in (0..std::mem::size_of_val(values)).step_by(64) {
+        // SAFETY: `at` is inside `values`' bytes.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(start.add(at)) };
+    }
+}
+
+/// Ask L1 for the lines of `row` (attention's keys and values).
 #[cfg(target_arch = "x86_64")]
 fn prefetch_row(row: &[f32]) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-    for at in (0..row.len()).step_by(16) {
-        // SAFETY: `at` < `row.len()`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at) as *const i8) };
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }, f32>(row);
 }
 
 /// `x` rounded to the nearest integer, ties to even, for |x| ≤ 2^22: adding and removing
