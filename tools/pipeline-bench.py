@@ -2,8 +2,9 @@
 """Agent workloads through real servers, side by side: suffixd and llama.cpp's llama-server.
 
     tools/pipeline-bench.py [--configs suffixd,suffixd-no-spec,suffixd-no-prefix,llama-plain,llama-ngram-mod,llama-ngram-map-k]
-                            [--workload pipeline|multi-turn] [--items 8] [--max-tokens 160]
+                            [--workload pipeline|multi-turn|chat] [--items 8] [--max-tokens 160]
                             [--rounds 1] [--contention] [--json FILE]
+                            [--model GGUF] [--draft-model GGUF] [--chat-file JSONL]
 
 Every server starts cold (suffixd with an empty store directory, llama-server freshly
 started), serves the whole workload one request at a time over the OpenAI API (streamed
@@ -24,7 +25,16 @@ Workloads (generated here, deterministic; not in the repository's other files):
     --items tickets, in pipeline order; each stage has its own long instructions with a
     worked example, and stages 2-5 read the previous stage's output;
   - multi-turn: --items conversations of 5 turns with a coding assistant; every turn
-    resends the whole conversation so far (system prompt, earlier turns and answers).
+    resends the whole conversation so far (system prompt, earlier turns and answers);
+  - chat: the first --items requests of --chat-file (`tools/workloads/chat.jsonl` unless
+    told: one {"messages": [...]} per line), open chat where the trees have little to
+    draft from: the workload of draft-model speculation.
+
+Draft-model speculation, side by side: `--model` a target (for example the default
+model's F32 conversion), `--draft-model` a smaller or quantized draft with its tokenizer,
+and the configs suffixd-hybrid (`serve --draft-model`, its defaults) against llama-draft
+(llama-server `--spec-type draft-simple -md`, its defaults: 3 draft tokens) and
+llama-draft-n16 (16 draft tokens).
 
 llama-server comes from ../shared/peer/llamacpp (build.sh builds it from the
 llama-cpp-python source package on PyPI, about 10 minutes; this script runs it when the
@@ -197,9 +207,26 @@ def chat(port, messages, max_tokens, namespace=None):
     prompt = usage["prompt_tokens"]
     if timings is not None:  # llama-server: prompt_n is what it evaluated
         reused = prompt - timings.get("prompt_n", prompt)
+        DRAFTED[0] += timings.get("draft_n", 0)
+        DRAFTED[1] += timings.get("draft_n_accepted", 0)
     else:
         reused = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
     return text, usage["completion_tokens"], prompt, reused, first if first is not None else total, total
+
+
+# llama-server's draft tokens and the accepted ones (its replies' timings), per run.
+DRAFTED = [0, 0]
+
+
+def run_chat(port, items, max_tokens, chat_file):
+    records = []
+    with open(chat_file) as f:
+        requests = [json.loads(line) for line in f if line.strip()][:items]
+    for i, request in enumerate(requests):
+        text, n, p, reused, ttft, total = chat(port, request["messages"], max_tokens)
+        records.append({"stage": f"chat {i + 1}", "seen": False, "completion": n, "prompt": p,
+                        "reused": reused, "ttft": ttft, "total": total, "text": text})
+    return records
 
 
 def pipeline_workload(items):
@@ -250,7 +277,12 @@ CONFIGS = {
     "llama-ngram-mod": ("llama", ["ngram-mod"]),
     "llama-ngram-map-k": ("llama", ["ngram-map-k"]),
     "llama-ngram-simple": ("llama", ["ngram-simple"]),
+    # Draft-model speculation: DRAFT is --draft-model.
+    "suffixd-hybrid": ("suffixd", ["--draft-model", "{draft}"]),
+    "llama-draft": ("llama", ["draft"]),
+    "llama-draft-n16": ("llama", ["draft", "--spec-draft-n-max", "16"]),
 }
+DRAFT = None
 CURRENT = ""
 
 
@@ -272,6 +304,10 @@ def wait_ready(port, proc, limit=300):
 
 def start(config, port, tmp):
     kind, extra = CONFIGS[config]
+    if "{draft}" in extra or config.startswith("llama-draft"):
+        if DRAFT is None:
+            sys.exit(f"{config} needs --draft-model")
+        extra = [DRAFT if e == "{draft}" else e for e in extra]
     log = open(os.path.join(tmp, f"{config}.log"), "w")
     if kind == "suffixd":
         store = tempfile.mkdtemp(dir=tmp)
@@ -281,7 +317,7 @@ def start(config, port, tmp):
     else:
         cmd = ["bash", os.path.join(PEER, "serve.sh")] + extra
         env = dict(os.environ, PORT=str(port), MODEL=MODEL, BIN=LLAMA_BIN, THREADS="2",
-                   CTX="4096")
+                   CTX="4096", DRAFT=DRAFT or MODEL)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     wait_ready(port, proc)
@@ -311,10 +347,13 @@ def summarise(records, wall):
 
 
 def main():
-    global CURRENT
+    global CURRENT, MODEL, DRAFT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="suffixd,suffixd-no-spec,suffixd-no-prefix,llama-plain,llama-ngram-mod,llama-ngram-map-k")
-    ap.add_argument("--workload", choices=["pipeline", "multi-turn"], default="pipeline")
+    ap.add_argument("--workload", choices=["pipeline", "multi-turn", "chat"], default="pipeline")
+    ap.add_argument("--model", default=MODEL, help="the target GGUF both servers load")
+    ap.add_argument("--draft-model", help="the draft GGUF of suffixd-hybrid and llama-draft*")
+    ap.add_argument("--chat-file", default=os.path.join(ROOT, "tools", "workloads", "chat.jsonl"))
     ap.add_argument("--items", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=1)
@@ -322,6 +361,8 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     configs = a.configs.split(",")
+    MODEL = os.path.abspath(a.model)
+    DRAFT = os.path.abspath(a.draft_model) if a.draft_model else None
     for c in configs:
         if c not in CONFIGS:
             sys.exit(f"unknown config {c}; known: {', '.join(CONFIGS)}")
@@ -339,6 +380,7 @@ def main():
             order = configs if r % 2 == 0 else list(reversed(configs))
             for c in order:
                 CURRENT = c
+                DRAFTED[:] = [0, 0]
                 proc = start(c, PORT, tmp)
                 if a.contention:
                     busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])
@@ -346,6 +388,8 @@ def main():
                     t0 = time.perf_counter()
                     if a.workload == "pipeline":
                         records = run_pipeline(PORT, a.items, a.max_tokens)
+                    elif a.workload == "chat":
+                        records = run_chat(PORT, a.items, a.max_tokens, a.chat_file)
                     else:
                         records = run_multi_turn(PORT, a.items, a.max_tokens)
                     wall = time.perf_counter() - t0
@@ -360,13 +404,16 @@ def main():
                 outputs[c] = [r["text"] for r in records]
                 print(f"== {c} (round {r + 1}): {s['tok_per_s']:.1f} tok/s, {s['wall_s']:.1f} s, "
                       f"ttft seen {s['ttft_seen_s'] * 1000:.0f} ms / unseen {s['ttft_unseen_s'] * 1000:.0f} ms, "
-                      f"{s['reused_prompt_tokens']}/{s['prompt_tokens']} prompt tokens reused", file=sys.stderr)
+                      f"{s['reused_prompt_tokens']}/{s['prompt_tokens']} prompt tokens reused"
+                      + (f", {DRAFTED[1]}/{DRAFTED[0]} draft tokens accepted" if DRAFTED[0] else ""),
+                      file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {c: {k: statistics.median(run[k] for run in runs[c]) for k in runs[c][0]} for c in configs}
     llama = [c for c in configs if c.startswith("llama")]
     best = max(llama, key=lambda c: med[c]["tok_per_s"]) if llama else None
-    print(f"\n{a.workload}, {a.items} items, max_tokens {a.max_tokens}, {a.rounds} round(s)"
+    print(f"\n{a.workload}, {a.items} items, max_tokens {a.max_tokens}, {a.rounds} round(s), "
+          f"model {os.path.basename(MODEL)}" + (f", draft {os.path.basename(DRAFT)}" if DRAFT else "")
           + (", with one busy process beside" if a.contention else ""))
     print(f"{'config':28} {'tok/s':>7} {'wall s':>7} {'ttft seen':>10} {'unseen':>8} {'reused/prompt':>15}" + ("  vs best llama" if best else ""))
     for c in configs:

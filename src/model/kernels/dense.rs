@@ -2,6 +2,12 @@
 //! with each element summed in eight lanes of fused multiply-adds over k in order, then
 //! reduced in a fixed order, whatever the number of rows, the tile or the thread. The
 //! weights stay in place (two columns at a time through every row), as in [`super::matmul`].
+//!
+//! Passes of many rows (prefill) on a CPU with AVX-512 take a second path: two rows' eight
+//! lanes side by side in one 512-bit register, so each multiply-add does the AVX2 path's
+//! arithmetic for two elements at once, and a tile of 8 rows × 6 columns reads each row
+//! of the input once per six columns instead of once per two. The lanes, their order and
+//! the reduction are the AVX2 path's, so the bits are too.
 
 use super::hugepages::HugeSlice;
 #[cfg(target_arch = "x86_64")]
@@ -119,6 +125,114 @@ mod avx2 {
     }
 }
 
+/// Many rows at once on AVX-512 ([`matmul_dense`]): the input's rows packed in pairs, and
+/// tiles of up to four pairs by `C` columns, each accumulator two rows' eight lanes.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// `x` (`rows × k`) with rows `2p` and `2p + 1` interleaved eight floats at a time:
+    /// pair `p`'s step `i` (a multiple of 8) is the 16 floats at `p · 2k + 2i`. An odd
+    /// last row is left out (the AVX2 path takes it).
+    pub(super) fn pack_row_pairs(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
+        let mut packed = Vec::with_capacity(rows / 2 * 2 * k);
+        for pair in x[..rows / 2 * 2 * k].chunks_exact(2 * k) {
+            let (a, b) = pair.split_at(k);
+            for (a, b) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+                packed.extend_from_slice(a);
+                packed.extend_from_slice(b);
+            }
+        }
+        packed
+    }
+
+    /// Pairs `p0..p0 + P` × columns `c0..c0 + C`; `k` is a multiple of 8.
+    ///
+    /// SAFETY: AVX-512F, AVX2 and FMA are present; the tile lies inside `w`, `packed`
+    /// and the output.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn tile<const P: usize, const C: usize>(
+        w: &DenseMatrix,
+        packed: &[f32],
+        p0: usize,
+        c0: usize,
+        out: Out,
+    ) {
+        let k = w.k;
+        assert!(
+            k.is_multiple_of(8)
+                && (c0 + C) * k <= w.weights.len()
+                && (p0 + P) * 2 * k <= packed.len()
+        );
+        let mut acc = [[_mm512_setzero_ps(); C]; P];
+        for i in (0..k).step_by(8) {
+            // SAFETY: the assert above keeps every load inside its slice.
+            unsafe {
+                // A column's eight weights in both halves, for the pair's two rows.
+                let wv: [__m512; C] = std::array::from_fn(|j| {
+                    let eight = _mm256_loadu_ps(w.weights.as_ptr().add((c0 + j) * k + i));
+                    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(eight)))
+                });
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_ps(packed.as_ptr().add((p0 + p) * 2 * k + 2 * i));
+                    for j in 0..C {
+                        acc[j] = _mm512_fmadd_ps(wv[j], xv, acc[j]);
+                    }
+                }
+            }
+        }
+        for (p, acc) in acc.iter().enumerate() {
+            for (j, &acc) in acc.iter().enumerate() {
+                let low = _mm512_castps512_ps256(acc);
+                let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+                let row = 2 * (p0 + p);
+                // SAFETY: rows `row`, `row + 1` and column `c0 + j` are this tile's.
+                unsafe {
+                    out.write(row, c0 + j, reduce_lanes_m256!(low));
+                    out.write(row + 1, c0 + j, reduce_lanes_m256!(high));
+                }
+            }
+        }
+    }
+
+    /// Columns `c0..c0 + C` for all `pairs` of rows, four pairs at a time.
+    ///
+    /// SAFETY: as [`tile`].
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn columns<const C: usize>(
+        w: &DenseMatrix,
+        packed: &[f32],
+        pairs: usize,
+        c0: usize,
+        out: Out,
+    ) {
+        prefetch_columns(w, c0 + PAIRED_COLUMNS, C);
+        let mut p = 0;
+        unsafe {
+            while p + 4 <= pairs {
+                tile::<4, C>(w, packed, p, c0, out);
+                p += 4;
+            }
+            match pairs - p {
+                0 => {}
+                1 => tile::<1, C>(w, packed, p, c0, out),
+                2 => tile::<2, C>(w, packed, p, c0, out),
+                3 => tile::<3, C>(w, packed, p, c0, out),
+                _ => unreachable!("fewer than four pairs remain"),
+            }
+        }
+    }
+}
+
+/// Rows from which a pass takes the AVX-512 path: fewer reuse each packed row too
+/// little to pay for packing (verification's passes of a few rows stay on AVX2).
+const PAIRED_FROM_ROWS: usize = 16;
+
+/// Columns per work item on the AVX-512 path: 4 pairs × 6 columns of accumulators, 6
+/// weight registers and one input register fill 31 of the 32.
+const PAIRED_COLUMNS: usize = 6;
+
 /// How many columns ahead of the ones being multiplied a thread asks for the weights.
 const PREFETCH_AHEAD: usize = 4;
 
@@ -151,6 +265,12 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
         return;
     }
     let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
+    #[cfg(target_arch = "x86_64")]
+    if simd.has_avx512f() && rows >= PAIRED_FROM_ROWS && parts.iter().all(|p| p.k.is_multiple_of(8))
+    {
+        matmul_paired(parts, &outputs, x, rows, out);
+        return;
+    }
     for_each_column_group(&outputs, 2, as_uninit(out), |part, c0, cols, out| {
         let w = &parts[part];
         match simd {
@@ -178,6 +298,46 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
     });
 }
 
+/// [`matmul_dense`] on the AVX-512 path: rows in pairs, an odd last row on AVX2.
+#[cfg(target_arch = "x86_64")]
+fn matmul_paired(
+    parts: &[DenseMatrix],
+    outputs: &[usize],
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+) {
+    let k = parts[0].k;
+    let packed = avx512::pack_row_pairs(x, rows, k);
+    let pairs = rows / 2;
+    for_each_column_group(
+        outputs,
+        PAIRED_COLUMNS,
+        as_uninit(out),
+        |part, c0, cols, out| {
+            let w = &parts[part];
+            // SAFETY: the caller checked AVX-512F (and so AVX2 and FMA) and `k`; the columns
+            // and rows exist.
+            unsafe {
+                match cols {
+                    1 => avx512::columns::<1>(w, &packed, pairs, c0, out),
+                    2 => avx512::columns::<2>(w, &packed, pairs, c0, out),
+                    3 => avx512::columns::<3>(w, &packed, pairs, c0, out),
+                    4 => avx512::columns::<4>(w, &packed, pairs, c0, out),
+                    5 => avx512::columns::<5>(w, &packed, pairs, c0, out),
+                    6 => avx512::columns::<6>(w, &packed, pairs, c0, out),
+                    _ => unreachable!("groups are at most {PAIRED_COLUMNS} columns"),
+                }
+                if rows % 2 == 1 {
+                    for c in c0..c0 + cols {
+                        avx2::tile::<1, 1>(w, x, rows - 1, c, out);
+                    }
+                }
+            }
+        },
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,14 +352,24 @@ mod tests {
         out
     }
 
+    /// Every path this CPU has, and the portable one, give each row the same bits, alone
+    /// or among 11 rows (AVX2 tiles) or 37 (AVX-512 pairs and an odd last row), over 13
+    /// columns (groups of 2 and of 6 with remainders).
     #[test]
-    fn rows_get_the_same_bits_alone_and_together_on_both_paths() {
-        let (n, k) = (5, 96);
+    fn rows_get_the_same_bits_alone_and_together_on_every_path() {
+        let (n, k, rows) = (13, 96, 37);
         let w = DenseMatrix::new(n, k, values(n * k, 1));
-        let x = values(11 * k, 2);
-        let together = run(Simd::detect(), &w, &x, 11);
-        assert_eq!(together, run(Simd::Portable, &w, &x, 11));
-        for r in 0..11 {
+        let x = values(rows * k, 2);
+        let together = run(Simd::Portable, &w, &x, rows);
+        for &simd in Simd::available() {
+            assert_eq!(run(simd, &w, &x, rows), together, "{simd:?}, {rows} rows");
+            assert_eq!(
+                run(simd, &w, &x[..11 * k], 11),
+                together[..11 * n],
+                "{simd:?}, 11 rows"
+            );
+        }
+        for r in 0..rows {
             let alone = run(Simd::detect(), &w, &x[r * k..(r + 1) * k], 1);
             assert_eq!(alone, together[r * n..(r + 1) * n], "row {r}");
             for (c, &got) in alone.iter().enumerate() {

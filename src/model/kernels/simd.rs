@@ -70,6 +70,7 @@ impl Simd {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 if std::is_x86_feature_detected!("avx512vnni")
                     && std::is_x86_feature_detected!("avx512vl")
+                    && std::is_x86_feature_detected!("avx512f")
                 {
                     paths.push(Simd::Avx512Vnni);
                 }
@@ -97,6 +98,12 @@ impl Simd {
     /// which need nothing more, then use their AVX2 code. Only for an available path.
     pub fn has_avx2_fma(self) -> bool {
         cfg!(target_arch = "x86_64") && self != Simd::Portable
+    }
+
+    /// Whether this path has AVX-512F too (the float kernels' wide path). Only for an
+    /// available path.
+    pub fn has_avx512f(self) -> bool {
+        cfg!(target_arch = "x86_64") && self == Simd::Avx512Vnni
     }
 }
 
