@@ -166,16 +166,18 @@ mod avx512 {
                 && (p0 + P) * 2 * k <= packed.len()
         );
         let mut acc = [[_mm512_setzero_ps(); C]; P];
+        // Read once: the weights' storage is one of two kinds (`HugeSlice`).
+        let (weights, packed) = (w.weights.as_ptr(), packed.as_ptr());
         for i in (0..k).step_by(8) {
             // SAFETY: the assert above keeps every load inside its slice.
             unsafe {
                 // A column's eight weights in both halves, for the pair's two rows.
                 let wv: [__m512; C] = std::array::from_fn(|j| {
-                    let eight = _mm256_loadu_ps(w.weights.as_ptr().add((c0 + j) * k + i));
+                    let eight = _mm256_loadu_ps(weights.add((c0 + j) * k + i));
                     _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(eight)))
                 });
                 for (p, acc) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_loadu_ps(packed.as_ptr().add((p0 + p) * 2 * k + 2 * i));
+                    let xv = _mm512_loadu_ps(packed.add((p0 + p) * 2 * k + 2 * i));
                     for j in 0..C {
                         acc[j] = _mm512_fmadd_ps(wv[j], xv, acc[j]);
                     }
