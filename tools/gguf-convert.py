@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """A GGUF file's weights in another format, metadata unchanged (issue 67): the default
-model's F32 or Q8_0 conversion, to run suffixd and llama.cpp on the same file.
+model's F32, BF16 or Q8_0 conversion, to run suffixd and llama.cpp on the same file.
 
-    tools/gguf-convert.py SRC DST --to f32|q8_0
+    tools/gguf-convert.py SRC DST --to f32|bf16|q8_0
 
 Every tensor is dequantized (gguf-py's reference dequantization, as llama.cpp's); with
-`--to q8_0` the matrices (2-D, rows a multiple of 32) are quantized to Q8_0 again, and
-vectors (norms) stay f32, as llama.cpp's quantize leaves them. Needs the `gguf` and
+`--to q8_0` the matrices (2-D, rows a multiple of 32) are quantized to Q8_0 again (with `--to
+bf16` rounded to bf16), and vectors (norms) stay f32, as llama.cpp's quantize leaves
+them. Needs the `gguf` and
 `numpy` packages (pip install gguf numpy).
 """
 import argparse
@@ -19,7 +20,8 @@ try:
 except ImportError:
     sys.exit("needs the gguf and numpy packages: pip install gguf numpy")
 
-FILE_TYPE = {"f32": 0, "q8_0": 7}  # llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_Q8_0
+FILE_TYPE = {"f32": 0, "q8_0": 7, "bf16": 32}  # llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_Q8_0, MOSTLY_BF16
+MATRIX_TYPE = {"q8_0": Q.Q8_0, "bf16": Q.BF16}
 
 
 def main():
@@ -43,8 +45,9 @@ def main():
     for t in reader.tensors:
         values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         # Numpy's order: a matrix is (rows, columns), each row one output's weights.
-        if a.to == "q8_0" and values.ndim == 2 and values.shape[-1] % 32 == 0:
-            data, kind = gguf.quants.quantize(values, Q.Q8_0), Q.Q8_0
+        if a.to in MATRIX_TYPE and values.ndim == 2 and values.shape[-1] % 32 == 0:
+            kind = MATRIX_TYPE[a.to]
+            data = gguf.quants.quantize(values, kind)
         else:
             data, kind = values, Q.F32
         tensors.append((t.name, data, kind))

@@ -34,8 +34,14 @@ pub(super) fn weights_of(qt: QTensor, device: &Device) -> Result<Weights, PackEr
         ) {
             // Unquantized weights (an F32, F16 or BF16 file) run on the row-invariant
             // dense kernel, as `--weights f32` does: candle's matmul was not exact under
-            // speculation, and ran the F32 file at 44 tok/s against 75.
-            return Ok(dense_of(qt.dequantize(device)?, device)?);
+            // speculation, and ran the F32 file at 44 tok/s against 75. BF16 stays BF16
+            // (exactly: the dequantized values are its own).
+            let t = qt.dequantize(device)?;
+            let t = match qt.dtype() {
+                GgmlDType::BF16 => t.to_dtype(DType::BF16)?,
+                _ => t,
+            };
+            return Ok(dense_of(t, device)?);
         }
         match PackedMatrix::from_qtensor(&qt) {
             Ok(p) => return Ok(Weights::Packed(p)),
@@ -271,8 +277,24 @@ pub(super) fn dense_of(t: Tensor, device: &Device) -> candle_core::Result<Weight
         return Ok(Weights::Candle(QMatMul::Tensor(t)));
     }
     let (n, k) = t.dims2()?;
+    if t.dtype() == DType::BF16 {
+        // Kept as bf16: half the bytes a step reads, widened exactly by the kernel.
+        let bits = t.flatten_all()?.to_vec1::<half::bf16>()?;
+        let bits = bits.into_iter().map(half::bf16::to_bits).collect();
+        return Ok(Weights::Dense(DenseMatrix::bf16(n, k, bits)));
+    }
     let weights: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     Ok(Weights::Dense(DenseMatrix::new(n, k, weights)))
+}
+
+/// `t` rounded to bf16 for the forward pass (`--weights bf16`): held as bf16 on the CPU
+/// (the dense kernel's bf16 weights), as f32 of those values elsewhere.
+pub(super) fn bf16_dense_of(t: &Tensor, device: &Device) -> candle_core::Result<Weights> {
+    if device.is_cpu() {
+        dense_of(t.to_dtype(DType::BF16)?, device)
+    } else {
+        dense_of(rounded_to_bf16(t)?, device)
+    }
 }
 
 /// `t` rounded to bf16 and held as f32: the values the bf16 format multiplies by.

@@ -1,7 +1,12 @@
-//! The row-invariant f32 matmul, for `--weights f32`: `out[r][c] = Σ_k x[r][k] · w[c][k]`
-//! with each element summed in eight lanes of fused multiply-adds over k in order, then
-//! reduced in a fixed order, whatever the number of rows, the tile or the thread. The
-//! weights stay in place (two columns at a time through every row), as in [`super::matmul`].
+//! The row-invariant dense matmul, for f32 and bf16 weights (`--weights f32`, `--weights
+//! bf16`, and unquantized files): `out[r][c] = Σ_k x[r][k] · w[c][k]` with each element
+//! summed in eight lanes of fused multiply-adds over k in order, then reduced in a fixed
+//! order, whatever the number of rows, the tile or the thread. The weights stay in place
+//! (two columns at a time through every row), as in [`super::matmul`].
+//!
+//! bf16 weights stay bf16 in memory, half the bytes a decoding step reads, and are widened
+//! to f32 as they are loaded: a bf16 is the upper half of an f32, so widening is exact and
+//! a bf16 matrix gives the bits of the f32 matrix of the same values.
 //!
 //! Passes of many rows (prefill) on a CPU with AVX-512 take a second path: two rows' eight
 //! lanes side by side in one 512-bit register, so each multiply-add does the AVX2 path's
@@ -14,12 +19,20 @@ use super::hugepages::HugeSlice;
 use super::reduce_lanes_m256;
 use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
 
-/// An f32 weight matrix `(n outputs, k inputs)`, each column's weights contiguous.
+/// A dense weight matrix `(n outputs, k inputs)`, each column's weights contiguous.
 #[derive(Clone, Debug)]
 pub struct DenseMatrix {
     n: usize,
     k: usize,
-    weights: HugeSlice<f32>,
+    weights: DenseWeights,
+}
+
+/// How a [`DenseMatrix`] holds its weights.
+#[derive(Clone, Debug)]
+enum DenseWeights {
+    F32(HugeSlice<f32>),
+    /// Each weight's bf16 bits: the upper 16 bits of its f32.
+    Bf16(HugeSlice<u16>),
 }
 
 impl DenseMatrix {
@@ -31,7 +44,17 @@ impl DenseMatrix {
         DenseMatrix {
             n,
             k,
-            weights: weights.into(),
+            weights: DenseWeights::F32(weights.into()),
+        }
+    }
+
+    /// A matrix from its `n × k` weights' bf16 bits, row-major.
+    pub fn bf16(n: usize, k: usize, bits: Vec<u16>) -> Self {
+        assert_eq!(bits.len(), n * k, "weights are n × k");
+        DenseMatrix {
+            n,
+            k,
+            weights: DenseWeights::Bf16(bits.into()),
         }
     }
 
@@ -44,15 +67,52 @@ impl DenseMatrix {
     pub fn inputs(&self) -> usize {
         self.k
     }
+
+    /// True when the weights are held as bf16.
+    pub fn is_bf16(&self) -> bool {
+        matches!(self.weights, DenseWeights::Bf16(_))
+    }
+
+    /// Weight `index` (row-major), as the kernels multiply by it.
+    fn weight(&self, index: usize) -> f32 {
+        match &self.weights {
+            DenseWeights::F32(w) => w[index],
+            DenseWeights::Bf16(w) => f32::from_bits((w[index] as u32) << 16),
+        }
+    }
+
+    /// The first weight's address, and the number of weights.
+    #[cfg(target_arch = "x86_64")]
+    fn raw(&self) -> (*const u8, usize) {
+        match &self.weights {
+            DenseWeights::F32(w) => (w.as_ptr().cast(), w.len()),
+            DenseWeights::Bf16(w) => (w.as_ptr().cast(), w.len()),
+        }
+    }
 }
 
 /// One element on the portable path: the AVX2 path's operations, lane by lane.
-fn element_portable(w: &[f32], x: &[f32]) -> f32 {
+fn element_portable(w: &DenseMatrix, c: usize, x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
-    for (i, (&w, &x)) in w.iter().zip(x).enumerate() {
-        acc[i % 8] = w.mul_add(x, acc[i % 8]);
+    for (i, &x) in x.iter().enumerate() {
+        acc[i % 8] = w.weight(c * w.k + i).mul_add(x, acc[i % 8]);
     }
     reduce_lanes(&acc)
+}
+
+/// Eight weights from element `index` of the weights at `base` (f32, or bf16 when
+/// `bf16`), as f32 in a `__m256`; a bf16 widens by a shift into the upper half. A macro,
+/// as [`reduce_lanes_m256`], to be inlined into each `#[target_feature]` kernel.
+#[cfg(target_arch = "x86_64")]
+macro_rules! load_eight {
+    ($bf16:expr, $base:expr, $index:expr) => {
+        if $bf16 {
+            let bits = _mm_loadu_si128($base.cast::<u16>().add($index).cast());
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
+        } else {
+            _mm256_loadu_ps($base.cast::<f32>().add($index))
+        }
+    };
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -60,11 +120,12 @@ mod avx2 {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// `R` rows × `C` columns from `(r0, c0)`; `k` is a multiple of 8.
+    /// `R` rows × `C` columns from `(r0, c0)`; `k` is a multiple of 8; `BF16` says how
+    /// `w` holds its weights.
     ///
     /// SAFETY: AVX2 and FMA are present; the tile lies inside `w`, `x` and the output.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile<const R: usize, const C: usize>(
+    pub(super) unsafe fn tile<const R: usize, const C: usize, const BF16: bool>(
         w: &DenseMatrix,
         x: &[f32],
         r0: usize,
@@ -72,14 +133,19 @@ mod avx2 {
         out: Out,
     ) {
         let k = w.k;
-        assert!(k.is_multiple_of(8) && (c0 + C) * k <= w.weights.len() && (r0 + R) * k <= x.len());
+        let (weights, len) = w.raw();
+        assert!(
+            BF16 == w.is_bf16()
+                && k.is_multiple_of(8)
+                && (c0 + C) * k <= len
+                && (r0 + R) * k <= x.len()
+        );
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         for i in (0..k).step_by(8) {
             // SAFETY: the assert above keeps every load inside its slice.
             unsafe {
-                let wv: [__m256; C] = std::array::from_fn(|j| {
-                    _mm256_loadu_ps(w.weights.as_ptr().add((c0 + j) * k + i))
-                });
+                let wv: [__m256; C] =
+                    std::array::from_fn(|j| load_eight!(BF16, weights, (c0 + j) * k + i));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let xv = _mm256_loadu_ps(x.as_ptr().add((r0 + r) * k + i));
                     for j in 0..C {
@@ -100,7 +166,7 @@ mod avx2 {
     ///
     /// SAFETY: as [`tile`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn columns<const C: usize>(
+    pub(super) unsafe fn columns<const C: usize, const BF16: bool>(
         w: &DenseMatrix,
         x: &[f32],
         rows: usize,
@@ -111,14 +177,14 @@ mod avx2 {
         let mut r = 0;
         unsafe {
             while r + 4 <= rows {
-                tile::<4, C>(w, x, r, c0, out);
+                tile::<4, C, BF16>(w, x, r, c0, out);
                 r += 4;
             }
             match rows - r {
                 0 => {}
-                1 => tile::<1, C>(w, x, r, c0, out),
-                2 => tile::<2, C>(w, x, r, c0, out),
-                3 => tile::<3, C>(w, x, r, c0, out),
+                1 => tile::<1, C, BF16>(w, x, r, c0, out),
+                2 => tile::<2, C, BF16>(w, x, r, c0, out),
+                3 => tile::<3, C, BF16>(w, x, r, c0, out),
                 _ => unreachable!("fewer than four rows remain"),
             }
         }
@@ -147,12 +213,13 @@ mod avx512 {
         packed
     }
 
-    /// Pairs `p0..p0 + P` × columns `c0..c0 + C`; `k` is a multiple of 8.
+    /// Pairs `p0..p0 + P` × columns `c0..c0 + C`; `k` is a multiple of 8; `BF16` says
+    /// how `w` holds its weights.
     ///
     /// SAFETY: AVX-512F, AVX2 and FMA are present; the tile lies inside `w`, `packed`
     /// and the output.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn tile<const P: usize, const C: usize>(
+    unsafe fn tile<const P: usize, const C: usize, const BF16: bool>(
         w: &DenseMatrix,
         packed: &[f32],
         p0: usize,
@@ -160,20 +227,21 @@ mod avx512 {
         out: Out,
     ) {
         let k = w.k;
+        let (weights, len) = w.raw();
         assert!(
-            k.is_multiple_of(8)
-                && (c0 + C) * k <= w.weights.len()
+            BF16 == w.is_bf16()
+                && k.is_multiple_of(8)
+                && (c0 + C) * k <= len
                 && (p0 + P) * 2 * k <= packed.len()
         );
         let mut acc = [[_mm512_setzero_ps(); C]; P];
-        // Read once: the weights' storage is one of two kinds (`HugeSlice`).
-        let (weights, packed) = (w.weights.as_ptr(), packed.as_ptr());
+        let packed = packed.as_ptr();
         for i in (0..k).step_by(8) {
             // SAFETY: the assert above keeps every load inside its slice.
             unsafe {
                 // A column's eight weights in both halves, for the pair's two rows.
                 let wv: [__m512; C] = std::array::from_fn(|j| {
-                    let eight = _mm256_loadu_ps(weights.add((c0 + j) * k + i));
+                    let eight = load_eight!(BF16, weights, (c0 + j) * k + i);
                     _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(eight)))
                 });
                 for (p, acc) in acc.iter_mut().enumerate() {
@@ -202,7 +270,7 @@ mod avx512 {
     ///
     /// SAFETY: as [`tile`].
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn columns<const C: usize>(
+    pub(super) unsafe fn columns<const C: usize, const BF16: bool>(
         w: &DenseMatrix,
         packed: &[f32],
         pairs: usize,
@@ -213,14 +281,14 @@ mod avx512 {
         let mut p = 0;
         unsafe {
             while p + 4 <= pairs {
-                tile::<4, C>(w, packed, p, c0, out);
+                tile::<4, C, BF16>(w, packed, p, c0, out);
                 p += 4;
             }
             match pairs - p {
                 0 => {}
-                1 => tile::<1, C>(w, packed, p, c0, out),
-                2 => tile::<2, C>(w, packed, p, c0, out),
-                3 => tile::<3, C>(w, packed, p, c0, out),
+                1 => tile::<1, C, BF16>(w, packed, p, c0, out),
+                2 => tile::<2, C, BF16>(w, packed, p, c0, out),
+                3 => tile::<3, C, BF16>(w, packed, p, c0, out),
                 _ => unreachable!("fewer than four pairs remain"),
             }
         }
@@ -249,8 +317,13 @@ const PREFETCH_AHEAD: usize = 4;
 #[cfg(target_arch = "x86_64")]
 fn prefetch_columns(w: &DenseMatrix, c0: usize, count: usize) {
     use std::arch::x86_64::_MM_HINT_T1;
-    if c0 + count <= w.n {
-        super::prefetch_lines::<_MM_HINT_T1, f32>(&w.weights[c0 * w.k..(c0 + count) * w.k]);
+    if c0 + count > w.n {
+        return;
+    }
+    let columns = c0 * w.k..(c0 + count) * w.k;
+    match &w.weights {
+        DenseWeights::F32(v) => super::prefetch_lines::<_MM_HINT_T1, f32>(&v[columns]),
+        DenseWeights::Bf16(v) => super::prefetch_lines::<_MM_HINT_T1, u16>(&v[columns]),
     }
 }
 
@@ -280,17 +353,17 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
             // SAFETY: an x86 SIMD path is chosen only with AVX2 and FMA
             // (`Simd::available`); the columns and rows exist.
             s if s.has_avx2_fma() && w.k.is_multiple_of(8) => unsafe {
-                if cols == 2 {
-                    avx2::columns::<2>(w, x, rows, c0, out)
-                } else {
-                    avx2::columns::<1>(w, x, rows, c0, out)
+                match (cols, w.is_bf16()) {
+                    (2, false) => avx2::columns::<2, false>(w, x, rows, c0, out),
+                    (2, true) => avx2::columns::<2, true>(w, x, rows, c0, out),
+                    (_, false) => avx2::columns::<1, false>(w, x, rows, c0, out),
+                    (_, true) => avx2::columns::<1, true>(w, x, rows, c0, out),
                 }
             },
             _ => {
                 for r in 0..rows {
                     for c in c0..c0 + cols {
-                        let v =
-                            element_portable(&w.weights[c * w.k..][..w.k], &x[r * w.k..][..w.k]);
+                        let v = element_portable(w, c, &x[r * w.k..][..w.k]);
                         // SAFETY: (r, c) is inside the output and this group's alone.
                         unsafe { out.write(r, c, v) };
                     }
@@ -309,31 +382,50 @@ fn matmul_paired(
     rows: usize,
     out: &mut [f32],
 ) {
-    let k = parts[0].k;
-    let packed = avx512::pack_row_pairs(x, rows, k);
-    let pairs = rows / 2;
+    /// Columns `c0..c0 + cols` of `w` for every row, the const parameters chosen.
+    ///
+    /// SAFETY: as `avx512::columns`.
+    unsafe fn group<const BF16: bool>(
+        w: &DenseMatrix,
+        x: &[f32],
+        packed: &[f32],
+        rows: usize,
+        c0: usize,
+        cols: usize,
+        out: Out,
+    ) {
+        let pairs = rows / 2;
+        unsafe {
+            match cols {
+                1 => avx512::columns::<1, BF16>(w, packed, pairs, c0, out),
+                2 => avx512::columns::<2, BF16>(w, packed, pairs, c0, out),
+                3 => avx512::columns::<3, BF16>(w, packed, pairs, c0, out),
+                4 => avx512::columns::<4, BF16>(w, packed, pairs, c0, out),
+                5 => avx512::columns::<5, BF16>(w, packed, pairs, c0, out),
+                6 => avx512::columns::<6, BF16>(w, packed, pairs, c0, out),
+                _ => unreachable!("groups are at most {PAIRED_COLUMNS} columns"),
+            }
+            if rows % 2 == 1 {
+                for c in c0..c0 + cols {
+                    avx2::tile::<1, 1, BF16>(w, x, rows - 1, c, out);
+                }
+            }
+        }
+    }
+    let packed = avx512::pack_row_pairs(x, rows, parts[0].k);
     for_each_column_group(
         outputs,
         PAIRED_COLUMNS,
         as_uninit(out),
         |part, c0, cols, out| {
             let w = &parts[part];
-            // SAFETY: the caller checked AVX-512F (and so AVX2 and FMA) and `k`; the columns
-            // and rows exist.
+            // SAFETY: the caller checked AVX-512F (and so AVX2 and FMA) and `k`; the
+            // columns and rows exist.
             unsafe {
-                match cols {
-                    1 => avx512::columns::<1>(w, &packed, pairs, c0, out),
-                    2 => avx512::columns::<2>(w, &packed, pairs, c0, out),
-                    3 => avx512::columns::<3>(w, &packed, pairs, c0, out),
-                    4 => avx512::columns::<4>(w, &packed, pairs, c0, out),
-                    5 => avx512::columns::<5>(w, &packed, pairs, c0, out),
-                    6 => avx512::columns::<6>(w, &packed, pairs, c0, out),
-                    _ => unreachable!("groups are at most {PAIRED_COLUMNS} columns"),
-                }
-                if rows % 2 == 1 {
-                    for c in c0..c0 + cols {
-                        avx2::tile::<1, 1>(w, x, rows - 1, c, out);
-                    }
+                if w.is_bf16() {
+                    group::<true>(w, x, &packed, rows, c0, cols, out)
+                } else {
+                    group::<false>(w, x, &packed, rows, c0, cols, out)
                 }
             }
         },
@@ -356,30 +448,53 @@ mod tests {
 
     /// Every path this CPU has, and the portable one, give each row the same bits, alone
     /// or among 11 rows (AVX2 tiles) or 37 (AVX-512 pairs and an odd last row), over 13
-    /// columns (groups of 2 and of 6 with remainders).
+    /// columns (groups of 2 and of 6 with remainders); and a bf16 matrix the bits of the
+    /// f32 matrix of its values.
     #[test]
-    fn rows_get_the_same_bits_alone_and_together_on_every_path() {
+    fn rows_get_the_same_bits_alone_and_together_on_every_path_in_both_formats() {
         let (n, k, rows) = (13, 96, 37);
-        let w = DenseMatrix::new(n, k, values(n * k, 1));
+        let bits: Vec<u16> = values(n * k, 1)
+            .iter()
+            .map(|v| (v.to_bits() >> 16) as u16)
+            .collect();
+        let widened: Vec<f32> = bits
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect();
         let x = values(rows * k, 2);
-        let together = run(Simd::Portable, &w, &x, rows);
-        for &simd in Simd::available() {
-            assert_eq!(run(simd, &w, &x, rows), together, "{simd:?}, {rows} rows");
-            assert_eq!(
-                run(simd, &w, &x[..11 * k], 11),
-                together[..11 * n],
-                "{simd:?}, 11 rows"
-            );
-        }
-        for r in 0..rows {
-            let alone = run(Simd::detect(), &w, &x[r * k..(r + 1) * k], 1);
-            assert_eq!(alone, together[r * n..(r + 1) * n], "row {r}");
-            for (c, &got) in alone.iter().enumerate() {
-                let exact: f64 = (0..k)
-                    .map(|i| x[r * k + i] as f64 * w.weights[c * k + i] as f64)
-                    .sum();
-                assert!((got as f64 - exact).abs() < 1e-4, "({r},{c})");
+        let f32_matrix = DenseMatrix::new(n, k, values(n * k, 1));
+        let widened_matrix = DenseMatrix::new(n, k, widened);
+        let bf16_matrix = DenseMatrix::bf16(n, k, bits);
+        for (w, same_as) in [(&f32_matrix, &f32_matrix), (&bf16_matrix, &widened_matrix)] {
+            let together = run(Simd::Portable, same_as, &x, rows);
+            for &simd in Simd::available() {
+                let bf16 = w.is_bf16();
+                assert_eq!(
+                    run(simd, w, &x, rows),
+                    together,
+                    "{simd:?} {bf16}, {rows} rows"
+                );
+                assert_eq!(
+                    run(simd, w, &x[..11 * k], 11),
+                    together[..11 * n],
+                    "{simd:?} {bf16}, 11 rows"
+                );
+            }
+            for r in 0..rows {
+                let alone = run(Simd::detect(), w, &x[r * k..(r + 1) * k], 1);
+                assert_eq!(alone, together[r * n..(r + 1) * n], "row {r}");
+                for (c, &got) in alone.iter().enumerate() {
+                    let exact: f64 = (0..k)
+                        .map(|i| x[r * k + i] as f64 * w.weight(c * k + i) as f64)
+                        .sum();
+                    assert!((got as f64 - exact).abs() < 1e-4, "({r},{c})");
+                }
             }
         }
+        assert_ne!(
+            run(Simd::Portable, &f32_matrix, &x[..k], 1),
+            run(Simd::Portable, &bf16_matrix, &x[..k], 1),
+            "the bf16 matrix holds rounded weights"
+        );
     }
 }

@@ -31,12 +31,14 @@ const ALIGN: usize = 64;
 pub trait Plain: sealed::Sealed + Copy + Send + Sync + 'static {}
 impl Plain for u8 {}
 impl Plain for i8 {}
+impl Plain for u16 {}
 impl Plain for f32 {}
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for u8 {}
     impl Sealed for i8 {}
+    impl Sealed for u16 {}
     impl Sealed for f32 {}
 }
 

@@ -10,7 +10,7 @@ use crate::model::arch::{Family, RopeSpec, SUPPORTED_GGUF, gemma_layer_slides};
 use crate::model::forward::{Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::layer::Layer;
 use crate::model::linear::{
-    Embedding, Linear, NormWeights, Weights, dense_of, requantize_q8_0, rounded_to_bf16, weights_of,
+    Embedding, Linear, NormWeights, Weights, bf16_dense_of, dense_of, requantize_q8_0, weights_of,
 };
 
 /// Gemma 3's defaults where its GGUF metadata is silent, as llama.cpp has them.
@@ -91,7 +91,7 @@ impl Model {
                 (WeightFormat::Q8_0, _) => requantize_q8_0(&qt, device)?,
                 (WeightFormat::F32, _) => return Ok(dense_of(qt.dequantize(device)?, device)?),
                 (WeightFormat::Bf16, _) => {
-                    return Ok(dense_of(rounded_to_bf16(&qt.dequantize(device)?)?, device)?);
+                    return Ok(bf16_dense_of(&qt.dequantize(device)?, device)?);
                 }
             };
             weights_of(qt, device).map_err(|e| fmt(e.to_string()))

@@ -17,7 +17,7 @@ use crate::model::forward::{Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::kernels::norm::RopePairs;
 use crate::model::layer::Layer;
 use crate::model::linear::{
-    Embedding, Linear, NormWeights, Weights, dense_of, rounded_to_bf16, weights_of,
+    Embedding, Linear, NormWeights, Weights, bf16_dense_of, dense_of, weights_of,
 };
 
 /// Where a Hugging Face model's tensors come from, by their checkpoint names: the
@@ -212,7 +212,7 @@ impl HfReader<'_> {
         let device = self.device;
         match self.format {
             WeightFormat::Native | WeightFormat::F32 => Ok(dense_of(t, device)?),
-            WeightFormat::Bf16 => Ok(dense_of(rounded_to_bf16(&t)?, device)?),
+            WeightFormat::Bf16 => Ok(bf16_dense_of(&t, device)?),
             WeightFormat::Q8_0 => weights_of(QTensor::quantize(&t, GgmlDType::Q8_0)?, device)
                 .map_err(|e| self.error(e.to_string())),
         }
