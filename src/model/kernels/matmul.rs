@@ -635,8 +635,10 @@ macro_rules! x86_tiles {
     };
 }
 
-/// How many columns ahead of the ones being multiplied a thread asks for the weights.
-const PREFETCH_AHEAD: usize = 8;
+/// How many columns ahead of the ones being multiplied a thread asks for the weights:
+/// about 10 KB of Q8_0 (5 KB of Q4_1) for the default model. 16 against 8: Q8_0 decoding
+/// 188 → 197 tok/s, Q4_1 228 → 240 (alternated, medians of 4).
+const PREFETCH_AHEAD: usize = 16;
 
 /// Ask the level-2 cache for columns `c0..c0 + count` of `w` (quants and per-block
 /// tables), if they exist. A column pair is a few hundred bytes, so the hardware's stream
