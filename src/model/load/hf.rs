@@ -211,6 +211,9 @@ impl HfReader<'_> {
     fn matrix(&self, t: Tensor) -> Result<Weights, ModelError> {
         let device = self.device;
         match self.format {
+            // On the CPU a bf16 checkpoint stays bf16 natively, and `--weights f32`
+            // widens it (devices take the tensor as it comes, as before).
+            WeightFormat::F32 if device.is_cpu() => Ok(dense_of(t.to_dtype(DType::F32)?, device)?),
             WeightFormat::Native | WeightFormat::F32 => Ok(dense_of(t, device)?),
             WeightFormat::Bf16 => Ok(bf16_dense_of(&t, device)?),
             WeightFormat::Q8_0 => weights_of(QTensor::quantize(&t, GgmlDType::Q8_0)?, device)
