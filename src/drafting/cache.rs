@@ -17,9 +17,10 @@ pub trait CacheSource {
     /// Runs `f` over the cache as it stands now.
     fn with_view<R>(&self, f: impl FnOnce(&Layered<'_>) -> R) -> R;
 
-    /// A draft from the cache was (partly) accepted and `context` now ends with the
-    /// accepted tokens: a source that evicts by last use marks what drafted them.
-    fn used(&self, _context: &[u32], _params: &SpecParams) {}
+    /// A draft from the cache was (partly) accepted, and `path` is the cache path behind
+    /// the accepted tokens ([`Draft::supporting_path`]): a source that evicts by last use
+    /// marks a sequence that holds it.
+    fn used(&self, _path: &[u32]) {}
 }
 
 /// A fixed view: a snapshot's namespace, an in-memory tree, or nothing.
@@ -43,16 +44,15 @@ impl CacheSource for NamespaceSource<'_> {
         self.store.with_view(&self.namespace, f)
     }
 
-    /// Marks a cached sequence that holds the longest tail of `context` the cache has as
-    /// used, for LRU eviction.
-    fn used(&self, context: &[u32], params: &SpecParams) {
+    /// Marks a cached sequence that holds `path` (its last tokens up to the trees' depth,
+    /// where a draft read on past it) as used, for LRU eviction. A path the cache does not
+    /// hold (accepted tokens that came from the request's own tree, or a grammar) marks
+    /// nothing.
+    fn used(&self, path: &[u32]) {
         let id = self.store.with_namespace(&self.namespace, |ns| {
             let view = ns?.view();
-            let longest = params.max_depth.min(context.len());
-            (1..=longest)
-                .rev()
-                .find_map(|p| view.walk(&context[context.len() - p..]))
-                .and_then(|c| view.sequence_at(&c))
+            let path = &path[path.len().saturating_sub(view.max_depth())..];
+            view.walk(path).and_then(|c| view.sequence_at(&c))
         });
         if let Some(id) = id {
             self.store.touch(&self.namespace, &[id]);
@@ -118,7 +118,7 @@ impl<S: CacheSource> Drafter for CacheDrafter<S> {
 
     fn accepted(&mut self, context: &[u32], draft: &Draft, accepted: usize) {
         if accepted > 0 && matches!(draft.source, DraftSource::Global | DraftSource::Both) {
-            self.source.used(context, &self.params);
+            self.source.used(draft.supporting_path(context, accepted));
         }
     }
 }
@@ -219,6 +219,54 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// An accepted draft from the live store marks the sequence behind it as used, so
+    /// that budget eviction takes another first (without the mark the oldest goes).
+    #[test]
+    fn an_accepted_cache_draft_keeps_the_sequence_behind_it_from_eviction() {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use crate::store::live::StoreConfig;
+        use crate::store::{EvictScope, RamDirectory, TokenizerId};
+
+        // Room for two 6-token sequences: a third evicts the least recently used.
+        let store = Store::open(StoreConfig {
+            budget_tokens: Some(12),
+            directory: Arc::new(RamDirectory::new()),
+            ..StoreConfig::new("/store", TokenizerId::UNKNOWN)
+        })
+        .unwrap();
+        let behind = store.append("ns", &[10, 11, 12, 13, 14, 15]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let other = store.append("ns", &[20, 21, 22, 23, 24, 25]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+
+        let source = NamespaceSource {
+            store: &store,
+            namespace: "ns".into(),
+        };
+        let prompt = [5, 12, 13];
+        let mut drafter = CacheDrafter::new(source, SpecParams::default(), &prompt);
+        let draft = drafter.draft(&prompt);
+        assert_eq!(draft.source, DraftSource::Global);
+        assert_eq!((&draft.tokens[..], draft.match_len), (&[14, 15][..], 2));
+        let context = [5, 12, 13, 14, 15];
+        assert_eq!(draft.supporting_path(&context, 2), [12, 13, 14, 15]);
+        drafter.accepted(&context, &draft, 2);
+
+        store.append("ns", &[30, 31, 32, 33, 34, 35]).unwrap();
+        assert_eq!(
+            store.evict(&EvictScope::id("ns", other)).unwrap(),
+            0,
+            "the sequence no draft used went first"
+        );
+        assert_eq!(
+            store.evict(&EvictScope::id("ns", behind)).unwrap(),
+            1,
+            "the sequence behind the accepted draft stayed"
+        );
     }
 
     /// A context that does not extend the last one restarts the request tree rather than

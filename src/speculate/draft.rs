@@ -171,6 +171,15 @@ impl Draft {
         (self.tokens.len() - 1) as i32
     }
 
+    /// The path in the trees behind this draft's first `accepted` tokens, as the end of
+    /// `context`, which ends with them: the `match_len` tokens the draft was grown from,
+    /// then the accepted ones. For a draft from the shared cache, the cached sequences
+    /// holding this path are the ones that supported what was accepted.
+    pub fn supporting_path<'c>(&self, context: &'c [u32], accepted: usize) -> &'c [u32] {
+        let len = (self.match_len + accepted).min(context.len());
+        &context[context.len() - len..]
+    }
+
     /// The longest path of the draft that `truth` follows token by token.
     pub fn accept(&self, truth: &[u32]) -> Vec<u32> {
         truth[..self.follow(truth).1].to_vec()
