@@ -56,29 +56,19 @@ def answers(kind, model, prompts, tokens, tmp):
     try:
         bench.wait_ready(PORT, proc)
         url = f"http://127.0.0.1:{PORT}"
-        out = []
-        for prompt in prompts:
+
+        def complete(prompt, n):
             if kind == "suffixd":
-                r = post(url + "/v1/completions", {"prompt": prompt, "max_tokens": tokens,
+                r = post(url + "/v1/completions", {"prompt": prompt, "max_tokens": n,
                                                    "temperature": 0})
-                out.append(r["choices"][0]["text"])
-            else:
-                r = post(url + "/completion", {"prompt": prompt, "n_predict": tokens,
-                                               "temperature": 0, "top_k": 1,
-                                               "samplers": ["top_k"], "cache_prompt": False})
-                out.append(r["content"])
-        first = []
-        for prompt in prompts:  # the first token alone: its text names the argmax
-            if kind == "suffixd":
-                r = post(url + "/v1/completions", {"prompt": prompt, "max_tokens": 1,
-                                                   "temperature": 0})
-                first.append(r["choices"][0]["text"])
-            else:
-                r = post(url + "/completion", {"prompt": prompt, "n_predict": 1,
-                                               "temperature": 0, "top_k": 1,
-                                               "samplers": ["top_k"], "cache_prompt": False})
-                first.append(r["content"])
-        return out, first
+                return r["choices"][0]["text"]
+            r = post(url + "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0,
+                                           "top_k": 1, "samplers": ["top_k"],
+                                           "cache_prompt": False})
+            return r["content"]
+
+        # The first token alone too: its text names the argmax of the first position.
+        return [complete(p, tokens) for p in prompts], [complete(p, 1) for p in prompts]
     finally:
         bench.stop(proc)
 

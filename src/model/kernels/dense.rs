@@ -200,9 +200,10 @@ mod avx512 {
 
     /// `x` (`rows × k`) with rows `2p` and `2p + 1` interleaved eight floats at a time:
     /// pair `p`'s step `i` (a multiple of 8) is the 16 floats at `p · 2k + 2i`. An odd
-    /// last row is left out (the AVX2 path takes it).
-    pub(super) fn pack_row_pairs(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
-        let mut packed = Vec::with_capacity(rows / 2 * 2 * k);
+    /// last row is left out (the AVX2 path takes it). Into `packed`, whose old contents
+    /// go.
+    pub(super) fn pack_row_pairs(x: &[f32], rows: usize, k: usize, packed: &mut Vec<f32>) {
+        packed.clear();
         for pair in x[..rows / 2 * 2 * k].chunks_exact(2 * k) {
             let (a, b) = pair.split_at(k);
             for (a, b) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
@@ -210,7 +211,6 @@ mod avx512 {
                 packed.extend_from_slice(b);
             }
         }
-        packed
     }
 
     /// Pairs `p0..p0 + P` × columns `c0..c0 + C`; `k` is a multiple of 8; `BF16` says
@@ -412,24 +412,32 @@ fn matmul_paired(
             }
         }
     }
-    let packed = avx512::pack_row_pairs(x, rows, parts[0].k);
-    for_each_column_group(
-        outputs,
-        PAIRED_COLUMNS,
-        as_uninit(out),
-        |part, c0, cols, out| {
-            let w = &parts[part];
-            // SAFETY: the caller checked AVX-512F (and so AVX2 and FMA) and `k`; the
-            // columns and rows exist.
-            unsafe {
-                if w.is_bf16() {
-                    group::<true>(w, x, &packed, rows, c0, cols, out)
-                } else {
-                    group::<false>(w, x, &packed, rows, c0, cols, out)
+    thread_local! {
+        // Reused: a prefill's input is megabytes, which a fresh allocation would have
+        // the kernel map and zero for every matrix.
+        static PACKED: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::default();
+    }
+    PACKED.with_borrow_mut(|packed| {
+        avx512::pack_row_pairs(x, rows, parts[0].k, packed);
+        let packed = &packed[..];
+        for_each_column_group(
+            outputs,
+            PAIRED_COLUMNS,
+            as_uninit(out),
+            |part, c0, cols, out| {
+                let w = &parts[part];
+                // SAFETY: the caller checked AVX-512F (and so AVX2 and FMA) and `k`; the
+                // columns and rows exist.
+                unsafe {
+                    if w.is_bf16() {
+                        group::<true>(w, x, packed, rows, c0, cols, out)
+                    } else {
+                        group::<false>(w, x, packed, rows, c0, cols, out)
+                    }
                 }
-            }
-        },
-    );
+            },
+        );
+    });
 }
 
 #[cfg(test)]
