@@ -1,8 +1,10 @@
-//! The house rules: which room of `src/` may import which (ARCHITECTURE.md). The data
-//! flows tree → speculate → store → model → engine → drafting → serve → CLI, and a room imports
-//! only rooms below it; a test fails when a file breaks that, naming the file, the room it took
-//! from, and the line. Read from the source as text (`crate::ROOM` outside comments),
-//! so a new import is caught before anyone looks at a picture of the house.
+//! The house rules: which room of `src/` may import which (ARCHITECTURE.md), and how long
+//! a file or a function may grow. The data flows tree → speculate → store → model → engine
+//! → drafting → serve → CLI, and a room imports only rooms below it; a test fails when a
+//! file breaks that, naming the file, the room it took from, and the line. Read from the
+//! source as text (`crate::ROOM` outside comments), so a new import is caught before
+//! anyone looks at a picture of the house. Files stay under 1,000 lines and functions
+//! under 150, so that each can be read whole.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -437,4 +439,175 @@ fn a_circle_is_found_and_a_parent_is_not_one() {
         Some(vec!["room/a.rs".to_string(), "room/b.rs".to_string()])
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Most lines a file of `src/` may have.
+const MOST_FILE_LINES: usize = 1_000;
+/// Most lines a function may span, from its `fn` line to its closing brace.
+const MOST_FUNCTION_LINES: usize = 150;
+
+/// `text` with comments, string literals and character literals blanked (each byte made
+/// a space, newlines kept), so that braces and `fn` are counted in code only.
+fn code_only(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = bytes.to_vec();
+    let blank = |out: &mut Vec<u8>, from: usize, to: usize| {
+        for b in &mut out[from..to.min(bytes.len())] {
+            if *b != b'\n' {
+                *b = b' ';
+            }
+        }
+    };
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &text[i..];
+        let end = if rest.starts_with("//") {
+            i + rest.find('\n').unwrap_or(rest.len())
+        } else if rest.starts_with("/*") {
+            // Block comments nest in Rust.
+            let (mut depth, mut j) = (0usize, i);
+            loop {
+                if text[j..].starts_with("/*") {
+                    depth += 1;
+                    j += 2;
+                } else if text[j..].starts_with("*/") {
+                    depth -= 1;
+                    j += 2;
+                    if depth == 0 {
+                        break j;
+                    }
+                } else if j >= bytes.len() {
+                    break j;
+                } else {
+                    j += 1;
+                }
+            }
+        } else if let Some(hashes) = raw_string_hashes(rest) {
+            let body = i + 2 + hashes.len();
+            let close = format!("\"{hashes}");
+            body + text[body..]
+                .find(&close)
+                .map_or(text.len() - body, |at| at + close.len())
+        } else if rest.starts_with('"') {
+            let mut j = i + 1;
+            while j < bytes.len() && bytes[j] != b'"' {
+                j += if bytes[j] == b'\\' { 2 } else { 1 };
+            }
+            j + 1
+        } else if let Some(len) = char_literal_len(rest) {
+            i + len
+        } else {
+            i += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        };
+        blank(&mut out, i, end);
+        i = end;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The `#`s of a raw string literal starting `rest` (`r"`, `r#"`, `br#"`…).
+fn raw_string_hashes(rest: &str) -> Option<&str> {
+    let after = rest.strip_prefix("br").or_else(|| rest.strip_prefix('r'))?;
+    let hashes = &after[..after.len() - after.trim_start_matches('#').len()];
+    after[hashes.len()..].starts_with('"').then_some(hashes)
+}
+
+/// The length of a character literal starting `rest` (`'x'`, `'\n'`, `'\u{7f}'`), or
+/// None for a lifetime or label (`'a`).
+fn char_literal_len(rest: &str) -> Option<usize> {
+    let after = rest.strip_prefix('\'')?;
+    let body = if after.starts_with('\\') {
+        let close = after.find('\'')?;
+        (close <= 10).then_some(close)?
+    } else {
+        after.chars().next()?.len_utf8()
+    };
+    after[body..].starts_with('\'').then_some(body + 2)
+}
+
+/// Each function of `text` that has a body: its name, first line and number of lines.
+fn function_spans(text: &str) -> Vec<(String, usize, usize)> {
+    let code = code_only(text);
+    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
+    let is_word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let bytes = code.as_bytes();
+    let mut spans = Vec::new();
+    let mut from = 0;
+    while let Some(found) = code[from..].find("fn ") {
+        let at = from + found;
+        from = at + 3;
+        if at > 0 && is_word(bytes[at - 1]) {
+            continue;
+        }
+        let name: String = code[from..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue; // a `fn(…)` pointer type
+        }
+        // The body opens at the first `{` before any `;` (a declaration has none).
+        let Some(open) = code[from..].find(['{', ';']).map(|o| from + o) else {
+            break;
+        };
+        if bytes[open] == b';' {
+            continue;
+        }
+        let mut depth = 0;
+        let close = (open..bytes.len()).find(|&j| {
+            match bytes[j] {
+                b'{' => depth += 1,
+                b'}' => depth -= 1,
+                _ => {}
+            }
+            depth == 0
+        });
+        let close = close.unwrap_or(bytes.len() - 1);
+        spans.push((name, line_of(at), line_of(close) - line_of(at) + 1));
+    }
+    spans
+}
+
+#[test]
+fn no_file_is_over_its_limit_and_no_function_over_its_own() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut broken = Vec::new();
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        let relative = path.strip_prefix(&src).unwrap().display();
+        let lines = text.lines().count();
+        if lines > MOST_FILE_LINES {
+            broken.push(format!(
+                "src/{relative}: {lines} lines (most {MOST_FILE_LINES})"
+            ));
+        }
+        for (name, line, span) in function_spans(&text) {
+            if span > MOST_FUNCTION_LINES {
+                broken.push(format!(
+                    "src/{relative}:{line}: fn {name} spans {span} lines (most \
+                     {MOST_FUNCTION_LINES}): give its stages functions of their own"
+                ));
+            }
+        }
+    }
+    assert!(files.len() > 100, "found the sources");
+    assert!(
+        broken.is_empty(),
+        "over the house's limits:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn function_spans_skip_comments_strings_and_declarations() {
+    let text = "/// fn not_this() {\nfn one() {\n    let s = \"}{ fn no() {\";\n    \
+                let c = '}';\n    let r = r#\"}\"#;\n}\ntrait T {\n    fn declared(&self);\n    \
+                fn with_body<'a>(&'a self) -> &'a str {\n        /* } */ \"\"\n    }\n}\n";
+    assert_eq!(
+        function_spans(text),
+        [("one".to_string(), 2, 5), ("with_body".to_string(), 9, 3)]
+    );
 }
