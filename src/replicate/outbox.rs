@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::{ReplicateError, WireOp};
 use crate::store::faults::{self, FaultPoint};
-use crate::store::fs::{Directory, LogFile, refuse_non_regular};
+use crate::store::fs::{Directory, LogFile};
 use crate::store::{Change, EvictScope};
 
 /// Once everything is sent, durably recorded as sent, and the file is this large, it
@@ -52,7 +52,8 @@ impl EvictionOutbox {
             path: path.into(),
             source,
         };
-        refuse_non_regular(&**fs, path, "replication outbox").map_err(error)?;
+        fs.refuse_non_regular(path, "replication outbox")
+            .map_err(error)?;
         let bytes = match fs.read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),

@@ -3,14 +3,14 @@
 //! (`evictions.jsonl`). They live on the store's own [`Directory`], so the power-cut
 //! tests that cover the store's log and snapshots cover them too.
 //!
-//! Identity and positions are replaced whole ([`replace_file`]); the outbox is
+//! Identity and positions are replaced whole ([`Directory::replace`](crate::store::fs::Directory::replace)); the outbox is
 //! appended to and fsynced per entry.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::store::faults::DurableFile;
-use crate::store::fs::{Directory, DiskDirectory, refuse_non_regular, replace_file};
+use crate::store::fs::{Directory, DiskDirectory};
 use crate::store::live::MAX_ID_ORIGIN;
 
 use super::outbox::EvictionOutbox;
@@ -73,7 +73,9 @@ impl ReplicaFiles {
             path: path.clone(),
             source,
         };
-        refuse_non_regular(&*self.fs, &path, "replication state file").map_err(error)?;
+        self.fs
+            .refuse_non_regular(&path, "replication state file")
+            .map_err(error)?;
         match self.fs.read(&path) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -104,10 +106,11 @@ impl ReplicaFiles {
         };
         self.make_dir()?;
         let bytes = serde_json::to_vec(value).map_err(|e| error(e.into()))?;
-        replace_file(&*self.fs, &path, DurableFile::ReplicationState, |f| {
-            f.write_all(&bytes)
-        })
-        .map_err(error)
+        self.fs
+            .replace(&path, DurableFile::ReplicationState, |f| {
+                f.write_all(&bytes)
+            })
+            .map_err(error)
     }
 
     /// The identity kept here, if the store has served as a replica.

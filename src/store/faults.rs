@@ -10,7 +10,7 @@
 
 use std::io::Write;
 
-/// A file the store replaces whole ([`super::fs::replace_file`]).
+/// A file the store replaces whole ([`super::fs::Directory::replace`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DurableFile {
     /// A snapshot (`snap-NNNNNN.sfxd`).

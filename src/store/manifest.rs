@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::faults::DurableFile;
-use super::fs::{self, DirLock, Directory, EntryKind, replace_file};
+use super::fs::{DirLock, Directory, EntryKind};
 
 /// Name of the manifest file in a store directory.
 pub const MANIFEST: &str = "CURRENT";
@@ -90,8 +90,9 @@ pub fn lock(fs: &dyn Directory, dir: &Path) -> Result<DirLock, DirError> {
 /// The snapshot file that the manifest of `dir` names, if any.
 pub fn current_snapshot(fs: &dyn Directory, dir: &Path) -> Result<Option<PathBuf>, DirError> {
     let manifest = dir.join(MANIFEST);
-    fs::refuse_non_regular(fs, &manifest, "manifest").map_err(io(&manifest))?;
-    let name = match fs::read_to_string_if_any(fs, &manifest).map_err(io(&manifest))? {
+    fs.refuse_non_regular(&manifest, "manifest")
+        .map_err(io(&manifest))?;
+    let name = match fs.read_to_string_if_any(&manifest).map_err(io(&manifest))? {
         Some(s) => s.trim().to_string(),
         None => return Ok(None),
     };
@@ -107,7 +108,7 @@ pub fn current_snapshot(fs: &dyn Directory, dir: &Path) -> Result<Option<PathBuf
 /// The snapshot files of `dir`, newest (highest number) first.
 pub fn snapshot_files(fs: &dyn Directory, dir: &Path) -> Result<Vec<PathBuf>, DirError> {
     let mut found = Vec::new();
-    for entry in fs::entries_if_any(fs, dir).map_err(io(dir))? {
+    for entry in fs.entries_if_any(dir).map_err(io(dir))? {
         if let Some(n) = snapshot_number(&entry.name) {
             found.push((n, dir.join(&entry.name)));
         }
@@ -120,7 +121,7 @@ pub fn snapshot_files(fs: &dyn Directory, dir: &Path) -> Result<Vec<PathBuf>, Di
 /// segment or the next-id record. Operators' commands that would start a store afresh
 /// must not run on such a directory.
 pub fn holds_store(fs: &dyn Directory, dir: &Path) -> Result<bool, DirError> {
-    for entry in fs::entries_if_any(fs, dir).map_err(io(dir))? {
+    for entry in fs.entries_if_any(dir).map_err(io(dir))? {
         let name = entry.name.as_str();
         let wal_segment = name.starts_with("wal-") && name.ends_with(".log");
         if name == MANIFEST || name == NEXT_ID || snapshot_number(name).is_some() || wal_segment {
@@ -179,7 +180,7 @@ pub fn publish(fs: &dyn Directory, dir: &Path, snapshot: &Path) -> Result<(), Di
             name: snapshot.display().to_string(),
         })?
         .to_string();
-    replace_file(fs, &dir.join(MANIFEST), DurableFile::Manifest, |f| {
+    fs.replace(&dir.join(MANIFEST), DurableFile::Manifest, |f| {
         f.write_all(format!("{name}\n").as_bytes())
     })
     .map_err(io(dir))?;
@@ -224,7 +225,7 @@ pub fn remove_stale(
 /// it could hand out an id that was evicted before the cut again.
 pub fn read_next_id(fs: &dyn Directory, dir: &Path) -> Result<Option<u64>, DirError> {
     let path = dir.join(NEXT_ID);
-    let text = match fs::read_to_string_if_any(fs, &path) {
+    let text = match fs.read_to_string_if_any(&path) {
         Ok(Some(text)) => text,
         Ok(None) => return Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(io(&path)(e)),
@@ -248,7 +249,7 @@ pub fn read_next_id(fs: &dyn Directory, dir: &Path) -> Result<Option<u64>, DirEr
 
 /// Record `next` as the next own id, atomically (temporary file, fsync, rename).
 pub fn write_next_id(fs: &dyn Directory, dir: &Path, next: u64) -> Result<(), DirError> {
-    replace_file(fs, &dir.join(NEXT_ID), DurableFile::NextId, |f| {
+    fs.replace(&dir.join(NEXT_ID), DurableFile::NextId, |f| {
         f.write_all(format!("{next}\n").as_bytes())
     })
     .map_err(io(dir))

@@ -16,7 +16,7 @@ use rkyv::rancor;
 use crate::tree::{GlobalTree, Node, SeqEntry, Storage, TreeParts, WideChild};
 
 use super::faults::DurableFile;
-use super::fs::{self, Directory, DiskDirectory, FileBytes};
+use super::fs::{Directory, DiskDirectory, FileBytes};
 
 /// The first eight bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"SUFFIXD\0";
@@ -334,7 +334,7 @@ pub fn write_snapshot(
     log_position: (u64, u64),
     namespaces: &[NamespaceInput<'_>],
 ) -> Result<Header, WriteError> {
-    fs::replace_file(fs, path, DurableFile::Snapshot, |f| {
+    fs.replace(path, DurableFile::Snapshot, |f| {
         let out = std::io::BufWriter::with_capacity(1 << 20, f);
         write_snapshot_to(out, tokenizer, log_position, namespaces)
     })
@@ -599,7 +599,7 @@ impl Snapshot {
             path: path.into(),
             source,
         };
-        fs::refuse_non_regular(fs, path, "snapshot").map_err(io)?;
+        fs.refuse_non_regular(path, "snapshot").map_err(io)?;
         // Snapshot files are never modified after the rename that publishes them (new
         // snapshots are new files), so a mapping does not change under its readers.
         let bytes = fs.map(path).map_err(io)?;

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::faults::{self, DurableFile, FaultPoint};
-use super::fs::{self, Directory, LogFile};
+use super::fs::{Directory, LogFile};
 use super::snapshot::TokenizerId;
 use super::{Change, EvictScope};
 
@@ -208,7 +208,7 @@ fn segment_first_seq(name: &str) -> Option<u64> {
 /// The log segments of `dir`, oldest first.
 pub fn segments(fs: &dyn Directory, dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
-    for e in fs::entries_if_any(fs, dir)? {
+    for e in fs.entries_if_any(dir)? {
         if let Some(s) = segment_first_seq(&e.name) {
             out.push((s, dir.join(&e.name)));
         }
@@ -283,7 +283,7 @@ pub fn read_segment(
         path: path.into(),
         source,
     };
-    fs::refuse_non_regular(fs, path, "log segment").map_err(io)?;
+    fs.refuse_non_regular(path, "log segment").map_err(io)?;
     let bytes = fs.read(path).map_err(io)?;
     decode_segment(path, &bytes, expected)
 }
@@ -454,7 +454,7 @@ pub fn quarantine(fs: &dyn Directory, dir: &Path, segment: &Path) -> std::io::Re
         // A damaged segment is only ever read (appending goes on in a fresh one), so it
         // can be mapped: copied without a second copy on the heap.
         let bytes = fs.map(segment)?;
-        fs::replace_file(fs, &copy, DurableFile::Quarantine, |f| {
+        fs.replace(&copy, DurableFile::Quarantine, |f| {
             f.write_all(bytes.as_ref())
         })?;
     }

@@ -125,81 +125,79 @@ pub trait LogFile: Write + Send + Sync {
     fn try_clone(&self) -> std::io::Result<Box<dyn LogFile>>;
 }
 
-/// Write a file whole or not at all: `write` fills `path` with `.tmp` for extension,
-/// which is fsynced, renamed over `path`, and the directory fsynced. A failure before
-/// the rename removes the temporary file (a half-written file would hold the space a
-/// full disk needs back). `file` names the fault points of each step.
-pub(crate) fn replace_file<T>(
-    fs: &dyn Directory,
-    path: &Path,
-    file: DurableFile,
-    write: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
-) -> std::io::Result<T> {
-    let point = |step| faults::check(FaultPoint::Replace(file, step));
-    let tmp = path.with_extension("tmp");
-    let replaced = fs
-        .create(&tmp)
-        .and_then(|mut f| {
-            let mut cut = faults::Cut::new(FaultPoint::Replace(file, ReplaceStep::Write), &mut f);
-            let written = write(&mut cut)?;
-            cut.finish()?;
-            point(ReplaceStep::Fsync)?;
-            f.sync_all()?;
-            Ok(written)
-        })
-        .and_then(|written| {
-            point(ReplaceStep::Rename)?;
-            fs.rename(&tmp, path)?;
-            Ok(written)
-        });
-    let written = match replaced {
-        Ok(written) => written,
-        Err(e) => {
-            let _ = fs.remove(&tmp);
-            return Err(e);
+/// What the store builds on a directory's primitives, the same on every [`Directory`].
+impl dyn Directory + '_ {
+    /// Write a file whole or not at all: `write` fills `path` with `.tmp` for extension,
+    /// which is fsynced, renamed over `path`, and the directory fsynced. A failure before
+    /// the rename removes the temporary file (a half-written file would hold the space a
+    /// full disk needs back). `file` names the fault points of each step.
+    pub(crate) fn replace<T>(
+        &self,
+        path: &Path,
+        file: DurableFile,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        let point = |step| faults::check(FaultPoint::Replace(file, step));
+        let tmp = path.with_extension("tmp");
+        let replaced = self
+            .create(&tmp)
+            .and_then(|mut f| {
+                let mut cut =
+                    faults::Cut::new(FaultPoint::Replace(file, ReplaceStep::Write), &mut f);
+                let written = write(&mut cut)?;
+                cut.finish()?;
+                point(ReplaceStep::Fsync)?;
+                f.sync_all()?;
+                Ok(written)
+            })
+            .and_then(|written| {
+                point(ReplaceStep::Rename)?;
+                self.rename(&tmp, path)?;
+                Ok(written)
+            });
+        let written = match replaced {
+            Ok(written) => written,
+            Err(e) => {
+                let _ = self.remove(&tmp);
+                return Err(e);
+            }
+        };
+        point(ReplaceStep::DirFsync)?;
+        self.sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        Ok(written)
+    }
+
+    /// An error unless `path` is a regular file or absent: opening a FIFO for reading
+    /// waits for a writer, so a store looks before it opens. `what` names what the file
+    /// should be.
+    pub(crate) fn refuse_non_regular(&self, path: &Path, what: &str) -> std::io::Result<()> {
+        match self.kind(path)? {
+            Some(EntryKind::File) | None => Ok(()),
+            Some(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not a regular file, so not a {what}: move it aside"),
+            )),
         }
-    };
-    point(ReplaceStep::DirFsync)?;
-    fs.sync_dir(path.parent().unwrap_or(Path::new(".")))?;
-    Ok(written)
-}
-
-/// An error unless `path` is a regular file or absent: opening a FIFO for reading waits
-/// for a writer, so a store looks before it opens. `what` names what the file should be.
-pub(crate) fn refuse_non_regular(
-    fs: &dyn Directory,
-    path: &Path,
-    what: &str,
-) -> std::io::Result<()> {
-    match fs.kind(path)? {
-        Some(EntryKind::File) | None => Ok(()),
-        Some(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("not a regular file, so not a {what}: move it aside"),
-        )),
     }
-}
 
-/// The file at `path` as text; `None` when there is none.
-pub(crate) fn read_to_string_if_any(
-    fs: &dyn Directory,
-    path: &Path,
-) -> std::io::Result<Option<String>> {
-    match fs.read(path) {
-        Ok(bytes) => String::from_utf8(bytes)
-            .map(Some)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+    /// The file at `path` as text; `None` when there is none.
+    pub(crate) fn read_to_string_if_any(&self, path: &Path) -> std::io::Result<Option<String>> {
+        match self.read(path) {
+            Ok(bytes) => String::from_utf8(bytes)
+                .map(Some)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
-}
 
-/// The entries of `dir`; none when it does not exist.
-pub(crate) fn entries_if_any(fs: &dyn Directory, dir: &Path) -> std::io::Result<Vec<Entry>> {
-    match fs.entries(dir) {
-        Ok(entries) => Ok(entries),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(e),
+    /// The entries of `dir`; none when it does not exist.
+    pub(crate) fn entries_if_any(&self, dir: &Path) -> std::io::Result<Vec<Entry>> {
+        match self.entries(dir) {
+            Ok(entries) => Ok(entries),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -247,7 +245,8 @@ mod tests {
             }]
         );
 
-        replace_file(fs, &path, DurableFile::Manifest, |w| w.write_all(b"new")).unwrap();
+        fs.replace(&path, DurableFile::Manifest, |w| w.write_all(b"new"))
+            .unwrap();
         assert_eq!(fs.read(&path).unwrap(), b"new");
         assert_eq!(
             fs.entries(&dir).unwrap().len(),

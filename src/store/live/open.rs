@@ -183,7 +183,8 @@ impl Store {
                 older_of_same_log || in_the_log
             });
             if held {
-                let len = crate::store::fs::entries_if_any(fs, &cfg.dir)
+                let len = fs
+                    .entries_if_any(&cfg.dir)
                     .ok()
                     .and_then(|es| {
                         let name = path.file_name()?.to_str()?;

@@ -480,13 +480,13 @@ fn nothing_acknowledged_is_lost_at_any_power_cut() {
 /// Point `CURRENT` at `snapshot`, as the documented restore does.
 fn name_in_current(cfg: &StoreConfig, snapshot: &Path) {
     let name = snapshot.file_name().unwrap().to_str().unwrap();
-    crate::store::fs::replace_file(
-        &*cfg.directory,
-        &cfg.dir.join(crate::store::manifest::MANIFEST),
-        crate::store::faults::DurableFile::Manifest,
-        |f| std::io::Write::write_all(f, format!("{name}\n").as_bytes()),
-    )
-    .unwrap();
+    cfg.directory
+        .replace(
+            &cfg.dir.join(crate::store::manifest::MANIFEST),
+            crate::store::faults::DurableFile::Manifest,
+            |f| std::io::Write::write_all(f, format!("{name}\n").as_bytes()),
+        )
+        .unwrap();
 }
 
 /// Restoring an older snapshot (`CURRENT` names it) starts from it and the log; the
@@ -565,8 +565,7 @@ fn put_back(cfg: &StoreConfig, files: &[(String, Vec<u8>)]) {
         fs.remove(&cfg.dir.join(name)).unwrap();
     }
     for (name, bytes) in files {
-        crate::store::fs::replace_file(
-            fs,
+        fs.replace(
             &cfg.dir.join(name),
             crate::store::faults::DurableFile::Snapshot,
             |f| std::io::Write::write_all(f, bytes),
