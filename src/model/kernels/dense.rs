@@ -2,7 +2,8 @@
 //! bf16`, and unquantized files): `out[r][c] = Σ_k x[r][k] · w[c][k]` with each element
 //! summed in eight lanes of fused multiply-adds over k in order, then reduced in a fixed
 //! order, whatever the number of rows, the tile or the thread. The weights stay in place
-//! (two columns at a time through every row), as in [`super::matmul`].
+//! (two columns at a time through every row, as in [`super::matmul`]; one at a time when
+//! decoding, so that each thread reads one sequential stream: `FEW_ROWS_COLUMNS`).
 //!
 //! bf16 weights stay bf16 in memory, half the bytes a decoding step reads, and are widened
 //! to f32 as they are loaded: a bf16 is the upper half of an f32, so widening is exact and
