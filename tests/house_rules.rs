@@ -67,6 +67,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("main", &["cli"]),
 ];
 
+/// `src/` and every `.rs` file under it.
+fn src_files() -> (PathBuf, Vec<PathBuf>) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    (src, files)
+}
+
 /// Every `.rs` file under `dir`.
 fn sources(dir: &Path, found: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -101,9 +109,7 @@ fn rooms_named(text: &str) -> BTreeMap<String, usize> {
 
 #[test]
 fn every_room_imports_only_the_rooms_below_it() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
+    let (src, files) = src_files();
     assert!(files.len() > 50, "found the sources: {}", files.len());
     let mut broken = Vec::new();
     let mut seen_rooms = std::collections::BTreeSet::new();
@@ -381,9 +387,7 @@ fn a_circle(imports: &BTreeMap<String, BTreeMap<String, usize>>) -> Option<Vec<S
 
 #[test]
 fn no_files_import_each_other_in_a_circle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
+    let (src, files) = src_files();
     let imports = file_imports(&src, &files);
     // The resolution finds what it must: the forward pass takes its errors from
     // model/error.rs, and the stream its answers' fields from serve/api/answer.rs.
@@ -571,9 +575,7 @@ fn function_spans(text: &str) -> Vec<(String, usize, usize)> {
 
 #[test]
 fn no_file_is_over_its_limit_and_no_function_over_its_own() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
+    let (src, files) = src_files();
     let mut broken = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap();
