@@ -641,9 +641,10 @@ fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
 /// window binding), Qwen 2 (q|k|v biases), Qwen 3 (head norms, heads wider than width /
 /// heads) and Gemma 3 (sandwich norms, GELU, scaled embeddings, sliding layers with their
 /// own RoPE base), from a directory and from GGUF (RoPE on halves). Each one's logits
-/// agree with the CPU's pass on the same weights (relative error under 1e-3: summation
-/// orders differ) in f32 and bf16, and a token's logits are the same bits alone, in a
-/// chain and in a tree.
+/// agree with the CPU's pass on the same weights (relative error under 1e-3 in f32:
+/// summation orders differ; 5e-3 in bf16, where the CPU rounds activations to bf16 and
+/// the GPU does not), and a token's logits are the same bits alone, in a chain and in a
+/// tree.
 #[cfg(feature = "cuda")]
 #[test]
 fn on_a_gpu_its_kernels_run_every_family_exactly() {
@@ -700,8 +701,12 @@ fn on_a_gpu_its_kernels_run_every_family_exactly() {
                 let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
                 let rel = (diff / norm).sqrt();
                 eprintln!("{what}: relative difference from the CPU {rel:.3e}");
+                let tolerance = match format {
+                    WeightFormat::Bf16 => 5e-3,
+                    _ => 1e-3,
+                };
                 assert!(
-                    rel < 1e-3,
+                    rel < tolerance,
                     "{what}: logits differ from the CPU's by {rel:.3e}"
                 );
                 same_bits_alone_in_a_chain_and_in_a_tree(&on_gpu, &what);

@@ -476,8 +476,9 @@ fn a_token_gets_the_same_logits_alone_and_in_a_batched_draft_for_every_weight_fo
 
 /// On a GPU, its own kernels compute what the CPU's compute: the logits of a prefix and
 /// of a draft agree with the CPU's f32 pass to float32 rounding (relative error under
-/// 1e-3 (summation orders differ) with f32 weights, and with bf16 weights against the
-/// CPU's bf16 values).
+/// 1e-3: summation orders differ) with f32 weights; with bf16 weights under 5e-3 (the
+/// CPU rounds the activations to bf16 for bf16 weights, which the GPU does not: on the
+/// default model that alone moves the CPU's logits by 2.1e-3).
 #[test]
 fn the_gpu_pass_agrees_with_the_cpu_pass() {
     use candle_core::quantized::gguf_file;
@@ -524,8 +525,12 @@ fn the_gpu_pass_agrees_with_the_cpu_pass() {
         let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
         let rel = (diff / norm).sqrt();
         eprintln!("{format:?}: relative difference GPU vs CPU {rel:.3e}");
+        let tolerance = match format {
+            WeightFormat::Bf16 => 5e-3,
+            _ => 1e-3,
+        };
         assert!(
-            rel < 1e-3,
+            rel < tolerance,
             "{format:?}: GPU logits differ from the CPU's by {rel:.3e}"
         );
     }

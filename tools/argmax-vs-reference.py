@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "..", "shared", "peer", "llamacpp")
 LLAMA_BIN = os.environ.get("LLAMA_BIN", "/tmp/llamacpp-build/bin")
-SUFFIXD = os.path.join(ROOT, "target", "release", "suffixd")
+SUFFIXD = os.environ.get("SUFFIXD", os.path.join(ROOT, "target", "release", "suffixd"))
 PORT = 18672
 
 

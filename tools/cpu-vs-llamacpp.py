@@ -40,9 +40,14 @@ def llama_bench(binary, path, threads):
 
 def suffixd(binary, path, threads, args):
     env = dict(os.environ, CANDLE_NUM_THREADS=str(threads))
-    out = subprocess.run([binary, "generate", "--model", path, "--no-spec", "--json", *args],
-                         check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    run = subprocess.run([binary, "generate", "--model", path, "--no-spec", "--json", *args],
+                         capture_output=True, text=True, env=env)
+    if run.returncode != 0 and "no chat template" in run.stderr and args[0] == "--chat":
+        # A base model (Gemma 3 270M's GGUF has no template): the same text, raw.
+        return suffixd(binary, path, threads, ["--prompt", *args[1:]])
+    if run.returncode != 0:
+        sys.exit(f"suffixd generate failed on {path}: {run.stderr.strip()}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def read_bandwidth(binary, path, threads):

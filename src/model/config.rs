@@ -13,15 +13,16 @@ use super::kernels::norm::RopePairs;
 #[serde(rename_all = "snake_case")]
 pub enum WeightFormat {
     /// As stored in the file (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K have
-    /// kernels, and F32, F16 and BF16 run on the f32 kernel; other formats fall back to
-    /// candle's matmul, which is not row-invariant).
+    /// kernels, F32 and F16 run on the f32 kernel and BF16 on the bf16 one; other formats
+    /// fall back to candle's matmul, which is not row-invariant).
     Native,
     /// Requantized to Q8_0.
     Q8_0,
     /// Dequantized to f32: four times the memory traffic of Q8_0 per decoding step.
     F32,
-    /// Rounded to bf16: on a GPU, half the bytes of f32 through the same exact kernels
-    /// (the CUDA build's default); on the CPU, bf16 values held as f32.
+    /// Rounded to bf16: half the bytes of f32. On a GPU through the same exact kernels
+    /// (the CUDA build's default); on the CPU through the bf16 kernel, which rounds the
+    /// activations to bf16 too (AVX-512 BF16's arithmetic, as llama.cpp does).
     Bf16,
 }
 

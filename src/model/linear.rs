@@ -402,7 +402,8 @@ mod tests {
     use super::*;
 
     /// An unquantized file's matrices (F32, F16, BF16) run on the row-invariant dense
-    /// kernel, with the file's values, and a 1-row product is the K-row product's row.
+    /// kernel, with the file's values (BF16's with inputs rounded to bf16), and a 1-row
+    /// product is the K-row product's row.
     #[test]
     fn unquantized_weights_run_on_the_exact_dense_kernel() {
         let (n, k) = (24, 64);
@@ -435,8 +436,13 @@ mod tests {
                 );
                 assert_eq!(one, three[r * n..][..n], "{dtype:?} row {r}");
                 for c in 0..n {
+                    // A bf16 matrix meets inputs rounded to bf16 (`kernels::dense::bf16`).
+                    let input = |v: f32| match dtype {
+                        GgmlDType::BF16 => half::bf16::from_f32(v).to_f32(),
+                        _ => v,
+                    };
                     let want: f64 = (0..k)
-                        .map(|i| x[r * k + i] as f64 * exact[c * k + i] as f64)
+                        .map(|i| input(x[r * k + i]) as f64 * exact[c * k + i] as f64)
                         .sum();
                     assert!((one[c] as f64 - want).abs() < 1e-3, "{dtype:?} ({r},{c})");
                 }

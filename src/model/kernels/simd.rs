@@ -105,6 +105,16 @@ impl Simd {
     pub fn has_avx512f(self) -> bool {
         cfg!(target_arch = "x86_64") && self == Simd::Avx512Vnni
     }
+
+    /// Whether this path has AVX-512 BF16 too (`vdpbf16ps`, for bf16 weights: AMD since
+    /// Zen 4, Intel Xeon since Sapphire Rapids). Paths without it compute the same sums
+    /// with FMAs (see `dense::bf16`).
+    pub fn has_avx512bf16(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return self.has_avx512f() && std::is_x86_feature_detected!("avx512bf16");
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
 }
 
 /// Serialized by its [`Simd::name`].

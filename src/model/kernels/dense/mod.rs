@@ -1,24 +1,27 @@
 //! The row-invariant dense matmul, for f32 and bf16 weights (`--weights f32`, `--weights
-//! bf16`, and unquantized files): `out[r][c] = Σ_k x[r][k] · w[c][k]` with each element
-//! summed in eight lanes of fused multiply-adds over k in order, then reduced in a fixed
-//! order, whatever the number of rows, the tile or the thread. The weights stay in place
-//! (two columns at a time through every row, as in [`super::matmul`]; one at a time when
-//! decoding, so that each thread reads one sequential stream: `FEW_ROWS_COLUMNS`).
+//! bf16`, and unquantized files): `out[r][c] = Σ_k x[r][k] · w[c][k]`, each element
+//! summed by the same operations in the same order whatever the number of rows, the tile
+//! or the thread. The weights stay in place (two columns at a time through every row,
+//! as in [`super::matmul`]; one at a time when decoding, so that each thread reads one
+//! sequential stream: `FEW_ROWS_COLUMNS`).
 //!
-//! bf16 weights stay bf16 in memory, half the bytes a decoding step reads, and are widened
-//! to f32 as they are loaded: a bf16 is the upper half of an f32, so widening is exact and
-//! a bf16 matrix gives the bits of the f32 matrix of the same values.
+//! f32 weights: each element summed in eight lanes of fused multiply-adds over k in order,
+//! then reduced in a fixed order. Passes of many rows (prefill) on a CPU with AVX-512
+//! take a second path: two rows' eight lanes side by side in one 512-bit register, so
+//! each multiply-add does the AVX2 path's arithmetic for two elements at once, and a tile
+//! of 8 rows × 6 columns reads each row of the input once per six columns instead of once
+//! per two. The lanes, their order and the reduction are the AVX2 path's, so the bits are
+//! too.
 //!
-//! Passes of many rows (prefill) on a CPU with AVX-512 take a second path: two rows' eight
-//! lanes side by side in one 512-bit register, so each multiply-add does the AVX2 path's
-//! arithmetic for two elements at once, and a tile of 8 rows × 6 columns reads each row
-//! of the input once per six columns instead of once per two. The lanes, their order and
-//! the reduction are the AVX2 path's, so the bits are too.
+//! bf16 weights stay bf16 in memory, half the bytes a decoding step reads, and meet
+//! inputs rounded to bf16: [`bf16`] (AVX-512 BF16's arithmetic, on every path).
 
 use super::hugepages::HugeSlice;
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
 use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
+
+mod bf16;
 
 /// A dense weight matrix `(n outputs, k inputs)`, each column's weights contiguous.
 #[derive(Clone, Debug)]
@@ -49,9 +52,12 @@ impl DenseMatrix {
         }
     }
 
-    /// A matrix from its `n × k` weights' bf16 bits, row-major.
-    pub fn bf16(n: usize, k: usize, bits: Vec<u16>) -> Self {
+    /// A matrix from its `n × k` weights' bf16 bits, row-major. Subnormal weights (below
+    /// 1.18 · 10⁻³⁸) become zeros: AVX-512 BF16 reads them so, and every path multiplies
+    /// by the same values.
+    pub fn bf16(n: usize, k: usize, mut bits: Vec<u16>) -> Self {
         assert_eq!(bits.len(), n * k, "weights are n × k");
+        bf16::flush_subnormals(&mut bits);
         DenseMatrix {
             n,
             k,
@@ -101,32 +107,16 @@ fn element_portable(w: &DenseMatrix, c: usize, x: &[f32]) -> f32 {
     reduce_lanes(&acc)
 }
 
-/// Eight weights from element `index` of the weights at `base` (f32, or bf16 when
-/// `bf16`), as f32 in a `__m256`; a bf16 widens by a shift into the upper half. A macro,
-/// as [`reduce_lanes_m256`], to be inlined into each `#[target_feature]` kernel.
-#[cfg(target_arch = "x86_64")]
-macro_rules! load_eight {
-    ($bf16:expr, $base:expr, $index:expr) => {
-        if $bf16 {
-            let bits = _mm_loadu_si128($base.cast::<u16>().add($index).cast());
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
-        } else {
-            _mm256_loadu_ps($base.cast::<f32>().add($index))
-        }
-    };
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// `R` rows × `C` columns from `(r0, c0)`; `k` is a multiple of 8; `BF16` says how
-    /// `w` holds its weights.
+    /// `R` rows × `C` columns from `(r0, c0)` of an f32 matrix; `k` is a multiple of 8.
     ///
     /// SAFETY: AVX2 and FMA are present; the tile lies inside `w`, `x` and the output.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile<const R: usize, const C: usize, const BF16: bool>(
+    pub(super) unsafe fn tile<const R: usize, const C: usize>(
         w: &DenseMatrix,
         x: &[f32],
         r0: usize,
@@ -136,17 +126,15 @@ mod avx2 {
         let k = w.k;
         let (weights, len) = w.raw();
         assert!(
-            BF16 == w.is_bf16()
-                && k.is_multiple_of(8)
-                && (c0 + C) * k <= len
-                && (r0 + R) * k <= x.len()
+            !w.is_bf16() && k.is_multiple_of(8) && (c0 + C) * k <= len && (r0 + R) * k <= x.len()
         );
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         for i in (0..k).step_by(8) {
             // SAFETY: the assert above keeps every load inside its slice.
             unsafe {
-                let wv: [__m256; C] =
-                    std::array::from_fn(|j| load_eight!(BF16, weights, (c0 + j) * k + i));
+                let wv: [__m256; C] = std::array::from_fn(|j| {
+                    _mm256_loadu_ps(weights.cast::<f32>().add((c0 + j) * k + i))
+                });
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let xv = _mm256_loadu_ps(x.as_ptr().add((r0 + r) * k + i));
                     for j in 0..C {
@@ -167,7 +155,7 @@ mod avx2 {
     ///
     /// SAFETY: as [`tile`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn columns<const C: usize, const BF16: bool>(
+    pub(super) unsafe fn columns<const C: usize>(
         w: &DenseMatrix,
         x: &[f32],
         rows: usize,
@@ -182,14 +170,14 @@ mod avx2 {
         let mut r = 0;
         unsafe {
             while r + 4 <= rows {
-                tile::<4, C, BF16>(w, x, r, c0, out);
+                tile::<4, C>(w, x, r, c0, out);
                 r += 4;
             }
             match rows - r {
                 0 => {}
-                1 => tile::<1, C, BF16>(w, x, r, c0, out),
-                2 => tile::<2, C, BF16>(w, x, r, c0, out),
-                3 => tile::<3, C, BF16>(w, x, r, c0, out),
+                1 => tile::<1, C>(w, x, r, c0, out),
+                2 => tile::<2, C>(w, x, r, c0, out),
+                3 => tile::<3, C>(w, x, r, c0, out),
                 _ => unreachable!("fewer than four rows remain"),
             }
         }
@@ -218,13 +206,12 @@ mod avx512 {
         }
     }
 
-    /// Pairs `p0..p0 + P` × columns `c0..c0 + C`; `k` is a multiple of 8; `BF16` says
-    /// how `w` holds its weights.
+    /// Pairs `p0..p0 + P` × columns `c0..c0 + C` of an f32 matrix; `k` is a multiple of 8.
     ///
     /// SAFETY: AVX-512F, AVX2 and FMA are present; the tile lies inside `w`, `packed`
     /// and the output.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn tile<const P: usize, const C: usize, const BF16: bool>(
+    unsafe fn tile<const P: usize, const C: usize>(
         w: &DenseMatrix,
         packed: &[f32],
         p0: usize,
@@ -234,7 +221,7 @@ mod avx512 {
         let k = w.k;
         let (weights, len) = w.raw();
         assert!(
-            BF16 == w.is_bf16()
+            !w.is_bf16()
                 && k.is_multiple_of(8)
                 && (c0 + C) * k <= len
                 && (p0 + P) * 2 * k <= packed.len()
@@ -246,7 +233,7 @@ mod avx512 {
             unsafe {
                 // A column's eight weights in both halves, for the pair's two rows.
                 let wv: [__m512; C] = std::array::from_fn(|j| {
-                    let eight = load_eight!(BF16, weights, (c0 + j) * k + i);
+                    let eight = _mm256_loadu_ps(weights.cast::<f32>().add((c0 + j) * k + i));
                     _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(eight)))
                 });
                 for (p, acc) in acc.iter_mut().enumerate() {
@@ -275,7 +262,7 @@ mod avx512 {
     ///
     /// SAFETY: as [`tile`].
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn columns<const C: usize, const BF16: bool>(
+    pub(super) unsafe fn columns<const C: usize>(
         w: &DenseMatrix,
         packed: &[f32],
         pairs: usize,
@@ -286,14 +273,14 @@ mod avx512 {
         let mut p = 0;
         unsafe {
             while p + 4 <= pairs {
-                tile::<4, C, BF16>(w, packed, p, c0, out);
+                tile::<4, C>(w, packed, p, c0, out);
                 p += 4;
             }
             match pairs - p {
                 0 => {}
-                1 => tile::<1, C, BF16>(w, packed, p, c0, out),
-                2 => tile::<2, C, BF16>(w, packed, p, c0, out),
-                3 => tile::<3, C, BF16>(w, packed, p, c0, out),
+                1 => tile::<1, C>(w, packed, p, c0, out),
+                2 => tile::<2, C>(w, packed, p, c0, out),
+                3 => tile::<3, C>(w, packed, p, c0, out),
                 _ => unreachable!("fewer than four pairs remain"),
             }
         }
@@ -355,105 +342,123 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
         return;
     }
     let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
-    #[cfg(target_arch = "x86_64")]
-    if simd.has_avx512f() && rows >= PAIRED_FROM_ROWS && parts.iter().all(|p| p.k.is_multiple_of(8))
-    {
-        matmul_paired(parts, &outputs, x, rows, out);
-        return;
+    let paired = simd.has_avx512f() && rows >= PAIRED_FROM_ROWS;
+    let width = if rows <= 2 {
+        FEW_ROWS_COLUMNS
+    } else if paired && parts.iter().all(|p| p.is_bf16()) {
+        bf16::TILE_COLUMNS
+    } else if paired {
+        PAIRED_COLUMNS
+    } else {
+        2
+    };
+    thread_local! {
+        // Reused: a prefill's input is megabytes, which a fresh allocation would have
+        // the kernel map and zero for every matrix.
+        static INPUTS: std::cell::RefCell<Inputs> = std::cell::RefCell::default();
     }
-    let width = if rows <= 2 { FEW_ROWS_COLUMNS } else { 2 };
-    for_each_column_group(&outputs, width, as_uninit(out), |part, c0, cols, out| {
-        let w = &parts[part];
-        match simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: an x86 SIMD path is chosen only with AVX2 and FMA
-            // (`Simd::available`); the columns and rows exist.
-            s if s.has_avx2_fma() && w.k.is_multiple_of(8) => unsafe {
-                match (cols, w.is_bf16()) {
-                    (2, false) => avx2::columns::<2, false>(w, x, rows, c0, out),
-                    (2, true) => avx2::columns::<2, true>(w, x, rows, c0, out),
-                    (_, false) => avx2::columns::<1, false>(w, x, rows, c0, out),
-                    (_, true) => avx2::columns::<1, true>(w, x, rows, c0, out),
-                }
-            },
-            _ => {
-                for r in 0..rows {
-                    for c in c0..c0 + cols {
-                        let v = element_portable(w, c, &x[r * w.k..][..w.k]);
-                        // SAFETY: (r, c) is inside the output and this group's alone.
-                        unsafe { out.write(r, c, v) };
-                    }
+    INPUTS.with_borrow_mut(|inputs| {
+        inputs.prepare(parts, x, rows, paired);
+        let inputs = &*inputs;
+        for_each_column_group(&outputs, width, as_uninit(out), |part, c0, cols, out| {
+            let w = &parts[part];
+            // SAFETY: `simd` is available (asserted), the paths are chosen for it and
+            // `k`; the columns and rows exist and are this group's alone.
+            unsafe {
+                if w.is_bf16() {
+                    let path = bf16::Path::of(simd, w.k);
+                    bf16::columns(path, w, &inputs.rounded, rows, c0, cols, out);
+                } else {
+                    f32_columns(simd, paired, w, x, &inputs.packed, rows, c0, cols, out);
                 }
             }
-        }
+        });
     });
 }
 
-/// [`matmul_dense`] on the AVX-512 path: rows in pairs, an odd last row on AVX2.
-#[cfg(target_arch = "x86_64")]
-fn matmul_paired(
-    parts: &[DenseMatrix],
-    outputs: &[usize],
+/// A pass's input as the kernels read it, made once per pass for all its parts.
+#[derive(Default)]
+struct Inputs {
+    /// For bf16 parts: the rows rounded to bf16.
+    rounded: Vec<u16>,
+    /// For f32 parts on the AVX-512 path: the rows in pairs (`avx512::pack_row_pairs`).
+    packed: Vec<f32>,
+}
+
+impl Inputs {
+    /// What `parts` need of `x` (`rows × k`); `paired` says the f32 parts take the
+    /// AVX-512 path.
+    fn prepare(&mut self, parts: &[DenseMatrix], x: &[f32], rows: usize, paired: bool) {
+        if parts.iter().any(|p| p.is_bf16()) {
+            bf16::round_rows(x, &mut self.rounded);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(p) = parts.iter().find(|p| !p.is_bf16())
+            && paired
+            && p.k.is_multiple_of(8)
+        {
+            avx512::pack_row_pairs(x, rows, p.k, &mut self.packed);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (rows, paired);
+    }
+}
+
+/// Columns `c0..c0 + cols` of the f32 matrix `w` for every row: on the AVX-512 path
+/// (`paired`) rows in pairs from `packed` and an odd last row on AVX2, otherwise AVX2
+/// tiles of up to four rows, or the portable path.
+///
+/// SAFETY: `simd` is available; `paired` only with AVX-512F, and then `packed` holds `x`
+/// packed if `k` is a multiple of 8; the columns exist and are the caller's alone.
+#[allow(clippy::too_many_arguments)]
+unsafe fn f32_columns(
+    simd: Simd,
+    paired: bool,
+    w: &DenseMatrix,
     x: &[f32],
+    packed: &[f32],
     rows: usize,
-    out: &mut [f32],
+    c0: usize,
+    cols: usize,
+    out: Out,
 ) {
-    /// Columns `c0..c0 + cols` of `w` for every row, the const parameters chosen.
-    ///
-    /// SAFETY: as `avx512::columns`.
-    unsafe fn group<const BF16: bool>(
-        w: &DenseMatrix,
-        x: &[f32],
-        packed: &[f32],
-        rows: usize,
-        c0: usize,
-        cols: usize,
-        out: Out,
-    ) {
-        let pairs = rows / 2;
-        unsafe {
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        _ if paired && w.k.is_multiple_of(8) => unsafe {
+            let pairs = rows / 2;
             match cols {
-                1 => avx512::columns::<1, BF16>(w, packed, pairs, c0, out),
-                2 => avx512::columns::<2, BF16>(w, packed, pairs, c0, out),
-                3 => avx512::columns::<3, BF16>(w, packed, pairs, c0, out),
-                4 => avx512::columns::<4, BF16>(w, packed, pairs, c0, out),
-                5 => avx512::columns::<5, BF16>(w, packed, pairs, c0, out),
-                6 => avx512::columns::<6, BF16>(w, packed, pairs, c0, out),
+                1 => avx512::columns::<1>(w, packed, pairs, c0, out),
+                2 => avx512::columns::<2>(w, packed, pairs, c0, out),
+                3 => avx512::columns::<3>(w, packed, pairs, c0, out),
+                4 => avx512::columns::<4>(w, packed, pairs, c0, out),
+                5 => avx512::columns::<5>(w, packed, pairs, c0, out),
+                6 => avx512::columns::<6>(w, packed, pairs, c0, out),
                 _ => unreachable!("groups are at most {PAIRED_COLUMNS} columns"),
             }
             if rows % 2 == 1 {
                 for c in c0..c0 + cols {
-                    avx2::tile::<1, 1, BF16>(w, x, rows - 1, c, out);
+                    avx2::tile::<1, 1>(w, x, rows - 1, c, out);
+                }
+            }
+        },
+        #[cfg(target_arch = "x86_64")]
+        s if s.has_avx2_fma() && w.k.is_multiple_of(8) => unsafe {
+            if cols == 2 {
+                avx2::columns::<2>(w, x, rows, c0, out)
+            } else {
+                avx2::columns::<1>(w, x, rows, c0, out)
+            }
+        },
+        _ => {
+            for r in 0..rows {
+                for c in c0..c0 + cols {
+                    let v = element_portable(w, c, &x[r * w.k..][..w.k]);
+                    // SAFETY: (r, c) is inside the output and this group's alone.
+                    unsafe { out.write(r, c, v) };
                 }
             }
         }
     }
-    thread_local! {
-        // Reused: a prefill's input is megabytes, which a fresh allocation would have
-        // the kernel map and zero for every matrix.
-        static PACKED: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::default();
-    }
-    PACKED.with_borrow_mut(|packed| {
-        avx512::pack_row_pairs(x, rows, parts[0].k, packed);
-        let packed = &packed[..];
-        for_each_column_group(
-            outputs,
-            PAIRED_COLUMNS,
-            as_uninit(out),
-            |part, c0, cols, out| {
-                let w = &parts[part];
-                // SAFETY: the caller checked AVX-512F (and so AVX2 and FMA) and `k`; the
-                // columns and rows exist.
-                unsafe {
-                    if w.is_bf16() {
-                        group::<true>(w, x, packed, rows, c0, cols, out)
-                    } else {
-                        group::<false>(w, x, packed, rows, c0, cols, out)
-                    }
-                }
-            },
-        );
-    });
 }
 
 #[cfg(test)]
@@ -472,53 +477,85 @@ mod tests {
 
     /// Every path this CPU has, and the portable one, give each row the same bits, alone
     /// or among 11 rows (AVX2 tiles) or 37 (AVX-512 pairs and an odd last row), over 13
-    /// columns (groups of 2 and of 6 with remainders); and a bf16 matrix the bits of the
-    /// f32 matrix of its values.
+    /// columns (groups of 2 and of 6 with remainders), for f32 weights and for bf16 ones
+    /// (whose inputs are rounded to bf16: on a CPU with AVX-512 BF16 this compares the
+    /// instruction with the FMA paths); `k` a multiple of 32 and not.
     #[test]
     fn rows_get_the_same_bits_alone_and_together_on_every_path_in_both_formats() {
-        let (n, k, rows) = (13, 96, 37);
-        let bits: Vec<u16> = values(n * k, 1)
-            .iter()
-            .map(|v| (v.to_bits() >> 16) as u16)
-            .collect();
-        let widened: Vec<f32> = bits
-            .iter()
-            .map(|&b| f32::from_bits((b as u32) << 16))
-            .collect();
-        let x = values(rows * k, 2);
-        let f32_matrix = DenseMatrix::new(n, k, values(n * k, 1));
-        let widened_matrix = DenseMatrix::new(n, k, widened);
-        let bf16_matrix = DenseMatrix::bf16(n, k, bits);
-        for (w, same_as) in [(&f32_matrix, &f32_matrix), (&bf16_matrix, &widened_matrix)] {
-            let together = run(Simd::Portable, same_as, &x, rows);
-            for &simd in Simd::available() {
+        let (n, rows) = (13, 37);
+        for k in [96, 1024, 40] {
+            let weights = values(n * k, 1);
+            let bits: Vec<u16> = weights.iter().map(|&v| bf16::to_bf16(v)).collect();
+            let x = values(rows * k, 2);
+            let rounded: Vec<f32> = x
+                .iter()
+                .map(|&v| f32::from_bits((bf16::to_bf16(v) as u32) << 16))
+                .collect();
+            let f32_matrix = DenseMatrix::new(n, k, weights);
+            let bf16_matrix = DenseMatrix::bf16(n, k, bits);
+            for w in [&f32_matrix, &bf16_matrix] {
                 let bf16 = w.is_bf16();
-                assert_eq!(
-                    run(simd, w, &x, rows),
-                    together,
-                    "{simd:?} {bf16}, {rows} rows"
-                );
-                assert_eq!(
-                    run(simd, w, &x[..11 * k], 11),
-                    together[..11 * n],
-                    "{simd:?} {bf16}, 11 rows"
-                );
+                let together = run(Simd::Portable, w, &x, rows);
+                for &simd in Simd::available() {
+                    let what = format!("{simd:?}, bf16 {bf16}, k {k}");
+                    assert_eq!(run(simd, w, &x, rows), together, "{what}, {rows} rows");
+                    assert_eq!(
+                        run(simd, w, &x[..11 * k], 11),
+                        together[..11 * n],
+                        "{what}, 11 rows"
+                    );
+                }
+                let multiplied = if bf16 { &rounded } else { &x };
+                for r in 0..rows {
+                    let alone = run(Simd::detect(), w, &x[r * k..(r + 1) * k], 1);
+                    assert_eq!(alone, together[r * n..(r + 1) * n], "row {r}");
+                    for (c, &got) in alone.iter().enumerate() {
+                        let exact: f64 = (0..k)
+                            .map(|i| multiplied[r * k + i] as f64 * w.weight(c * k + i) as f64)
+                            .sum();
+                        assert!((got as f64 - exact).abs() < 1e-4, "({r},{c}) bf16 {bf16}");
+                    }
+                }
             }
-            for r in 0..rows {
-                let alone = run(Simd::detect(), w, &x[r * k..(r + 1) * k], 1);
-                assert_eq!(alone, together[r * n..(r + 1) * n], "row {r}");
-                for (c, &got) in alone.iter().enumerate() {
-                    let exact: f64 = (0..k)
-                        .map(|i| x[r * k + i] as f64 * w.weight(c * k + i) as f64)
-                        .sum();
-                    assert!((got as f64 - exact).abs() < 1e-4, "({r},{c})");
+            assert_ne!(
+                run(Simd::Portable, &f32_matrix, &x[..k], 1),
+                run(Simd::Portable, &bf16_matrix, &x[..k], 1),
+                "the bf16 matrix holds rounded weights"
+            );
+        }
+    }
+
+    /// A fused projection may mix formats: each part's columns are what it gives alone.
+    #[test]
+    fn a_fused_projection_of_f32_and_bf16_parts_gives_each_part_s_columns() {
+        let (k, rows) = (64, 20);
+        let f32_part = DenseMatrix::new(5, k, values(5 * k, 3));
+        let bf16_part = DenseMatrix::bf16(
+            7,
+            k,
+            values(7 * k, 4).iter().map(|&v| bf16::to_bf16(v)).collect(),
+        );
+        let x = values(rows * k, 5);
+        for &simd in Simd::available() {
+            for rows in [1, 3, rows] {
+                let x = &x[..rows * k];
+                let mut fused = vec![f32::NAN; rows * 12];
+                matmul_dense(
+                    simd,
+                    &[f32_part.clone(), bf16_part.clone()],
+                    x,
+                    rows,
+                    &mut fused,
+                );
+                let (a, b) = (
+                    run(simd, &f32_part, x, rows),
+                    run(simd, &bf16_part, x, rows),
+                );
+                for r in 0..rows {
+                    assert_eq!(fused[r * 12..][..5], a[r * 5..][..5], "{simd:?} {rows}");
+                    assert_eq!(fused[r * 12 + 5..][..7], b[r * 7..][..7], "{simd:?} {rows}");
                 }
             }
         }
-        assert_ne!(
-            run(Simd::Portable, &f32_matrix, &x[..k], 1),
-            run(Simd::Portable, &bf16_matrix, &x[..k], 1),
-            "the bf16 matrix holds rounded weights"
-        );
     }
 }
