@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """A GGUF file's weights in another format, metadata unchanged (issue 67): the default
-model's F32, BF16 or Q8_0 conversion, to run suffixd and llama.cpp on the same file.
+model's F32, BF16, Q8_0, Q5_0 or Q4_0 conversion, to run suffixd and llama.cpp on the same
+file.
 
-    tools/gguf-convert.py SRC DST --to f32|bf16|q8_0
+    tools/gguf-convert.py SRC DST --to f32|bf16|q8_0|q5_0|q4_0
 
 Every tensor is dequantized (gguf-py's reference dequantization, as llama.cpp's); with
-`--to q8_0` the matrices (2-D, rows a multiple of 32) are quantized to Q8_0 again (with `--to
-bf16` rounded to bf16), and vectors (norms) stay f32, as llama.cpp's quantize leaves
+`--to q8_0` (`q5_0`, `q4_0`) the matrices (2-D, rows a multiple of 32) are quantized again
+by gguf-py (llama.cpp's reference quantization; with `--to bf16` rounded to bf16), the
+embedding and head included, and vectors (norms) stay f32, as llama.cpp's quantize leaves
 them. Needs the `gguf` and
 `numpy` packages (pip install gguf numpy).
 """
@@ -20,8 +22,9 @@ try:
 except ImportError:
     sys.exit("needs the gguf and numpy packages: pip install gguf numpy")
 
-FILE_TYPE = {"f32": 0, "q8_0": 7, "bf16": 32}  # llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_Q8_0, MOSTLY_BF16
-MATRIX_TYPE = {"q8_0": Q.Q8_0, "bf16": Q.BF16}
+# llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_Q4_0, MOSTLY_Q5_0, MOSTLY_Q8_0, MOSTLY_BF16
+FILE_TYPE = {"f32": 0, "q4_0": 2, "q5_0": 8, "q8_0": 7, "bf16": 32}
+MATRIX_TYPE = {"q4_0": Q.Q4_0, "q5_0": Q.Q5_0, "q8_0": Q.Q8_0, "bf16": Q.BF16}
 
 
 def main():
