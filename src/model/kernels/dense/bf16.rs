@@ -22,7 +22,9 @@
 //! falls that low.
 
 use super::super::{Out, Simd, reduce_lanes};
-use super::{DenseMatrix, PREFETCH_AHEAD, prefetch_columns};
+use super::DenseMatrix;
+#[cfg(target_arch = "x86_64")]
+use super::{PREFETCH_AHEAD, prefetch_columns};
 #[cfg(target_arch = "x86_64")]
 use crate::model::kernels::reduce_lanes_m256;
 
