@@ -92,8 +92,11 @@ fn element_portable(w: &DenseMatrix, c: usize, x: &[u16]) -> f32 {
 pub(super) enum Path {
     /// Plain Rust (and any `k` that is not a multiple of 32).
     Portable,
-    /// The pairs split into odd and even f32 halves, two FMAs each.
+    /// The pairs split into odd and even f32 halves, two FMAs each, 8 lanes a register.
     Avx2,
+    /// The same in 512-bit registers, all 16 lanes in one (AVX-512F without BF16: Intel
+    /// Xeon from Skylake to Ice Lake).
+    Avx512F,
     /// `vdpbf16ps`.
     Avx512Bf16,
 }
@@ -105,9 +108,23 @@ impl Path {
             Path::Portable
         } else if simd.has_avx512bf16() {
             Path::Avx512Bf16
+        } else if simd.has_avx512f() {
+            Path::Avx512F
         } else {
             Path::Avx2
         }
+    }
+}
+
+/// Columns `c0..c0 + cols` in runs of at most [`TILE_COLUMNS`] (a group of the f32
+/// kernels' six, in a pass that mixes formats, is two): `run(c, count)` for each.
+#[cfg(target_arch = "x86_64")]
+fn in_tiles(c0: usize, cols: usize, mut run: impl FnMut(usize, usize)) {
+    let mut c = c0;
+    while c < c0 + cols {
+        let count = (c0 + cols - c).min(TILE_COLUMNS);
+        run(c, count);
+        c += count;
     }
 }
 
@@ -133,20 +150,26 @@ pub(super) unsafe fn columns(
             if cols > 1 {
                 prefetch_columns(w, c0 + PREFETCH_AHEAD.max(cols), cols);
             }
-            // Tiles of at most TILE_COLUMNS (a group of the f32 kernels' six, in a pass
-            // that mixes formats, is two).
-            let mut c = c0;
-            while c < c0 + cols {
-                let now = (c0 + cols - c).min(TILE_COLUMNS);
-                match now {
-                    1 => avx512::columns::<1>(w, x, rows, c, out),
-                    2 => avx512::columns::<2>(w, x, rows, c, out),
-                    3 => avx512::columns::<3>(w, x, rows, c, out),
-                    4 => avx512::columns::<4>(w, x, rows, c, out),
-                    _ => unreachable!("at most {TILE_COLUMNS} columns"),
-                }
-                c += now;
+            in_tiles(c0, cols, |c, count| match count {
+                1 => avx512::columns_bf16::<1>(w, x, rows, c, out),
+                2 => avx512::columns_bf16::<2>(w, x, rows, c, out),
+                3 => avx512::columns_bf16::<3>(w, x, rows, c, out),
+                4 => avx512::columns_bf16::<4>(w, x, rows, c, out),
+                _ => unreachable!("at most {TILE_COLUMNS} columns"),
+            });
+        },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512F => unsafe {
+            if cols > 1 {
+                prefetch_columns(w, c0 + PREFETCH_AHEAD.max(cols), cols);
             }
+            in_tiles(c0, cols, |c, count| match count {
+                1 => avx512::columns_fma::<1>(w, x, rows, c, out),
+                2 => avx512::columns_fma::<2>(w, x, rows, c, out),
+                3 => avx512::columns_fma::<3>(w, x, rows, c, out),
+                4 => avx512::columns_fma::<4>(w, x, rows, c, out),
+                _ => unreachable!("at most {TILE_COLUMNS} columns"),
+            });
         },
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe {
@@ -242,22 +265,46 @@ mod avx512 {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// 32 bf16 from `at`, as `vdpbf16ps` takes them.
+    /// 32 bf16 from `at`.
     ///
     /// SAFETY: AVX-512F; 32 values from `at` are readable.
     #[inline(always)]
-    unsafe fn load(at: *const u16) -> __m512bh {
-        // SAFETY: a `__m512i` and a `__m512bh` are the same 64 bytes.
-        unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at.cast())) }
+    unsafe fn load(at: *const u16) -> __m512i {
+        unsafe { _mm512_loadu_si512(at.cast()) }
     }
 
-    /// `R` rows from `r0` × `C` columns from `c0`: one `vdpbf16ps` per row, column and
-    /// step of 32.
+    /// `acc + Σ a · b` over each lane's pair, odd element first: with `INSTRUCTION`
+    /// `vdpbf16ps`, otherwise its two FMAs on the pairs' odd halves (masked) and even
+    /// halves (shifted).
     ///
-    /// SAFETY: AVX-512F and AVX-512 BF16 are present; `k` is a multiple of 32; the tile
-    /// lies inside `w`, `x` and the output.
-    #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
-    unsafe fn tile<const R: usize, const C: usize>(
+    /// SAFETY: AVX-512F, and AVX-512 BF16 with `INSTRUCTION`.
+    #[inline(always)]
+    unsafe fn pairs<const INSTRUCTION: bool>(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
+        unsafe {
+            if INSTRUCTION {
+                // SAFETY: a `__m512i` and a `__m512bh` are the same 64 bytes.
+                let (a, b) = (
+                    std::mem::transmute::<__m512i, __m512bh>(a),
+                    std::mem::transmute::<__m512i, __m512bh>(b),
+                );
+                _mm512_dpbf16_ps(acc, a, b)
+            } else {
+                let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+                let odd = |v| _mm512_castsi512_ps(_mm512_and_si512(v, high));
+                let even = |v| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+                let acc = _mm512_fmadd_ps(odd(a), odd(b), acc);
+                _mm512_fmadd_ps(even(a), even(b), acc)
+            }
+        }
+    }
+
+    /// `R` rows from `r0` × `C` columns from `c0`, one step of 32 at a time; inlined into
+    /// [`columns_bf16`] or [`columns_fma`], which give it their target features.
+    ///
+    /// SAFETY: AVX-512F, and AVX-512 BF16 with `INSTRUCTION`; `k` is a multiple of 32;
+    /// the tile lies inside `w`, `x` and the output.
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const C: usize, const INSTRUCTION: bool>(
         w: &DenseMatrix,
         x: &[u16],
         r0: usize,
@@ -268,36 +315,65 @@ mod avx512 {
         let (weights, len) = w.raw();
         assert!(k.is_multiple_of(STEP) && (c0 + C) * k <= len && (r0 + R) * k <= x.len());
         let weights = weights.cast::<u16>();
-        let mut acc = [[_mm512_setzero_ps(); C]; R];
-        for i in (0..k).step_by(STEP) {
-            // SAFETY: the assert above keeps every load inside its slice.
-            unsafe {
-                let wv: [__m512bh; C] =
-                    std::array::from_fn(|j| load(weights.add((c0 + j) * k + i)));
+        // SAFETY: the caller's target features are the intrinsics' (this function is
+        // inlined into theirs); the assert above keeps every load inside its slice, and
+        // (r0 + r, c0 + j) is this tile's to write.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); C]; R];
+            for i in (0..k).step_by(STEP) {
+                let wv: [__m512i; C] = std::array::from_fn(|j| load(weights.add((c0 + j) * k + i)));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let xv = load(x.as_ptr().add((r0 + r) * k + i));
                     for j in 0..C {
-                        acc[j] = _mm512_dpbf16_ps(acc[j], xv, wv[j]);
+                        acc[j] = pairs::<INSTRUCTION>(acc[j], xv, wv[j]);
                     }
                 }
             }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            for (j, &acc) in acc.iter().enumerate() {
-                // Lanes l and l + 8 are the two 256-bit halves.
-                let low = _mm512_castps512_ps256(acc);
-                let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
-                // SAFETY: (r0 + r, c0 + j) is this tile's.
-                unsafe { out.write(r0 + r, c0 + j, reduce_lanes_m256!(_mm256_add_ps(low, high))) };
+            for (r, acc) in acc.iter().enumerate() {
+                for (j, &acc) in acc.iter().enumerate() {
+                    // Lanes l and l + 8 are the two 256-bit halves.
+                    let low = _mm512_castps512_ps256(acc);
+                    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+                    out.write(r0 + r, c0 + j, reduce_lanes_m256!(_mm256_add_ps(low, high)));
+                }
             }
         }
     }
 
-    /// Columns `c0..c0 + C` for all `rows`, four at a time.
+    /// Columns `c0..c0 + C` for all `rows`, four at a time, by `vdpbf16ps`.
     ///
-    /// SAFETY: as [`tile`].
+    /// SAFETY: AVX-512F and AVX-512 BF16 are present; `k` is a multiple of 32; the
+    /// columns and rows lie inside `w`, `x` and the output.
     #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
-    pub(super) unsafe fn columns<const C: usize>(
+    pub(super) unsafe fn columns_bf16<const C: usize>(
+        w: &DenseMatrix,
+        x: &[u16],
+        rows: usize,
+        c0: usize,
+        out: Out,
+    ) {
+        unsafe { columns::<C, true>(w, x, rows, c0, out) }
+    }
+
+    /// As [`columns_bf16`], by FMAs: the CPU needs AVX-512F only.
+    ///
+    /// SAFETY: AVX-512F is present; as [`columns_bf16`] otherwise.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn columns_fma<const C: usize>(
+        w: &DenseMatrix,
+        x: &[u16],
+        rows: usize,
+        c0: usize,
+        out: Out,
+    ) {
+        unsafe { columns::<C, false>(w, x, rows, c0, out) }
+    }
+
+    /// The rows of [`columns_bf16`] and [`columns_fma`] in tiles of four.
+    ///
+    /// SAFETY: as theirs.
+    #[inline(always)]
+    unsafe fn columns<const C: usize, const INSTRUCTION: bool>(
         w: &DenseMatrix,
         x: &[u16],
         rows: usize,
@@ -307,14 +383,14 @@ mod avx512 {
         let mut r = 0;
         unsafe {
             while r + 4 <= rows {
-                tile::<4, C>(w, x, r, c0, out);
+                tile::<4, C, INSTRUCTION>(w, x, r, c0, out);
                 r += 4;
             }
             match rows - r {
                 0 => {}
-                1 => tile::<1, C>(w, x, r, c0, out),
-                2 => tile::<2, C>(w, x, r, c0, out),
-                3 => tile::<3, C>(w, x, r, c0, out),
+                1 => tile::<1, C, INSTRUCTION>(w, x, r, c0, out),
+                2 => tile::<2, C, INSTRUCTION>(w, x, r, c0, out),
+                3 => tile::<3, C, INSTRUCTION>(w, x, r, c0, out),
                 _ => unreachable!("fewer than four rows remain"),
             }
         }
@@ -324,6 +400,63 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kernels::test_values;
+
+    /// Every path this CPU can run gives the portable path's bits, for 1–9 rows and
+    /// groups of 1–6 columns: `vdpbf16ps` and both FMA paths side by side (through
+    /// `Simd`, a CPU with BF16 never takes the AVX-512F FMA path, which is for CPUs
+    /// without it).
+    #[test]
+    fn every_path_this_cpu_runs_gives_the_portable_bits() {
+        let (n, k) = (13, 128);
+        let bits = test_values(n * k, 11, 1.0)
+            .iter()
+            .map(|&v| to_bf16(v))
+            .collect();
+        let w = DenseMatrix::bf16(n, k, bits);
+        let x = test_values(9 * k, 12, 4.0);
+        #[allow(unused_mut)]
+        let mut paths = vec![Path::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                paths.push(Path::Avx2);
+                if has!("avx512f") {
+                    paths.push(Path::Avx512F);
+                    if has!("avx512bf16") {
+                        paths.push(Path::Avx512Bf16);
+                    }
+                }
+            }
+        }
+        for rows in [1, 2, 5, 9] {
+            let mut rounded = Vec::new();
+            round_rows(&x[..rows * k], &mut rounded);
+            let run = |path: Path, width: usize| {
+                let mut out = vec![f32::NAN; rows * n];
+                let shared = Out::new(&mut out, n);
+                for c0 in (0..n).step_by(width) {
+                    // SAFETY: the CPU has the path's features (checked above); the
+                    // columns and rows exist.
+                    unsafe { columns(path, &w, &rounded, rows, c0, width.min(n - c0), shared) };
+                }
+                out
+            };
+            let want = run(Path::Portable, 1);
+            for &path in &paths {
+                for width in [1, 2, 6] {
+                    let got = run(path, width);
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{path:?}, {rows} rows, {width} columns a group"
+                    );
+                }
+            }
+        }
+    }
 
     /// Rounding: to nearest, ties to even, carries into the exponent, subnormals to
     /// signed zeros, NaN stays NaN, the largest floats round to infinity.
