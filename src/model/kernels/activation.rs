@@ -47,10 +47,7 @@ pub fn gate_mul(
     let mut out = vec![0f32; rows * ffn];
     let row = |r: usize, out: &mut [f32]| {
         let (gate, up) = gate_up[r * 2 * ffn..][..2 * ffn].split_at(ffn);
-        match activation {
-            Activation::Silu => silu_row(simd, gate, up, out),
-            Activation::GeluTanh => gelu_tanh_row(simd, gate, up, out),
-        }
+        gate_row(simd, activation, gate, up, out);
     };
     if rows < POOLED_FROM_ROWS {
         for (r, out) in out.chunks_exact_mut(ffn).enumerate() {
@@ -72,25 +69,6 @@ pub fn gate_mul(
 /// less than handing it out.
 const POOLED_FROM_ROWS: usize = 4;
 
-/// `silu(gate) · up` into `out`, the AVX2 path over whole groups of eight.
-fn silu_row(simd: Simd, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    let done = if simd.has_avx2_fma() {
-        // SAFETY: an x86 path is chosen only on CPUs with AVX2 and FMA.
-        unsafe { avx2::silu_mul(gate, up, out) }
-    } else {
-        0
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let done = {
-        let _ = simd;
-        0
-    };
-    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up).skip(done) {
-        *o = gate_portable(g, u);
-    }
-}
-
 /// `√(2/π)`, in Gemma's GELU.
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -106,12 +84,18 @@ fn gelu_tanh_portable(g: f32, u: f32) -> f32 {
     numerator / (1.0 + e) * u
 }
 
-/// `gelu_tanh(gate) · up` into `out`, the AVX2 path over whole groups of eight.
-fn gelu_tanh_row(simd: Simd, gate: &[f32], up: &[f32], out: &mut [f32]) {
+/// `activation(gate) · up` into `out`: the AVX2 path over whole groups of eight, the
+/// portable one for the rest (or all, without AVX2).
+fn gate_row(simd: Simd, activation: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     let done = if simd.has_avx2_fma() {
         // SAFETY: an x86 path is chosen only on CPUs with AVX2 and FMA.
-        unsafe { avx2::gelu_tanh_mul(gate, up, out) }
+        unsafe {
+            match activation {
+                Activation::Silu => avx2::silu_mul(gate, up, out),
+                Activation::GeluTanh => avx2::gelu_tanh_mul(gate, up, out),
+            }
+        }
     } else {
         0
     };
@@ -120,8 +104,12 @@ fn gelu_tanh_row(simd: Simd, gate: &[f32], up: &[f32], out: &mut [f32]) {
         let _ = simd;
         0
     };
+    let portable = match activation {
+        Activation::Silu => gate_portable,
+        Activation::GeluTanh => gelu_tanh_portable,
+    };
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up).skip(done) {
-        *o = gelu_tanh_portable(g, u);
+        *o = portable(g, u);
     }
 }
 

@@ -146,28 +146,16 @@ pub(super) unsafe fn columns(
     assert!(w.is_bf16() && c0 + cols <= w.n && x.len() == rows * w.k);
     match path {
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512Bf16 => unsafe {
+        Path::Avx512Bf16 | Path::Avx512F => unsafe {
             if cols > 1 {
                 prefetch_columns(w, c0 + PREFETCH_AHEAD.max(cols), cols);
             }
+            let instruction = path == Path::Avx512Bf16;
             in_tiles(c0, cols, |c, count| match count {
-                1 => avx512::columns_bf16::<1>(w, x, rows, c, out),
-                2 => avx512::columns_bf16::<2>(w, x, rows, c, out),
-                3 => avx512::columns_bf16::<3>(w, x, rows, c, out),
-                4 => avx512::columns_bf16::<4>(w, x, rows, c, out),
-                _ => unreachable!("at most {TILE_COLUMNS} columns"),
-            });
-        },
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx512F => unsafe {
-            if cols > 1 {
-                prefetch_columns(w, c0 + PREFETCH_AHEAD.max(cols), cols);
-            }
-            in_tiles(c0, cols, |c, count| match count {
-                1 => avx512::columns_fma::<1>(w, x, rows, c, out),
-                2 => avx512::columns_fma::<2>(w, x, rows, c, out),
-                3 => avx512::columns_fma::<3>(w, x, rows, c, out),
-                4 => avx512::columns_fma::<4>(w, x, rows, c, out),
+                1 => avx512::columns::<1>(instruction, w, x, rows, c, out),
+                2 => avx512::columns::<2>(instruction, w, x, rows, c, out),
+                3 => avx512::columns::<3>(instruction, w, x, rows, c, out),
+                4 => avx512::columns::<4>(instruction, w, x, rows, c, out),
                 _ => unreachable!("at most {TILE_COLUMNS} columns"),
             });
         },
@@ -340,40 +328,61 @@ mod avx512 {
         }
     }
 
-    /// Columns `c0..c0 + C` for all `rows`, four at a time, by `vdpbf16ps`.
+    /// Columns `c0..c0 + C` for all `rows`: by `vdpbf16ps` with `instruction`
+    /// ([`columns_bf16`]), by FMAs without ([`columns_fma`]).
     ///
-    /// SAFETY: AVX-512F and AVX-512 BF16 are present; `k` is a multiple of 32; the
-    /// columns and rows lie inside `w`, `x` and the output.
-    #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
-    pub(super) unsafe fn columns_bf16<const C: usize>(
+    /// SAFETY: as [`columns_bf16`]; AVX-512 BF16 only with `instruction`.
+    pub(super) unsafe fn columns<const C: usize>(
+        instruction: bool,
         w: &DenseMatrix,
         x: &[u16],
         rows: usize,
         c0: usize,
         out: Out,
     ) {
-        unsafe { columns::<C, true>(w, x, rows, c0, out) }
+        unsafe {
+            if instruction {
+                columns_bf16::<C>(w, x, rows, c0, out)
+            } else {
+                columns_fma::<C>(w, x, rows, c0, out)
+            }
+        }
+    }
+
+    /// Columns `c0..c0 + C` for all `rows`, four at a time, by `vdpbf16ps`.
+    ///
+    /// SAFETY: AVX-512F and AVX-512 BF16 are present; `k` is a multiple of 32; the
+    /// columns and rows lie inside `w`, `x` and the output.
+    #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+    unsafe fn columns_bf16<const C: usize>(
+        w: &DenseMatrix,
+        x: &[u16],
+        rows: usize,
+        c0: usize,
+        out: Out,
+    ) {
+        unsafe { row_tiles::<C, true>(w, x, rows, c0, out) }
     }
 
     /// As [`columns_bf16`], by FMAs: the CPU needs AVX-512F only.
     ///
     /// SAFETY: AVX-512F is present; as [`columns_bf16`] otherwise.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn columns_fma<const C: usize>(
+    unsafe fn columns_fma<const C: usize>(
         w: &DenseMatrix,
         x: &[u16],
         rows: usize,
         c0: usize,
         out: Out,
     ) {
-        unsafe { columns::<C, false>(w, x, rows, c0, out) }
+        unsafe { row_tiles::<C, false>(w, x, rows, c0, out) }
     }
 
     /// The rows of [`columns_bf16`] and [`columns_fma`] in tiles of four.
     ///
     /// SAFETY: as theirs.
     #[inline(always)]
-    unsafe fn columns<const C: usize, const INSTRUCTION: bool>(
+    unsafe fn row_tiles<const C: usize, const INSTRUCTION: bool>(
         w: &DenseMatrix,
         x: &[u16],
         rows: usize,
