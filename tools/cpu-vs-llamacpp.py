@@ -2,15 +2,22 @@
 """Plain decoding and prefill on the CPU, suffixd against llama.cpp, on the same GGUF files
 (issue 67): what a user comparing the two would run.
 
-    tools/cpu-vs-llamacpp.py [--rounds 5] [--threads 2] FILE...
+    tools/cpu-vs-llamacpp.py [--rounds 5] [--threads 2] [--depth N] FILE...
 
 For each file and round, in turn: `llama-bench -p 512 -n 128` (llama.cpp's pp512 and
 tg128, one repetition), then `suffixd generate --no-spec` twice: a chat answer of 128
 tokens (decoding tokens per second) and a 512-token raw prompt with one token out
-(prefill tokens per second); then the machine's read bandwidth over a buffer of the
-file's size (`examples/read_bandwidth`, same threads). Prints each file's medians,
-suffixd's ratio to llama.cpp, and the share of the bandwidth each program's decoding
-streams (the file's bytes × tokens per second: every weight is read once a token). Make other formats of the default model with tools/gguf-convert.py. Build
+(prefill tokens per second). Each round also reads the machine's bandwidth over a
+buffer of the file's size (`examples/read_bandwidth`, same threads) just before
+llama.cpp's run and just before suffixd's decode, so that each program's share of it
+(the file's bytes × tokens per second: every weight is read once a token) is taken
+against a reading from the same moment: this host's bandwidth drifts by half from one
+minute to the next. Prints each file's medians, suffixd's ratio to llama.cpp, the
+median reading, and the median of each program's per-round shares. Make other formats
+of the default model with tools/gguf-convert.py. `--depth N` measures both after N
+tokens of context (llama-bench's `-d N`; suffixd decodes after a raw prompt of about N
+tokens, and its prefill is the 512 tokens' share of prefilling context and them): what
+an agent with a long prompt gets. Build
 llama.cpp with ../shared/peer/llamacpp/build.sh (LLAMA_BENCH overrides its path). Run
 it on a quiet machine: both programs' threads spin.
 """
@@ -28,10 +35,11 @@ PARAGRAPH = ("The keeper climbed the stairs of the lighthouse every evening, cou
              "steps, cleaned the lamp and wrote the weather into the log before dark. ")
 
 
-def llama_bench(binary, path, threads):
+def llama_bench(binary, path, threads, depth):
+    """pp512 and tg128, each after `depth` tokens of context (llama-bench's `-d`)."""
     out = subprocess.run([binary, "-m", path, "-t", str(threads), "-p", "512", "-n", "128",
-                          "-r", "1", "-o", "json"], check=True, capture_output=True,
-                         text=True).stdout
+                          "-d", str(depth), "-r", "1", "-o", "json"], check=True,
+                         capture_output=True, text=True).stdout
     rows = json.loads(out)
     pp = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
     tg = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
@@ -63,6 +71,10 @@ def main():
     ap.add_argument("files", nargs="+")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--depth", type=int, default=0,
+                    help="tokens of context before decoding and prefill (llama-bench -d); "
+                    "suffixd then decodes after a raw prompt of about that many tokens "
+                    "instead of the chat prompt, and prefills its 512 tokens after them")
     ap.add_argument("--suffixd", default=os.path.join(root, "target/release/suffixd"))
     ap.add_argument("--read-bandwidth", default=os.path.join(
         root, "target/release/examples/read_bandwidth"),
@@ -71,32 +83,55 @@ def main():
         "LLAMA_BENCH", "/tmp/llamacpp-build/bin/llama-bench"))
     a = ap.parse_args()
     long_prompt = PARAGRAPH * 18
+    # PARAGRAPH is 28 tokens of the default tokenizer.
+    context = PARAGRAPH * round(a.depth / 28)
+    decode_args = (["--prompt", context, "--max-tokens", "128"] if a.depth
+                   else ["--chat", CHAT, "--max-tokens", "128"])
     print("| file | llama.cpp tg128 | suffixd decode | ratio | llama.cpp pp512 | "
           "suffixd prefill | ratio | read GB/s | llama.cpp share | suffixd share |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in a.files:
         theirs_pp, theirs_tg, ours_tg, ours_pp = [], [], [], []
-        prompt_tokens = generated = 0
+        readings, theirs_share, ours_share = [], [], []
+        gb = os.path.getsize(path) / 1e9
+        prompt_tokens = generated = context_tokens = 0
         for _ in range(a.rounds):
-            pp, tg = llama_bench(a.llama_bench, path, a.threads)
+            bandwidth = read_bandwidth(a.read_bandwidth, path, a.threads)
+            readings.append(bandwidth)
+            pp, tg = llama_bench(a.llama_bench, path, a.threads, a.depth)
             theirs_pp.append(pp)
             theirs_tg.append(tg)
-            g = suffixd(a.suffixd, path, a.threads, ["--chat", CHAT, "--max-tokens", "128"])
-            generated = len(g["tokens"])
+            theirs_share.append(gb * tg / bandwidth)
+            bandwidth = read_bandwidth(a.read_bandwidth, path, a.threads)
+            readings.append(bandwidth)
+            g = suffixd(a.suffixd, path, a.threads, decode_args)
+            generated, context_tokens = len(g["tokens"]), g["prompt_tokens"]
             ours_tg.append(g["tokens_per_s"])
-            g = suffixd(a.suffixd, path, a.threads, ["--prompt", long_prompt,
-                                                     "--max-tokens", "1"])
-            prompt_tokens = g["prompt_tokens"]
-            ours_pp.append(prompt_tokens / g["prefill_s"])
+            ours_share.append(gb * g["tokens_per_s"] / bandwidth)
+            if a.depth:
+                # The 512 tokens' prefill after the context: the time of the whole
+                # prompt less that of the context alone.
+                whole = suffixd(a.suffixd, path, a.threads, ["--prompt", context + long_prompt,
+                                                             "--max-tokens", "1"])
+                alone = suffixd(a.suffixd, path, a.threads, ["--prompt", context,
+                                                             "--max-tokens", "1"])
+                prompt_tokens = whole["prompt_tokens"] - alone["prompt_tokens"]
+                ours_pp.append(prompt_tokens / (whole["prefill_s"] - alone["prefill_s"]))
+            else:
+                g = suffixd(a.suffixd, path, a.threads, ["--prompt", long_prompt,
+                                                         "--max-tokens", "1"])
+                prompt_tokens = g["prompt_tokens"]
+                ours_pp.append(prompt_tokens / g["prefill_s"])
         m = statistics.median
-        bandwidth = read_bandwidth(a.read_bandwidth, path, a.threads)
-        gb = os.path.getsize(path) / 1e9
         print(f"| {os.path.basename(path)} | {m(theirs_tg):.1f} | {m(ours_tg):.1f} | "
               f"{m(ours_tg) / m(theirs_tg):.2f}× | {m(theirs_pp):.1f} | {m(ours_pp):.1f} | "
-              f"{m(ours_pp) / m(theirs_pp):.2f}× | {bandwidth:.1f} | "
-              f"{gb * m(theirs_tg) / bandwidth:.0%} | {gb * m(ours_tg) / bandwidth:.0%} |")
-        print(f"  ({a.rounds} rounds; suffixd decoded {generated} tokens, prefilled "
-              f"{prompt_tokens})", file=sys.stderr)
+              f"{m(ours_pp) / m(theirs_pp):.2f}× | {m(readings):.1f} | "
+              f"{m(theirs_share):.0%} | {m(ours_share):.0%} |")
+        print(f"  ({a.rounds} rounds, depth {a.depth}; suffixd decoded {generated} tokens "
+              f"after {context_tokens} of context, prefilled "
+              f"{prompt_tokens}; readings {', '.join(f'{r:.1f}' for r in readings)} GB/s; "
+              f"suffixd's shares {', '.join(f'{s:.0%}' for s in ours_share)})",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

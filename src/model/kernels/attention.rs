@@ -77,8 +77,9 @@ pub(super) fn exp_portable(x: f32) -> f32 {
     p * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
-/// One query's attention on the portable path: scores, softmax and weighted sum, in the
-/// order the AVX2 path uses.
+/// One query head over one part of its rows on the portable path, in the order the AVX2
+/// path uses: the scores, their maximum `m`, `e = exp(score − m)` per row, and into `o`
+/// the unnormalized weighted sum `Σ e · value`; returns `(m, Σ e)` for [`join_parts`].
 #[allow(clippy::too_many_arguments)]
 fn attend_one_portable(
     q: &[f32],
@@ -89,7 +90,7 @@ fn attend_one_portable(
     scale: f32,
     scores: &mut Vec<f32>,
     o: &mut [f32],
-) {
+) -> (f32, f32) {
     let hd = q.len();
     scores.clear();
     for &r in rows {
@@ -109,11 +110,11 @@ fn attend_one_portable(
     let sum = reduce_lanes(&lanes);
     o.fill(0.0);
     for (&e, &r) in scores.iter().zip(rows) {
-        let w = e / sum;
         for (o, &v) in o.iter_mut().zip(&values[r * stride..][..hd]) {
-            *o = w.mul_add(v, *o);
+            *o = e.mul_add(v, *o);
         }
     }
+    (max, sum)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -150,6 +151,7 @@ pub(super) mod avx2 {
     /// `attend_one_portable` for each of the `G` query heads that share one key/value
     /// head, with the same operations per head, but reading each key and value row once
     /// for all of them. `q` and `o` hold the heads one after another (`G × hd`);
+    /// returns each head's `(max, Σ e)`, `o` holding its unnormalized sums;
     /// `scores` is scratch. `G` is a constant so that every loop over the heads unrolls
     /// and the accumulators stay in the 16 registers.
     ///
@@ -168,7 +170,7 @@ pub(super) mod avx2 {
         scale: f32,
         scores: &mut Vec<f32>,
         o: &mut [f32],
-    ) {
+    ) -> [(f32, f32); G] {
         let n = rows.len();
         assert!(q.len() == G * hd && o.len() == q.len() && hd.is_multiple_of(8));
         scores.clear();
@@ -208,11 +210,12 @@ pub(super) mod avx2 {
             }
             at += pair;
         }
-        // Softmax of each head's scores.
-        let mut sums = [0f32; G];
-        for (h, sum) in sums.iter_mut().enumerate() {
+        // Each head's scores to `exp(score − max)`, and their sum.
+        let mut stats = [(0f32, 0f32); G];
+        for (h, (max, sum)) in stats.iter_mut().enumerate() {
             let sc = &mut scores[h * n..(h + 1) * n];
-            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            *max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let max = *max;
             let maxv = _mm256_set1_ps(max);
             let full = n / 8 * 8;
             let mut acc = _mm256_setzero_ps();
@@ -234,15 +237,9 @@ pub(super) mod avx2 {
             }
             *sum = reduce_lanes(&lanes);
         }
-        // Each score becomes its weight (the same division the portable path makes per
-        // key), then the weighted sums, up to 8·W output floats of every head at a time
-        // in registers across all values (W as wide as G heads' accumulators allow):
-        // each float gets one fused multiply-add per key, in key order.
-        for (h, &sum) in sums.iter().enumerate() {
-            for x in &mut scores[h * n..(h + 1) * n] {
-                *x /= sum;
-            }
-        }
+        // The weighted sums, up to 8·W output floats of every head at a time in
+        // registers across all values (W as wide as G heads' accumulators allow): each
+        // float gets one fused multiply-add per key, in key order.
         let widest = match G {
             1 | 2 => 4,
             3 => 3,
@@ -262,6 +259,7 @@ pub(super) mod avx2 {
             }
             d += 8 * width;
         }
+        stats
     }
 
     /// Output floats `d..d + 8·W` of each of the `G` heads: the weights
@@ -336,8 +334,18 @@ pub struct SequenceCache<'a> {
 /// Attention of the new tokens of every sequence over their attention sets (committed
 /// context rows `0..base`, then the token's ancestors and itself, `sets[i]`, as indices
 /// after `base`), into the sequences' rows of `out` (`[row][head][head_dim]`). `q` is
-/// `[head][row][head_dim]` for the whole batch. Work is spread over candle's CPU thread
-/// pool by (sequence, head, query), in one call for the whole batch.
+/// `[head][row][head_dim]` for the whole batch.
+///
+/// **Parts.** A query's rows (after its window) are cut into parts of [`PART`] rows,
+/// counted from its first row, so the cut depends on the query alone. Each part gives
+/// per head its maximum score `m`, `Σ e` and `Σ e · value` with `e = exp(score − m)`
+/// ([`attend_one_portable`]); a query of one part ends as `Σ e · value / Σ e`, one of
+/// several through [`join_parts`]. The parts are the work items, with the heads that
+/// share a key/value head together, so a query over a long context is spread over the
+/// threads and each item reads its rows in position order (one decoding step of the
+/// default model was 3 items on 2 threads, each reading a head's 256 bytes of every
+/// 768-byte row; docs/cpu-kernels.md). Work is spread over the kernels' pool in one
+/// call for the whole batch, plus one for the joins when some query has several parts.
 pub fn attend(
     simd: Simd,
     q: &[f32],
@@ -374,75 +382,134 @@ pub fn attend(
     let rep = heads / kv_heads;
     let dst = Out::new(out, heads * hd);
     thread_local! {
-        static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<usize>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+        static SCRATCH: std::cell::RefCell<ItemScratch> = const { std::cell::RefCell::new(ItemScratch::new()) };
     }
     let stride = kv_heads * hd;
     // Query heads that share a key/value head go together, so that each key and value
     // row is read once for all of them; a head's arithmetic is the same either way.
     let group = if rep <= MAX_GROUP { rep } else { 1 };
     let groups = heads / group;
-    // Each sequence's first work item.
-    let mut starts = Vec::with_capacity(sequences.len());
-    let mut items = 0;
-    for seq in sequences {
-        starts.push(items);
-        items += groups * seq.sets.len();
+    // Per query, in batch order: its sequence, its index there, its rows' count and
+    // first row (after the window), its parts, and its first work item and first
+    // partial result (for a query of several parts).
+    let mut queries = Vec::with_capacity(total);
+    let (mut items, mut partials) = (0, 0);
+    for (at, seq) in sequences.iter().enumerate() {
+        for (i, set) in seq.sets.iter().enumerate() {
+            let all = seq.base + set.len();
+            let n = window.map_or(all, |w| all.min(w));
+            let parts = n.div_ceil(PART);
+            queries.push(Query {
+                sequence: at,
+                index: i,
+                rows: n,
+                skip: all - n,
+                parts,
+                first_item: items,
+                first_partial: partials,
+            });
+            items += parts * groups;
+            if parts > 1 {
+                partials += parts * heads;
+            }
+        }
     }
+    // Per partial: the head's max, Σ e, then its hd unnormalized sums; in a buffer
+    // kept from call to call (a verifying pass at a long context needs megabytes).
+    thread_local! {
+        static PARTIALS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let partial_len = hd + 2;
+    let mut partial = PARTIALS.take();
+    partial.clear();
+    partial.resize(partials * partial_len, 0.0);
+    let partial_out = Out::new(&mut partial, partial_len);
     let one = |item: usize| {
-        let at = starts.partition_point(|&s| s <= item) - 1;
+        let query = &queries[queries.partition_point(|qr| qr.first_item <= item) - 1];
         let SequenceCache {
             keys,
             values,
             sets,
             base,
             offset,
-        } = sequences[at];
-        let item = item - starts[at];
-        let (first, i) = ((item / sets.len()) * group, item % sets.len());
-        let g = first / rep;
-        let row = offset + i;
-        // SAFETY: heads first..first + group of `row` are this item's alone, and inside
-        // `out` (asserted above).
-        let o = unsafe { dst.slice((row * heads + first) * hd, group * hd) };
-        let (keys, values) = (&keys[g * hd..], &values[g * hd..]);
+        } = sequences[query.sequence];
+        let (part, g) = (
+            (item - query.first_item) / groups,
+            (item - query.first_item) % groups,
+        );
+        let first = g * group;
+        let kv = first / rep;
+        let row = offset + query.index;
+        let (keys, values) = (&keys[kv * hd..], &values[kv * hd..]);
         SCRATCH.with(|cell| {
-            let (scores, rows, qs) = &mut *cell.borrow_mut();
+            let ItemScratch {
+                scores,
+                rows,
+                qs,
+                os,
+            } = &mut *cell.borrow_mut();
+            // The part's rows: positions in order (the context, then the ancestors root
+            // first), after the ones the window leaves out.
+            let set = &sets[query.index];
+            let from = query.skip + part * PART;
+            let to = query.skip + ((part + 1) * PART).min(query.rows);
             rows.clear();
-            rows.extend((0..base).chain(sets[i].iter().map(|&a| base + a)));
-            // The rows are in position order (the context, then the ancestors root
-            // first), one per position up to the query's: a window keeps the last ones.
-            if let Some(w) = window {
-                rows.drain(..rows.len().saturating_sub(w));
-            }
+            rows.extend((from..to).map(|k| if k < base { k } else { base + set[k - base] }));
             qs.clear();
             for head in first..first + group {
                 qs.extend_from_slice(&q[(head * total + row) * hd..][..hd]);
             }
+            os.clear();
+            os.resize(group * hd, 0.0);
+            let mut stats = [(0f32, 0f32); MAX_GROUP];
             match simd {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: an x86 SIMD path is chosen only on CPUs with AVX2 and FMA
-                // (`Simd::available`); hd is a multiple of 8 (checked); q and o hold
+                // (`Simd::available`); hd is a multiple of 8 (checked); qs and os hold
                 // group × hd floats; every row lies in the caches (asserted above).
                 s if s.has_avx2_fma() && hd % 8 == 0 => unsafe {
+                    macro_rules! grouped {
+                        ($g:literal) => {{
+                            let got = avx2::attend_group::<$g>(
+                                qs, hd, keys, values, rows, stride, scale, scores, os,
+                            );
+                            stats[..$g].copy_from_slice(&got);
+                        }};
+                    }
                     match group {
-                        1 => avx2::attend_group::<1>(
-                            qs, hd, keys, values, rows, stride, scale, scores, o,
-                        ),
-                        2 => avx2::attend_group::<2>(
-                            qs, hd, keys, values, rows, stride, scale, scores, o,
-                        ),
-                        3 => avx2::attend_group::<3>(
-                            qs, hd, keys, values, rows, stride, scale, scores, o,
-                        ),
-                        _ => avx2::attend_group::<4>(
-                            qs, hd, keys, values, rows, stride, scale, scores, o,
-                        ),
+                        1 => grouped!(1),
+                        2 => grouped!(2),
+                        3 => grouped!(3),
+                        _ => grouped!(4),
                     }
                 },
                 _ => {
-                    for (qh, oh) in qs.chunks_exact(hd).zip(o.chunks_exact_mut(hd)) {
-                        attend_one_portable(qh, keys, values, rows, stride, scale, scores, oh);
+                    for ((qh, oh), stat) in qs
+                        .chunks_exact(hd)
+                        .zip(os.chunks_exact_mut(hd))
+                        .zip(&mut stats)
+                    {
+                        *stat =
+                            attend_one_portable(qh, keys, values, rows, stride, scale, scores, oh);
                     }
+                }
+            }
+            for (h, (oh, &(max, sum))) in os.chunks_exact(hd).zip(&stats).enumerate() {
+                let head = first + h;
+                if query.parts == 1 {
+                    // SAFETY: head `head` of `row` is this item's alone, inside `out`.
+                    let o = unsafe { dst.slice((row * heads + head) * hd, hd) };
+                    for (o, &x) in o.iter_mut().zip(oh) {
+                        *o = x / sum;
+                    }
+                } else {
+                    let at = query.first_partial + part * heads + head;
+                    // SAFETY: partial `at` is this item's alone (its query, part and
+                    // head), inside `partial`.
+                    let slot = unsafe { partial_out.slice(at * partial_len, partial_len) };
+                    slot[0] = max;
+                    slot[1] = sum;
+                    slot[2..].copy_from_slice(oh);
                 }
             }
         });
@@ -452,6 +519,123 @@ pub fn attend(
             one(item)
         }
     });
+    if partials > 0 {
+        join_queries(simd, &queries, sequences, heads, hd, &partial, dst);
+    }
+    PARTIALS.set(partial);
+}
+
+/// The outputs of the queries of several parts, each head's parts joined
+/// ([`join_parts`]); `partial` holds them as [`attend`] left them.
+fn join_queries(
+    simd: Simd,
+    queries: &[Query],
+    sequences: &[SequenceCache<'_>],
+    heads: usize,
+    hd: usize,
+    partial: &[f32],
+    dst: Out,
+) {
+    let partial_len = hd + 2;
+    let several: Vec<&Query> = queries.iter().filter(|qr| qr.parts > 1).collect();
+    super::pool::pool().run(several.len(), |range| {
+        for query in &several[range] {
+            let row = sequences[query.sequence].offset + query.index;
+            for head in 0..heads {
+                let at = |part: usize| {
+                    let at = query.first_partial + part * heads + head;
+                    &partial[at * partial_len..][..partial_len]
+                };
+                // SAFETY: head `head` of `row` is this query's alone, inside `out`.
+                let o = unsafe { dst.slice((row * heads + head) * hd, hd) };
+                join_parts(simd, (0..query.parts).map(at), o);
+            }
+        }
+    });
+}
+
+/// Rows per part of a query's attention (see [`attend`]): few enough that one decoding
+/// step at a thousand positions and more has work for every thread (the default model:
+/// 3 key/value heads × 2 parts at 1,000), many enough that a prompt's first 512 rows
+/// are one part each, so that prefill does not pay for joins (256 cost a 512-row
+/// prefill 2–4%; `forward_rows`, alternated).
+const PART: usize = 512;
+
+/// A work item's buffers, kept per thread from item to item.
+struct ItemScratch {
+    /// The part's scores, `[head][row]`, then its `exp(score − max)`.
+    scores: Vec<f32>,
+    /// The part's cache rows.
+    rows: Vec<usize>,
+    /// The item's query heads, one after another.
+    qs: Vec<f32>,
+    /// Their unnormalized weighted sums.
+    os: Vec<f32>,
+}
+
+impl ItemScratch {
+    const fn new() -> Self {
+        ItemScratch {
+            scores: Vec::new(),
+            rows: Vec::new(),
+            qs: Vec::new(),
+            os: Vec::new(),
+        }
+    }
+}
+
+/// Where one query of an [`attend`] call stands.
+struct Query {
+    sequence: usize,
+    index: usize,
+    /// Its rows after the window, the ones the window leaves out before them, and the
+    /// parts they are cut into.
+    rows: usize,
+    skip: usize,
+    parts: usize,
+    first_item: usize,
+    first_partial: usize,
+}
+
+/// One head's parts (`[max, Σ e, Σ e · value...]` each, in part order) joined into `o`:
+/// with `m` the largest max and `c = exp(max − m)` per part, `o = Σ c · sums / Σ c · Σ e`,
+/// each sum one fused multiply-add per part in part order, then one division per
+/// float; the same operations on every path.
+fn join_parts<'p>(simd: Simd, parts: impl Iterator<Item = &'p [f32]> + Clone, o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd.has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (`simd` is one of `Simd::available()`).
+        return unsafe { join_parts_fma(parts, o) };
+    }
+    let _ = simd;
+    join_parts_body(parts, o)
+}
+
+/// [`join_parts_body`] compiled with FMA, so that `mul_add` is one instruction rather
+/// than a libm call.
+///
+/// SAFETY: the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn join_parts_fma<'p>(parts: impl Iterator<Item = &'p [f32]> + Clone, o: &mut [f32]) {
+    join_parts_body(parts, o)
+}
+
+#[inline(always)]
+fn join_parts_body<'p>(parts: impl Iterator<Item = &'p [f32]> + Clone, o: &mut [f32]) {
+    let m = parts.clone().fold(f32::NEG_INFINITY, |m, p| m.max(p[0]));
+    let mut sum = 0f32;
+    o.fill(0.0);
+    for p in parts {
+        let c = exp_portable(p[0] - m);
+        sum = c.mul_add(p[1], sum);
+        for (o, &x) in o.iter_mut().zip(&p[2..]) {
+            *o = c.mul_add(x, *o);
+        }
+    }
+    for o in o.iter_mut() {
+        *o /= sum;
+    }
 }
 
 #[cfg(test)]
@@ -484,7 +668,14 @@ mod tests {
 
     #[test]
     fn a_query_gets_the_same_bits_whatever_else_is_in_the_pass() {
-        let (base, t) = (37, 5);
+        // One part, and three (the last query's rows cut at PART and 2 · PART).
+        for base in [37, 2 * PART + 37] {
+            a_query_alone_and_in_a_pass(base);
+        }
+    }
+
+    fn a_query_alone_and_in_a_pass(base: usize) {
+        let t = 5;
         let (heads, hd) = (6, 16);
         let many = run(Simd::detect(), base, t, 9, 2);
         // The last query alone: same q rows? Build it directly from the same inputs.
@@ -513,19 +704,66 @@ mod tests {
             .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(
             same,
-            "the last token's attention differs alone and in a 9-row pass"
+            "after {base} rows, the last token's attention differs alone and in a 9-row pass"
         );
     }
 
     #[test]
     fn the_simd_and_portable_paths_agree_bit_for_bit() {
-        let fast = run(Simd::detect(), 50, 4, 4, 0);
-        let slow = run(Simd::Portable, 50, 4, 4, 0);
-        assert!(
-            fast.iter()
-                .zip(&slow)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-        );
+        // Queries of one part, and queries whose parts end on both sides of PART.
+        for base in [50, PART - 2, 3 * PART + 1] {
+            let fast = run(Simd::detect(), base, 4, 4, 0);
+            let slow = run(Simd::Portable, base, 4, 4, 0);
+            assert!(
+                fast.iter()
+                    .zip(&slow)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "after {base} rows"
+            );
+        }
+    }
+
+    #[test]
+    fn parts_joined_give_the_softmax_of_all_the_rows() {
+        // Against softmax and weighted sums in f64 over every row at once, for queries
+        // of one to four parts.
+        let (heads, kv_heads, hd, t) = (6, 2, 16, 3);
+        let row = kv_heads * hd;
+        for base in [10, PART + 3, 4 * PART - 3] {
+            let got = run(Simd::detect(), base, t, t, 0);
+            let q = values(heads * t * hd, 1);
+            let keys = values((base + t) * row, 2);
+            let vals = values((base + t) * row, 3);
+            for i in 0..t {
+                for h in 0..heads {
+                    let kv = h / (heads / kv_heads);
+                    let qh = &q[(h * t + i) * hd..][..hd];
+                    let rows = base + i + 1;
+                    let scores: Vec<f64> = (0..rows)
+                        .map(|r| {
+                            let k = &keys[r * row + kv * hd..][..hd];
+                            let dot: f64 =
+                                qh.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
+                            dot / (hd as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        let want: f64 = (0..rows)
+                            .map(|r| e[r] * vals[r * row + kv * hd + d] as f64)
+                            .sum::<f64>()
+                            / sum;
+                        let have = got[(i * heads + h) * hd + d] as f64;
+                        assert!(
+                            (have - want).abs() < 1e-5,
+                            "after {base} rows, query {i} head {h} float {d}: {have} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -615,10 +853,17 @@ mod tests {
 
     #[test]
     fn a_window_attends_to_the_last_positions_as_a_cache_of_only_those_would() {
-        let (heads, kv_heads, hd, window) = (4, 2, 16, 5);
+        // A window of one part, and one of two (its first part starts mid-context).
+        for (window, base) in [(5, 20), (PART + 5, PART + 40)] {
+            a_window_over(window, base);
+        }
+    }
+
+    fn a_window_over(window: usize, base: usize) {
+        let (heads, kv_heads, hd) = (4, 2, 16);
         let row = kv_heads * hd;
-        // A tree of 3 (a chain 0 → 1 and a sibling 2) after 20 context rows.
-        let (base, total) = (20, 3);
+        // A tree of 3 (a chain 0 → 1 and a sibling 2) after `base` context rows.
+        let total = 3;
         let q = values(heads * total * hd, 30);
         let keys = values((base + total) * row, 31);
         let vals = values((base + total) * row, 32);
