@@ -586,6 +586,7 @@ impl ItemScratch {
 
 /// Where one query of an [`attend`] call stands.
 struct Query {
+    /// Its sequence, and its index among that sequence's new tokens.
     sequence: usize,
     index: usize,
     /// Its rows after the window, the ones the window leaves out before them, and the
@@ -593,6 +594,8 @@ struct Query {
     rows: usize,
     skip: usize,
     parts: usize,
+    /// Its first work item (parts × head groups follow), and its first partial result
+    /// (parts × heads follow; only for a query of several parts).
     first_item: usize,
     first_partial: usize,
 }
@@ -621,6 +624,7 @@ fn join_parts_fma<'p>(parts: impl Iterator<Item = &'p [f32]> + Clone, o: &mut [f
     join_parts_body(parts, o)
 }
 
+/// The join's arithmetic ([`join_parts`]), inlined into both callers.
 #[inline(always)]
 fn join_parts_body<'p>(parts: impl Iterator<Item = &'p [f32]> + Clone, o: &mut [f32]) {
     let m = parts.clone().fold(f32::NEG_INFINITY, |m, p| m.max(p[0]));
