@@ -362,23 +362,7 @@ pub fn attend(
         window,
     } = s;
     assert!(simd.is_available(), "{simd:?} is not available on this CPU");
-    assert_eq!(
-        out.len(),
-        total * heads * hd,
-        "out is [row][head][head_dim]"
-    );
-    for seq in sequences {
-        assert!(
-            seq.offset + seq.sets.len() <= total,
-            "the sequence's rows are in the batch"
-        );
-        let rows_used = seq.base + seq.sets.iter().flatten().map(|&a| a + 1).max().unwrap_or(0);
-        let needed = rows_used * kv_heads * hd;
-        assert!(
-            seq.keys.len() >= needed && seq.values.len() >= needed,
-            "the cache holds every row"
-        );
-    }
+    check_inputs(sequences, s, out.len());
     let rep = heads / kv_heads;
     let dst = Out::new(out, heads * hd);
     thread_local! {
@@ -389,31 +373,7 @@ pub fn attend(
     // row is read once for all of them; a head's arithmetic is the same either way.
     let group = if rep <= MAX_GROUP { rep } else { 1 };
     let groups = heads / group;
-    // Per query, in batch order: its sequence, its index there, its rows' count and
-    // first row (after the window), its parts, and its first work item and first
-    // partial result (for a query of several parts).
-    let mut queries = Vec::with_capacity(total);
-    let (mut items, mut partials) = (0, 0);
-    for (at, seq) in sequences.iter().enumerate() {
-        for (i, set) in seq.sets.iter().enumerate() {
-            let all = seq.base + set.len();
-            let n = window.map_or(all, |w| all.min(w));
-            let parts = n.div_ceil(PART);
-            queries.push(Query {
-                sequence: at,
-                index: i,
-                rows: n,
-                skip: all - n,
-                parts,
-                first_item: items,
-                first_partial: partials,
-            });
-            items += parts * groups;
-            if parts > 1 {
-                partials += parts * heads;
-            }
-        }
-    }
+    let (queries, items, partials) = plan_queries(sequences, window, groups, heads);
     // Per partial: the head's max, Σ e, then its hd unnormalized sums; in a buffer
     // kept from call to call (a verifying pass at a long context needs megabytes).
     thread_local! {
@@ -523,6 +483,66 @@ pub fn attend(
         join_queries(simd, &queries, sequences, heads, hd, &partial, dst);
     }
     PARTIALS.set(partial);
+}
+
+/// Panics unless `out` (`out_len` floats) is `[row][head][head_dim]` for the batch and
+/// every sequence's rows lie in the batch and in its cache: the work items read and
+/// write through unchecked pointers.
+fn check_inputs(sequences: &[SequenceCache<'_>], s: AttnShape, out_len: usize) {
+    let AttnShape {
+        total,
+        heads,
+        kv_heads,
+        head_dim: hd,
+        ..
+    } = s;
+    assert_eq!(out_len, total * heads * hd, "out is [row][head][head_dim]");
+    for seq in sequences {
+        assert!(
+            seq.offset + seq.sets.len() <= total,
+            "the sequence's rows are in the batch"
+        );
+        let rows_used = seq.base + seq.sets.iter().flatten().map(|&a| a + 1).max().unwrap_or(0);
+        let needed = rows_used * kv_heads * hd;
+        assert!(
+            seq.keys.len() >= needed && seq.values.len() >= needed,
+            "the cache holds every row"
+        );
+    }
+}
+
+/// Per query, in batch order: its sequence, its index there, its rows' count and first
+/// row (after the window), its parts, and its first work item and first partial result
+/// (for a query of several parts); then the work items and partial results in all.
+fn plan_queries(
+    sequences: &[SequenceCache<'_>],
+    window: Option<usize>,
+    groups: usize,
+    heads: usize,
+) -> (Vec<Query>, usize, usize) {
+    let mut queries = Vec::new();
+    let (mut items, mut partials) = (0, 0);
+    for (at, seq) in sequences.iter().enumerate() {
+        for (i, set) in seq.sets.iter().enumerate() {
+            let all = seq.base + set.len();
+            let n = window.map_or(all, |w| all.min(w));
+            let parts = n.div_ceil(PART);
+            queries.push(Query {
+                sequence: at,
+                index: i,
+                rows: n,
+                skip: all - n,
+                parts,
+                first_item: items,
+                first_partial: partials,
+            });
+            items += parts * groups;
+            if parts > 1 {
+                partials += parts * heads;
+            }
+        }
+    }
+    (queries, items, partials)
 }
 
 /// The outputs of the queries of several parts, each head's parts joined
