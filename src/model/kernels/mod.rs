@@ -5,7 +5,7 @@
 //! K decoding steps.
 //!
 //! - [`pack`]: GGML weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) repacked
-//!   exactly into 8-bit (or 4-bit) blocks with f32 scales, once at load.
+//!   exactly into 8-bit (or 4-bit) blocks with the file's scales, once at load.
 //! - [`matmul`]: the quantized matmul (AVX-512 VNNI, AVX-VNNI or AVX2, chosen at run
 //!   time, and a portable path that gives the same bits), threaded over output columns.
 //! - [`dense`]: the same for f32 weights (`--weights f32`).

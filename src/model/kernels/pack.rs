@@ -1,11 +1,17 @@
 //! Weight matrices repacked at load for the row-invariant matmul ([`super::matmul`]).
 //!
 //! Every GGML format the kernels take is rewritten, exactly, into one shape: per output
-//! column, 32-value blocks of 8-bit integers, each block with an f32 scale (two, one per
-//! 16-value half, for Q6_K) and, for the formats with a minimum, an f32 offset. A weight
-//! is then `scale · q (+ offset)`, the value the GGML dequantizer gives, so the repacked
-//! matrix is the file's matrix, not an approximation of it. Scales are converted from f16
-//! once here, not in every dot product.
+//! column, 32-value blocks of 8-bit integers, each block with a scale (two, one per
+//! 16-value half, for Q6_K) and, for the formats with a minimum, an offset. A weight is
+//! then `scale · q (+ offset)`, the value the GGML dequantizer gives, so the repacked
+//! matrix is the file's matrix, not an approximation of it.
+//!
+//! **Scales as the file has them.** The 32-value formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)
+//! keep their f16 scales and offsets ([`BlockTable::Half`]), which the kernels widen to
+//! f32 exactly as they load them: a decoding step reads every table once, and f32 copies
+//! made Q8_0's step read 36 bytes per block where the file has 34, and Q4_1's 24 where it
+//! has 20. The K-quants' scales are products (a super-block's f16 scale times a 6- or
+//! 8-bit sub-scale) that f16 cannot always hold, so they stay f32 ([`BlockTable::Full`]).
 //!
 //! **Grouped layout.** The kernels take the dot products of eight blocks side by side,
 //! one 32-bit lane per block, so that a lane ends holding its block's whole integer dot
@@ -96,6 +102,77 @@ pub struct QuantKind {
     /// Two 4-bit quants per byte (Q4_0, Q4_1); a signed format stores q + 8, and the
     /// kernels multiply the nibble and take `8 · Σ a` back out.
     pub nibbles: bool,
+    /// The scales and offsets are f16, as in the file (the 32-value formats; see the
+    /// module docs).
+    pub half: bool,
+}
+
+/// One value per block (a scale or an offset), `[n][k / BLOCK]`, in the width the
+/// format allows exactly (see the module docs). Empty where the format has no such table.
+#[derive(Clone, Debug)]
+pub enum BlockTable {
+    /// f16 bits, widened to f32 (exactly) where they are read.
+    Half(HugeSlice<u16>),
+    /// f32.
+    Full(HugeSlice<f32>),
+}
+
+impl BlockTable {
+    /// The table of `values`, as f16 if `half` (each value must then be an f16's, as the
+    /// 32-value formats' are: they were widened from the file's f16).
+    fn new(values: &[f32], half: bool) -> Self {
+        if half {
+            BlockTable::Half(
+                values
+                    .iter()
+                    .map(|&v| f16::from_f32(v).to_bits())
+                    .collect::<Vec<_>>()
+                    .into(),
+            )
+        } else {
+            BlockTable::Full(HugeSlice::copy_of(values))
+        }
+    }
+
+    /// Entries.
+    pub(super) fn len(&self) -> usize {
+        match self {
+            BlockTable::Half(t) => t.len(),
+            BlockTable::Full(t) => t.len(),
+        }
+    }
+
+    /// True for a format without this table.
+    pub(super) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Entry `i` as f32.
+    pub(super) fn get(&self, i: usize) -> f32 {
+        match self {
+            BlockTable::Half(t) => f16::from_bits(t[i]).to_f32(),
+            BlockTable::Full(t) => t[i],
+        }
+    }
+
+    /// Bytes per entry: 2 or 4.
+    pub(super) fn entry_bytes(&self) -> usize {
+        match self {
+            BlockTable::Half(_) => 2,
+            BlockTable::Full(_) => 4,
+        }
+    }
+
+    /// The entries' bytes, for the kernels' loads and prefetches.
+    pub(super) fn bytes(&self) -> &[u8] {
+        let (start, len) = match self {
+            BlockTable::Half(t) => (t.as_ptr().cast::<u8>(), std::mem::size_of_val(&t[..])),
+            BlockTable::Full(t) => (t.as_ptr().cast::<u8>(), std::mem::size_of_val(&t[..])),
+        };
+        // SAFETY: the entries' own bytes, plain numbers with no padding, borrowed as long
+        // as `self`.
+        unsafe { std::slice::from_raw_parts(start, len) }
+    }
 }
 
 /// Why a tensor cannot be packed.
@@ -138,12 +215,12 @@ pub struct PackedMatrix {
     /// Each output column's quants, contiguous, in the grouped layout: `k` bytes (one
     /// `i8` each, or `u8` for the unsigned formats), or `k / 2` with `kind.nibbles`.
     pub(super) quants: HugeSlice<u8>,
-    /// `[n][k / BLOCK]`: each block's scale, or its first half's with `kind.halves`.
-    pub(super) scales: HugeSlice<f32>,
-    /// `[n][k / BLOCK]`, the second halves' scales, empty unless `kind.halves`.
-    pub(super) second_scales: HugeSlice<f32>,
-    /// `[n][k / BLOCK]`, empty unless `kind.affine`.
-    pub(super) offsets: HugeSlice<f32>,
+    /// Each block's scale, or its first half's with `kind.halves`.
+    pub(super) scales: BlockTable,
+    /// The second halves' scales, empty unless `kind.halves`.
+    pub(super) second_scales: BlockTable,
+    /// Each block's offset, empty unless `kind.affine`.
+    pub(super) offsets: BlockTable,
 }
 
 /// The formats that can be packed, and their block size and bytes per block.
@@ -171,6 +248,7 @@ fn kind_of(dtype: GgmlDType) -> QuantKind {
         halves: dtype == GgmlDType::Q6K,
         affine,
         nibbles: matches!(dtype, GgmlDType::Q4_0 | GgmlDType::Q4_1),
+        half: dtype.block_size() == BLOCK,
     }
 }
 
@@ -344,9 +422,9 @@ impl PackedMatrix {
             k,
             kind,
             quants: quants.into(),
-            scales: scales.into(),
-            second_scales: second_scales.into(),
-            offsets: offsets.into(),
+            scales: BlockTable::new(&scales, kind.half),
+            second_scales: BlockTable::new(&second_scales, kind.half),
+            offsets: BlockTable::new(&offsets, kind.half),
         })
     }
 
@@ -394,9 +472,9 @@ impl PackedMatrix {
     pub(super) fn scale(&self, col: usize, at: usize) -> f32 {
         let b = col * (self.k / BLOCK) + at / BLOCK;
         if self.kind.halves && at % BLOCK >= BLOCK / 2 {
-            self.second_scales[b]
+            self.second_scales.get(b)
         } else {
-            self.scales[b]
+            self.scales.get(b)
         }
     }
 
@@ -408,7 +486,7 @@ impl PackedMatrix {
             let (col, at) = (i / self.k, i % self.k);
             let w = self.scale(col, at) * self.quant(col, at) as f32;
             out.push(if self.kind.affine {
-                w + self.offsets[col * blocks + at / BLOCK]
+                w + self.offsets.get(col * blocks + at / BLOCK)
             } else {
                 w
             });
@@ -462,6 +540,42 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Bytes the kernels read for one pass over the matrix: quants and tables.
+    fn stored_bytes(packed: &PackedMatrix) -> usize {
+        packed.quants.len()
+            + [&packed.scales, &packed.second_scales, &packed.offsets]
+                .iter()
+                .map(|t| t.bytes().len())
+                .sum::<usize>()
+    }
+
+    #[test]
+    fn the_32_value_formats_take_no_more_bytes_than_the_file() {
+        // A decoding step reads every byte once: Q8_0 and the 4-bit formats keep the
+        // file's f16 tables; the 5-bit ones spend a byte per weight (one layout for
+        // the kernels); the K-quants' tables are f32 products.
+        let (n, k) = (8, 576);
+        for (dtype, stored_per_block) in [
+            (GgmlDType::Q8_0, 34),
+            (GgmlDType::Q4_0, 18),
+            (GgmlDType::Q4_1, 20),
+            (GgmlDType::Q5_0, 34),
+            (GgmlDType::Q5_1, 36),
+        ] {
+            let qt = QTensor::quantize(&weights(n, k, 5), dtype).unwrap();
+            let packed = PackedMatrix::from_qtensor(&qt).unwrap();
+            assert_eq!(
+                stored_bytes(&packed),
+                n * (k / BLOCK) * stored_per_block,
+                "{dtype:?}"
+            );
+        }
+        let qt = QTensor::quantize(&weights(n, 512, 5), GgmlDType::Q4K).unwrap();
+        let packed = PackedMatrix::from_qtensor(&qt).unwrap();
+        assert!(matches!(packed.scales, BlockTable::Full(_)));
+        assert!(matches!(packed.offsets, BlockTable::Full(_)));
     }
 
     #[test]

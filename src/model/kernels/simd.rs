@@ -69,7 +69,10 @@ impl Simd {
         let mut paths = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
                 if std::is_x86_feature_detected!("avx512vnni")
                     && std::is_x86_feature_detected!("avx512vl")
                     && std::is_x86_feature_detected!("avx512f")
@@ -96,8 +99,9 @@ impl Simd {
         }
     }
 
-    /// Whether this is an x86 path, all of which have AVX2 and FMA: the float kernels,
-    /// which need nothing more, then use their AVX2 code. Only for an available path.
+    /// Whether this is an x86 path, all of which have AVX2, FMA and F16C (the quantized
+    /// kernels widen f16 scales): the float kernels, which need nothing more, then use
+    /// their AVX2 code. Only for an available path.
     pub fn has_avx2_fma(self) -> bool {
         cfg!(target_arch = "x86_64") && self != Simd::Portable
     }

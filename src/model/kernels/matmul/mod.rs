@@ -198,14 +198,9 @@ fn tile_portable(
             let dot = |values: std::ops::Range<usize>| -> i32 {
                 values.map(|at| w.quant(c, at) * a.quant(r, at)).sum()
             };
-            let (offsets, sums) = (
-                &w.offsets[if w.kind.affine {
-                    c * blocks..(c + 1) * blocks
-                } else {
-                    0..0
-                }],
-                &a.sums[r * blocks..(r + 1) * blocks],
-            );
+            // Block b's offset, and the row's scaled sum over it (the affine formats).
+            let offset = |b: usize| w.offsets.get(c * blocks + b);
+            let sum = |b: usize| a.sums[r * blocks + b];
             for b in 0..whole {
                 let lane = &mut lanes[b % GROUP];
                 let ad = a.scales[r * blocks + b];
@@ -220,7 +215,7 @@ fn tile_portable(
                     *lane = (dot(at..at + BLOCK) as f32).mul_add(scale, *lane);
                 }
                 if w.kind.affine {
-                    *lane = offsets[b].mul_add(sums[b], *lane);
+                    *lane = offset(b).mul_add(sum(b), *lane);
                 }
             }
             // The tail: a block at a time, lane l taking values 4l..4l + 4, and the
@@ -235,7 +230,7 @@ fn tile_portable(
                 if w.kind.affine {
                     for (l, lane) in lanes.iter_mut().enumerate() {
                         let (o, s) = if l == 0 {
-                            (offsets[b], sums[b])
+                            (offset(b), sum(b))
                         } else {
                             (0.0, 0.0)
                         };

@@ -4,7 +4,7 @@
 //! portable tile's ([`super::tile_portable`]); the module doc of [`super`] says why
 //! that matters.
 
-use super::super::pack::{BLOCK, GROUP, PackedMatrix, whole_blocks};
+use super::super::pack::{BLOCK, BlockTable, GROUP, PackedMatrix, whole_blocks};
 use super::super::{Out, reduce_lanes_m256};
 use super::QuantizedRows;
 
@@ -14,12 +14,13 @@ use super::QuantizedRows;
 struct TileOperands<const R: usize, const C: usize> {
     /// Each column's quants.
     wq: [*const u8; C],
-    /// Each column's first block scale, second (half-block) scale and offset; null for
-    /// a table the format lacks (empty: no second scales without halves, no offsets
-    /// unless affine).
-    wsc: [*const f32; C],
-    wsc2: [*const f32; C],
-    wof: [*const f32; C],
+    /// Where each column's entries start in the block scales, second (half-block)
+    /// scales and offsets, as bytes (entries of 2 or 4, [`BlockTable`]); null for a table
+    /// the format lacks (empty: no second scales without halves, no offsets unless
+    /// affine).
+    wsc: [*const u8; C],
+    wsc2: [*const u8; C],
+    wof: [*const u8; C],
     /// Each row's quants.
     aq: [*const i8; R],
     /// Each row's first block scale, integer block sum, first-half sum and float sum.
@@ -36,10 +37,18 @@ struct TileOperands<const R: usize, const C: usize> {
 
 impl<const R: usize, const C: usize> TileOperands<R, C> {
     /// Rows `r0..r0 + R` by columns `c0..c0 + C` of `a` times `w`; `halves` when the
-    /// format scales half-blocks. Panics unless the tile lies inside the pass and every
-    /// table the format uses is long enough.
+    /// format scales half-blocks, `half` when its tables are f16. Panics unless the tile
+    /// lies inside the pass and every table the format uses is long enough and as wide
+    /// as the tile reads it.
     #[inline(always)]
-    fn new(w: &PackedMatrix, a: &QuantizedRows, r0: usize, c0: usize, halves: bool) -> Self {
+    fn new(
+        w: &PackedMatrix,
+        a: &QuantizedRows,
+        r0: usize,
+        c0: usize,
+        halves: bool,
+        half: bool,
+    ) -> Self {
         let blocks = w.k / BLOCK;
         assert!(
             r0 + R <= a.rows && c0 + C <= w.n && a.k == w.k,
@@ -57,12 +66,17 @@ impl<const R: usize, const C: usize> TileOperands<R, C> {
         // tile's loads read a whole group's or a tail block's bytes, which lie inside its
         // column or row.
         let wq = std::array::from_fn(|j| unsafe { w.quants.as_ptr().add((c0 + j) * column) });
-        let per_column = |table: &[f32]| -> [*const f32; C] {
+        let per_column = |table: &BlockTable| -> [*const u8; C] {
+            assert!(
+                table.is_empty() || table.entry_bytes() == if half { 2 } else { 4 },
+                "the tile reads the tables as wide as they are"
+            );
+            let (bytes, entry) = (table.bytes(), table.entry_bytes());
             std::array::from_fn(|j| {
                 if table.is_empty() {
                     std::ptr::null()
                 } else {
-                    unsafe { table.as_ptr().add((c0 + j) * blocks) }
+                    unsafe { bytes.as_ptr().add((c0 + j) * blocks * entry) }
                 }
             })
         };
@@ -129,6 +143,30 @@ macro_rules! x86_tiles {
             /// operands in this set's vector registers.
             const ROWS: usize = $rows;
 
+            /// Entries `at..at + 8` of a column's [`BlockTable`] (`p`: its first entry),
+            /// as f32: f16 entries (`half`) are widened exactly.
+            macro_rules! entries {
+                ($half:expr, $p:expr, $at:expr) => {
+                    if $half {
+                        _mm256_cvtph_ps(_mm_loadu_si128($p.add(2 * $at) as *const __m128i))
+                    } else {
+                        _mm256_loadu_ps($p.add(4 * $at) as *const f32)
+                    }
+                };
+            }
+
+            /// Entry `at` of a column's [`BlockTable`] in lane 0, the other lanes 0.
+            macro_rules! entry {
+                ($half:expr, $p:expr, $at:expr) => {
+                    if $half {
+                        let bits = ($p.add(2 * $at) as *const u16).read_unaligned();
+                        _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))
+                    } else {
+                        _mm_load_ss($p.add(4 * $at) as *const f32)
+                    }
+                };
+            }
+
             /// `R` rows × `C` columns, starting at `(r0, c0)`.
             ///
             /// The groups' loop is one body on purpose (docs/design/model.md): split into
@@ -145,6 +183,7 @@ macro_rules! x86_tiles {
                 const SIGNED: bool,
                 const HALVES: bool,
                 const NIBBLES: bool,
+                const HALF: bool,
             >(
                 w: &PackedMatrix,
                 a: &QuantizedRows,
@@ -152,7 +191,7 @@ macro_rules! x86_tiles {
                 c0: usize,
                 out: Out,
             ) {
-                let ops = TileOperands::<R, C>::new(w, a, r0, c0, HALVES);
+                let ops = TileOperands::<R, C>::new(w, a, r0, c0, HALVES, HALF);
                 let TileOperands { wq, wsc, wsc2, wof, aq, asc, asum, afirst, asums, whole, affine, .. } = ops;
                 let signed_bytes = SIGNED && !NIBBLES;
                 let zero = _mm256_setzero_si256();
@@ -241,10 +280,10 @@ macro_rules! x86_tiles {
                             }
                         }
                         let ws: [__m256; C] =
-                            std::array::from_fn(|j| _mm256_loadu_ps(wsc[j].add(g * GROUP)));
+                            std::array::from_fn(|j| entries!(HALF, wsc[j], g * GROUP));
                         let ws2: [__m256; C] = std::array::from_fn(|j| {
                             if HALVES {
-                                _mm256_loadu_ps(wsc2[j].add(g * GROUP))
+                                entries!(HALF, wsc2[j], g * GROUP)
                             } else {
                                 _mm256_setzero_ps()
                             }
@@ -274,7 +313,7 @@ macro_rules! x86_tiles {
                         }
                         if affine {
                             let wo: [__m256; C] =
-                                std::array::from_fn(|j| _mm256_loadu_ps(wof[j].add(g * GROUP)));
+                                std::array::from_fn(|j| entries!(HALF, wof[j], g * GROUP));
                             for i in 0..R {
                                 let sums = _mm256_loadu_ps(asums[i].add(g * GROUP));
                                 for j in 0..C {
@@ -285,7 +324,7 @@ macro_rules! x86_tiles {
                     }
                 }
                 // SAFETY: the caller's; `ops` is this tile's.
-                unsafe { finish::<R, C, SIGNED, NIBBLES>(&ops, acc, r0, c0, out) };
+                unsafe { finish::<R, C, SIGNED, NIBBLES, HALF>(&ops, acc, r0, c0, out) };
             }
 
             /// The tile's end: the blocks after the last whole group into `acc`, a block
@@ -303,6 +342,7 @@ macro_rules! x86_tiles {
                 const C: usize,
                 const SIGNED: bool,
                 const NIBBLES: bool,
+                const HALF: bool,
             >(
                 ops: &TileOperands<R, C>,
                 mut acc: [[__m256; C]; R],
@@ -334,7 +374,8 @@ macro_rules! x86_tiles {
                                 let ($cw, $cs) = (wv[j], SIGNED);
                                 $column
                             };
-                            ws[j] = _mm256_broadcast_ss(&*wsc[j].add(b));
+                            let scale = entry!(HALF, wsc[j], b);
+                            ws[j] = _mm256_broadcastss_ps(scale);
                         }
                         for i in 0..R {
                             let av = _mm256_loadu_si256(aq[i].add(b * BLOCK) as *const __m256i);
@@ -358,10 +399,11 @@ macro_rules! x86_tiles {
                         }
                         if affine {
                             // The block's offset term in lane 0, 0 · 0 in the others.
-                            let lane0 = |p: *const f32| _mm256_zextps128_ps256(_mm_load_ss(p));
-                            let wo: [__m256; C] = std::array::from_fn(|j| lane0(wof[j].add(b)));
+                            let wo: [__m256; C] = std::array::from_fn(|j| {
+                                _mm256_zextps128_ps256(entry!(HALF, wof[j], b))
+                            });
                             for i in 0..R {
-                                let sums = lane0(asums[i].add(b));
+                                let sums = _mm256_zextps128_ps256(_mm_load_ss(asums[i].add(b)));
                                 for j in 0..C {
                                     acc[i][j] = _mm256_fmadd_ps(wo[j], sums, acc[i][j]);
                                 }
@@ -386,6 +428,7 @@ macro_rules! x86_tiles {
                 const SIGNED: bool,
                 const HALVES: bool,
                 const NIBBLES: bool,
+                const HALF: bool,
             >(
                 w: &PackedMatrix,
                 a: &QuantizedRows,
@@ -396,18 +439,18 @@ macro_rules! x86_tiles {
                 let mut r = 0;
                 unsafe {
                     while r + ROWS <= a.rows {
-                        tile::<ROWS, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out);
+                        tile::<ROWS, C, SIGNED, HALVES, NIBBLES, HALF>(w, a, r, c0, out);
                         r += ROWS;
                     }
                     if ROWS > 4 && a.rows - r >= 4 {
-                        tile::<4, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out);
+                        tile::<4, C, SIGNED, HALVES, NIBBLES, HALF>(w, a, r, c0, out);
                         r += 4;
                     }
                     match a.rows - r {
                         0 => {}
-                        1 => tile::<1, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out),
-                        2 => tile::<2, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out),
-                        3 => tile::<3, C, SIGNED, HALVES, NIBBLES>(w, a, r, c0, out),
+                        1 => tile::<1, C, SIGNED, HALVES, NIBBLES, HALF>(w, a, r, c0, out),
+                        2 => tile::<2, C, SIGNED, HALVES, NIBBLES, HALF>(w, a, r, c0, out),
+                        3 => tile::<3, C, SIGNED, HALVES, NIBBLES, HALF>(w, a, r, c0, out),
                         _ => unreachable!("fewer than four rows remain"),
                     }
                 }
@@ -429,24 +472,37 @@ macro_rules! x86_tiles {
                         // SAFETY: the caller's.
                         unsafe {
                             let k = w.kind;
-                            match (k.signed, k.halves, k.nibbles) {
-                                (true, false, false) => {
-                                    columns::<$c, true, false, false>(w, a, c0, out)
+                            match (k.signed, k.halves, k.nibbles, k.half) {
+                                // Q8_0, Q5_0.
+                                (true, false, false, true) => {
+                                    columns::<$c, true, false, false, true>(w, a, c0, out)
                                 }
-                                (true, true, false) => {
-                                    columns::<$c, true, true, false>(w, a, c0, out)
+                                // Q6_K.
+                                (true, true, false, false) => {
+                                    columns::<$c, true, true, false, false>(w, a, c0, out)
                                 }
-                                (false, false, false) => {
-                                    columns::<$c, false, false, false>(w, a, c0, out)
+                                // Q5_1.
+                                (false, false, false, true) => {
+                                    columns::<$c, false, false, false, true>(w, a, c0, out)
                                 }
-                                (true, false, true) => {
-                                    columns::<$c, true, false, true>(w, a, c0, out)
+                                // Q5_K.
+                                (false, false, false, false) => {
+                                    columns::<$c, false, false, false, false>(w, a, c0, out)
                                 }
-                                (false, false, true) => {
-                                    columns::<$c, false, false, true>(w, a, c0, out)
+                                // Q4_0.
+                                (true, false, true, true) => {
+                                    columns::<$c, true, false, true, true>(w, a, c0, out)
+                                }
+                                // Q4_1.
+                                (false, false, true, true) => {
+                                    columns::<$c, false, false, true, true>(w, a, c0, out)
+                                }
+                                // Q4_K.
+                                (false, false, true, false) => {
+                                    columns::<$c, false, false, true, false>(w, a, c0, out)
                                 }
                                 _ => unreachable!(
-                                    "no format has halves with nibbles or unsigned"
+                                    "only the kinds listed above exist (pack::kind_of)"
                                 ),
                             }
                         }
@@ -482,8 +538,9 @@ fn prefetch_columns(w: &PackedMatrix, c0: usize, count: usize) {
     prefetch_lines::<_MM_HINT_T1, u8>(&w.quants[c0 * column..(c0 + count) * column]);
     let blocks = w.k / BLOCK;
     for table in [&w.scales, &w.second_scales, &w.offsets] {
+        let entries = blocks * table.entry_bytes();
         if !table.is_empty() {
-            prefetch_lines::<_MM_HINT_T1, f32>(&table[c0 * blocks..(c0 + count) * blocks]);
+            prefetch_lines::<_MM_HINT_T1, u8>(&table.bytes()[c0 * entries..(c0 + count) * entries]);
         }
     }
 }
@@ -500,7 +557,7 @@ x86_tiles! {
     /// moves onto the activation (`sign`) and its magnitude is the unsigned operand;
     /// `madd` with ones then sums the pairs into fours. Pairs stay exact: at most
     /// 2 · 128 · 127 < 2^15. Q4_0's nibbles are multiplied as they are, less `8 · Σ a`.
-    avx2, "avx2,fma", rows: 4,
+    avx2, "avx2,fma,f16c", rows: 4,
     column: |w, signed| if signed { _mm256_abs_epi8(w) } else { w },
     start: |sum, _first, signed, nibbles, _halves| {
         let zero = _mm256_setzero_si256();
@@ -559,10 +616,10 @@ macro_rules! vnni_tiles {
 vnni_tiles! {
     /// AVX-512 VNNI's 256-bit `vpdpbusd` (it needs AVX512VL for that width); AVX-512's
     /// 32 vector registers hold eight rows' accumulators.
-    avx512vnni, "avx2,fma,avx512vnni,avx512vl", rows: 8, _mm256_dpbusd_epi32
+    avx512vnni, "avx2,fma,f16c,avx512vnni,avx512vl", rows: 8, _mm256_dpbusd_epi32
 }
 
 vnni_tiles! {
     /// AVX-VNNI's `vpdpbusd`, the VEX-encoded twin for CPUs without AVX-512.
-    avxvnni, "avx2,fma,avxvnni", rows: 4, _mm256_dpbusd_avx_epi32
+    avxvnni, "avx2,fma,f16c,avxvnni", rows: 4, _mm256_dpbusd_avx_epi32
 }
