@@ -179,7 +179,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::kernels::test_values;
+    use crate::model::kernels::{same_bits, test_values};
 
     #[test]
     fn the_gate_is_silu_times_up_on_every_path() {
@@ -204,12 +204,7 @@ mod tests {
         }
         for &simd in Simd::available() {
             let fast = gate_mul(simd, Activation::Silu, &gate_up, rows, ffn);
-            assert!(
-                fast.iter()
-                    .zip(&portable)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{simd:?} and portable differ"
-            );
+            assert!(same_bits(&fast, &portable), "{simd:?} and portable differ");
         }
     }
 
@@ -231,9 +226,7 @@ mod tests {
             for &simd in Simd::available() {
                 let all = gate_mul(simd, activation, &gate_up, rows, ffn);
                 assert!(
-                    all.iter()
-                        .zip(&one_by_one)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    same_bits(&all, &one_by_one),
                     "{activation:?}: {simd:?} with {rows} rows and portable one by one differ"
                 );
             }

@@ -665,6 +665,7 @@ fn join_parts_body<'p>(parts: impl Iterator<Item = &'p [f32]> + Clone, o: &mut [
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kernels::same_bits;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
         crate::model::kernels::test_values(len, seed, 1.0)
@@ -722,10 +723,7 @@ mod tests {
         };
         attend(Simd::detect(), &q_one, &[seq], shape, &mut alone);
         let row = 2 + t - 1;
-        let same = alone
-            .iter()
-            .zip(&many[row * heads * hd..(row + 1) * heads * hd])
-            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = same_bits(&alone, &many[row * heads * hd..(row + 1) * heads * hd]);
         assert!(
             same,
             "after {base} rows, the last token's attention differs alone and in a 9-row pass"
@@ -738,12 +736,7 @@ mod tests {
         for base in [50, PART - 2, 3 * PART + 1] {
             let fast = run(Simd::detect(), base, 4, 4, 0);
             let slow = run(Simd::Portable, base, 4, 4, 0);
-            assert!(
-                fast.iter()
-                    .zip(&slow)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "after {base} rows"
-            );
+            assert!(same_bits(&fast, &slow), "after {base} rows");
         }
     }
 
@@ -867,10 +860,7 @@ mod tests {
             let mut alone = vec![0f32; total * heads * hd];
             attend(Simd::detect(), &q, &[seq(s)], shape, &mut alone);
             let rows = offsets[s] * heads * hd..(offsets[s] + sets[s].len()) * heads * hd;
-            let same = together[rows.clone()]
-                .iter()
-                .zip(&alone[rows])
-                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = same_bits(&together[rows.clone()], &alone[rows]);
             assert!(same, "sequence {s} differs in the batched call");
         }
     }
@@ -937,9 +927,7 @@ mod tests {
             );
             let got = &windowed[i * heads * hd..(i + 1) * heads * hd];
             assert!(
-                got.iter()
-                    .zip(&alone)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                same_bits(got, &alone),
                 "query {i} differs from attention over its window's rows alone"
             );
         }

@@ -183,6 +183,14 @@ fn execute_guided(items: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
     pool::pool().run(items, f)
 }
 
+/// Whether two results are the same floats bit for bit, and as many: what row
+/// invariance and the paths' agreement promise (a `==` would take -0 for 0 and fail
+/// on NaN).
+#[cfg(test)]
+pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
 /// Pseudo-random values in ±scale/2, the same for the same seed: test inputs.
 #[cfg(test)]
 pub(crate) fn test_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {

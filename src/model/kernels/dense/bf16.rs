@@ -409,7 +409,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::kernels::test_values;
+    use crate::model::kernels::{same_bits, test_values};
 
     /// Every path this CPU can run gives the portable path's bits, for 1–9 rows and
     /// groups of 1–6 columns: `vdpbf16ps` and both FMA paths side by side (through
@@ -457,9 +457,7 @@ mod tests {
                 for width in [1, 2, 6] {
                     let got = run(path, width);
                     assert!(
-                        got.iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        same_bits(&got, &want),
                         "{path:?}, {rows} rows, {width} columns a group"
                     );
                 }

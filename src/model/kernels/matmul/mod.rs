@@ -304,7 +304,7 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
-    use crate::model::kernels::test_values as values;
+    use crate::model::kernels::{same_bits, test_values as values};
 
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -409,10 +409,7 @@ mod tests {
             let together = run(simd, &w, &many, 13);
             for r in 0..13 {
                 let alone = run(simd, &w, &many[r * k..(r + 1) * k], 1);
-                let same = alone
-                    .iter()
-                    .zip(&together[r * n..(r + 1) * n])
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = same_bits(&alone, &together[r * n..(r + 1) * n]);
                 assert!(
                     same,
                     "{dtype:?} {simd:?}: row {r} differs alone and among 13 rows"
@@ -434,9 +431,7 @@ mod tests {
                 for &simd in Simd::available() {
                     let fast = run(simd, &w, &x, rows);
                     assert!(
-                        fast.iter()
-                            .zip(&slow)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        same_bits(&fast, &slow),
                         "{dtype:?}, k {k}, {rows} rows: {simd:?} and portable differ"
                     );
                 }
