@@ -65,6 +65,12 @@ def read_bandwidth(binary, path, threads):
     return json.loads(out.strip().splitlines()[-1])["gb_per_s"]
 
 
+def prefill(a, path, prompt):
+    """suffixd's prompt tokens and prefill seconds for a raw prompt, one token out."""
+    g = suffixd(a.suffixd, path, a.threads, ["--prompt", prompt, "--max-tokens", "1"])
+    return g["prompt_tokens"], g["prefill_s"]
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -108,20 +114,13 @@ def main():
             generated, context_tokens = len(g["tokens"]), g["prompt_tokens"]
             ours_tg.append(g["tokens_per_s"])
             ours_share.append(gb * g["tokens_per_s"] / bandwidth)
+            prompt_tokens, seconds = prefill(a, path, context + long_prompt)
             if a.depth:
-                # The 512 tokens' prefill after the context: the time of the whole
-                # prompt less that of the context alone.
-                whole = suffixd(a.suffixd, path, a.threads, ["--prompt", context + long_prompt,
-                                                             "--max-tokens", "1"])
-                alone = suffixd(a.suffixd, path, a.threads, ["--prompt", context,
-                                                             "--max-tokens", "1"])
-                prompt_tokens = whole["prompt_tokens"] - alone["prompt_tokens"]
-                ours_pp.append(prompt_tokens / (whole["prefill_s"] - alone["prefill_s"]))
-            else:
-                g = suffixd(a.suffixd, path, a.threads, ["--prompt", long_prompt,
-                                                         "--max-tokens", "1"])
-                prompt_tokens = g["prompt_tokens"]
-                ours_pp.append(prompt_tokens / g["prefill_s"])
+                # The 512 tokens' share: the whole prompt less the context alone.
+                context_only, context_seconds = prefill(a, path, context)
+                prompt_tokens -= context_only
+                seconds -= context_seconds
+            ours_pp.append(prompt_tokens / seconds)
         m = statistics.median
         print(f"| {os.path.basename(path)} | {m(theirs_tg):.1f} | {m(ours_tg):.1f} | "
               f"{m(ours_tg) / m(theirs_tg):.2f}× | {m(theirs_pp):.1f} | {m(ours_pp):.1f} | "

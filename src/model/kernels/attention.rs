@@ -456,7 +456,7 @@ pub fn attend(
             }
             for (h, (oh, &(max, sum))) in os.chunks_exact(hd).zip(&stats).enumerate() {
                 let head = first + h;
-                if query.parts == 1 {
+                if query.parts() == 1 {
                     // SAFETY: head `head` of `row` is this item's alone, inside `out`.
                     let o = unsafe { dst.slice((row * heads + head) * hd, hd) };
                     for (o, &x) in o.iter_mut().zip(oh) {
@@ -512,7 +512,7 @@ fn check_inputs(sequences: &[SequenceCache<'_>], s: AttnShape, out_len: usize) {
 }
 
 /// Per query, in batch order: its sequence, its index there, its rows' count and first
-/// row (after the window), its parts, and its first work item and first partial result
+/// row (after the window), and its first work item and first partial result
 /// (for a query of several parts); then the work items and partial results in all.
 fn plan_queries(
     sequences: &[SequenceCache<'_>],
@@ -526,16 +526,16 @@ fn plan_queries(
         for (i, set) in seq.sets.iter().enumerate() {
             let all = seq.base + set.len();
             let n = window.map_or(all, |w| all.min(w));
-            let parts = n.div_ceil(PART);
-            queries.push(Query {
+            let query = Query {
                 sequence: at,
                 index: i,
                 rows: n,
                 skip: all - n,
-                parts,
                 first_item: items,
                 first_partial: partials,
-            });
+            };
+            let parts = query.parts();
+            queries.push(query);
             items += parts * groups;
             if parts > 1 {
                 partials += parts * heads;
@@ -557,7 +557,7 @@ fn join_queries(
     dst: Out,
 ) {
     let partial_len = hd + 2;
-    let several: Vec<&Query> = queries.iter().filter(|qr| qr.parts > 1).collect();
+    let several: Vec<&Query> = queries.iter().filter(|qr| qr.parts() > 1).collect();
     super::pool::pool().run(several.len(), |range| {
         for query in &several[range] {
             let row = sequences[query.sequence].offset + query.index;
@@ -568,7 +568,7 @@ fn join_queries(
                 };
                 // SAFETY: head `head` of `row` is this query's alone, inside `out`.
                 let o = unsafe { dst.slice((row * heads + head) * hd, hd) };
-                join_parts(simd, (0..query.parts).map(at), o);
+                join_parts(simd, (0..query.parts()).map(at), o);
             }
         }
     });
@@ -609,15 +609,20 @@ struct Query {
     /// Its sequence, and its index among that sequence's new tokens.
     sequence: usize,
     index: usize,
-    /// Its rows after the window, the ones the window leaves out before them, and the
-    /// parts they are cut into.
+    /// Its rows after the window, and the ones the window leaves out before them.
     rows: usize,
     skip: usize,
-    parts: usize,
     /// Its first work item (parts × head groups follow), and its first partial result
     /// (parts × heads follow; only for a query of several parts).
     first_item: usize,
     first_partial: usize,
+}
+
+impl Query {
+    /// The parts its rows are cut into.
+    fn parts(&self) -> usize {
+        self.rows.div_ceil(PART)
+    }
 }
 
 /// One head's parts (`[max, Σ e, Σ e · value...]` each, in part order) joined into `o`:

@@ -110,6 +110,26 @@ impl<const R: usize, const C: usize> TileOperands<R, C> {
     }
 }
 
+/// A match of `kind` (`(signed, halves, nibbles, half)`) over the kinds that
+/// `pack::kind_of` makes, each arm calling `columns` with those as its const
+/// parameters: Q8_0 and Q5_0, Q6_K, Q5_1, Q5_K, Q4_0, Q4_1, Q4_K.
+macro_rules! for_each_kind {
+    ($columns:ident::<$c:literal> $args:tt, $kind:expr) => {
+        for_each_kind!(@arms $columns, $c, $args, $kind,
+            (true, false, false, true), (true, true, false, false),
+            (false, false, false, true), (false, false, false, false),
+            (true, false, true, true), (false, false, true, true),
+            (false, false, true, false))
+    };
+    (@arms $columns:ident, $c:literal, $args:tt, $kind:expr,
+        $(($s:literal, $h:literal, $n:literal, $f:literal)),+) => {
+        match $kind {
+            $(($s, $h, $n, $f) => $columns::<$c, $s, $h, $n, $f> $args,)+
+            _ => unreachable!("only the kinds listed exist (pack::kind_of)"),
+        }
+    };
+}
+
 /// The x86 tiles, written once and compiled per instruction set. A group's integer dot
 /// products accumulate in i32 lanes, one block per lane, exactly; each set supplies the
 /// integer steps:
@@ -467,50 +487,12 @@ macro_rules! x86_tiles {
                 width: usize,
                 out: Out,
             ) {
-                macro_rules! go {
-                    ($c:literal) => {
-                        // SAFETY: the caller's.
-                        unsafe {
-                            let k = w.kind;
-                            match (k.signed, k.halves, k.nibbles, k.half) {
-                                // Q8_0, Q5_0.
-                                (true, false, false, true) => {
-                                    columns::<$c, true, false, false, true>(w, a, c0, out)
-                                }
-                                // Q6_K.
-                                (true, true, false, false) => {
-                                    columns::<$c, true, true, false, false>(w, a, c0, out)
-                                }
-                                // Q5_1.
-                                (false, false, false, true) => {
-                                    columns::<$c, false, false, false, true>(w, a, c0, out)
-                                }
-                                // Q5_K.
-                                (false, false, false, false) => {
-                                    columns::<$c, false, false, false, false>(w, a, c0, out)
-                                }
-                                // Q4_0.
-                                (true, false, true, true) => {
-                                    columns::<$c, true, false, true, true>(w, a, c0, out)
-                                }
-                                // Q4_1.
-                                (false, false, true, true) => {
-                                    columns::<$c, false, false, true, true>(w, a, c0, out)
-                                }
-                                // Q4_K.
-                                (false, false, true, false) => {
-                                    columns::<$c, false, false, true, false>(w, a, c0, out)
-                                }
-                                _ => unreachable!(
-                                    "only the kinds listed above exist (pack::kind_of)"
-                                ),
-                            }
-                        }
-                    };
-                }
+                let k = w.kind;
+                let kind = (k.signed, k.halves, k.nibbles, k.half);
+                // SAFETY (each arm): the caller's.
                 match width {
-                    2 => go!(2),
-                    1 => go!(1),
+                    2 => unsafe { for_each_kind!(columns::<2>(w, a, c0, out), kind) },
+                    1 => unsafe { for_each_kind!(columns::<1>(w, a, c0, out), kind) },
                     _ => unreachable!("COLS is 2"),
                 }
             }
