@@ -18,6 +18,13 @@
 //! ```text
 //! shape_cost --write-vocabulary models/SmolLM2-135M-Instruct.Q4_1.gguf vocab.gguf
 //! ```
+//!
+//! For the peer on the same card (`tools/peer-shapes.py`), a shape's whole `config.json`
+//! (the published checkpoint's, with its widths, vocabulary and tying):
+//!
+//! ```text
+//! shape_cost --write-config llama-3.1-8b config.json
+//! ```
 
 use std::path::Path;
 use std::time::Instant;
@@ -63,6 +70,18 @@ fn write_vocabulary(from: &str, to: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Write shape `name`'s `config.json` as transformers reads it to `to`.
+fn write_config(name: &str, to: &str) -> anyhow::Result<()> {
+    let shape = synthetic::shape(name)?;
+    let mut config = shape.config.clone();
+    config["intermediate_size"] = shape.ffn.into();
+    config["vocab_size"] = shape.vocab.into();
+    config["tie_word_embeddings"] = shape.tied.into();
+    config["torch_dtype"] = "bfloat16".into();
+    std::fs::write(to, serde_json::to_string_pretty(&config)?)?;
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let name = args
@@ -74,6 +93,12 @@ fn main() -> anyhow::Result<()> {
             anyhow::bail!("usage: shape_cost --write-vocabulary FROM.gguf TO.gguf");
         };
         return write_vocabulary(&from, &to);
+    }
+    if name == "--write-config" {
+        let (Some(shape), Some(to)) = (args.next(), args.next()) else {
+            anyhow::bail!("usage: shape_cost --write-config SHAPE config.json");
+        };
+        return write_config(&shape, &to);
     }
     let (mut weights, mut contexts, mut max_k, mut repeats, mut seed) = (
         "bf16".to_string(),

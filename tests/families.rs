@@ -582,7 +582,8 @@ fn bits(t: &Tensor) -> Vec<u32> {
 }
 
 /// A token's logits from `model` are the same bits whether it runs alone, in a chain
-/// after a committed prefix, or in a branching tree beside a wrong branch.
+/// after a committed prefix, in a branching tree beside a wrong branch, or after a prefix
+/// copied out into blocks and put back (the prefix cache's path).
 fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
     let n = PROMPT.len();
     // One token at a time, as plain decoding runs.
@@ -622,6 +623,33 @@ fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
             "{what}: token {pos} in a tree"
         );
     }
+    // The first 8 copied out as two blocks (the second into a reused block) and put
+    // back into a new cache, as the prefix cache does: the rest as if prefilled.
+    let mut cache = KvCache::default();
+    model.forward(&mut cache, &PROMPT[..8], &chain(8)).unwrap();
+    cache.commit(&(0..8).collect::<Vec<_>>()).unwrap();
+    let first = cache.save_block(0, 4, None).expect("committed positions");
+    let scratch = cache.save_block(0, 4, None).expect("committed positions");
+    let second = cache
+        .save_block(4, 4, Some(scratch))
+        .expect("committed positions");
+    assert!(
+        cache.save_block(6, 4, None).is_none(),
+        "{what}: past the committed"
+    );
+    let mut restored = KvCache::default();
+    restored.extend_from_blocks(&[&first, &second]).unwrap();
+    assert_eq!(restored.len(), 8);
+    let rest = model
+        .forward(&mut restored, &PROMPT[8..], &chain(n - 8))
+        .unwrap();
+    for (i, want) in alone.iter().enumerate().skip(8) {
+        assert_eq!(
+            &bits(&rest.i(i - 8).unwrap()),
+            want,
+            "{what}: token {i} after a restored prefix"
+        );
+    }
 }
 
 #[test]
@@ -643,8 +671,8 @@ fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
 /// own RoPE base), from a directory and from GGUF (RoPE on halves). Each one's logits
 /// agree with the CPU's pass on the same weights (relative error under 1e-3 in f32:
 /// summation orders differ; 5e-3 in bf16, where the CPU rounds activations to bf16 and
-/// the GPU does not), and a token's logits are the same bits alone, in a chain and in a
-/// tree.
+/// the GPU does not), and a token's logits are the same bits alone, in a chain, in a
+/// tree and after a prefix restored from blocks on the device.
 #[cfg(feature = "cuda")]
 #[test]
 fn on_a_gpu_its_kernels_run_every_family_exactly() {

@@ -635,16 +635,13 @@ fn agent_prompt(engine: &Engine, turns: &[&str]) -> Vec<u32> {
 /// without it, plain and speculative, alone and batched; a second turn reuses the first
 /// turn's prompt and answer; another namespace reuses nothing; and a request whose
 /// prefix is evicted while it runs (other requests' prompts take the room) still
-/// answers exactly.
+/// answers exactly. On a GPU (`SUFFIXD_TEST_DEVICE=cuda`) the blocks live on the device.
 #[test]
 fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
     use suffixd::engine::{Drafter, Sequence};
     let Some(path) = model() else { return };
     let mut engine =
         Engine::load(&path, WeightFormat::default_for_build(), 1024, &device()).unwrap();
-    if !device().is_cpu() {
-        return; // The prefix cache runs on the CPU only.
-    }
     engine.set_cost_curve(CostCurve::flat());
     let params = SpecParams {
         tree: true,

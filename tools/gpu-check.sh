@@ -4,7 +4,8 @@
 # and f32 against candle's path with host attention, agentic, chat and an unseen pipeline
 # workload), the transformers peer on the same GPU and prompts, the server under load
 # with speculation on and off, and a kernel profile of plain decoding. Each stage has its
-# own time limit and writes its log under $RESULTS; a summary is printed last.
+# own time limit and writes its log under $RESULTS; a summary is printed last. The prefix
+# cache's time to first token on a repeated 2,000-token prompt runs before the load.
 #
 #   tools/gpu-check.sh
 #
@@ -175,21 +176,27 @@ fi
 [ -n "$UNSEEN" ] && bench unseen-bf16 90 --workload "$UNSEEN" --weights bf16
 bench chat-bf16 60 --workload tools/workloads/chat.jsonl --weights bf16
 
-serve_load() {  # label, then serve flags
-    local label=$1
-    shift
-    [ "$(limit 60)" -gt 0 ] || { note "load $label: skipped (out of time)"; return; }
-    local dir
-    dir=$(mktemp -d)
-    env ${SERVE_ENV:-} SUFFIXD_ADMIN_TOKEN=gpu-check "$BIN" serve --model "$MODEL" --snapshot-dir "$dir" \
-        --addr "127.0.0.1:$PORT" "$@" >"$RESULTS/serve-$label.log" 2>&1 &
-    local pid=$!
+start_server() {  # label, then serve flags; sets server_pid and server_dir
+    server_dir=$(mktemp -d)
+    env ${SERVE_ENV:-} SUFFIXD_ADMIN_TOKEN=gpu-check "$BIN" serve --model "$MODEL" --snapshot-dir "$server_dir" \
+        --addr "127.0.0.1:$PORT" "${@:2}" >"$RESULTS/serve-$1.log" 2>&1 &
+    server_pid=$!
     for _ in $(seq 120); do
         python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
             "http://127.0.0.1:$PORT/metrics" 2>/dev/null && break
-        kill -0 "$pid" 2>/dev/null || break
+        kill -0 "$server_pid" 2>/dev/null || break
         sleep 0.5
     done
+}
+stop_server() {
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    rm -rf "$server_dir"
+}
+serve_load() {  # label, then serve flags
+    local label=$1
+    [ "$(limit 60)" -gt 0 ] || { note "load $label: skipped (out of time)"; return; }
+    start_server "$@"
     timeout "$(limit 90)" python3 tools/load.py --base "http://127.0.0.1:$PORT" \
         --requests "${REQUESTS:-${LOAD_REQUESTS:-128}}" --concurrency 32 --max-tokens 128 \
         --admin-token gpu-check >"$RESULTS/load-$label.log" 2>&1
@@ -199,9 +206,18 @@ serve_load() {  # label, then serve flags
         "http://127.0.0.1:$PORT/metrics" 2>/dev/null | grep -E '^suffixd_verification_seconds_(sum|count)' \
         | tr '\n' ' ' >>"$RESULTS/load-$label.log"
     note "load $label metrics: $(tail -1 "$RESULTS/load-$label.log")"
-    kill "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-    rm -rf "$dir"
+    stop_server
+}
+# The prefix cache on the device: a repeated 2,000-token prompt against a cold one
+# (PREFIX_TOKENS sets the length; the server's --max-context holds it).
+prefix_ttft() {
+    [ "$(limit 60)" -gt 0 ] || { note "prefix cache TTFT: skipped (out of time)"; return; }
+    local tokens=${PREFIX_TOKENS:-2000}
+    start_server prefix --max-context $((tokens + 512))
+    timeout "$(limit 60)" python3 tools/prefix-ttft.py --base "http://127.0.0.1:$PORT" \
+        --tokens "$tokens" --rounds 5 >"$RESULTS/prefix-ttft.log" 2>&1
+    note "prefix cache TTFT (rc $?): $(tail -2 "$RESULTS/prefix-ttft.log" | tr '\n' ' ')"
+    stop_server
 }
 # Where a plain decoding step's time goes: every kernel of a few steps, timed by ncu.
 NCU=${NCU:-1}
@@ -220,6 +236,7 @@ if [ -n "${BASE:-}" ] && [ "$QUICK" = 0 ] && [ "$NCU" = 1 ] && command -v ncu >/
     note "ncu base (rc $?): $(python3 tools/ncu-summary.py "$RESULTS/ncu-base.csv" 2>&1 | tr '\n' ' ')"
 fi
 
+prefix_ttft
 serve_load spec
 serve_load plain --no-spec
 if [ -n "${BASE:-}" ]; then

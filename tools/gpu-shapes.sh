@@ -6,6 +6,11 @@
 # Every family runs on the device kernels. With TEST_BIN (the `families` test binary of
 # the CUDA build) it first checks each family on the GPU against the CPU and for the
 # same bits alone, in a chain and in a tree; a shape that fails is logged, not hidden.
+# Where the machine's Python has torch and transformers, the peer runs the shapes in
+# PEER_SHAPES (default llama-3.2-1b llama-3.1-8b) after suffixd (tools/peer-shapes.py:
+# the same config.json, random bf16 weights, plain greedy decoding; PEER_FLAGS, default
+# --compile; PEER=0 leaves it out), and the summary says whether vLLM or SGLang is
+# installed there.
 #
 # Here (no GPU needed):
 #   tools/build-cuda.sh --example shape_cost
@@ -39,6 +44,11 @@ if [ -n "$TEST_BIN" ]; then
     echo "== families on the GPU: rc $?" | tee -a "$RESULTS/summary.txt"
     grep -E 'relative difference|^test |panicked' "$RESULTS/families.log" | tee -a "$RESULTS/summary.txt"
 fi
+PEER=${PEER:-1}
+PEER_SHAPES=${PEER_SHAPES:-llama-3.2-1b llama-3.1-8b}
+python3 -c 'import torch, transformers' 2>/dev/null || PEER=0
+echo "== serving peers installed: $(python3 -m pip list 2>/dev/null | grep -iE '^(vllm|sglang|torch|transformers) ' | tr -s ' ' | tr '\n' ';')" \
+    | tee -a "$RESULTS/summary.txt"
 for shape in $SHAPES; do
     rest=$((DEADLINE - SECONDS))
     if [ "$rest" -lt 30 ]; then
@@ -53,4 +63,11 @@ for shape in $SHAPES; do
         | tee -a "$RESULTS/summary.txt"
     cat "$RESULTS/$shape.jsonl"
     [ "$rc" -eq 0 ] || tail -3 "$RESULTS/$shape.log"
+    rest=$((DEADLINE - SECONDS))
+    if [ "$PEER" = 1 ] && [ "$rest" -gt 60 ] && [[ " $PEER_SHAPES " == *" $shape "* ]]; then
+        "$BIN" --write-config "$shape" "$RESULTS/$shape.config.json"
+        timeout "$((rest < 240 ? rest : 240))" python3 tools/peer-shapes.py "$RESULTS/$shape.config.json" \
+            ${PEER_FLAGS:---compile} >"$RESULTS/$shape.peer.json" 2>"$RESULTS/$shape.peer.log"
+        echo "== $shape peer: rc $?, $(tail -1 "$RESULTS/$shape.peer.json")" | tee -a "$RESULTS/summary.txt"
+    fi
 done

@@ -65,9 +65,10 @@ pub struct ModelArgs {
     #[arg(long, value_enum, default_value_t = CostMode::Measure)]
     pub cost: CostMode,
     /// Bytes of earlier prompts' keys and values kept for reuse by later requests that
-    /// start the same way (in the same namespace); 0 turns the prefix cache off. CPU
-    /// only [default: four full contexts of --max-context, at most an eighth of the
-    /// memory (the cgroup's limit in a container)].
+    /// start the same way (in the same namespace); 0 turns the prefix cache off. On a
+    /// GPU (`--weights bf16` or `f32`) the blocks are device memory [default: four full
+    /// contexts of --max-context, at most an eighth of the memory (the cgroup's limit in
+    /// a container; the GPU's free memory at start)].
     #[arg(long, env = "SUFFIXD_PREFIX_CACHE_BYTES")]
     pub prefix_cache_bytes: Option<u64>,
     /// Percent of the prefix cache's budget each namespace keeps whatever other
@@ -146,10 +147,13 @@ impl ModelArgs {
             }
             CostMode::Flat => engine.set_cost_curve(CostCurve::flat()),
         }
-        let memory = crate::store::live::usable_memory_bytes();
+        // The host's memory, or the GPU's where the blocks live there.
+        let memory = engine
+            .prefix_cache_device_memory_bytes()
+            .or_else(crate::store::live::usable_memory_bytes);
         let prefix_bytes = match (self.prefix_cache_bytes, memory) {
             // A budget past memory would be no budget: the cache would grow until the
-            // process is killed for memory.
+            // process is killed for memory (or the device's allocations fail).
             (Some(asked), Some(memory)) if asked > memory / 2 => {
                 tracing::warn!(
                     "--prefix-cache-bytes {asked} is more than half the usable memory ({memory} bytes): capped at {}",

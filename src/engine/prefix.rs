@@ -12,19 +12,19 @@
 //!   same bits whether its prompt was prefilled alone, in chunks, beside other requests,
 //!   or verified as part of a draft. So a restored prefix is exactly what prefill would
 //!   have computed, and greedy output with the cache equals output without it (tested in
-//!   tests/verify.rs). On a GPU the cache stays off: there the KV cache lives on the
-//!   device.
+//!   tests/verify.rs). suffixd's GPU kernels keep the same rule, so there the blocks
+//!   stay on the device beside the sequences' caches; on candle's GPU operations (not
+//!   exact) the cache stays off.
 //! - **Tenants.** Chains start at a namespace: a request sees only the prefixes of its
 //!   own namespace. Otherwise the time to first token would tell one tenant whether
 //!   another had sent a prompt (vLLM's `cache_salt` discussion).
 //! - **Budget.** The blocks' keys and values stay within a byte budget. When a new block
 //!   does not fit, the least recently used leaf block is evicted (a leaf: no cached block
 //!   continues it, so every cached chain stays whole) and its memory is reused for the
-//!   new block. Each block is an anonymous mapping of its own, outside the heap: the
-//!   requests' KV caches come and go on the heap, and blocks among them would pin the
-//!   memory they free (measured: 120 MB more resident than the budget explains, under
-//!   200 different long prompts). Restored prefixes are copies, so a request never holds
-//!   a block: evicting one in the middle of a request's life changes nothing for it.
+//!   new block. A block is a [`KvBlock`]: on the host an anonymous mapping of its own,
+//!   outside the heap; on a GPU device memory, copied in and out by one kernel launch.
+//!   Restored prefixes are copies, so a request never holds a block: evicting one in the
+//!   middle of a request's life changes nothing for it.
 //! - **Shares.** Optionally each namespace is guaranteed a share of the budget
 //!   ([`PrefixCache::set_namespace_share`]): another namespace's insert evicts only
 //!   leaves of namespaces holding more than their share (or its own), so one tenant's
@@ -34,7 +34,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::model::forward::KvCache;
+use crate::model::forward::{KvBlock, KvCache};
 
 /// Tokens per cached block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -66,38 +66,8 @@ struct Block {
     children: u32,
     /// When it was last restored or offered (the cache's clock).
     last_used: u64,
-    /// Per layer, the block's keys then its values: `2 × BLOCK_TOKENS × row` floats.
-    kv: BlockMemory,
-}
-
-/// One block's floats, in an anonymous mapping of its own (see the module docs).
-struct BlockMemory(memmap2::MmapMut);
-
-impl BlockMemory {
-    /// `floats` zeroed floats; `None` when the system refuses the memory.
-    fn new(floats: usize) -> Option<Self> {
-        match memmap2::MmapMut::map_anon(floats * std::mem::size_of::<f32>()) {
-            Ok(map) => Some(BlockMemory(map)),
-            Err(e) => {
-                tracing::warn!("the prefix cache cannot map a block ({e}); it holds what it has");
-                None
-            }
-        }
-    }
-
-    fn floats(&self) -> &[f32] {
-        // SAFETY: any bytes are a valid f32, and a mapping is page-aligned.
-        let (head, floats, tail) = unsafe { self.0.align_to::<f32>() };
-        debug_assert!(head.is_empty() && tail.is_empty());
-        floats
-    }
-
-    fn floats_mut(&mut self) -> &mut [f32] {
-        // SAFETY: as in `floats`.
-        let (head, floats, tail) = unsafe { self.0.align_to_mut::<f32>() };
-        debug_assert!(head.is_empty() && tail.is_empty());
-        floats
-    }
+    /// Its keys and values, where the sequences' caches are (host or device).
+    kv: KvBlock,
 }
 
 /// The cache's counters, for `/metrics` and `/admin/stats`.
@@ -260,15 +230,11 @@ impl PrefixCache {
             self.touch(id, now);
         }
         let n = path.len() * BLOCK_TOKENS;
-        let span = BLOCK_TOKENS * self.row;
-        let blocks = &self.blocks;
-        cache.extend_committed(self.layers, self.row, n, |layer, keys, values| {
-            for (b, &id) in path.iter().enumerate() {
-                let kv = &blocks[&id].kv.floats()[layer * 2 * span..(layer + 1) * 2 * span];
-                keys[b * span..(b + 1) * span].copy_from_slice(&kv[..span]);
-                values[b * span..(b + 1) * span].copy_from_slice(&kv[span..]);
-            }
-        });
+        let blocks: Vec<&KvBlock> = path.iter().map(|id| &self.blocks[id].kv).collect();
+        if let Err(e) = cache.extend_from_blocks(&blocks) {
+            tracing::warn!("{e}: the prompt is prefilled instead");
+            return 0;
+        }
         self.stats.hits += 1;
         self.stats.tokens_reused += n as u64;
         n
@@ -284,7 +250,6 @@ impl PrefixCache {
         }
         let tokens = &tokens[..tokens.len().min(cache.len())];
         let now = self.tick();
-        let span = BLOCK_TOKENS * self.row;
         let namespace: Arc<str> = namespace.into();
         let mut parent = Parent::Namespace(namespace.clone());
         let mut added = 0;
@@ -298,30 +263,20 @@ impl PrefixCache {
                 parent = Parent::Block(id);
                 continue;
             }
-            // Every layer's rows, before anything changes: a cache not on the host has
-            // none to copy.
-            let Some(rows) = (0..self.layers)
-                .map(|layer| cache.committed_rows(layer, b * BLOCK_TOKENS, BLOCK_TOKENS))
-                .collect::<Option<Vec<_>>>()
-            else {
-                break;
-            };
             // Its parent gets a child first, so that making room never evicts the
             // chain being extended.
             if let Parent::Block(p) = &parent {
                 self.adopt(*p);
             }
-            let Some(mut kv) = self.make_room(&namespace) else {
+            let kv = self
+                .make_room(&namespace)
+                .and_then(|reuse| cache.save_block(b * BLOCK_TOKENS, BLOCK_TOKENS, reuse));
+            let Some(kv) = kv else {
                 if let Parent::Block(p) = &parent {
                     self.disown(*p);
                 }
                 break;
             };
-            for (layer, (keys, values)) in rows.into_iter().enumerate() {
-                let dst = &mut kv.floats_mut()[layer * 2 * span..(layer + 1) * 2 * span];
-                dst[..span].copy_from_slice(keys);
-                dst[span..].copy_from_slice(values);
-            }
             let id = self.next_id;
             self.next_id += 1;
             self.index.insert(key.clone(), id);
@@ -372,10 +327,11 @@ impl PrefixCache {
         }
     }
 
-    /// Memory for one more block of `namespace` within the budget: a fresh mapping, or
-    /// the memory of the least recently used leaf `namespace` may evict, evicted. `None`
-    /// when nothing can be evicted (or the system has no memory to give).
-    fn make_room(&mut self, namespace: &Arc<str>) -> Option<BlockMemory> {
+    /// Room for one more block of `namespace` within the budget, evicting the least
+    /// recently used leaves `namespace` may evict: `Some` with the last one evicted, for
+    /// its memory to be reused (`Some(None)`: none had to go), `None` when nothing can be
+    /// evicted.
+    fn make_room(&mut self, namespace: &Arc<str>) -> Option<Option<KvBlock>> {
         let mut reused = None;
         while self.held_bytes() + self.block_bytes() > self.budget_bytes {
             let victim = if self.share_blocks == 0 {
@@ -385,10 +341,7 @@ impl PrefixCache {
             };
             reused = Some(self.evict(victim?));
         }
-        match reused {
-            Some(memory) => Some(memory),
-            None => BlockMemory::new(self.layers * 2 * BLOCK_TOKENS * self.row),
-        }
+        Some(reused)
     }
 
     /// The least recently used leaf that an insert into `namespace` may evict: its own,
@@ -401,13 +354,13 @@ impl PrefixCache {
     }
 
     /// Evict the least recently used leaf; returns its memory.
-    fn evict_oldest_leaf(&mut self) -> Option<BlockMemory> {
+    fn evict_oldest_leaf(&mut self) -> Option<KvBlock> {
         let leaf = self.leaves.first().copied()?;
         Some(self.evict(leaf))
     }
 
     /// Evict leaf `(last_used, id)`; returns its memory.
-    fn evict(&mut self, leaf: (u64, u64)) -> BlockMemory {
+    fn evict(&mut self, leaf: (u64, u64)) -> KvBlock {
         self.leaves.remove(&leaf);
         let block = self.blocks.remove(&leaf.1).expect("a leaf is a block");
         self.index.remove(&block.key);

@@ -15,7 +15,7 @@ use super::kernels::Simd;
 use super::kernels::activation::{Activation, gate_mul};
 use super::kernels::attention::{AttnShape, SequenceCache, attend};
 use super::kernels::norm::{RopePairs, Rotary, add_assign, add_bias, gather_heads, rms_norm};
-pub use super::kv_cache::KvCache;
+pub use super::kv_cache::{KvBlock, KvBlockError, KvCache};
 use super::layer::{Layer, RopeTable};
 use super::linear::{Embedding, Linear, NormWeights};
 use super::pass::BatchPlan;
@@ -407,6 +407,28 @@ impl Model {
     /// The device the model runs on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Free memory on the GPU when the model runs on suffixd's GPU kernels; `None`
+    /// elsewhere (or when the driver does not say).
+    pub fn device_memory_free(&self) -> Option<u64> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            return cuda.memory_free();
+        }
+        None
+    }
+
+    /// True when a position's keys and values are the same bits however its prompt was
+    /// run (alone, in chunks, beside other sequences): on the CPU's kernels and on
+    /// suffixd's own GPU kernels, not on candle's GPU operations. A prefix of keys and
+    /// values can then be reused exactly.
+    pub fn kv_is_row_invariant(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if self.cuda.is_some() {
+            return true;
+        }
+        self.device.is_cpu()
     }
 }
 

@@ -971,3 +971,22 @@ extern "C" __global__ void kv_keep(u64 base, int cap, int kvw, int len, const in
         __syncthreads();
     }
 }
+
+// Copies `block_rows` positions of every layer's keys and values between a sequence's
+// cache and prefix-cache blocks (each `[layer][key|value][block_rows][kvw]`): block b
+// holds positions first + b × block_rows onward. One block of threads per layer's keys
+// or values (x) and cached block (y); `to_blocks` picks the direction. Plain copies:
+// the bits move unchanged.
+extern "C" __global__ void kv_blocks(u64 base, int cap, int kvw, int first, const u64* blocks,
+                                     int block_rows, int to_blocks) {
+    const size_t span = (size_t)block_rows * kvw;
+    float* cache = (float*)base + ((size_t)blockIdx.x * cap + first) * kvw + blockIdx.y * span;
+    float* block = (float*)blocks[blockIdx.y] + blockIdx.x * span;
+    for (size_t e = threadIdx.x; e < span; e += blockDim.x) {
+        if (to_blocks) {
+            block[e] = cache[e];
+        } else {
+            cache[e] = block[e];
+        }
+    }
+}

@@ -39,8 +39,8 @@ mod upload;
 
 pub use error::CudaError;
 use graphs::Graphs;
-pub use kv::DeviceKv;
 use kv::KvKeeper;
+pub use kv::{DeviceBlock, DeviceKv};
 use launch::Pass;
 use module::{Kernels, MMA_TILES, TILES};
 use tuning::env_u32;
@@ -59,6 +59,9 @@ const HEADS_MAX_HEAD_DIM: usize = 256;
 
 /// The per-row fields of a pass, in the order of kernels.cu's ROW_* constants.
 const ROW_FIELDS: usize = 8;
+/// The most padding rows a pass gets ([`graphs::padded_rows`]): the slots of the KV cache
+/// their keys and values go to.
+const PADDING_ROWS: usize = graphs::PADDING_MAX;
 /// Threads of an attention block (kernels.cu's ATTN_THREADS).
 const ATTENTION_THREADS: u32 = 128;
 /// Threads of an argmax block (kernels.cu's ARGMAX_THREADS).
@@ -116,6 +119,9 @@ struct Scratch {
     logits: Option<CudaSlice<f32>>,
     /// Attention's per-split parts.
     partials: Option<CudaSlice<f32>>,
+    /// The keys and values of padding rows (`PADDING_ROWS` slots, never read by
+    /// another row).
+    padding_kv: Option<CudaSlice<f32>>,
     /// Attention's tickets, one per (row, head); the kernels leave them at zero.
     tickets: Option<CudaSlice<i32>>,
     fields: Option<CudaSlice<i32>>,
@@ -159,6 +165,12 @@ pub struct CudaForward {
 }
 
 impl CudaForward {
+    /// The device's free memory in bytes, as the driver reports it now.
+    pub(super) fn memory_free(&self) -> Option<u64> {
+        let (free, _total) = self.stream.context().mem_get_info().ok()?;
+        Some(free as u64)
+    }
+
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         s.device_ptr(&self.stream).0
     }
@@ -179,46 +191,31 @@ impl CudaForward {
         let cfg = &self.cfg;
         let (width, hd) = (cfg.width, cfg.head_dim);
         let qw = cfg.heads * hd;
-        let rows = plan.total;
-        let wanted = plan.wanted.len();
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch = &mut *scratch;
-
-        // The rows' fields: ROW_FIELDS arrays of `rows`, then the ids, the head's row
-        // map and the in-pass key slots.
-        let host = &mut scratch.host_fields;
-        host.clear();
-        host.resize(ROW_FIELDS * rows, 0);
-        let mut ancestors: Vec<i32> = Vec::new();
-        for (e, (offset, sets)) in batch.iter_mut().zip(&plan.parts) {
-            let (len, t) = (e.cache.len(), e.tokens.len());
-            match &mut e.cache.device {
-                Some(kv) => kv.reserve(len + t, len)?,
-                None => e.cache.device = Some(DeviceKv::new(self.keeper.clone(), len + t)?),
-            }
-            e.cache.set_pending(t);
-            let kv = e.cache.device.as_ref().expect("just made");
-            let base = kv.base();
-            for (i, set) in sets.iter().enumerate() {
-                let r = offset + i;
-                let field = |f: usize| f * rows + r;
-                host[field(0)] = plan.positions[r] as i32;
-                host[field(1)] = (len + i) as i32;
-                host[field(2)] = kv.cap as i32;
-                host[field(3)] = base as u32 as i32;
-                host[field(4)] = (base >> 32) as u32 as i32;
-                host[field(5)] = len as i32;
-                host[field(6)] = ancestors.len() as i32;
-                host[field(7)] = set.len() as i32;
-                ancestors.extend(set.iter().map(|&j| (len + j) as i32));
-            }
-        }
-        let ids_at = host.len();
-        host.extend(plan.ids.iter().map(|&t| t as i32));
-        let map_at = host.len();
-        host.extend(plan.wanted.iter().map(|&r| r as i32));
-        let anc_at = host.len();
-        host.extend_from_slice(&ancestors);
+        // Padded so that under load the shapes recur and replay as graphs (graphs.rs).
+        let rows = scratch.graphs.padded(plan.total);
+        let wanted = scratch.graphs.padded(plan.wanted.len()).min(rows);
+        let padding_kv = if rows > plan.total {
+            let floats = cfg.layers * 2 * PADDING_ROWS * cfg.kv_heads * hd;
+            self.ptr(ensure(
+                &self.stream,
+                &mut scratch.padding_kv,
+                floats,
+                &mut scratch.generation,
+            )?)
+        } else {
+            0
+        };
+        let layout = self.write_fields(
+            batch,
+            plan,
+            rows,
+            wanted,
+            padding_kv,
+            &mut scratch.host_fields,
+        )?;
+        let host = &scratch.host_fields;
         if scratch.fields.as_ref().is_none_or(|s| s.len() < host.len()) {
             // Room for deep trees, so that a graph's buffer rarely moves.
             let len = host.len().max(1 << 16).next_multiple_of(1 << 16);
@@ -273,16 +270,18 @@ impl CudaForward {
             partials: buffer(&mut scratch.partials, rows * cfg.heads * splits * (2 + hd))?,
             tickets,
             fields,
-            ids: at(ids_at),
-            head_rows: at(map_at),
-            ancestors: at(anc_at),
+            ids: at(layout.ids),
+            head_rows: at(layout.head_rows),
+            ancestors: at(layout.ancestors),
         };
         let key = (rows, wanted, scratch.generation);
         scratch
             .graphs
             .run(&self.stream, key, || self.launch_pass(&pass))?;
 
-        // The logits, out of the scratch buffer into a tensor of their own.
+        // The logits of the wanted rows (not the padding's), out of the scratch buffer
+        // into a tensor of their own.
+        let wanted = plan.wanted.len();
         let n = wanted * cfg.vocab;
         // SAFETY: the copy below writes the first n elements; the rest is cut off.
         let mut logits = unsafe { self.stream.alloc::<f32>(n.max(1)) }?;
@@ -297,7 +296,81 @@ impl CudaForward {
     }
 }
 
+/// Where a pass's index lists start in its uploaded fields (after the per-row ones).
+struct FieldLayout {
+    ids: usize,
+    head_rows: usize,
+    ancestors: usize,
+}
+
 impl CudaForward {
+    /// The fields of a pass of `rows` rows with `wanted` rows of logits into `host`:
+    /// [`ROW_FIELDS`] arrays of `rows` (kernels.cu's ROW_*), then the token ids, the
+    /// head's row map and the in-pass key slots. Each sequence's KV cache gets room for
+    /// its rows first. Rows past the plan's are padding (a token 0 at position 0 that
+    /// attends to itself, its key and value written to `padding_kv`), and so are head
+    /// rows past the plan's (row 0's logits again, never read): row-invariant kernels
+    /// give the plan's rows the same bits beside them.
+    fn write_fields(
+        &self,
+        batch: &mut [BatchEntry<'_>],
+        plan: &BatchPlan,
+        rows: usize,
+        wanted: usize,
+        padding_kv: u64,
+        host: &mut Vec<i32>,
+    ) -> Result<FieldLayout, CudaError> {
+        host.clear();
+        host.resize(ROW_FIELDS * rows, 0);
+        let field = |f: usize, r: usize| f * rows + r;
+        let mut ancestors: Vec<i32> = Vec::new();
+        for (e, (offset, sets)) in batch.iter_mut().zip(&plan.parts) {
+            let (len, t) = (e.cache.len(), e.tokens.len());
+            match &mut e.cache.device {
+                Some(kv) => kv.reserve(len + t, len)?,
+                None => e.cache.device = Some(DeviceKv::new(self.keeper.clone(), len + t)?),
+            }
+            e.cache.set_pending(t);
+            let kv = e.cache.device.as_ref().expect("just made");
+            let base = kv.base();
+            for (i, set) in sets.iter().enumerate() {
+                let r = offset + i;
+                host[field(0, r)] = plan.positions[r] as i32;
+                host[field(1, r)] = (len + i) as i32;
+                host[field(2, r)] = kv.cap as i32;
+                host[field(3, r)] = base as u32 as i32;
+                host[field(4, r)] = (base >> 32) as u32 as i32;
+                host[field(5, r)] = len as i32;
+                host[field(6, r)] = ancestors.len() as i32;
+                host[field(7, r)] = set.len() as i32;
+                ancestors.extend(set.iter().map(|&j| (len + j) as i32));
+            }
+        }
+        assert!(rows - plan.total <= PADDING_ROWS, "padding fits its cache");
+        for (slot, r) in (plan.total..rows).enumerate() {
+            host[field(1, r)] = slot as i32;
+            host[field(2, r)] = PADDING_ROWS as i32;
+            host[field(3, r)] = padding_kv as u32 as i32;
+            host[field(4, r)] = (padding_kv >> 32) as u32 as i32;
+            host[field(6, r)] = ancestors.len() as i32;
+            host[field(7, r)] = 1;
+            ancestors.push(slot as i32);
+        }
+        let ids = host.len();
+        host.extend(plan.ids.iter().map(|&t| t as i32));
+        host.resize(ids + rows, 0);
+        let head_rows = host.len();
+        host.extend(plan.wanted.iter().map(|&r| r as i32));
+        host.resize(head_rows + wanted, 0);
+        let at = host.len();
+        host.extend_from_slice(&ancestors);
+        Ok(FieldLayout {
+            ids,
+            head_rows,
+            ancestors: at,
+        })
+    }
+
     /// The greedy choice of each row of `logits` `(T, vocab)` (f32, on this GPU): the
     /// index of the largest value, the lowest of equal ones, NaN never the largest, as
     /// [`super::forward::argmax_rows`] on the CPU. One launch, and only the ids come back.
@@ -398,6 +471,7 @@ mod tests {
                 "attention",
                 "argmax_rows",
                 "kv_keep",
+                "kv_blocks",
                 "embed_rows",
                 "qkv_heads",
                 "attention_wide",

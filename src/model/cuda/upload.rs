@@ -136,6 +136,7 @@ impl CudaForward {
         let keeper = Arc::new(KvKeeper {
             stream: stream.clone(),
             keep: f("kv_keep")?,
+            blocks: f("kv_blocks")?,
             layers: cfg.layers,
             row: cfg.kv_heads * cfg.head_dim,
             context: cfg.context,
