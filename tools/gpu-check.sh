@@ -213,7 +213,7 @@ serve_load() {  # label, then serve flags
 prefix_ttft() {
     [ "$(limit 60)" -gt 0 ] || { note "prefix cache TTFT: skipped (out of time)"; return; }
     local tokens=${PREFIX_TOKENS:-2000}
-    start_server prefix --max-context $((tokens + 512))
+    start_server prefix --max-context $((tokens + 1024))
     timeout "$(limit 60)" python3 tools/prefix-ttft.py --base "http://127.0.0.1:$PORT" \
         --tokens "$tokens" --rounds 5 >"$RESULTS/prefix-ttft.log" 2>&1
     note "prefix cache TTFT (rc $?): $(tail -2 "$RESULTS/prefix-ttft.log" | tr '\n' ' ')"
