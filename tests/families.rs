@@ -585,7 +585,6 @@ fn bits(t: &Tensor) -> Vec<u32> {
 /// after a committed prefix, in a branching tree beside a wrong branch, or after a prefix
 /// copied out into blocks and put back (the prefix cache's path).
 fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
-    let n = PROMPT.len();
     // One token at a time, as plain decoding runs.
     let mut cache = KvCache::default();
     let mut alone = Vec::new();
@@ -595,23 +594,10 @@ fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
         assert_eq!(cache.len(), i + 1);
     }
     // The first 4 committed, the rest verified as one chain.
-    let mut cache = KvCache::default();
-    model.forward(&mut cache, &PROMPT[..4], &chain(4)).unwrap();
-    cache.commit(&[0, 1, 2, 3]).unwrap();
-    let rest = model
-        .forward(&mut cache, &PROMPT[4..], &chain(n - 4))
-        .unwrap();
-    for (i, want) in alone.iter().enumerate().skip(4) {
-        assert_eq!(
-            &bits(&rest.i(i - 4).unwrap()),
-            want,
-            "{what}: token {i} in a chain"
-        );
-    }
+    let mut cache = committed(model, 4);
+    rest_as_alone(model, &mut cache, &alone, &format!("{what}: in a chain"));
     // A tree after the first 7: the true continuation beside a wrong branch.
-    let mut cache = KvCache::default();
-    model.forward(&mut cache, &PROMPT[..7], &chain(7)).unwrap();
-    cache.commit(&(0..7).collect::<Vec<_>>()).unwrap();
+    let mut cache = committed(model, 7);
     let tree = [PROMPT[7], 1, PROMPT[8], PROMPT[9], 2];
     let logits = model
         .forward(&mut cache, &tree, &[-1, -1, 0, 2, 1])
@@ -625,9 +611,7 @@ fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
     }
     // The first 8 copied out as two blocks (the second into a reused block) and put
     // back into a new cache, as the prefix cache does: the rest as if prefilled.
-    let mut cache = KvCache::default();
-    model.forward(&mut cache, &PROMPT[..8], &chain(8)).unwrap();
-    cache.commit(&(0..8).collect::<Vec<_>>()).unwrap();
+    let cache = committed(model, 8);
     let first = cache.save_block(0, 4, None).expect("committed positions");
     let scratch = cache.save_block(0, 4, None).expect("committed positions");
     let second = cache
@@ -640,15 +624,31 @@ fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
     let mut restored = KvCache::default();
     restored.extend_from_blocks(&[&first, &second]).unwrap();
     assert_eq!(restored.len(), 8);
+    rest_as_alone(
+        model,
+        &mut restored,
+        &alone,
+        &format!("{what}: after a restored prefix"),
+    );
+}
+
+/// A cache holding PROMPT's first `n` tokens, run as one chain and committed.
+fn committed(model: &Model, n: usize) -> KvCache {
+    let mut cache = KvCache::default();
+    model.forward(&mut cache, &PROMPT[..n], &chain(n)).unwrap();
+    cache.commit(&(0..n).collect::<Vec<_>>()).unwrap();
+    cache
+}
+
+/// PROMPT's tokens after those `cache` holds, run as one chain, give the bits each got
+/// alone (`alone[i]`: token i's logits).
+fn rest_as_alone(model: &Model, cache: &mut KvCache, alone: &[Vec<u32>], what: &str) {
+    let from = cache.len();
     let rest = model
-        .forward(&mut restored, &PROMPT[8..], &chain(n - 8))
+        .forward(cache, &PROMPT[from..], &chain(PROMPT.len() - from))
         .unwrap();
-    for (i, want) in alone.iter().enumerate().skip(8) {
-        assert_eq!(
-            &bits(&rest.i(i - 8).unwrap()),
-            want,
-            "{what}: token {i} after a restored prefix"
-        );
+    for (i, want) in alone.iter().enumerate().skip(from) {
+        assert_eq!(&bits(&rest.i(i - from).unwrap()), want, "{what}: token {i}");
     }
 }
 

@@ -10,7 +10,7 @@ use super::CudaError;
 /// prefill chunks (256 rows) and a loaded server's batches of them. Above 16 rows, passes
 /// are padded to a few sizes ([`padded_rows`]) so that their shapes recur.
 const GRAPH_MAX_ROWS: usize = 512;
-/// Graphs kept before the cache starts over (35 row counts, and as many head-row counts
+/// Graphs kept before the cache starts over (36 row counts, and as many head-row counts
 /// at most each).
 const GRAPH_CACHE: usize = 512;
 /// The most rows padding adds to a pass.
@@ -37,9 +37,9 @@ pub(super) type PassShape = (usize, usize, u64);
 /// CUDA graphs of whole passes, by shape. A pass of a shape seen before is captured
 /// once and replayed after: one launch instead of five per layer, which on a one-row
 /// step is most of its time on the host. `SUFFIXD_CUDA_GRAPHS=off` turns them off (and
-/// the padding with them);
-/// `SUFFIXD_CUDA_GRAPH_AFTER=N` captures a shape on its Nth sight (default 2): under
-/// load, where row counts vary, a capture pays back only on shapes that recur.
+/// the padding with them); `SUFFIXD_CUDA_GRAPH_AFTER=N` captures a shape on its Nth
+/// sight (default 2): under load, where row counts vary, a capture pays back only on
+/// shapes that recur.
 pub(super) struct Graphs {
     enabled: bool,
     /// Passes are padded to [`padded_rows`] (`SUFFIXD_CUDA_PAD=off`: not).
