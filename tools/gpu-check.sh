@@ -80,12 +80,21 @@ decode_rate() {  # binary, then env assignments
     env "$@" timeout 60 "$bin" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
         --chat "$LONG_PROMPT" 2>&1 | grep -oE '[0-9.]+ tokens/s' | cut -d' ' -f1
 }
+# The same at a short context, where a step is the projections' and launches' time (the
+# 135M model's single-stream step, issue 63's item 6).
+short_rate() {  # binary, then env assignments
+    local bin=$1
+    shift
+    env "$@" timeout 30 "$bin" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
+        --chat "Write a haiku about rain." 2>&1 | grep -oE '[0-9.]+ tokens/s' | cut -d' ' -f1
+}
 if [ -n "${BASE:-}" ] && [ "$(limit 90)" -gt 0 ]; then
-    for round in 1 2; do
+    for round in 1 2 3; do
         b=$(decode_rate "$BASE" $BASE_ENV) n=$(decode_rate "$BIN")
-        echo "round $round: base $b new $n" >>"$RESULTS/decode-base.txt"
+        bs=$(short_rate "$BASE" $BASE_ENV) ns=$(short_rate "$BIN")
+        echo "round $round: long prompt base $b new $n, short base $bs new $ns" >>"$RESULTS/decode-base.txt"
     done
-    note "plain decoding, long prompt, tok/s (base new, alternated): $(cut -d: -f2 "$RESULTS/decode-base.txt" | tr '\n' ';')"
+    note "plain decoding, tok/s (base new, alternated): $(cut -d: -f2- "$RESULTS/decode-base.txt" | tr '\n' ';')"
 fi
 if [ -n "$TEST_BIN" ]; then
     SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 200)" "$TEST_BIN" --test-threads 2 \
@@ -118,16 +127,12 @@ if [ "${TUNE:-0}" = 1 ] && [ "$(limit 120)" -gt 0 ]; then
 fi
 
 if [ "${TUNE_MMA:-0}" = 1 ] && [ "$(limit 60)" -gt 0 ]; then
-    short_rate() {
-        env "$@" timeout 30 "$BIN" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
-            --chat "Write a haiku about rain." 2>&1 | grep -oE '[0-9.]+ tokens/s' | cut -d' ' -f1
-    }
     best=0 best_env=""
     for ks in 4 8 16; do
         for head in 1 4; do
             [ "$(limit 15)" -gt 0 ] || break 2
             shape="SUFFIXD_CUDA_MMA_KSPLIT=$ks SUFFIXD_CUDA_MMA_HEAD_KSPLIT=$head"
-            r=$(short_rate $shape)
+            r=$(short_rate "$BIN" $shape)
             echo "$shape: $r tok/s" >>"$RESULTS/tune-mma.txt"
             if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1] or 0) > float(sys.argv[2]) else 1)' "${r:-0}" "$best"; then
                 best=$r best_env=$shape

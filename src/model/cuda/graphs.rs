@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, sys};
 
-use super::CudaError;
+use super::error::CudaError;
 
 /// Passes of at most this many rows are captured as CUDA graphs: decoding steps, drafts,
 /// prefill chunks (256 rows) and a loaded server's batches of them. Above 16 rows, passes
@@ -103,7 +103,7 @@ impl Graphs {
             self.ready.clear();
             self.seen.clear();
         }
-        match Self::capture(stream, &launch) {
+        match capture(stream, &launch) {
             Ok(graph) => {
                 graph.launch()?;
                 self.ready.insert(key, SendGraph(graph));
@@ -118,19 +118,19 @@ impl Graphs {
             }
         }
     }
+}
 
-    /// The launches of `launch`, recorded on `stream` rather than run.
-    fn capture(
-        stream: &Arc<CudaStream>,
-        launch: &impl Fn() -> Result<(), CudaError>,
-    ) -> Result<CudaGraph, CudaError> {
-        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let launched = launch();
-        // The capture ends whatever happened, so that the stream runs work again.
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        launched?;
-        graph?.ok_or_else(|| CudaError::Driver("the capture recorded no graph".into()))
-    }
+/// The launches of `launch`, recorded on `stream` rather than run.
+pub(super) fn capture(
+    stream: &Arc<CudaStream>,
+    launch: &impl Fn() -> Result<(), CudaError>,
+) -> Result<CudaGraph, CudaError> {
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let launched = launch();
+    // The capture ends whatever happened, so that the stream runs work again.
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    launched?;
+    graph?.ok_or_else(|| CudaError::Driver("the capture recorded no graph".into()))
 }
 
 #[cfg(test)]

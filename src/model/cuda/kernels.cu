@@ -49,6 +49,59 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// ---- Programmatic dependent launch (sm_90 and later, when DEPENDENT_LAUNCH is 1) ----
+// The host may launch a pass's kernels so that each one's blocks start while the kernel
+// before it drains (cudaLaunchAttributeProgrammaticStreamSerialization; launch.rs). Every
+// kernel a pass launches begins with `let_next_kernel_start`, which lets the next kernel
+// launch once every block of this one has begun (so it fills this one's last wave), and
+// `wait_for_previous_kernel`, which returns when the kernel before has finished and its
+// writes are visible. Between the two a projection only asks L2 for its weights, which no
+// kernel writes; nothing before the wait reads or writes anything a kernel writes. Every
+// block waits before it may return, so a kernel's completion still implies its
+// predecessors', as in plain stream order. No sum changes order: the same bits. Without
+// the attribute (or below sm_90, or with DEPENDENT_LAUNCH 0) the three are no-ops.
+#ifndef DEPENDENT_LAUNCH
+#define DEPENDENT_LAUNCH 0
+#endif
+#if DEPENDENT_LAUNCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ON 1
+#else
+#define PDL_ON 0
+#endif
+
+__device__ __forceinline__ void let_next_kernel_start() {
+#if PDL_ON
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if PDL_ON
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Ask L2 for the 128-byte line holding `p` (weights only: see above).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if PDL_ON
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+// Ask L2 for `rows` whole weight rows of `row_bytes` bytes, row i starting at
+// w + row_at(i) * row_bytes, each line by one of `threads` threads (this one is `t`).
+template <typename RowAt>
+__device__ __forceinline__ void prefetch_rows_l2(const void* w, int row_bytes, int rows, RowAt row_at,
+                                                 int t, int threads) {
+#if PDL_ON
+    const int lines = (row_bytes + 127) / 128;
+    for (int i = t; i < rows * lines; i += threads) {
+        const int row = row_at(i / lines);
+        if (row >= 0) prefetch_l2((const char*)w + (size_t)row * row_bytes + (size_t)(i % lines) * 128);
+    }
+#endif
+}
+
 __device__ __forceinline__ float bf16_to_f32(bf16_t b) {
     return __uint_as_float(((unsigned)b) << 16);
 }
@@ -147,16 +200,18 @@ __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
     constexpr int N = Vec<W>::N;
     const int lane = threadIdx.x & 31;
     const int g = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    // Weight row c of this warp's four: rows 4g..4g+3, or in MODE_SILU gate rows 2g,
+    // 2g+1, then the matching up rows.
+    auto row_of = [&](int c) {
+        return MODE == MODE_SILU ? (c < 2 ? 2 * g + c : a.kv_width + 2 * g + c - 2) : 4 * g + c;
+    };
+    let_next_kernel_start();
+    if (g < a.groups) prefetch_rows_l2(a.w, a.k * (int)sizeof(W), 4, row_of, lane, 32);
+    wait_for_previous_kernel();
     if (g >= a.groups) return;
     int wrow[4];
-    if (MODE == MODE_SILU) {
-        // Gate rows 2g, 2g+1, then the matching up rows.
-        wrow[0] = 2 * g; wrow[1] = 2 * g + 1;
-        wrow[2] = a.kv_width + 2 * g; wrow[3] = a.kv_width + 2 * g + 1;
-    } else {
 #pragma unroll
-        for (int c = 0; c < 4; c++) wrow[c] = 4 * g + c;
-    }
+    for (int c = 0; c < 4; c++) wrow[c] = row_of(c);
     for (int r0 = 0; r0 < a.rows; r0 += ROW_TILE) {
         const float* xr[ROW_TILE];
         float inv[ROW_TILE];
@@ -362,6 +417,13 @@ __device__ __forceinline__ void load_row8(const float* xr, int k0, float (&xv)[8
     }
 }
 
+// The weight row that row g (0..7) of output tile `tile` multiplies: 8 consecutive rows,
+// or in MODE_SILU 4 gates and their 4 ups.
+template <int MODE>
+__device__ __forceinline__ int mma_weight_row(const MatmulArgs& a, int tile, int g) {
+    return MODE == MODE_SILU ? (g < 4 ? 4 * tile + g : a.kv_width + 4 * tile + g - 4) : 8 * tile + g;
+}
+
 // Tiles tile0 .. tile0 + NT - 1 of 8 outputs each (MODE_SILU: 4 gates and their 4 ups)
 // for the rows of this block's row groups, 16 * TILES rows at a time. Lane (g = lane / 4,
 // t = lane % 4) feeds weight row g of each tile and activation rows g and g + 8 of each
@@ -387,16 +449,23 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int tile0 = blockIdx.x * NT;
+    let_next_kernel_start();
+    // The blocks of other row groups (blockIdx.y) read the same weights.
+    if (blockIdx.y == 0)
+        prefetch_rows_l2(a.w, a.k * 2, 8 * NT, [&](int i) {
+            const int tile = tile0 + i / 8;
+            return tile < a.groups ? mma_weight_row<MODE>(a, tile, i % 8) : -1;
+        }, threadIdx.x, KSPLIT * 32);
+    wait_for_previous_kernel();
     if (tile0 >= a.groups) return;  // the whole block: no barrier is left waiting
     const bf16_t* wp[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         const int tile = tile0 + j;
-        const int wrow = MODE == MODE_SILU
-            ? (g < 4 ? 4 * tile + g : a.kv_width + 4 * tile + g - 4)
-            : 8 * tile + g;
         // A tile past the matrix (when NT does not divide it) multiplies zeros.
-        wp[j] = tile < a.groups ? (const bf16_t*)a.w + (size_t)wrow * a.k + 8 * t : nullptr;
+        wp[j] = tile < a.groups
+            ? (const bf16_t*)a.w + (size_t)mma_weight_row<MODE>(a, tile, g) * a.k + 8 * t
+            : nullptr;
     }
     const float* gp = a.norm_w ? a.norm_w + 8 * t : nullptr;
     const int chunks = a.k / 32;
@@ -622,6 +691,8 @@ struct HeadsArgs {
 };
 
 extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
+    let_next_kernel_start();
+    wait_for_previous_kernel();
     const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int hd = a.head_dim, half = hd / 2;
     const int heads = a.q_width / hd, kv_heads = a.kv_width / hd;
@@ -693,6 +764,8 @@ extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
 
 // x[i] *= s for the first n values (Gemma scales its embeddings by sqrt(width)).
 extern "C" __global__ void scale_rows(float* x, int n, float s) {
+    let_next_kernel_start();
+    wait_for_previous_kernel();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         x[i] = __fmul_rn(x[i], s);
 }
@@ -703,6 +776,8 @@ extern "C" __global__ void scale_rows(float* x, int n, float s) {
 // norm into the residual stream). The sum of squares: each thread's values in order,
 // the warp's butterfly, then the warps in order: the same in every row and pass.
 extern "C" __global__ void __launch_bounds__(NORM_ADD_THREADS) norm_add(float* x, const float* y, const float* w, int width, float eps) {
+    let_next_kernel_start();
+    wait_for_previous_kernel();
     __shared__ float red[NORM_ADD_THREADS / 32];
     const int r = blockIdx.x, t = threadIdx.x;
     const float* yr = y + (size_t)r * width;
@@ -723,6 +798,8 @@ extern "C" __global__ void __launch_bounds__(NORM_ADD_THREADS) norm_add(float* x
 // gelu_tanh_mul computes it: with e = exp(-2|y|), (1 + tanh y) / 2 is 1 / (1 + e) for
 // y >= 0 and e / (1 + e) below, without cancellation near -1.
 extern "C" __global__ void gelu_mul(const float* gate_up, float* out, int rows, int ffn) {
+    let_next_kernel_start();
+    wait_for_previous_kernel();
     const size_t n = (size_t)rows * ffn;
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
         const size_t r = k / ffn, i = k % ffn;
@@ -737,6 +814,8 @@ extern "C" __global__ void gelu_mul(const float* gate_up, float* out, int rows, 
 
 // Row r of the pass takes row ids[r] of the embedding table.
 extern "C" __global__ void embed_rows(const float* table, const int* ids, float* x, int width) {
+    let_next_kernel_start();
+    wait_for_previous_kernel();
     const int r = blockIdx.x;
     const float* src = table + (size_t)ids[r] * width;
     float* dst = x + (size_t)r * width;
@@ -783,6 +862,8 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
     __shared__ float red[ATTN_THREADS / 32];
     __shared__ int slots[ATTN_CHUNK];
     __shared__ int last;
+    let_next_kernel_start();
+    wait_for_previous_kernel();
     const int r = blockIdx.x, h = blockIdx.y, split = blockIdx.z, t = threadIdx.x;
     const int hd = a.head_dim;
     const int kvw = a.kv_heads * hd;

@@ -3,10 +3,13 @@
 //! and Gemma's heads, Gemma's post-norms and GELU gate), with the argument structs that
 //! mirror kernels.cu's.
 
+use std::ffi::c_void;
+
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
+use super::dependent::{self, param};
 use super::{
     ATTENTION_THREADS, CudaError, CudaForward, DeviceLayer, HeadParts, MMA_TILES, Matrix,
     NORM_ADD_THREADS, TILES, Tuning,
@@ -169,12 +172,25 @@ impl CudaForward {
                 (&projection[which][tile], cfg)
             }
         };
-        let mut b = self.stream.launch_builder(function);
-        b.arg(&args);
         // SAFETY: args matches MatmulArgs in kernels.cu; every pointer addresses a live
         // buffer sized for `rows` rows of its width (checked by the caller's layout).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch_in_pass(function, cfg, &mut [param(&args)]) }
+    }
+
+    /// Launch one of a pass's kernels after the first (`params`: one [`param`] per kernel
+    /// parameter): dependently where the GPU allows it (dependent.rs), else in turn.
+    ///
+    /// # Safety
+    /// As [`dependent::launch`]: `params` matches `f`'s parameters, and every buffer they
+    /// address is live and as large as `cfg`'s grid reads and writes.
+    unsafe fn launch_in_pass(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        // SAFETY: the caller's promise.
+        unsafe { dependent::launch(&self.stream, f, cfg, self.kernels.dependent, params) }
     }
 
     /// Every launch of one pass, in order, on the pass's buffers: all a pass's launches
@@ -199,10 +215,14 @@ impl CudaForward {
         }?;
         if let Some(scale) = cfg.embed_scale {
             let n = (rows * width) as i32;
-            let mut b = self.stream.launch_builder(&self.kernels.scale_rows);
-            b.arg(&p.x).arg(&n).arg(&scale);
             // SAFETY: scale_rows(x, n, s): x holds rows × width floats.
-            unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }?;
+            unsafe {
+                self.launch_in_pass(
+                    &self.kernels.scale_rows,
+                    LaunchConfig::for_num_elems(n as u32),
+                    &mut [param(&p.x), param(&n), param(&scale)],
+                )
+            }?;
         }
 
         let base = MatmulArgs {
@@ -263,22 +283,19 @@ impl CudaForward {
             } else {
                 &self.kernels.attention
             };
-            let mut b = self.stream.launch_builder(kernel);
-            b.arg(&args);
+            let grid = LaunchConfig {
+                grid_dim: (
+                    rows as u32,
+                    cfg.heads as u32,
+                    self.kernels.tuning.attention_splits,
+                ),
+                block_dim: (ATTENTION_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: args matches AttentionArgs; every row's keys were written by this
             // pass or committed before it, within its sequence's capacity; partials and
             // tickets hold rows × heads × splits parts and rows × heads tickets.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (
-                        rows as u32,
-                        cfg.heads as u32,
-                        self.kernels.tuning.attention_splits,
-                    ),
-                    block_dim: (ATTENTION_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }?;
+            unsafe { self.launch_in_pass(kernel, grid, &mut [param(&args)]) }?;
             self.launch_into_residual(
                 p,
                 &layer.wo,
@@ -357,18 +374,21 @@ impl CudaForward {
             },
         )?;
         let (w, width, eps) = (self.ptr(norm), width as i32, self.cfg.rms_eps);
-        let mut b = self.stream.launch_builder(&self.kernels.norm_add);
-        b.arg(&p.x).arg(&p.post).arg(&w).arg(&width).arg(&eps);
+        let grid = LaunchConfig {
+            grid_dim: (p.rows as u32, 1, 1),
+            block_dim: (NORM_ADD_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut params = [
+            param(&p.x),
+            param(&p.post),
+            param(&w),
+            param(&width),
+            param(&eps),
+        ];
         // SAFETY: norm_add(x, y, w, width, eps): x and post hold rows × width floats,
         // the norm width weights.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (p.rows as u32, 1, 1),
-                block_dim: (NORM_ADD_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }?;
-        Ok(())
+        unsafe { self.launch_in_pass(&self.kernels.norm_add, grid, &mut params) }
     }
 
     /// The feed-forward's gate|up into `p.hidden`: SiLU fused into the projection, or
@@ -410,12 +430,16 @@ impl CudaForward {
             },
         )?;
         let (rows, ffn) = (p.rows as i32, ffn as i32);
-        let mut b = self.stream.launch_builder(&self.kernels.gelu_mul);
-        b.arg(&p.gate_up).arg(&p.hidden).arg(&rows).arg(&ffn);
+        let grid = LaunchConfig::for_num_elems((p.rows * self.ffn) as u32);
+        let mut params = [
+            param(&p.gate_up),
+            param(&p.hidden),
+            param(&rows),
+            param(&ffn),
+        ];
         // SAFETY: gelu_mul(gate_up, out, rows, ffn): gate_up holds rows × 2·ffn floats,
         // hidden rows × ffn.
-        unsafe { b.launch(LaunchConfig::for_num_elems((p.rows * self.ffn) as u32)) }?;
-        Ok(())
+        unsafe { self.launch_in_pass(&self.kernels.gelu_mul, grid, &mut params) }
     }
 
     /// Layer `l`'s q|k|v for a layer with [`HeadParts`]: the products as they are into
@@ -463,19 +487,15 @@ impl CudaForward {
             eps: cfg.rms_eps,
             halves: i32::from(cfg.rope_pairs == RopePairs::Halves),
         };
-        let mut b = self.stream.launch_builder(&self.kernels.heads);
-        b.arg(&args);
+        let grid = LaunchConfig {
+            grid_dim: (p.rows as u32, (cfg.heads + 2 * cfg.kv_heads) as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: args matches HeadsArgs; raw holds rows × (q_width + 2 kv_width)
         // products, the bias that many floats and each norm head_dim; every row's KV slot
         // lies within its sequence's capacity (reserved by the pass).
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (p.rows as u32, (cfg.heads + 2 * cfg.kv_heads) as u32, 1),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }?;
-        Ok(())
+        unsafe { self.launch_in_pass(&self.kernels.heads, grid, &mut [param(&args)]) }
     }
 }
 

@@ -29,6 +29,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
 
+mod dependent;
 pub(super) mod error;
 mod graphs;
 pub(super) mod kv;
@@ -457,6 +458,7 @@ mod tests {
                 mma_head_ksplit: 1,
                 mma_wide: 2,
                 mma_wide_from: 1,
+                dependent_launch: false,
             },
         ];
         for tuning in tunings {
@@ -495,6 +497,16 @@ mod tests {
             ] {
                 let param = format!("{kernel}_param_0[{bytes}]");
                 assert!(ptx.contains(&param), "{param} is in the PTX");
+            }
+            // Dependent launch: every kernel but the three launched outside a pass
+            // (argmax_rows, kv_keep, kv_blocks) waits for the one before it (sm_90 and the
+            // tuning asking for it), and the projections ask L2 for their weights.
+            let waits = ptx.matches("griddepcontrol.wait").count();
+            if tuning.dependent_launch {
+                assert_eq!(waits, ptx.matches(".entry").count() - 3);
+                assert!(ptx.contains("prefetch.global.L2"));
+            } else {
+                assert_eq!(waits, 0);
             }
             // The launch bounds follow the warps the host launches with.
             let bound = format!(".maxntid {}, 1, 1", tuning.warps * 32);

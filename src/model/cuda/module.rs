@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream};
 
+use super::dependent;
 use super::tuning::arch_of;
 use super::{CudaError, Tuning, compile};
 use crate::model::config::ModelConfig;
@@ -48,6 +49,9 @@ pub(super) struct Kernels {
     pub(super) gelu_mul: CudaFunction,
     pub(super) argmax: CudaFunction,
     pub(super) tuning: Tuning,
+    /// A pass's kernels are launched dependently (dependent.rs): the tuning asks for it,
+    /// the GPU is sm_90 or later (below, the kernels do not wait) and the probe passed.
+    pub(super) dependent: bool,
     pub(super) _module: Arc<CudaModule>,
 }
 
@@ -119,8 +123,24 @@ impl Kernels {
             gelu_mul: f("gelu_mul")?,
             argmax: f("argmax_rows")?,
             tuning,
+            dependent: false,
             _module: module.clone(),
         };
-        Ok((kernels, module))
+        let dependent = tuning.dependent_launch
+            && major >= 9
+            && dependent::probe(stream, &kernels.scale_rows)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        "this GPU or driver refused a dependent launch ({e}): each kernel waits for the one before it"
+                    )
+                })
+                .is_ok();
+        Ok((
+            Kernels {
+                dependent,
+                ..kernels
+            },
+            module,
+        ))
     }
 }

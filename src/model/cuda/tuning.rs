@@ -10,7 +10,8 @@ use super::{CudaError, KERNELS};
 /// `SUFFIXD_CUDA_WARPS`, `SUFFIXD_CUDA_ATTN_SPLITS`, `SUFFIXD_CUDA_MMA_KSPLIT`,
 /// `SUFFIXD_CUDA_MMA_HEAD_KSPLIT`, `SUFFIXD_CUDA_MMA_WIDE` (`off`, or 2 or 4) and
 /// `SUFFIXD_CUDA_MMA_WIDE_FROM` override the defaults, for tuning on a new card
-/// (docs/gpu.md).
+/// (docs/gpu.md); `SUFFIXD_CUDA_PDL=off` launches every kernel after the one before it
+/// has finished.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
     /// Warps per block of a projection (each warp computes four outputs).
@@ -28,6 +29,10 @@ pub struct Tuning {
     pub mma_wide: u32,
     /// The row count from which the tensor-core projections take `mma_wide` tiles.
     pub mma_wide_from: u32,
+    /// Kernels compiled to start while the kernel before them drains, asking L2 for
+    /// their weights meanwhile (programmatic dependent launch, sm_90 and later; kernels.cu
+    /// and `dependent.rs`). Speed only: no sum changes order.
+    pub dependent_launch: bool,
 }
 
 impl Default for Tuning {
@@ -41,6 +46,7 @@ impl Default for Tuning {
             mma_head_ksplit: 4,
             mma_wide: 4,
             mma_wide_from: 17,
+            dependent_launch: true,
         }
     }
 }
@@ -72,6 +78,7 @@ impl Tuning {
         if let Some(n) = read("SUFFIXD_CUDA_MMA_WIDE_FROM", &|n| n >= 1) {
             t.mma_wide_from = n;
         }
+        t.dependent_launch = !std::env::var("SUFFIXD_CUDA_PDL").is_ok_and(|v| v == "off");
         // A tensor-core block's partial sums must fit in 48 KiB of static shared memory.
         let largest = t.mma_ksplit.max(t.mma_head_ksplit);
         if mma_shared_bytes(largest, t.mma_wide) > 48 * 1024 {
@@ -124,6 +131,7 @@ pub fn compile(arch: &'static str, tuning: Tuning) -> Result<String, CudaError> 
             format!("-DMMA_KSPLIT={}", tuning.mma_ksplit),
             format!("-DMMA_HEAD_KSPLIT={}", tuning.mma_head_ksplit),
             format!("-DMMA_WIDE_NT={}", tuning.mma_wide.max(1)),
+            format!("-DDEPENDENT_LAUNCH={}", u8::from(tuning.dependent_launch)),
         ],
         ..Default::default()
     };
