@@ -215,3 +215,57 @@ fn bad_inputs_are_clear_errors_not_panics() {
         "holds no snapshot",
     );
 }
+
+/// `e2e-bench --cost-curve`: the curve in the file sizes the drafts and prices the steps.
+/// Where verifying costs nothing the projection is the steps saved; where each row costs
+/// a step of its own no draft pays, and the projection is plain decoding's speed. A file
+/// without a curve is a clear error.
+#[test]
+fn a_cost_curve_file_sizes_the_drafts_and_prices_the_projection() {
+    if !common::model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let workload = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/workloads/agentic.jsonl");
+    let model = common::model_path();
+    let bench = |curve: &str| {
+        let file = dir.path().join("curve.json");
+        std::fs::write(&file, curve).unwrap();
+        let args = [
+            "e2e-bench",
+            "--model",
+            model.to_str().unwrap(),
+            "--workload",
+            workload.to_str().unwrap(),
+            "--limit",
+            "1",
+            "--max-tokens",
+            "48",
+            "--json",
+            "--cost-curve",
+            file.to_str().unwrap(),
+        ];
+        run(&args)
+    };
+    let report = |curve: &str| {
+        let out = bench(curve);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        last_json(&out)
+    };
+    let free = report(r#"{"curve": [[1, 1.0], [64, 1.0]]}"#);
+    assert_eq!(free["cost_curve"]["points"][1][1], 1.0, "{free}");
+    let projected = free["curve_speedup"].as_f64().unwrap();
+    let per_step = free["spec_tokens_per_step"].as_f64().unwrap();
+    // Both sides make the same tokens; plain decoding's steps are its tokens less the
+    // prefill's first, so the projection is a little above tokens per step.
+    assert!(projected > 1.5, "{free}");
+    assert!((projected - per_step).abs() < 0.5 * per_step, "{free}");
+
+    let dear = report(r#"{"curve": [[1, 1.0], [2, 2.0], [64, 64.0]]}"#);
+    assert_eq!(dear["identical_outputs"], dear["generations"], "{dear}");
+    let projected = dear["curve_speedup"].as_f64().unwrap();
+    assert!((0.9..=1.1).contains(&projected), "{dear}");
+
+    assert_clean_failure(&bench("{\"t1_ms\": 3}\n"), "no line of the file");
+}

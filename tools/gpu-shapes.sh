@@ -22,6 +22,9 @@
 # BIN (default target/cuda/release/examples/shape_cost), VOCAB (default target/vocab.gguf),
 # SHAPES (default: every shape), RESULTS (default $OUT,
 # else target/gpu-shapes) and DEADLINE (seconds for all of it, default 480) override.
+# Afterwards, anywhere: `suffixd e2e-bench --workload tools/workloads/agentic.jsonl
+# --cost-curve RESULTS/llama-3.1-8b.jsonl` projects the agentic speed-up at 8B (the real
+# small model's drafts, priced by the 8B curve; docs/gpu.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/cuda/release/examples/shape_cost}

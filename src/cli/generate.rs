@@ -64,6 +64,12 @@ pub struct ModelArgs {
     /// draft whole (as on a GPU).
     #[arg(long, value_enum, default_value_t = CostMode::Measure)]
     pub cost: CostMode,
+    /// Take t(K)/t(1) from this file instead of --cost, fixed for the run: the last JSON
+    /// line of it with a curve, as `examples/shape_cost` and `e2e-bench --json` print
+    /// them. Drafts are then sized, and `e2e-bench` projects the speed-up, as on the
+    /// model or card that curve was measured on (docs/gpu.md).
+    #[arg(long, conflicts_with = "cost")]
+    pub cost_curve: Option<PathBuf>,
     /// Bytes of earlier prompts' keys and values kept for reuse by later requests that
     /// start the same way (in the same namespace); 0 turns the prefix cache off. On a
     /// GPU (`--weights bf16` or `f32`) the blocks are device memory [default: four full
@@ -137,15 +143,22 @@ impl ModelArgs {
                     .with_context(|| format!("cannot load model {}", path.display()))?
             }
         };
-        match self.cost {
-            CostMode::Measure => {
+        match (&self.cost_curve, self.cost) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read the cost curve {}", path.display()))?;
+                let curve = CostCurve::from_json_lines(&text)
+                    .with_context(|| format!("cost curve {}", path.display()))?;
+                engine.set_cost_curve(curve);
+            }
+            (None, CostMode::Measure) => {
                 // A GPU's rows are nearly free well past 64 (docs/gpu.md), so its curve
                 // goes on to 128, where a busy server's passes are; a CPU's cost grows
                 // from the first rows, and 64 is past any draft it verifies.
                 let max_rows = if device.is_cuda() { 128 } else { 64 };
                 engine.measure_cost_curve(max_rows, 256, 3)?;
             }
-            CostMode::Flat => engine.set_cost_curve(CostCurve::flat()),
+            (None, CostMode::Flat) => engine.set_cost_curve(CostCurve::flat()),
         }
         // The host's memory, or the GPU's where the blocks live there.
         let memory = engine

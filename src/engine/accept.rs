@@ -162,6 +162,7 @@ impl Engine {
         seq.steps += 1;
         seq.drafted += draft.len();
         seq.accepted += accepted;
+        seq.verify_cost += self.cost.cost(draft.len() + 1);
         let new: Vec<u32> = path[1..].iter().map(|&i| tokens[i]).collect();
         if !draft.is_empty() {
             let accepted_nodes: Vec<usize> = path[1..].iter().map(|&i| i - 1).collect();

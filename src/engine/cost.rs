@@ -186,6 +186,61 @@ impl CostCurve {
     }
 }
 
+/// Why a cost curve could not be read from a file (`--cost-curve`).
+#[derive(Debug, thiserror::Error)]
+pub enum CostCurveError {
+    /// No line of the file is a JSON object with a curve.
+    #[error(
+        "no line of the file is a JSON object with a cost curve (\"curve\" or \"points\", or \"cost_curve\": {{\"points\": ...}}, each [[K, t(K)/t(1)], ...]) as examples/shape_cost and e2e-bench --json write them"
+    )]
+    NoCurve,
+    /// The curve's points are not a curve.
+    #[error(
+        "the cost curve's points {0}: give [[1, 1.0], [K, ratio], ...] with K rising from 1 and finite ratios above 0"
+    )]
+    BadPoints(String),
+}
+
+impl CostCurve {
+    /// The curve in a file of JSON lines, as `examples/shape_cost` (`"curve"`) and
+    /// `e2e-bench --json` (`"cost_curve": {"points": ...}`) print them: the last line
+    /// that holds one (shape_cost prints one per context, the longest last). Ratios are
+    /// taken relative to K = 1. The curve is fixed: steps do not correct it.
+    pub fn from_json_lines(text: &str) -> Result<Self, CostCurveError> {
+        let points = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|v| {
+                let points = v
+                    .get("curve")
+                    .or_else(|| v.get("points"))
+                    .or_else(|| v.get("cost_curve")?.get("points"))?;
+                Some(serde_json::from_value::<Vec<(usize, f64)>>(points.clone()))
+            })
+            .next_back()
+            .ok_or(CostCurveError::NoCurve)?
+            .map_err(|e| {
+                CostCurveError::BadPoints(format!("are not pairs of a count and a ratio ({e})"))
+            })?;
+        let Some(&(1, base)) = points.first() else {
+            return Err(CostCurveError::BadPoints("do not start at K = 1".into()));
+        };
+        if !points.windows(2).all(|w| w[0].0 < w[1].0) {
+            return Err(CostCurveError::BadPoints("do not rise in K".into()));
+        }
+        if !points.iter().all(|p| p.1.is_finite() && p.1 > 0.0) {
+            return Err(CostCurveError::BadPoints(
+                "have a ratio that is not finite and above 0".into(),
+            ));
+        }
+        let mut relative: Vec<(usize, f64)> = points.iter().map(|&(k, r)| (k, r / base)).collect();
+        if relative.len() == 1 {
+            relative.push((64, 1.0));
+        }
+        Ok(Self::new(relative, 0.0))
+    }
+}
+
 /// The curve made convex from K = 2 on: past the second row, the cost of one more row
 /// never falls as rows grow. That holds on every device we run on (a CPU pays about the
 /// same per row, a GPU nothing up to its width and then per row), so where timings say
@@ -265,6 +320,35 @@ mod tests {
 
     fn measured() -> CostCurve {
         CostCurve::new(vec![(1, 1.0), (4, 2.0), (16, 6.0), (64, 30.0)], 10.0)
+    }
+
+    #[test]
+    fn a_curve_file_gives_its_last_curve_relative_to_one_row() {
+        let text = concat!(
+            "plain 100 tok/s, not JSON\n",
+            r#"{"shape":"x","context":64,"curve":[[1,1.0],[2,1.1]]}"#,
+            "\n",
+            r#"{"shape":"x","context":1024,"curve":[[1,2.0],[8,2.2],[32,3.0]]}"#,
+            "\n",
+        );
+        let c = CostCurve::from_json_lines(text).unwrap();
+        assert_eq!(c.points, vec![(1, 1.0), (8, 1.1), (32, 1.5)]);
+        assert_eq!(c.t1_ms, 0.0, "fixed: steps do not correct it");
+        let report = r#"{"generations":2,"cost_curve":{"points":[[1,1.0],[16,1.25]],"t1_ms":0.9}}"#;
+        assert_eq!(
+            CostCurve::from_json_lines(report).unwrap().points,
+            vec![(1, 1.0), (16, 1.25)]
+        );
+        for (bad, says) in [
+            ("{}", "no line"),
+            (r#"{"curve":[[2,1.0],[4,2.0]]}"#, "K = 1"),
+            (r#"{"curve":[[1,1.0],[4,2.0],[3,2.5]]}"#, "rise"),
+            (r#"{"curve":[[1,1.0],[4,-2.0]]}"#, "above 0"),
+            (r#"{"curve":"fast"}"#, "pairs"),
+        ] {
+            let e = CostCurve::from_json_lines(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -146,6 +146,12 @@ pub struct Generation {
     pub drafted_tokens: usize,
     /// Draft tokens the model accepted.
     pub accepted_tokens: usize,
+    /// Its verification steps' cost in single-token steps as the engine's cost curve
+    /// puts it: the sum over steps of t(rows)/t(1), the pending token and the draft
+    /// being the rows (a step of one row costs 1). Tokens over this are the speed-up
+    /// the curve predicts, drafting's own time left out: a measure of how drafts would
+    /// fare at another model's costs (`--cost-curve`).
+    pub verify_cost: f64,
     /// Why it ended.
     pub finish_reason: FinishReason,
     /// Seconds spent in prefill.
@@ -365,6 +371,7 @@ impl Engine {
             steps: 0,
             drafted: 0,
             accepted: 0,
+            verify_cost: 0.0,
             finish: if opts.max_tokens == 0 {
                 Some(FinishReason::Length)
             } else {
@@ -576,6 +583,7 @@ impl Engine {
             steps: seq.steps,
             drafted_tokens: seq.drafted,
             accepted_tokens: seq.accepted,
+            verify_cost: seq.verify_cost,
             finish_reason: seq.finish.unwrap_or(FinishReason::Cancelled),
             prefill_s: seq.prefill_s,
             decode_s,
@@ -748,6 +756,8 @@ pub struct Sequence {
     steps: usize,
     drafted: usize,
     accepted: usize,
+    /// See [`Generation::verify_cost`].
+    verify_cost: f64,
     finish: Option<FinishReason>,
     started: Instant,
     prefill_s: f64,

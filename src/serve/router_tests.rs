@@ -78,6 +78,7 @@ fn scripted_model(
             steps: tokens.len(),
             drafted_tokens: 0,
             accepted_tokens: 0,
+            verify_cost: tokens.len() as f64,
             finish_reason: if cut {
                 FinishReason::Length
             } else {
