@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU at the sizes people deploy, without their weights (issue 63): for each shape, a
 # model with seeded random bf16 weights made on the GPU (`--model synthetic:NAME`), its
-# verifier cost curve t(K)/t(1) for K up to 32 at two contexts, and one plain decoding
+# verifier cost curve t(K)/t(1) for K up to 64 at two contexts, and one plain decoding
 # step's weight traffic against the card's copy bandwidth measured in the same run.
 # Every family runs on the device kernels. With TEST_BIN (the `families` test binary of
 # the CUDA build) it first checks each family on the GPU against the CPU and for the
@@ -59,7 +59,7 @@ for shape in $SHAPES; do
         continue
     fi
     timeout "$rest" "$BIN" "$shape" --vocabulary "$VOCAB" --weights bf16 \
-        --contexts 64,1024 --max-k 32 --repeats 5 \
+        --contexts 64,1024 --max-k 64 --repeats 5 \
         >"$RESULTS/$shape.jsonl" 2>"$RESULTS/$shape.log"
     rc=$?
     echo "== $shape: rc $rc, $(wc -l <"$RESULTS/$shape.jsonl") lines, $((DEADLINE - SECONDS))s left" \

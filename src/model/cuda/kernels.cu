@@ -871,6 +871,12 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
     const int ctx = meta_of(a.meta, a.meta_rows, ROW_CTX, r);
     const int anc_off = meta_of(a.meta, a.meta_rows, ROW_ANC_OFF, r);
     const int n = ctx + meta_of(a.meta, a.meta_rows, ROW_ANC_LEN, r);
+    // Splits past the row's last chunk have no key: they leave no part and draw no ticket,
+    // and the combine reads the parts of the first `active` splits only. An empty split's
+    // part weighed nothing there (its max -inf, its sum 0, skipped), so the sums are the
+    // same; at a short context a one-row step's blocks are mostly such splits.
+    const int active = min(ATTN_SPLITS, (n + ATTN_CHUNK - 1) / ATTN_CHUNK);
+    if (split >= active) return;  // block-uniform: no barrier is left waiting
     const int cap = meta_of(a.meta, a.meta_rows, ROW_CAP, r);
     const u64 base = base_of(a.meta, a.meta_rows, r);
     const float* keys = kv_row(base, cap, kvw, a.layer, 0, 0) + g * hd;
@@ -961,7 +967,7 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
         for (int ev = 0; ev < EPT; ev++) mine[2 + d + ev * cols] = acc[ev];
     __threadfence();  // the part is visible device-wide before the ticket is drawn
     __syncthreads();
-    if (t == 0) last = atomicAdd(a.tickets + pair, 1) == ATTN_SPLITS - 1;
+    if (t == 0) last = atomicAdd(a.tickets + pair, 1) == active - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -969,11 +975,11 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
         // Parts are read from L2 (__ldcg): this SM's L1 may hold an older copy of a line.
         const float* parts = a.partials + pair * ATTN_SPLITS * stride;
         float mx = NEG_INF;
-        for (int sp = 0; sp < ATTN_SPLITS; sp++) mx = fmaxf(mx, __ldcg(parts + sp * stride));
+        for (int sp = 0; sp < active; sp++) mx = fmaxf(mx, __ldcg(parts + sp * stride));
         float lsum = 0.0f, vsum[EPT];
 #pragma unroll
         for (int ev = 0; ev < EPT; ev++) vsum[ev] = 0.0f;
-        for (int sp = 0; sp < ATTN_SPLITS; sp++) {
+        for (int sp = 0; sp < active; sp++) {
             const float* pp = parts + sp * stride;
             const float ls = __ldcg(pp + 1);
             if (ls == 0.0f) continue;  // a split without keys
