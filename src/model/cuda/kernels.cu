@@ -455,7 +455,7 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
         prefetch_rows_l2(a.w, a.k * 2, 8 * NT, [&](int i) {
             const int tile = tile0 + i / 8;
             return tile < a.groups ? mma_weight_row<MODE>(a, tile, i % 8) : -1;
-        }, threadIdx.x, KSPLIT * 32);
+        }, threadIdx.x, blockDim.x);
     wait_for_previous_kernel();
     if (tile0 >= a.groups) return;  // the whole block: no barrier is left waiting
     const bf16_t* wp[NT];
