@@ -95,6 +95,19 @@ if [ -n "${BASE:-}" ] && [ "$(limit 90)" -gt 0 ]; then
         echo "round $round: long prompt base $b new $n, short base $bs new $ns" >>"$RESULTS/decode-base.txt"
     done
     note "plain decoding, tok/s (base new, alternated): $(cut -d: -f2- "$RESULTS/decode-base.txt" | tr '\n' ';')"
+    # A change of speed only (BASE_ENV=SUFFIXD_CUDA_PDL=off, say) keeps the bits: both
+    # greedy answers to each prompt are the same text.
+    answer() {  # binary, prompt, then env assignments
+        local bin=$1 prompt=$2
+        shift 2
+        env "$@" timeout 60 "$bin" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
+            --chat "$prompt" 2>/dev/null | md5sum
+    }
+    same=0
+    for prompt in "Write a haiku about rain." "$LONG_PROMPT"; do
+        [ "$(answer "$BASE" "$prompt" $BASE_ENV)" = "$(answer "$BIN" "$prompt")" ] && same=$((same + 1))
+    done
+    note "base and new greedy answers: $same of 2 the same text"
 fi
 if [ -n "$TEST_BIN" ]; then
     SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 200)" "$TEST_BIN" --test-threads 2 \
