@@ -45,7 +45,7 @@ pub(super) struct MatmulArgs {
 // SAFETY: plain old data with the C layout kernels.cu declares.
 unsafe impl DeviceRepr for MatmulArgs {}
 
-/// `#[repr(C)]` twin of `struct AttentionArgs` in kernels.cu.
+/// `#[repr(C)]` twin of `struct AttentionArgs` in attention.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(super) struct AttentionArgs {

@@ -52,8 +52,9 @@ use super::config::ModelConfig;
 use super::kernels::activation::Activation;
 use super::pass::{BatchEntry, BatchPlan};
 
-/// The kernels' source.
-pub const KERNELS: &str = include_str!("kernels.cu");
+/// The kernels' source: kernels.cu, then attention.cu (which uses its helpers), compiled
+/// as one.
+pub const KERNELS: &str = concat!(include_str!("kernels.cu"), include_str!("attention.cu"));
 
 /// The widest head kernels.cu's `qkv_heads` takes (HEADS_MAX_PAIRS pairs per lane).
 const HEADS_MAX_HEAD_DIM: usize = 256;
@@ -63,7 +64,7 @@ const ROW_FIELDS: usize = 8;
 /// The most padding rows a pass gets ([`graphs::padded_rows`]): the slots of the KV cache
 /// their keys and values go to.
 const PADDING_ROWS: usize = graphs::PADDING_MAX;
-/// Threads of an attention block (kernels.cu's ATTN_THREADS).
+/// Threads of an attention block (attention.cu's ATTN_THREADS).
 const ATTENTION_THREADS: u32 = 128;
 /// Threads of an argmax block (kernels.cu's ARGMAX_THREADS).
 const ARGMAX_THREADS: u32 = 1024;
