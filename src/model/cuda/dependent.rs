@@ -79,10 +79,10 @@ pub(super) unsafe fn launch(
     Ok(())
 }
 
-/// Whether this GPU and its driver launch kernels dependently, on a stream and inside a
-/// captured graph (passes replay as graphs): `scale_rows` (kernels.cu, which begins as
+/// Checks that this GPU and its driver launch kernels dependently, on a stream and inside
+/// a captured graph (passes replay as graphs): `scale_rows` (kernels.cu, which begins as
 /// every pass kernel does) launched twice on one float, the second dependent, then the
-/// same captured and replayed, and waited for. An error says which step refused.
+/// same captured and replayed, and waited for. The error is the driver's refusal.
 pub(super) fn probe(stream: &Arc<CudaStream>, scale_rows: &CudaFunction) -> Result<(), CudaError> {
     let buffer = stream.alloc_zeros::<f32>(1)?;
     let (x, n, s) = (buffer.device_ptr(stream).0, 1i32, 1.0f32);

@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
 };
 
 use super::dependent::{self, param};
@@ -42,8 +42,6 @@ pub(super) struct MatmulArgs {
     layer: i32,
     meta_rows: i32,
 }
-// SAFETY: plain old data with the C layout kernels.cu declares.
-unsafe impl DeviceRepr for MatmulArgs {}
 
 /// `#[repr(C)]` twin of `struct AttentionArgs` in attention.cu.
 #[repr(C)]
@@ -63,8 +61,6 @@ pub(super) struct AttentionArgs {
     meta_rows: i32,
     window: i32,
 }
-// SAFETY: as above.
-unsafe impl DeviceRepr for AttentionArgs {}
 
 /// `#[repr(C)]` twin of `struct HeadsArgs` in kernels.cu.
 #[repr(C)]
@@ -86,8 +82,6 @@ pub(super) struct HeadsArgs {
     eps: f32,
     halves: i32,
 }
-// SAFETY: as above.
-unsafe impl DeviceRepr for HeadsArgs {}
 
 /// The tensor-core kernel for a pass of `rows` rows: its index in [`MMA_TILES`], the row
 /// tiles of 16 a block carries and the output tiles of 8. Many rows take blocks of
