@@ -58,8 +58,10 @@ __device__ __forceinline__ float warp_max(float v) {
 // writes are visible. Between the two a projection only asks L2 for its weights, which no
 // kernel writes; nothing before the wait reads or writes anything a kernel writes. Every
 // block waits before it may return, so a kernel's completion still implies its
-// predecessors', as in plain stream order. No sum changes order: the same bits. Without
-// the attribute (or below sm_90, or with DEPENDENT_LAUNCH 0) the three are no-ops.
+// predecessors', as in plain stream order. No sum changes order: the same bits. A kernel
+// launched without the attribute returns from the wait at once; below sm_90, or with
+// DEPENDENT_LAUNCH 0, none of the three is compiled. Only kernel parameters (constant
+// memory) are read before the wait.
 #ifndef DEPENDENT_LAUNCH
 #define DEPENDENT_LAUNCH 0
 #endif
