@@ -613,3 +613,64 @@ fn function_spans_skip_comments_strings_and_declarations() {
         [("one".to_string(), 2, 5), ("with_body".to_string(), 9, 3)]
     );
 }
+
+/// Every code file of the repository, not only the Rust under `src/`: kernels, tests,
+/// tools, examples, benches and CI scripts (`.rs`, `.cu`, `.py`, `.sh`, and files that
+/// start with `#!`), data folders left out. The same most lines as a Rust source, so that
+/// a CUDA, Python or shell file cannot grow past it unseen (kernels.cu reached 1,079).
+#[test]
+fn no_code_file_of_any_language_is_over_the_file_limit() {
+    fn code_files(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                if !["fixtures", "data", "workloads", "__pycache__"].contains(&name.as_str()) {
+                    code_files(&path, found);
+                }
+                continue;
+            }
+            let by_extension = path
+                .extension()
+                .is_some_and(|e| ["rs", "cu", "py", "sh"].iter().any(|x| e == *x));
+            let script = path.extension().is_none()
+                && std::fs::read(&path).is_ok_and(|bytes| bytes.starts_with(b"#!"));
+            if by_extension || script {
+                found.push(path);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "tools", "examples", "benches", ".ci"] {
+        code_files(&root.join(dir), &mut files);
+    }
+    let kinds = |ext: &str| {
+        files
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .count()
+    };
+    assert!(
+        kinds("cu") >= 2 && kinds("py") >= 10 && kinds("sh") >= 5,
+        "found the code files"
+    );
+    assert!(
+        files.iter().any(|p| p.ends_with(".ci/run")),
+        "found the scripts without a suffix"
+    );
+    let broken: Vec<String> = files
+        .iter()
+        .filter_map(|path| {
+            let lines = std::fs::read_to_string(path).ok()?.lines().count();
+            let relative = path.strip_prefix(root).unwrap().display();
+            (lines > MOST_FILE_LINES)
+                .then(|| format!("{relative}: {lines} lines (most {MOST_FILE_LINES})"))
+        })
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "over the house's limit:\n{}",
+        broken.join("\n")
+    );
+}
