@@ -74,38 +74,29 @@ LONG_PROMPT=$(python3 -c '
 import json, sys
 stages = [json.loads(l)["stages"][0] for l in open(sys.argv[1])]
 print("\n\n".join(stages * 3) + "\n\nSummarise every order above as one JSON list.")' tools/workloads/agentic.jsonl)
-decode_rate() {  # binary, then env assignments
-    local bin=$1
-    shift
+# One plain greedy run of `generate`: its text to $RESULTS/text-LABEL, its tok/s printed.
+plain_run() {  # label, binary, prompt, then env assignments
+    local label=$1 bin=$2 prompt=$3
+    shift 3
     env "$@" timeout 60 "$bin" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
-        --chat "$LONG_PROMPT" 2>&1 | grep -oE '[0-9.]+ tokens/s' | cut -d' ' -f1
+        --chat "$prompt" >"$RESULTS/text-$label" 2>"$RESULTS/stats-$label"
+    grep -oE '[0-9.]+ tokens/s' "$RESULTS/stats-$label" | cut -d' ' -f1
 }
-# The same at a short context, where a step is the projections' and launches' time (the
-# 135M model's single-stream step, issue 63's item 6).
-short_rate() {  # binary, then env assignments
-    local bin=$1
-    shift
-    env "$@" timeout 30 "$bin" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
-        --chat "Write a haiku about rain." 2>&1 | grep -oE '[0-9.]+ tokens/s' | cut -d' ' -f1
-}
+# A short context too, where a step is the projections' and launches' time (the 135M
+# model's single-stream step, issue 63's item 6).
+SHORT_PROMPT="Write a haiku about rain."
 if [ -n "${BASE:-}" ] && [ "$(limit 90)" -gt 0 ]; then
     for round in 1 2 3; do
-        b=$(decode_rate "$BASE" $BASE_ENV) n=$(decode_rate "$BIN")
-        bs=$(short_rate "$BASE" $BASE_ENV) ns=$(short_rate "$BIN")
+        b=$(plain_run base-long "$BASE" "$LONG_PROMPT" $BASE_ENV) n=$(plain_run new-long "$BIN" "$LONG_PROMPT")
+        bs=$(plain_run base-short "$BASE" "$SHORT_PROMPT" $BASE_ENV) ns=$(plain_run new-short "$BIN" "$SHORT_PROMPT")
         echo "round $round: long prompt base $b new $n, short base $bs new $ns" >>"$RESULTS/decode-base.txt"
     done
     note "plain decoding, tok/s (base new, alternated): $(cut -d: -f2- "$RESULTS/decode-base.txt" | tr '\n' ';')"
-    # A change of speed only (BASE_ENV=SUFFIXD_CUDA_PDL=off, say) keeps the bits: both
-    # greedy answers to each prompt are the same text.
-    answer() {  # binary, prompt, then env assignments
-        local bin=$1 prompt=$2
-        shift 2
-        env "$@" timeout 60 "$bin" generate --model "$MODEL" --max-tokens 256 --no-spec --cost flat \
-            --chat "$prompt" 2>/dev/null | md5sum
-    }
+    # A change of speed only (BASE_ENV=SUFFIXD_CUDA_PDL=off, say) keeps the bits: the last
+    # round's greedy answers to each prompt are the same text.
     same=0
-    for prompt in "Write a haiku about rain." "$LONG_PROMPT"; do
-        [ "$(answer "$BASE" "$prompt" $BASE_ENV)" = "$(answer "$BIN" "$prompt")" ] && same=$((same + 1))
+    for context in long short; do
+        [ -s "$RESULTS/text-new-$context" ] && cmp -s "$RESULTS/text-base-$context" "$RESULTS/text-new-$context" && same=$((same + 1))
     done
     note "base and new greedy answers: $same of 2 the same text"
 fi
@@ -120,7 +111,7 @@ if [ "${TUNE:-0}" = 1 ] && [ "$(limit 120)" -gt 0 ]; then
     for w in 2 4 8; do
         for s in 4 8 16; do
             [ "$(limit 20)" -gt 0 ] || break 2
-            r=$(decode_rate "$BIN" SUFFIXD_CUDA_WARPS=$w SUFFIXD_CUDA_ATTN_SPLITS=$s)
+            r=$(plain_run tune "$BIN" "$LONG_PROMPT" SUFFIXD_CUDA_WARPS=$w SUFFIXD_CUDA_ATTN_SPLITS=$s)
             echo "warps $w splits $s: $r tok/s" >>"$RESULTS/tune.txt"
             if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1] or 0) > float(sys.argv[2]) else 1)' "${r:-0}" "$best"; then
                 best=$r best_env="SUFFIXD_CUDA_WARPS=$w SUFFIXD_CUDA_ATTN_SPLITS=$s"
@@ -145,7 +136,7 @@ if [ "${TUNE_MMA:-0}" = 1 ] && [ "$(limit 60)" -gt 0 ]; then
         for head in 1 4; do
             [ "$(limit 15)" -gt 0 ] || break 2
             shape="SUFFIXD_CUDA_MMA_KSPLIT=$ks SUFFIXD_CUDA_MMA_HEAD_KSPLIT=$head"
-            r=$(short_rate "$BIN" $shape)
+            r=$(plain_run tune-mma "$BIN" "$SHORT_PROMPT" $shape)
             echo "$shape: $r tok/s" >>"$RESULTS/tune-mma.txt"
             if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1] or 0) > float(sys.argv[2]) else 1)' "${r:-0}" "$best"; then
                 best=$r best_env=$shape

@@ -108,7 +108,7 @@ impl Kernels {
                 "no tensor-core path for this GPU or this model's widths: the CUDA cores run the projections"
             );
         }
-        let kernels = Kernels {
+        let mut kernels = Kernels {
             mma,
             plain: pair("matmul_plain")?,
             residual: pair("matmul_residual")?,
@@ -126,7 +126,7 @@ impl Kernels {
             dependent: false,
             _module: module.clone(),
         };
-        let dependent = tuning.dependent_launch
+        kernels.dependent = tuning.dependent_launch
             && major >= 9
             && dependent::probe(stream, &kernels.scale_rows)
                 .inspect_err(|e| {
@@ -135,12 +135,6 @@ impl Kernels {
                     )
                 })
                 .is_ok();
-        Ok((
-            Kernels {
-                dependent,
-                ..kernels
-            },
-            module,
-        ))
+        Ok((kernels, module))
     }
 }
