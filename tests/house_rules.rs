@@ -77,11 +77,26 @@ fn src_files() -> (PathBuf, Vec<PathBuf>) {
 
 /// Every `.rs` file under `dir`.
 fn sources(dir: &Path, found: &mut Vec<PathBuf>) {
+    files_under(
+        dir,
+        &[],
+        &|p| p.extension().is_some_and(|e| e == "rs"),
+        found,
+    );
+}
+
+/// Every file under `dir` that `keep` takes, folders named in `skip` left out.
+fn files_under(dir: &Path, skip: &[&str], keep: &dyn Fn(&Path) -> bool, found: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            sources(&path, found);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            if !path
+                .file_name()
+                .is_some_and(|n| skip.iter().any(|s| n == *s))
+            {
+                files_under(&path, skip, keep, found);
+            }
+        } else if keep(&path) {
             found.push(path);
         }
     }
@@ -620,30 +635,19 @@ fn function_spans_skip_comments_strings_and_declarations() {
 /// a CUDA, Python or shell file cannot grow past it unseen (kernels.cu reached 1,079).
 #[test]
 fn no_code_file_of_any_language_is_over_the_file_limit() {
-    fn code_files(dir: &Path, found: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            if path.is_dir() {
-                if !["fixtures", "data", "workloads", "__pycache__"].contains(&name.as_str()) {
-                    code_files(&path, found);
-                }
-                continue;
-            }
-            let by_extension = path
-                .extension()
-                .is_some_and(|e| ["rs", "cu", "py", "sh"].iter().any(|x| e == *x));
-            let script = path.extension().is_none()
-                && std::fs::read(&path).is_ok_and(|bytes| bytes.starts_with(b"#!"));
-            if by_extension || script {
-                found.push(path);
-            }
-        }
-    }
+    let code = |path: &Path| {
+        let by_extension = path
+            .extension()
+            .is_some_and(|e| ["rs", "cu", "py", "sh"].iter().any(|x| e == *x));
+        let script = path.extension().is_none()
+            && std::fs::read(path).is_ok_and(|bytes| bytes.starts_with(b"#!"));
+        by_extension || script
+    };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     for dir in ["src", "tests", "tools", "examples", "benches", ".ci"] {
-        code_files(&root.join(dir), &mut files);
+        let data = ["fixtures", "data", "workloads", "__pycache__"];
+        files_under(&root.join(dir), &data, &code, &mut files);
     }
     let kinds = |ext: &str| {
         files
