@@ -24,7 +24,7 @@
 use super::super::{Out, Simd, reduce_lanes};
 use super::DenseMatrix;
 #[cfg(target_arch = "x86_64")]
-use super::{PREFETCH_AHEAD, prefetch_columns};
+use super::{PREFETCH_AHEAD, few_rows_prefetch, prefetch_columns};
 #[cfg(target_arch = "x86_64")]
 use crate::model::kernels::reduce_lanes_m256;
 
@@ -149,6 +149,8 @@ pub(super) unsafe fn columns(
         Path::Avx512Bf16 | Path::Avx512F => unsafe {
             if cols > 1 {
                 prefetch_columns(w, c0 + PREFETCH_AHEAD.max(cols), cols);
+            } else if let Some(ahead) = few_rows_prefetch() {
+                prefetch_columns(w, c0 + ahead, cols);
             }
             let instruction = path == Path::Avx512Bf16;
             in_tiles(c0, cols, |c, count| match count {
@@ -163,6 +165,8 @@ pub(super) unsafe fn columns(
         Path::Avx2 => unsafe {
             if cols > 1 {
                 prefetch_columns(w, c0 + PREFETCH_AHEAD.max(cols), cols);
+            } else if let Some(ahead) = few_rows_prefetch() {
+                prefetch_columns(w, c0 + ahead, cols);
             }
             for c in c0..c0 + cols {
                 avx2::column(w, x, rows, c, out);

@@ -163,9 +163,11 @@ mod avx2 {
         out: Out,
     ) {
         // One column at a time is one sequential stream, which the hardware prefetcher
-        // follows best alone (see FEW_ROWS_COLUMNS).
+        // follows best alone (see FEW_ROWS_COLUMNS), on some CPUs with a little help.
         if C > 1 {
             prefetch_columns(w, c0 + PREFETCH_AHEAD, C);
+        } else if let Some(ahead) = few_rows_prefetch() {
+            prefetch_columns(w, c0 + ahead, C);
         }
         let mut r = 0;
         unsafe {
@@ -307,6 +309,53 @@ const PREFETCH_AHEAD: usize = 4;
 /// hints 4 ahead 59.6; two columns, no hints 48.4; two columns, hints (before) 54.5. BF16
 /// 105.2 → 107.7. Four columns: F32 50.4, BF16 80.7.
 const FEW_ROWS_COLUMNS: usize = 1;
+
+/// How many columns ahead a one-column work item (a pass of one or two rows) asks L2 for
+/// the weights, if at all: `SUFFIXD_DENSE_PREFETCH=N` (0: never), else by the CPU's
+/// maker. The measurements disagree by maker (2 threads, the default model, alternated,
+/// medians): on AMD Zen 4 hints 4 columns ahead made F32 decoding slower (59.6 against
+/// 64.6 tok/s, session 55), so none; on an Intel Xeon (Emerald Rapids) hints 2 ahead
+/// made a one-row pass faster, F32 30.3 → 26.5 ms and BF16 20.7 → 14.8 ms
+/// (`forward_rows`, 4 rounds, session 61): its L2 streamer stops at every 4 KiB page,
+/// and a column of the default model is 1.1–6 KiB.
+#[cfg(target_arch = "x86_64")]
+fn few_rows_prefetch() -> Option<usize> {
+    static AHEAD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        let setting = std::env::var("SUFFIXD_DENSE_PREFETCH").ok();
+        few_rows_prefetch_for(is_intel(), setting.as_deref())
+    })
+}
+
+/// [`few_rows_prefetch`] for a CPU (`intel`) and a `SUFFIXD_DENSE_PREFETCH` setting: a
+/// setting that is not a number is warned about and left out.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn few_rows_prefetch_for(intel: bool, setting: Option<&str>) -> Option<usize> {
+    let by_maker = if intel { 2 } else { 0 };
+    let ahead = match setting.map(|s| s.trim().parse::<usize>()) {
+        None => by_maker,
+        Some(Ok(ahead)) => ahead,
+        Some(Err(_)) => {
+            tracing::warn!(
+                "SUFFIXD_DENSE_PREFETCH={} is not a number of columns; using {by_maker}",
+                setting.unwrap_or_default()
+            );
+            by_maker
+        }
+    };
+    (ahead > 0).then_some(ahead)
+}
+
+/// Whether the CPU is Intel's (its CPUID vendor string).
+#[cfg(target_arch = "x86_64")]
+fn is_intel() -> bool {
+    let leaf = std::arch::x86_64::__cpuid(0);
+    let vendor: Vec<u8> = [leaf.ebx, leaf.edx, leaf.ecx]
+        .iter()
+        .flat_map(|r| r.to_le_bytes())
+        .collect();
+    vendor == b"GenuineIntel"
+}
 
 /// Ask the level-2 cache for columns `c0..c0 + count` of `w`, if they exist: the
 /// hardware's stream prefetcher stops at every 4 KiB page, and a column of the default
@@ -467,6 +516,16 @@ mod tests {
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
         crate::model::kernels::test_values(len, seed, 1.0)
+    }
+
+    #[test]
+    fn decoding_prefetches_by_maker_unless_the_setting_says_otherwise() {
+        assert_eq!(few_rows_prefetch_for(true, None), Some(2));
+        assert_eq!(few_rows_prefetch_for(false, None), None);
+        assert_eq!(few_rows_prefetch_for(false, Some("3")), Some(3));
+        assert_eq!(few_rows_prefetch_for(true, Some(" 0 ")), None);
+        assert_eq!(few_rows_prefetch_for(true, Some("far")), Some(2));
+        assert_eq!(few_rows_prefetch_for(false, Some("-1")), None);
     }
 
     fn run(simd: Simd, w: &DenseMatrix, x: &[f32], rows: usize) -> Vec<f32> {
