@@ -18,8 +18,11 @@ of the default model with tools/gguf-convert.py. `--depth N` measures both after
 tokens of context (llama-bench's `-d N`; suffixd decodes after a raw prompt of about N
 tokens, and its prefill is the 512 tokens' share of prefilling context and them): what
 an agent with a long prompt gets. Build
-llama.cpp with ../shared/peer/llamacpp/build.sh (LLAMA_BENCH overrides its path). Run
-it on a quiet machine: both programs' threads spin.
+llama.cpp with ../shared/peer/llamacpp/build.sh (LLAMA_BENCH overrides its path); on a
+CPU with AMX that build's llama-bench dies of SIGILL in ggml's AMX kernels, so rebuild it
+with `-mno-amx-tile -mno-amx-int8 -mno-amx-bf16` in CMAKE_C_FLAGS and CMAKE_CXX_FLAGS
+(docs/cpu-kernels.md, session 61). Run it on a quiet machine: both programs' threads
+spin.
 """
 import argparse
 import json
