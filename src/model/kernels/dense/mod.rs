@@ -3,7 +3,7 @@
 //! summed by the same operations in the same order whatever the number of rows, the tile
 //! or the thread. The weights stay in place (two columns at a time through every row,
 //! as in [`super::matmul`]; one at a time when decoding, so that each thread reads one
-//! sequential stream: `FEW_ROWS_COLUMNS`).
+//! sequential stream: `FEW_ROWS_COLUMNS`, `FEW_ROWS_ITEM_COLUMNS`).
 //!
 //! f32 weights: each element summed in eight lanes of fused multiply-adds over k in order,
 //! then reduced in a fixed order. Passes of many rows (prefill) on a CPU with AVX-512
@@ -300,17 +300,24 @@ const PAIRED_COLUMNS: usize = 6;
 /// How many columns ahead of the ones being multiplied a thread asks for the weights.
 const PREFETCH_AHEAD: usize = 4;
 
-/// Columns per work item when a pass has one or two rows (decoding), taken without
-/// software prefetches. Columns are contiguous and a thread takes a run of items, so one
-/// column at a time makes its reads one sequential stream, which the hardware prefetcher
-/// follows well; two columns side by side are two streams a column apart, which it
+/// Columns multiplied at a time when a pass has one or two rows (decoding), without
+/// software prefetches on AMD ([`few_rows_prefetch`]). Columns are contiguous and a
+/// thread takes a run of them, so one column at a time makes its reads one sequential
+/// stream, which the hardware prefetcher follows well; two columns side by side are two streams a column apart, which it
 /// follows worse, with or without the prefetch hints. F32 decoding of the default model,
 /// 2 threads, alternated, medians of 5: one column, no hints 64.6 tok/s; one column,
 /// hints 4 ahead 59.6; two columns, no hints 48.4; two columns, hints (before) 54.5. BF16
 /// 105.2 → 107.7. Four columns: F32 50.4, BF16 80.7.
 const FEW_ROWS_COLUMNS: usize = 1;
 
-/// How many columns ahead a one-column work item (a pass of one or two rows) asks L2 for
+/// Columns per work item when a pass has one or two rows, multiplied
+/// [`FEW_ROWS_COLUMNS`] at a time: a thread's reads stay one sequential stream, and the
+/// pool's claim and the item's dispatch (some 200,000 one-column items a step of the
+/// default model) are paid once per 16 columns. Intel Xeon, `forward_rows FILE 1 60 64`,
+/// 6 alternated rounds, medians: BF16 16.3 → 14.3 ms, F32 26.5 → 24.1 (session 61).
+const FEW_ROWS_ITEM_COLUMNS: usize = 16;
+
+/// How many columns ahead a one-column multiply (a pass of one or two rows) asks L2 for
 /// the weights, if at all: `SUFFIXD_DENSE_PREFETCH=N` (0: never), else by the CPU's
 /// maker. The measurements disagree by maker (2 threads, the default model, alternated,
 /// medians): on AMD Zen 4 hints 4 columns ahead made F32 decoding slower (59.6 against
@@ -392,8 +399,9 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
     }
     let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
     let paired = simd.has_avx512f() && rows >= PAIRED_FROM_ROWS;
-    let width = if rows <= 2 {
-        FEW_ROWS_COLUMNS
+    let few_rows = rows <= 2;
+    let width = if few_rows {
+        FEW_ROWS_ITEM_COLUMNS
     } else if paired && parts.iter().all(|p| p.is_bf16()) {
         bf16::TILE_COLUMNS
     } else if paired {
@@ -411,14 +419,19 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
         let inputs = &*inputs;
         for_each_column_group(&outputs, width, as_uninit(out), |part, c0, cols, out| {
             let w = &parts[part];
-            // SAFETY: `simd` is available (asserted), the paths are chosen for it and
-            // `k`; the columns and rows exist and are this group's alone.
-            unsafe {
-                if w.is_bf16() {
-                    let path = bf16::Path::of(simd, w.k);
-                    bf16::columns(path, w, &inputs.rounded, rows, c0, cols, out);
-                } else {
-                    f32_columns(simd, paired, w, x, &inputs.packed, rows, c0, cols, out);
+            let step = if few_rows { FEW_ROWS_COLUMNS } else { cols };
+            let path = bf16::Path::of(simd, w.k);
+            for c in (c0..c0 + cols).step_by(step) {
+                let count = step.min(c0 + cols - c);
+                // SAFETY: `simd` is available (asserted), the paths are chosen for it and
+                // `k`; the columns `c..c + count` and the rows exist and are this
+                // group's alone.
+                unsafe {
+                    if w.is_bf16() {
+                        bf16::columns(path, w, &inputs.rounded, rows, c, count, out);
+                    } else {
+                        f32_columns(simd, paired, w, x, &inputs.packed, rows, c, count, out);
+                    }
                 }
             }
         });
