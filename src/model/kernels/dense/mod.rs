@@ -303,8 +303,8 @@ const PREFETCH_AHEAD: usize = 4;
 /// Columns multiplied at a time when a pass has one or two rows (decoding), without
 /// software prefetches on AMD ([`few_rows_prefetch`]). Columns are contiguous and a
 /// thread takes a run of them, so one column at a time makes its reads one sequential
-/// stream, which the hardware prefetcher follows well; two columns side by side are two streams a column apart, which it
-/// follows worse, with or without the prefetch hints. F32 decoding of the default model,
+/// stream, which the hardware prefetcher follows well; two columns side by side are two
+/// streams a column apart, which it follows worse, with or without the prefetch hints. F32 decoding of the default model,
 /// 2 threads, alternated, medians of 5: one column, no hints 64.6 tok/s; one column,
 /// hints 4 ahead 59.6; two columns, no hints 48.4; two columns, hints (before) 54.5. BF16
 /// 105.2 → 107.7. Four columns: F32 50.4, BF16 80.7.
