@@ -24,7 +24,7 @@
 use super::super::{Out, Simd, reduce_lanes};
 use super::DenseMatrix;
 #[cfg(target_arch = "x86_64")]
-use super::{PREFETCH_AHEAD, few_rows_prefetch, prefetch_columns};
+use super::prefetch_next;
 #[cfg(target_arch = "x86_64")]
 use crate::model::kernels::reduce_lanes_m256;
 
@@ -147,11 +147,7 @@ pub(super) unsafe fn columns(
     match path {
         #[cfg(target_arch = "x86_64")]
         Path::Avx512Bf16 | Path::Avx512F => unsafe {
-            if cols > 1 {
-                prefetch_columns(w, c0 + PREFETCH_AHEAD.max(cols), cols);
-            } else if let Some(ahead) = few_rows_prefetch() {
-                prefetch_columns(w, c0 + ahead, cols);
-            }
+            prefetch_next(w, c0, cols);
             let instruction = path == Path::Avx512Bf16;
             in_tiles(c0, cols, |c, count| match count {
                 1 => avx512::columns::<1>(instruction, w, x, rows, c, out),
@@ -163,11 +159,7 @@ pub(super) unsafe fn columns(
         },
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe {
-            if cols > 1 {
-                prefetch_columns(w, c0 + PREFETCH_AHEAD.max(cols), cols);
-            } else if let Some(ahead) = few_rows_prefetch() {
-                prefetch_columns(w, c0 + ahead, cols);
-            }
+            prefetch_next(w, c0, cols);
             for c in c0..c0 + cols {
                 avx2::column(w, x, rows, c, out);
             }

@@ -164,11 +164,7 @@ mod avx2 {
     ) {
         // One column at a time is one sequential stream, which the hardware prefetcher
         // follows best alone (see FEW_ROWS_COLUMNS), on some CPUs with a little help.
-        if C > 1 {
-            prefetch_columns(w, c0 + PREFETCH_AHEAD, C);
-        } else if let Some(ahead) = few_rows_prefetch() {
-            prefetch_columns(w, c0 + ahead, C);
-        }
+        prefetch_next(w, c0, C);
         let mut r = 0;
         unsafe {
             while r + 4 <= rows {
@@ -304,10 +300,10 @@ const PREFETCH_AHEAD: usize = 4;
 /// software prefetches on AMD ([`few_rows_prefetch`]). Columns are contiguous and a
 /// thread takes a run of them, so one column at a time makes its reads one sequential
 /// stream, which the hardware prefetcher follows well; two columns side by side are two
-/// streams a column apart, which it follows worse, with or without the prefetch hints. F32 decoding of the default model,
-/// 2 threads, alternated, medians of 5: one column, no hints 64.6 tok/s; one column,
-/// hints 4 ahead 59.6; two columns, no hints 48.4; two columns, hints (before) 54.5. BF16
-/// 105.2 → 107.7. Four columns: F32 50.4, BF16 80.7.
+/// streams a column apart, which it follows worse, with or without the prefetch hints.
+/// F32 decoding of the default model, 2 threads, alternated, medians of 5: one column,
+/// no hints 64.6 tok/s; one column, hints 4 ahead 59.6; two columns, no hints 48.4; two
+/// columns, hints (before) 54.5. BF16 105.2 → 107.7. Four columns: F32 50.4, BF16 80.7.
 const FEW_ROWS_COLUMNS: usize = 1;
 
 /// Columns per work item when a pass has one or two rows, multiplied
@@ -362,6 +358,21 @@ fn is_intel() -> bool {
         .flat_map(|r| r.to_le_bytes())
         .collect();
     vendor == b"GenuineIntel"
+}
+
+/// Ask L2 for the columns after `c0..c0 + count` that this thread will multiply next:
+/// [`PREFETCH_AHEAD`] (at least `count`) ahead for a tile of several columns; for one
+/// column, [`few_rows_prefetch`]'s distance, if any.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_next(w: &DenseMatrix, c0: usize, count: usize) {
+    let ahead = if count > 1 {
+        PREFETCH_AHEAD.max(count)
+    } else if let Some(ahead) = few_rows_prefetch() {
+        ahead
+    } else {
+        return;
+    };
+    prefetch_columns(w, c0 + ahead, count);
 }
 
 /// Ask the level-2 cache for columns `c0..c0 + count` of `w`, if they exist: the
