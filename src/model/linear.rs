@@ -6,7 +6,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::kernels::Simd;
-use super::kernels::dense::{DenseMatrix, matmul_dense};
+use super::kernels::dense::{DenseMatrix, matmul_dense_into};
 use super::kernels::matmul::{QuantizedRows, matmul_into};
 use super::kernels::pack::{PackError, PackedMatrix};
 
@@ -246,8 +246,18 @@ pub(super) fn dense_product(
     out: &mut Vec<f32>,
 ) -> candle_core::Result<()> {
     parts.iter().try_for_each(|d| check_inputs(d.inputs(), k))?;
-    resize_for(out, rows, parts.iter().map(|d| d.outputs()).sum());
-    matmul_dense(Simd::detect(), parts, x, rows, out);
+    let len = rows * parts.iter().map(|d| d.outputs()).sum::<usize>();
+    out.clear();
+    out.reserve(len);
+    matmul_dense_into(
+        Simd::detect(),
+        parts,
+        x,
+        rows,
+        &mut out.spare_capacity_mut()[..len],
+    );
+    // SAFETY: `matmul_dense_into` wrote all `len` elements.
+    unsafe { out.set_len(len) };
     Ok(())
 }
 
@@ -400,6 +410,7 @@ impl Embedding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kernels::dense::matmul_dense;
 
     /// An unquantized file's matrices (F32, F16, BF16) run on the row-invariant dense
     /// kernel, with the file's values (BF16's with inputs rounded to bf16), and a 1-row

@@ -19,6 +19,8 @@
 use super::hugepages::HugeSlice;
 #[cfg(target_arch = "x86_64")]
 use super::reduce_lanes_m256;
+use std::mem::MaybeUninit;
+
 use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
 
 mod bf16;
@@ -399,6 +401,19 @@ fn prefetch_columns(w: &DenseMatrix, c0: usize, count: usize) {
 /// `out[r][c0 + c] = x[r] · w[c]` for every part of a fused projection, outputs side by
 /// side in `out` (`rows × Σ n`); `x` is `rows × k`. Threads over columns.
 pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, out: &mut [f32]) {
+    matmul_dense_into(simd, parts, x, rows, as_uninit(out));
+}
+
+/// [`matmul_dense`] into storage that need not hold values yet: it writes every element
+/// of `out`, so a caller can hand it a vector's spare capacity instead of zeroing it
+/// first (a prefill's projections are megabytes each: zeroing them was 1% of a pass).
+pub fn matmul_dense_into(
+    simd: Simd,
+    parts: &[DenseMatrix],
+    x: &[f32],
+    rows: usize,
+    out: &mut [MaybeUninit<f32>],
+) {
     assert!(simd.is_available(), "{simd:?} is not available on this CPU");
     let width: usize = parts.iter().map(|p| p.n).sum();
     assert_eq!(out.len(), rows * width, "out is rows × Σ n");
@@ -428,7 +443,7 @@ pub fn matmul_dense(simd: Simd, parts: &[DenseMatrix], x: &[f32], rows: usize, o
     INPUTS.with_borrow_mut(|inputs| {
         inputs.prepare(parts, x, rows, paired);
         let inputs = &*inputs;
-        for_each_column_group(&outputs, width, as_uninit(out), |part, c0, cols, out| {
+        for_each_column_group(&outputs, width, out, |part, c0, cols, out| {
             let w = &parts[part];
             let step = if few_rows { FEW_ROWS_COLUMNS } else { cols };
             let path = bf16::Path::of(simd, w.k);
