@@ -21,7 +21,7 @@ use super::hugepages::HugeSlice;
 use super::reduce_lanes_m256;
 use std::mem::MaybeUninit;
 
-use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
+use super::{FEW_ROWS_ITEM_COLUMNS, Out, Simd, as_uninit, for_each_column_group, reduce_lanes};
 
 mod bf16;
 
@@ -307,13 +307,6 @@ const PREFETCH_AHEAD: usize = 4;
 /// no hints 64.6 tok/s; one column, hints 4 ahead 59.6; two columns, no hints 48.4; two
 /// columns, hints (before) 54.5. BF16 105.2 → 107.7. Four columns: F32 50.4, BF16 80.7.
 const FEW_ROWS_COLUMNS: usize = 1;
-
-/// Columns per work item when a pass has one or two rows, multiplied
-/// [`FEW_ROWS_COLUMNS`] at a time: a thread's reads stay one sequential stream, and the
-/// pool's claim and the item's dispatch (some 200,000 one-column items a step of the
-/// default model) are paid once per 16 columns. Intel Xeon, `forward_rows FILE 1 60 64`,
-/// 6 alternated rounds, medians: BF16 16.3 → 14.3 ms, F32 26.5 → 24.1 (session 61).
-const FEW_ROWS_ITEM_COLUMNS: usize = 16;
 
 /// How many columns ahead a one-column multiply (a pass of one or two rows) asks L2 for
 /// the weights, if at all: `SUFFIXD_DENSE_PREFETCH=N` (0: never), else by the CPU's

@@ -21,7 +21,10 @@
 //! weight is read from memory once per pass whatever the number of rows.
 
 use super::pack::{BLOCK, GROUP, PackedMatrix, grouped_index, place_block, whole_blocks};
-use super::{Out, Simd, as_uninit, for_each_column_group, reduce_lanes, round_to_integer};
+use super::{
+    FEW_ROWS_ITEM_COLUMNS, Out, Simd, as_uninit, for_each_column_group, reduce_lanes,
+    round_to_integer,
+};
 use std::mem::MaybeUninit;
 
 #[cfg(target_arch = "x86_64")]
@@ -293,8 +296,17 @@ pub fn matmul_into(
         return;
     }
     let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
-    for_each_column_group(&outputs, COLS, out, |part, c0, cols, out| {
-        column_group(simd, &parts[part], a, c0, cols, out)
+    // Decoding: items of several tiles, so that the pool's claim and an item's dispatch
+    // are paid once per 16 columns, not per pair (the stream a thread reads is the same).
+    let width = if a.rows <= 2 {
+        FEW_ROWS_ITEM_COLUMNS
+    } else {
+        COLS
+    };
+    for_each_column_group(&outputs, width, out, |part, c0, cols, out| {
+        for c in (c0..c0 + cols).step_by(COLS) {
+            column_group(simd, &parts[part], a, c, COLS.min(c0 + cols - c), out)
+        }
     });
 }
 
@@ -400,7 +412,8 @@ mod tests {
 
     #[test]
     fn a_row_gets_the_same_bits_alone_and_among_others() {
-        let n = 7;
+        // A row alone takes work items of several tiles: two whole ones and a part.
+        let n = 2 * FEW_ROWS_ITEM_COLUMNS + 5;
         for ((dtype, k), &simd) in
             shapes().flat_map(|shape| Simd::available().iter().map(move |s| (shape, s)))
         {
