@@ -193,20 +193,24 @@ mod avx512 {
 
     /// `x` (`rows × k`) with rows `2p` and `2p + 1` interleaved eight floats at a time:
     /// pair `p`'s step `i` (a multiple of 8) is the 16 floats at `p · 2k + 2i`. An odd
-    /// last row is left out (the AVX2 path takes it). Into `packed`, whose old contents
-    /// go.
+    /// last row is paired with zeros, whose products the tiles compute and never write:
+    /// a row's lanes are its own whichever half of a register holds it, and a second pass
+    /// over the weights for that row alone cost more than the wasted half (a 5-row pass
+    /// of the default model's F32 file, session 63). Into `packed`, whose old contents go.
     pub(super) fn pack_row_pairs(x: &[f32], rows: usize, k: usize, packed: &mut Vec<f32>) {
         packed.clear();
-        for pair in x[..rows / 2 * 2 * k].chunks_exact(2 * k) {
+        let zeros = [0.0f32; 8];
+        for pair in x[..rows * k].chunks(2 * k) {
             let (a, b) = pair.split_at(k);
-            for (a, b) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+            for (i, a) in a.chunks_exact(8).enumerate() {
                 packed.extend_from_slice(a);
-                packed.extend_from_slice(b);
+                packed.extend_from_slice(b.get(8 * i..8 * i + 8).unwrap_or(&zeros));
             }
         }
     }
 
     /// Pairs `p0..p0 + P` × columns `c0..c0 + C` of an f32 matrix; `k` is a multiple of 8.
+    /// Writes rows below `rows` only (an odd last row's partner is padding).
     ///
     /// SAFETY: AVX-512F, AVX2 and FMA are present; the tile lies inside `w`, `packed`
     /// and the output.
@@ -214,6 +218,7 @@ mod avx512 {
     unsafe fn tile<const P: usize, const C: usize>(
         w: &DenseMatrix,
         packed: &[f32],
+        rows: usize,
         p0: usize,
         c0: usize,
         out: Out,
@@ -249,47 +254,78 @@ mod avx512 {
                 let low = _mm512_castps512_ps256(acc);
                 let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
                 let row = 2 * (p0 + p);
-                // SAFETY: rows `row`, `row + 1` and column `c0 + j` are this tile's.
+                // SAFETY: rows `row`, `row + 1` (if below `rows`) and column `c0 + j`
+                // are this tile's.
                 unsafe {
                     out.write(row, c0 + j, reduce_lanes_m256!(low));
-                    out.write(row + 1, c0 + j, reduce_lanes_m256!(high));
+                    if row + 1 < rows {
+                        out.write(row + 1, c0 + j, reduce_lanes_m256!(high));
+                    }
                 }
             }
         }
     }
 
-    /// Columns `c0..c0 + C` for all `pairs` of rows, four pairs at a time.
+    /// Columns `c0..c0 + C` for all `rows`, in pairs, four pairs at a time.
     ///
     /// SAFETY: as [`tile`].
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn columns<const C: usize>(
         w: &DenseMatrix,
         packed: &[f32],
-        pairs: usize,
+        rows: usize,
         c0: usize,
         out: Out,
     ) {
         prefetch_columns(w, c0 + PAIRED_COLUMNS, C);
+        let pairs = rows.div_ceil(2);
         let mut p = 0;
         unsafe {
             while p + 4 <= pairs {
-                tile::<4, C>(w, packed, p, c0, out);
+                tile::<4, C>(w, packed, rows, p, c0, out);
                 p += 4;
             }
             match pairs - p {
                 0 => {}
-                1 => tile::<1, C>(w, packed, p, c0, out),
-                2 => tile::<2, C>(w, packed, p, c0, out),
-                3 => tile::<3, C>(w, packed, p, c0, out),
+                1 => tile::<1, C>(w, packed, rows, p, c0, out),
+                2 => tile::<2, C>(w, packed, rows, p, c0, out),
+                3 => tile::<3, C>(w, packed, rows, p, c0, out),
                 _ => unreachable!("fewer than four pairs remain"),
             }
         }
     }
 }
 
-/// Rows from which a pass takes the AVX-512 path: fewer reuse each packed row too
-/// little to pay for packing (verification's passes of a few rows stay on AVX2).
+/// Rows from which a pass takes the AVX-512 path where [`paired_from_rows`] does not say
+/// otherwise, and always for bf16 weights: fewer reuse each packed row too little to pay
+/// for packing (verification's passes of a few rows stay on AVX2).
 const PAIRED_FROM_ROWS: usize = 16;
+
+/// Rows from which a pass of f32 weights takes the AVX-512 path (rows in pairs):
+/// `SUFFIXD_DENSE_PAIRED_FROM=N` (at least 3: passes of one or two rows are decoding's
+/// own path), else by the CPU's maker. On an Intel Xeon (Emerald Rapids, two 512-bit FMA
+/// units a core) verification's passes of a few rows are bound by their multiply-adds
+/// on AVX2 once the weights stream: passes of the default model's F32 file at 64
+/// positions (`forward_rows`, 8 alternated pairs, the median ratio, session 63) took
+/// 0.98× the time of AVX2's for 5 rows, 0.92× for 6, 0.91× for 8, 0.84× for 12, and
+/// 1.02× for 4 (noise: 3 rows, the same path both ways, read 1.06×), so from 5 rows
+/// there (docs/cpu-kernels.md). Elsewhere 16, as
+/// tuned on AMD Zen 4, whose 512-bit multiply-adds take two passes through its 256-bit
+/// units.
+#[cfg(target_arch = "x86_64")]
+fn paired_from_rows() -> usize {
+    static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *FROM.get_or_init(|| {
+        let by_maker = if is_intel() { 5 } else { PAIRED_FROM_ROWS };
+        let setting = std::env::var("SUFFIXD_DENSE_PAIRED_FROM").ok();
+        columns_setting("SUFFIXD_DENSE_PAIRED_FROM", setting.as_deref(), by_maker).max(3)
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn paired_from_rows() -> usize {
+    PAIRED_FROM_ROWS
+}
 
 /// Columns per work item on the AVX-512 path: 4 pairs × 6 columns of accumulators, 6
 /// weight registers and one input register fill 31 of the 32.
@@ -325,23 +361,29 @@ fn few_rows_prefetch() -> Option<usize> {
     })
 }
 
-/// [`few_rows_prefetch`] for a CPU (`intel`) and a `SUFFIXD_DENSE_PREFETCH` setting: a
-/// setting that is not a number is warned about and left out.
+/// [`few_rows_prefetch`] for a CPU (`intel`) and a `SUFFIXD_DENSE_PREFETCH` setting.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn few_rows_prefetch_for(intel: bool, setting: Option<&str>) -> Option<usize> {
     let by_maker = if intel { 2 } else { 0 };
-    let ahead = match setting.map(|s| s.trim().parse::<usize>()) {
+    let ahead = columns_setting("SUFFIXD_DENSE_PREFETCH", setting, by_maker);
+    (ahead > 0).then_some(ahead)
+}
+
+/// The number an environment variable `name` holds (`setting`), else `by_maker`; a
+/// setting that is not a number is warned about and left out.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn columns_setting(name: &str, setting: Option<&str>, by_maker: usize) -> usize {
+    match setting.map(|s| s.trim().parse::<usize>()) {
         None => by_maker,
-        Some(Ok(ahead)) => ahead,
+        Some(Ok(n)) => n,
         Some(Err(_)) => {
             tracing::warn!(
-                "SUFFIXD_DENSE_PREFETCH={} is not a number of columns; using {by_maker}",
+                "{name}={} is not a whole number; using {by_maker}",
                 setting.unwrap_or_default()
             );
             by_maker
         }
-    };
-    (ahead > 0).then_some(ahead)
+    }
 }
 
 /// Whether the CPU is Intel's (its CPUID vendor string).
@@ -407,6 +449,19 @@ pub fn matmul_dense_into(
     rows: usize,
     out: &mut [MaybeUninit<f32>],
 ) {
+    multiply(simd, parts, x, rows, out, paired_from_rows());
+}
+
+/// [`matmul_dense_into`] with f32 weights taking the AVX-512 path from `paired_from`
+/// rows (the tests run both paths on any CPU).
+fn multiply(
+    simd: Simd,
+    parts: &[DenseMatrix],
+    x: &[f32],
+    rows: usize,
+    out: &mut [MaybeUninit<f32>],
+    paired_from: usize,
+) {
     assert!(simd.is_available(), "{simd:?} is not available on this CPU");
     let width: usize = parts.iter().map(|p| p.n).sum();
     assert_eq!(out.len(), rows * width, "out is rows × Σ n");
@@ -417,12 +472,16 @@ pub fn matmul_dense_into(
         return;
     }
     let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
-    let paired = simd.has_avx512f() && rows >= PAIRED_FROM_ROWS;
+    let paired = simd.has_avx512f() && rows >= paired_from;
     let few_rows = rows <= 2;
     let width = if few_rows {
         FEW_ROWS_ITEM_COLUMNS
-    } else if paired && parts.iter().all(|p| p.is_bf16()) {
-        bf16::TILE_COLUMNS
+    } else if parts.iter().all(|p| p.is_bf16()) {
+        if simd.has_avx512f() && rows >= PAIRED_FROM_ROWS {
+            bf16::TILE_COLUMNS
+        } else {
+            2
+        }
     } else if paired {
         PAIRED_COLUMNS
     } else {
@@ -486,8 +545,8 @@ impl Inputs {
 }
 
 /// Columns `c0..c0 + cols` of the f32 matrix `w` for every row: on the AVX-512 path
-/// (`paired`) rows in pairs from `packed` and an odd last row on AVX2, otherwise AVX2
-/// tiles of up to four rows, or the portable path.
+/// (`paired`) rows in pairs from `packed`, otherwise AVX2 tiles of up to four rows, or
+/// the portable path.
 ///
 /// SAFETY: `simd` is available; `paired` only with AVX-512F, and then `packed` holds `x`
 /// packed if `k` is a multiple of 8; the columns exist and are the caller's alone.
@@ -506,20 +565,14 @@ unsafe fn f32_columns(
     match simd {
         #[cfg(target_arch = "x86_64")]
         _ if paired && w.k.is_multiple_of(8) => unsafe {
-            let pairs = rows / 2;
             match cols {
-                1 => avx512::columns::<1>(w, packed, pairs, c0, out),
-                2 => avx512::columns::<2>(w, packed, pairs, c0, out),
-                3 => avx512::columns::<3>(w, packed, pairs, c0, out),
-                4 => avx512::columns::<4>(w, packed, pairs, c0, out),
-                5 => avx512::columns::<5>(w, packed, pairs, c0, out),
-                6 => avx512::columns::<6>(w, packed, pairs, c0, out),
+                1 => avx512::columns::<1>(w, packed, rows, c0, out),
+                2 => avx512::columns::<2>(w, packed, rows, c0, out),
+                3 => avx512::columns::<3>(w, packed, rows, c0, out),
+                4 => avx512::columns::<4>(w, packed, rows, c0, out),
+                5 => avx512::columns::<5>(w, packed, rows, c0, out),
+                6 => avx512::columns::<6>(w, packed, rows, c0, out),
                 _ => unreachable!("groups are at most {PAIRED_COLUMNS} columns"),
-            }
-            if rows % 2 == 1 {
-                for c in c0..c0 + cols {
-                    avx2::tile::<1, 1>(w, x, rows - 1, c, out);
-                }
             }
         },
         #[cfg(target_arch = "x86_64")]
@@ -566,8 +619,29 @@ mod tests {
         out
     }
 
+    /// [`run`] with f32 weights on the AVX-512 path from `paired_from` rows.
+    fn run_from(
+        simd: Simd,
+        w: &DenseMatrix,
+        x: &[f32],
+        rows: usize,
+        paired_from: usize,
+    ) -> Vec<f32> {
+        let mut out = vec![f32::NAN; rows * w.n];
+        multiply(
+            simd,
+            std::slice::from_ref(w),
+            x,
+            rows,
+            as_uninit(&mut out),
+            paired_from,
+        );
+        out
+    }
+
     /// Every path this CPU has, and the portable one, give each row the same bits, alone
-    /// or among 11 rows (AVX2 tiles) or 37 (AVX-512 pairs and an odd last row), over 13
+    /// or among 3, 4, 5 or 11 rows (AVX2 tiles, or AVX-512 pairs with an odd last row
+    /// paired with padding) or 37, over 13
     /// columns (groups of 2 and of 6 with remainders), for f32 weights and for bf16 ones
     /// (whose inputs are rounded to bf16: on a CPU with AVX-512 BF16 this compares the
     /// instruction with the FMA paths); `k` a multiple of 32 and not.
@@ -590,11 +664,16 @@ mod tests {
                 for &simd in Simd::available() {
                     let what = format!("{simd:?}, bf16 {bf16}, k {k}");
                     assert_eq!(run(simd, w, &x, rows), together, "{what}, {rows} rows");
-                    assert_eq!(
-                        run(simd, w, &x[..11 * k], 11),
-                        together[..11 * n],
-                        "{what}, 11 rows"
-                    );
+                    // Both sides of every row count's choice of path, odd and even.
+                    for part in [3, 4, 5, 11] {
+                        for from in [3, PAIRED_FROM_ROWS] {
+                            assert_eq!(
+                                run_from(simd, w, &x[..part * k], part, from),
+                                together[..part * n],
+                                "{what}, {part} rows, paired from {from}"
+                            );
+                        }
+                    }
                 }
                 let multiplied = if bf16 { &rounded } else { &x };
                 for r in 0..rows {
