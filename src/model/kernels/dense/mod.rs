@@ -309,9 +309,8 @@ const PAIRED_FROM_ROWS: usize = 16;
 /// positions (`forward_rows`, 8 alternated pairs, the median ratio, session 63) took
 /// 0.98× the time of AVX2's for 5 rows, 0.92× for 6, 0.91× for 8, 0.84× for 12, and
 /// 1.02× for 4 (noise: 3 rows, the same path both ways, read 1.06×), so from 5 rows
-/// there (docs/cpu-kernels.md). Elsewhere 16, as
-/// tuned on AMD Zen 4, whose 512-bit multiply-adds take two passes through its 256-bit
-/// units.
+/// there (docs/cpu-kernels.md). Elsewhere 16, as tuned on AMD Zen 4, whose 512-bit
+/// multiply-adds take two passes through its 256-bit units.
 #[cfg(target_arch = "x86_64")]
 fn paired_from_rows() -> usize {
     static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
