@@ -317,7 +317,7 @@ fn paired_from_rows() -> usize {
     *FROM.get_or_init(|| {
         let by_maker = if is_intel() { 5 } else { PAIRED_FROM_ROWS };
         let setting = std::env::var("SUFFIXD_DENSE_PAIRED_FROM").ok();
-        columns_setting("SUFFIXD_DENSE_PAIRED_FROM", setting.as_deref(), by_maker).max(3)
+        number_setting("SUFFIXD_DENSE_PAIRED_FROM", setting.as_deref(), by_maker).max(3)
     })
 }
 
@@ -364,14 +364,14 @@ fn few_rows_prefetch() -> Option<usize> {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn few_rows_prefetch_for(intel: bool, setting: Option<&str>) -> Option<usize> {
     let by_maker = if intel { 2 } else { 0 };
-    let ahead = columns_setting("SUFFIXD_DENSE_PREFETCH", setting, by_maker);
+    let ahead = number_setting("SUFFIXD_DENSE_PREFETCH", setting, by_maker);
     (ahead > 0).then_some(ahead)
 }
 
 /// The number an environment variable `name` holds (`setting`), else `by_maker`; a
 /// setting that is not a number is warned about and left out.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn columns_setting(name: &str, setting: Option<&str>, by_maker: usize) -> usize {
+fn number_setting(name: &str, setting: Option<&str>, by_maker: usize) -> usize {
     match setting.map(|s| s.trim().parse::<usize>()) {
         None => by_maker,
         Some(Ok(n)) => n,
@@ -473,15 +473,12 @@ fn multiply(
     let outputs: Vec<usize> = parts.iter().map(|p| p.n).collect();
     let paired = simd.has_avx512f() && rows >= paired_from;
     let few_rows = rows <= 2;
+    let all_bf16 = parts.iter().all(|p| p.is_bf16());
     let width = if few_rows {
         FEW_ROWS_ITEM_COLUMNS
-    } else if parts.iter().all(|p| p.is_bf16()) {
-        if simd.has_avx512f() && rows >= PAIRED_FROM_ROWS {
-            bf16::TILE_COLUMNS
-        } else {
-            2
-        }
-    } else if paired {
+    } else if all_bf16 && simd.has_avx512f() && rows >= PAIRED_FROM_ROWS {
+        bf16::TILE_COLUMNS
+    } else if paired && !all_bf16 {
         PAIRED_COLUMNS
     } else {
         2
