@@ -269,3 +269,61 @@ fn a_cost_curve_file_sizes_the_drafts_and_prices_the_projection() {
 
     assert_clean_failure(&bench("{\"t1_ms\": 3}\n"), "no line of the file");
 }
+
+/// `generate`'s measured cost curve is kept in the cache folder and reused as measured
+/// by the next run with the same binary, model and settings; `--cost remeasure` times it
+/// again and keeps that; a damaged file is measured over and replaced, never an error.
+#[test]
+fn a_measured_cost_curve_is_kept_and_reused() {
+    if !common::model_present() {
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let model = common::model_path();
+    let generate = |cost: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_suffixd"))
+            .args(["generate", "--model", model.to_str().unwrap()])
+            .args(["--prompt", "Count: one, two,", "--max-tokens", "8"])
+            .args(["--cost", cost, "--json"])
+            .env("SUFFIXD_CACHE_DIR", cache.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        last_json(&out)["cost_curve"].clone()
+    };
+    let kept_files = || -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+    };
+    let kept_t1 = |file: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(file).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["t1_ms"].clone()
+    };
+
+    let first = generate("measure");
+    let files = kept_files();
+    assert_eq!(files.len(), 1, "one kept curve: {files:?}");
+    assert_eq!(kept_t1(&files[0]), first["t1_ms"]);
+
+    let second = generate("measure");
+    assert_eq!(second["t1_ms"], first["t1_ms"], "reused, not timed again");
+    assert_eq!(second["measured"], first["measured"]);
+
+    let third = generate("remeasure");
+    assert_ne!(third["t1_ms"], first["t1_ms"], "timed again");
+    assert_eq!(kept_t1(&files[0]), third["t1_ms"], "and kept");
+
+    std::fs::write(&files[0], "{\"key\": ").unwrap();
+    let fourth = generate("measure");
+    assert_ne!(
+        fourth["t1_ms"], third["t1_ms"],
+        "a damaged file is measured over"
+    );
+    assert_eq!(kept_t1(&files[0]), fourth["t1_ms"], "and replaced");
+    assert_eq!(kept_files().len(), 1);
+}

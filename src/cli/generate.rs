@@ -14,8 +14,8 @@ use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};
 use crate::tree::GlobalTree;
 
-use super::SpecArgs;
 use super::store::resolve_snapshot;
+use super::{SpecArgs, cost_cache};
 
 /// The default model's file name, as `tools/setup.sh` installs it.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -60,8 +60,11 @@ pub struct ModelArgs {
     /// KV cache capacity in tokens (capped by the model's context length).
     #[arg(long, default_value_t = 4096)]
     pub max_context: usize,
-    /// `measure`: time t(K)/t(1) at start and size drafts by it; `flat`: verify every
-    /// draft whole (as on a GPU).
+    /// `measure`: size drafts by t(K)/t(1) as timed on this machine, once per binary,
+    /// model and settings: on a CPU kept in the cache folder ($SUFFIXD_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/suffixd or ~/.cache/suffixd) and reused by later runs (a GPU
+    /// times it at start), each run correcting it from its own steps; `remeasure`: time
+    /// it again at start (and keep it); `flat`: verify every draft whole (as on a GPU).
     #[arg(long, value_enum, default_value_t = CostMode::Measure)]
     pub cost: CostMode,
     /// Take t(K)/t(1) from this file instead of --cost, fixed for the run: the last JSON
@@ -100,13 +103,71 @@ pub struct ModelArgs {
 /// How the engine learns its cost curve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum CostMode {
-    /// Measure at start.
+    /// Measured on this machine: kept from an earlier run of this binary with this model
+    /// and these settings, else measured at start and kept.
     Measure,
+    /// Measured at start, and kept for later runs.
+    Remeasure,
     /// Assume verification is free.
     Flat,
 }
 
 impl ModelArgs {
+    /// Give `engine` its measured cost curve: on a CPU the one kept in the cache folder
+    /// for this binary, model and settings ([`cost_cache`]) unless `mode` is
+    /// `Remeasure`, else timed now and kept; on a GPU timed now.
+    fn measured_cost_curve(
+        &self,
+        engine: &mut Engine,
+        device: &candle_core::Device,
+        mode: CostMode,
+    ) -> anyhow::Result<()> {
+        // A GPU's rows are nearly free well past 64 (docs/gpu.md), so its curve goes on
+        // to 128, where a busy server's passes are; a CPU's cost grows from the first
+        // rows, and 64 is past any draft it verifies.
+        let (max_rows, context, repeats) = (if device.is_cuda() { 128 } else { 64 }, 256, 3);
+        if device.is_cuda() {
+            // A GPU's passes take a millisecond or so: timing them costs little, and the
+            // cache's key would have to name the card.
+            engine.measure_cost_curve(max_rows, context, repeats)?;
+            return Ok(());
+        }
+        let dir = cost_cache::cache_dir();
+        let model = model_path(self.model.as_deref())?;
+        let device_name = format!("cpu {}", crate::model::kernels::Simd::detect().name());
+        let measurement = serde_json::json!({
+            "max_rows": max_rows, "context": context, "repeats": repeats,
+            "max_context": self.max_context,
+        });
+        let key = cost_cache::key(
+            &model,
+            &format!("{:?}", self.weights),
+            &device_name,
+            measurement,
+        );
+        let kept = dir
+            .as_deref()
+            .filter(|_| mode == CostMode::Measure)
+            .and_then(|dir| cost_cache::load(dir, &key));
+        if let Some((curve, path)) = kept {
+            tracing::info!(
+                "cost curve kept from an earlier run ({}; --cost remeasure times it again)",
+                path.display()
+            );
+            engine.set_cost_curve(curve);
+            return Ok(());
+        }
+        engine.measure_cost_curve(max_rows, context, repeats)?;
+        match dir.map(|dir| cost_cache::store(&dir, &key, engine.cost_curve())) {
+            Some(Ok(path)) => tracing::info!("cost curve measured and kept in {}", path.display()),
+            Some(Err(e)) => tracing::warn!("cost curve measured but not kept: {e}"),
+            None => tracing::info!(
+                "cost curve measured; no cache folder (set SUFFIXD_CACHE_DIR or HOME) to keep it in"
+            ),
+        }
+        Ok(())
+    }
+
     /// Load the engine these flags describe.
     pub fn load(&self) -> anyhow::Result<Engine> {
         let device = crate::model::device()?;
@@ -151,12 +212,8 @@ impl ModelArgs {
                     .with_context(|| format!("cost curve {}", path.display()))?;
                 engine.set_cost_curve(curve);
             }
-            (None, CostMode::Measure) => {
-                // A GPU's rows are nearly free well past 64 (docs/gpu.md), so its curve
-                // goes on to 128, where a busy server's passes are; a CPU's cost grows
-                // from the first rows, and 64 is past any draft it verifies.
-                let max_rows = if device.is_cuda() { 128 } else { 64 };
-                engine.measure_cost_curve(max_rows, 256, 3)?;
+            (None, mode @ (CostMode::Measure | CostMode::Remeasure)) => {
+                self.measured_cost_curve(&mut engine, &device, mode)?
             }
             (None, CostMode::Flat) => engine.set_cost_curve(CostCurve::flat()),
         }

@@ -13,6 +13,7 @@ use crate::speculate::{SpecMode, SpecParams};
 use crate::tree::GlobalTree;
 
 mod bench;
+mod cost_cache;
 mod generate;
 mod serve;
 mod store;
