@@ -127,8 +127,8 @@ impl ModelArgs {
         // rows, and 64 is past any draft it verifies.
         let (max_rows, context, repeats) = (if device.is_cuda() { 128 } else { 64 }, 256, 3);
         if device.is_cuda() {
-            // A GPU's passes take a millisecond or so: timing them costs little, and the
-            // cache's key would have to name the card.
+            // A GPU's passes take milliseconds: timing them costs little, and the cache's
+            // key would have to name the card.
             engine.measure_cost_curve(max_rows, context, repeats)?;
             return Ok(());
         }

@@ -1,6 +1,7 @@
 //! What a forward pass costs as a function of the rows (tokens) it runs: t(K)/t(1).
 //!
-//! Measured once at start (`Engine::measure_cost_curve`) and then kept up to date from the
+//! Measured once (`Engine::measure_cost_curve`; on a CPU the command line keeps it between
+//! runs, `cli::cost_cache`) and then kept up to date from the
 //! steps the engine actually runs. A server's steps are not the start-up probe: they batch
 //! several sequences with their own caches, and the machine's load changes. Each step's
 //! time, divided by what the start-up curve predicts for its row count, gives a correction
