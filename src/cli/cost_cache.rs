@@ -145,12 +145,7 @@ fn parse(text: &str, key: &Value) -> Result<CostCurve, String> {
 /// written whole or not at all (a temporary file renamed into place), so that runs
 /// starting together read either no file or a complete one. Returns where.
 pub(super) fn store(dir: &Path, key: &Value, curve: &CostCurve) -> std::io::Result<PathBuf> {
-    let points: Vec<(usize, f64)> = curve
-        .points
-        .iter()
-        .map(|p| p.0)
-        .zip(curve.measured.iter().copied())
-        .collect();
+    let points = curve.measured_points();
     let measured_at = std::time::SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

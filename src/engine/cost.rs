@@ -64,6 +64,15 @@ impl CostCurve {
         interpolate(&self.points, k)
     }
 
+    /// The curve as measured, `(K, t(K)/t(1))`, before any step corrected it.
+    pub fn measured_points(&self) -> Vec<(usize, f64)> {
+        self.points
+            .iter()
+            .map(|p| p.0)
+            .zip(self.measured.iter().copied())
+            .collect()
+    }
+
     /// Learn from one forward pass of `rows` decoding rows that took `seconds`. Passes
     /// outside the measured range, and curves that were given rather than measured, teach
     /// nothing.
@@ -72,12 +81,7 @@ impl CostCurve {
         if self.t1_ms <= 0.0 || rows == 0 || rows > last || !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
-        let measured: Vec<(usize, f64)> = self
-            .points
-            .iter()
-            .map(|p| p.0)
-            .zip(self.measured.iter().copied())
-            .collect();
+        let measured = self.measured_points();
         let predicted_ms = self.t1_ms * interpolate(&measured, rows);
         let c = (seconds * 1e3 / predicted_ms).clamp(CLAMP.0, CLAMP.1);
         // Share the step between the two points that bracket `rows`, by closeness.
