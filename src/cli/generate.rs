@@ -122,16 +122,16 @@ impl ModelArgs {
         device: &candle_core::Device,
         mode: CostMode,
     ) -> anyhow::Result<()> {
-        // A GPU's rows are nearly free well past 64 (docs/gpu.md), so its curve goes on
-        // to 128, where a busy server's passes are; a CPU's cost grows from the first
-        // rows, and 64 is past any draft it verifies.
-        let (max_rows, context, repeats) = (if device.is_cuda() { 128 } else { 64 }, 256, 3);
+        let (context, repeats) = (256, 3);
         if device.is_cuda() {
-            // A GPU's passes take milliseconds: timing them costs little, and the cache's
-            // key would have to name the card.
-            engine.measure_cost_curve(max_rows, context, repeats)?;
+            // A GPU's rows are nearly free well past 64 (docs/gpu.md), so its curve goes
+            // on to 128, where a busy server's passes are. Its passes take milliseconds:
+            // timing them costs little, and the cache's key would have to name the card.
+            engine.measure_cost_curve(128, context, repeats)?;
             return Ok(());
         }
+        // A CPU's cost grows from the first rows, and 64 is past any draft it verifies.
+        let max_rows = 64;
         let dir = cost_cache::cache_dir();
         let model = model_path(self.model.as_deref())?;
         let device_name = format!("cpu {}", crate::model::kernels::Simd::detect().name());

@@ -207,6 +207,23 @@ pub enum CostCurveError {
 }
 
 impl CostCurve {
+    /// Check that `points` can be a curve: they start at K = 1, rise in K, and every
+    /// ratio is finite and above 0. Returns the ratio at K = 1.
+    pub fn check_points(points: &[(usize, f64)]) -> Result<f64, CostCurveError> {
+        let Some(&(1, base)) = points.first() else {
+            return Err(CostCurveError::BadPoints("do not start at K = 1".into()));
+        };
+        if !points.windows(2).all(|w| w[0].0 < w[1].0) {
+            return Err(CostCurveError::BadPoints("do not rise in K".into()));
+        }
+        if !points.iter().all(|p| p.1.is_finite() && p.1 > 0.0) {
+            return Err(CostCurveError::BadPoints(
+                "have a ratio that is not finite and above 0".into(),
+            ));
+        }
+        Ok(base)
+    }
+
     /// The curve in a file of JSON lines, as `examples/shape_cost` (`"curve"`) and
     /// `e2e-bench --json` (`"cost_curve": {"points": ...}`) print them: the last line
     /// that holds one (shape_cost prints one per context, the longest last). Ratios are
@@ -227,17 +244,7 @@ impl CostCurve {
             .map_err(|e| {
                 CostCurveError::BadPoints(format!("are not pairs of a count and a ratio ({e})"))
             })?;
-        let Some(&(1, base)) = points.first() else {
-            return Err(CostCurveError::BadPoints("do not start at K = 1".into()));
-        };
-        if !points.windows(2).all(|w| w[0].0 < w[1].0) {
-            return Err(CostCurveError::BadPoints("do not rise in K".into()));
-        }
-        if !points.iter().all(|p| p.1.is_finite() && p.1 > 0.0) {
-            return Err(CostCurveError::BadPoints(
-                "have a ratio that is not finite and above 0".into(),
-            ));
-        }
+        let base = Self::check_points(&points)?;
         let mut relative: Vec<(usize, f64)> = points.iter().map(|&(k, r)| (k, r / base)).collect();
         if relative.len() == 1 {
             relative.push((64, 1.0));
