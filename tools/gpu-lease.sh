@@ -78,9 +78,10 @@ pack() {
     local tree model first
     tree=$(tree_bytes)
     model=$(stat -c %s "$MODEL")
-    # The first part fills call 1 up to a MiB short of the limit; the rest goes in call 2.
-    first=$((CALL_LIMIT - 1048576 - tree - $(du -cb "$LEASE/1" | tail -1 | cut -f1)))
-    [ "$first" -lt "$model" ] || first=$model
+    # Calls 1 and 2 carry about as much: the model's first part beside the binaries,
+    # the rest alone.
+    first=$(((model - $(du -cb "$LEASE/1" | tail -1 | cut -f1)) / 2))
+    [ "$first" -gt 0 ] || first=0
     head -c "$first" "$MODEL" >"$LEASE/1/model.a"
     tail -c +"$((first + 1))" "$MODEL" >"$LEASE/2/model.b"
     sha256sum <"$MODEL" | cut -d' ' -f1 >"$LEASE/2/model.sha256"
@@ -97,7 +98,7 @@ pack() {
 Packed. On a lent machine, one call after another:
   1. carry ["$LEASE/1"]: tools/gpu-lease.sh stash
   2. carry ["$LEASE/2"]: QUICK=1 NCU=0 F32=0 BASE_ENV=SUFFIXD_CUDA_PDL=off DEADLINE=300 tools/gpu-lease.sh check
-  3. carry ["$LEASE/3"]: DEADLINE=300 tools/gpu-lease.sh shapes
+  3. carry ["$LEASE/3"]: TUNE=1 DEADLINE=300 tools/gpu-lease.sh shapes
 (timeout_s a minute above DEADLINE; results come back as \$OUT/*.tar.gz and *.txt)
 EOF
 }

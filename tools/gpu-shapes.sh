@@ -22,6 +22,12 @@
 # BIN (default target/cuda/release/examples/shape_cost), VOCAB (default target/vocab.gguf),
 # SHAPES (default: every shape), RESULTS (default $OUT,
 # else target/gpu-shapes) and DEADLINE (seconds for all of it, default 480) override.
+# TUNE=1 adds, after every shape, plain steps and short curves (K to 8, 64 positions) of
+# TUNE_SHAPES (default llama-3.1-8b) with each tensor-core split of TUNE_KSPLITS (default
+# 4 16; the default 8 was tuned on the 135M model, whose layers are 576 wide): the share
+# of the copy bandwidth each reaches, in RESULTS/SHAPE.tune-K.jsonl. A split changes the
+# order of a projection's sums, so it is a setting for a whole process, never a per-pass
+# choice.
 # Afterwards, anywhere: `suffixd e2e-bench --workload tools/workloads/agentic.jsonl
 # --cost-curve RESULTS/llama-3.1-8b.jsonl` projects the agentic speed-up at 8B (the real
 # small model's drafts, priced by the 8B curve; docs/gpu.md).
@@ -74,3 +80,25 @@ for shape in $SHAPES; do
         echo "== $shape peer: rc $?, $(tail -1 "$RESULTS/$shape.peer.json")" | tee -a "$RESULTS/summary.txt"
     fi
 done
+if [ "${TUNE:-0}" = 1 ]; then
+    for shape in ${TUNE_SHAPES:-llama-3.1-8b}; do
+        for ksplit in ${TUNE_KSPLITS:-4 16}; do
+            rest=$((DEADLINE - SECONDS))
+            if [ "$rest" -lt 40 ]; then
+                echo "== $shape ksplit $ksplit: skipped, ${rest}s left" | tee -a "$RESULTS/summary.txt"
+                continue
+            fi
+            SUFFIXD_CUDA_MMA_KSPLIT=$ksplit timeout "$rest" "$BIN" "$shape" --vocabulary "$VOCAB" \
+                --weights bf16 --contexts 64 --max-k 8 --repeats 5 \
+                >"$RESULTS/$shape.tune-$ksplit.jsonl" 2>"$RESULTS/$shape.tune-$ksplit.log"
+            rc=$?
+            figures=$(python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    k, ratio = r["curve"][-1]
+    print("t1 %.3f ms, %.0f%% of the copy bandwidth, t(%d)/t(1) %.2f" % (r["t1_ms"],
+          100 * r["share_of_copy_bandwidth"], k, ratio))' "$RESULTS/$shape.tune-$ksplit.jsonl" 2>&1)
+            echo "== $shape ksplit $ksplit: rc $rc, $figures" | tee -a "$RESULTS/summary.txt"
+        done
+    done
+fi
