@@ -26,6 +26,11 @@ use crate::engine::cost::CostCurve;
 /// Bumped when the file's fields change meaning.
 const FORMAT: u64 = 1;
 
+/// Curves a folder keeps: past this many, the least recently written go when another is
+/// written. One binary and model with one setting make one file; a developer's rebuilds
+/// make one each, which nothing would ever read again.
+const KEEP: usize = 32;
+
 /// The cache's folder: `$SUFFIXD_CACHE_DIR`, else `$XDG_CACHE_HOME/suffixd`, else
 /// `~/.cache/suffixd`; None when none of them is set.
 pub(super) fn cache_dir() -> Option<PathBuf> {
@@ -161,7 +166,43 @@ pub(super) fn store(dir: &Path, key: &Value, curve: &CostCurve) -> std::io::Resu
     std::fs::rename(&partial, &path).inspect_err(|_| {
         let _ = std::fs::remove_file(&partial);
     })?;
+    prune(dir, &path);
     Ok(path)
+}
+
+/// Remove all but the [`KEEP`] most recently written curves in `dir` (never `kept`, the
+/// one just written), and partial files a run left behind more than an hour ago. Other
+/// files are not touched, and what cannot be removed stays.
+fn prune(dir: &Path, kept: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    let mut curves = Vec::new();
+    for entry in entries.flatten() {
+        let (path, name) = (entry.path(), entry.file_name());
+        let Some(name) = name.to_str().filter(|n| n.starts_with("cost-curve-")) else {
+            continue;
+        };
+        let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else {
+            continue;
+        };
+        if name.ends_with(".partial") {
+            if now
+                .duration_since(modified)
+                .is_ok_and(|age| age.as_secs() > 3600)
+            {
+                let _ = std::fs::remove_file(&path);
+            }
+        } else if name.ends_with(".json") && path != kept {
+            curves.push((modified, path));
+        }
+    }
+    // Newest first; the one just written is the KEEP-th.
+    curves.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
+    for (_, path) in curves.into_iter().skip(KEEP - 1) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 #[cfg(test)]
@@ -195,6 +236,46 @@ mod tests {
         assert!(load(dir.path(), &a_key("f32")).is_none());
         // Only the kept file is left (no partial one).
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_folder_keeps_the_newest_curves_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        let aged = |path: &Path| {
+            let file = std::fs::File::options().write(true).open(path).unwrap();
+            file.set_modified(old).unwrap();
+        };
+        // Another program's file, and a partial file of a run that died two hours ago.
+        let other = dir.path().join("notes.txt");
+        std::fs::write(&other, "mine").unwrap();
+        let stale = dir.path().join("cost-curve-0123456789abcdef.77.partial");
+        std::fs::write(&stale, "{").unwrap();
+        aged(&stale);
+        let mut written = Vec::new();
+        for model in 0..KEEP + 5 {
+            let key = key(
+                Path::new(&format!("synthetic:model-{model}")),
+                "native",
+                "cpu",
+                json!({}),
+            );
+            written.push((store(dir.path(), &key, &measured()).unwrap(), key));
+            // The first five are the oldest by far.
+            if model < 5 {
+                aged(&written[model].0);
+            }
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(names.len(), KEEP + 1, "{names:?}");
+        assert!(other.exists() && !stale.exists());
+        for (i, (path, key)) in written.iter().enumerate() {
+            assert_eq!(path.exists(), i >= 5, "{}", path.display());
+            assert_eq!(load(dir.path(), key).is_some(), i >= 5);
+        }
     }
 
     #[test]
