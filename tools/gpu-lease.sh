@@ -47,6 +47,11 @@ for line in sys.stdin:
         print(m["executable"])' "$1" | tail -1
 }
 
+unpack_binary() {  # source (.xz), destination
+    xz -dc "$1" >"$2"
+    chmod +x "$2"
+}
+
 pack_binary() {  # source, destination (.xz)
     local stripped
     stripped=$(mktemp)
@@ -108,9 +113,8 @@ stash() {
     [ -f "$LEASE/1/model.a" ] || { echo "no $LEASE/1: carry it (pack first)" >&2; exit 1; }
     mkdir -p "$STASH"
     cp "$LEASE/1/model.a" "$STASH/"
-    xz -dc "$LEASE/1/suffixd.xz" >"$STASH/suffixd"
-    xz -dc "$LEASE/1/verify.xz" >"$STASH/verify"
-    chmod +x "$STASH/suffixd" "$STASH/verify"
+    unpack_binary "$LEASE/1/suffixd.xz" "$STASH/suffixd"
+    unpack_binary "$LEASE/1/verify.xz" "$STASH/verify"
     ls -l "$STASH"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 }
@@ -146,9 +150,8 @@ check() {
 
 shapes() {
     [ -f "$LEASE/3/shape_cost.xz" ] || { echo "no $LEASE/3: carry it (pack first)" >&2; exit 1; }
-    xz -dc "$LEASE/3/shape_cost.xz" >/tmp/shape_cost
-    xz -dc "$LEASE/3/families.xz" >/tmp/families
-    chmod +x /tmp/shape_cost /tmp/families
+    unpack_binary "$LEASE/3/shape_cost.xz" /tmp/shape_cost
+    unpack_binary "$LEASE/3/families.xz" /tmp/families
     mkdir -p /tmp/gpu-shapes
     local rc=0
     BIN=/tmp/shape_cost TEST_BIN=/tmp/families VOCAB=$LEASE/3/vocab.gguf RESULTS=/tmp/gpu-shapes \

@@ -198,7 +198,7 @@ fn prune(dir: &Path, kept: &Path) {
             curves.push((modified, path));
         }
     }
-    // Newest first; the one just written is the KEEP-th.
+    // Newest first: KEEP - 1 of them stay beside the one just written.
     curves.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
     for (_, path) in curves.into_iter().skip(KEEP - 1) {
         let _ = std::fs::remove_file(path);
