@@ -778,3 +778,35 @@ fn an_unsupported_architecture_is_refused_by_name_with_the_supported_list() {
         .to_string();
     assert!(e.contains("\"phi3\"") && e.contains("gemma3_text"), "{e}");
 }
+
+/// A directory with a tensor the family's block has no place for (here Llama's output
+/// bias, which `attention_bias: true` checkpoints carry) is refused by the tensor's
+/// name, not run without it; the RoPE tables older checkpoints saved are skipped.
+#[test]
+fn a_directory_with_tensors_the_block_does_not_read_is_refused_by_name() {
+    let mut tiny = Tiny::new(Fam::Llama3);
+    let dir = tempfile::tempdir().unwrap();
+    let load = || Model::load_safetensors(dir.path(), WeightFormat::F32, CONTEXT, &Device::Cpu);
+    tiny.write_hf(dir.path());
+    let plain = ours(&load().unwrap(), &PROMPT);
+    let inv_freq = Tensor::ones(tiny.head_dim / 2, DType::F32, &Device::Cpu).unwrap();
+    (tiny.weights).insert(
+        "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+        inv_freq,
+    );
+    tiny.write_hf(dir.path());
+    assert_eq!(
+        ours(&load().unwrap(), &PROMPT),
+        plain,
+        "a saved RoPE table is skipped"
+    );
+
+    let bias = Tensor::ones(WIDTH, DType::F32, &Device::Cpu).unwrap();
+    (tiny.weights).insert("model.layers.1.self_attn.o_proj.bias".into(), bias);
+    tiny.write_hf(dir.path());
+    let e = load().err().unwrap().to_string();
+    assert!(
+        e.contains("model.layers.1.self_attn.o_proj.bias") && e.contains("1 of the"),
+        "{e}"
+    );
+}

@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
 """suffixd's exact f32 pass against Hugging Face transformers, the families' own
-reference implementation, on the same real GGUF file: both dequantize its weights to
-f32 and run the same text.
+reference implementation, on the same weights: a real GGUF file (both dequantize its
+weights to f32), or a directory that transformers itself writes for each family.
 
     tools/transformers-reference.py GGUF... [--suffixd BIN] [--tokens 16] [--long 1200]
+    tools/transformers-reference.py --synthetic llama mistral qwen2 qwen3 gemma3_text \
+        [--legacy-config] [--long 300]
+
+--synthetic builds each family's published config narrowed to a width of 256 (FAMILIES
+below says what each keeps), fills it with seeded random weights that make every norm
+and bias count, and saves it with `save_pretrained` (transformers 5 writes RoPE as
+`rope_parameters`; --legacy-config rewrites it as the `rope_theta`/`rope_scaling` keys
+of transformers 4 and most published checkpoints), with the --tokenizer file's
+vocabulary; suffixd serves that directory.
 
 It needs PyTorch, transformers, gguf and accelerate, which the test suite does not
 install (5.6 GB with PyPI's torch):
@@ -12,12 +21,12 @@ install (5.6 GB with PyPI's torch):
     /tmp/torch-venv/bin/pip install torch transformers gguf accelerate
     /tmp/torch-venv/bin/python tools/transformers-reference.py models/*.gguf
 
-For each file, `suffixd serve --weights f32 --no-spec` answers five short prompts and one
+For each model, `suffixd serve --weights f32 --no-spec` answers five short prompts and one
 of --long tokens (the agentic workload's text) as raw completions, greedy, --tokens
 tokens, with log-probabilities; transformers runs the same text. Printed per prompt: the
 prompt's token count on each side, the first position's log-probability difference for
 the chosen token and the largest over the top five, and whether the continuations are
-the same text. For a model with sliding-window layers (Gemma 3), prompts of 0.8 to 2.5
+the same text. For a model with sliding-window layers (Gemma 3, Mistral), prompts of 0.8 to 2.5
 windows are also compared against transformers with the window one shorter and one
 longer, which shows that suffixd's windows are transformers' own: the right one is
 closest by orders of magnitude.
@@ -95,17 +104,100 @@ def top_difference(tok, lp, top):
     return max(abs(top[k] - ours[k]) for k in common) if common else float("inf")
 
 
+def slides(config):
+    """Whether some layers attend to a sliding window (Mistral's all, Gemma 3's most)."""
+    kinds = getattr(config, "layer_types", None) or []
+    return bool(getattr(config, "sliding_window", None)) and (
+        "sliding_attention" in kinds or config.model_type == "mistral")
+
+
+# Each family narrowed from a published checkpoint's config.json (sizes cut to a width
+# of 256 and a few layers, everything else as published), with what sets it apart:
+# Llama 3.2's RoPE scaling and tied head, Mistral's window on every layer, Qwen 2.5's
+# q/k/v biases, Qwen 3's q/k norms and heads wider than width / heads, Gemma 3's
+# sandwich norms, GELU, scaled embedding, query_pre_attn_scalar, and sliding layers with
+# their own RoPE base between global ones with a linear RoPE scaling (Gemma 3 4B's).
+NARROW = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, num_hidden_layers=4)
+FAMILIES = {
+    "llama": dict(rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=131072,
+                  rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192},
+                  rope_theta=500000.0),
+    "mistral": dict(rms_norm_eps=1e-5, sliding_window=64, rope_theta=1000000.0,
+                    max_position_embeddings=32768),
+    "qwen2": dict(rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0,
+                  max_position_embeddings=32768),
+    "qwen3": dict(rms_norm_eps=1e-6, tie_word_embeddings=True, head_dim=128,
+                  rope_theta=1000000.0, max_position_embeddings=40960),
+    "gemma3_text": dict(rms_norm_eps=1e-6, num_hidden_layers=7, num_key_value_heads=1,
+                        sliding_window=64, query_pre_attn_scalar=48,
+                        max_position_embeddings=131072, rope_theta=1000000.0,
+                        rope_local_base_freq=10000.0,
+                        rope_scaling={"rope_type": "linear", "factor": 8.0}),
+}
+# transformers 5 writes RoPE as `rope_parameters`; releases before it (and most published
+# checkpoints) as these keys, which --legacy-config puts back.
+LEGACY_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
+
+
+def synthetic(family, folder, tokenizer_gguf, legacy, seed=7):
+    """A narrowed model of `family` with seeded random weights, saved by transformers to
+    `folder` with the tokenizer of `tokenizer_gguf`; returns (tokenizer, model)."""
+    from transformers import AutoConfig
+    gguf_folder, gguf_name = os.path.split(os.path.abspath(tokenizer_gguf))
+    tok = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=gguf_name)
+    settings = dict(NARROW, **FAMILIES[family], vocab_size=len(tok),
+                    eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    config = AutoConfig.for_model(family, **settings)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    # Weights that make every part count: matrices of variance 1/fan-in, norms and
+    # biases away from their neutral values (transformers starts biases at zero and
+    # norms at one, which would hide a missing bias or norm).
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, p.shape[1] ** -0.5)
+            elif "norm" in name:
+                p.copy_((0.0 if family == "gemma3_text" else 1.0) + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    if legacy:
+        path = os.path.join(folder, "config.json")
+        saved = json.load(open(path))
+        saved.pop("rope_parameters", None)
+        saved.update({k: v for k, v in FAMILIES[family].items() if k in LEGACY_KEYS})
+        json.dump(saved, open(path, "w"), indent=2)
+    return tok, model
+
+
+def check_synthetic(a, family, port):
+    with tempfile.TemporaryDirectory() as folder:
+        tok, model = synthetic(family, folder, a.tokenizer, a.legacy_config)
+        name = f"synthetic {family}" + (" (legacy config)" if a.legacy_config else "")
+        return check_model(a, name, folder, tok, model, port)
+
+
 def check_file(a, gguf, port):
     folder, name = os.path.split(os.path.abspath(gguf))
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
                                                  dtype=torch.float32).eval()
+    return check_model(a, name, gguf, tok, model, port)
+
+
+def check_model(a, name, path, tok, model, port):
+    """suffixd serving `path` against transformers' `model` of the same weights."""
     workload = open(os.path.join(ROOT, "tools/workloads/agentic.jsonl")).read()
     all_ids = tok(workload)["input_ids"]
     text_of = lambda n: tok.decode(all_ids[:n], skip_special_tokens=True)
     failures = []
     with tempfile.TemporaryDirectory() as store:
-        server = start(a.suffixd, gguf, port, store)
+        server = start(a.suffixd, path, port, store)
         try:
             for text in TEXTS + [text_of(a.long)]:
                 ids = tok(text)["input_ids"]
@@ -128,9 +220,8 @@ def check_file(a, gguf, port):
                 if (not row["same_text"] or len(ids) != row["suffixd_prompt_tokens"]
                         or max(first, top) > a.tolerance):
                     failures.append(row)
-            window = getattr(model.config, "sliding_window", None)
-            if window and getattr(model.config, "layer_types", None) and \
-                    "sliding_attention" in model.config.layer_types:
+            if slides(model.config):
+                window = model.config.sliding_window
                 for scale in (0.8, 1.4, 2.0, 2.5):
                     text = text_of(int(window * scale))
                     ids = tok(text)["input_ids"]
@@ -153,7 +244,13 @@ def check_file(a, gguf, port):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("gguf", nargs="+")
+    ap.add_argument("gguf", nargs="*")
+    ap.add_argument("--synthetic", nargs="+", default=[], choices=sorted(FAMILIES),
+                    metavar="FAMILY", help=f"narrowed random models: {', '.join(FAMILIES)}")
+    ap.add_argument("--tokenizer", default=os.path.join(
+        ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"), help="the synthetic models' tokenizer")
+    ap.add_argument("--legacy-config", action="store_true",
+                    help="write the synthetic configs' RoPE as transformers 4 did")
     ap.add_argument("--suffixd", default=os.path.join(ROOT, "target/release/suffixd"))
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--long", type=int, default=1200, help="tokens of the long prompt")
@@ -163,7 +260,10 @@ def main():
     failures = []
     for gguf in a.gguf:
         failures += check_file(a, gguf, a.port)
-    print(json.dumps({"files": len(a.gguf), "failures": len(failures)}))
+    for family in a.synthetic:
+        failures += check_synthetic(a, family, a.port)
+    print(json.dumps({"files": len(a.gguf), "synthetic": len(a.synthetic),
+                      "failures": len(failures)}))
     sys.exit(1 if failures else 0)
 
 

@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Mutex;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -29,10 +30,25 @@ pub(super) trait HfTensors {
     fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, String>;
 }
 
-/// The tensors of safetensors files, mapped.
+/// The tensors of safetensors files, mapped, and the names read so far.
 struct Mapped {
     st: candle_core::safetensors::MmapedSafetensors,
     names: HashSet<String>,
+    read: Mutex<HashSet<String>>,
+}
+
+impl Mapped {
+    /// The checkpoint's tensors that nothing read, sorted, apart from RoPE tables that
+    /// older checkpoints saved beside the weights (suffixd computes its own).
+    fn unread(&self) -> Vec<String> {
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unread: Vec<String> = (self.names.iter())
+            .filter(|n| !read.contains(*n) && !n.ends_with("rotary_emb.inv_freq"))
+            .cloned()
+            .collect();
+        unread.sort();
+        unread
+    }
 }
 
 impl HfTensors for Mapped {
@@ -41,6 +57,7 @@ impl HfTensors for Mapped {
     }
 
     fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, String> {
+        (self.read.lock().unwrap_or_else(|e| e.into_inner())).insert(name.to_string());
         // A NaN or infinite weight would turn every logit it reaches into NaN.
         if let Ok(view) = self.st.get(name) {
             let dtype = match view.dtype() {
@@ -93,8 +110,24 @@ impl Model {
         let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
             .map_err(|e| fmt(format!("cannot map the safetensors files: {e}")))?;
         let names = st.tensors().into_iter().map(|(name, _)| name).collect();
-        let mapped = Mapped { st, names };
-        Self::from_hf(dir, &hf, family, &mapped, format, max_context, device)
+        let mapped = Mapped {
+            st,
+            names,
+            read: Mutex::default(),
+        };
+        let model = Self::from_hf(dir, &hf, family, &mapped, format, max_context, device)?;
+        // A tensor the block does not read is a part it lacks (an output or MLP bias, a
+        // softcap's or another architecture's weights under this model_type): running
+        // without it would give another model's answers, so it is refused by name.
+        let unread = mapped.unread();
+        if let Some(first) = unread.first() {
+            return Err(fmt(format!(
+                "{} of the checkpoint's tensors are not part of suffixd's {family:?} block \
+                 (first: {first}): this is a variant of the family suffixd cannot run",
+                unread.len()
+            )));
+        }
+        Ok(model)
     }
 
     /// The model a Hugging Face config describes, its tensors from `source` (`origin`
@@ -113,6 +146,7 @@ impl Model {
             kv_heads,
             head_dim,
             rope: global_rope,
+            sliding_rope,
             windows,
         } = hf.layout(family).map_err(|message| ModelError::Format {
             path: origin.into(),
@@ -142,13 +176,8 @@ impl Model {
             .map(|(i, window)| r.layer(i, window))
             .collect::<Result<Vec<_>, _>>()?;
         let final_norm = r.norm("model.norm.weight")?;
-        let mut ropes = vec![global_rope];
-        if family == Family::Gemma3 {
-            ropes.push(RopeSpec {
-                base: hf.rope_local_base_freq.unwrap_or(10_000.0),
-                divisors: Vec::new(),
-            });
-        }
+        let rope_base = global_rope.base;
+        let ropes: Vec<RopeSpec> = std::iter::once(global_rope).chain(sliding_rope).collect();
         let block = family.block();
         let cfg = ModelConfig {
             family,
@@ -159,7 +188,7 @@ impl Model {
             width,
             vocab,
             context: max_context.min(hf.max_position_embeddings).max(1),
-            rope_base: hf.rope_theta,
+            rope_base,
             rms_eps: hf.rms_norm_eps as f32,
             attn_scale: 1.0 / hf.query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt(),
             activation: block.activation,

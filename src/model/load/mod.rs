@@ -44,8 +44,13 @@ pub(super) struct HfConfig {
     #[serde(default = "default_rope_theta")]
     pub(super) rope_theta: f32,
     pub(super) max_position_embeddings: usize,
+    /// transformers 4's RoPE scaling (`rope_type` and its numbers).
     #[serde(default)]
     pub(super) rope_scaling: Option<serde_json::Value>,
+    /// transformers 5's RoPE settings, base included: one table, or (Gemma 3) one per
+    /// layer kind, `full_attention` and `sliding_attention`.
+    #[serde(default)]
+    pub(super) rope_parameters: Option<serde_json::Value>,
     #[serde(default)]
     pub(super) hidden_act: Option<String>,
     /// Gemma's name for `hidden_act`.
@@ -69,6 +74,11 @@ pub(super) struct HfConfig {
     /// Gemma 3: attention scores are scaled by its inverse square root.
     #[serde(default)]
     pub(super) query_pre_attn_scalar: Option<f32>,
+    /// Gemma 2's caps on logits and attention scores (null in Gemma 3): refused if set.
+    #[serde(default)]
+    pub(super) final_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    pub(super) attn_logit_softcapping: Option<f64>,
 }
 
 pub(super) fn default_rope_theta() -> f32 {
@@ -119,46 +129,45 @@ impl HfConfig {
         if family == Family::Qwen2 && cfg.use_sliding_window == Some(true) {
             return Err(fmt("Qwen 2's use_sliding_window is not supported".into()));
         }
+        if cfg.final_logit_softcapping.is_some() || cfg.attn_logit_softcapping.is_some() {
+            return Err(fmt("logit softcapping (Gemma 2's) is not supported".into()));
+        }
         Ok((cfg, family))
     }
 
-    /// The RoPE table of the global layers, with the config's scaling.
-    pub(super) fn rope(&self, head_dim: usize) -> Result<RopeSpec, String> {
-        let base = self.rope_theta;
-        let Some(scaling) = self.rope_scaling.as_ref().filter(|v| !v.is_null()) else {
-            return Ok(RopeSpec {
-                base,
-                divisors: Vec::new(),
-            });
+    /// The RoPE tables of the global layers and (Gemma 3) of the sliding ones, read as
+    /// transformers reads them: `rope_scaling` (transformers 4) if set, else
+    /// `rope_parameters` (transformers 5, which writes no `rope_theta` or
+    /// `rope_local_base_freq`: the bases are inside it); a table without a base takes
+    /// `rope_theta` (global) or `rope_local_base_freq` (sliding). Gemma 3's
+    /// `rope_scaling` is its global layers' alone.
+    pub(super) fn ropes(
+        &self,
+        family: Family,
+        head_dim: usize,
+    ) -> Result<(RopeSpec, Option<RopeSpec>), String> {
+        fn set(v: &Option<serde_json::Value>) -> Option<&serde_json::Value> {
+            v.as_ref().filter(|v| !v.is_null())
+        }
+        let (key, params) = match set(&self.rope_scaling) {
+            Some(p) => ("rope_scaling", Some(p)),
+            None => ("rope_parameters", set(&self.rope_parameters)),
         };
-        let kind = scaling["rope_type"]
-            .as_str()
-            .or(scaling["type"].as_str())
-            .unwrap_or("default");
-        let number = |k: &str| {
-            scaling[k]
-                .as_f64()
-                .map(|v| v as f32)
-                .ok_or_else(|| format!("rope_scaling {kind:?} needs a number {k}"))
+        let by_kind = params.is_some_and(|p| {
+            p.get("full_attention").is_some() || p.get("sliding_attention").is_some()
+        });
+        let (global, sliding) = match params {
+            Some(p) if by_kind => (p.get("full_attention"), p.get("sliding_attention")),
+            p => (p, None),
         };
-        let divisors = match kind {
-            "default" => Vec::new(),
-            "linear" => vec![number("factor")?; head_dim / 2],
-            "llama3" => llama3_rope_divisors(
-                head_dim,
-                base,
-                number("factor")?,
-                number("low_freq_factor")?,
-                number("high_freq_factor")?,
-                number("original_max_position_embeddings")?,
-            ),
-            other => {
-                return Err(format!(
-                    "rope_scaling {other:?} is not supported (linear and llama3 are)"
-                ));
-            }
-        };
-        Ok(RopeSpec { base, divisors })
+        let global = rope_table(key, global, self.rope_theta, head_dim)?;
+        let sliding = (family == Family::Gemma3)
+            .then(|| {
+                let base = self.rope_local_base_freq.unwrap_or(10_000.0);
+                rope_table(key, sliding, base, head_dim)
+            })
+            .transpose()?;
+        Ok((global, sliding))
     }
 
     /// Each layer's sliding window: Mistral's on every layer, Gemma's on all but every
@@ -169,10 +178,12 @@ impl HfConfig {
         let heads = self.num_attention_heads;
         let kv_heads = self.num_key_value_heads.unwrap_or(heads);
         let head_dim = head_width(heads, kv_heads, self.hidden_size, self.head_dim)?;
+        let (rope, sliding_rope) = self.ropes(family, head_dim)?;
         Ok(HfLayout {
             kv_heads,
             head_dim,
-            rope: self.rope(head_dim)?,
+            rope,
+            sliding_rope,
             windows: self.windows(family)?,
         })
     }
@@ -212,7 +223,63 @@ pub(super) struct HfLayout {
     pub(super) kv_heads: usize,
     pub(super) head_dim: usize,
     pub(super) rope: RopeSpec,
+    /// Gemma 3's sliding layers' table.
+    pub(super) sliding_rope: Option<RopeSpec>,
     pub(super) windows: Vec<Option<usize>>,
+}
+
+/// One RoPE table of a config: `params`, from its `key` (`rope_type` or `type`, its
+/// numbers, and `rope_theta`, else `base`); none is plain RoPE at `base`.
+fn rope_table(
+    key: &str,
+    params: Option<&serde_json::Value>,
+    base: f32,
+    head_dim: usize,
+) -> Result<RopeSpec, String> {
+    let Some(p) = params.filter(|p| !p.is_null()) else {
+        return Ok(RopeSpec {
+            base,
+            divisors: Vec::new(),
+        });
+    };
+    let kind = p["rope_type"]
+        .as_str()
+        .or(p["type"].as_str())
+        .unwrap_or("default");
+    let number = |k: &str| {
+        p[k].as_f64()
+            .map(|v| v as f32)
+            .ok_or_else(|| format!("{key} {kind:?} needs a number {k}"))
+    };
+    let base = if p["rope_theta"].is_null() {
+        base
+    } else {
+        number("rope_theta")?
+    };
+    // A rotation of part of each head (Phi's, GLM's): every family here rotates all of it.
+    if !p["partial_rotary_factor"].is_null() && number("partial_rotary_factor")? != 1.0 {
+        return Err(format!(
+            "{key}: partial_rotary_factor is not supported (whole heads are rotated)"
+        ));
+    }
+    let divisors = match kind {
+        "default" => Vec::new(),
+        "linear" => vec![number("factor")?; head_dim / 2],
+        "llama3" => llama3_rope_divisors(
+            head_dim,
+            base,
+            number("factor")?,
+            number("low_freq_factor")?,
+            number("high_freq_factor")?,
+            number("original_max_position_embeddings")?,
+        ),
+        other => {
+            return Err(format!(
+                "{key} {other:?} is not supported (default, linear and llama3 are)"
+            ));
+        }
+    };
+    Ok(RopeSpec { base, divisors })
 }
 
 /// The width of one attention head: the file's own (`key_length`, `head_dim`), else
@@ -289,4 +356,113 @@ pub(super) fn rope_rows_interleaved(w: &Tensor, heads: usize) -> Result<Tensor, 
         .transpose(1, 2)?
         .contiguous()?
         .reshape((rows, cols))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn layout(config: Value) -> Result<HfLayout, String> {
+        let (cfg, family) = HfConfig::parse(&config.to_string(), Path::new("config.json"))
+            .map_err(|e| e.to_string())?;
+        cfg.layout(family)
+    }
+
+    fn config(model_type: &str, rope: Value) -> Value {
+        let mut c = json!({"model_type": model_type, "hidden_size": 256,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "num_hidden_layers": 7, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+            "sliding_window": 64});
+        c.as_object_mut()
+            .unwrap()
+            .extend(rope.as_object().unwrap().clone());
+        c
+    }
+
+    #[test]
+    fn transformers_5_rope_parameters_give_the_tables_transformers_4_keys_do() {
+        let scaling = json!({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        let mut inside = scaling.clone();
+        inside["rope_theta"] = json!(500000.0);
+        let old = layout(config(
+            "llama",
+            json!({"rope_theta": 500000.0, "rope_scaling": scaling}),
+        ))
+        .unwrap();
+        let new = layout(config("llama", json!({"rope_parameters": inside}))).unwrap();
+        assert_eq!(new.rope, old.rope);
+        assert_eq!(new.rope.base, 500000.0);
+        assert!(new.rope.divisors.iter().any(|&d| d > 1.0), "scaled");
+        assert_eq!(new.sliding_rope, None, "llama has one table");
+
+        // A plain table: the base is the point (Qwen's 1e6, where the default is 1e4).
+        let plain = json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}});
+        let qwen = layout(config("qwen2", plain)).unwrap();
+        assert_eq!(qwen.rope.base, 1e6);
+        assert!(qwen.rope.divisors.is_empty());
+
+        // Gemma 3: global layers scaled, sliding ones on their own base; transformers 5
+        // writes one table per layer kind.
+        let old = layout(config(
+            "gemma3_text",
+            json!({"rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+        ))
+        .unwrap();
+        let new = layout(config(
+            "gemma3_text",
+            json!({"rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
+        ))
+        .unwrap();
+        assert_eq!(
+            (&new.rope, &new.sliding_rope),
+            (&old.rope, &old.sliding_rope)
+        );
+        assert_eq!(new.rope.base, 1e6);
+        assert_eq!(new.rope.divisors, vec![8.0; 32]);
+        let sliding = new.sliding_rope.unwrap();
+        assert_eq!((sliding.base, sliding.divisors.len()), (1e4, 0));
+    }
+
+    #[test]
+    fn rope_scaling_wins_over_rope_parameters_as_in_transformers() {
+        let both = layout(config(
+            "llama",
+            json!({"rope_theta": 5e5, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}),
+        ))
+        .unwrap();
+        assert_eq!(both.rope.base, 5e5);
+        assert_eq!(both.rope.divisors, vec![2.0; 32]);
+    }
+
+    #[test]
+    fn settings_suffixd_cannot_run_are_refused_by_name() {
+        for (rope, says) in [
+            (
+                json!({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}),
+                "rope_parameters \"yarn\" is not supported",
+            ),
+            (
+                json!({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}),
+                "partial_rotary_factor",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "linear"}}),
+                "rope_scaling \"linear\" needs a number factor",
+            ),
+            (
+                json!({"rope_parameters": {"rope_theta": "big"}}),
+                "needs a number rope_theta",
+            ),
+        ] {
+            let err = layout(config("llama", rope)).err().unwrap();
+            assert!(err.contains(says), "{err}");
+        }
+    }
 }
