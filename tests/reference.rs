@@ -310,6 +310,20 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
             .unwrap()
     };
     assert_eq!(rendered(&gguf_engine), rendered(&hf_engine));
+
+    // As transformers 5 saves it: the template in chat_template.jinja, which wins over
+    // one left in tokenizer_config.json (as transformers reads them).
+    let config_path = dir.path().join("tokenizer_config.json");
+    let mut tok_config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let template = tok_config["chat_template"].as_str().unwrap().to_string();
+    std::fs::write(dir.path().join("chat_template.jinja"), template).unwrap();
+    tok_config["chat_template"] = "{{ 'not the template' }}".into();
+    std::fs::write(&config_path, tok_config.to_string()).unwrap();
+    let jinja_engine = Engine::load(dir.path(), WeightFormat::F32, 1024, &Device::Cpu).unwrap();
+    assert_eq!(rendered(&gguf_engine), rendered(&jinja_engine));
+    drop(jinja_engine);
+
     let opts = GenerateOptions {
         max_tokens: 12,
         sampling: Sampling::default(),

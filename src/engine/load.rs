@@ -186,23 +186,36 @@ impl Engine {
         };
         let bos = token_text(&tok_config["bos_token"]).unwrap_or_default();
         let eos_text = token_text(&tok_config["eos_token"]);
-        // The template is a string, or a list of named templates of which "default" is used.
-        let source = tok_config["chat_template"]
-            .as_str()
-            .map(str::to_string)
-            .or_else(|| {
-                tok_config["chat_template"].as_array().and_then(|list| {
-                    list.iter()
-                        .find(|t| t["name"] == "default")
-                        .and_then(|t| t["template"].as_str())
-                        .map(str::to_string)
-                })
-            });
+        // transformers 5 saves the template as chat_template.jinja (and no longer in
+        // tokenizer_config.json); as in transformers, that file wins over the config's.
+        // In the config it is a string, or a list of named templates ("default" is used).
+        let jinja = dir.join("chat_template.jinja");
+        let (source, origin) = match crate::files::read_regular_to_string(&jinja, "chat template") {
+            Ok(text) => (Some(text), jinja),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let config = &tok_config["chat_template"];
+                let source = config.as_str().map(str::to_string).or_else(|| {
+                    config.as_array().and_then(|list| {
+                        list.iter()
+                            .find(|t| t["name"] == "default")
+                            .and_then(|t| t["template"].as_str())
+                            .map(str::to_string)
+                    })
+                });
+                (source, dir.join("tokenizer_config.json"))
+            }
+            Err(source) => {
+                return Err(ModelError::Io {
+                    path: jinja,
+                    source,
+                });
+            }
+        };
         let template = match source {
             Some(src) => Some(
                 ChatTemplate::new(&src, &bos, eos_text.as_deref().unwrap_or_default()).map_err(
                     |e| ModelError::Format {
-                        path: dir.join("tokenizer_config.json"),
+                        path: origin,
                         message: e.to_string(),
                     },
                 )?,
