@@ -165,15 +165,25 @@ impl Engine {
                 message: e.to_string(),
             })?;
         let model = Model::load_safetensors(dir, format, max_context, device)?;
+        // A file of the directory that may be absent: its text, or None.
+        let optional = |path: &Path, what: &str| -> Result<Option<String>, ModelError> {
+            match crate::files::read_regular_to_string(path, what) {
+                Ok(text) => Ok(Some(text)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(source) => Err(ModelError::Io {
+                    path: path.into(),
+                    source,
+                }),
+            }
+        };
         let json = |name: &str| -> Result<serde_json::Value, ModelError> {
             let path = dir.join(name);
-            match crate::files::read_regular_to_string(&path, "JSON file") {
-                Ok(text) => serde_json::from_str(&text).map_err(|e| ModelError::Format {
+            match optional(&path, "JSON file")? {
+                Some(text) => serde_json::from_str(&text).map_err(|e| ModelError::Format {
                     path,
                     message: format!("not JSON: {e}"),
                 }),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(serde_json::Value::Null),
-                Err(source) => Err(ModelError::Io { path, source }),
+                None => Ok(serde_json::Value::Null),
             }
         };
         let config = json("config.json")?;
@@ -190,9 +200,9 @@ impl Engine {
         // tokenizer_config.json); as in transformers, that file wins over the config's.
         // In the config it is a string, or a list of named templates ("default" is used).
         let jinja = dir.join("chat_template.jinja");
-        let (source, origin) = match crate::files::read_regular_to_string(&jinja, "chat template") {
-            Ok(text) => (Some(text), jinja),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let (source, origin) = match optional(&jinja, "chat template")? {
+            Some(text) => (Some(text), jinja),
+            None => {
                 let config = &tok_config["chat_template"];
                 let source = config.as_str().map(str::to_string).or_else(|| {
                     config.as_array().and_then(|list| {
@@ -203,12 +213,6 @@ impl Engine {
                     })
                 });
                 (source, dir.join("tokenizer_config.json"))
-            }
-            Err(source) => {
-                return Err(ModelError::Io {
-                    path: jinja,
-                    source,
-                });
             }
         };
         let template = match source {
