@@ -298,6 +298,7 @@ impl Tiny {
                 ("self_attn.q_proj.bias", "attn_q.bias", false),
                 ("self_attn.k_proj.bias", "attn_k.bias", false),
                 ("self_attn.v_proj.bias", "attn_v.bias", false),
+                ("self_attn.o_proj.bias", "attn_output.bias", false),
                 ("self_attn.q_norm.weight", "attn_q_norm.weight", true),
                 ("self_attn.k_norm.weight", "attn_k_norm.weight", true),
                 ("pre_feedforward_layernorm.weight", "ffn_norm.weight", true),
@@ -779,11 +780,12 @@ fn an_unsupported_architecture_is_refused_by_name_with_the_supported_list() {
     assert!(e.contains("\"phi3\"") && e.contains("gemma3_text"), "{e}");
 }
 
-/// A directory with a tensor the family's block has no place for (here Llama's output
-/// bias, which `attention_bias: true` checkpoints carry) is refused by the tensor's
-/// name, not run without it; the RoPE tables older checkpoints saved are skipped.
+/// A directory or GGUF file with a tensor the family's block has no place for (here
+/// Llama's output bias, which `attention_bias: true` checkpoints carry) is refused by
+/// the tensor's name, not run without it; the RoPE tables older checkpoints saved are
+/// skipped.
 #[test]
-fn a_directory_with_tensors_the_block_does_not_read_is_refused_by_name() {
+fn a_model_with_tensors_the_block_does_not_read_is_refused_by_name() {
     let mut tiny = Tiny::new(Fam::Llama3);
     let dir = tempfile::tempdir().unwrap();
     let load = || Model::load_safetensors(dir.path(), WeightFormat::F32, CONTEXT, &Device::Cpu);
@@ -801,12 +803,30 @@ fn a_directory_with_tensors_the_block_does_not_read_is_refused_by_name() {
         "a saved RoPE table is skipped"
     );
 
+    let gguf = dir.path().join("tiny.gguf");
+    tiny.write_gguf(&gguf, GgmlDType::F32);
+    let plain_gguf = ours(&load_gguf(&gguf, WeightFormat::F32), &PROMPT);
+    agree("Llama 3 GGUF vs directory", &plain_gguf, |n| {
+        plain[n - 1].clone()
+    });
+
     let bias = Tensor::ones(WIDTH, DType::F32, &Device::Cpu).unwrap();
     (tiny.weights).insert("model.layers.1.self_attn.o_proj.bias".into(), bias);
     tiny.write_hf(dir.path());
     let e = load().err().unwrap().to_string();
     assert!(
         e.contains("model.layers.1.self_attn.o_proj.bias") && e.contains("1 of the"),
+        "{e}"
+    );
+    tiny.write_gguf(&gguf, GgmlDType::F32);
+    let mut f = std::fs::File::open(&gguf).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let e = Model::load_gguf(&gguf, &content, WeightFormat::F32, CONTEXT, &Device::Cpu)
+        .err()
+        .expect("a GGUF file with an output bias is refused")
+        .to_string();
+    assert!(
+        e.contains("blk.1.attn_output.bias") && e.contains("1 of the"),
         "{e}"
     );
 }

@@ -1,5 +1,6 @@
 //! A model from a GGUF file: every family in [`Family`], by llama.cpp's names.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use candle_core::Device;
@@ -84,6 +85,7 @@ impl Model {
             file,
             bytes,
             device,
+            read: HashSet::new(),
         };
         let matrix = |qt: QTensor| -> Result<Weights, ModelError> {
             let qt = match (format, qt.dtype()) {
@@ -111,6 +113,17 @@ impl Model {
         let mut layers = Vec::with_capacity(layers_n);
         for (i, window) in windows.into_iter().enumerate() {
             layers.push(t.layer(i, window, family, &arch, &matrix)?);
+        }
+        // A tensor the block does not read is a part it lacks (an output or MLP bias,
+        // layers past `block_count`, another architecture's weights): running without it
+        // would give another model's answers. llama.cpp's loader refuses such a file too.
+        let unread = t.unread();
+        if let Some(first) = unread.first() {
+            return Err(fmt(format!(
+                "{} of the file's tensors are not part of suffixd's {family:?} block \
+                 (first: {first}): this is a variant of the architecture suffixd cannot run",
+                unread.len()
+            )));
         }
         let cfg = ModelConfig {
             family,
@@ -141,6 +154,8 @@ struct Tensors<'a> {
     /// The file's bytes, where each tensor's scales are checked before it is loaded.
     bytes: memmap2::Mmap,
     device: &'a Device,
+    /// The names of the tensors loaded so far.
+    read: HashSet<String>,
 }
 
 impl Tensors<'_> {
@@ -278,11 +293,22 @@ impl Tensors<'_> {
         }
     }
 
+    /// The file's tensors that nothing loaded, sorted.
+    fn unread(&self) -> Vec<String> {
+        let mut unread: Vec<String> = (self.content.tensor_infos.keys())
+            .filter(|n| !self.read.contains(*n))
+            .cloned()
+            .collect();
+        unread.sort();
+        unread
+    }
+
     fn present(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
 
     fn get(&mut self, name: &str) -> Result<QTensor, ModelError> {
+        self.read.insert(name.to_string());
         self.check_finite(name)?;
         self.content
             .tensor(&mut self.file, name, self.device)
