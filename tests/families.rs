@@ -39,6 +39,8 @@ const FFN: usize = 128;
 const CONTEXT: usize = 64;
 /// The prompt: longer than every sliding window here, so that windows bind.
 const PROMPT: [u32; 12] = [5, 17, 3, 88, 41, 41, 9, 70, 12, 63, 2, 30];
+/// The tiny Gemma's RoPE base on its sliding layers.
+const GEMMA_LOCAL_BASE: f32 = 20_000.0;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Fam {
@@ -204,7 +206,8 @@ impl Tiny {
                 "hidden_act": null,
                 "hidden_activation": "gelu_pytorch_tanh",
                 "attention_bias": false,
-                "rope_local_base_freq": 10_000.0,
+                // Not the usual 10,000: the GGUF file must carry it (`rope.freq_base_swa`).
+                "rope_local_base_freq": GEMMA_LOCAL_BASE,
                 "query_pre_attn_scalar": self.head_dim,
                 "sliding_window": window,
                 "sliding_window_pattern": self.pattern,
@@ -227,6 +230,16 @@ impl Tiny {
     /// Gemma (1 + w), llama's q and k rows in adjacent RoPE pairs and its scaling as
     /// `rope_freqs.weight`. Matrices in `matrices` (F32 or Q8_0), vectors in F32.
     fn write_gguf(&self, path: &Path, matrices: GgmlDType) {
+        self.write_gguf_with(path, matrices, |_| {});
+    }
+
+    /// [`Tiny::write_gguf`] with its metadata changed by `edit` before it is written.
+    fn write_gguf_with(
+        &self,
+        path: &Path,
+        matrices: GgmlDType,
+        edit: impl FnOnce(&mut Vec<(String, gguf_file::Value)>),
+    ) {
         let arch = match self.fam {
             Fam::Llama3 | Fam::Mistral => "llama",
             Fam::Qwen2 => "qwen2",
@@ -366,7 +379,9 @@ impl Tiny {
                 k("attention.sliding_window_pattern"),
                 Value::U32(self.pattern as u32),
             ));
+            md.push((k("rope.freq_base_swa"), Value::F32(GEMMA_LOCAL_BASE)));
         }
+        edit(&mut md);
         let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let mut f = std::fs::File::create(path).unwrap();
@@ -510,6 +525,56 @@ fn gemma3_matches_the_library_s_gemma3_from_a_directory_and_from_gguf() {
     agree("Gemma 3 GGUF vs directory", &from_gguf, |n| {
         from_dir[n - 1].clone()
     });
+
+    // The other forms llama.cpp reads: the pattern as one flag per layer (true: it
+    // slides) gives the same bits as the number; without a window every layer is
+    // global, as with a pattern of 1, and that is another model.
+    use gguf_file::Value;
+    let set = |key: &'static str, value: Value| {
+        move |md: &mut Vec<(String, Value)>| {
+            md.retain(|(k, _)| k != key);
+            md.push((key.to_string(), value));
+        }
+    };
+    let pattern_key = "gemma3.attention.sliding_window_pattern";
+    let flags = (0..tiny.layers)
+        .map(|l| Value::Bool((l + 1) % tiny.pattern != 0))
+        .collect();
+    tiny.write_gguf_with(&path, GgmlDType::F32, set(pattern_key, Value::Array(flags)));
+    let bits_of =
+        |rows: &[Vec<f32>]| -> Vec<u32> { rows.concat().iter().map(|v| v.to_bits()).collect() };
+    let with_flags = ours(&load_gguf(&path, WeightFormat::F32), &PROMPT);
+    assert_eq!(bits_of(&with_flags), bits_of(&from_gguf));
+    tiny.write_gguf_with(&path, GgmlDType::F32, set(pattern_key, Value::U32(1)));
+    let all_global = ours(&load_gguf(&path, WeightFormat::F32), &PROMPT);
+    tiny.write_gguf_with(&path, GgmlDType::F32, |md| {
+        md.retain(|(k, _)| k != "gemma3.attention.sliding_window")
+    });
+    let without_window = ours(&load_gguf(&path, WeightFormat::F32), &PROMPT);
+    assert_eq!(bits_of(&without_window), bits_of(&all_global));
+    let last = PROMPT.len() - 1;
+    assert!(worst(&without_window[last], &from_gguf[last]) > 1e-3);
+
+    // The sliding layers' base is read from the file: without it (10,000) the answer differs.
+    tiny.write_gguf_with(&path, GgmlDType::F32, |md| {
+        md.retain(|(k, _)| k != "gemma3.rope.freq_base_swa")
+    });
+    let default_base = ours(&load_gguf(&path, WeightFormat::F32), &PROMPT);
+    assert!(worst(&default_base[last], &from_gguf[last]) > 1e-3);
+
+    // Logit softcapping (Gemma 2's, which llama.cpp applies when the key is set) is refused.
+    tiny.write_gguf_with(
+        &path,
+        GgmlDType::F32,
+        set("gemma3.final_logit_softcapping", Value::F32(30.0)),
+    );
+    let mut f = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let e = Model::load_gguf(&path, &content, WeightFormat::F32, CONTEXT, &Device::Cpu)
+        .err()
+        .expect("softcapping is refused")
+        .to_string();
+    assert!(e.contains("gemma3.final_logit_softcapping"), "{e}");
 }
 
 #[test]

@@ -5,14 +5,19 @@ weights to f32), or a directory that transformers itself writes for each family.
 
     tools/transformers-reference.py GGUF... [--suffixd BIN] [--tokens 16] [--long 1200]
     tools/transformers-reference.py --synthetic llama mistral qwen2 qwen3 gemma3_text \
-        [--legacy-config] [--long 300]
+        [--legacy-config] [--convert LLAMA_CPP/convert_hf_to_gguf.py] [--long 300]
 
 --synthetic builds each family's published config narrowed to a width of 256 (FAMILIES
 below says what each keeps), fills it with seeded random weights that make every norm
 and bias count, and saves it with `save_pretrained` (transformers 5 writes RoPE as
 `rope_parameters`; --legacy-config rewrites it as the `rope_theta`/`rope_scaling` keys
 of transformers 4 and most published checkpoints), with the --tokenizer file's
-vocabulary; suffixd serves that directory.
+vocabulary; suffixd serves that directory. With --convert, llama.cpp's own converter turns
+the directory into an f32 GGUF file first and suffixd serves that: the GGUF path checked
+on files made as the published ones are, for the families with none here. The converter
+identifies a BPE tokenizer by hashing its output and knows only the hub's; the
+transformers-saved copy of the --tokenizer file's vocabulary is not among them, so the
+converted file is given the --tokenizer file's own pre-tokenizer (`tokenizer.ggml.pre`).
 
 It needs PyTorch, transformers, gguf and accelerate, which the test suite does not
 install (5.6 GB with PyPI's torch):
@@ -137,18 +142,29 @@ FAMILIES = {
                         rope_local_base_freq=10000.0,
                         rope_scaling={"rope_type": "linear", "factor": 8.0}),
 }
+# What a GGUF file cannot say, so that a model to convert must not have it (--convert):
+# llama.cpp scales Gemma 3's attention by the head width, not query_pre_attn_scalar
+# (apart from the 27B model, by its layer count), and its converter drops Mistral's window
+# (llama.cpp runs Mistral with full attention). Gemma's sliding layers get another RoPE
+# base than the usual one, to show that the file's `rope.freq_base_swa` is read.
+CONVERTIBLE = {
+    "gemma3_text": dict(query_pre_attn_scalar=NARROW["head_dim"], rope_local_base_freq=20000.0),
+    "mistral": dict(sliding_window=None),
+}
 # transformers 5 writes RoPE as `rope_parameters`; releases before it (and most published
 # checkpoints) as these keys, which --legacy-config puts back.
 LEGACY_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
 
 
-def synthetic(family, folder, tokenizer_gguf, legacy, seed=7):
+def synthetic(family, folder, tokenizer_gguf, legacy, convertible=False, seed=7):
     """A narrowed model of `family` with seeded random weights, saved by transformers to
-    `folder` with the tokenizer of `tokenizer_gguf`; returns (tokenizer, model)."""
+    `folder` with the tokenizer of `tokenizer_gguf`; returns (tokenizer, model).
+    `convertible`: with CONVERTIBLE's settings."""
     from transformers import AutoConfig
     gguf_folder, gguf_name = os.path.split(os.path.abspath(tokenizer_gguf))
     tok = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=gguf_name)
-    settings = dict(NARROW, **FAMILIES[family], vocab_size=len(tok),
+    family_settings = dict(FAMILIES[family], **(CONVERTIBLE.get(family, {}) if convertible else {}))
+    settings = dict(NARROW, **family_settings, vocab_size=len(tok),
                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
     config = AutoConfig.for_model(family, **settings)
     torch.manual_seed(seed)
@@ -170,16 +186,49 @@ def synthetic(family, folder, tokenizer_gguf, legacy, seed=7):
         path = os.path.join(folder, "config.json")
         saved = json.load(open(path))
         saved.pop("rope_parameters", None)
-        saved.update({k: v for k, v in FAMILIES[family].items() if k in LEGACY_KEYS})
+        saved.update({k: v for k, v in family_settings.items() if k in LEGACY_KEYS})
         json.dump(saved, open(path, "w"), indent=2)
     return tok, model
 
 
+def convert(converter, folder, tokenizer_gguf):
+    """`folder` as llama.cpp's converter writes it, f32; returns the file's path."""
+    import gguf
+    field = gguf.GGUFReader(tokenizer_gguf).get_field("tokenizer.ggml.pre")
+    pre = field.contents() if field else "default"
+    out = os.path.join(folder, "converted.gguf")
+    here = os.path.dirname(os.path.abspath(converter))
+    # The converter's modules, its own gguf-py first (as the script itself arranges), with
+    # an unrecognised BPE tokenizer given the vocabulary file's pre-tokenizer.
+    run = f"""
+import runpy, sys
+sys.path[:0] = [{here!r}, {os.path.join(here, "gguf-py")!r}]
+import conversion.base as base
+hashed = base.TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try:
+        return hashed(self, tokenizer)
+    except NotImplementedError:
+        return {pre!r}
+base.TextModel.get_vocab_base_pre = pre
+sys.argv = [{converter!r}, {folder!r}, "--outfile", {out!r}, "--outtype", "f32"]
+runpy.run_path({converter!r}, run_name="__main__")
+"""
+    done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"the converter failed on {folder}:\n{done.stderr[-3000:]}")
+    return out
+
+
 def check_synthetic(a, family, port):
     with tempfile.TemporaryDirectory() as folder:
-        tok, model = synthetic(family, folder, a.tokenizer, a.legacy_config)
+        tok, model = synthetic(family, folder, a.tokenizer, a.legacy_config, bool(a.convert))
         name = f"synthetic {family}" + (" (legacy config)" if a.legacy_config else "")
-        return check_model(a, name, folder, tok, model, port)
+        served = folder
+        if a.convert:
+            served = convert(a.convert, folder, a.tokenizer)
+            name += " via llama.cpp's converter"
+        return check_model(a, name, served, tok, model, port)
 
 
 def check_file(a, gguf, port):
@@ -251,6 +300,9 @@ def main():
         ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"), help="the synthetic models' tokenizer")
     ap.add_argument("--legacy-config", action="store_true",
                     help="write the synthetic configs' RoPE as transformers 4 did")
+    ap.add_argument("--convert", metavar="CONVERT_HF_TO_GGUF_PY",
+                    help="serve the synthetic models as GGUF files that llama.cpp's converter "
+                         "(a llama.cpp checkout's convert_hf_to_gguf.py) makes of them")
     ap.add_argument("--suffixd", default=os.path.join(ROOT, "target/release/suffixd"))
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--long", type=int, default=1200, help="tokens of the long prompt")

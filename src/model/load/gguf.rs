@@ -67,6 +67,14 @@ impl Model {
                 size("rope.dimension_count")?
             )));
         }
+        for softcap in ["final_logit_softcapping", "attn_logit_softcapping"] {
+            if md_f32(content, &key(softcap)).is_some_and(|cap| cap != 0.0) {
+                return Err(fmt(format!(
+                    "{} is set: logit softcapping (Gemma 2's) is not supported",
+                    key(softcap)
+                )));
+            }
+        }
         let file = crate::files::open_regular(path, "GGUF model file").map_err(|source| {
             ModelError::Io {
                 path: path.into(),
@@ -136,13 +144,30 @@ impl Model {
             context: max_context.min(trained_context).max(1),
             rope_base: base,
             rms_eps: md_f32(content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            attn_scale: 1.0 / gguf_query_scale(family, layers_n, width, heads, head_dim).sqrt(),
             activation: block.activation,
             embed_scale: block.embed_scale.then(|| (width as f32).sqrt()),
             rope_pairs: block.gguf_rope_pairs,
             sliding_window: layers.iter().find_map(|l| l.window),
         };
         Self::assemble(cfg, embed, layers, norm, head, &ropes, device, format)
+    }
+}
+
+/// The divisor whose root scales the queries, which the format does not carry: the head
+/// width, except for Gemma 3 27B (62 layers), whose `query_pre_attn_scalar` is width /
+/// heads, as llama.cpp decides it.
+fn gguf_query_scale(
+    family: Family,
+    layers: usize,
+    width: usize,
+    heads: usize,
+    head_dim: usize,
+) -> f32 {
+    if family == Family::Gemma3 && layers == 62 {
+        (width / heads) as f32
+    } else {
+        head_dim as f32
     }
 }
 
@@ -175,8 +200,6 @@ impl Tensors<'_> {
             message,
         };
         let key = |k: &str| format!("{arch}.{k}");
-        let has = |k: &str| content.metadata.contains_key(&key(k));
-        let size = |k: &str| md_u32(content, &key(k)).map(|v| v as usize).map_err(fmt);
         // Gemma's sliding layers use a second RoPE table; Llama 3's scaling comes as
         // per-frequency divisors in `rope_freqs.weight`.
         let default_base = match family {
@@ -211,30 +234,63 @@ impl Tensors<'_> {
         }
         let mut ropes = vec![RopeSpec { base, divisors }];
         let windows: Vec<Option<usize>> = if family == Family::Gemma3 {
-            let window = size("attention.sliding_window")?;
-            let pattern = [
-                "attention.sliding_window_pattern",
-                "attention.sliding_window_type",
-            ]
-            .iter()
-            .find(|k| has(k))
-            .map(|k| size(k))
-            .transpose()?
-            .unwrap_or(GEMMA_SLIDING_PATTERN);
+            // The sliding layers' table: its own base, never scaled (as in llama.cpp).
             ropes.push(RopeSpec {
-                base: md_f32(content, &key("rope.local_freq_base"))
-                    .unwrap_or(GEMMA_LOCAL_ROPE_BASE),
+                base: md_f32(content, &key("rope.freq_base_swa")).unwrap_or(GEMMA_LOCAL_ROPE_BASE),
                 divisors: Vec::new(),
             });
-            (0..layers_n)
-                .map(|l| gemma_layer_slides(l, pattern).then_some(window))
-                .collect()
+            self.gemma_windows(arch, layers_n)?
         } else {
             // llama.cpp runs Mistral's GGUF files (architecture llama) with full
             // attention; so does suffixd, to give the same tokens.
             vec![None; layers_n]
         };
         Ok((ropes, windows))
+    }
+
+    /// Gemma 3's window per layer, read as llama.cpp reads it: no sliding layer without a
+    /// window (or with 0); else `attention.sliding_window_pattern` as one flag per layer
+    /// (true: it slides) or as a number n (every n-th layer global; 6 when absent).
+    fn gemma_windows(&self, arch: &str, layers_n: usize) -> Result<Vec<Option<usize>>, ModelError> {
+        let metadata = &self.content.metadata;
+        let window_key = format!("{arch}.attention.sliding_window");
+        let window = match metadata.get(&window_key) {
+            None => 0,
+            Some(v) => v
+                .to_u32()
+                .map_err(|e| self.error(format!("{window_key}: {e}")))?,
+        };
+        if window == 0 {
+            return Ok(vec![None; layers_n]);
+        }
+        let pattern_key = format!("{arch}.attention.sliding_window_pattern");
+        let slides: Vec<bool> = match metadata.get(&pattern_key) {
+            Some(gguf_file::Value::Array(flags)) => {
+                let flags = (flags.iter().map(|f| f.to_bool()))
+                    .collect::<Result<Vec<bool>, _>>()
+                    .map_err(|e| self.error(format!("{pattern_key}: {e}")))?;
+                if flags.len() != layers_n {
+                    return Err(self.error(format!(
+                        "{pattern_key} has {} flags for {layers_n} layers",
+                        flags.len()
+                    )));
+                }
+                flags
+            }
+            found => {
+                let pattern = match found {
+                    Some(v) => (v.to_u32())
+                        .map_err(|e| self.error(format!("{pattern_key}: {e}")))?
+                        as usize,
+                    None => GEMMA_SLIDING_PATTERN,
+                };
+                (0..layers_n)
+                    .map(|l| gemma_layer_slides(l, pattern))
+                    .collect()
+            }
+        };
+        let window = window as usize;
+        Ok(slides.into_iter().map(|s| s.then_some(window)).collect())
     }
 
     /// Layer `i`'s weights, with the parts its family's block has.
@@ -373,5 +429,20 @@ impl Tensors<'_> {
         } else {
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_are_scaled_as_llama_cpp_scales_the_published_models() {
+        // Gemma 3 27B: 62 layers, width 5,376, 32 heads of 128; query_pre_attn_scalar 168.
+        assert_eq!(gguf_query_scale(Family::Gemma3, 62, 5376, 32, 128), 168.0);
+        // Gemma 3 4B: 34 layers, width 2,560, 8 heads of 256; query_pre_attn_scalar 256.
+        assert_eq!(gguf_query_scale(Family::Gemma3, 34, 2560, 8, 256), 256.0);
+        // Other families by the head width, whatever their layer count.
+        assert_eq!(gguf_query_scale(Family::Qwen3, 62, 5376, 32, 128), 128.0);
     }
 }
