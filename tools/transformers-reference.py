@@ -18,6 +18,9 @@ on files made as the published ones are, for the families with none here. The co
 identifies a BPE tokenizer by hashing its output and knows only the hub's; the
 transformers-saved copy of the --tokenizer file's vocabulary is not among them, so the
 converted file is given the --tokenizer file's own pre-tokenizer (`tokenizer.ggml.pre`).
+The converter also needs `sentencepiece`. llama.cpp's checkout comes inside the PyPI sdist
+of llama-cpp-python: `pip download --no-deps --no-binary llama-cpp-python
+llama-cpp-python==0.3.36`, untar it, and pass its `vendor/llama.cpp/convert_hf_to_gguf.py`.
 
 It needs PyTorch, transformers, gguf and accelerate, which the test suite does not
 install (5.6 GB with PyPI's torch):
