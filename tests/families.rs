@@ -843,6 +843,21 @@ fn an_unsupported_architecture_is_refused_by_name_with_the_supported_list() {
         .unwrap()
         .to_string();
     assert!(e.contains("\"phi3\"") && e.contains("gemma3_text"), "{e}");
+
+    // Mixtral's GGUF files say llama, with experts.
+    Tiny::new(Fam::Mistral).write_gguf_with(&path, GgmlDType::F32, |md| {
+        md.push(("llama.expert_count".into(), Value::U32(8)))
+    });
+    let mut f = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let e = Model::load_gguf(&path, &content, WeightFormat::F32, CONTEXT, &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("llama.expert_count is 8") && e.contains("mixture-of-experts"),
+        "{e}"
+    );
 }
 
 /// A directory or GGUF file with a tensor the family's block has no place for (here

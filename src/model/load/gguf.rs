@@ -67,6 +67,13 @@ impl Model {
                 size("rope.dimension_count")?
             )));
         }
+        if has("expert_count") && size("expert_count")? > 0 {
+            return Err(fmt(format!(
+                "{} is {}: mixture-of-experts models (Mixtral's) are not supported",
+                key("expert_count"),
+                size("expert_count")?
+            )));
+        }
         for softcap in ["final_logit_softcapping", "attn_logit_softcapping"] {
             if md_f32(content, &key(softcap)).is_some_and(|cap| cap != 0.0) {
                 return Err(fmt(format!(
