@@ -503,6 +503,54 @@ fn qwen2_and_qwen3_match_the_library_from_gguf_and_from_a_directory() {
     }
 }
 
+/// A GGUF file's linear RoPE scaling as llama.cpp reads it: the type is linear unless
+/// the file says otherwise, the factor comes from `rope.scaling.factor` or the older
+/// `rope.scale_linear`, and type `none` means unscaled whatever the factor. Checked against
+/// the same weights as a directory with `rope_scaling` linear.
+#[test]
+fn gguf_rope_scaling_is_read_as_llama_cpp_reads_it() {
+    use gguf_file::Value;
+    let tiny = Tiny::new(Fam::Qwen2);
+    let dir = tempfile::tempdir().unwrap();
+    tiny.write_hf(dir.path());
+    let mut config = tiny.config(false);
+    config["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": 4.0});
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let hf = Model::load_safetensors(dir.path(), WeightFormat::F32, CONTEXT, &Device::Cpu);
+    let scaled_dir = ours(&hf.unwrap(), &PROMPT);
+    let path = dir.path().join("model.gguf");
+    let run = |keys: &[(&str, Value)]| {
+        tiny.write_gguf_with(&path, GgmlDType::F32, |md| {
+            md.extend(keys.iter().map(|(k, v)| (format!("qwen2.{k}"), v.clone())))
+        });
+        ours(&load_gguf(&path, WeightFormat::F32), &PROMPT)
+    };
+    let bits_of =
+        |rows: &[Vec<f32>]| -> Vec<u32> { rows.concat().iter().map(|v| v.to_bits()).collect() };
+    let linear = Value::String("linear".into());
+    let typed = run(&[
+        ("rope.scaling.type", linear),
+        ("rope.scaling.factor", Value::F32(4.0)),
+    ]);
+    agree(
+        "Qwen 2 GGUF vs directory, linear RoPE scaling",
+        &typed,
+        |n| scaled_dir[n - 1].clone(),
+    );
+    let factor_alone = run(&[("rope.scaling.factor", Value::F32(4.0))]);
+    assert_eq!(bits_of(&factor_alone), bits_of(&typed));
+    let older_key = run(&[("rope.scale_linear", Value::F32(4.0))]);
+    assert_eq!(bits_of(&older_key), bits_of(&typed));
+    let unscaled = run(&[]);
+    let none = run(&[
+        ("rope.scaling.type", Value::String("none".into())),
+        ("rope.scaling.factor", Value::F32(4.0)),
+    ]);
+    assert_eq!(bits_of(&none), bits_of(&unscaled));
+    let last = PROMPT.len() - 1;
+    assert!(worst(&unscaled[last], &typed[last]) > 1e-3);
+}
+
 #[test]
 fn gemma3_matches_the_library_s_gemma3_from_a_directory_and_from_gguf() {
     let tiny = Tiny::new(Fam::Gemma3);

@@ -214,25 +214,29 @@ impl Tensors<'_> {
             _ => 10_000.0,
         };
         let base = md_f32(content, &key("rope.freq_base")).unwrap_or(default_base);
-        let scaling = content
-            .metadata
-            .get(&key("rope.scaling.type"))
-            .and_then(|v| v.to_string().ok().cloned());
-        let divisors = if self.present("rope_freqs.weight") {
-            self.host("rope_freqs.weight")?
-        } else {
-            match scaling.as_deref() {
-                None | Some("none") => Vec::new(),
-                Some("linear") => {
-                    let factor = md_f32(content, &key("rope.scaling.factor"))
-                        .ok_or_else(|| fmt("linear RoPE scaling without a factor".into()))?;
-                    vec![factor; head_dim / 2]
-                }
-                Some(other) => {
-                    return Err(fmt(format!("RoPE scaling {other:?} is not supported")));
-                }
-            }
+        // As llama.cpp reads it: the type is linear unless the file says otherwise, the
+        // factor is `rope.scaling.factor` (or the older `rope.scale_linear`; 0 is none), and
+        // Llama 3's per-frequency factors in `rope_freqs.weight` apply on top of it.
+        let scaling = (content.metadata.get(&key("rope.scaling.type")))
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_else(|| "linear".into());
+        let factor = md_f32(content, &key("rope.scaling.factor"))
+            .or_else(|| md_f32(content, &key("rope.scale_linear")))
+            .filter(|f| *f != 0.0)
+            .unwrap_or(1.0);
+        let factor = match scaling.as_str() {
+            "none" => 1.0,
+            "linear" => factor,
+            other => return Err(fmt(format!("RoPE scaling {other:?} is not supported"))),
         };
+        let mut divisors = if self.present("rope_freqs.weight") {
+            self.host("rope_freqs.weight")?
+        } else if factor != 1.0 {
+            vec![1.0; head_dim / 2]
+        } else {
+            Vec::new()
+        };
+        divisors.iter_mut().for_each(|d| *d *= factor);
         if !divisors.is_empty() && divisors.len() != head_dim / 2 {
             return Err(fmt(format!(
                 "{} RoPE divisors for heads of {head_dim}",
