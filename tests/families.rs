@@ -395,6 +395,21 @@ fn load_gguf(path: &Path, format: WeightFormat) -> Model {
     Model::load_gguf(path, &content, format, CONTEXT, &Device::Cpu).unwrap()
 }
 
+/// Why the GGUF file at `path` is refused; a panic if it loads.
+fn gguf_refusal(path: &Path) -> String {
+    let mut f = std::fs::File::open(path).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    match Model::load_gguf(path, &content, WeightFormat::F32, CONTEXT, &Device::Cpu) {
+        Ok(_) => panic!("{} loaded; it should have been refused", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Rows of logits as bits, for exact comparison.
+fn row_bits(rows: &[Vec<f32>]) -> Vec<u32> {
+    rows.concat().iter().map(|v| v.to_bits()).collect()
+}
+
 fn chain(n: usize) -> Vec<i32> {
     (0..n as i32).map(|i| i - 1).collect()
 }
@@ -525,8 +540,6 @@ fn gguf_rope_scaling_is_read_as_llama_cpp_reads_it() {
         });
         ours(&load_gguf(&path, WeightFormat::F32), &PROMPT)
     };
-    let bits_of =
-        |rows: &[Vec<f32>]| -> Vec<u32> { rows.concat().iter().map(|v| v.to_bits()).collect() };
     let linear = Value::String("linear".into());
     let typed = run(&[
         ("rope.scaling.type", linear),
@@ -538,15 +551,15 @@ fn gguf_rope_scaling_is_read_as_llama_cpp_reads_it() {
         |n| scaled_dir[n - 1].clone(),
     );
     let factor_alone = run(&[("rope.scaling.factor", Value::F32(4.0))]);
-    assert_eq!(bits_of(&factor_alone), bits_of(&typed));
+    assert_eq!(row_bits(&factor_alone), row_bits(&typed));
     let older_key = run(&[("rope.scale_linear", Value::F32(4.0))]);
-    assert_eq!(bits_of(&older_key), bits_of(&typed));
+    assert_eq!(row_bits(&older_key), row_bits(&typed));
     let unscaled = run(&[]);
     let none = run(&[
         ("rope.scaling.type", Value::String("none".into())),
         ("rope.scaling.factor", Value::F32(4.0)),
     ]);
-    assert_eq!(bits_of(&none), bits_of(&unscaled));
+    assert_eq!(row_bits(&none), row_bits(&unscaled));
     let last = PROMPT.len() - 1;
     assert!(worst(&unscaled[last], &typed[last]) > 1e-3);
 }
@@ -589,17 +602,15 @@ fn gemma3_matches_the_library_s_gemma3_from_a_directory_and_from_gguf() {
         .map(|l| Value::Bool((l + 1) % tiny.pattern != 0))
         .collect();
     tiny.write_gguf_with(&path, GgmlDType::F32, set(pattern_key, Value::Array(flags)));
-    let bits_of =
-        |rows: &[Vec<f32>]| -> Vec<u32> { rows.concat().iter().map(|v| v.to_bits()).collect() };
     let with_flags = ours(&load_gguf(&path, WeightFormat::F32), &PROMPT);
-    assert_eq!(bits_of(&with_flags), bits_of(&from_gguf));
+    assert_eq!(row_bits(&with_flags), row_bits(&from_gguf));
     tiny.write_gguf_with(&path, GgmlDType::F32, set(pattern_key, Value::U32(1)));
     let all_global = ours(&load_gguf(&path, WeightFormat::F32), &PROMPT);
     tiny.write_gguf_with(&path, GgmlDType::F32, |md| {
         md.retain(|(k, _)| k != "gemma3.attention.sliding_window")
     });
     let without_window = ours(&load_gguf(&path, WeightFormat::F32), &PROMPT);
-    assert_eq!(bits_of(&without_window), bits_of(&all_global));
+    assert_eq!(row_bits(&without_window), row_bits(&all_global));
     let last = PROMPT.len() - 1;
     assert!(worst(&without_window[last], &from_gguf[last]) > 1e-3);
 
@@ -616,12 +627,7 @@ fn gemma3_matches_the_library_s_gemma3_from_a_directory_and_from_gguf() {
         GgmlDType::F32,
         set("gemma3.final_logit_softcapping", Value::F32(30.0)),
     );
-    let mut f = std::fs::File::open(&path).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let e = Model::load_gguf(&path, &content, WeightFormat::F32, CONTEXT, &Device::Cpu)
-        .err()
-        .expect("softcapping is refused")
-        .to_string();
+    let e = gguf_refusal(&path);
     assert!(e.contains("gemma3.final_logit_softcapping"), "{e}");
 }
 
@@ -656,11 +662,9 @@ fn mistral_s_sliding_window_matches_the_library_s_mistral() {
     let long =
         Model::load_safetensors(dir.path(), WeightFormat::F32, CONTEXT, &Device::Cpu).unwrap();
     assert_eq!(long.config().sliding_window, None);
-    let bits_of =
-        |rows: Vec<Vec<f32>>| -> Vec<u32> { rows.concat().iter().map(|v| v.to_bits()).collect() };
     assert_eq!(
-        bits_of(ours(&long, &PROMPT)),
-        bits_of(ours(&unwindowed, &PROMPT))
+        row_bits(&ours(&long, &PROMPT)),
+        row_bits(&ours(&unwindowed, &PROMPT))
     );
 }
 
@@ -866,12 +870,7 @@ fn an_unsupported_architecture_is_refused_by_name_with_the_supported_list() {
     let mut f = std::fs::File::create(&path).unwrap();
     gguf_file::write(&mut f, &[("general.architecture", &arch)], &[]).unwrap();
     drop(f);
-    let mut f = std::fs::File::open(&path).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let e = Model::load_gguf(&path, &content, WeightFormat::F32, CONTEXT, &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = gguf_refusal(&path);
     assert!(
         e.contains("\"phi3\"") && e.contains("qwen3") && e.contains("gemma3"),
         "{e}"
@@ -896,12 +895,7 @@ fn an_unsupported_architecture_is_refused_by_name_with_the_supported_list() {
     Tiny::new(Fam::Mistral).write_gguf_with(&path, GgmlDType::F32, |md| {
         md.push(("llama.expert_count".into(), Value::U32(8)))
     });
-    let mut f = std::fs::File::open(&path).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let e = Model::load_gguf(&path, &content, WeightFormat::F32, CONTEXT, &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = gguf_refusal(&path);
     assert!(
         e.contains("llama.expert_count is 8") && e.contains("mixture-of-experts"),
         "{e}"
@@ -947,12 +941,7 @@ fn a_model_with_tensors_the_block_does_not_read_is_refused_by_name() {
         "{e}"
     );
     tiny.write_gguf(&gguf, GgmlDType::F32);
-    let mut f = std::fs::File::open(&gguf).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let e = Model::load_gguf(&gguf, &content, WeightFormat::F32, CONTEXT, &Device::Cpu)
-        .err()
-        .expect("a GGUF file with an output bias is refused")
-        .to_string();
+    let e = gguf_refusal(&gguf);
     assert!(
         e.contains("blk.1.attn_output.bias") && e.contains("1 of the"),
         "{e}"

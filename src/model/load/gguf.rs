@@ -6,7 +6,7 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 
-use super::{finite, head_width, md_f32, md_u32};
+use super::{finite, head_width, md_f32, md_u32, unread_refusal};
 use crate::model::arch::{Family, RopeSpec, SUPPORTED_GGUF, gemma_layer_slides};
 use crate::model::forward::{Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::layer::Layer;
@@ -129,16 +129,9 @@ impl Model {
         for (i, window) in windows.into_iter().enumerate() {
             layers.push(t.layer(i, window, family, &arch, &matrix)?);
         }
-        // A tensor the block does not read is a part it lacks (an output or MLP bias,
-        // layers past `block_count`, another architecture's weights): running without it
-        // would give another model's answers. llama.cpp's loader refuses such a file too.
-        let unread = t.unread();
-        if let Some(first) = unread.first() {
-            return Err(fmt(format!(
-                "{} of the file's tensors are not part of suffixd's {family:?} block \
-                 (first: {first}): this is a variant of the architecture suffixd cannot run",
-                unread.len()
-            )));
+        // llama.cpp's loader refuses such a file too ("wrong number of tensors").
+        if let Some(refusal) = unread_refusal(&t.unread(), family, "the file's") {
+            return Err(fmt(refusal));
         }
         let cfg = ModelConfig {
             family,

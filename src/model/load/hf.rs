@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use super::{HfConfig, HfLayout, finite, rope_rows_interleaved, safetensors_files};
+use super::{HfConfig, HfLayout, finite, rope_rows_interleaved, safetensors_files, unread_refusal};
 use crate::model::arch::{Family, RopeSpec};
 use crate::model::forward::{Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::kernels::norm::RopePairs;
@@ -116,18 +116,10 @@ impl Model {
             read: Mutex::default(),
         };
         let model = Self::from_hf(dir, &hf, family, &mapped, format, max_context, device)?;
-        // A tensor the block does not read is a part it lacks (an output or MLP bias, a
-        // softcap's or another architecture's weights under this model_type): running
-        // without it would give another model's answers, so it is refused by name.
-        let unread = mapped.unread();
-        if let Some(first) = unread.first() {
-            return Err(fmt(format!(
-                "{} of the checkpoint's tensors are not part of suffixd's {family:?} block \
-                 (first: {first}): this is a variant of the family suffixd cannot run",
-                unread.len()
-            )));
+        match unread_refusal(&mapped.unread(), family, "the checkpoint's") {
+            Some(refusal) => Err(fmt(refusal)),
+            None => Ok(model),
         }
-        Ok(model)
     }
 
     /// The model a Hugging Face config describes, its tensors from `source` (`origin`

@@ -28,6 +28,20 @@ pub(super) fn md_f32(c: &gguf_file::Content, key: &str) -> Option<f32> {
     c.metadata.get(key).and_then(|v| v.to_f32().ok())
 }
 
+/// The refusal of a model holding tensors (`unread`, sorted) that its family's block does
+/// not read, if there are any. Such a tensor is a part the block lacks (an output or MLP
+/// bias, layers past the stated count, another architecture's weights): running without
+/// it would give another model's answers, so it is named. `held_by`: "the file's", "the
+/// checkpoint's".
+pub(super) fn unread_refusal(unread: &[String], family: Family, held_by: &str) -> Option<String> {
+    let first = unread.first()?;
+    Some(format!(
+        "{} of {held_by} tensors are not part of suffixd's {family:?} block (first: \
+         {first}): this is a variant of the family suffixd cannot run",
+        unread.len()
+    ))
+}
+
 /// The keys of a Hugging Face `config.json` that the forward pass needs.
 #[derive(serde::Deserialize)]
 pub(super) struct HfConfig {
