@@ -67,11 +67,15 @@ impl Model {
                 size("rope.dimension_count")?
             )));
         }
-        if has("expert_count") && size("expert_count")? > 0 {
+        let experts = if has("expert_count") {
+            size("expert_count")?
+        } else {
+            0
+        };
+        if experts > 0 {
             return Err(fmt(format!(
-                "{} is {}: mixture-of-experts models (Mixtral's) are not supported",
+                "{} is {experts}: mixture-of-experts models (Mixtral's) are not supported",
                 key("expert_count"),
-                size("expert_count")?
             )));
         }
         for softcap in ["final_logit_softcapping", "attn_logit_softcapping"] {
@@ -258,11 +262,10 @@ impl Tensors<'_> {
     fn gemma_windows(&self, arch: &str, layers_n: usize) -> Result<Vec<Option<usize>>, ModelError> {
         let metadata = &self.content.metadata;
         let window_key = format!("{arch}.attention.sliding_window");
+        let number = |key: &str| md_u32(self.content, key).map_err(|e| self.error(e));
         let window = match metadata.get(&window_key) {
             None => 0,
-            Some(v) => v
-                .to_u32()
-                .map_err(|e| self.error(format!("{window_key}: {e}")))?,
+            Some(_) => number(&window_key)?,
         };
         if window == 0 {
             return Ok(vec![None; layers_n]);
@@ -283,9 +286,7 @@ impl Tensors<'_> {
             }
             found => {
                 let pattern = match found {
-                    Some(v) => (v.to_u32())
-                        .map_err(|e| self.error(format!("{pattern_key}: {e}")))?
-                        as usize,
+                    Some(_) => number(&pattern_key)? as usize,
                     None => GEMMA_SLIDING_PATTERN,
                 };
                 (0..layers_n)
