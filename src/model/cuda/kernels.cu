@@ -387,9 +387,13 @@ MATMUL_TILES(matmul_qkv_bf16, bf16_t, MODE_QKV)
 // even always does; only a NaN's payload may differ from a hand-written rounding, and a
 // row's arithmetic is the same whichever pass it is in either way.
 __device__ __forceinline__ unsigned bf16x2_rn(float low, float high) {
+#ifdef SUFFIXD_CUDA_ON_CPU  // tools/cuda-on-cpu: the same rounding in C++
+    return emu_bf16x2_rn(low, high);
+#else
     unsigned packed;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
     return packed;
+#endif
 }
 __device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
     hi = bf16x2_rn(x0, x1);
@@ -400,10 +404,14 @@ __device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, uns
 // Not volatile: the product has no side effect, and the compiler may then hoist the next
 // chunks' loads above it.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#ifdef SUFFIXD_CUDA_ON_CPU  // tools/cuda-on-cpu: the warp's product, fragment by fragment
+    emu_mma_bf16(d, a, b0, b1);
+#else
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // A lane's 8 activations of one row (zeros for a row past the pass) at column k0.
