@@ -82,13 +82,20 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 impl Tiny {
     fn new(fam: Fam) -> Self {
-        let (layers, heads, kv_heads, head_dim) = match fam {
+        Self::with_head_dim(fam, None)
+    }
+
+    /// The family's tiny model, with heads of `head_dim` values where given (Gemma 3 4B
+    /// and larger have 256, which the GPU's attention takes two values a thread).
+    fn with_head_dim(fam: Fam, head_dim: Option<usize>) -> Self {
+        let (layers, heads, kv_heads, default_head_dim) = match fam {
             Fam::Qwen3 => (4, 4, 2, 32),
             // One key/value head, as Gemma 3 270M has (and candle's gemma3 needs: its
             // cache refuses the strided values that several heads give).
             Fam::Gemma3 => (4, 4, 1, 32),
             _ => (3, 4, 2, 16),
         };
+        let head_dim = head_dim.unwrap_or(default_head_dim);
         let mut t = Tiny {
             fam,
             layers,
@@ -750,6 +757,32 @@ fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
     );
 }
 
+/// A pass of more rows than a draft has (40 tokens in one chain: on a GPU padded to 48
+/// rows and run by the projections' widest tiles) gives each token the bits it gets when
+/// decoded alone.
+fn a_long_pass_gives_the_bits_of_decoding(model: &Model, what: &str) {
+    let tokens: Vec<u32> = (0..40)
+        .map(|i| PROMPT[i % PROMPT.len()] + (i / PROMPT.len()) as u32)
+        .collect();
+    let mut cache = KvCache::default();
+    let mut alone = Vec::new();
+    for &t in &tokens {
+        alone.push(bits(&model.forward(&mut cache, &[t], &[-1]).unwrap()));
+        cache.commit(&[0]).unwrap();
+    }
+    let mut cache = KvCache::default();
+    let all = model
+        .forward(&mut cache, &tokens, &chain(tokens.len()))
+        .unwrap();
+    for (i, want) in alone.iter().enumerate() {
+        assert_eq!(
+            &bits(&all.i(i).unwrap()),
+            want,
+            "{what}: token {i} of a 40-row pass"
+        );
+    }
+}
+
 /// A cache holding PROMPT's first `n` tokens, run as one chain and committed.
 fn committed(model: &Model, n: usize) -> KvCache {
     let mut cache = KvCache::default();
@@ -779,18 +812,20 @@ fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
         tiny.write_gguf(&path, GgmlDType::Q8_0);
         let model = load_gguf(&path, WeightFormat::Native);
         same_bits_alone_in_a_chain_and_in_a_tree(&model, &format!("{fam:?}"));
+        a_long_pass_gives_the_bits_of_decoding(&model, &format!("{fam:?}"));
     }
 }
 
 /// On a GPU (the `cuda` feature; tools/gpu-shapes.sh runs this with
-/// `SUFFIXD_TEST_DEVICE=cuda`), its own kernels run every family: Llama 3, Mistral (its
-/// window binding), Qwen 2 (q|k|v biases), Qwen 3 (head norms, heads wider than width /
-/// heads) and Gemma 3 (sandwich norms, GELU, scaled embeddings, sliding layers with their
-/// own RoPE base), from a directory and from GGUF (RoPE on halves). Each one's logits
-/// agree with the CPU's pass on the same weights (relative error under 1e-3 in f32:
-/// summation orders differ; 5e-3 in bf16, where the CPU rounds activations to bf16 and
-/// the GPU does not), and a token's logits are the same bits alone, in a chain, in a
-/// tree and after a prefix restored from blocks on the device.
+/// `SUFFIXD_TEST_DEVICE=cuda`; tools/cuda-on-cpu runs it on the CPU), its own kernels run
+/// every family: Llama 3, Mistral (its window binding), Qwen 2 (q|k|v biases), Qwen 3
+/// (head norms, heads wider than width / heads) and Gemma 3 (sandwich norms, GELU, scaled
+/// embeddings, sliding layers with their own RoPE base; heads of 32 and of 256), from a
+/// directory and from GGUF (RoPE on halves). Each one's logits agree with the CPU's pass
+/// on the same weights (relative error under 1e-3 in f32: summation orders differ; 5e-3
+/// in bf16, where the CPU rounds activations to bf16 and the GPU does not), and a token's
+/// logits are the same bits alone, in a chain, in a tree, after a prefix restored from
+/// blocks on the device and in a pass of 40 rows.
 #[cfg(feature = "cuda")]
 #[test]
 fn on_a_gpu_its_kernels_run_every_family_exactly() {
@@ -799,14 +834,15 @@ fn on_a_gpu_its_kernels_run_every_family_exactly() {
         "this test needs a GPU: run it with SUFFIXD_TEST_DEVICE=cuda"
     );
     let gpu = Device::new_cuda(0).expect("a CUDA GPU");
-    for fam in [
-        Fam::Llama3,
-        Fam::Mistral,
-        Fam::Qwen2,
-        Fam::Qwen3,
-        Fam::Gemma3,
+    for (fam, head_dim) in [
+        (Fam::Llama3, None),
+        (Fam::Mistral, None),
+        (Fam::Qwen2, None),
+        (Fam::Qwen3, None),
+        (Fam::Gemma3, None),
+        (Fam::Gemma3, Some(256)),
     ] {
-        let tiny = Tiny::new(fam);
+        let tiny = Tiny::with_head_dim(fam, head_dim);
         let dir = tempfile::tempdir().unwrap();
         tiny.write_hf(dir.path());
         let gguf = dir.path().join("model.gguf");
@@ -829,7 +865,8 @@ fn on_a_gpu_its_kernels_run_every_family_exactly() {
         for &from_gguf in sources {
             for format in [WeightFormat::F32, WeightFormat::Bf16] {
                 let what = format!(
-                    "{fam:?} {format:?} from {} on the GPU",
+                    "{fam:?} (heads of {}) {format:?} from {} on the GPU",
+                    tiny.head_dim,
                     if from_gguf { "GGUF" } else { "a directory" }
                 );
                 let on_gpu = load(from_gguf, format, &gpu);
@@ -856,6 +893,7 @@ fn on_a_gpu_its_kernels_run_every_family_exactly() {
                     "{what}: logits differ from the CPU's by {rel:.3e}"
                 );
                 same_bits_alone_in_a_chain_and_in_a_tree(&on_gpu, &what);
+                a_long_pass_gives_the_bits_of_decoding(&on_gpu, &what);
             }
         }
     }
