@@ -30,7 +30,7 @@ use std::path::Path;
 
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{DType, Device, IndexOp, Tensor};
-use suffixd::model::forward::{KvCache, Model, WeightFormat};
+use suffixd::model::forward::{KvCache, Model, WeightFormat, argmax_rows};
 
 const TOLERANCE: f32 = 1e-4;
 const VOCAB: usize = 96;
@@ -707,8 +707,9 @@ fn bits(t: &Tensor) -> Vec<u32> {
 }
 
 /// A token's logits from `model` are the same bits whether it runs alone, in a chain
-/// after a committed prefix, in a branching tree beside a wrong branch, or after a prefix
-/// copied out into blocks and put back (the prefix cache's path).
+/// after a committed prefix, in a branching tree beside a wrong branch, after the tree's
+/// true branch was kept, or after a prefix copied out into blocks and put back (the
+/// prefix cache's path); the greedy choices are the CPU's.
 fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
     // One token at a time, as plain decoding runs.
     let mut cache = KvCache::default();
@@ -734,6 +735,23 @@ fn same_bits_alone_in_a_chain_and_in_a_tree(model: &Model, what: &str) {
             "{what}: token {pos} in a tree"
         );
     }
+    // The greedy choice of each row, where the model runs (the GPU's own kernel there),
+    // is the CPU's.
+    assert_eq!(
+        model.argmax_rows(&logits).unwrap(),
+        argmax_rows(&logits.to_device(&Device::Cpu).unwrap()).unwrap(),
+        "{what}: the greedy choices"
+    );
+    // The true branch kept (rows 0, 2 and 3, moved together in the cache, as acceptance
+    // moves them), then the rest decoded: the bits of decoding.
+    cache.commit(&[0, 2, 3]).unwrap();
+    assert_eq!(cache.len(), 10);
+    rest_as_alone(
+        model,
+        &mut cache,
+        &alone,
+        &format!("{what}: after a tree's branch was kept"),
+    );
     // The first 8 copied out as two blocks (the second into a reused block) and put
     // back into a new cache, as the prefix cache does: the rest as if prefilled.
     let cache = committed(model, 8);

@@ -507,7 +507,9 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, CUgraph g, unsigned long lo
 }
 CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     if (stream_of(s)->capture) die("a graph launched into a capture");
-    for (const Node& n : reinterpret_cast<Graph*>(e)->nodes) run_node(n);
+    const auto& nodes = reinterpret_cast<Graph*>(e)->nodes;
+    if (verbose()) fprintf(stderr, "cuda-on-cpu: a graph of %zu nodes\n", nodes.size());
+    for (const Node& n : nodes) run_node(n);
     return CUDA_SUCCESS;
 }
 CUresult cuGraphUpload(CUgraphExec, CUstream) { return CUDA_SUCCESS; }
