@@ -10,7 +10,11 @@ using emu::die;
 
 namespace {
 
-
+// emu_switch(save, to): push the callee-saved registers, store the stack pointer in
+// *save, take `to` as the stack pointer and pop what was pushed there. The floating-point
+// control words are left alone: every fiber runs with the same ones. A new fiber's stack
+// (run_block) holds zeros, its body in r13, its argument in r12 and emu_fiber_start as the
+// return address, so its first switch lands there and calls r13(r12).
 extern "C" void emu_switch(void** save, void* to);
 extern "C" void emu_fiber_start();
 asm(R"(
