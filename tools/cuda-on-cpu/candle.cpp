@@ -1,7 +1,7 @@
 // The candle kernels suffixd's CUDA path launches (candle-kernels 0.11: casts, copies,
-// affine, element-wise f32 operations, Q8_0 and Q4_1 dequantization), as host functions
-// that do a whole launch's work, with candle's signatures (README.md). Any other candle
-// kernel refuses to launch, by name (driver.cpp).
+// constants, affine, element-wise f32 operations, Q8_0 and Q4_1 dequantization), as host
+// functions that do a whole launch's work, with candle's signatures (README.md). Any
+// other candle kernel refuses to launch, by name (driver.cpp).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -87,6 +87,17 @@ void candle_copy2d(void** p) {
     const uint32_t ss = *static_cast<uint32_t*>(p[4]), ds = *static_cast<uint32_t*>(p[5]);
     for (uint32_t i = 0; i < d1; i++) memmove(dst + (size_t)i * ds, src + (size_t)i * ss, sizeof(T) * d2);
 }
+// const_set(numel, num_dims, info, value, out): every element of `out` (as laid out by
+// info) set to `value`.
+template <typename T>
+void candle_const_set(void** p) {
+    const size_t numel = *static_cast<size_t*>(p[0]), dims = *static_cast<size_t*>(p[1]);
+    const size_t* info = *static_cast<const size_t**>(p[2]);
+    const T value = *static_cast<T*>(p[3]);
+    T* out = *static_cast<T**>(p[4]);
+    for (size_t i = 0; i < numel; i++) out[strided_index(i, dims, info)] = value;
+}
+
 // IEEE half to float.
 float half_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
@@ -133,6 +144,9 @@ namespace emu {
 const std::map<std::string, void (*)(void**)>& candle_kernels() {
     static const std::map<std::string, void (*)(void**)> k = {
         {"affine_f32", &candle_affine_f32},
+        {"const_set_f32", &candle_const_set<float>},
+        {"const_set_bf16", &candle_const_set<unsigned short>},
+        {"const_set_u32", &candle_const_set<unsigned>},
         {"dequantize_block_q8_0_f32", &candle_dequantize_q8_0},
         {"dequantize_block_q4_1_f32", &candle_dequantize_q4_1},
         {"copy2d_f32", &candle_copy2d<float>},

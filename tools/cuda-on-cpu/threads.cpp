@@ -81,6 +81,10 @@ struct Scheduler {
     unsigned long long shuffle[2][MAX_WARPS][32];
     unsigned mma_a[2][MAX_WARPS][32][4];
     unsigned mma_b[2][MAX_WARPS][32][2];
+    // The same unpacked: A by row, B by column, and the exchange they were unpacked for.
+    double mma_af[2][MAX_WARPS][16][16];
+    double mma_bf[2][MAX_WARPS][8][16];
+    long mma_unpacked[2][MAX_WARPS];
 };
 Scheduler sched;
 
@@ -134,6 +138,7 @@ void run_block(int threads) {
     for (int w = 0; w < warps; w++) {
         sched.warp_live[w] = std::min(32, threads - 32 * w);
         sched.warp_waiting[w] = 0;
+        sched.mma_unpacked[0][w] = sched.mma_unpacked[1][w] = -1;
     }
     const unsigned bx = emu_block_dim.x, by = emu_block_dim.y;
     for (int i = 0; i < threads; i++) {
@@ -206,22 +211,32 @@ void emu_mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
     sched.mma_b[p][w][lane][0] = b0;
     sched.mma_b[p][w][lane][1] = b1;
     wait_here(AT_WARP);
-    auto half = [](unsigned v, int high) { return __uint_as_float(high ? (v & 0xffff0000u) : (v << 16)); };
-    // A (16 x 16, rows): register (row / 8) + 2 (k / 8) of lane 4 (row % 8) + (k % 8) / 2,
-    // half k % 2. B (16 x 8, columns): register k / 8 of lane 4 col + (k % 8) / 2, half k % 2.
-    auto A = [&](int row, int k) {
-        return half(sched.mma_a[p][w][4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)], k & 1);
-    };
-    auto B = [&](int k, int col) { return half(sched.mma_b[p][w][4 * col + (k % 8) / 2][k / 8], k & 1); };
-    for (int l = 0; l < 32; l++)
-        if (32 * w + l >= sched.threads || sched.fibers[32 * w + l].exchanges < f->exchanges)
-            die("kernel %s: a tensor-core product without lane %d of the warp", sched.name, l);
+    // The first lane back unpacks the warp's A and B once for all 32 (the parity's buffers
+    // are not written again before every lane has left this exchange).
+    if (sched.mma_unpacked[p][w] != f->exchanges) {
+        for (int l = 0; l < 32; l++)
+            if (32 * w + l >= sched.threads || sched.fibers[32 * w + l].exchanges < f->exchanges)
+                die("kernel %s: a tensor-core product without lane %d of the warp", sched.name, l);
+        auto half = [](unsigned v, int high) { return (double)__uint_as_float(high ? (v & 0xffff0000u) : (v << 16)); };
+        // A (16 x 16, rows): register (row / 8) + 2 (k / 8) of lane 4 (row % 8) + (k % 8) / 2,
+        // half k % 2. B (16 x 8, columns): register k / 8 of lane 4 col + (k % 8) / 2, half k % 2.
+        for (int row = 0; row < 16; row++)
+            for (int k = 0; k < 16; k++)
+                sched.mma_af[p][w][row][k] = half(sched.mma_a[p][w][4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)], k & 1);
+        for (int col = 0; col < 8; col++)
+            for (int k = 0; k < 16; k++)
+                sched.mma_bf[p][w][col][k] = half(sched.mma_b[p][w][4 * col + (k % 8) / 2][k / 8], k & 1);
+        sched.mma_unpacked[p][w] = f->exchanges;
+    }
     const int g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; i++) {
         const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-        // bf16 x bf16 products are exact in double, and so is their sum: one rounding.
+        // The products of two bf16 values are exact in double; their sum is taken in
+        // double, in k order, then C is added and the result rounded to f32.
+        const double* x = sched.mma_af[p][w][row];
+        const double* y = sched.mma_bf[p][w][col];
         double sum = 0.0;
-        for (int k = 0; k < 16; k++) sum += (double)A(row, k) * (double)B(k, col);
+        for (int k = 0; k < 16; k++) sum += x[k] * y[k];
         d[i] = (float)(sum + (double)d[i]);
     }
 }
