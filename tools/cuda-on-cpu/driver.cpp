@@ -260,34 +260,27 @@ CUresult launch(Function* f, dim3 grid, dim3 block, CUstream s, void** params) {
     return CUDA_SUCCESS;
 }
 
-CUresult copy(CUstream s, void* dst, const void* src, size_t bytes) {
+// A copy or a set on stream `s`: done now, or recorded while the stream captures.
+CUresult run_or_record(CUstream s, const Node& n) {
     Stream* st = stream_of(s);
     if (st->capture) {
-        Node n;
-        n.kind = Node::COPY;
-        n.dst = dst;
-        n.src = src;
-        n.bytes = bytes;
         st->capture->nodes.push_back(n);
     } else {
-        memmove(dst, src, bytes);
+        run_node(n);
     }
     return CUDA_SUCCESS;
 }
 
+CUresult copy(CUstream s, void* dst, const void* src, size_t bytes) {
+    Node n;
+    n.kind = Node::COPY, n.dst = dst, n.src = src, n.bytes = bytes;
+    return run_or_record(s, n);
+}
+
 CUresult set(CUstream s, void* dst, unsigned char byte, size_t bytes) {
-    Stream* st = stream_of(s);
-    if (st->capture) {
-        Node n;
-        n.kind = Node::SET;
-        n.dst = dst;
-        n.byte = byte;
-        n.bytes = bytes;
-        st->capture->nodes.push_back(n);
-    } else {
-        memset(dst, byte, bytes);
-    }
-    return CUDA_SUCCESS;
+    Node n;
+    n.kind = Node::SET, n.dst = dst, n.byte = byte, n.bytes = bytes;
+    return run_or_record(s, n);
 }
 
 // ---- Memory ----
