@@ -8,9 +8,10 @@
 # kept from an earlier build; a minute and a half when nothing changed):
 #   tools/gpu-lease.sh pack
 # builds the CUDA binaries (suffixd, shape_cost, the `verify` and `families` test
-# binaries), checks that NVRTC compiles every kernel (`--lib cuda` tests), writes the
-# default model's vocabulary, strips and compresses the binaries, cuts the model in two,
-# and leaves three folders, each under the limit with the tree:
+# binaries), checks that NVRTC compiles every kernel (`--lib cuda` tests) and that the
+# families' GPU test passes on the CPU through tools/cuda-on-cpu (PREFLIGHT=0 skips
+# it), writes the default model's vocabulary, strips and compresses the binaries, cuts
+# the model in two, and leaves three folders, each under the limit with the tree:
 #   target/lease/1  the model's first part, suffixd and verify (call 1)
 #   target/lease/2  the model's other part (and UNSEEN, when set at pack time) (call 2)
 #   target/lease/3  shape_cost, families and the vocabulary (call 3)
@@ -70,6 +71,13 @@ pack() {
     verify=$(test_binary verify)
     families=$(test_binary families)
     [ -x "$verify" ] && [ -x "$families" ] || { echo "test binaries not found" >&2; exit 1; }
+    # The families' GPU test on the CPU through the emulated driver (tools/cuda-on-cpu,
+    # two minutes): a kernel or launch that computes the wrong thing fails here, not on
+    # the lease's minutes. PREFLIGHT=0 skips it.
+    if [ "${PREFLIGHT:-1}" != 0 ]; then
+        echo "the families' GPU test on the emulated driver" >&2
+        tools/cuda-on-cpu/check.sh
+    fi
 
     rm -rf "$LEASE"
     mkdir -p "$LEASE/1" "$LEASE/2" "$LEASE/3"
