@@ -21,6 +21,8 @@
 // stderr and fails.
 #include <cuda.h>
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <nvrtc.h>
 #include <unistd.h>
 
@@ -71,6 +73,8 @@ struct Function {
     void (*run)(void**) = nullptr;
     const size_t* param_sizes = nullptr;  // ends with 0; null: unknown
     bool whole_launch = false;            // a host function that does the whole launch's work
+    char* shared = nullptr;               // its module's statics: the kernels' shared memory
+    size_t shared_bytes = 0;
 };
 
 struct Module {
@@ -132,6 +136,25 @@ std::string shell_quote(const std::string& s) {
     return q + "'";
 }
 
+// Where the loaded library `handle` (the file at `path`) has its .bss: the kernels'
+// `__shared__` statics, and nothing else (the source has no globals).
+std::pair<char*, size_t> bss_of(void* handle, const std::string& path) {
+    link_map* map = nullptr;
+    if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || !map) die("cannot find where %s was loaded", path.c_str());
+    const std::string file = read_file(path);
+    Elf64_Ehdr header;
+    if (file.size() < sizeof header) die("%s is not an ELF file", path.c_str());
+    memcpy(&header, file.data(), sizeof header);
+    if (header.e_shoff + (size_t)header.e_shnum * sizeof(Elf64_Shdr) > file.size() || header.e_shstrndx >= header.e_shnum)
+        die("%s has no section table", path.c_str());
+    std::vector<Elf64_Shdr> sections(header.e_shnum);
+    memcpy(sections.data(), file.data() + header.e_shoff, sections.size() * sizeof(Elf64_Shdr));
+    const char* names = file.data() + sections[header.e_shstrndx].sh_offset;
+    for (const auto& s : sections)
+        if (strcmp(names + s.sh_name, ".bss") == 0) return {reinterpret_cast<char*>(map->l_addr + s.sh_addr), s.sh_size};
+    return {nullptr, 0};
+}
+
 // Compile kernel source (as NVRTC was given it, with its -D options) for the CPU.
 Module* load_source_module(const std::string& defines, const std::string& source) {
     const std::string key = std::to_string(std::hash<std::string>{}(defines + "\n" + source));
@@ -159,12 +182,16 @@ Module* load_source_module(const std::string& defines, const std::string& source
     m->library = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!m->library) die("cannot load %s: %s", so.c_str(), dlerror());
     auto* table = static_cast<const EmuKernel*>(dlsym(m->library, "emu_kernels"));
+    const auto [shared, shared_bytes] = bss_of(m->library, so);
+    if (verbose()) fprintf(stderr, "cuda-on-cpu: %s: %zu bytes of shared statics\n", so.c_str(), shared_bytes);
     if (!table) die("%s has no kernel table", so.c_str());
     for (; table->name; table++) {
         auto* f = new Function;
         f->name = table->name;
         f->run = table->run;
         f->param_sizes = table->param_sizes;
+        f->shared = shared;
+        f->shared_bytes = shared_bytes;
         m->functions[f->name] = f;
     }
     return m;
@@ -225,7 +252,7 @@ void run_kernel(Function* f, dim3 grid, dim3 block, void** params) {
         f->run(params);
         return;
     }
-    emu::run_grid(f->run, params, f->name.c_str(), grid, block);
+    emu::run_grid(f->run, {f->shared, f->shared_bytes}, params, f->name.c_str(), grid, block);
 }
 
 void run_node(const Node& n) {

@@ -3,6 +3,7 @@
 // exchanges) and candle.cpp (the candle kernels suffixd's path launches).
 #pragma once
 #include <map>
+#include <utility>
 #include <string>
 
 #include "shim.h"
@@ -19,8 +20,10 @@ bool verbose();
 constexpr int MAX_THREADS = 1024;
 
 // Run `kernel` (a kernel's entry, shim.h's EmuEntry::run) for every thread of every block
-// of `grid`, blocks one after another (threads.cpp). `name` is for messages.
-void run_grid(void (*kernel)(void**), void** params, const char* name, dim3 grid, dim3 block);
+// of `grid`, blocks one after another, `shared` (its module's statics) filled with 0xff
+// bytes before each (threads.cpp). `name` is for messages.
+void run_grid(void (*kernel)(void**), std::pair<char*, size_t> shared, void** params, const char* name,
+              dim3 grid, dim3 block);
 
 // candle's kernels by name, each a host function that does a whole launch's work
 // (candle.cpp).

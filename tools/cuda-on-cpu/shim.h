@@ -2,7 +2,9 @@
 // device language, for the CPU emulator in this folder (README.md). A block's threads are
 // fibers run by driver.cpp's scheduler one after another; `__syncthreads` and every warp
 // operation (shuffles, the tensor-core product) are points where a thread waits for the
-// others of its block or warp. Blocks run one at a time, so `__shared__` is a static.
+// others of its block or warp. Blocks run one at a time, so `__shared__` is a static; the
+// driver fills the module's statics (its .bss: the kernels have no other) with 0xff bytes
+// before each block, as a GPU's shared memory holds no earlier block's values either.
 //
 // Arithmetic is the CPU's IEEE single precision, rounded to nearest at every operation
 // (compiled with -ffp-contract=off, as NVRTC compiles them with --fmad=false): the

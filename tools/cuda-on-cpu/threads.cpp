@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "emulator.h"
 
@@ -244,7 +245,8 @@ void emu_mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
 
 namespace emu {
 
-void run_grid(void (*kernel)(void**), void** params, const char* name, dim3 grid, dim3 block) {
+void run_grid(void (*kernel)(void**), std::pair<char*, size_t> shared, void** params, const char* name,
+              dim3 grid, dim3 block) {
     const int threads = (int)(block.x * block.y * block.z);
     sched.kernel = kernel;
     sched.params = params;
@@ -255,6 +257,7 @@ void run_grid(void (*kernel)(void**), void** params, const char* name, dim3 grid
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
                 emu_block_idx = dim3{x, y, z};
+                if (shared.first) memset(shared.first, 0xff, shared.second);
                 run_block(threads);
             }
 }
