@@ -1,6 +1,8 @@
 //! The kernels' launch shapes ([`Tuning`], with the environment's overrides) and their
 //! compile by NVRTC for the GPU's architecture.
 
+use std::sync::Mutex;
+
 use candle_core::cuda_backend::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::{CudaError, KERNELS};
@@ -114,8 +116,28 @@ fn mma_shared_bytes(ksplit: u32, wide: u32) -> u32 {
     ksplit * floats * 32 * 4
 }
 
-/// Compile the kernels for the GPU's architecture, to PTX (no GPU needed).
+/// Compile the kernels for the GPU's architecture, to PTX (no GPU needed), once a process
+/// for each architecture and tuning: every later model a process loads (hybrid mode's
+/// draft model, a test's many) takes the first compile's PTX instead of NVRTC's seconds.
 pub fn compile(arch: &'static str, tuning: Tuning) -> Result<String, CudaError> {
+    type Compiled = Vec<((&'static str, Tuning), String)>;
+    static COMPILED: Mutex<Compiled> = Mutex::new(Vec::new());
+    let key = (arch, tuning);
+    let lock = || {
+        COMPILED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    };
+    if let Some((_, ptx)) = lock().iter().find(|(k, _)| *k == key) {
+        return Ok(ptx.clone());
+    }
+    let ptx = compile_with_nvrtc(arch, tuning)?;
+    lock().push((key, ptx.clone()));
+    Ok(ptx)
+}
+
+/// [`compile`]'s work: NVRTC on the kernels' source with the tuning's constants.
+fn compile_with_nvrtc(arch: &'static str, tuning: Tuning) -> Result<String, CudaError> {
     let opts = CompileOptions {
         // No contraction of a*b+c into fma behind our back: the kernels say where
         // they fuse, so the same source gives the same arithmetic in every unrolled copy.
