@@ -513,26 +513,7 @@ fn the_gpu_pass_agrees_with_the_cpu_pass() {
             logits(&gpu, format),
         );
         assert_eq!(cpu.len(), dev.len());
-        assert!(
-            dev.iter().all(|x| x.is_finite()),
-            "{format:?}: finite GPU logits"
-        );
-        let diff: f64 = cpu
-            .iter()
-            .zip(&dev)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum();
-        let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
-        let rel = (diff / norm).sqrt();
-        eprintln!("{format:?}: relative difference GPU vs CPU {rel:.3e}");
-        let tolerance = match format {
-            WeightFormat::Bf16 => 5e-3,
-            _ => 1e-3,
-        };
-        assert!(
-            rel < tolerance,
-            "{format:?}: GPU logits differ from the CPU's by {rel:.3e}"
-        );
+        common::assert_near_the_cpu(&cpu, &dev, format, &format!("{format:?} on the GPU"));
     }
 }
 

@@ -298,3 +298,32 @@ pub fn run_batched<D: suffixd::engine::Drafter>(
         steps,
     }
 }
+
+/// Asserts that a device's logits `dev` are finite and near the CPU's `cpu` for weights
+/// in `format`: the norm of their difference over the norm of the CPU's (printed under
+/// `what`) under 1e-3, as summation orders differ, or 5e-3 in bf16, where the CPU rounds
+/// activations to bf16 and the GPU's kernels do not.
+pub fn assert_near_the_cpu(
+    cpu: &[f32],
+    dev: &[f32],
+    format: suffixd::model::forward::WeightFormat,
+    what: &str,
+) {
+    assert!(dev.iter().all(|x| x.is_finite()), "{what}: finite logits");
+    let diff: f64 = cpu
+        .iter()
+        .zip(dev)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
+    let rel = (diff / norm).sqrt();
+    eprintln!("{what}: relative difference from the CPU {rel:.3e}");
+    let tolerance = match format {
+        suffixd::model::forward::WeightFormat::Bf16 => 5e-3,
+        _ => 1e-3,
+    };
+    assert!(
+        rel < tolerance,
+        "{what}: logits differ from the CPU's by {rel:.3e}"
+    );
+}

@@ -3,6 +3,9 @@
 
 use super::*;
 
+#[path = "../common/mod.rs"]
+mod common;
+
 /// On a GPU (the `cuda` feature; tools/gpu-shapes.sh runs this with
 /// `SUFFIXD_TEST_DEVICE=cuda`; tools/cuda-on-cpu runs it on the CPU), its own kernels run
 /// every family: Llama 3, Mistral (its window binding), Qwen 2 (q|k|v biases), Qwen 3
@@ -61,23 +64,7 @@ fn on_a_gpu_its_kernels_run_every_family_exactly() {
                     ours(&on_gpu, &PROMPT).concat(),
                     ours(&on_cpu, &PROMPT).concat(),
                 );
-                assert!(dev.iter().all(|x| x.is_finite()), "{what}: finite logits");
-                let diff: f64 = cpu
-                    .iter()
-                    .zip(&dev)
-                    .map(|(a, b)| ((a - b) as f64).powi(2))
-                    .sum();
-                let norm: f64 = cpu.iter().map(|a| (*a as f64).powi(2)).sum();
-                let rel = (diff / norm).sqrt();
-                eprintln!("{what}: relative difference from the CPU {rel:.3e}");
-                let tolerance = match format {
-                    WeightFormat::Bf16 => 5e-3,
-                    _ => 1e-3,
-                };
-                assert!(
-                    rel < tolerance,
-                    "{what}: logits differ from the CPU's by {rel:.3e}"
-                );
+                common::assert_near_the_cpu(&cpu, &dev, format, &what);
                 same_bits_alone_in_a_chain_and_in_a_tree(&on_gpu, &what);
                 a_long_pass_gives_the_bits_of_decoding(&on_gpu, &what);
             }
