@@ -57,6 +57,16 @@ bool verbose() {
     return v;
 }
 
+int multiprocessors() {
+    static const int n = [] {
+        const char* v = getenv("CUDA_ON_CPU_SMS");
+        const int sms = v ? atoi(v) : 132;
+        if (sms < 1 || sms > 1024) die("CUDA_ON_CPU_SMS=%s: give 1 to 1024", v);
+        return sms;
+    }();
+    return n;
+}
+
 }  // namespace emu
 
 using emu::die;
@@ -221,6 +231,7 @@ struct Node {
     enum Kind { KERNEL, COPY, SET } kind = KERNEL;
     Function* function = nullptr;
     dim3 grid{}, block{};
+    bool cooperative = false;               // every block at once (cuLaunchKernelEx's attribute)
     std::vector<std::vector<char>> values;  // a kernel's parameters, by value
     void* dst = nullptr;
     const void* src = nullptr;
@@ -242,17 +253,19 @@ Stream* stream_of(CUstream s) {
     return reinterpret_cast<uintptr_t>(s) < 4096 ? &default_stream : reinterpret_cast<Stream*>(s);
 }
 
-void run_kernel(Function* f, dim3 grid, dim3 block, void** params) {
+void run_kernel(Function* f, dim3 grid, dim3 block, void** params, bool cooperative) {
     std::lock_guard<std::recursive_mutex> guard(launch_lock);
     if (!f->run) die("kernel %s has no CPU version (tools/cuda-on-cpu/driver.cpp)", f->name.c_str());
     const int threads = (int)(block.x * block.y * block.z);
     if (threads < 1 || threads > emu::MAX_THREADS) die("kernel %s launched with %d threads a block", f->name.c_str(), threads);
-    if (verbose()) fprintf(stderr, "cuda-on-cpu: %s <<<(%u,%u,%u),(%u,%u,%u)>>>\n", f->name.c_str(), grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    if (verbose())
+        fprintf(stderr, "cuda-on-cpu: %s <<<(%u,%u,%u),(%u,%u,%u)>>>%s\n", f->name.c_str(), grid.x, grid.y, grid.z, block.x,
+                block.y, block.z, cooperative ? " cooperative" : "");
     if (f->whole_launch) {
         f->run(params);
         return;
     }
-    emu::run_grid(f->run, {f->shared, f->shared_bytes}, params, f->name.c_str(), grid, block);
+    emu::run_grid(f->run, {f->shared, f->shared_bytes}, params, f->name.c_str(), grid, block, cooperative);
 }
 
 void run_node(const Node& n) {
@@ -260,7 +273,7 @@ void run_node(const Node& n) {
         case Node::KERNEL: {
             std::vector<void*> params;
             for (const auto& v : n.values) params.push_back(const_cast<char*>(v.data()));
-            run_kernel(n.function, n.grid, n.block, params.data());
+            run_kernel(n.function, n.grid, n.block, params.data(), n.cooperative);
             break;
         }
         case Node::COPY: memmove(n.dst, n.src, n.bytes); break;
@@ -268,10 +281,12 @@ void run_node(const Node& n) {
     }
 }
 
-CUresult launch(Function* f, dim3 grid, dim3 block, CUstream s, void** params) {
+CUresult launch(Function* f, dim3 grid, dim3 block, CUstream s, void** params, bool cooperative = false) {
     Stream* st = stream_of(s);
+    if (cooperative && (size_t)grid.x * grid.y * grid.z > (size_t)emu::multiprocessors())
+        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;  // one block per SM fits, as emulated
     if (!st->capture) {
-        run_kernel(f, grid, block, params);
+        run_kernel(f, grid, block, params, cooperative);
         return CUDA_SUCCESS;
     }
     if (!f->param_sizes) die("kernel %s cannot be captured into a graph: its parameters' sizes are unknown", f->name.c_str());
@@ -279,6 +294,7 @@ CUresult launch(Function* f, dim3 grid, dim3 block, CUstream s, void** params) {
     n.function = f;
     n.grid = grid;
     n.block = block;
+    n.cooperative = cooperative;
     for (int i = 0; f->param_sizes[i]; i++) {
         const char* v = static_cast<const char*>(params[i]);
         n.values.emplace_back(v, v + f->param_sizes[i]);
@@ -371,7 +387,7 @@ CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
     switch (a) {
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
-        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = emu::multiprocessors(); break;
         case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
         case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
         case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *v = 48 * 1024; break;
@@ -500,8 +516,27 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     return launch(reinterpret_cast<Function*>(f), dim3{gx, gy, gz}, dim3{bx, by, bz}, s, params);
 }
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
-    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
-                          c->sharedMemBytes, c->hStream, params, extra);
+    if (extra) die("cuLaunchKernelEx with `extra` parameters");
+    if (c->sharedMemBytes) die("dynamic shared memory (%u bytes) is not emulated", c->sharedMemBytes);
+    // Programmatic dependent launch changes nothing here: launches run one after another.
+    bool cooperative = false;
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) cooperative = c->attrs[i].value.cooperative != 0;
+    return launch(reinterpret_cast<Function*>(f), dim3{c->gridDimX, c->gridDimY, c->gridDimZ},
+                  dim3{c->blockDimX, c->blockDimY, c->blockDimZ}, c->hStream, params, cooperative);
+}
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                   unsigned bz, unsigned shared, CUstream s, void** params) {
+    if (shared) die("dynamic shared memory (%u bytes) is not emulated", shared);
+    return launch(reinterpret_cast<Function*>(f), dim3{gx, gy, gz}, dim3{bx, by, bz}, s, params, true);
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, CUfunction, int threads, size_t shared, unsigned) {
+    // One block of any size a launch allows, and no dynamic shared memory.
+    *blocks = threads >= 1 && threads <= emu::MAX_THREADS && shared == 0 ? 1 : 0;
+    return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction f, int threads, size_t shared) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, f, threads, shared, 0);
 }
 
 CUresult cuStreamBeginCapture(CUstream s, CUstreamCaptureMode) {

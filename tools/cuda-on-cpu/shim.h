@@ -52,6 +52,12 @@ unsigned long long emu_shuffle(unsigned long long mine, int from_xor);
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, as the PTX ISA lays its fragments
 // out over the warp's lanes.
 void emu_mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1);
+// bar.sync id, threads: wait until `threads` threads of the block have reached barrier `id`.
+void emu_named_barrier(int id, int threads);
+// A cooperative launch's counters: wait (letting other blocks run) until *counter reaches
+// target; add one.
+void emu_wait_for_count(const unsigned* counter, unsigned target);
+void emu_count_one(unsigned* counter);
 }
 #define threadIdx emu_thread_idx
 #define blockIdx emu_block_idx

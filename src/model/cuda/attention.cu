@@ -34,8 +34,8 @@ struct AttentionArgs {
 // head's values (1: head_dim a multiple of 8 dividing ATTN_THREADS; 2: head_dim 256,
 // `attention_wide`). With a window, keys before the row's last `window` weigh zero and
 // chunks wholly before them are skipped; the chunks stay fixed by absolute key index.
-template <int EPT>
-__device__ __forceinline__ void attention_block(const AttentionArgs& a) {
+template <int EPT, typename G>
+__device__ __forceinline__ void attention_block(const AttentionArgs& a, const G& grid) {
     __shared__ float q[ATTN_MAX_HEAD_DIM];
     __shared__ float p[ATTN_CHUNK];
     __shared__ float dots[ATTN_THREADS];
@@ -43,9 +43,10 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
     __shared__ float red[ATTN_THREADS / 32];
     __shared__ int slots[ATTN_CHUNK];
     __shared__ int last;
-    let_next_kernel_start();
-    wait_for_previous_kernel();
-    const int r = blockIdx.x, h = blockIdx.y, split = blockIdx.z, t = threadIdx.x;
+    grid.start_next();
+    grid.wait_previous();
+    const Idx3 block = grid.block();
+    const int r = block.x, h = block.y, split = block.z, t = threadIdx.x;
     const int hd = a.head_dim;
     const int kvw = a.kv_heads * hd;
     const int g = h / (a.heads / a.kv_heads);
@@ -74,7 +75,7 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
     float m = NEG_INF, l = 0.0f, acc[EPT];
 #pragma unroll
     for (int e = 0; e < EPT; e++) acc[e] = 0.0f;
-    __syncthreads();
+    grid.sync();
     for (int c0 = split * ATTN_CHUNK; c0 < n; c0 += ATTN_SPLITS * ATTN_CHUNK) {
         if (c0 + ATTN_CHUNK <= lo) continue;  // block-uniform: the whole chunk is out
         const int i = c0 + key;
@@ -94,20 +95,20 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
             }
             dots[t] = dot;
         }
-        __syncthreads();  // both halves of every dot product are in
+        grid.sync();  // both halves of every dot product are in
         float s = NEG_INF;
         const bool seen = i < n && i >= lo;
         if (t < ATTN_CHUNK && seen) s = __fmul_rn(__fadd_rn(dots[t], dots[t + ATTN_CHUNK]), a.scale);
         // The chunk's maximum (order-free), then the new running maximum.
         float cm = warp_max(s);
         if ((t & 31) == 0) red[t >> 5] = cm;
-        __syncthreads();
+        grid.sync();
         cm = red[0];
         for (int w = 1; w < ATTN_THREADS / 32; w++) cm = fmaxf(cm, red[w]);
         const float m_new = fmaxf(m, cm);
         const float e = (t < ATTN_CHUNK && seen) ? expf(__fsub_rn(s, m_new)) : 0.0f;
         if (t < ATTN_CHUNK) p[t] = e;
-        __syncthreads();  // everyone has read red; p and slots are written
+        grid.sync();  // everyone has read red; p and slots are written
         // The chunk's sum: warp butterflies, then the warps in order.
         float cs = warp_sum(e);
         if ((t & 31) == 0) red[t >> 5] = cs;
@@ -121,7 +122,7 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
                 pv = fmaf(p[j], values[(size_t)slots[j] * kvw + d + ev * cols], pv);
             part[ev * ATTN_THREADS + t] = pv;
         }
-        __syncthreads();
+        grid.sync();
         cs = red[0];
         for (int w = 1; w < ATTN_THREADS / 32; w++) cs = __fadd_rn(cs, red[w]);
         const float corr = expf(__fsub_rn(m, m_new));  // 0 on the first chunk
@@ -135,7 +136,7 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
             }
         }
         m = m_new;
-        __syncthreads();  // before the next chunk overwrites p, slots, dots, part and red
+        grid.sync();  // before the next chunk overwrites p, slots, dots, part and red
     }
     // This split's part (m = -inf, l = 0 when it had no chunk), then a ticket: the block
     // that draws the last one combines every split's part.
@@ -147,9 +148,9 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
 #pragma unroll
         for (int ev = 0; ev < EPT; ev++) mine[2 + d + ev * cols] = acc[ev];
     __threadfence();  // the part is visible device-wide before the ticket is drawn
-    __syncthreads();
+    grid.sync();
     if (t == 0) last = atomicAdd(a.tickets + pair, 1) == active - 1;
-    __syncthreads();
+    grid.sync();
     if (!last) return;
     __threadfence();
     if (grp == 0) {
@@ -176,10 +177,10 @@ __device__ __forceinline__ void attention_block(const AttentionArgs& a) {
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(AttentionArgs a) {
-    attention_block<1>(a);
+    attention_block<1>(a, KernelGrid{});
 }
 
 // Heads of 256 values (Gemma 3).
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_wide(AttentionArgs a) {
-    attention_block<2>(a);
+    attention_block<2>(a, KernelGrid{});
 }

@@ -54,6 +54,22 @@ pub(super) unsafe fn launch(
     let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attribute.value.programmaticStreamSerializationAllowed = 1;
+    // SAFETY: the caller's promise.
+    unsafe { launch_with(stream, f, cfg, &mut attribute, params) }
+}
+
+/// Launch `f` on `stream` with one launch `attribute` (cuLaunchKernelEx).
+///
+/// # Safety
+/// As [`launch`].
+pub(super) unsafe fn launch_with(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    attribute: &mut sys::CUlaunchAttribute,
+    params: &mut [*mut c_void],
+) -> Result<(), CudaError> {
+    stream.context().bind_to_thread()?;
     let config = sys::CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
@@ -63,7 +79,7 @@ pub(super) unsafe fn launch(
         blockDimZ: cfg.block_dim.2,
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
-        attrs: &mut attribute,
+        attrs: attribute,
         numAttrs: 1,
     };
     // SAFETY: the caller's promise; the config and its attribute outlive the call.

@@ -12,7 +12,7 @@ use super::error::CudaError;
 const GRAPH_MAX_ROWS: usize = 512;
 /// Graphs kept before the cache starts over (36 row counts, and as many head-row counts
 /// at most each).
-const GRAPH_CACHE: usize = 512;
+pub(super) const GRAPH_CACHE: usize = 512;
 /// The most rows padding adds to a pass.
 pub(super) const PADDING_MAX: usize = 31;
 
@@ -77,6 +77,12 @@ impl Graphs {
         } else {
             rows
         }
+    }
+
+    /// Forget every graph (they hold addresses about to be freed).
+    pub(super) fn clear(&mut self) {
+        self.ready.clear();
+        self.seen.clear();
     }
 
     /// Run the pass `launch` makes, of shape `key`: replayed from its graph, captured on

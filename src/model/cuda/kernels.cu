@@ -83,9 +83,11 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #endif
 }
 
-// Ask L2 for the 128-byte line holding `p` (weights only: see above).
+// Ask L2 for the 128-byte line holding `p` (weights only: see above). Callers ask only
+// where something overlaps the loads: a dependent launch's wait (PDL_ON), or the
+// persistent pass's wait for the stage before (persistent.cu).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
-#if PDL_ON
+#if defined(__CUDA_ARCH__)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
 }
@@ -95,14 +97,32 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 template <typename RowAt>
 __device__ __forceinline__ void prefetch_rows_l2(const void* w, int row_bytes, int rows, RowAt row_at,
                                                  int t, int threads) {
-#if PDL_ON
     const int lines = (row_bytes + 127) / 128;
     for (int i = t; i < rows * lines; i += threads) {
         const int row = row_at(i / lines);
         if (row >= 0) prefetch_l2((const char*)w + (size_t)row * row_bytes + (size_t)(i % lines) * 128);
     }
-#endif
 }
+
+// ---- Where a body runs: a kernel of its own, or a stage of the persistent pass ----
+// The tensor-core projections, attention and qkv_heads are written once, as bodies that
+// take their block's coordinates, their block barrier and their wait for the work before
+// them from a grid type G: KernelGrid when the body is its own kernel (its blockIdx,
+// __syncthreads, the dependent-launch entry above), StageGrid (persistent.cu) when it
+// runs as one stage of the persistent pass. A block's arithmetic is the same either way.
+struct Idx3 {
+    unsigned x, y, z;
+};
+
+struct KernelGrid {
+    // Ask L2 for the weights before the wait only where the wait lets them overlap.
+    static constexpr bool PREFETCH = PDL_ON;
+    __device__ __forceinline__ Idx3 block() const { return Idx3{blockIdx.x, blockIdx.y, blockIdx.z}; }
+    __device__ __forceinline__ Idx3 dims() const { return Idx3{gridDim.x, gridDim.y, gridDim.z}; }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+    __device__ __forceinline__ void start_next() const { let_next_kernel_start(); }
+    __device__ __forceinline__ void wait_previous() const { wait_for_previous_kernel(); }
+};
 
 __device__ __forceinline__ float bf16_to_f32(bf16_t b) {
     return __uint_as_float(((unsigned)b) << 16);
@@ -208,7 +228,7 @@ __device__ __forceinline__ void matmul_warp(const MatmulArgs& a) {
         return MODE == MODE_SILU ? (c < 2 ? 2 * g + c : a.kv_width + 2 * g + c - 2) : 4 * g + c;
     };
     let_next_kernel_start();
-    if (g < a.groups) prefetch_rows_l2(a.w, a.k * (int)sizeof(W), 4, row_of, lane, 32);
+    if (PDL_ON && g < a.groups) prefetch_rows_l2(a.w, a.k * (int)sizeof(W), 4, row_of, lane, 32);
     wait_for_previous_kernel();
     if (g >= a.groups) return;
     int wrow[4];
@@ -447,8 +467,8 @@ __device__ __forceinline__ int mma_weight_row(const MatmulArgs& a, int tile, int
 // or four. A block of NT = 1 streams the weights with the most blocks in flight (a
 // one-row step waits on memory); NT > 1 reads and splits each activation once for NT
 // tiles, which is what a pass of many rows costs (the host picks by row count).
-template <int MODE, int TILES, int NT, int KSPLIT>
-__device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
+template <int MODE, int TILES, int NT, int KSPLIT, typename G>
+__device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a, const G& grid) {
     // Per warp, per row tile: 4 products of each output tile, then the 2 rows' sums of
     // squares.
     __shared__ float parts[KSPLIT][TILES][4 * NT + 2][32];
@@ -458,15 +478,16 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tile0 = blockIdx.x * NT;
-    let_next_kernel_start();
-    // The blocks of other row groups (blockIdx.y) read the same weights.
-    if (blockIdx.y == 0)
+    const Idx3 block = grid.block();
+    const int tile0 = block.x * NT;
+    grid.start_next();
+    // The blocks of other row groups (block.y) read the same weights.
+    if (G::PREFETCH && block.y == 0)
         prefetch_rows_l2(a.w, a.k * 2, 8 * NT, [&](int i) {
             const int tile = tile0 + i / 8;
             return tile < a.groups ? mma_weight_row<MODE>(a, tile, i % 8) : -1;
-        }, threadIdx.x, blockDim.x);
-    wait_for_previous_kernel();
+        }, threadIdx.x, KSPLIT * 32);
+    grid.wait_previous();
     if (tile0 >= a.groups) return;  // the whole block: no barrier is left waiting
     const bf16_t* wp[NT];
 #pragma unroll
@@ -479,7 +500,7 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
     }
     const float* gp = a.norm_w ? a.norm_w + 8 * t : nullptr;
     const int chunks = a.k / 32;
-    for (int r0 = 16 * TILES * blockIdx.y; r0 < a.rows; r0 += 16 * TILES * gridDim.y) {
+    for (int r0 = 16 * TILES * block.y; r0 < a.rows; r0 += 16 * TILES * grid.dims().y) {
         const float* xr[TILES][2];
 #pragma unroll
         for (int i = 0; i < TILES; i++)
@@ -573,7 +594,7 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
             parts[warp][i][4 * NT][lane] = ss[i][0];
             parts[warp][i][4 * NT + 1][lane] = ss[i][1];
         }
-        __syncthreads();
+        grid.sync();
         // (Row tile i, output tile j)'s epilogue is warp (i * NT + j) mod KSPLIT's; every
         // warp sums the parts in warp order.
         for (int p = warp; p < TILES * NT; p += KSPLIT) {
@@ -647,7 +668,7 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
             }
         }
         // parts is written again by the next rows' products.
-        __syncthreads();
+        grid.sync();
     }
 }
 
@@ -658,11 +679,11 @@ __device__ __forceinline__ void matmul_mma_block(const MatmulArgs& a) {
 #endif
 #define MMA_KERNEL(name, MODE, TILES, KSPLIT) \
     extern "C" __global__ void __launch_bounds__(KSPLIT * 32) name##_t##TILES(MatmulArgs a) { \
-        matmul_mma_block<MODE, TILES, 1, KSPLIT>(a); \
+        matmul_mma_block<MODE, TILES, 1, KSPLIT>(a, KernelGrid{}); \
     }
 #define MMA_WIDE_KERNEL(name, MODE, TILES, KSPLIT) \
     extern "C" __global__ void __launch_bounds__(KSPLIT * 32) name##_w##TILES(MatmulArgs a) { \
-        matmul_mma_block<MODE, TILES, MMA_WIDE_NT, KSPLIT>(a); \
+        matmul_mma_block<MODE, TILES, MMA_WIDE_NT, KSPLIT>(a, KernelGrid{}); \
     }
 #define MMA_TILES(name, MODE, KSPLIT) \
     MMA_KERNEL(name, MODE, 1, KSPLIT) MMA_KERNEL(name, MODE, 2, KSPLIT) MMA_KERNEL(name, MODE, 4, KSPLIT) \
@@ -700,10 +721,12 @@ struct HeadsArgs {
                            // Gemma), else 2j and 2j + 1
 };
 
-extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
-    let_next_kernel_start();
-    wait_for_previous_kernel();
-    const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+template <typename G>
+__device__ __forceinline__ void qkv_heads_warp(const HeadsArgs& a, const G& grid) {
+    grid.start_next();
+    grid.wait_previous();
+    const Idx3 block = grid.block();
+    const int r = block.x, h = block.y, lane = threadIdx.x;
     const int hd = a.head_dim, half = hd / 2;
     const int heads = a.q_width / hd, kv_heads = a.kv_width / hd;
     // 0: a query head, 1: a key head, 2: a value head (warp-uniform).
@@ -768,6 +791,10 @@ extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
         out[i0] = e0;
         out[i1] = e1;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32) qkv_heads(HeadsArgs a) {
+    qkv_heads_warp(a, KernelGrid{});
 }
 
 // ---- Gemma 3's parts: scaled embeddings, sandwich norms, the GELU gate ----

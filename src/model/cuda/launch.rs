@@ -3,6 +3,7 @@
 //! and Gemma's heads, Gemma's post-norms and GELU gate), with the argument structs that
 //! mirror kernels.cu's.
 
+use std::cell::RefCell;
 use std::ffi::c_void;
 
 use candle_core::cuda_backend::cudarc::driver::{
@@ -10,6 +11,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 };
 
 use super::dependent::{self, param};
+use super::persistent::{DeviceStages, Sink, Stage};
 use super::{
     ATTENTION_THREADS, CudaError, CudaForward, DeviceLayer, HeadParts, MMA_TILES, Matrix,
     NORM_ADD_THREADS, TILES, Tuning,
@@ -119,7 +121,13 @@ impl CudaForward {
     /// Launch a projection of `m`: `args.groups` counts groups of four outputs (two in
     /// [`Mode::Silu`]), as the CUDA-core kernels take them; the tensor-core kernels take
     /// tiles of eight (four gate|up pairs), half as many.
-    fn launch_matmul(&self, mode: Mode, m: &Matrix, mut args: MatmulArgs) -> Result<(), CudaError> {
+    fn launch_matmul(
+        &self,
+        sink: &Sink,
+        mode: Mode,
+        m: &Matrix,
+        mut args: MatmulArgs,
+    ) -> Result<(), CudaError> {
         let (w, which) = self.matrix_ptr(m);
         args.w = w;
         let rows = args.rows as usize;
@@ -168,23 +176,53 @@ impl CudaForward {
         };
         // SAFETY: args matches MatmulArgs in kernels.cu; every pointer addresses a live
         // buffer sized for `rows` rows of its width (checked by the caller's layout).
-        unsafe { self.launch_in_pass(function, cfg, &mut [param(&args)]) }
+        unsafe { self.launch_in_pass(sink, function, cfg, &mut [param(&args)]) }
     }
 
     /// Launch one of a pass's kernels after the first (`params`: one [`param`] per kernel
-    /// parameter): dependently where the GPU allows it (dependent.rs), else in turn.
+    /// parameter): dependently where the GPU allows it (dependent.rs), else in turn; or,
+    /// into a [`Sink::Record`], its stage of the persistent pass.
     ///
     /// # Safety
     /// As [`dependent::launch`]: `params` matches `f`'s parameters, and every buffer they
-    /// address is live and as large as `cfg`'s grid reads and writes.
+    /// address is live and as large as `cfg`'s grid reads and writes (when the stage
+    /// runs, for a recorded one).
     unsafe fn launch_in_pass(
         &self,
+        sink: &Sink,
         f: &CudaFunction,
         cfg: LaunchConfig,
         params: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
-        // SAFETY: the caller's promise.
-        unsafe { dependent::launch(&self.stream, f, cfg, self.kernels.dependent, params) }
+        let Sink::Record(stages) = sink else {
+            // SAFETY: the caller's promise.
+            return unsafe {
+                dependent::launch(&self.stream, f, cfg, self.kernels.dependent, params)
+            };
+        };
+        let mut stages = stages.borrow_mut();
+        // SAFETY: the caller's promise: params are f's.
+        let stage = self
+            .kernels
+            .persistent
+            .as_ref()
+            .and_then(|persistent| unsafe { persistent.stage(f, &cfg, params) });
+        match (stages.as_mut(), stage) {
+            (Some(list), Some(stage)) => list.push(stage),
+            _ => *stages = None,
+        }
+        Ok(())
+    }
+
+    /// The stages of `p`'s layers for the persistent pass, or None where one of its
+    /// launches has none (persistent.rs).
+    pub(super) fn record_layers(&self, p: &Pass) -> Result<Option<Vec<Stage>>, CudaError> {
+        let sink = Sink::Record(RefCell::new(Some(Vec::new())));
+        self.launch_layers(p, &sink)?;
+        let Sink::Record(stages) = sink else {
+            unreachable!("made a Record above")
+        };
+        Ok(stages.into_inner())
     }
 
     /// Every launch of one pass, in order, on the pass's buffers: all a pass's launches
@@ -192,9 +230,7 @@ impl CudaForward {
     /// graph of them replays any such pass.
     pub(super) fn launch_pass(&self, p: &Pass) -> Result<(), CudaError> {
         let cfg = &self.cfg;
-        let (width, hd) = (cfg.width, cfg.head_dim);
-        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
-        let rows = p.rows;
+        let (width, rows) = (cfg.width, p.rows);
         let mut b = self.stream.launch_builder(&self.kernels.embed);
         let (embed, w32) = (self.ptr(&self.embed), width as i32);
         b.arg(&embed).arg(&p.ids).arg(&p.x).arg(&w32);
@@ -212,6 +248,7 @@ impl CudaForward {
             // SAFETY: scale_rows(x, n, s): x holds rows × width floats.
             unsafe {
                 self.launch_in_pass(
+                    &Sink::Stream,
                     &self.kernels.scale_rows,
                     LaunchConfig::for_num_elems(n as u32),
                     &mut [param(&p.x), param(&n), param(&scale)],
@@ -219,16 +256,40 @@ impl CudaForward {
             }?;
         }
 
-        let base = MatmulArgs {
-            rows: rows as i32,
-            eps: cfg.rms_eps,
-            q_width: qw as i32,
-            kv_width: kvw as i32,
-            head_dim: hd as i32,
-            meta: p.fields,
-            meta_rows: rows as i32,
-            ..Default::default()
-        };
+        match (p.persistent, &self.kernels.persistent) {
+            // SAFETY: the stages were recorded from this pass's launches (forward), on
+            // buffers that live as long as the pass's shape.
+            (Some(stages), Some(persistent)) => unsafe { persistent.launch(&self.stream, stages) }?,
+            _ => self.launch_layers(p, &Sink::Stream)?,
+        }
+        if p.wanted > 0 {
+            self.launch_matmul(
+                &Sink::Stream,
+                Mode::Plain,
+                &self.head,
+                MatmulArgs {
+                    x: p.x,
+                    row_map: p.head_rows,
+                    norm_w: self.ptr(&self.norm),
+                    out: p.logits,
+                    k: width as i32,
+                    groups: (cfg.vocab / 4) as i32,
+                    rows: p.wanted as i32,
+                    out_stride: cfg.vocab as i32,
+                    ..self.base_args(p)
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Every layer's launches, in order, into `sink`.
+    fn launch_layers(&self, p: &Pass, sink: &Sink) -> Result<(), CudaError> {
+        let cfg = &self.cfg;
+        let (width, hd) = (cfg.width, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let rows = p.rows;
+        let base = self.base_args(p);
         let attention = AttentionArgs {
             q: p.q,
             out: p.attended,
@@ -253,6 +314,7 @@ impl CudaForward {
             };
             match &layer.heads {
                 None => self.launch_matmul(
+                    sink,
                     Mode::Qkv,
                     &layer.qkv,
                     MatmulArgs {
@@ -265,7 +327,7 @@ impl CudaForward {
                         ..base
                     },
                 )?,
-                Some(parts) => self.launch_heads(p, l, layer, parts, &base)?,
+                Some(parts) => self.launch_heads(sink, p, l, layer, parts, &base)?,
             }
             let args = AttentionArgs {
                 layer: l as i32,
@@ -289,8 +351,9 @@ impl CudaForward {
             // SAFETY: args matches AttentionArgs; every row's keys were written by this
             // pass or committed before it, within its sequence's capacity; partials and
             // tickets hold rows × heads × splits parts and rows × heads tickets.
-            unsafe { self.launch_in_pass(kernel, grid, &mut [param(&args)]) }?;
+            unsafe { self.launch_in_pass(sink, kernel, grid, &mut [param(&args)]) }?;
             self.launch_into_residual(
+                sink,
                 p,
                 &layer.wo,
                 layer.post_attn_norm.as_ref(),
@@ -300,8 +363,9 @@ impl CudaForward {
                     ..base
                 },
             )?;
-            self.launch_feed_forward(p, layer, &base)?;
+            self.launch_feed_forward(sink, p, layer, &base)?;
             self.launch_into_residual(
+                sink,
                 p,
                 &layer.down,
                 layer.post_ffn_norm.as_ref(),
@@ -312,24 +376,22 @@ impl CudaForward {
                 },
             )?;
         }
-        if p.wanted > 0 {
-            self.launch_matmul(
-                Mode::Plain,
-                &self.head,
-                MatmulArgs {
-                    x: p.x,
-                    row_map: p.head_rows,
-                    norm_w: self.ptr(&self.norm),
-                    out: p.logits,
-                    k: width as i32,
-                    groups: (cfg.vocab / 4) as i32,
-                    rows: p.wanted as i32,
-                    out_stride: cfg.vocab as i32,
-                    ..base
-                },
-            )?;
-        }
         Ok(())
+    }
+
+    /// What every projection of a pass shares.
+    fn base_args(&self, p: &Pass) -> MatmulArgs {
+        let cfg = &self.cfg;
+        MatmulArgs {
+            rows: p.rows as i32,
+            eps: cfg.rms_eps,
+            q_width: (cfg.heads * cfg.head_dim) as i32,
+            kv_width: (cfg.kv_heads * cfg.head_dim) as i32,
+            head_dim: cfg.head_dim as i32,
+            meta: p.fields,
+            meta_rows: p.rows as i32,
+            ..Default::default()
+        }
     }
 
     /// A sublayer's output projection `m` (input and `k` in `args`) added to the residual
@@ -337,6 +399,7 @@ impl CudaForward {
     /// normed into the residual (Gemma's sandwich).
     fn launch_into_residual(
         &self,
+        sink: &Sink,
         p: &Pass,
         m: &Matrix,
         post_norm: Option<&CudaSlice<f32>>,
@@ -350,6 +413,7 @@ impl CudaForward {
         };
         let Some(norm) = post_norm else {
             return self.launch_matmul(
+                sink,
                 Mode::Residual,
                 m,
                 MatmulArgs {
@@ -360,6 +424,7 @@ impl CudaForward {
             );
         };
         self.launch_matmul(
+            sink,
             Mode::Plain,
             m,
             MatmulArgs {
@@ -382,13 +447,14 @@ impl CudaForward {
         ];
         // SAFETY: norm_add(x, y, w, width, eps): x and post hold rows × width floats,
         // the norm width weights.
-        unsafe { self.launch_in_pass(&self.kernels.norm_add, grid, &mut params) }
+        unsafe { self.launch_in_pass(sink, &self.kernels.norm_add, grid, &mut params) }
     }
 
     /// The feed-forward's gate|up into `p.hidden`: SiLU fused into the projection, or
     /// GELU (Gemma) over the products written as they are to `p.gate_up`.
     fn launch_feed_forward(
         &self,
+        sink: &Sink,
         p: &Pass,
         layer: &DeviceLayer,
         base: &MatmulArgs,
@@ -402,6 +468,7 @@ impl CudaForward {
         };
         if self.cfg.activation == Activation::Silu {
             return self.launch_matmul(
+                sink,
                 Mode::Silu,
                 &layer.gate_up,
                 MatmulArgs {
@@ -414,6 +481,7 @@ impl CudaForward {
             );
         }
         self.launch_matmul(
+            sink,
             Mode::Plain,
             &layer.gate_up,
             MatmulArgs {
@@ -433,7 +501,7 @@ impl CudaForward {
         ];
         // SAFETY: gelu_mul(gate_up, out, rows, ffn): gate_up holds rows × 2·ffn floats,
         // hidden rows × ffn.
-        unsafe { self.launch_in_pass(&self.kernels.gelu_mul, grid, &mut params) }
+        unsafe { self.launch_in_pass(sink, &self.kernels.gelu_mul, grid, &mut params) }
     }
 
     /// Layer `l`'s q|k|v for a layer with [`HeadParts`]: the products as they are into
@@ -441,6 +509,7 @@ impl CudaForward {
     /// RoPE, writing queries to `p.q` and keys and values to the cache.
     fn launch_heads(
         &self,
+        sink: &Sink,
         p: &Pass,
         l: usize,
         layer: &DeviceLayer,
@@ -451,6 +520,7 @@ impl CudaForward {
         let hd = cfg.head_dim;
         let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
         self.launch_matmul(
+            sink,
             Mode::Plain,
             &layer.qkv,
             MatmulArgs {
@@ -489,7 +559,7 @@ impl CudaForward {
         // SAFETY: args matches HeadsArgs; raw holds rows × (q_width + 2 kv_width)
         // products, the bias that many floats and each norm head_dim; every row's KV slot
         // lies within its sequence's capacity (reserved by the pass).
-        unsafe { self.launch_in_pass(&self.kernels.heads, grid, &mut [param(&args)]) }
+        unsafe { self.launch_in_pass(sink, &self.kernels.heads, grid, &mut [param(&args)]) }
     }
 }
 
@@ -517,4 +587,6 @@ pub(super) struct Pass {
     /// The rows the head reads.
     pub(super) head_rows: u64,
     pub(super) ancestors: u64,
+    /// The layers' stages, where the pass runs them as the persistent pass.
+    pub(super) persistent: Option<DeviceStages>,
 }

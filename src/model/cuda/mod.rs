@@ -35,6 +35,7 @@ mod graphs;
 pub(super) mod kv;
 mod launch;
 mod module;
+mod persistent;
 mod tuning;
 mod upload;
 
@@ -52,9 +53,13 @@ use super::config::ModelConfig;
 use super::kernels::activation::Activation;
 use super::pass::{BatchEntry, BatchPlan};
 
-/// The kernels' source: kernels.cu, then attention.cu (which uses its helpers), compiled
-/// as one.
-pub const KERNELS: &str = concat!(include_str!("kernels.cu"), include_str!("attention.cu"));
+/// The kernels' source: kernels.cu, then attention.cu (which uses its helpers) and
+/// persistent.cu (which runs both files' bodies), compiled as one.
+pub const KERNELS: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("attention.cu"),
+    include_str!("persistent.cu")
+);
 
 /// The widest head kernels.cu's `qkv_heads` takes (HEADS_MAX_PAIRS pairs per lane).
 const HEADS_MAX_HEAD_DIM: usize = 256;
@@ -129,6 +134,10 @@ struct Scratch {
     fields: Option<CudaSlice<i32>>,
     /// The greedy argmax's ids (read by no graph: its moves bump no generation).
     chosen: Option<CudaSlice<i32>>,
+    /// The persistent pass's stages by pass shape (None: a shape it cannot run), never
+    /// written again once made (graphs hold their addresses), and their counters.
+    stages: std::collections::HashMap<graphs::PassShape, Option<(CudaSlice<u64>, i32)>>,
+    finished: Option<CudaSlice<u32>>,
     host_fields: Vec<i32>,
     /// Bumped whenever a buffer above moves: graphs hold their addresses.
     generation: u64,
@@ -237,12 +246,23 @@ impl CudaForward {
             &mut scratch.generation,
         )?);
         let splits = self.kernels.tuning.attention_splits as usize;
+        let finished = if self.kernels.persistent.is_some() {
+            // A stage per launch: at most eight a layer (Gemma's).
+            self.ptr(ensure(
+                &self.stream,
+                &mut scratch.finished,
+                8 * cfg.layers,
+                &mut scratch.generation,
+            )?)
+        } else {
+            0
+        };
         let generation = &mut scratch.generation;
         let mut buffer =
             |slot: &mut Option<CudaSlice<f32>>, len: usize| -> Result<u64, CudaError> {
                 Ok(self.ptr(ensure(&self.stream, slot, len, generation)?))
             };
-        let pass = Pass {
+        let mut pass = Pass {
             rows,
             wanted,
             x: buffer(&mut scratch.x, rows * width)?,
@@ -275,8 +295,12 @@ impl CudaForward {
             ids: at(layout.ids),
             head_rows: at(layout.head_rows),
             ancestors: at(layout.ancestors),
+            persistent: None,
         };
         let key = (rows, wanted, scratch.generation);
+        if self.kernels.persistent.is_some() {
+            pass.persistent = self.persistent_stages(scratch, key, &pass, finished)?;
+        }
         scratch
             .graphs
             .run(&self.stream, key, || self.launch_pass(&pass))?;
@@ -295,6 +319,44 @@ impl CudaForward {
         let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(logits, self.device.clone()));
         let t = Tensor::from_storage(storage, n.max(1), BackpropOp::none(), false);
         Ok(t.narrow(0, 0, n)?.reshape((wanted, cfg.vocab))?)
+    }
+}
+
+impl CudaForward {
+    /// The persistent pass's stages for `pass` of shape `key`: recorded and uploaded on
+    /// the shape's first sight, then the same buffer (graphs of the shape read it); None
+    /// where a launch of its layers has no stage (persistent.rs).
+    fn persistent_stages(
+        &self,
+        scratch: &mut Scratch,
+        key: graphs::PassShape,
+        pass: &Pass,
+        finished: u64,
+    ) -> Result<Option<persistent::DeviceStages>, CudaError> {
+        if !scratch.stages.contains_key(&key) {
+            if scratch.stages.len() >= graphs::GRAPH_CACHE {
+                // Graphs hold the stages' addresses: both start over.
+                scratch.graphs.clear();
+                scratch.stages.clear();
+            }
+            let uploaded = match self.record_layers(pass)? {
+                Some(stages) if stages.len() <= 8 * self.cfg.layers => {
+                    let words = persistent::stage_words(&stages);
+                    Some((self.stream.clone_htod(&words)?, stages.len() as i32))
+                }
+                _ => None,
+            };
+            scratch.stages.insert(key, uploaded);
+        }
+        Ok(scratch
+            .stages
+            .get(&key)
+            .and_then(Option::as_ref)
+            .map(|(stages, count)| persistent::DeviceStages {
+                stages: self.ptr(stages),
+                count: *count,
+                finished,
+            }))
     }
 }
 
@@ -460,6 +522,11 @@ mod tests {
                 mma_wide: 2,
                 mma_wide_from: 1,
                 dependent_launch: false,
+                persistent_pass: false,
+            },
+            super::Tuning {
+                persistent_pass: true,
+                ..super::Tuning::default()
             },
         ];
         for tuning in tunings {
@@ -500,11 +567,21 @@ mod tests {
                 assert!(ptx.contains(&param), "{param} is in the PTX");
             }
             // Dependent launch: every kernel but the three launched outside a pass
-            // (argmax_rows, kv_keep, kv_blocks) waits for the one before it (sm_90 and the
-            // tuning asking for it), and the projections ask L2 for their weights.
+            // (argmax_rows, kv_keep, kv_blocks) and the persistent pass waits for the one
+            // before it (sm_90 and the tuning asking for it), and the projections ask L2
+            // for their weights.
             let waits = ptx.matches("griddepcontrol.wait").count();
+            // The persistent pass (only compiled when asked for) waits on its counters.
+            let persistent = ptx.contains(".entry pass_persistent");
+            assert_eq!(persistent, tuning.persistent_pass);
+            if persistent {
+                assert!(ptx.contains("ld.acquire.gpu"));
+                assert!(ptx.contains("red.release.gpu"));
+                assert!(ptx.contains("bar.sync 1, 128"));
+            }
             if tuning.dependent_launch {
-                assert_eq!(waits, ptx.matches(".entry").count() - 3);
+                let outside = 3 + usize::from(persistent);
+                assert_eq!(waits, ptx.matches(".entry").count() - outside);
                 assert!(ptx.contains("prefetch.global.L2"));
             } else {
                 assert_eq!(waits, 0);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream};
 
 use super::dependent;
+use super::persistent::Persistent;
 use super::tuning::arch_of;
 use super::{CudaError, Tuning, compile};
 use crate::model::config::ModelConfig;
@@ -52,6 +53,9 @@ pub(super) struct Kernels {
     /// A pass's kernels are launched dependently (dependent.rs): the tuning asks for it,
     /// the GPU is sm_90 or later (below, the kernels do not wait) and the probe passed.
     pub(super) dependent: bool,
+    /// The persistent pass (persistent.rs): the tuning asks for it, the projections run
+    /// on the tensor cores and the GPU launched it cooperatively.
+    pub(super) persistent: Option<Persistent>,
     pub(super) _module: Arc<CudaModule>,
 }
 
@@ -124,6 +128,7 @@ impl Kernels {
             argmax: f("argmax_rows")?,
             tuning,
             dependent: false,
+            persistent: None,
             _module: module.clone(),
         };
         kernels.dependent = tuning.dependent_launch
@@ -135,6 +140,15 @@ impl Kernels {
                     )
                 })
                 .is_ok();
+        if tuning.persistent_pass {
+            if kernels.mma.is_some() {
+                kernels.persistent = Persistent::load(stream, &module, &tuning)?;
+            } else {
+                tracing::warn!(
+                    "SUFFIXD_CUDA_PERSISTENT=on runs the tensor-core projections only: passes launch kernel by kernel"
+                );
+            }
+        }
         Ok((kernels, module))
     }
 }

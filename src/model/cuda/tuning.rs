@@ -13,7 +13,7 @@ use super::{CudaError, KERNELS};
 /// `SUFFIXD_CUDA_MMA_HEAD_KSPLIT`, `SUFFIXD_CUDA_MMA_WIDE` (`off`, or 2 or 4) and
 /// `SUFFIXD_CUDA_MMA_WIDE_FROM` override the defaults, for tuning on a new card
 /// (docs/gpu.md); `SUFFIXD_CUDA_PDL=off` launches every kernel after the one before it
-/// has finished.
+/// has finished; `SUFFIXD_CUDA_PERSISTENT=on` runs short passes' layers as one kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
     /// Warps per block of a projection (each warp computes four outputs).
@@ -35,6 +35,11 @@ pub struct Tuning {
     /// their weights meanwhile (programmatic dependent launch, sm_90 and later; kernels.cu
     /// and `dependent.rs`). Speed only: no sum changes order.
     pub dependent_launch: bool,
+    /// Passes of at most 16 rows run their layers as one persistent kernel
+    /// (`SUFFIXD_CUDA_PERSISTENT=on`; persistent.cu): the same bodies in the same order,
+    /// without a launch between them. Speed only: no sum changes order. Off by default
+    /// until it has been measured on a GPU (docs/gpu.md).
+    pub persistent_pass: bool,
 }
 
 impl Default for Tuning {
@@ -49,6 +54,7 @@ impl Default for Tuning {
             mma_wide: 4,
             mma_wide_from: 17,
             dependent_launch: true,
+            persistent_pass: false,
         }
     }
 }
@@ -81,6 +87,7 @@ impl Tuning {
             t.mma_wide_from = n;
         }
         t.dependent_launch = !std::env::var("SUFFIXD_CUDA_PDL").is_ok_and(|v| v == "off");
+        t.persistent_pass = std::env::var("SUFFIXD_CUDA_PERSISTENT").is_ok_and(|v| v == "on");
         // A tensor-core block's partial sums must fit in 48 KiB of static shared memory.
         let largest = t.mma_ksplit.max(t.mma_head_ksplit);
         if mma_shared_bytes(largest, t.mma_wide) > 48 * 1024 {
@@ -154,6 +161,7 @@ fn compile_with_nvrtc(arch: &'static str, tuning: Tuning) -> Result<String, Cuda
             format!("-DMMA_HEAD_KSPLIT={}", tuning.mma_head_ksplit),
             format!("-DMMA_WIDE_NT={}", tuning.mma_wide.max(1)),
             format!("-DDEPENDENT_LAUNCH={}", u8::from(tuning.dependent_launch)),
+            format!("-DPERSISTENT_PASS={}", u8::from(tuning.persistent_pass)),
         ],
         ..Default::default()
     };

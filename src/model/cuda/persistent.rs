@@ -1,0 +1,277 @@
+//! The persistent pass (persistent.cu; `SUFFIXD_CUDA_PERSISTENT=on`): the launches a
+//! pass's layers would make, recorded once per pass shape as [`Stage`]s in device memory,
+//! then run by one cooperative kernel of one block per SM, each stage's virtual blocks as
+//! the kernel's own blocks would have run, in the same order. The same bodies give the
+//! same bits; what goes is the launch, ramp and first-load latency between some 150
+//! kernels of a one-row step (docs/gpu.md). Passes of up to 16 rows on the tensor cores
+//! qualify (the bodies persistent.cu runs); any other launch in the layers, such as
+//! Gemma's norm_add and GELU gate or the CUDA-core projections, leaves the pass to the
+//! kernels one by one.
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaModule, CudaStream, DevicePtr, LaunchConfig, sys,
+};
+
+use super::dependent::{self, param};
+use super::error::CudaError;
+use super::graphs::capture;
+use super::launch::{AttentionArgs, HeadsArgs, MatmulArgs};
+use super::{ATTENTION_THREADS, Tuning};
+
+/// The kernels whose bodies a stage may run, in persistent.cu's OP_* order: a launch of
+/// one of them becomes the stage of that op.
+pub(super) const PERSISTENT_OPS: [&str; 7] = [
+    "mma_plain_t1",
+    "mma_residual_t1",
+    "mma_silu_t1",
+    "mma_qkv_t1",
+    "attention",
+    "attention_wide",
+    "qkv_heads",
+];
+
+/// Bytes a stage keeps for its kernel's argument struct (persistent.cu's
+/// STAGE_ARGS_BYTES).
+const STAGE_ARGS_BYTES: usize = 128;
+
+/// One recorded launch: `#[repr(C)]` twin of `struct Stage` in persistent.cu.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Stage {
+    op: i32,
+    grid: [u32; 3],
+    args: [u64; STAGE_ARGS_BYTES / 8],
+}
+
+/// Where a pass's launches go: to the stream, or into a list of stages (None once a
+/// launch had no stage: that pass runs kernel by kernel).
+pub(super) enum Sink {
+    Stream,
+    Record(RefCell<Option<Vec<Stage>>>),
+}
+
+/// A pass's stages on the device, and the counters they finish into.
+#[derive(Clone, Copy)]
+pub(super) struct DeviceStages {
+    pub(super) stages: u64,
+    pub(super) count: i32,
+    pub(super) finished: u64,
+}
+
+/// The persistent kernel and how to recognise the launches it can run.
+/// `SUFFIXD_CUDA_PERSISTENT_PER_SM` sets its blocks per SM (default 1).
+pub(super) struct Persistent {
+    function: CudaFunction,
+    /// One block per SM.
+    blocks: u32,
+    threads: u32,
+    /// Each op's kernel and the block it is launched with, in [`PERSISTENT_OPS`] order.
+    ops: Vec<(CudaFunction, u32)>,
+}
+
+impl Persistent {
+    /// The persistent kernel from `module` (compiled with it: `tuning.persistent_pass`),
+    /// sized for this GPU, once a launch of it on a stream and inside a captured graph
+    /// has passed; None with a warning where the GPU or its driver refuses.
+    pub(super) fn load(
+        stream: &Arc<CudaStream>,
+        module: &Arc<CudaModule>,
+        tuning: &Tuning,
+    ) -> Result<Option<Self>, CudaError> {
+        let function = module.load_function("pass_persistent")?;
+        let mma = tuning.mma_ksplit * 32;
+        let threads = mma.max(tuning.mma_head_ksplit * 32).max(ATTENTION_THREADS);
+        let block_of = |op: usize| match op {
+            0 => tuning.mma_head_ksplit * 32,
+            1..=3 => mma,
+            4 | 5 => ATTENTION_THREADS,
+            _ => 32,
+        };
+        let mut ops = Vec::new();
+        for (op, name) in PERSISTENT_OPS.iter().enumerate() {
+            ops.push((module.load_function(name)?, block_of(op)));
+        }
+        let sms = stream
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let resident = function.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+        // Blocks per SM: one unless SUFFIXD_CUDA_PERSISTENT_PER_SM asks for more (at most
+        // what fits: a cooperative launch needs every block resident).
+        let per_sm = super::env_u32("SUFFIXD_CUDA_PERSISTENT_PER_SM", &|n| (1..=8).contains(&n))
+            .unwrap_or(1)
+            .min(resident.max(1));
+        let persistent = Persistent {
+            function,
+            blocks: sms.max(1) as u32 * per_sm,
+            threads,
+            ops,
+        };
+        if resident == 0 {
+            tracing::warn!(
+                "the persistent pass's block does not fit on an SM: passes launch kernel by kernel"
+            );
+            return Ok(None);
+        }
+        match persistent.probe(stream) {
+            Ok(()) => Ok(Some(persistent)),
+            Err(e) => {
+                tracing::warn!(
+                    "this GPU or driver refused the persistent pass's cooperative launch ({e}): passes launch kernel by kernel"
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// A launch of no stages, on the stream and then captured into a graph and replayed.
+    fn probe(&self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        let counter = stream.alloc_zeros::<u32>(1)?;
+        let none = DeviceStages {
+            stages: 0,
+            count: 0,
+            finished: counter.device_ptr(stream).0,
+        };
+        // SAFETY: no stages: the kernel reads nothing.
+        let run = || unsafe { self.launch(stream, none) };
+        run()?;
+        stream.synchronize()?;
+        capture(stream, &run)?.launch()?;
+        stream.synchronize()?;
+        Ok(())
+    }
+
+    /// The stage a launch of `f` with `cfg` and `params` makes, if its body is one of
+    /// [`PERSISTENT_OPS`] launched as persistent.cu runs it.
+    ///
+    /// # Safety
+    /// `params` are `f`'s parameters, as for a launch of it.
+    pub(super) unsafe fn stage(
+        &self,
+        f: &CudaFunction,
+        cfg: &LaunchConfig,
+        params: &[*mut c_void],
+    ) -> Option<Stage> {
+        let op = self.ops.iter().position(|(function, block)| {
+            function.cu_function() == f.cu_function() && cfg.block_dim == (*block, 1, 1)
+        })?;
+        let bytes = match op {
+            0..=3 => size_of::<MatmulArgs>(),
+            4 | 5 => size_of::<AttentionArgs>(),
+            _ => size_of::<HeadsArgs>(),
+        };
+        if params.len() != 1 || bytes > STAGE_ARGS_BYTES || cfg.shared_mem_bytes != 0 {
+            return None;
+        }
+        let mut args = [0u64; STAGE_ARGS_BYTES / 8];
+        // SAFETY: every op's kernel takes one argument struct of `bytes` bytes, which the
+        // caller's params[0] points to.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                params[0].cast::<u8>(),
+                args.as_mut_ptr().cast::<u8>(),
+                bytes,
+            );
+        }
+        Some(Stage {
+            op: op as i32,
+            grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
+            args,
+        })
+    }
+
+    /// Zero the counters and run the stages, cooperatively.
+    ///
+    /// # Safety
+    /// `stages` holds `count` stages recorded from launches whose buffers are live, and
+    /// `finished` holds `count` counters.
+    pub(super) unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        stages: DeviceStages,
+    ) -> Result<(), CudaError> {
+        stream.context().bind_to_thread()?;
+        if stages.count > 0 {
+            // SAFETY: `finished` holds `count` u32 counters (the caller's promise).
+            unsafe {
+                sys::cuMemsetD32Async(
+                    stages.finished,
+                    0,
+                    stages.count as usize,
+                    stream.cu_stream(),
+                )
+            }
+            .result()?;
+        }
+        // SAFETY: an all-zero attribute is a valid C value; its id and value are set below.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attribute.value.cooperative = 1;
+        let cfg = LaunchConfig {
+            grid_dim: (self.blocks, 1, 1),
+            block_dim: (self.threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ptr, count, finished) = (stages.stages, stages.count, stages.finished);
+        // SAFETY: pass_persistent(stages, count, finished), as the caller promises.
+        unsafe {
+            dependent::launch_with(
+                stream,
+                &self.function,
+                cfg,
+                &mut attribute,
+                &mut [param(&ptr), param(&count), param(&finished)],
+            )
+        }
+    }
+}
+
+/// A stage's words as uploaded (persistent.cu reads them as `Stage`).
+pub(super) fn stage_words(stages: &[Stage]) -> Vec<u64> {
+    let mut words = Vec::with_capacity(stages.len() * (2 + STAGE_ARGS_BYTES / 8));
+    for s in stages {
+        words.push(u64::from(s.op as u32) | (u64::from(s.grid[0]) << 32));
+        words.push(u64::from(s.grid[1]) | (u64::from(s.grid[2]) << 32));
+        words.extend_from_slice(&s.args);
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PERSISTENT_OPS, STAGE_ARGS_BYTES, Stage, stage_words};
+
+    /// The host's op list is persistent.cu's OP_* list, in order, and its stage layout is
+    /// the kernel's: 16 bytes of op and grid, then the argument bytes.
+    #[test]
+    fn the_host_and_the_kernel_agree_on_the_stages() {
+        let source = include_str!("persistent.cu");
+        for (op, name) in PERSISTENT_OPS.iter().enumerate() {
+            let define = format!("#define OP_{} {op}\n", name.to_uppercase());
+            assert!(source.contains(&define), "persistent.cu has `{define}`");
+        }
+        assert!(source.contains(&format!("#define STAGE_ARGS_BYTES {STAGE_ARGS_BYTES}\n")));
+        assert_eq!(size_of::<Stage>(), 16 + STAGE_ARGS_BYTES);
+        let mut args = [0u64; STAGE_ARGS_BYTES / 8];
+        args[0] = 0x1122_3344_5566_7788;
+        let stage = Stage {
+            op: 5,
+            grid: [7, 9, 16],
+            args,
+        };
+        let words = stage_words(&[stage, stage]);
+        assert_eq!(words.len(), 2 * size_of::<Stage>() / 8);
+        // SAFETY: Stage is #[repr(C)] plain data of size_of::<Stage>() bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const stage).cast::<u8>(), size_of::<Stage>())
+        };
+        let uploaded: Vec<u8> = words[..size_of::<Stage>() / 8]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        assert_eq!(bytes, uploaded.as_slice());
+    }
+}
