@@ -25,6 +25,9 @@
 # BASE_ENV (say SUFFIXD_CUDA_MMA=off) runs the base with those variables set (BASE defaults
 # to BIN then: a path of this build against another). The server under load runs the base
 # too.
+# VARIANT_ENV (say SUFFIXD_CUDA_PERSISTENT=on) runs BIN with those variables against BIN
+# as it is: plain decoding alternated at both contexts, the answers compared, and the
+# `verify` tests (TEST_BIN) again with them.
 # TUNE=1 times plain decoding at a long context for each launch shape the kernels take
 # (SUFFIXD_CUDA_WARPS x SUFFIXD_CUDA_ATTN_SPLITS) and runs the later stages with the
 # fastest. TUNE_MMA=1 does the same for the tensor-core projections' shapes
@@ -104,6 +107,25 @@ if [ -n "$TEST_BIN" ]; then
     SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 200)" "$TEST_BIN" --test-threads 2 \
         >"$RESULTS/tests.log" 2>&1
     note "tests (rc $?): $(grep -E '^test result|FAILED|panicked|relative difference' "$RESULTS/tests.log" | tr '\n' ' ')"
+fi
+if [ -n "${VARIANT_ENV:-}" ] && [ "$(limit 60)" -gt 0 ]; then
+    for round in 1 2 3; do
+        [ "$(limit 20)" -gt 0 ] || break
+        a=$(plain_run plain-long "$BIN" "$LONG_PROMPT") v=$(plain_run variant-long "$BIN" "$LONG_PROMPT" $VARIANT_ENV)
+        as=$(plain_run plain-short "$BIN" "$SHORT_PROMPT") vs=$(plain_run variant-short "$BIN" "$SHORT_PROMPT" $VARIANT_ENV)
+        echo "round $round: long prompt as is $a, variant $v; short as is $as, variant $vs" >>"$RESULTS/decode-variant.txt"
+    done
+    note "plain decoding with $VARIANT_ENV, tok/s (alternated): $(cut -d: -f2- "$RESULTS/decode-variant.txt" | tr '\n' ';')"
+    same=0
+    for context in long short; do
+        [ -s "$RESULTS/text-variant-$context" ] && cmp -s "$RESULTS/text-plain-$context" "$RESULTS/text-variant-$context" && same=$((same + 1))
+    done
+    note "greedy answers as is and with $VARIANT_ENV: $same of 2 the same text"
+    if [ -n "$TEST_BIN" ] && [ "$(limit 40)" -gt 0 ]; then
+        env $VARIANT_ENV SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 150)" "$TEST_BIN" \
+            --test-threads 2 >"$RESULTS/tests-variant.log" 2>&1
+        note "tests with $VARIANT_ENV (rc $?): $(grep -E '^test result|FAILED|panicked|relative difference' "$RESULTS/tests-variant.log" | tr '\n' ' ')"
+    fi
 fi
 
 if [ "${TUNE:-0}" = 1 ] && [ "$(limit 120)" -gt 0 ]; then

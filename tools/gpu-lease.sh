@@ -111,8 +111,8 @@ pack() {
     cat <<EOF
 Packed. On a lent machine, one call after another:
   1. carry ["$LEASE/1"]: tools/gpu-lease.sh stash
-  2. carry ["$LEASE/2"]: QUICK=1 NCU=0 F32=0 BASE_ENV=SUFFIXD_CUDA_PDL=off DEADLINE=300 tools/gpu-lease.sh check
-  3. carry ["$LEASE/3"]: TUNE=1 DEADLINE=300 tools/gpu-lease.sh shapes
+  2. carry ["$LEASE/2"]: QUICK=1 NCU=0 F32=0 BASE_ENV=SUFFIXD_CUDA_PDL=off VARIANT_ENV=SUFFIXD_CUDA_PERSISTENT=on DEADLINE=300 tools/gpu-lease.sh check
+  3. carry ["$LEASE/3"]: TUNE=1 VARIANT_ENV=SUFFIXD_CUDA_PERSISTENT=on DEADLINE=300 tools/gpu-lease.sh shapes
 (timeout_s a minute above DEADLINE; results come back as \$OUT/*.tar.gz and *.txt)
 EOF
 }

@@ -28,6 +28,9 @@
 # of the copy bandwidth each reaches, in RESULTS/SHAPE.tune-K.jsonl. A split changes the
 # order of a projection's sums, so it is a setting for a whole process, never a per-pass
 # choice.
+# VARIANT_ENV (say SUFFIXD_CUDA_PERSISTENT=on) runs the families' test again with those
+# variables, and after the shapes, plain steps and curves to K = 16 of VARIANT_SHAPES
+# (default llama-3.2-1b llama-3.1-8b) with them, in RESULTS/SHAPE.variant.jsonl.
 # Afterwards, anywhere: `suffixd e2e-bench --workload tools/workloads/agentic.jsonl
 # --cost-curve RESULTS/llama-3.1-8b.jsonl` projects the agentic speed-up at 8B (the real
 # small model's drafts, priced by the 8B curve; docs/gpu.md).
@@ -52,6 +55,12 @@ if [ -n "$TEST_BIN" ]; then
         >"$RESULTS/families.log" 2>&1
     echo "== families on the GPU: rc $?" | tee -a "$RESULTS/summary.txt"
     grep -E 'relative difference|^test |panicked' "$RESULTS/families.log" | tee -a "$RESULTS/summary.txt"
+    if [ -n "${VARIANT_ENV:-}" ]; then
+        env $VARIANT_ENV SUFFIXD_TEST_DEVICE=cuda timeout 120 "$TEST_BIN" on_a_gpu --test-threads 1 \
+            --nocapture >"$RESULTS/families-variant.log" 2>&1
+        echo "== families on the GPU with $VARIANT_ENV: rc $?" | tee -a "$RESULTS/summary.txt"
+        grep -E '^test |panicked' "$RESULTS/families-variant.log" | tee -a "$RESULTS/summary.txt"
+    fi
 fi
 PEER=${PEER:-1}
 PEER_SHAPES=${PEER_SHAPES:-llama-3.2-1b llama-3.1-8b}
@@ -80,6 +89,30 @@ for shape in $SHAPES; do
         echo "== $shape peer: rc $?, $(tail -1 "$RESULTS/$shape.peer.json")" | tee -a "$RESULTS/summary.txt"
     fi
 done
+# One shape's plain step and short curve with `env` settings: the share of the copy
+# bandwidth and t(K)/t(1), printed.
+curve_figures() {
+    python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    k, ratio = r["curve"][-1]
+    print("t1 %.3f ms, %.0f%% of the copy bandwidth, t(%d)/t(1) %.2f" % (r["t1_ms"],
+          100 * r["share_of_copy_bandwidth"], k, ratio))' "$1" 2>&1
+}
+if [ -n "${VARIANT_ENV:-}" ]; then
+    for shape in ${VARIANT_SHAPES:-llama-3.2-1b llama-3.1-8b}; do
+        rest=$((DEADLINE - SECONDS))
+        if [ "$rest" -lt 40 ]; then
+            echo "== $shape with $VARIANT_ENV: skipped, ${rest}s left" | tee -a "$RESULTS/summary.txt"
+            continue
+        fi
+        env $VARIANT_ENV timeout "$rest" "$BIN" "$shape" --vocabulary "$VOCAB" --weights bf16 \
+            --contexts 64 --max-k 16 --repeats 5 \
+            >"$RESULTS/$shape.variant.jsonl" 2>"$RESULTS/$shape.variant.log"
+        echo "== $shape with $VARIANT_ENV: rc $?, $(curve_figures "$RESULTS/$shape.variant.jsonl")" \
+            | tee -a "$RESULTS/summary.txt"
+    done
+fi
 if [ "${TUNE:-0}" = 1 ]; then
     for shape in ${TUNE_SHAPES:-llama-3.1-8b}; do
         for ksplit in ${TUNE_KSPLITS:-4 16}; do
@@ -92,13 +125,8 @@ if [ "${TUNE:-0}" = 1 ]; then
                 --weights bf16 --contexts 64 --max-k 8 --repeats 5 \
                 >"$RESULTS/$shape.tune-$ksplit.jsonl" 2>"$RESULTS/$shape.tune-$ksplit.log"
             rc=$?
-            figures=$(python3 -c 'import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    k, ratio = r["curve"][-1]
-    print("t1 %.3f ms, %.0f%% of the copy bandwidth, t(%d)/t(1) %.2f" % (r["t1_ms"],
-          100 * r["share_of_copy_bandwidth"], k, ratio))' "$RESULTS/$shape.tune-$ksplit.jsonl" 2>&1)
-            echo "== $shape ksplit $ksplit: rc $rc, $figures" | tee -a "$RESULTS/summary.txt"
+            echo "== $shape ksplit $ksplit: rc $rc, $(curve_figures "$RESULTS/$shape.tune-$ksplit.jsonl")" \
+                | tee -a "$RESULTS/summary.txt"
         done
     done
 fi

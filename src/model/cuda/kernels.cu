@@ -812,18 +812,20 @@ extern "C" __global__ void scale_rows(float* x, int n, float s) {
 // x[r] += rms_norm(y[r]) * w, one block per row (a sublayer's output through its post
 // norm into the residual stream). The sum of squares: each thread's values in order,
 // the warp's butterfly, then the warps in order: the same in every row and pass.
-extern "C" __global__ void __launch_bounds__(NORM_ADD_THREADS) norm_add(float* x, const float* y, const float* w, int width, float eps) {
-    let_next_kernel_start();
-    wait_for_previous_kernel();
+template <typename G>
+__device__ __forceinline__ void norm_add_row(float* x, const float* y, const float* w, int width, float eps,
+                                             const G& grid) {
+    grid.start_next();
+    grid.wait_previous();
     __shared__ float red[NORM_ADD_THREADS / 32];
-    const int r = blockIdx.x, t = threadIdx.x;
+    const int r = grid.block().x, t = threadIdx.x;
     const float* yr = y + (size_t)r * width;
     float* xr = x + (size_t)r * width;
     float ss = 0.0f;
     for (int i = t; i < width; i += NORM_ADD_THREADS) ss = fmaf(yr[i], yr[i], ss);
     ss = warp_sum(ss);
     if ((t & 31) == 0) red[t >> 5] = ss;
-    __syncthreads();
+    grid.sync();
     float total = red[0];
     for (int k = 1; k < NORM_ADD_THREADS / 32; k++) total = __fadd_rn(total, red[k]);
     const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)width), eps)));
@@ -831,22 +833,30 @@ extern "C" __global__ void __launch_bounds__(NORM_ADD_THREADS) norm_add(float* x
         xr[i] = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(yr[i], inv), w[i]));
 }
 
+extern "C" __global__ void __launch_bounds__(NORM_ADD_THREADS) norm_add(float* x, const float* y, const float* w, int width, float eps) {
+    norm_add_row(x, y, w, width, eps, KernelGrid{});
+}
+
 // out[r][i] = gelu_tanh(gate) * up for gate_up[r] = gate (ffn) | up (ffn), as the CPU's
 // gelu_tanh_mul computes it: with e = exp(-2|y|), (1 + tanh y) / 2 is 1 / (1 + e) for
 // y >= 0 and e / (1 + e) below, without cancellation near -1.
+// Element k of out (each element's arithmetic is its own, whichever thread takes it).
+__device__ __forceinline__ void gelu_mul_one(const float* gate_up, float* out, int ffn, size_t k) {
+    const size_t r = k / ffn, i = k % ffn;
+    const float g = gate_up[r * 2 * ffn + i], u = gate_up[r * 2 * ffn + ffn + i];
+    const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+    const float y = __fmul_rn(0.7978846f, __fadd_rn(g, cube));
+    const float e = expf(__fmul_rn(-2.0f, fabsf(y)));
+    const float numerator = y >= 0.0f ? g : __fmul_rn(g, e);
+    out[k] = __fmul_rn(__fdiv_rn(numerator, __fadd_rn(1.0f, e)), u);
+}
+
 extern "C" __global__ void gelu_mul(const float* gate_up, float* out, int rows, int ffn) {
     let_next_kernel_start();
     wait_for_previous_kernel();
     const size_t n = (size_t)rows * ffn;
-    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = k / ffn, i = k % ffn;
-        const float g = gate_up[r * 2 * ffn + i], u = gate_up[r * 2 * ffn + ffn + i];
-        const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
-        const float y = __fmul_rn(0.7978846f, __fadd_rn(g, cube));
-        const float e = expf(__fmul_rn(-2.0f, fabsf(y)));
-        const float numerator = y >= 0.0f ? g : __fmul_rn(g, e);
-        out[k] = __fmul_rn(__fdiv_rn(numerator, __fadd_rn(1.0f, e)), u);
-    }
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x)
+        gelu_mul_one(gate_up, out, ffn, k);
 }
 
 // Row r of the pass takes row ids[r] of the embedding table.

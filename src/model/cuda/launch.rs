@@ -10,6 +10,7 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
 };
 
+use super::args::{AttentionArgs, HeadsArgs, MatmulArgs};
 use super::dependent::{self, param};
 use super::persistent::{DeviceStages, Sink, Stage};
 use super::{
@@ -18,72 +19,6 @@ use super::{
 };
 use crate::model::kernels::activation::Activation;
 use crate::model::kernels::norm::RopePairs;
-
-/// `#[repr(C)]` twin of `struct MatmulArgs` in kernels.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub(super) struct MatmulArgs {
-    x: u64,
-    row_map: u64,
-    norm_w: u64,
-    w: u64,
-    out: u64,
-    resid: u64,
-    cos_tab: u64,
-    sin_tab: u64,
-    meta: u64,
-    q_out: u64,
-    k: i32,
-    groups: i32,
-    rows: i32,
-    out_stride: i32,
-    eps: f32,
-    q_width: i32,
-    kv_width: i32,
-    head_dim: i32,
-    layer: i32,
-    meta_rows: i32,
-}
-
-/// `#[repr(C)]` twin of `struct AttentionArgs` in attention.cu.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(super) struct AttentionArgs {
-    q: u64,
-    out: u64,
-    meta: u64,
-    ancestors: u64,
-    partials: u64,
-    tickets: u64,
-    heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-    layer: i32,
-    scale: f32,
-    meta_rows: i32,
-    window: i32,
-}
-
-/// `#[repr(C)]` twin of `struct HeadsArgs` in kernels.cu.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(super) struct HeadsArgs {
-    raw: u64,
-    bias: u64,
-    q_norm: u64,
-    k_norm: u64,
-    cos_tab: u64,
-    sin_tab: u64,
-    meta: u64,
-    q_out: u64,
-    q_width: i32,
-    kv_width: i32,
-    head_dim: i32,
-    layer: i32,
-    meta_rows: i32,
-    eps: f32,
-    halves: i32,
-}
 
 /// The tensor-core kernel for a pass of `rows` rows: its index in [`MMA_TILES`], the row
 /// tiles of 16 a block carries and the output tiles of 8. Many rows take blocks of

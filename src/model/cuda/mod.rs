@@ -29,6 +29,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
 
+mod args;
 mod dependent;
 pub(super) mod error;
 mod graphs;
@@ -247,11 +248,10 @@ impl CudaForward {
         )?);
         let splits = self.kernels.tuning.attention_splits as usize;
         let finished = if self.kernels.persistent.is_some() {
-            // A stage per launch: at most eight a layer (Gemma's).
             self.ptr(ensure(
                 &self.stream,
                 &mut scratch.finished,
-                8 * cfg.layers,
+                persistent::STAGES_PER_LAYER * cfg.layers,
                 &mut scratch.generation,
             )?)
         } else {
@@ -340,7 +340,7 @@ impl CudaForward {
                 scratch.stages.clear();
             }
             let uploaded = match self.record_layers(pass)? {
-                Some(stages) if stages.len() <= 8 * self.cfg.layers => {
+                Some(stages) if stages.len() <= persistent::STAGES_PER_LAYER * self.cfg.layers => {
                     let words = persistent::stage_words(&stages);
                     Some((self.stream.clone_htod(&words)?, stages.len() as i32))
                 }
@@ -555,13 +555,13 @@ mod tests {
             for (kernel, bytes) in [
                 (
                     "matmul_plain_f32_r1",
-                    std::mem::size_of::<super::launch::MatmulArgs>(),
+                    std::mem::size_of::<super::args::MatmulArgs>(),
                 ),
                 (
                     "attention",
-                    std::mem::size_of::<super::launch::AttentionArgs>(),
+                    std::mem::size_of::<super::args::AttentionArgs>(),
                 ),
-                ("qkv_heads", std::mem::size_of::<super::launch::HeadsArgs>()),
+                ("qkv_heads", std::mem::size_of::<super::args::HeadsArgs>()),
             ] {
                 let param = format!("{kernel}_param_0[{bytes}]");
                 assert!(ptx.contains(&param), "{param} is in the PTX");

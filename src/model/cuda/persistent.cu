@@ -24,7 +24,8 @@
 
 #define PERSIST_MAX(a, b) ((a) > (b) ? (a) : (b))
 // The persistent block: as wide as the widest body it runs.
-#define PERSIST_THREADS PERSIST_MAX(PERSIST_MAX(MMA_KSPLIT, MMA_HEAD_KSPLIT) * 32, ATTN_THREADS)
+#define PERSIST_THREADS \
+    PERSIST_MAX(PERSIST_MAX(MMA_KSPLIT, MMA_HEAD_KSPLIT) * 32, PERSIST_MAX(ATTN_THREADS, NORM_ADD_THREADS))
 
 // The stages' bodies, in the order of the host's PERSISTENT_OPS (module.rs): the host
 // finds each launch's op by its kernel's name there.
@@ -35,6 +36,24 @@
 #define OP_ATTENTION 4
 #define OP_ATTENTION_WIDE 5
 #define OP_QKV_HEADS 6
+#define OP_NORM_ADD 7
+#define OP_GELU_MUL 8
+
+// The parameters of the kernels that take them one by one, as a struct (the host packs
+// them in order, each at its own alignment: the same layout).
+struct NormAddArgs {
+    float* x;
+    const float* y;
+    const float* w;
+    int width;
+    float eps;
+};
+struct GeluMulArgs {
+    const float* gate_up;
+    float* out;
+    int rows;
+    int ffn;
+};
 
 // One recorded launch: the host's #[repr(C)] Stage (launch.rs) has the same layout.
 #define STAGE_ARGS_BYTES 128
@@ -45,6 +64,8 @@ struct Stage {
         MatmulArgs matmul;
         AttentionArgs attention;
         HeadsArgs heads;
+        NormAddArgs norm_add;
+        GeluMulArgs gelu_mul;
         unsigned char bytes[STAGE_ARGS_BYTES];
     } args;
 };
@@ -105,7 +126,8 @@ struct StageGrid {
     }
 };
 
-// Run virtual block `at` of stage `s` on the threads its body has.
+// Run virtual block `at` of stage `s` on the threads its body has, with a copy of its
+// arguments (which the compiler may keep in registers, as a kernel's parameters are).
 __device__ __forceinline__ void run_stage(const Stage& s, Idx3 at, const unsigned* before, unsigned before_blocks) {
     const Idx3 of{s.gx, s.gy, s.gz};
     constexpr int MMA = MMA_KSPLIT * 32, HEAD = MMA_HEAD_KSPLIT * 32;
@@ -113,34 +135,52 @@ __device__ __forceinline__ void run_stage(const Stage& s, Idx3 at, const unsigne
         case OP_MMA_PLAIN_T1:
             if (threadIdx.x < HEAD)
                 matmul_mma_block<MODE_PLAIN, 1, 1, MMA_HEAD_KSPLIT>(
-                    s.args.matmul, StageGrid<HEAD>{at, of, before, before_blocks});
+                    MatmulArgs(s.args.matmul), StageGrid<HEAD>{at, of, before, before_blocks});
             break;
         case OP_MMA_RESIDUAL_T1:
             if (threadIdx.x < MMA)
                 matmul_mma_block<MODE_RESIDUAL, 1, 1, MMA_KSPLIT>(
-                    s.args.matmul, StageGrid<MMA>{at, of, before, before_blocks});
+                    MatmulArgs(s.args.matmul), StageGrid<MMA>{at, of, before, before_blocks});
             break;
         case OP_MMA_SILU_T1:
             if (threadIdx.x < MMA)
                 matmul_mma_block<MODE_SILU, 1, 1, MMA_KSPLIT>(
-                    s.args.matmul, StageGrid<MMA>{at, of, before, before_blocks});
+                    MatmulArgs(s.args.matmul), StageGrid<MMA>{at, of, before, before_blocks});
             break;
         case OP_MMA_QKV_T1:
             if (threadIdx.x < MMA)
                 matmul_mma_block<MODE_QKV, 1, 1, MMA_KSPLIT>(
-                    s.args.matmul, StageGrid<MMA>{at, of, before, before_blocks});
+                    MatmulArgs(s.args.matmul), StageGrid<MMA>{at, of, before, before_blocks});
             break;
         case OP_ATTENTION:
             if (threadIdx.x < ATTN_THREADS)
-                attention_block<1>(s.args.attention, StageGrid<ATTN_THREADS>{at, of, before, before_blocks});
+                attention_block<1>(AttentionArgs(s.args.attention), StageGrid<ATTN_THREADS>{at, of, before, before_blocks});
             break;
         case OP_ATTENTION_WIDE:
             if (threadIdx.x < ATTN_THREADS)
-                attention_block<2>(s.args.attention, StageGrid<ATTN_THREADS>{at, of, before, before_blocks});
+                attention_block<2>(AttentionArgs(s.args.attention), StageGrid<ATTN_THREADS>{at, of, before, before_blocks});
             break;
         case OP_QKV_HEADS:
-            if (threadIdx.x < 32) qkv_heads_warp(s.args.heads, StageGrid<32>{at, of, before, before_blocks});
+            if (threadIdx.x < 32) qkv_heads_warp(HeadsArgs(s.args.heads), StageGrid<32>{at, of, before, before_blocks});
             break;
+        case OP_NORM_ADD:
+            if (threadIdx.x < NORM_ADD_THREADS) {
+                const NormAddArgs a = s.args.norm_add;
+                norm_add_row(a.x, a.y, a.w, a.width, a.eps, StageGrid<NORM_ADD_THREADS>{at, of, before, before_blocks});
+            }
+            break;
+        case OP_GELU_MUL: {
+            // Element-wise: virtual block v takes the v-th of the stage's blocks' share of
+            // the elements, whatever block the launch had.
+            const StageGrid<PERSIST_THREADS> grid{at, of, before, before_blocks};
+            grid.wait_previous();
+            const GeluMulArgs a = s.args.gelu_mul;
+            const size_t n = (size_t)a.rows * a.ffn, blocks = (size_t)of.x * of.y * of.z;
+            const size_t share = (n + blocks - 1) / blocks, v = at.x + (size_t)of.x * (at.y + (size_t)of.y * at.z);
+            const size_t end = min(n, (v + 1) * share);
+            for (size_t k = v * share + threadIdx.x; k < end; k += PERSIST_THREADS) gelu_mul_one(a.gate_up, a.out, a.ffn, k);
+            break;
+        }
     }
 }
 

@@ -4,9 +4,9 @@
 //! the kernel's own blocks would have run, in the same order. The same bodies give the
 //! same bits; what goes is the launch, ramp and first-load latency between some 150
 //! kernels of a one-row step (docs/gpu.md). Passes of up to 16 rows on the tensor cores
-//! qualify (the bodies persistent.cu runs); any other launch in the layers, such as
-//! Gemma's norm_add and GELU gate or the CUDA-core projections, leaves the pass to the
-//! kernels one by one.
+//! qualify, every family's (the bodies persistent.cu runs); any other launch in the
+//! layers (the CUDA-core projections, the wide tensor-core blocks of longer passes)
+//! leaves the pass to the kernels one by one.
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -16,15 +16,15 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, DevicePtr, LaunchConfig, sys,
 };
 
+use super::args::{AttentionArgs, HeadsArgs, MatmulArgs};
 use super::dependent::{self, param};
 use super::error::CudaError;
 use super::graphs::capture;
-use super::launch::{AttentionArgs, HeadsArgs, MatmulArgs};
-use super::{ATTENTION_THREADS, Tuning};
+use super::{ATTENTION_THREADS, NORM_ADD_THREADS, Tuning};
 
 /// The kernels whose bodies a stage may run, in persistent.cu's OP_* order: a launch of
 /// one of them becomes the stage of that op.
-pub(super) const PERSISTENT_OPS: [&str; 7] = [
+pub(super) const PERSISTENT_OPS: [&str; 9] = [
     "mma_plain_t1",
     "mma_residual_t1",
     "mma_silu_t1",
@@ -32,7 +32,53 @@ pub(super) const PERSISTENT_OPS: [&str; 7] = [
     "attention",
     "attention_wide",
     "qkv_heads",
+    "norm_add",
+    "gelu_mul",
 ];
+
+/// The sizes of each op's kernel parameters, in order: one argument struct, or
+/// persistent.cu's NormAddArgs and GeluMulArgs fields.
+fn param_sizes(op: usize) -> &'static [usize] {
+    const MATMUL: usize = size_of::<MatmulArgs>();
+    const ATTENTION: usize = size_of::<AttentionArgs>();
+    const HEADS: usize = size_of::<HeadsArgs>();
+    match op {
+        0..=3 => &[MATMUL],
+        4 | 5 => &[ATTENTION],
+        6 => &[HEADS],
+        7 => &[8, 8, 8, 4, 4],
+        _ => &[8, 8, 4, 4],
+    }
+}
+
+/// `params` (values of `sizes` bytes) laid out as a C struct of those fields: each at
+/// the next multiple of its size (at most 8). None when they do not fit.
+///
+/// # Safety
+/// Each `params[i]` points to `sizes[i]` readable bytes.
+unsafe fn pack(params: &[*mut c_void], sizes: &[usize]) -> Option<[u64; STAGE_ARGS_BYTES / 8]> {
+    if params.len() != sizes.len() {
+        return None;
+    }
+    let mut args = [0u64; STAGE_ARGS_BYTES / 8];
+    let bytes = args.as_mut_ptr().cast::<u8>();
+    let mut at: usize = 0;
+    for (&value, &size) in params.iter().zip(sizes) {
+        at = at.next_multiple_of(size.min(8));
+        if at + size > STAGE_ARGS_BYTES {
+            return None;
+        }
+        // SAFETY: value holds `size` bytes (the caller's promise); args has room.
+        unsafe { std::ptr::copy_nonoverlapping(value.cast::<u8>(), bytes.add(at), size) };
+        at += size;
+    }
+    Some(args)
+}
+
+/// The most stages a layer records, a counter each: Gemma's q|k|v and its heads,
+/// attention, and each of its three other projections followed by a post-norm or the
+/// GELU gate.
+pub(super) const STAGES_PER_LAYER: usize = 9;
 
 /// Bytes a stage keeps for its kernel's argument struct (persistent.cu's
 /// STAGE_ARGS_BYTES).
@@ -84,12 +130,17 @@ impl Persistent {
     ) -> Result<Option<Self>, CudaError> {
         let function = module.load_function("pass_persistent")?;
         let mma = tuning.mma_ksplit * 32;
-        let threads = mma.max(tuning.mma_head_ksplit * 32).max(ATTENTION_THREADS);
+        let threads = (mma.max(tuning.mma_head_ksplit * 32))
+            .max(ATTENTION_THREADS)
+            .max(NORM_ADD_THREADS);
+        // The block each op's kernel is launched with (0: any; gelu_mul is element-wise).
         let block_of = |op: usize| match op {
             0 => tuning.mma_head_ksplit * 32,
             1..=3 => mma,
             4 | 5 => ATTENTION_THREADS,
-            _ => 32,
+            6 => 32,
+            7 => NORM_ADD_THREADS,
+            _ => 0,
         };
         let mut ops = Vec::new();
         for (op, name) in PERSISTENT_OPS.iter().enumerate() {
@@ -156,26 +207,14 @@ impl Persistent {
         params: &[*mut c_void],
     ) -> Option<Stage> {
         let op = self.ops.iter().position(|(function, block)| {
-            function.cu_function() == f.cu_function() && cfg.block_dim == (*block, 1, 1)
+            function.cu_function() == f.cu_function()
+                && (*block == 0 || cfg.block_dim == (*block, 1, 1))
         })?;
-        let bytes = match op {
-            0..=3 => size_of::<MatmulArgs>(),
-            4 | 5 => size_of::<AttentionArgs>(),
-            _ => size_of::<HeadsArgs>(),
-        };
-        if params.len() != 1 || bytes > STAGE_ARGS_BYTES || cfg.shared_mem_bytes != 0 {
+        if cfg.shared_mem_bytes != 0 {
             return None;
         }
-        let mut args = [0u64; STAGE_ARGS_BYTES / 8];
-        // SAFETY: every op's kernel takes one argument struct of `bytes` bytes, which the
-        // caller's params[0] points to.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                params[0].cast::<u8>(),
-                args.as_mut_ptr().cast::<u8>(),
-                bytes,
-            );
-        }
+        // SAFETY: params are the op's kernel's, of param_sizes(op) (the caller's promise).
+        let args = unsafe { pack(params, param_sizes(op)) }?;
         Some(Stage {
             op: op as i32,
             grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
@@ -242,7 +281,7 @@ pub(super) fn stage_words(stages: &[Stage]) -> Vec<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{PERSISTENT_OPS, STAGE_ARGS_BYTES, Stage, stage_words};
+    use super::{PERSISTENT_OPS, STAGE_ARGS_BYTES, Stage, pack, param, param_sizes, stage_words};
 
     /// The host's op list is persistent.cu's OP_* list, in order, and its stage layout is
     /// the kernel's: 16 bytes of op and grid, then the argument bytes.
@@ -273,5 +312,23 @@ mod tests {
             .flat_map(|w| w.to_le_bytes())
             .collect();
         assert_eq!(bytes, uploaded.as_slice());
+    }
+
+    /// Parameters one by one pack as a C struct of them: norm_add's three pointers, then
+    /// its width and epsilon side by side in the fourth word.
+    #[test]
+    fn parameters_pack_as_a_struct_of_them() {
+        let (x, y, w, width, eps) = (0x10u64, 0x20u64, 0x30u64, 576i32, 1e-6f32);
+        let params = [param(&x), param(&y), param(&w), param(&width), param(&eps)];
+        // SAFETY: each param points to a value of its size.
+        let args = unsafe { pack(&params, param_sizes(7)) }.expect("fits");
+        assert_eq!(&args[..3], &[x, y, w]);
+        assert_eq!(args[3], 576 | (u64::from(eps.to_bits()) << 32));
+        // SAFETY: as above; the count differs, so nothing is read.
+        assert!(unsafe { pack(&params[..4], param_sizes(7)) }.is_none());
+        let big = [0u8; 16];
+        let many = [param(&big); 9];
+        // SAFETY: each points to 16 bytes; 9 of 16 do not fit in 128.
+        assert!(unsafe { pack(&many, &[16; 9]) }.is_none());
     }
 }
