@@ -1,7 +1,7 @@
 //! One pass's launches, in order: the projections (on the CUDA cores or the tensor
 //! cores, by weight type and row count), attention, and the families' extra steps (Qwen's
-//! and Gemma's heads, Gemma's post-norms and GELU gate), with the argument structs that
-//! mirror kernels.cu's.
+//! and Gemma's heads, Gemma's post-norms and GELU gate), launched on the stream or
+//! recorded as the persistent pass's stages (persistent.rs).
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -154,10 +154,10 @@ impl CudaForward {
     pub(super) fn record_layers(&self, p: &Pass) -> Result<Option<Vec<Stage>>, CudaError> {
         let sink = Sink::Record(RefCell::new(Some(Vec::new())));
         self.launch_layers(p, &sink)?;
-        let Sink::Record(stages) = sink else {
-            unreachable!("made a Record above")
-        };
-        Ok(stages.into_inner())
+        Ok(match sink {
+            Sink::Record(stages) => stages.into_inner(),
+            Sink::Stream => None,
+        })
     }
 
     /// Every launch of one pass, in order, on the pass's buffers: all a pass's launches

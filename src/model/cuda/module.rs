@@ -142,7 +142,13 @@ impl Kernels {
                 .is_ok();
         if tuning.persistent_pass {
             if kernels.mma.is_some() {
-                kernels.persistent = Persistent::load(stream, &module, &tuning)?;
+                kernels.persistent = Persistent::load(stream, &module, &tuning)
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(
+                            "the persistent pass could not be set up ({e}): passes launch kernel by kernel"
+                        );
+                        None
+                    });
             } else {
                 tracing::warn!(
                     "SUFFIXD_CUDA_PERSISTENT=on runs the tensor-core projections only: passes launch kernel by kernel"
