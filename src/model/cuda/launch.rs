@@ -129,11 +129,13 @@ impl CudaForward {
         cfg: LaunchConfig,
         params: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
-        let Sink::Record(stages) = sink else {
-            // SAFETY: the caller's promise.
-            return unsafe {
-                dependent::launch(&self.stream, f, cfg, self.kernels.dependent, params)
-            };
+        let stages = match sink {
+            Sink::Record(stages) => stages,
+            Sink::Stream | Sink::InTurn => {
+                let dependent = self.kernels.dependent && matches!(sink, Sink::Stream);
+                // SAFETY: the caller's promise.
+                return unsafe { dependent::launch(&self.stream, f, cfg, dependent, params) };
+            }
         };
         let mut stages = stages.borrow_mut();
         // SAFETY: the caller's promise: params are f's.
@@ -156,7 +158,7 @@ impl CudaForward {
         self.launch_layers(p, &sink)?;
         Ok(match sink {
             Sink::Record(stages) => stages.into_inner(),
-            Sink::Stream => None,
+            Sink::Stream | Sink::InTurn => None,
         })
     }
 
@@ -191,15 +193,25 @@ impl CudaForward {
             }?;
         }
 
-        match (p.persistent, &self.kernels.persistent) {
-            // SAFETY: the stages were recorded from this pass's launches (forward), on
-            // buffers that live as long as the pass's shape.
-            (Some(stages), Some(persistent)) => unsafe { persistent.launch(&self.stream, stages) }?,
-            _ => self.launch_layers(p, &Sink::Stream)?,
-        }
+        let head = match (p.persistent, &self.kernels.persistent) {
+            (Some(stages), Some(persistent)) => {
+                // SAFETY: the stages were recorded from this pass's launches (forward),
+                // on buffers that live as long as the pass's shape.
+                unsafe { persistent.launch(&self.stream, stages) }?;
+                if persistent.dependent_after {
+                    Sink::Stream
+                } else {
+                    Sink::InTurn
+                }
+            }
+            _ => {
+                self.launch_layers(p, &Sink::Stream)?;
+                Sink::Stream
+            }
+        };
         if p.wanted > 0 {
             self.launch_matmul(
-                &Sink::Stream,
+                &head,
                 Mode::Plain,
                 &self.head,
                 MatmulArgs {

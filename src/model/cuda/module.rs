@@ -142,7 +142,8 @@ impl Kernels {
                 .is_ok();
         if tuning.persistent_pass {
             if kernels.mma.is_some() {
-                kernels.persistent = Persistent::load(stream, &module, &tuning)
+                let dependent = kernels.dependent.then_some(&kernels.scale_rows);
+                kernels.persistent = Persistent::load(stream, &module, &tuning, dependent)
                     .unwrap_or_else(|e| {
                         tracing::warn!(
                             "the persistent pass could not be set up ({e}): passes launch kernel by kernel"

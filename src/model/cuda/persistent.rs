@@ -93,10 +93,12 @@ pub(super) struct Stage {
     args: [u64; STAGE_ARGS_BYTES / 8],
 }
 
-/// Where a pass's launches go: to the stream, or into a list of stages (None once a
-/// launch had no stage: that pass runs kernel by kernel).
+/// Where a pass's launches go: to the stream (dependently where the GPU allows it), to
+/// the stream each after the one before has finished, or into a list of stages (None
+/// once a launch had no stage: that pass runs kernel by kernel).
 pub(super) enum Sink {
     Stream,
+    InTurn,
     Record(RefCell<Option<Vec<Stage>>>),
 }
 
@@ -117,16 +119,22 @@ pub(super) struct Persistent {
     threads: u32,
     /// Each op's kernel and the block it is launched with, in [`PERSISTENT_OPS`] order.
     ops: Vec<(CudaFunction, u32)>,
+    /// The kernel after it (the head) may launch dependently: the driver took a
+    /// dependent launch after a cooperative one, on a stream and in a graph.
+    pub(super) dependent_after: bool,
 }
 
 impl Persistent {
     /// The persistent kernel from `module` (compiled with it: `tuning.persistent_pass`),
     /// sized for this GPU, once a launch of it on a stream and inside a captured graph
     /// has passed; None with a warning where the GPU or its driver refuses.
+    /// `scale_rows` (kernels.cu) where a pass's kernels launch dependently: the probe
+    /// launches it so after the persistent kernel.
     pub(super) fn load(
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
         tuning: &Tuning,
+        scale_rows: Option<&CudaFunction>,
     ) -> Result<Option<Self>, CudaError> {
         let function = module.load_function("pass_persistent")?;
         let mma = tuning.mma_ksplit * 32;
@@ -155,11 +163,12 @@ impl Persistent {
         let per_sm = super::env_u32("SUFFIXD_CUDA_PERSISTENT_PER_SM", &|n| (1..=8).contains(&n))
             .unwrap_or(1)
             .min(resident.max(1));
-        let persistent = Persistent {
+        let mut persistent = Persistent {
             function,
             blocks: sms.max(1) as u32 * per_sm,
             threads,
             ops,
+            dependent_after: false,
         };
         if resident == 0 {
             tracing::warn!(
@@ -167,8 +176,20 @@ impl Persistent {
             );
             return Ok(None);
         }
-        match persistent.probe(stream) {
-            Ok(()) => Ok(Some(persistent)),
+        match persistent.probe(stream, None) {
+            Ok(()) => {
+                if let Some(next) = scale_rows {
+                    persistent.dependent_after = persistent
+                        .probe(stream, Some(next))
+                        .inspect_err(|e| {
+                            tracing::warn!(
+                                "this driver refused a dependent launch after the persistent pass ({e}): the head waits for it to finish before it launches"
+                            )
+                        })
+                        .is_ok();
+                }
+                Ok(Some(persistent))
+            }
             Err(e) => {
                 tracing::warn!(
                     "this GPU or driver refused the persistent pass's cooperative launch ({e}): passes launch kernel by kernel"
@@ -178,16 +199,43 @@ impl Persistent {
         }
     }
 
-    /// A launch of no stages, on the stream and then captured into a graph and replayed.
-    fn probe(&self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+    /// A launch of no stages (then `next`, `scale_rows`, dependently on one float), on
+    /// the stream and then captured into a graph and replayed.
+    fn probe(
+        &self,
+        stream: &Arc<CudaStream>,
+        next: Option<&CudaFunction>,
+    ) -> Result<(), CudaError> {
         let counter = stream.alloc_zeros::<u32>(1)?;
         let none = DeviceStages {
             stages: 0,
             count: 0,
             finished: counter.device_ptr(stream).0,
         };
-        // SAFETY: no stages: the kernel reads nothing.
-        let run = || unsafe { self.launch(stream, none) };
+        let (x, n, scale) = (counter.device_ptr(stream).0, 1i32, 1.0f32);
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let run = || -> Result<(), CudaError> {
+            // SAFETY: no stages: the kernel reads nothing.
+            unsafe { self.launch(stream, none) }?;
+            if let Some(next) = next {
+                // SAFETY: scale_rows(x, n, s): x holds n = 1 float (the counter's bits,
+                // times one).
+                unsafe {
+                    dependent::launch(
+                        stream,
+                        next,
+                        one,
+                        true,
+                        &mut [param(&x), param(&n), param(&scale)],
+                    )
+                }?;
+            }
+            Ok(())
+        };
         run()?;
         stream.synchronize()?;
         capture(stream, &run)?.launch()?;
