@@ -112,16 +112,20 @@ if [ -n "${VARIANT_ENV:-}" ] && [ "$(limit 60)" -gt 0 ]; then
     for round in 1 2 3; do
         [ "$(limit 20)" -gt 0 ] || break
         a=$(plain_run plain-long "$BIN" "$LONG_PROMPT") v=$(plain_run variant-long "$BIN" "$LONG_PROMPT" $VARIANT_ENV)
+        if [ -z "$v" ]; then  # a variant that fails or hangs costs one run, not six
+            note "$VARIANT_ENV: generate failed: $(tail -3 "$RESULTS/stats-variant-long" | tr '\n' ' ')"
+            break
+        fi
         as=$(plain_run plain-short "$BIN" "$SHORT_PROMPT") vs=$(plain_run variant-short "$BIN" "$SHORT_PROMPT" $VARIANT_ENV)
         echo "round $round: long prompt as is $a, variant $v; short as is $as, variant $vs" >>"$RESULTS/decode-variant.txt"
     done
-    note "plain decoding with $VARIANT_ENV, tok/s (alternated): $(cut -d: -f2- "$RESULTS/decode-variant.txt" | tr '\n' ';')"
+    note "plain decoding with $VARIANT_ENV, tok/s (alternated): $(cut -d: -f2- "$RESULTS/decode-variant.txt" 2>/dev/null | tr '\n' ';')"
     same=0
     for context in long short; do
         [ -s "$RESULTS/text-variant-$context" ] && cmp -s "$RESULTS/text-plain-$context" "$RESULTS/text-variant-$context" && same=$((same + 1))
     done
     note "greedy answers as is and with $VARIANT_ENV: $same of 2 the same text"
-    if [ -n "$TEST_BIN" ] && [ "$(limit 40)" -gt 0 ]; then
+    if [ -n "$TEST_BIN" ] && [ -s "$RESULTS/decode-variant.txt" ] && [ "$(limit 40)" -gt 0 ]; then
         env $VARIANT_ENV SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 150)" "$TEST_BIN" \
             --test-threads 2 >"$RESULTS/tests-variant.log" 2>&1
         note "tests with $VARIANT_ENV (rc $?): $(grep -E '^test result|FAILED|panicked|relative difference' "$RESULTS/tests-variant.log" | tr '\n' ' ')"

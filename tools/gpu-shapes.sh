@@ -106,7 +106,8 @@ if [ -n "${VARIANT_ENV:-}" ]; then
             echo "== $shape with $VARIANT_ENV: skipped, ${rest}s left" | tee -a "$RESULTS/summary.txt"
             continue
         fi
-        env $VARIANT_ENV timeout "$rest" "$BIN" "$shape" --vocabulary "$VOCAB" --weights bf16 \
+        # At most 90 s: a variant that hangs must not take the stages after it.
+        env $VARIANT_ENV timeout "$((rest < 90 ? rest : 90))" "$BIN" "$shape" --vocabulary "$VOCAB" --weights bf16 \
             --contexts 64 --max-k 16 --repeats 5 \
             >"$RESULTS/$shape.variant.jsonl" 2>"$RESULTS/$shape.variant.log"
         echo "== $shape with $VARIANT_ENV: rc $?, $(curve_figures "$RESULTS/$shape.variant.jsonl")" \

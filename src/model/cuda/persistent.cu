@@ -19,7 +19,7 @@
 //
 // Every block runs every stage in order and waits only on the stage before, and a
 // cooperative launch keeps every block resident, so every wait ends. The counters are
-// zeroed before each launch (launch.rs).
+// zeroed before each launch (persistent.rs).
 #if PERSISTENT_PASS
 
 #define PERSIST_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -27,7 +27,7 @@
 #define PERSIST_THREADS \
     PERSIST_MAX(PERSIST_MAX(MMA_KSPLIT, MMA_HEAD_KSPLIT) * 32, PERSIST_MAX(ATTN_THREADS, NORM_ADD_THREADS))
 
-// The stages' bodies, in the order of the host's PERSISTENT_OPS (module.rs): the host
+// The stages' bodies, in the order of the host's PERSISTENT_OPS (persistent.rs): the host
 // finds each launch's op by its kernel's name there.
 #define OP_MMA_PLAIN_T1 0
 #define OP_MMA_RESIDUAL_T1 1
@@ -55,7 +55,7 @@ struct GeluMulArgs {
     int ffn;
 };
 
-// One recorded launch: the host's #[repr(C)] Stage (launch.rs) has the same layout.
+// One recorded launch: the host's #[repr(C)] Stage (persistent.rs) has the same layout.
 #define STAGE_ARGS_BYTES 128
 struct Stage {
     int op;
