@@ -88,20 +88,30 @@ plain_run() {  # label, binary, prompt, then env assignments
 # A short context too, where a step is the projections' and launches' time (the 135M
 # model's single-stream step, issue 63's item 6).
 SHORT_PROMPT="Write a haiku about rain."
-if [ -n "${BASE:-}" ] && [ "$(limit 90)" -gt 0 ]; then
+# Plain decoding alternated, three rounds at both contexts: LABEL_A's binary and
+# environment against LABEL_B's; tok/s to $RESULTS/decode-NAME.txt, then whether the last
+# round's greedy answers are the same text (a change of speed only keeps the bits). If B
+# fails or hangs, one run is lost, not six.
+ab_decode() {  # name, label A, binary A, env A, label B, binary B, env B
+    local name=$1 la=$2 ba=$3 ea=$4 lb=$5 bb=$6 eb=$7 round x y xs ys same=0 context
     for round in 1 2 3; do
-        b=$(plain_run base-long "$BASE" "$LONG_PROMPT" $BASE_ENV) n=$(plain_run new-long "$BIN" "$LONG_PROMPT")
-        bs=$(plain_run base-short "$BASE" "$SHORT_PROMPT" $BASE_ENV) ns=$(plain_run new-short "$BIN" "$SHORT_PROMPT")
-        echo "round $round: long prompt base $b new $n, short base $bs new $ns" >>"$RESULTS/decode-base.txt"
+        [ "$(limit 20)" -gt 0 ] || break
+        x=$(plain_run "$la-long" "$ba" "$LONG_PROMPT" $ea) y=$(plain_run "$lb-long" "$bb" "$LONG_PROMPT" $eb)
+        if [ -z "$y" ]; then
+            note "$lb ($eb): generate failed: $(tail -3 "$RESULTS/stats-$lb-long" | tr '\n' ' ')"
+            break
+        fi
+        xs=$(plain_run "$la-short" "$ba" "$SHORT_PROMPT" $ea) ys=$(plain_run "$lb-short" "$bb" "$SHORT_PROMPT" $eb)
+        echo "round $round: long prompt $la $x $lb $y, short $la $xs $lb $ys" >>"$RESULTS/decode-$name.txt"
     done
-    note "plain decoding, tok/s (base new, alternated): $(cut -d: -f2- "$RESULTS/decode-base.txt" | tr '\n' ';')"
-    # A change of speed only (BASE_ENV=SUFFIXD_CUDA_PDL=off, say) keeps the bits: the last
-    # round's greedy answers to each prompt are the same text.
-    same=0
+    note "plain decoding, tok/s ($la $lb, alternated): $(cut -d: -f2- "$RESULTS/decode-$name.txt" 2>/dev/null | tr '\n' ';')"
     for context in long short; do
-        [ -s "$RESULTS/text-new-$context" ] && cmp -s "$RESULTS/text-base-$context" "$RESULTS/text-new-$context" && same=$((same + 1))
+        [ -s "$RESULTS/text-$lb-$context" ] && cmp -s "$RESULTS/text-$la-$context" "$RESULTS/text-$lb-$context" && same=$((same + 1))
     done
-    note "base and new greedy answers: $same of 2 the same text"
+    note "$la and $lb greedy answers: $same of 2 the same text"
+}
+if [ -n "${BASE:-}" ] && [ "$(limit 90)" -gt 0 ]; then
+    ab_decode base base "$BASE" "$BASE_ENV" new "$BIN" ""
 fi
 if [ -n "$TEST_BIN" ]; then
     SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 200)" "$TEST_BIN" --test-threads 2 \
@@ -109,22 +119,7 @@ if [ -n "$TEST_BIN" ]; then
     note "tests (rc $?): $(grep -E '^test result|FAILED|panicked|relative difference' "$RESULTS/tests.log" | tr '\n' ' ')"
 fi
 if [ -n "${VARIANT_ENV:-}" ] && [ "$(limit 60)" -gt 0 ]; then
-    for round in 1 2 3; do
-        [ "$(limit 20)" -gt 0 ] || break
-        a=$(plain_run plain-long "$BIN" "$LONG_PROMPT") v=$(plain_run variant-long "$BIN" "$LONG_PROMPT" $VARIANT_ENV)
-        if [ -z "$v" ]; then  # a variant that fails or hangs costs one run, not six
-            note "$VARIANT_ENV: generate failed: $(tail -3 "$RESULTS/stats-variant-long" | tr '\n' ' ')"
-            break
-        fi
-        as=$(plain_run plain-short "$BIN" "$SHORT_PROMPT") vs=$(plain_run variant-short "$BIN" "$SHORT_PROMPT" $VARIANT_ENV)
-        echo "round $round: long prompt as is $a, variant $v; short as is $as, variant $vs" >>"$RESULTS/decode-variant.txt"
-    done
-    note "plain decoding with $VARIANT_ENV, tok/s (alternated): $(cut -d: -f2- "$RESULTS/decode-variant.txt" 2>/dev/null | tr '\n' ';')"
-    same=0
-    for context in long short; do
-        [ -s "$RESULTS/text-variant-$context" ] && cmp -s "$RESULTS/text-plain-$context" "$RESULTS/text-variant-$context" && same=$((same + 1))
-    done
-    note "greedy answers as is and with $VARIANT_ENV: $same of 2 the same text"
+    ab_decode variant plain "$BIN" "" variant "$BIN" "$VARIANT_ENV"
     if [ -n "$TEST_BIN" ] && [ -s "$RESULTS/decode-variant.txt" ] && [ "$(limit 40)" -gt 0 ]; then
         env $VARIANT_ENV SUFFIXD_TEST_DEVICE=cuda SUFFIXD_MODEL="$MODEL" timeout "$(limit 150)" "$TEST_BIN" \
             --test-threads 2 >"$RESULTS/tests-variant.log" 2>&1
