@@ -114,7 +114,7 @@ pub(super) struct DeviceStages {
 /// `SUFFIXD_CUDA_PERSISTENT_PER_SM` sets its blocks per SM (default 1).
 pub(super) struct Persistent {
     function: CudaFunction,
-    /// One block per SM.
+    /// One block per SM (or `SUFFIXD_CUDA_PERSISTENT_PER_SM`, where they fit).
     blocks: u32,
     threads: u32,
     /// Each op's kernel and the block it is launched with, in [`PERSISTENT_OPS`] order.
@@ -127,9 +127,9 @@ pub(super) struct Persistent {
 impl Persistent {
     /// The persistent kernel from `module` (compiled with it: `tuning.persistent_pass`),
     /// sized for this GPU, once a launch of it on a stream and inside a captured graph
-    /// has passed; None with a warning where the GPU or its driver refuses.
-    /// `scale_rows` (kernels.cu) where a pass's kernels launch dependently: the probe
-    /// launches it so after the persistent kernel.
+    /// has passed; None with a warning where the GPU or its driver refuses. `scale_rows`
+    /// (kernels.cu) is given where a pass's kernels launch dependently: a second probe
+    /// launches it so after the persistent kernel, as the head would be.
     pub(super) fn load(
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
@@ -138,7 +138,8 @@ impl Persistent {
     ) -> Result<Option<Self>, CudaError> {
         let function = module.load_function("pass_persistent")?;
         let mma = tuning.mma_ksplit * 32;
-        let threads = (mma.max(tuning.mma_head_ksplit * 32))
+        let threads = mma
+            .max(tuning.mma_head_ksplit * 32)
             .max(ATTENTION_THREADS)
             .max(NORM_ADD_THREADS);
         // The block each op's kernel is launched with (0: any; gelu_mul is element-wise).
