@@ -101,30 +101,54 @@ pub(super) unsafe fn launch_with(
 /// same captured and replayed, and waited for. The error is the driver's refusal.
 pub(super) fn probe(stream: &Arc<CudaStream>, scale_rows: &CudaFunction) -> Result<(), CudaError> {
     let buffer = stream.alloc_zeros::<f32>(1)?;
-    let (x, n, s) = (buffer.device_ptr(stream).0, 1i32, 1.0f32);
+    let x = buffer.device_ptr(stream).0;
+    let twice = || -> Result<(), CudaError> {
+        for dependent in [false, true] {
+            // SAFETY: x holds one float.
+            unsafe { scale_one(stream, scale_rows, x, dependent) }?;
+        }
+        Ok(())
+    };
+    on_a_stream_and_in_a_graph(stream, &twice)
+}
+
+/// `scale_rows` (kernels.cu) on the one float at `x`, times one: a probe's launch.
+///
+/// # Safety
+/// `x` addresses a live f32.
+pub(super) unsafe fn scale_one(
+    stream: &CudaStream,
+    scale_rows: &CudaFunction,
+    x: u64,
+    dependent: bool,
+) -> Result<(), CudaError> {
+    let (n, s) = (1i32, 1.0f32);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let twice = || -> Result<(), CudaError> {
-        for dependent in [false, true] {
-            // SAFETY: scale_rows(x, n, s): x holds n = 1 float.
-            unsafe {
-                launch(
-                    stream,
-                    scale_rows,
-                    cfg,
-                    dependent,
-                    &mut [param(&x), param(&n), param(&s)],
-                )
-            }?;
-        }
-        Ok(())
-    };
-    twice()?;
+    // SAFETY: scale_rows(x, n, s): x holds n = 1 float (the caller's promise).
+    unsafe {
+        launch(
+            stream,
+            scale_rows,
+            cfg,
+            dependent,
+            &mut [param(&x), param(&n), param(&s)],
+        )
+    }
+}
+
+/// A probe of the driver: `launches` on `stream`, waited for, then captured into a graph,
+/// replayed and waited for (passes replay as graphs). The error is the driver's refusal.
+pub(super) fn on_a_stream_and_in_a_graph(
+    stream: &Arc<CudaStream>,
+    launches: &impl Fn() -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    launches()?;
     stream.synchronize()?;
-    capture(stream, &twice)?.launch()?;
+    capture(stream, launches)?.launch()?;
     stream.synchronize()?;
     Ok(())
 }

@@ -19,7 +19,6 @@ use candle_core::cuda_backend::cudarc::driver::{
 use super::args::{AttentionArgs, HeadsArgs, MatmulArgs};
 use super::dependent::{self, param};
 use super::error::CudaError;
-use super::graphs::capture;
 use super::{ATTENTION_THREADS, NORM_ADD_THREADS, Tuning};
 
 /// The kernels whose bodies a stage may run, in persistent.cu's OP_* order: a launch of
@@ -213,35 +212,17 @@ impl Persistent {
             count: 0,
             finished: counter.device_ptr(stream).0,
         };
-        let (x, n, scale) = (counter.device_ptr(stream).0, 1i32, 1.0f32);
-        let one = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let x = counter.device_ptr(stream).0;
         let run = || -> Result<(), CudaError> {
             // SAFETY: no stages: the kernel reads nothing.
             unsafe { self.launch(stream, none) }?;
             if let Some(next) = next {
-                // SAFETY: scale_rows(x, n, s): x holds n = 1 float (the counter's bits,
-                // times one).
-                unsafe {
-                    dependent::launch(
-                        stream,
-                        next,
-                        one,
-                        true,
-                        &mut [param(&x), param(&n), param(&scale)],
-                    )
-                }?;
+                // SAFETY: x is the counter, one 4-byte word (scaled by one as a float).
+                unsafe { dependent::scale_one(stream, next, x, true) }?;
             }
             Ok(())
         };
-        run()?;
-        stream.synchronize()?;
-        capture(stream, &run)?.launch()?;
-        stream.synchronize()?;
-        Ok(())
+        dependent::on_a_stream_and_in_a_graph(stream, &run)
     }
 
     /// The stage a launch of `f` with `cfg` and `params` makes, if its body is one of
