@@ -12,7 +12,9 @@
 //!   from GGUF against the directory;
 //! - Mistral (every layer slides) from a directory against `mistral`;
 //! - Llama 3's RoPE scaling from a directory against `llama`, and from GGUF (as
-//!   `rope_freqs.weight`) against the directory.
+//!   `rope_freqs.weight`) against the directory;
+//! - YaRN's RoPE scaling (families/rope.rs) against transformers' own logits, kept as a
+//!   fixture.
 //!
 //! Every prefix of a prompt longer than the sliding windows is compared, f32 logits within
 //! 1e-4. candle's sliding masks let a query see `window + 1` positions where Hugging Face
@@ -833,6 +835,10 @@ fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
         a_long_pass_gives_the_bits_of_decoding(&model, &format!("{fam:?}"));
     }
 }
+
+// YaRN RoPE scaling against transformers' logits.
+#[path = "families/rope.rs"]
+mod rope;
 
 // The GPU test: every family on the device kernels (the `cuda` feature).
 #[cfg(feature = "cuda")]

@@ -6,6 +6,7 @@ weights to f32), or a directory that transformers itself writes for each family.
     tools/transformers-reference.py GGUF... [--suffixd BIN] [--tokens 16] [--long 1200]
     tools/transformers-reference.py --synthetic llama mistral qwen2 qwen3 gemma3_text \
         [--legacy-config] [--convert LLAMA_CPP/convert_hf_to_gguf.py] [--long 300]
+    tools/transformers-reference.py --synthetic qwen2 qwen3 --yarn [--convert ...]
 
 --synthetic builds each family's published config narrowed to a width of 256 (FAMILIES
 below says what each keeps), fills it with seeded random weights that make every norm
@@ -154,19 +155,24 @@ CONVERTIBLE = {
     "gemma3_text": dict(query_pre_attn_scalar=NARROW["head_dim"], rope_local_base_freq=20000.0),
     "mistral": dict(sliding_window=None),
 }
+# --yarn: Qwen's model cards' setting for texts past 32,768 tokens, on the Qwen families.
+YARN = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 32768}}
 # transformers 5 writes RoPE as `rope_parameters`; releases before it (and most published
 # checkpoints) as these keys, which --legacy-config puts back.
 LEGACY_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
 
 
-def synthetic(family, folder, tokenizer_gguf, legacy, convertible=False, seed=7):
+def synthetic(family, folder, tokenizer_gguf, legacy, convertible=False, yarn=False, seed=7):
     """A narrowed model of `family` with seeded random weights, saved by transformers to
     `folder` with the tokenizer of `tokenizer_gguf`; returns (tokenizer, model).
-    `convertible`: with CONVERTIBLE's settings."""
+    `convertible`: with CONVERTIBLE's settings; `yarn`: with YARN's (Qwen only)."""
     from transformers import AutoConfig
     gguf_folder, gguf_name = os.path.split(os.path.abspath(tokenizer_gguf))
     tok = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=gguf_name)
     family_settings = dict(FAMILIES[family], **(CONVERTIBLE.get(family, {}) if convertible else {}))
+    if yarn and family.startswith("qwen"):
+        family_settings.update(YARN)
     settings = dict(NARROW, **family_settings, vocab_size=len(tok),
                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
     config = AutoConfig.for_model(family, **settings)
@@ -225,8 +231,10 @@ runpy.run_path({converter!r}, run_name="__main__")
 
 def check_synthetic(a, family, port):
     with tempfile.TemporaryDirectory() as folder:
-        tok, model = synthetic(family, folder, a.tokenizer, a.legacy_config, bool(a.convert))
+        tok, model = synthetic(family, folder, a.tokenizer, a.legacy_config, bool(a.convert),
+                               a.yarn)
         name = f"synthetic {family}" + (" (legacy config)" if a.legacy_config else "")
+        name += " with YaRN" if a.yarn else ""
         served = folder
         if a.convert:
             served = convert(a.convert, folder, a.tokenizer)
@@ -306,6 +314,8 @@ def main():
     ap.add_argument("--convert", metavar="CONVERT_HF_TO_GGUF_PY",
                     help="serve the synthetic models as GGUF files that llama.cpp's converter "
                          "(a llama.cpp checkout's convert_hf_to_gguf.py) makes of them")
+    ap.add_argument("--yarn", action="store_true",
+                    help="give the synthetic Qwen models YaRN RoPE scaling, as Qwen's cards do")
     ap.add_argument("--suffixd", default=os.path.join(ROOT, "target/release/suffixd"))
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--long", type=int, default=1200, help="tokens of the long prompt")

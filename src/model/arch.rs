@@ -146,17 +146,89 @@ pub fn llama3_rope_divisors(
         .collect()
 }
 
-/// One table of rotary angles: its base frequency and, per frequency, a divisor (RoPE
-/// scaling; empty for none).
+/// YaRN's RoPE scaling (`rope_type: "yarn"`; Peng et al. 2023): what a config says of it.
+/// Frequencies that turn fewer than `beta_slow` times over the trained context are slowed
+/// by `factor` (interpolated), those that turn more than `beta_fast` times are kept
+/// (extrapolated), and the band between is blended linearly by frequency index.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// How many times longer the context is than the one trained on.
+    pub factor: f32,
+    /// The context the model was trained on (`original_max_position_embeddings`).
+    pub original_context: f32,
+    /// Turns over the trained context from which a frequency is kept (default 32).
+    pub beta_fast: f32,
+    /// Turns below which a frequency is slowed by `factor` (default 1).
+    pub beta_slow: f32,
+    /// Whether the band's ends are rounded out to whole indices (transformers'
+    /// `truncate`, true by default; llama.cpp always rounds).
+    pub truncate: bool,
+    /// How much of the kept frequency the blend takes (llama.cpp's `ext_factor`; 1 in
+    /// transformers).
+    pub ext_factor: f32,
+}
+
+/// YaRN's per-frequency divisors for a head of `head_dim` values at `base`, computed as
+/// transformers' `_compute_yarn_parameters` and llama.cpp's `rope_yarn` do: index i's
+/// inverse frequency is w·f + (1 − w)·f / factor, with w the share of the kept
+/// frequency (1 below the band, 0 above it, linear across it).
+pub fn yarn_rope_divisors(head_dim: usize, base: f32, yarn: &Yarn) -> Vec<f32> {
+    // The index at which a frequency turns `turns` times over the trained context (in f64,
+    // as both references compute it).
+    let index_of = |turns: f32| {
+        let (dim, base) = (head_dim as f64, base as f64);
+        dim * (yarn.original_context as f64 / (turns as f64 * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (index_of(yarn.beta_fast), index_of(yarn.beta_slow));
+    if yarn.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, high) = (low.max(0.0) as f32, high.min(head_dim as f64 - 1.0) as f32);
+    let span = if low == high { 0.001 } else { high - low };
+    (0..head_dim / 2)
+        .map(|i| {
+            let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);
+            let kept = (1.0 - ramp) * yarn.ext_factor;
+            1.0 / (kept + (1.0 - kept) / yarn.factor)
+        })
+        .collect()
+}
+
+/// YaRN's attention factor for a context `factor` times the trained one, 1 + 0.1·m·ln(factor),
+/// and 1 where nothing is stretched (transformers' and llama.cpp's `get_mscale`), in f64 as
+/// transformers computes it.
+pub fn yarn_mscale(factor: f64, m: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * factor.ln() + 1.0
+    }
+}
+
+/// One table of rotary angles: its base frequency, per frequency a divisor (RoPE
+/// scaling; empty for none), and what cos and sin are multiplied by.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeSpec {
     /// The base (`rope_theta`).
     pub base: f32,
     /// Per frequency, what its inverse frequency is divided by; empty for plain RoPE.
     pub divisors: Vec<f32>,
+    /// What the table's cos and sin are multiplied by: YaRN's attention factor (it scales
+    /// every attention score by its square); 1 for the other scalings.
+    pub scale: f32,
 }
 
 impl RopeSpec {
+    /// Plain RoPE at `base`.
+    pub fn plain(base: f32) -> Self {
+        RopeSpec {
+            base,
+            divisors: Vec::new(),
+            scale: 1.0,
+        }
+    }
+
     /// The inverse frequencies of a head of `head_dim` values.
     pub fn inverse_frequencies(&self, head_dim: usize) -> Vec<f32> {
         (0..head_dim / 2)

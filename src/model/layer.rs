@@ -68,7 +68,11 @@ impl RopeTable {
             .to_dtype(DType::F32)?
             .reshape((context, 1))?;
         let freqs = pos.broadcast_mul(&inv)?;
-        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        let (mut cos, mut sin) = (freqs.cos()?, freqs.sin()?);
+        if spec.scale != 1.0 {
+            let scale = f64::from(spec.scale);
+            (cos, sin) = ((cos * scale)?, (sin * scale)?);
+        }
         Ok(RopeTable {
             cos_host: cos.flatten_all()?.to_vec1()?,
             sin_host: sin.flatten_all()?.to_vec1()?,

@@ -7,7 +7,9 @@ use candle_core::Device;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 
 use super::{finite, head_width, md_f32, md_u32, unread_refusal};
-use crate::model::arch::{Family, RopeSpec, SUPPORTED_GGUF, gemma_layer_slides};
+use crate::model::arch::{
+    Family, RopeSpec, SUPPORTED_GGUF, Yarn, gemma_layer_slides, yarn_mscale, yarn_rope_divisors,
+};
 use crate::model::forward::{Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::layer::Layer;
 use crate::model::linear::{
@@ -127,7 +129,11 @@ impl Model {
             matrix(embed_q)?
         }]);
         let norm = t.norm("output_norm.weight")?;
-        let (ropes, windows) = t.positions(family, &arch, head_dim, layers_n)?;
+        let Positions {
+            ropes,
+            windows,
+            context,
+        } = t.positions(family, &arch, head_dim, layers_n, trained_context)?;
         let base = ropes[0].base;
         let mut layers = Vec::with_capacity(layers_n);
         for (i, window) in windows.into_iter().enumerate() {
@@ -145,7 +151,7 @@ impl Model {
             head_dim,
             width,
             vocab,
-            context: max_context.min(trained_context).max(1),
+            context: max_context.min(context).max(1),
             rope_base: base,
             rms_eps: md_f32(content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             attn_scale: 1.0 / gguf_query_scale(family, layers_n, width, heads, head_dim).sqrt(),
@@ -175,6 +181,17 @@ fn gguf_query_scale(
     }
 }
 
+/// How a GGUF file's layers place tokens ([`Tensors::positions`]).
+struct Positions {
+    /// The RoPE tables the layers name: the global one first, then (Gemma 3) the sliding
+    /// layers'.
+    ropes: Vec<RopeSpec>,
+    /// Each layer's sliding window.
+    windows: Vec<Option<usize>>,
+    /// The longest context the positions are made for.
+    context: usize,
+}
+
 /// The tensors of an open GGUF file.
 struct Tensors<'a> {
     path: &'a Path,
@@ -189,31 +206,64 @@ struct Tensors<'a> {
 
 impl Tensors<'_> {
     /// The RoPE tables the layers name (the global one first; Gemma's sliding layers use
-    /// a second, with its own base) and each layer's sliding window. Llama 3's scaling
-    /// comes as per-frequency divisors in `rope_freqs.weight`.
+    /// a second, with its own base), each layer's sliding window, and the longest context
+    /// the positions are made for.
     fn positions(
         &mut self,
         family: Family,
         arch: &str,
         head_dim: usize,
         layers_n: usize,
-    ) -> Result<(Vec<RopeSpec>, Vec<Option<usize>>), ModelError> {
+        trained_context: usize,
+    ) -> Result<Positions, ModelError> {
+        let content = self.content;
+        let key = |k: &str| format!("{arch}.{k}");
+        let (global, context) = self.global_rope(family, arch, head_dim, trained_context)?;
+        let mut ropes = vec![global];
+        let windows: Vec<Option<usize>> = if family == Family::Gemma3 {
+            // The sliding layers' table: its own base, never scaled (as in llama.cpp).
+            ropes.push(RopeSpec::plain(
+                md_f32(content, &key("rope.freq_base_swa")).unwrap_or(GEMMA_LOCAL_ROPE_BASE),
+            ));
+            self.gemma_windows(arch, layers_n)?
+        } else {
+            // llama.cpp runs Mistral's GGUF files (architecture llama) with full
+            // attention; so does suffixd, to give the same tokens.
+            vec![None; layers_n]
+        };
+        Ok(Positions {
+            ropes,
+            windows,
+            context,
+        })
+    }
+
+    /// The global layers' RoPE table and the context it is made for, read as llama.cpp
+    /// reads them for these architectures: the type is linear unless the file says
+    /// otherwise; the factor is `rope.scaling.factor` (or the older `rope.scale_linear`; 0
+    /// is none); Llama 3's per-frequency factors in `rope_freqs.weight` apply on top of
+    /// it; YaRN's band is set by `rope.scaling.original_context_length` (else the trained
+    /// context) and its defaults (llama.cpp reads no other YaRN key for them); and
+    /// `rope.scaling.attn_factor` multiplies cos and sin.
+    fn global_rope(
+        &mut self,
+        family: Family,
+        arch: &str,
+        head_dim: usize,
+        trained_context: usize,
+    ) -> Result<(RopeSpec, usize), ModelError> {
         let (content, path) = (self.content, self.path);
         let fmt = |message: String| ModelError::Format {
             path: path.into(),
             message,
         };
         let key = |k: &str| format!("{arch}.{k}");
-        // Gemma's sliding layers use a second RoPE table; Llama 3's scaling comes as
-        // per-frequency divisors in `rope_freqs.weight`.
         let default_base = match family {
             Family::Gemma3 => GEMMA_GLOBAL_ROPE_BASE,
             _ => 10_000.0,
         };
-        let base = md_f32(content, &key("rope.freq_base")).unwrap_or(default_base);
-        // As llama.cpp reads it: the type is linear unless the file says otherwise, the
-        // factor is `rope.scaling.factor` (or the older `rope.scale_linear`; 0 is none), and
-        // Llama 3's per-frequency factors in `rope_freqs.weight` apply on top of it.
+        let mut spec =
+            RopeSpec::plain(md_f32(content, &key("rope.freq_base")).unwrap_or(default_base));
         let scaling = (content.metadata.get(&key("rope.scaling.type")))
             .and_then(|v| v.to_string().ok().cloned())
             .unwrap_or_else(|| "linear".into());
@@ -221,39 +271,51 @@ impl Tensors<'_> {
             .or_else(|| md_f32(content, &key("rope.scale_linear")))
             .filter(|f| *f != 0.0)
             .unwrap_or(1.0);
-        let factor = match scaling.as_str() {
-            "none" => 1.0,
-            "linear" => factor,
+        let mut context = trained_context;
+        let mut divisors = match scaling.as_str() {
+            "none" => Vec::new(),
+            "linear" if factor == 1.0 => Vec::new(),
+            "linear" => vec![factor; head_dim / 2],
+            "yarn" => {
+                let original = md_u32(content, &key("rope.scaling.original_context_length"))
+                    .map_or(trained_context, |v| v as usize)
+                    .max(1);
+                let yarn = Yarn {
+                    factor,
+                    original_context: original as f32,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                    truncate: true,
+                    ext_factor: 1.0,
+                };
+                spec.scale = yarn_mscale(f64::from(factor), 1.0) as f32;
+                context = context.max((original as f32 * factor) as usize);
+                yarn_rope_divisors(head_dim, spec.base, &yarn)
+            }
             other => return Err(fmt(format!("RoPE scaling {other:?} is not supported"))),
         };
-        let mut divisors = if self.present("rope_freqs.weight") {
-            self.host("rope_freqs.weight")?
-        } else if factor != 1.0 {
-            vec![1.0; head_dim / 2]
-        } else {
-            Vec::new()
-        };
-        divisors.iter_mut().for_each(|d| *d *= factor);
-        if !divisors.is_empty() && divisors.len() != head_dim / 2 {
-            return Err(fmt(format!(
-                "{} RoPE divisors for heads of {head_dim}",
-                divisors.len()
-            )));
+        if let Some(attn_factor) = md_f32(content, &key("rope.scaling.attn_factor")) {
+            spec.scale *= attn_factor;
         }
-        let mut ropes = vec![RopeSpec { base, divisors }];
-        let windows: Vec<Option<usize>> = if family == Family::Gemma3 {
-            // The sliding layers' table: its own base, never scaled (as in llama.cpp).
-            ropes.push(RopeSpec {
-                base: md_f32(content, &key("rope.freq_base_swa")).unwrap_or(GEMMA_LOCAL_ROPE_BASE),
-                divisors: Vec::new(),
-            });
-            self.gemma_windows(arch, layers_n)?
-        } else {
-            // llama.cpp runs Mistral's GGUF files (architecture llama) with full
-            // attention; so does suffixd, to give the same tokens.
-            vec![None; layers_n]
-        };
-        Ok((ropes, windows))
+        if self.present("rope_freqs.weight") {
+            let per_frequency = self.host("rope_freqs.weight")?;
+            if per_frequency.len() != head_dim / 2 {
+                return Err(fmt(format!(
+                    "{} RoPE divisors for heads of {head_dim}",
+                    per_frequency.len()
+                )));
+            }
+            if divisors.is_empty() {
+                divisors = per_frequency;
+            } else {
+                divisors
+                    .iter_mut()
+                    .zip(per_frequency)
+                    .for_each(|(d, f)| *d *= f);
+            }
+        }
+        spec.divisors = divisors;
+        Ok((spec, context))
     }
 
     /// Gemma 3's window per layer, read as llama.cpp reads it: no sliding layer without a

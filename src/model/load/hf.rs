@@ -137,6 +137,7 @@ impl Model {
         let HfLayout {
             kv_heads,
             head_dim,
+            context,
             rope: global_rope,
             sliding_rope,
             windows,
@@ -179,7 +180,7 @@ impl Model {
             head_dim,
             width,
             vocab,
-            context: max_context.min(hf.max_position_embeddings).max(1),
+            context: max_context.min(context).max(1),
             rope_base,
             rms_eps: hf.rms_norm_eps as f32,
             attn_scale: 1.0 / hf.query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt(),

@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use candle_core::Tensor;
 use candle_core::quantized::gguf_file;
 
-use super::arch::{Family, RopeSpec, SUPPORTED_HF, gemma_layer_slides, llama3_rope_divisors};
+use super::arch::{
+    Family, RopeSpec, SUPPORTED_HF, Yarn, gemma_layer_slides, llama3_rope_divisors, yarn_mscale,
+    yarn_rope_divisors,
+};
 use super::forward::ModelError;
 use super::kernels::activation::Activation;
 
@@ -159,7 +162,7 @@ impl HfConfig {
         &self,
         family: Family,
         head_dim: usize,
-    ) -> Result<(RopeSpec, Option<RopeSpec>), String> {
+    ) -> Result<(ConfigRope, Option<ConfigRope>), String> {
         fn set(v: &Option<serde_json::Value>) -> Option<&serde_json::Value> {
             v.as_ref().filter(|v| !v.is_null())
         }
@@ -174,11 +177,12 @@ impl HfConfig {
             Some(p) if by_kind => (p.get("full_attention"), p.get("sliding_attention")),
             p => (p, None),
         };
-        let global = rope_table(key, global, self.rope_theta, head_dim)?;
+        let trained = self.max_position_embeddings;
+        let global = rope_table(key, global, self.rope_theta, head_dim, trained)?;
         let sliding = (family == Family::Gemma3)
             .then(|| {
                 let base = self.rope_local_base_freq.unwrap_or(10_000.0);
-                rope_table(key, sliding, base, head_dim)
+                rope_table(key, sliding, base, head_dim, trained)
             })
             .transpose()?;
         Ok((global, sliding))
@@ -196,8 +200,9 @@ impl HfConfig {
         Ok(HfLayout {
             kv_heads,
             head_dim,
-            rope,
-            sliding_rope,
+            context: rope.context,
+            rope: rope.spec,
+            sliding_rope: sliding_rope.map(|r| r.spec),
             windows: self.windows(family)?,
         })
     }
@@ -236,64 +241,116 @@ impl HfConfig {
 pub(super) struct HfLayout {
     pub(super) kv_heads: usize,
     pub(super) head_dim: usize,
+    /// The longest context the positions are made for: `max_position_embeddings`, or the
+    /// trained context times YaRN's factor (as vLLM derives it).
+    pub(super) context: usize,
     pub(super) rope: RopeSpec,
     /// Gemma 3's sliding layers' table.
     pub(super) sliding_rope: Option<RopeSpec>,
     pub(super) windows: Vec<Option<usize>>,
 }
 
+/// One RoPE table of a config, and the context its positions are made for.
+pub(super) struct ConfigRope {
+    pub(super) spec: RopeSpec,
+    /// `max_position_embeddings`, or (YaRN) the trained context times the factor.
+    pub(super) context: usize,
+}
+
 /// One RoPE table of a config: `params`, from its `key` (`rope_type` or `type`, its
-/// numbers, and `rope_theta`, else `base`); none is plain RoPE at `base`.
+/// numbers, and `rope_theta`, else `base`); none is plain RoPE at `base`. `trained`:
+/// `max_position_embeddings`.
 fn rope_table(
     key: &str,
     params: Option<&serde_json::Value>,
     base: f32,
     head_dim: usize,
-) -> Result<RopeSpec, String> {
+    trained: usize,
+) -> Result<ConfigRope, String> {
     let Some(p) = params.filter(|p| !p.is_null()) else {
-        return Ok(RopeSpec {
-            base,
-            divisors: Vec::new(),
+        return Ok(ConfigRope {
+            spec: RopeSpec::plain(base),
+            context: trained,
         });
     };
     let kind = p["rope_type"]
         .as_str()
         .or(p["type"].as_str())
         .unwrap_or("default");
-    let number = |k: &str| {
-        p[k].as_f64()
-            .map(|v| v as f32)
-            .ok_or_else(|| format!("{key} {kind:?} needs a number {k}"))
+    let optional = |k: &str| -> Result<Option<f32>, String> {
+        match &p[k] {
+            serde_json::Value::Null => Ok(None),
+            v => v
+                .as_f64()
+                .map(|v| Some(v as f32))
+                .ok_or_else(|| format!("{key} {kind:?} needs a number {k}")),
+        }
     };
-    let base = if p["rope_theta"].is_null() {
-        base
-    } else {
-        number("rope_theta")?
-    };
+    let number = |k: &str| optional(k)?.ok_or_else(|| format!("{key} {kind:?} needs a number {k}"));
+    let base = optional("rope_theta")?.unwrap_or(base);
     // A rotation of part of each head (Phi's, GLM's): every family here rotates all of it.
-    if !p["partial_rotary_factor"].is_null() && number("partial_rotary_factor")? != 1.0 {
+    if optional("partial_rotary_factor")?.is_some_and(|f| f != 1.0) {
         return Err(format!(
             "{key}: partial_rotary_factor is not supported (whole heads are rotated)"
         ));
     }
-    let divisors = match kind {
-        "default" => Vec::new(),
-        "linear" => vec![number("factor")?; head_dim / 2],
-        "llama3" => llama3_rope_divisors(
-            head_dim,
-            base,
-            number("factor")?,
-            number("low_freq_factor")?,
-            number("high_freq_factor")?,
-            number("original_max_position_embeddings")?,
-        ),
+    let (mut spec, mut context) = (RopeSpec::plain(base), trained);
+    match kind {
+        "default" => {}
+        "linear" => spec.divisors = vec![number("factor")?; head_dim / 2],
+        "llama3" => {
+            spec.divisors = llama3_rope_divisors(
+                head_dim,
+                base,
+                number("factor")?,
+                number("low_freq_factor")?,
+                number("high_freq_factor")?,
+                number("original_max_position_embeddings")?,
+            )
+        }
+        "yarn" => {
+            let original = optional("original_max_position_embeddings")?.unwrap_or(trained as f32);
+            // transformers: a missing factor is the stretch from the trained context.
+            let factor = optional("factor")?.unwrap_or(trained as f32 / original);
+            if !(factor.is_finite() && factor > 0.0 && original >= 1.0) {
+                return Err(format!(
+                    "{key} \"yarn\" needs a positive factor and original_max_position_embeddings"
+                ));
+            }
+            // transformers reads `beta_fast or 32`: a 0 is the default too.
+            let or = |k: &str, default: f32| -> Result<f32, String> {
+                Ok(optional(k)?.filter(|v| *v != 0.0).unwrap_or(default))
+            };
+            let yarn = Yarn {
+                factor,
+                original_context: original,
+                beta_fast: or("beta_fast", 32.0)?,
+                beta_slow: or("beta_slow", 1.0)?,
+                truncate: p["truncate"].as_bool().unwrap_or(true),
+                ext_factor: 1.0,
+            };
+            spec.divisors = yarn_rope_divisors(head_dim, base, &yarn);
+            let (f, m, all) = (
+                f64::from(factor),
+                optional("mscale")?.filter(|v| *v != 0.0),
+                optional("mscale_all_dim")?.filter(|v| *v != 0.0),
+            );
+            spec.scale = match (optional("attention_factor")?, m.zip(all)) {
+                (Some(a), _) => a,
+                (None, Some((m, all))) => {
+                    (yarn_mscale(f, f64::from(m)) / yarn_mscale(f, f64::from(all))) as f32
+                }
+                (None, None) => yarn_mscale(f, 1.0) as f32,
+            };
+            context = context.max((original * factor) as usize);
+        }
         other => {
             return Err(format!(
-                "{key} {other:?} is not supported (default, linear and llama3 are)"
+                "{key} {other:?} is not supported (default, linear, llama3 and yarn are)"
             ));
         }
-    };
-    Ok(RopeSpec { base, divisors })
+    }
+    Ok(ConfigRope { spec, context })
 }
 
 /// The width of one attention head: the file's own (`key_length`, `head_dim`), else
@@ -444,6 +501,45 @@ mod tests {
     }
 
     #[test]
+    fn yarn_as_qwen_s_model_cards_set_it_stretches_the_context_and_scales_attention() {
+        // Qwen2.5-7B-Instruct's config, with its card's addition for texts past 32,768.
+        let mut qwen = config(
+            "qwen2",
+            json!({"rope_theta": 1e6,
+            "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768,
+                "type": "yarn"}}),
+        );
+        qwen["max_position_embeddings"] = json!(32768);
+        let yarn = layout(qwen.clone()).unwrap();
+        assert_eq!(yarn.context, 131072, "as vLLM derives it: 32,768 × 4");
+        assert!((yarn.rope.scale - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+        let d = &yarn.rope.divisors;
+        assert_eq!((d[0], d[31]), (1.0, 4.0), "fast kept, slow stretched");
+        assert!(
+            d.iter().any(|&x| x > 1.0 && x < 4.0),
+            "a blended band: {d:?}"
+        );
+        qwen.as_object_mut().unwrap().remove("rope_scaling");
+        let plain = layout(qwen).unwrap();
+        assert_eq!((plain.context, plain.rope.scale), (32768, 1.0));
+        // A stated attention factor wins; a factor of 1 changes nothing.
+        let stated = layout(config(
+            "qwen2",
+            json!({"rope_scaling": {"rope_type": "yarn",
+            "factor": 4.0, "attention_factor": 1.5, "mscale": 2.0, "mscale_all_dim": 1.0}}),
+        ));
+        assert_eq!(stated.unwrap().rope.scale, 1.5);
+        let one = layout(config(
+            "qwen2",
+            json!({"rope_scaling": {"rope_type": "yarn",
+            "factor": 1.0}}),
+        ))
+        .unwrap();
+        assert_eq!(one.rope.scale, 1.0);
+        assert!(one.rope.divisors.iter().all(|&d| d == 1.0));
+    }
+
+    #[test]
     fn rope_scaling_wins_over_rope_parameters_as_in_transformers() {
         let both = layout(config(
             "llama",
@@ -459,8 +555,16 @@ mod tests {
     fn settings_suffixd_cannot_run_are_refused_by_name() {
         for (rope, says) in [
             (
-                json!({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}),
-                "rope_parameters \"yarn\" is not supported",
+                json!({"rope_parameters": {"rope_type": "longrope", "factor": 4.0}}),
+                "rope_parameters \"longrope\" is not supported (default, linear, llama3 and yarn are)",
+            ),
+            (
+                json!({"rope_scaling": {"type": "yarn", "factor": "4"}}),
+                "rope_scaling \"yarn\" needs a number factor",
+            ),
+            (
+                json!({"rope_scaling": {"type": "yarn", "factor": -4.0}}),
+                "needs a positive factor",
             ),
             (
                 json!({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}),
