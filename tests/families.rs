@@ -14,7 +14,7 @@
 //! - Llama 3's RoPE scaling from a directory against `llama`, and from GGUF (as
 //!   `rope_freqs.weight`) against the directory;
 //! - YaRN's RoPE scaling (families/rope.rs) against transformers' own logits, kept as a
-//!   fixture.
+//!   fixture; SmolLM3's layers without RoPE (NoPE) against `smollm3`, and from GGUF.
 //!
 //! Every prefix of a prompt longer than the sliding windows is compared, f32 logits within
 //! 1e-4. candle's sliding masks let a query see `window + 1` positions where Hugging Face
@@ -51,6 +51,7 @@ enum Fam {
     Qwen2,
     Qwen3,
     Gemma3,
+    SmolLM3,
 }
 
 /// A tiny model of one family: its sizes, and its weights in Hugging Face's names and
@@ -92,6 +93,8 @@ impl Tiny {
     fn with_head_dim(fam: Fam, head_dim: Option<usize>) -> Self {
         let (layers, heads, kv_heads, default_head_dim) = match fam {
             Fam::Qwen3 => (4, 4, 2, 32),
+            // Four layers: SmolLM3's fourth rotates nothing.
+            Fam::SmolLM3 => (4, 4, 2, 16),
             // One key/value head, as Gemma 3 270M has (and candle's gemma3 needs: its
             // cache refuses the strided values that several heads give).
             Fam::Gemma3 => (4, 4, 1, 32),
@@ -206,6 +209,9 @@ impl Tiny {
             }),
             Fam::Mistral => serde_json::json!({"model_type": "mistral", "sliding_window": window}),
             Fam::Qwen2 => serde_json::json!({"model_type": "qwen2"}),
+            Fam::SmolLM3 => {
+                serde_json::json!({"model_type": "smollm3", "no_rope_layer_interval": 4})
+            }
             Fam::Qwen3 => serde_json::json!({
                 "model_type": "qwen3", "attention_bias": false, "use_sliding_window": false,
                 "sliding_window": null, "max_window_layers": self.layers,
@@ -254,10 +260,11 @@ impl Tiny {
             Fam::Qwen2 => "qwen2",
             Fam::Qwen3 => "qwen3",
             Fam::Gemma3 => "gemma3",
+            Fam::SmolLM3 => "smollm3",
         };
         let gemma = self.fam == Fam::Gemma3;
         let adjacent = |t: &Tensor, heads: usize| -> Tensor {
-            if arch != "llama" {
+            if !matches!(arch, "llama" | "smollm3") {
                 return t.clone();
             }
             let (rows, cols) = t.dims2().unwrap();
@@ -825,7 +832,13 @@ fn rest_as_alone(model: &Model, cache: &mut KvCache, alone: &[Vec<u32>], what: &
 
 #[test]
 fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
-    for fam in [Fam::Llama3, Fam::Qwen2, Fam::Qwen3, Fam::Gemma3] {
+    for fam in [
+        Fam::Llama3,
+        Fam::Qwen2,
+        Fam::Qwen3,
+        Fam::Gemma3,
+        Fam::SmolLM3,
+    ] {
         let tiny = Tiny::new(fam);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.gguf");
@@ -836,7 +849,7 @@ fn every_family_gives_a_token_the_same_bits_alone_in_a_chain_and_in_a_tree() {
     }
 }
 
-// YaRN RoPE scaling against transformers' logits.
+// YaRN RoPE scaling against transformers' logits; SmolLM3's NoPE layers.
 #[path = "families/rope.rs"]
 mod rope;
 

@@ -4,7 +4,7 @@ reference implementation, on the same weights: a real GGUF file (both dequantize
 weights to f32), or a directory that transformers itself writes for each family.
 
     tools/transformers-reference.py GGUF... [--suffixd BIN] [--tokens 16] [--long 1200]
-    tools/transformers-reference.py --synthetic llama mistral qwen2 qwen3 gemma3_text \
+    tools/transformers-reference.py --synthetic llama mistral qwen2 qwen3 gemma3_text smollm3 \
         [--legacy-config] [--convert LLAMA_CPP/convert_hf_to_gguf.py] [--long 300]
     tools/transformers-reference.py --synthetic qwen2 qwen3 --yarn [--convert ...]
 
@@ -140,6 +140,9 @@ FAMILIES = {
                   max_position_embeddings=32768),
     "qwen3": dict(rms_norm_eps=1e-6, tie_word_embeddings=True, head_dim=128,
                   rope_theta=1000000.0, max_position_embeddings=40960),
+    "smollm3": dict(rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=5000000.0,
+                    max_position_embeddings=65536, no_rope_layer_interval=4,
+                    pad_token_id=None),
     "gemma3_text": dict(rms_norm_eps=1e-6, num_hidden_layers=7, num_key_value_heads=1,
                         sliding_window=64, query_pre_attn_scalar=48,
                         max_position_embeddings=131072, rope_theta=1000000.0,

@@ -26,12 +26,14 @@ pub enum Family {
     /// Gemma 3 (text): q and k norms, norms after attention and after the feed-forward,
     /// GELU, embeddings scaled by √width, and sliding-window layers between global ones.
     Gemma3,
+    /// SmolLM3: llama's block, with some layers that rotate nothing (NoPE; every fourth).
+    SmolLM3,
 }
 
 /// The GGUF architectures (`general.architecture`) that load, for error messages.
-pub const SUPPORTED_GGUF: &str = "llama, qwen2, qwen3, gemma3";
+pub const SUPPORTED_GGUF: &str = "llama, qwen2, qwen3, gemma3, smollm3";
 /// The Hugging Face `model_type`s that load, for error messages.
-pub const SUPPORTED_HF: &str = "llama, mistral, qwen2, qwen3, gemma3_text";
+pub const SUPPORTED_HF: &str = "llama, mistral, qwen2, qwen3, gemma3_text, smollm3";
 
 impl Family {
     /// The family of a GGUF file's `general.architecture`.
@@ -41,6 +43,7 @@ impl Family {
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
             "gemma3" => Family::Gemma3,
+            "smollm3" => Family::SmolLM3,
             _ => return None,
         })
     }
@@ -53,6 +56,7 @@ impl Family {
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
             "gemma3_text" => Family::Gemma3,
+            "smollm3" => Family::SmolLM3,
             _ => return None,
         })
     }
@@ -69,7 +73,7 @@ impl Family {
             gguf_rope_pairs: RopePairs::Adjacent,
         };
         match self {
-            Family::Llama | Family::Mistral => llama,
+            Family::Llama | Family::Mistral | Family::SmolLM3 => llama,
             Family::Qwen2 => Block {
                 qkv_bias: true,
                 gguf_rope_pairs: RopePairs::Halves,
@@ -220,6 +224,17 @@ pub struct RopeSpec {
 }
 
 impl RopeSpec {
+    /// A table that rotates nothing (SmolLM3's NoPE layers): every angle is 0, so cos 1
+    /// and sin 0 leave q and k as they are, on every path and device, with no kernel of
+    /// its own.
+    pub fn none(head_dim: usize) -> Self {
+        RopeSpec {
+            base: 1.0,
+            divisors: vec![f32::INFINITY; head_dim / 2],
+            scale: 1.0,
+        }
+    }
+
     /// Plain RoPE at `base`.
     pub fn plain(base: f32) -> Self {
         RopeSpec {
@@ -262,7 +277,13 @@ mod tests {
 
     #[test]
     fn every_family_s_name_round_trips() {
-        for f in [Family::Llama, Family::Qwen2, Family::Qwen3, Family::Gemma3] {
+        for f in [
+            Family::Llama,
+            Family::Qwen2,
+            Family::Qwen3,
+            Family::Gemma3,
+            Family::SmolLM3,
+        ] {
             let name = serde_json::to_value(f).unwrap();
             assert_eq!(Family::from_gguf(name.as_str().unwrap()), Some(f));
         }

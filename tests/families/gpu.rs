@@ -28,6 +28,7 @@ fn on_a_gpu_its_kernels_run_every_family_exactly() {
         (Fam::Mistral, None),
         (Fam::Qwen2, None),
         (Fam::Qwen3, None),
+        (Fam::SmolLM3, None),
         (Fam::Gemma3, None),
         (Fam::Gemma3, Some(256)),
     ] {

@@ -1,8 +1,12 @@
-//! YaRN RoPE scaling (Qwen's model cards' way to long contexts) against Hugging Face
-//! transformers itself: the tiny Qwen 2 model's logits under four YaRN configs, computed
-//! by transformers and kept in `tests/fixtures/yarn_transformers.json`
-//! (`tools/yarn-fixture.py` rewrites it; the test suite installs no PyTorch), and the
-//! same from GGUF files carrying the keys llama.cpp's converter writes.
+//! Positions beyond plain RoPE (a module of tests/families.rs):
+//!
+//! - YaRN scaling (Qwen's model cards' way to long contexts) against Hugging Face
+//!   transformers itself: the tiny Qwen 2 model's logits under four YaRN configs, computed
+//!   by transformers and kept in `tests/fixtures/yarn_transformers.json`
+//!   (`tools/yarn-fixture.py` rewrites it; the test suite installs no PyTorch), and the
+//!   same from GGUF files carrying the keys llama.cpp's converter writes;
+//! - SmolLM3's layers without RoPE (NoPE) against candle-transformers' `smollm3`, and
+//!   from GGUF.
 
 use super::*;
 
@@ -163,4 +167,63 @@ fn yarn_stretches_the_context_positions_are_made_for() {
     assert_eq!(load(16, 1024), CONTEXT);
     assert_eq!(load(64, 1024), 256);
     assert_eq!(load(64, 100), 100, "the caller's limit still binds");
+}
+
+#[test]
+fn smollm3_s_layers_without_rope_match_the_library_s_smollm3_from_a_directory_and_from_gguf() {
+    use candle_transformers::models::smol::smollm3;
+    let tiny = Tiny::new(Fam::SmolLM3);
+    let dir = tempfile::tempdir().unwrap();
+    let load_dir = |config: &serde_json::Value| {
+        tiny.write_hf(dir.path());
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let model = Model::load_safetensors(dir.path(), WeightFormat::F32, CONTEXT, &Device::Cpu);
+        ours(&model.unwrap(), &PROMPT)
+    };
+    let library = |config: &serde_json::Value, n: usize| {
+        let cfg: smollm3::Config = serde_json::from_value(config.clone()).unwrap();
+        let mut lib = smollm3::ModelForCausalLM::new(&cfg, var_builder(dir.path())).unwrap();
+        flat(&lib.forward(&input(n), 0).unwrap())
+    };
+    // Every fourth layer without RoPE (SmolLM3-3B's config), then a list of its own.
+    let every_fourth = tiny.config(false);
+    let from_dir = load_dir(&every_fourth);
+    agree("SmolLM3 (every 4th) vs the library", &from_dir, |n| {
+        library(&every_fourth, n)
+    });
+    let mut listed = every_fourth.clone();
+    listed["no_rope_layers"] = serde_json::json!([1, 0, 1, 0]);
+    let from_list = load_dir(&listed);
+    agree("SmolLM3 (no_rope_layers) vs the library", &from_list, |n| {
+        library(&listed, n)
+    });
+    // It can fail: the same weights with RoPE on every layer (llama's block) differ.
+    let mut rotated = every_fourth.clone();
+    rotated["model_type"] = serde_json::json!("llama");
+    let llama = load_dir(&rotated);
+    let last = PROMPT.len() - 1;
+    assert!(worst(&llama[last], &from_dir[last]) > 1e-3);
+    assert!(worst(&from_list[last], &from_dir[last]) > 1e-3);
+
+    // GGUF (architecture smollm3: llama's tensors, every fourth layer without RoPE, as
+    // llama.cpp fixes it).
+    tiny.write_hf(dir.path());
+    let path = dir.path().join("model.gguf");
+    tiny.write_gguf(&path, GgmlDType::F32);
+    let from_gguf = ours(&load_gguf(&path, WeightFormat::F32), &PROMPT);
+    agree("SmolLM3 GGUF vs directory", &from_gguf, |n| {
+        from_dir[n - 1].clone()
+    });
+
+    // A list that does not fit the layers is refused by name.
+    listed["no_rope_layers"] = serde_json::json!([1, 0]);
+    std::fs::write(dir.path().join("config.json"), listed.to_string()).unwrap();
+    let err = Model::load_safetensors(dir.path(), WeightFormat::F32, CONTEXT, &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("no_rope_layers has 2 entries for 4 layers"),
+        "{err}"
+    );
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 
-use super::{finite, head_width, md_f32, md_u32, unread_refusal};
+use super::{finite, head_width, md_f32, md_u32, unread_refusal, without_positions};
 use crate::model::arch::{
     Family, RopeSpec, SUPPORTED_GGUF, Yarn, gemma_layer_slides, yarn_mscale, yarn_rope_divisors,
 };
@@ -139,6 +139,12 @@ impl Model {
         for (i, window) in windows.into_iter().enumerate() {
             layers.push(t.layer(i, window, family, &arch, &matrix)?);
         }
+        // SmolLM3's NoPE layers: every fourth, as llama.cpp fixes it (the file says nothing).
+        let positionless: Vec<bool> = (0..layers_n)
+            .map(|l| family == Family::SmolLM3 && (l + 1).is_multiple_of(4))
+            .collect();
+        let mut ropes = ropes;
+        without_positions(&mut ropes, &mut layers, &positionless, head_dim);
         // llama.cpp's loader refuses such a file too ("wrong number of tensors").
         if let Some(refusal) = unread_refusal(&t.unread(), family, "the file's") {
             return Err(fmt(refusal));

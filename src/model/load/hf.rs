@@ -12,7 +12,10 @@ use std::sync::Mutex;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use super::{HfConfig, HfLayout, finite, rope_rows_interleaved, safetensors_files, unread_refusal};
+use super::{
+    HfConfig, HfLayout, finite, rope_rows_interleaved, safetensors_files, unread_refusal,
+    without_positions,
+};
 use crate::model::arch::{Family, RopeSpec};
 use crate::model::forward::{Model, ModelConfig, ModelError, WeightFormat};
 use crate::model::kernels::norm::RopePairs;
@@ -141,6 +144,7 @@ impl Model {
             rope: global_rope,
             sliding_rope,
             windows,
+            positionless,
         } = hf.layout(family).map_err(|message| ModelError::Format {
             path: origin.into(),
             message,
@@ -163,14 +167,15 @@ impl Model {
         } else {
             r.matrix(embed.clone())?
         }]);
-        let layers = windows
+        let mut layers = windows
             .into_iter()
             .enumerate()
             .map(|(i, window)| r.layer(i, window))
             .collect::<Result<Vec<_>, _>>()?;
         let final_norm = r.norm("model.norm.weight")?;
         let rope_base = global_rope.base;
-        let ropes: Vec<RopeSpec> = std::iter::once(global_rope).chain(sliding_rope).collect();
+        let mut ropes: Vec<RopeSpec> = std::iter::once(global_rope).chain(sliding_rope).collect();
+        without_positions(&mut ropes, &mut layers, &positionless, head_dim);
         let block = family.block();
         let cfg = ModelConfig {
             family,

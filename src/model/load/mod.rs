@@ -18,6 +18,7 @@ use super::arch::{
 };
 use super::forward::ModelError;
 use super::kernels::activation::Activation;
+use super::layer::Layer;
 
 pub(super) fn md_u32(c: &gguf_file::Content, key: &str) -> Result<u32, String> {
     c.metadata
@@ -85,6 +86,12 @@ pub(super) struct HfConfig {
     /// "full_attention".
     #[serde(default)]
     pub(super) layer_types: Option<Vec<String>>,
+    /// SmolLM3: per layer, 1 where it rotates q and k and 0 where it does not (NoPE).
+    #[serde(default)]
+    pub(super) no_rope_layers: Option<Vec<u8>>,
+    /// SmolLM3 without `no_rope_layers`: every n-th layer rotates nothing (4 by default).
+    #[serde(default)]
+    pub(super) no_rope_layer_interval: Option<usize>,
     /// Gemma 3: the sliding layers' RoPE base.
     #[serde(default)]
     pub(super) rope_local_base_freq: Option<f32>,
@@ -143,8 +150,11 @@ impl HfConfig {
                 "hidden activation {a:?} is not supported for {model_type} ({want} only)"
             )));
         }
-        if family == Family::Qwen2 && cfg.use_sliding_window == Some(true) {
-            return Err(fmt("Qwen 2's use_sliding_window is not supported".into()));
+        if matches!(family, Family::Qwen2 | Family::SmolLM3) && cfg.use_sliding_window == Some(true)
+        {
+            return Err(fmt(format!(
+                "{model_type}'s use_sliding_window is not supported"
+            )));
         }
         if cfg.final_logit_softcapping.is_some() || cfg.attn_logit_softcapping.is_some() {
             return Err(fmt("logit softcapping (Gemma 2's) is not supported".into()));
@@ -188,6 +198,28 @@ impl HfConfig {
         Ok((global, sliding))
     }
 
+    /// Per layer, whether it rotates nothing: SmolLM3's NoPE layers, from
+    /// `no_rope_layers` (0 where not), else every `no_rope_layer_interval`-th (4), as
+    /// transformers reads them.
+    pub(super) fn positionless(&self, family: Family) -> Result<Vec<bool>, String> {
+        let n = self.num_hidden_layers;
+        if family != Family::SmolLM3 {
+            return Ok(vec![false; n]);
+        }
+        match (
+            &self.no_rope_layers,
+            self.no_rope_layer_interval.unwrap_or(4),
+        ) {
+            (Some(flags), _) if flags.len() == n => Ok(flags.iter().map(|&f| f == 0).collect()),
+            (Some(flags), _) => Err(format!(
+                "no_rope_layers has {} entries for {n} layers",
+                flags.len()
+            )),
+            (None, 0) => Err("no_rope_layer_interval is 0".into()),
+            (None, every) => Ok((0..n).map(|l| (l + 1).is_multiple_of(every)).collect()),
+        }
+    }
+
     /// Each layer's sliding window: Mistral's on every layer, Gemma's on all but every
     /// n-th.
     /// What the config's sizes make of the block: key/value heads, head width, the
@@ -204,6 +236,7 @@ impl HfConfig {
             rope: rope.spec,
             sliding_rope: sliding_rope.map(|r| r.spec),
             windows: self.windows(family)?,
+            positionless: self.positionless(family)?,
         })
     }
 
@@ -248,6 +281,29 @@ pub(super) struct HfLayout {
     /// Gemma 3's sliding layers' table.
     pub(super) sliding_rope: Option<RopeSpec>,
     pub(super) windows: Vec<Option<usize>>,
+    /// Per layer, whether it rotates nothing (SmolLM3's NoPE layers).
+    pub(super) positionless: Vec<bool>,
+}
+
+/// Gives the layers that rotate nothing (`positionless`) a table of their own that
+/// rotates by nothing ([`RopeSpec::none`]), after the others' tables.
+pub(super) fn without_positions(
+    ropes: &mut Vec<RopeSpec>,
+    layers: &mut [Layer],
+    positionless: &[bool],
+    head_dim: usize,
+) {
+    if !positionless.contains(&true) {
+        return;
+    }
+    ropes.push(RopeSpec::none(head_dim));
+    for (layer, _) in layers
+        .iter_mut()
+        .zip(positionless)
+        .filter(|(_, none)| **none)
+    {
+        layer.rope = ropes.len() - 1;
+    }
 }
 
 /// One RoPE table of a config, and the context its positions are made for.

@@ -1,6 +1,8 @@
 //! The model's chat template (from its metadata), rendered with minijinja.
 
-use minijinja::{Environment, Error as JinjaError, ErrorKind, context};
+mod jinja;
+
+use minijinja::{Environment, Error as JinjaError, context};
 use serde::Deserialize;
 
 /// One chat message.
@@ -55,16 +57,13 @@ pub struct ChatTemplate {
     tools: bool,
 }
 
-fn raise_exception(msg: String) -> Result<String, JinjaError> {
-    Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-}
-
 impl ChatTemplate {
-    /// Compile `source` (a Hugging Face Jinja chat template).
+    /// Compile `source` (a Hugging Face Jinja chat template), with what transformers adds
+    /// to Jinja: Python's string and dict methods, `raise_exception`, `strftime_now` and
+    /// the `generation` tag.
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<Self, TemplateError> {
-        let mut env = Environment::new();
-        env.add_function("raise_exception", raise_exception);
-        env.add_template_owned("chat", source.to_string())
+        let mut env = jinja::environment();
+        env.add_template_owned("chat", jinja::without_generation_tags(source))
             .map_err(TemplateError::Compile)?;
         Ok(Self {
             env,
@@ -177,6 +176,36 @@ impl ChatTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn python_methods_and_generation_tags_render_as_transformers_renders_them() {
+        // What Qwen 3's template does with an answer that thought, and SmolLM3's with its
+        // assistant turns.
+        let src = concat!(
+            "{%- for m in messages %}",
+            "{%- if m.role == 'assistant' and '</think>' in m.content %}",
+            "{%- set thought = m.content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}",
+            "{%- set answer = m.content.split('</think>')[-1].lstrip('\\n') %}",
+            "{%- generation -%} [{{ thought.upper() }}|{{ answer.replace('a', 'A') }}] {%- endgeneration %}",
+            "{%- elif m.content.startswith('<tool_response>') and m.content.endswith('</tool_response>') %}tool",
+            "{%- else %}{% generation %}{{ m.content.strip() }}{% endgeneration %}{%- endif %}",
+            "{%- endfor %}",
+        );
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let message = |role: &str, content: &str| ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        };
+        let out = t
+            .render(&[
+                message("assistant", "<think>\nhmm\n</think>\n\nan answer"),
+                message("user", "<tool_response>42</tool_response>"),
+                message("user", "  hi  "),
+            ])
+            .unwrap();
+        assert_eq!(out, "[HMM|An Answer]toolhi");
+    }
 
     #[test]
     fn renders_chatml_with_a_generation_prompt() {
