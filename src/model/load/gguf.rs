@@ -130,8 +130,9 @@ impl Model {
         }]);
         let norm = t.norm("output_norm.weight")?;
         let Positions {
-            ropes,
+            mut ropes,
             windows,
+            positionless,
             context,
         } = t.positions(family, &arch, head_dim, layers_n, trained_context)?;
         let base = ropes[0].base;
@@ -139,11 +140,6 @@ impl Model {
         for (i, window) in windows.into_iter().enumerate() {
             layers.push(t.layer(i, window, family, &arch, &matrix)?);
         }
-        // SmolLM3's NoPE layers: every fourth, as llama.cpp fixes it (the file says nothing).
-        let positionless: Vec<bool> = (0..layers_n)
-            .map(|l| family == Family::SmolLM3 && (l + 1).is_multiple_of(4))
-            .collect();
-        let mut ropes = ropes;
         without_positions(&mut ropes, &mut layers, &positionless, head_dim);
         // llama.cpp's loader refuses such a file too ("wrong number of tensors").
         if let Some(refusal) = unread_refusal(&t.unread(), family, "the file's") {
@@ -194,6 +190,8 @@ struct Positions {
     ropes: Vec<RopeSpec>,
     /// Each layer's sliding window.
     windows: Vec<Option<usize>>,
+    /// Per layer, whether it rotates nothing (SmolLM3's NoPE layers).
+    positionless: Vec<bool>,
     /// The longest context the positions are made for.
     context: usize,
 }
@@ -212,8 +210,9 @@ struct Tensors<'a> {
 
 impl Tensors<'_> {
     /// The RoPE tables the layers name (the global one first; Gemma's sliding layers use
-    /// a second, with its own base), each layer's sliding window, and the longest context
-    /// the positions are made for.
+    /// a second, with its own base), each layer's sliding window, the layers that rotate
+    /// nothing (SmolLM3's every fourth, as llama.cpp fixes it: the file says nothing), and
+    /// the longest context the positions are made for.
     fn positions(
         &mut self,
         family: Family,
@@ -240,6 +239,9 @@ impl Tensors<'_> {
         Ok(Positions {
             ropes,
             windows,
+            positionless: (0..layers_n)
+                .map(|l| family == Family::SmolLM3 && (l + 1).is_multiple_of(4))
+                .collect(),
             context,
         })
     }
