@@ -47,6 +47,20 @@ pub enum TemplateError {
     Render(#[source] JinjaError),
 }
 
+/// How a template teaches the model to write a tool call, so that the server asks for
+/// calls in that form and reads them from the answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallSyntax {
+    /// Each call in a block, text around them allowed (Hermes, Qwen 2.5 and 3, SmolLM3,
+    /// and the server's own tool description for templates without tools):
+    /// `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`.
+    Tagged,
+    /// The answer is the call, a bare JSON object with the arguments under
+    /// `parameters` (Llama 3.1, 3.2 and 3.3): `{"name": .., "parameters": {..}}`. One
+    /// call per answer: these templates refuse a turn with more.
+    BareJson,
+}
+
 /// A compiled chat template.
 #[derive(Clone)]
 pub struct ChatTemplate {
@@ -55,6 +69,8 @@ pub struct ChatTemplate {
     eos: String,
     /// The template reads a `tools` list (it renders tool definitions itself).
     tools: bool,
+    /// The call form it teaches.
+    syntax: CallSyntax,
 }
 
 impl ChatTemplate {
@@ -70,7 +86,24 @@ impl ChatTemplate {
             bos: bos.into(),
             eos: eos.into(),
             tools: source.contains("tools"),
+            syntax: call_syntax_of(source),
         })
+    }
+
+    /// Another template (`--chat-template`) for the same model: the same `bos_token` and
+    /// `eos_token`.
+    pub fn with_source(&self, source: &str) -> Result<Self, TemplateError> {
+        Self::new(source, &self.bos, &self.eos)
+    }
+
+    /// How the model is taught to write a call ([`CallSyntax`]); a template that does
+    /// not render tools gets the server's description, in the tagged form.
+    pub fn call_syntax(&self) -> CallSyntax {
+        if self.tools {
+            self.syntax
+        } else {
+            CallSyntax::Tagged
+        }
     }
 
     /// True when the template renders tool definitions and calls itself; without it,
@@ -173,6 +206,18 @@ impl ChatTemplate {
     }
 }
 
+/// The call form a template's source teaches: Llama 3's when it renders tool results
+/// in an `ipython` turn and asks for `"parameters"` (as llama.cpp and vLLM recognise
+/// it) and has no `<tool_call>` block; the tagged form otherwise.
+fn call_syntax_of(source: &str) -> CallSyntax {
+    let llama3 = source.contains("ipython") && source.contains("\"parameters\"");
+    if llama3 && !source.contains("<tool_call>") {
+        CallSyntax::BareJson
+    } else {
+        CallSyntax::Tagged
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +250,53 @@ mod tests {
             ])
             .unwrap();
         assert_eq!(out, "[HMM|An Answer]toolhi");
+    }
+
+    /// The call form is read from the template: Llama 3's bare object where it asks for
+    /// `"parameters"` and renders results as `ipython`, the tagged form otherwise.
+    #[test]
+    fn the_call_syntax_follows_the_template() {
+        let llama = include_str!("../../tests/fixtures/llama3-tools.jinja");
+        let t = ChatTemplate::new(llama, "", "").unwrap();
+        assert_eq!(t.call_syntax(), CallSyntax::BareJson);
+        let hermes = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tool_call>{% endif %}";
+        assert_eq!(
+            ChatTemplate::new(hermes, "", "").unwrap().call_syntax(),
+            CallSyntax::Tagged
+        );
+        // Without tools the server describes them, in its own tagged form.
+        let plain = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        assert_eq!(
+            t.with_source(plain).unwrap().call_syntax(),
+            CallSyntax::Tagged
+        );
+        // A Llama 3 template rewritten for <tool_call> blocks (as some fine-tunes do).
+        let rewritten = llama.replace("Respond in", "Answer with a <tool_call> block. Respond in");
+        assert_eq!(
+            ChatTemplate::new(&rewritten, "", "").unwrap().call_syntax(),
+            CallSyntax::Tagged
+        );
+        // An earlier call renders as the bare object, its arguments as JSON.
+        let messages = [
+            ChatMessage {
+                role: "user".into(),
+                content: "Weather in Paris?".into(),
+                ..Default::default()
+            },
+            ChatMessage {
+                role: "assistant".into(),
+                tool_calls: Some(serde_json::json!([{"type": "function", "function": {
+                    "name": "get_weather", "arguments": {"city": "Paris"}}}])),
+                ..Default::default()
+            },
+        ];
+        let text = t.render(&messages).unwrap();
+        assert!(
+            text.contains(
+                "<|im_start|>assistant\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|im_end|>"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 
+use crate::chat::ChatTemplate;
 use crate::replicate::ReplicationConfig;
 use crate::serve::{ServeConfig, serve};
 use crate::store::wal::FsyncPolicy;
@@ -51,6 +52,7 @@ struct FileConfig {
     draft_model: Option<PathBuf>,
     draft_weights: Option<crate::model::forward::WeightFormat>,
     hybrid_tau: Option<f64>,
+    chat_template: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -71,6 +73,11 @@ pub(super) struct ServeArgs {
     model: ModelArgs,
     #[command(flatten)]
     spec: SpecArgs,
+    /// A chat template file (Jinja, as in a model's tokenizer_config.json) to use
+    /// instead of the model's own: for a model without one, or one whose template does
+    /// not render tools [default: the model's].
+    #[arg(long, env = "SUFFIXD_CHAT_TEMPLATE")]
+    chat_template: Option<PathBuf>,
     /// Plain decoding, no speculation (for comparisons).
     #[arg(long)]
     no_spec: bool,
@@ -158,6 +165,26 @@ pub(super) struct ServeArgs {
     /// setting; a new stream keeps records forever].
     #[arg(long = "stream-max-age", env = "SUFFIXD_STREAM_MAX_AGE")]
     stream_max_age_s: Option<u64>,
+}
+
+/// The chat template in the file at `path`, for `engine`'s model: with its template's
+/// `bos_token` and `eos_token`, or, for a model without one, its end-of-sequence
+/// token's text and an empty `bos_token`.
+fn chat_template_from(path: &Path, engine: &crate::engine::Engine) -> anyhow::Result<ChatTemplate> {
+    let source = crate::files::read_regular_to_string(path, "chat template")
+        .with_context(|| format!("cannot read the chat template {}", path.display()))?;
+    let template = match engine.template() {
+        Some(own) => own.with_source(&source),
+        None => {
+            let eos = engine
+                .eos()
+                .first()
+                .and_then(|&id| engine.tokenizer().decode(&[id], false).ok())
+                .unwrap_or_default();
+            ChatTemplate::new(&source, "", &eos)
+        }
+    };
+    template.with_context(|| format!("the chat template {}", path.display()))
 }
 
 fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
@@ -286,7 +313,10 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         prefix.budget_bytes / engine.kv_bytes_per_token().max(1)
     );
     let tokenizer = engine.tokenizer().clone();
-    let template = engine.template().cloned();
+    let template = match a.chat_template.as_deref().or(file.chat_template.as_deref()) {
+        Some(path) => Some(chat_template_from(path, &engine)?),
+        None => engine.template().cloned(),
+    };
     let params = a.spec.params()?;
     match &cfg.admin_token {
         None => tracing::warn!("SUFFIXD_ADMIN_TOKEN is not set: the admin API is disabled"),

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::chat::{ChatMessage, PromptPiece, TemplateError};
+use crate::chat::{CallSyntax, ChatMessage, ChatTemplate, PromptPiece, TemplateError};
 use crate::engine::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
 use crate::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling};
 
@@ -337,6 +337,9 @@ async fn generate(
             req.tools.clone(),
             req.tool_choice.as_ref(),
             req.parallel_tool_calls,
+            app.template
+                .as_ref()
+                .map_or(CallSyntax::Tagged, ChatTemplate::call_syntax),
         )?
     } else {
         None
@@ -363,8 +366,11 @@ async fn generate(
     refuse_when_queue_full(&app)?;
     opts.grammar = grammar_of(&app, format, tool_plan.as_ref()).await?;
     // Calls are read from the answer when the model may make them.
-    let reads_calls = tool_plan.as_ref().is_some_and(ToolPlan::offers_calls);
-    if reads_calls {
+    let reads_calls = tool_plan
+        .as_ref()
+        .filter(|p| p.offers_calls())
+        .map(ToolPlan::syntax);
+    if reads_calls == Some(CallSyntax::Tagged) {
         // A small model repeats the call it just made until `max_tokens`.
         opts.stop_on_repeat = Some(tools::call_delimiters());
     }
@@ -378,9 +384,9 @@ async fn generate(
         // Calls held to the call grammar are in its layout: they stream as they are
         // decoded; others go out whole at the end.
         let calls = match (reads_calls, opts.grammar.is_some()) {
-            (true, true) => StreamCalls::AsDecoded,
-            (true, false) => StreamCalls::Whole,
-            (false, _) => StreamCalls::No,
+            (Some(syntax), true) => StreamCalls::AsDecoded(syntax),
+            (Some(syntax), false) => StreamCalls::Whole(syntax),
+            (None, _) => StreamCalls::No,
         };
         let stream = stream::stream_response(app, id, chat, calls, jobs, n as usize);
         return Ok(stream.into_response());
@@ -452,7 +458,7 @@ async fn answer_whole(
     app: Arc<AppState>,
     id: String,
     chat: bool,
-    reads_calls: bool,
+    reads_calls: Option<CallSyntax>,
     n: usize,
     jobs: Vec<JobChannels>,
 ) -> Result<Response, ApiError> {

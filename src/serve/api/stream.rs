@@ -20,16 +20,29 @@ use super::tools::{self, CallStreamer};
 use super::wire::{
     ChatChunkChoice, Chunk, ChunkChoice, Logprobs, MessageDelta, TextChoice, ToolCallDelta,
 };
+use crate::chat::CallSyntax;
 
 /// How a streamed answer's tool calls go out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum StreamCalls {
     /// The answer makes no calls: all of it is content.
     No,
-    /// Calls are read at the end and sent whole (the model wrote them freely).
-    Whole,
-    /// Calls are held to the call grammar: each streams as it is decoded.
-    AsDecoded,
+    /// Calls, written in this form, are read at the end and sent whole (the model wrote
+    /// them freely).
+    Whole(CallSyntax),
+    /// Calls, written in this form, are held to the call grammar: each streams as it is
+    /// decoded.
+    AsDecoded(CallSyntax),
+}
+
+impl StreamCalls {
+    /// How the answer's calls are written; None when it makes none.
+    fn syntax(self) -> Option<CallSyntax> {
+        match self {
+            StreamCalls::No => None,
+            StreamCalls::Whole(s) | StreamCalls::AsDecoded(s) => Some(s),
+        }
+    }
 }
 
 /// What a choice's forwarding task hands the stream: a step's tokens, then the end.
@@ -238,7 +251,7 @@ impl ChoiceStream {
             sent: 0,
             pending: Vec::new(),
             logprob_offset: 0,
-            calls: CallStreamer::default(),
+            calls: CallStreamer::new(calls_out.syntax().unwrap_or(CallSyntax::Tagged)),
         }
     }
 
@@ -266,16 +279,15 @@ impl ChoiceStream {
         let text = self.answer.as_str();
         // When the answer may call tools, text from where a call may begin is held
         // back: calls go out as tool-call deltas, never as content.
-        let end = if self.calls_out == StreamCalls::No {
-            text.len()
-        } else {
-            tools::streamable_len(text)
+        let end = match self.calls_out.syntax() {
+            None => text.len(),
+            Some(syntax) => tools::streamable_len(text, syntax),
         };
         // The engine's text never ends in a cut character.
         let piece =
             (end > self.sent && text.is_char_boundary(self.sent) && text.is_char_boundary(end))
                 .then(|| text[self.sent..end].to_string());
-        let deltas = if self.calls_out == StreamCalls::AsDecoded {
+        let deltas = if matches!(self.calls_out, StreamCalls::AsDecoded(_)) {
             self.calls.advance(text)
         } else {
             Vec::new()
@@ -304,8 +316,7 @@ impl ChoiceStream {
         let mut events = Vec::new();
         // The content past what was sent: the answer's, with any call blocks out of it
         // (what went out is always its start).
-        let reads_calls = self.calls_out != StreamCalls::No;
-        let (content, calls) = tools::read_answer(&g.text, reads_calls);
+        let (content, calls) = tools::read_answer(&g.text, self.calls_out.syntax());
         let content = content.unwrap_or_default();
         let rest = if content.len() > self.sent && content.is_char_boundary(self.sent) {
             content[self.sent..].to_string()
@@ -318,7 +329,7 @@ impl ChoiceStream {
         }
         // The rest of the calls: the last fragments of those streaming, and whole the
         // ones that did not stream.
-        let mut deltas = if self.calls_out == StreamCalls::AsDecoded {
+        let mut deltas = if matches!(self.calls_out, StreamCalls::AsDecoded(_)) {
             self.calls.advance(&g.text)
         } else {
             Vec::new()

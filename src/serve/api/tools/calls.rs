@@ -1,11 +1,16 @@
 //! An answer's tool calls: read from its text when it ends ([`read_answer`]), and streamed
-//! as they are decoded ([`CallStreamer`]), in the `<tool_call>` form the module above
-//! asks the model for. Call markup never reaches the content.
+//! as they are decoded ([`CallStreamer`]), in the form the model writes them
+//! ([`CallSyntax`]). Call markup never reaches the content.
 
 use serde_json::Value;
 
 use super::super::wire::{FunctionCall, FunctionDelta, ToolCallDelta, ToolCallOut};
-use super::{CALL_CLOSE, CALL_OPEN};
+use super::{CALL_CLOSE, CALL_OPEN, arguments_key};
+use crate::chat::CallSyntax;
+
+/// What Llama 3.1 may write before a call (its built-in tools' marker), when the
+/// tokenizer's text shows control tokens.
+const PYTHON_TAG: &str = "<|python_tag|>";
 
 /// A call the answer made.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,17 +36,26 @@ impl ToolCall {
     }
 }
 
-/// An answer that may hold calls, read: its content is the text outside the call
-/// blocks (None when there is none), its calls the blocks that hold a well-formed
-/// `{"name": .., "arguments": {..}}`. A block that does not (a call cut off by
-/// `max_tokens`, or a model's broken one) is dropped: call markup never reaches the
-/// content. Without any block, or when the answer could make no calls (`reads_calls`
-/// false), the content is the whole text.
+/// An answer read for the calls it made (`calls`: how the model writes them; None: it
+/// could make none, and the content is the whole text): its content (None when there is
+/// none) and its calls.
 pub(in crate::serve::api) fn read_answer(
     text: &str,
-    reads_calls: bool,
+    calls: Option<CallSyntax>,
 ) -> (Option<String>, Vec<ToolCall>) {
-    if !reads_calls || !text.contains(CALL_OPEN) {
+    match calls {
+        None => (Some(text.to_string()), Vec::new()),
+        Some(CallSyntax::Tagged) => read_tagged(text),
+        Some(CallSyntax::BareJson) => read_bare(text),
+    }
+}
+
+/// An answer with `<tool_call>` blocks: its content is the text outside them, its calls
+/// the blocks that hold a well-formed `{"name": .., "arguments": {..}}`. A block that
+/// does not (a call cut off by `max_tokens`, or a model's broken one) is dropped: call
+/// markup never reaches the content. Without any block, the content is the whole text.
+fn read_tagged(text: &str) -> (Option<String>, Vec<ToolCall>) {
+    if !text.contains(CALL_OPEN) {
         return (Some(text.to_string()), Vec::new());
     }
     let mut calls = Vec::new();
@@ -54,7 +68,7 @@ pub(in crate::serve::api) fn read_answer(
             Some(end) => (&body_start[..end], &body_start[end + CALL_CLOSE.len()..]),
             None => (body_start, ""),
         };
-        match read_call(body) {
+        match read_call(body, CallSyntax::Tagged) {
             Some(call) => calls.push(call),
             None => tracing::debug!("an answer's call block is not a call: {body:?}"),
         }
@@ -80,13 +94,65 @@ pub(in crate::serve::api) fn read_answer(
     ((!content.is_empty()).then_some(content), calls)
 }
 
-/// One call's `{"name": .., "arguments": {..}}`.
-fn read_call(body: &str) -> Option<ToolCall> {
+/// Where a Llama 3 answer's calls would start: past leading whitespace and a
+/// `<|python_tag|>`; None when the answer does not start with an object.
+fn bare_calls_start(text: &str) -> Option<&str> {
+    let body = text.trim_start();
+    let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body).trim_start();
+    body.starts_with('{').then_some(body)
+}
+
+/// A Llama 3 answer: the calls it starts with, bare objects one after another (as
+/// vLLM reads them, separated by whitespace or `;`), and the text after them as
+/// content. An answer that does not start with a call is all content, an object that
+/// is not a call (a JSON answer) included; a call cut off (by `max_tokens`) is dropped.
+fn read_bare(text: &str) -> (Option<String>, Vec<ToolCall>) {
+    let whole = || (Some(text.to_string()), Vec::new());
+    let Some(mut rest) = bare_calls_start(text) else {
+        return whole();
+    };
+    let mut calls = Vec::new();
+    while rest.starts_with('{') {
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(_)) => {
+                let end = values.byte_offset();
+                let Some(call) = read_call(&rest[..end], CallSyntax::BareJson) else {
+                    break;
+                };
+                calls.push(call);
+                rest = rest[end..].trim_start();
+                rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+            }
+            Some(Err(e)) if e.is_eof() && names_first(rest) => {
+                tracing::debug!("an answer's last call is cut off: {rest:?}");
+                rest = "";
+            }
+            _ => break,
+        }
+    }
+    if calls.is_empty() && !rest.is_empty() {
+        return whole();
+    }
+    ((!rest.is_empty()).then(|| rest.to_string()), calls)
+}
+
+/// True when `object` (an object's text, perhaps cut off) names its first key `name`:
+/// a call, not another JSON answer.
+fn names_first(object: &str) -> bool {
+    object
+        .strip_prefix('{')
+        .is_some_and(|o| o.trim_start().starts_with("\"name\""))
+}
+
+/// One call's `{"name": .., "arguments": {..}}`; the arguments may be under Llama 3's
+/// `parameters` (models trained on either write either).
+fn read_call(body: &str, syntax: CallSyntax) -> Option<ToolCall> {
     let v: Value = serde_json::from_str(body.trim()).ok()?;
     let name = v.get("name")?.as_str()?.to_string();
-    let arguments = match v.get("arguments") {
+    let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
         // The model's own text when it is the grammar's layout (as a stream sends it).
-        Some(a @ Value::Object(_)) => match call_head(body) {
+        Some(a @ Value::Object(_)) => match call_head(body, syntax) {
             Some((_, at))
                 if serde_json::from_str::<Value>(closed_arguments(&body[at..]))
                     .ok()
@@ -106,10 +172,17 @@ fn read_call(body: &str) -> Option<ToolCall> {
     Some(ToolCall { name, arguments })
 }
 
-/// How much of a streamed answer may go out as content now: text before a call, less
-/// a tail that may be the start of one, and less trailing whitespace (which
-/// [`read_answer`] drops before a call).
-pub(in crate::serve::api) fn streamable_len(text: &str) -> usize {
+/// How much of a streamed answer may go out as content now. Tagged: text before a
+/// call, less a tail that may be the start of one, and less trailing whitespace (which
+/// [`read_answer`] drops before a call). Llama 3's bare call: nothing while the answer
+/// may still start with one (whitespace, `{`, the python tag), then all of it.
+pub(in crate::serve::api) fn streamable_len(text: &str, syntax: CallSyntax) -> usize {
+    if syntax == CallSyntax::BareJson {
+        let body = text.trim_start();
+        let may_call =
+            body.is_empty() || PYTHON_TAG.starts_with(body) || bare_calls_start(text).is_some();
+        return if may_call { 0 } else { text.len() };
+    }
     if let Some(at) = text.find(CALL_OPEN) {
         return text[..at].trim_end().len();
     }
@@ -126,15 +199,19 @@ pub(in crate::serve::api) fn streamable_len(text: &str) -> usize {
     text[..keep].trim_end().len()
 }
 
-/// A call block's head in the layout the call grammar writes, `{"name": "NAME",
-/// "arguments": `: the name and where the arguments start in `body`. None for any other
-/// layout (a model writing calls freely), whose calls are sent whole.
-fn call_head(body: &str) -> Option<(&str, usize)> {
+/// A call's head in the layout the call grammar writes, `{"name": "NAME", "arguments":
+/// ` (or `"parameters"`, as `syntax` writes them): the name and where the arguments
+/// start in `body`. None for any other layout (a model writing calls freely), whose
+/// calls are sent whole.
+fn call_head(body: &str, syntax: CallSyntax) -> Option<(&str, usize)> {
     let lead = body.len() - body.trim_start().len();
     let rest = body[lead..].strip_prefix("{\"name\": \"")?;
     let name_len = rest.find('"')?;
     let name = &rest[..name_len];
-    let after = rest[name_len..].strip_prefix("\", \"arguments\": ")?;
+    let after = rest[name_len..]
+        .strip_prefix("\", \"")?
+        .strip_prefix(arguments_key(syntax))?
+        .strip_prefix("\": ")?;
     Some((name, body.len() - after.len()))
 }
 
@@ -145,12 +222,12 @@ fn closed_arguments(args: &str) -> &str {
     args.strip_suffix('}').unwrap_or(args).trim_end()
 }
 
-/// How much of an open block's `args` is surely arguments: less a tail that may be the
-/// object's closing brace, whitespace and the start of the closing tag.
-fn open_arguments_len(args: &str) -> usize {
+/// How much of an open call's `args` is surely arguments: less a tail that may be the
+/// call object's closing brace, whitespace and the start of the closing tag `close`.
+fn open_arguments_len(args: &str, close: &str) -> usize {
     let mut end = args.len();
-    for n in (1..CALL_CLOSE.len()).rev() {
-        if args.ends_with(&CALL_CLOSE[..n]) {
+    for n in (1..close.len()).rev() {
+        if args.ends_with(&close[..n]) {
             end -= n;
             break;
         }
@@ -163,16 +240,34 @@ fn open_arguments_len(args: &str) -> usize {
 /// head is written, then its arguments in fragments as they are decoded. Only calls in
 /// the call grammar's layout stream, and a call whose text so far could still repeat
 /// an earlier one waits (the engine drops a repeat, see `call_delimiters`).
-#[derive(Default)]
 pub(in crate::serve::api) struct CallStreamer {
+    /// How the model writes calls.
+    syntax: CallSyntax,
     /// Per call started: its id and the bytes of its arguments sent.
     started: Vec<(String, usize)>,
 }
 
 impl CallStreamer {
+    /// A streamer for calls written in `syntax`.
+    pub(in crate::serve::api) fn new(syntax: CallSyntax) -> Self {
+        CallStreamer {
+            syntax,
+            started: Vec::new(),
+        }
+    }
+
     /// The tool-call deltas that `text` (the answer so far) adds to what was sent.
     pub(in crate::serve::api) fn advance(&mut self, text: &str) -> Vec<ToolCallDelta> {
         let mut deltas = Vec::new();
+        match self.syntax {
+            CallSyntax::Tagged => self.advance_tagged(text, &mut deltas),
+            CallSyntax::BareJson => self.advance_bare(text, &mut deltas),
+        }
+        deltas
+    }
+
+    /// [`CallStreamer::advance`] over `<tool_call>` blocks.
+    fn advance_tagged(&mut self, text: &str, deltas: &mut Vec<ToolCallDelta>) {
         let mut earlier: Vec<&str> = Vec::new();
         let mut from = 0;
         let mut index = 0;
@@ -184,46 +279,76 @@ impl CallStreamer {
                 break;
             }
             let body = &text[body_start..close.unwrap_or(text.len())];
-            let Some((name, args_at)) = call_head(body) else {
+            let Some((name, args_at)) = call_head(body, self.syntax) else {
                 break;
             };
             let args = &body[args_at..];
-            if index == self.started.len() {
-                let id = new_call_id();
-                deltas.push(ToolCallDelta {
-                    index,
-                    id: Some(id.clone()),
-                    kind: Some("function"),
-                    function: FunctionDelta {
-                        name: Some(name.to_string()),
-                        arguments: String::new(),
-                    },
-                });
-                self.started.push((id, 0));
-            }
             let ready = match close {
                 Some(_) => closed_arguments(args).len(),
-                None => open_arguments_len(args),
+                None => open_arguments_len(args, CALL_CLOSE),
             };
-            let sent = &mut self.started[index].1;
-            if ready > *sent && args.is_char_boundary(*sent) && args.is_char_boundary(ready) {
-                deltas.push(ToolCallDelta {
-                    index,
-                    id: None,
-                    kind: None,
-                    function: FunctionDelta {
-                        name: None,
-                        arguments: args[*sent..ready].to_string(),
-                    },
-                });
-                *sent = ready;
-            }
+            self.send(deltas, index, name, args, ready);
             let Some(close) = close else { break };
             earlier.push(block);
             index += 1;
             from = close + CALL_CLOSE.len();
         }
-        deltas
+    }
+
+    /// [`CallStreamer::advance`] over Llama 3's bare call (one: the grammar allows no
+    /// more), closed when its object is.
+    fn advance_bare(&mut self, text: &str, deltas: &mut Vec<ToolCallDelta>) {
+        let Some(body) = bare_calls_start(text) else {
+            return;
+        };
+        let Some((name, args_at)) = call_head(body, self.syntax) else {
+            return;
+        };
+        let mut values = serde_json::Deserializer::from_str(body).into_iter::<Value>();
+        let ready = match values.next() {
+            Some(Ok(_)) => closed_arguments(&body[args_at..values.byte_offset()]).len(),
+            _ => open_arguments_len(&body[args_at..], ""),
+        };
+        self.send(deltas, 0, name, &body[args_at..], ready);
+    }
+
+    /// The deltas of call `index` (named `name`) whose arguments so far are `args`, of
+    /// which the first `ready` bytes are surely its arguments: its head when it is new,
+    /// and the ready bytes not yet sent.
+    fn send(
+        &mut self,
+        deltas: &mut Vec<ToolCallDelta>,
+        index: usize,
+        name: &str,
+        args: &str,
+        ready: usize,
+    ) {
+        if index == self.started.len() {
+            let id = new_call_id();
+            deltas.push(ToolCallDelta {
+                index,
+                id: Some(id.clone()),
+                kind: Some("function"),
+                function: FunctionDelta {
+                    name: Some(name.to_string()),
+                    arguments: String::new(),
+                },
+            });
+            self.started.push((id, 0));
+        }
+        let sent = &mut self.started[index].1;
+        if ready > *sent && args.is_char_boundary(*sent) && args.is_char_boundary(ready) {
+            deltas.push(ToolCallDelta {
+                index,
+                id: None,
+                kind: None,
+                function: FunctionDelta {
+                    name: None,
+                    arguments: args[*sent..ready].to_string(),
+                },
+            });
+            *sent = ready;
+        }
     }
 
     /// How many calls have started streaming.
@@ -246,10 +371,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    const TAGGED: Option<CallSyntax> = Some(CallSyntax::Tagged);
+
     #[test]
     fn calls_are_read_from_the_answer_with_the_text_around_them() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
-        let (content, calls) = read_answer(text, true);
+        let (content, calls) = read_answer(text, TAGGED);
         assert_eq!(content.as_deref(), Some("Let me check."));
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1].name, "get_weather");
@@ -259,21 +386,22 @@ mod tests {
         );
         // No call: all text, as it is.
         assert_eq!(
-            read_answer(" It is sunny. ", true).0.as_deref(),
+            read_answer(" It is sunny. ", TAGGED).0.as_deref(),
             Some(" It is sunny. ")
         );
         // A broken block is dropped, never left as content.
         assert_eq!(
-            read_answer("<tool_call>\n{\"name\": 3}\n</tool_call>", true),
+            read_answer("<tool_call>\n{\"name\": 3}\n</tool_call>", TAGGED),
             (None, vec![])
         );
         // An unclosed last call (the answer ended at max_tokens or eos) still counts.
-        let (content, calls) = read_answer("<tool_call>{\"name\": \"f\", \"arguments\": {}}", true);
+        let (content, calls) =
+            read_answer("<tool_call>{\"name\": \"f\", \"arguments\": {}}", TAGGED);
         assert_eq!((content, calls.len()), (None, 1));
         // A last call cut off half-way is dropped; the complete ones stand.
         let cut = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"f\", \"argu";
         assert_eq!(
-            read_answer(cut, true),
+            read_answer(cut, TAGGED),
             (
                 None,
                 vec![ToolCall {
@@ -285,13 +413,13 @@ mod tests {
         // Text after a call is content too.
         let (content, _) = read_answer(
             "Sure.\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n Done. ",
-            true,
+            TAGGED,
         );
         assert_eq!(content.as_deref(), Some("Sure.\nDone."));
         // An answer that could make no calls is all text, markup included.
         let markup = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
         assert_eq!(
-            read_answer(markup, false),
+            read_answer(markup, None),
             (Some(markup.to_string()), vec![])
         );
     }
@@ -302,7 +430,7 @@ mod tests {
     #[test]
     fn calls_stream_as_name_then_argument_fragments() {
         let full = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": {\"b\": 1}, \"c\": \"x}\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 2}}\n</tool_call>";
-        let mut streamer = CallStreamer::default();
+        let mut streamer = CallStreamer::new(CallSyntax::Tagged);
         let mut names = Vec::new();
         let mut args = vec![String::new(), String::new()];
         for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
@@ -318,7 +446,7 @@ mod tests {
                 args[d.index].push_str(&d.function.arguments);
             }
         }
-        let (_, calls) = read_answer(full, true);
+        let (_, calls) = read_answer(full, TAGGED);
         assert_eq!(names, ["f", "f"]);
         assert_eq!(
             args,
@@ -327,7 +455,7 @@ mod tests {
         assert_eq!(args[0], "{\"a\": {\"b\": 1}, \"c\": \"x}\"}");
         // A second call that may yet repeat the first is held back until it differs.
         let first = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
-        let mut streamer = CallStreamer::default();
+        let mut streamer = CallStreamer::new(CallSyntax::Tagged);
         assert_eq!(streamer.advance(first).len(), 2);
         let again = format!("{first}\n<tool_call>\n{{\"name\": \"f\", \"arguments\": {{\"a\": ");
         assert!(streamer.advance(&again).is_empty());
@@ -338,7 +466,7 @@ mod tests {
         );
         // Another layout (a model writing freely) does not stream.
         assert!(
-            CallStreamer::default()
+            CallStreamer::new(CallSyntax::Tagged)
                 .advance("<tool_call>{\"arguments\": {}, \"name\": \"f\"}")
                 .is_empty()
         );
@@ -346,10 +474,92 @@ mod tests {
 
     #[test]
     fn streaming_holds_back_what_may_open_a_call() {
-        assert_eq!(streamable_len("Hello"), 5);
-        assert_eq!(streamable_len("Hello <tool"), 5);
-        assert_eq!(streamable_len("Hello <tool_call>\n{"), 5);
-        assert_eq!(streamable_len("a < b"), 5);
-        assert_eq!(streamable_len("a\n"), 1);
+        assert_eq!(streamable_len("Hello", CallSyntax::Tagged), 5);
+        assert_eq!(streamable_len("Hello <tool", CallSyntax::Tagged), 5);
+        assert_eq!(
+            streamable_len("Hello <tool_call>\n{", CallSyntax::Tagged),
+            5
+        );
+        assert_eq!(streamable_len("a < b", CallSyntax::Tagged), 5);
+        assert_eq!(streamable_len("a\n", CallSyntax::Tagged), 1);
+    }
+
+    const BARE: Option<CallSyntax> = Some(CallSyntax::BareJson);
+
+    /// Llama 3's bare calls: the answer's leading objects that are calls (under
+    /// `parameters` or `arguments`, after the python tag or not, `;`-separated), the
+    /// text after them as content; anything else is content, whole.
+    #[test]
+    fn bare_calls_are_read_from_the_start_of_the_answer() {
+        let one = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
+        let (content, calls) = read_answer(one, BARE);
+        assert_eq!(content, None);
+        assert_eq!(
+            calls,
+            [ToolCall {
+                name: "get_weather".into(),
+                arguments: "{\"city\": \"Paris\"}".into()
+            }]
+        );
+        let two = format!(
+            "<|python_tag|>{one}; {{\"name\": \"f\", \"arguments\": {{\"a\": [1]}}}}\nDone."
+        );
+        let (content, calls) = read_answer(&two, BARE);
+        assert_eq!(content.as_deref(), Some("Done."));
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            serde_json::from_str::<Value>(&calls[1].arguments).unwrap(),
+            json!({"a": [1]})
+        );
+        // Text, and a JSON answer that is not a call, are content as written.
+        for text in [
+            " It is sunny in {Paris}.",
+            "{\"temperature\": 22}",
+            "{\"name\": \"Ada\", \"age\": 36}",
+            "",
+        ] {
+            assert_eq!(read_answer(text, BARE), (Some(text.to_string()), vec![]));
+        }
+        // A call cut off by max_tokens is dropped; an object cut off that is not a call
+        // stays content.
+        let cut = "{\"name\": \"get_weather\", \"parameters\": {\"ci";
+        assert_eq!(read_answer(cut, BARE), (None, vec![]));
+        let (content, calls) = read_answer(&format!("{one}\n{cut}"), BARE);
+        assert_eq!((content, calls.len()), (None, 1));
+        assert_eq!(
+            read_answer("{\"rows\": [1, 2", BARE),
+            (Some("{\"rows\": [1, 2".into()), vec![])
+        );
+    }
+
+    /// Streamed, a bare call's text never goes out as content, and its fragments add up
+    /// to the arguments the whole answer reads; text that cannot be a call streams.
+    #[test]
+    fn bare_calls_stream_as_name_then_argument_fragments() {
+        let full = "{\"name\": \"f\", \"parameters\": {\"a\": {\"b\": \"}}\"}, \"c\": 2}}";
+        let mut streamer = CallStreamer::new(CallSyntax::BareJson);
+        let mut name = None;
+        let mut args = String::new();
+        for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
+            assert_eq!(streamable_len(&full[..end], CallSyntax::BareJson), 0);
+            for d in streamer.advance(&full[..end]) {
+                assert_eq!(d.index, 0);
+                if let Some(n) = d.function.name {
+                    assert!(name.replace(n).is_none(), "one head");
+                }
+                args.push_str(&d.function.arguments);
+            }
+        }
+        let (_, calls) = read_answer(full, BARE);
+        assert_eq!(name.as_deref(), Some("f"));
+        assert_eq!(args, calls[0].arguments);
+        assert_eq!(args, "{\"a\": {\"b\": \"}}\"}, \"c\": 2}");
+        // What may still open a call waits; text that cannot streams whole.
+        for held in ["", "  ", "\n{", "<|py", "<|python_tag|>{\"na"] {
+            assert_eq!(streamable_len(held, CallSyntax::BareJson), 0, "{held:?}");
+        }
+        for text in ["Hello", " It is {x}", "<b>"] {
+            assert_eq!(streamable_len(text, CallSyntax::BareJson), text.len());
+        }
     }
 }

@@ -23,9 +23,14 @@ fn auto_plan(parallel: bool) -> ToolPlan {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
             "required": ["city"]}}}]))
     .unwrap();
-    ToolPlan::from_request(Some(tools), Some(&json!("auto")), Some(parallel))
-        .unwrap()
-        .unwrap()
+    ToolPlan::from_request(
+        Some(tools),
+        Some(&json!("auto")),
+        Some(parallel),
+        CallSyntax::Tagged,
+    )
+    .unwrap()
+    .unwrap()
 }
 
 /// Whether the constraint allows `token` next.
@@ -84,4 +89,71 @@ fn auto_leaves_text_free_and_holds_an_opened_call_to_the_tools() {
         });
         assert!(refused, "a call of a tool that is not offered");
     }
+}
+
+fn bare_plan(choice: Value) -> ToolPlan {
+    let tools = serde_json::from_value(json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"]}}}]))
+    .unwrap();
+    ToolPlan::from_request(Some(tools), Some(&choice), None, CallSyntax::BareJson)
+        .unwrap()
+        .unwrap()
+}
+
+/// Feeds `text` to a fresh constraint of `grammar`; false at the first token refused.
+fn takes(grammar: &crate::engine::grammar::Grammar, tok: &ModelTokenizer, text: &str) -> bool {
+    let mut c = grammar.start();
+    for &t in &tok.encode_text(text).unwrap() {
+        if !allows(&mut c, t) {
+            return false;
+        }
+        c.advance(t).unwrap();
+    }
+    true
+}
+
+/// Llama 3's form: `required` is one bare call with its arguments under `parameters`
+/// and nothing after it; `auto` is text that does not start with `{`, or that call.
+#[test]
+fn bare_calls_are_one_object_with_parameters() {
+    let (compiler, tok, eos) = compiler();
+    let call = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
+    let required = compiler
+        .compile(&bare_plan(json!("required")).grammar(None).unwrap())
+        .unwrap();
+    let mut c = required.start();
+    assert!(!allows(&mut c, eos), "a required call cannot be skipped");
+    assert!(takes(&required, &tok, call));
+    assert!(!takes(&required, &tok, "Sure, "), "no text before the call");
+    assert!(!takes(
+        &required,
+        &tok,
+        "{\"name\": \"get_weather\", \"arguments\": {"
+    ));
+    assert!(!takes(&required, &tok, "{\"name\": \"get_time\""));
+    let mut c = required.start();
+    for &t in &tok.encode_text(call).unwrap() {
+        c.advance(t).unwrap();
+    }
+    assert!(allows(&mut c, eos), "the answer ends after its call");
+    let more = tok.encode_text("; {").unwrap()[0];
+    assert!(!allows(&mut c, more), "one call per answer");
+
+    let auto = compiler
+        .compile(&bare_plan(json!("auto")).grammar(None).unwrap())
+        .unwrap();
+    assert!(takes(
+        &auto,
+        &tok,
+        "It is sunny in {Paris}; see <tool_call>."
+    ));
+    assert!(takes(&auto, &tok, call));
+    assert!(
+        !takes(&auto, &tok, "{\"temperature\": 22}"),
+        "an object is a call"
+    );
+    let mut c = auto.start();
+    assert!(allows(&mut c, eos), "the empty answer");
 }

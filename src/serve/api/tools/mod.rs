@@ -2,7 +2,8 @@
 //! `tool_choice`, `parallel_tool_calls` and `response_format` become the prompt's tool
 //! list and the grammar its answer is held to; the answer's text becomes tool calls.
 //!
-//! Calls are written in the `<tool_call>` form of the Hermes and Qwen templates:
+//! Calls are written in the form the model's template teaches ([`CallSyntax`]): the
+//! `<tool_call>` blocks of the Hermes and Qwen templates,
 //!
 //! ```text
 //! <tool_call>
@@ -10,9 +11,11 @@
 //! </tool_call>
 //! ```
 //!
-//! A template that renders tools itself gets the `tools` list and the earlier calls; for
-//! one that does not (the default model's), the tools are described in the system
-//! message and earlier calls are written into the assistant's turns in that form. With
+//! or Llama 3's bare object, the whole answer: `{"name": "get_weather", "parameters":
+//! {"city": "Paris"}}`. A template that renders tools itself gets the `tools` list and
+//! the earlier calls; for one that does not (the default model's), the tools are
+//! described in the system message and earlier calls are written into the assistant's
+//! turns, in the tagged form. With
 //! `tool_choice` `required` or a named function, decoding is held to a grammar of calls
 //! whose arguments follow each tool's `parameters` schema, so even a small model emits
 //! a valid call; with `auto` the model chooses, and a call it opens is held to the
@@ -21,7 +24,7 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::chat::ChatMessage;
+use crate::chat::{CallSyntax, ChatMessage};
 use crate::engine::Delimiters;
 use crate::engine::grammar::{GrammarSpec, with_json_layout};
 
@@ -77,6 +80,8 @@ pub(super) struct ToolPlan {
     tools: Vec<Tool>,
     choice: ToolChoice,
     parallel: bool,
+    /// How the model writes a call.
+    syntax: CallSyntax,
 }
 
 /// Longest tool name, as OpenAI allows.
@@ -93,11 +98,13 @@ impl Tool {
 }
 
 impl ToolPlan {
-    /// Read and check a request's tool fields; None when it offers no tools.
+    /// Read and check a request's tool fields, for a model that writes calls in
+    /// `syntax`; None when it offers no tools.
     pub(super) fn from_request(
         tools: Option<Vec<Tool>>,
         choice: Option<&Value>,
         parallel: Option<bool>,
+        syntax: CallSyntax,
     ) -> Result<Option<Self>, ApiError> {
         let tools = tools.unwrap_or_default();
         let choice = match choice {
@@ -186,12 +193,18 @@ impl ToolPlan {
             tools,
             choice,
             parallel: parallel.unwrap_or(true),
+            syntax,
         }))
     }
 
     /// True when the model decides whether to call (`auto`).
     pub(super) fn lets_the_model_choose(&self) -> bool {
         self.choice == ToolChoice::Auto
+    }
+
+    /// How the model writes a call.
+    pub(super) fn syntax(&self) -> CallSyntax {
+        self.syntax
     }
 
     /// True when the model sees the tools and may call them.
@@ -236,7 +249,7 @@ impl ToolPlan {
     /// The JSON schema of a call of any tool the answer may call, as the grammar embeds
     /// it (for checking it against the compiler's limits first).
     pub(super) fn any_call_schema(&self) -> Value {
-        call_schema(&self.tools.iter().collect::<Vec<_>>())
+        call_schema(&self.tools.iter().collect::<Vec<_>>(), self.syntax)
     }
 
     /// The grammar the answer is held to: the calls when they are required; either the
@@ -253,7 +266,24 @@ impl ToolPlan {
                 .collect(),
             ToolChoice::Auto | ToolChoice::Required => self.tools.iter().collect(),
         };
-        let call_schema = with_json_layout(call_schema(&candidates));
+        let call_schema = with_json_layout(call_schema(&candidates, self.syntax));
+        let auto = self.choice == ToolChoice::Auto;
+        let format_schema = match response_format {
+            None => None,
+            Some(GrammarSpec::JsonObject) => Some(with_json_layout(json!({"type": "object"}))),
+            Some(GrammarSpec::JsonSchema(s)) => Some(with_json_layout(s.clone())),
+            // Never built from a request.
+            Some(format @ GrammarSpec::Lark(_)) => return Some(format.clone()),
+        };
+        let lark = match self.syntax {
+            CallSyntax::Tagged => self.tagged_grammar(&call_schema, auto, format_schema),
+            CallSyntax::BareJson => bare_grammar(&call_schema, auto, format_schema),
+        };
+        Some(GrammarSpec::Lark(lark))
+    }
+
+    /// [`ToolPlan::grammar`] for calls in `<tool_call>` blocks.
+    fn tagged_grammar(&self, call_schema: &Value, auto: bool, format: Option<Value>) -> String {
         let calls = if self.parallel && !matches!(self.choice, ToolChoice::Named(_)) {
             "call (\"\\n\" call)*"
         } else {
@@ -264,7 +294,7 @@ impl ToolPlan {
             open = format!("{CALL_OPEN}\n"),
             close = format!("\n{CALL_CLOSE}"),
         );
-        match (self.choice == ToolChoice::Auto, response_format) {
+        match (auto, format) {
             (true, None) => {
                 // Two ways through: text without the opening, or text up to the first
                 // opening (a lazy lexeme, which ends there) and then calls.
@@ -284,22 +314,27 @@ impl ToolPlan {
                     close = format!("\n{CALL_CLOSE}"),
                 ));
             }
-            (true, Some(format)) => {
-                let schema = match format {
-                    GrammarSpec::JsonObject => json!({"type": "object"}),
-                    GrammarSpec::JsonSchema(s) => s.clone(),
-                    // Never built from a request.
-                    GrammarSpec::Lark(_) => return Some(format.clone()),
-                };
-                lark.push_str(&format!(
-                    "start: answer | calls\nanswer: %json {}\n",
-                    with_json_layout(schema)
-                ));
+            (true, Some(schema)) => {
+                lark.push_str(&format!("start: answer | calls\nanswer: %json {schema}\n"));
             }
             _ => lark.push_str("start: calls\n"),
         }
-        Some(GrammarSpec::Lark(lark))
+        lark
     }
+}
+
+/// [`ToolPlan::grammar`] for Llama 3's bare call: the answer is one call; with `auto`,
+/// either text that does not start with `{` or the call.
+fn bare_grammar(call_schema: &Value, auto: bool, format: Option<Value>) -> String {
+    let mut lark = format!("call: %json {call_schema}\n");
+    match (auto, format) {
+        (true, None) => lark.push_str("start: PROSE | call\nPROSE: /(?s:\\s*([^\\s{].*)?)/\n"),
+        (true, Some(schema)) => {
+            lark.push_str(&format!("start: answer | call\nanswer: %json {schema}\n"));
+        }
+        _ => lark.push_str("start: call\n"),
+    }
+    lark
 }
 
 /// `text` as a regular expression matching it literally (inside a lark `/../`).
@@ -314,22 +349,31 @@ fn regex_literal(text: &str) -> String {
         .collect()
 }
 
-/// The schema of one call of any of `tools`: `{"name": .., "arguments": ..}` with the
-/// tool's `parameters` as the arguments, one tool or `anyOf` several. Each tool's
-/// references into its own schema (`#/$defs/..`, `#`) are rewritten to where its
-/// schema now sits, so Pydantic's `$defs` keep resolving.
-fn call_schema(tools: &[&Tool]) -> Value {
+/// Where a call holds its arguments: `arguments`, or Llama 3's `parameters`.
+pub(super) fn arguments_key(syntax: CallSyntax) -> &'static str {
+    match syntax {
+        CallSyntax::Tagged => "arguments",
+        CallSyntax::BareJson => "parameters",
+    }
+}
+
+/// The schema of one call of any of `tools` in `syntax`: `{"name": .., "arguments":
+/// ..}` (or `"parameters"`) with the tool's `parameters` as the arguments, one tool or
+/// `anyOf` several. Each tool's references into its own schema (`#/$defs/..`, `#`) are
+/// rewritten to where its schema now sits, so Pydantic's `$defs` keep resolving.
+fn call_schema(tools: &[&Tool], syntax: CallSyntax) -> Value {
+    let key = arguments_key(syntax);
     let one = |t: &Tool, at: &str| {
         let mut arguments = t.parameters();
-        rebase_references(&mut arguments, &format!("{at}/properties/arguments"));
+        rebase_references(&mut arguments, &format!("{at}/properties/{key}"));
         close_objects(&mut arguments);
         json!({
             "type": "object",
             "properties": {
                 "name": {"const": t.function.name},
-                "arguments": arguments,
+                key: arguments,
             },
-            "required": ["name", "arguments"],
+            "required": ["name", key],
             "additionalProperties": false,
         })
     };
@@ -507,9 +551,13 @@ pub(super) fn assistant_with_calls(
             }
         };
         if native {
-            hf_calls.push(
-                json!({"type": "function", "function": {"name": name, "arguments": arguments}}),
-            );
+            let mut hf_call =
+                json!({"type": "function", "function": {"name": name, "arguments": arguments}});
+            // Templates that pair calls with their results by id (Mistral's) read it.
+            if let Some(id) = call.get("id").filter(|id| id.is_string()) {
+                hf_call["id"] = id.clone();
+            }
+            hf_calls.push(hf_call);
         } else {
             if !message.content.is_empty() {
                 message.content.push('\n');
@@ -581,20 +629,30 @@ mod tests {
 
     #[test]
     fn tool_fields_are_checked() {
-        let bad_choice =
-            ToolPlan::from_request(Some(vec![weather()]), Some(&json!("always")), None);
+        let bad_choice = ToolPlan::from_request(
+            Some(vec![weather()]),
+            Some(&json!("always")),
+            None,
+            CallSyntax::Tagged,
+        );
         assert!(bad_choice.unwrap_err().message.contains("always"));
         let unknown = ToolPlan::from_request(
             Some(vec![weather()]),
             Some(&json!({"type": "function", "function": {"name": "nope"}})),
             None,
+            CallSyntax::Tagged,
         );
         assert!(unknown.unwrap_err().message.contains("nope"));
-        let none = ToolPlan::from_request(None, Some(&json!("required")), None);
+        let none = ToolPlan::from_request(None, Some(&json!("required")), None, CallSyntax::Tagged);
         assert!(none.unwrap_err().message.contains("no `tools`"));
-        let twice = ToolPlan::from_request(Some(vec![weather(), weather()]), None, None);
+        let twice = ToolPlan::from_request(
+            Some(vec![weather(), weather()]),
+            None,
+            None,
+            CallSyntax::Tagged,
+        );
         assert!(twice.unwrap_err().message.contains("twice"));
-        let plan = ToolPlan::from_request(Some(vec![weather()]), None, None)
+        let plan = ToolPlan::from_request(Some(vec![weather()]), None, None, CallSyntax::Tagged)
             .unwrap()
             .unwrap();
         assert!(plan.offers_calls());
@@ -602,10 +660,14 @@ mod tests {
             panic!("auto guards the calls the model opens");
         };
         assert!(lazy.contains("PROSE") && lazy.contains("suffix="), "{lazy}");
-        let required =
-            ToolPlan::from_request(Some(vec![weather()]), Some(&json!("required")), Some(false))
-                .unwrap()
-                .unwrap();
+        let required = ToolPlan::from_request(
+            Some(vec![weather()]),
+            Some(&json!("required")),
+            Some(false),
+            CallSyntax::Tagged,
+        )
+        .unwrap()
+        .unwrap();
         let Some(GrammarSpec::Lark(lark)) = required.grammar(None) else {
             panic!("required calls are a grammar");
         };
