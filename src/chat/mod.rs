@@ -59,7 +59,13 @@ pub enum CallSyntax {
     /// `parameters` (Llama 3.1, 3.2 and 3.3): `{"name": .., "parameters": {..}}`. One
     /// call per answer: these templates refuse a turn with more.
     BareJson,
+    /// Mistral's list after its `[TOOL_CALLS]` control token (Mistral 7B v0.3, Nemo,
+    /// Small 3): `[TOOL_CALLS] [{"name": .., "arguments": {..}}, ..]`.
+    ToolCallsList,
 }
+
+/// The control token that opens Mistral's list of calls.
+pub const TOOL_CALLS_TOKEN: &str = "[TOOL_CALLS]";
 
 /// A compiled chat template.
 #[derive(Clone)]
@@ -206,16 +212,22 @@ impl ChatTemplate {
     }
 }
 
-/// The call form a template's source teaches: Llama 3's when it renders tool results
-/// in an `ipython` turn and asks for `"parameters"` (as llama.cpp and vLLM recognise
-/// it) and has no `<tool_call>` block; the tagged form otherwise.
+/// The call form a template's source teaches, recognised as llama.cpp and vLLM
+/// recognise it: Mistral's list where it writes calls after `[TOOL_CALLS]` (but not
+/// the newer `[TOOL_CALLS]name[ARGS]{..}` form, which is not read here); Llama 3's
+/// bare object where it renders tool results in an `ipython` turn and asks for
+/// `"parameters"`; the tagged form otherwise, and wherever `<tool_call>` appears.
 fn call_syntax_of(source: &str) -> CallSyntax {
-    let llama3 = source.contains("ipython") && source.contains("\"parameters\"");
-    if llama3 && !source.contains("<tool_call>") {
-        CallSyntax::BareJson
-    } else {
-        CallSyntax::Tagged
+    if source.contains("<tool_call>") {
+        return CallSyntax::Tagged;
     }
+    if source.contains(TOOL_CALLS_TOKEN) && !source.contains("[ARGS]") {
+        return CallSyntax::ToolCallsList;
+    }
+    if source.contains("ipython") && source.contains("\"parameters\"") {
+        return CallSyntax::BareJson;
+    }
+    CallSyntax::Tagged
 }
 
 #[cfg(test)]
@@ -268,6 +280,18 @@ mod tests {
         let plain = "{% for m in messages %}{{ m.content }}{% endfor %}";
         assert_eq!(
             t.with_source(plain).unwrap().call_syntax(),
+            CallSyntax::Tagged
+        );
+        let mistral = include_str!("../../tests/fixtures/mistral-tools.jinja");
+        assert_eq!(
+            t.with_source(mistral).unwrap().call_syntax(),
+            CallSyntax::ToolCallsList
+        );
+        // Mistral's newer `[TOOL_CALLS]name[ARGS]{..}` is not read: tagged.
+        let args_form =
+            "{{ tools }}{% for m in messages %}[TOOL_CALLS]{{ m.content }}[ARGS]{% endfor %}";
+        assert_eq!(
+            t.with_source(args_form).unwrap().call_syntax(),
             CallSyntax::Tagged
         );
         // A Llama 3 template rewritten for <tool_call> blocks (as some fine-tunes do).

@@ -85,19 +85,31 @@ pub struct GenerateOptions {
 pub struct Delimiters {
     /// The text that opens a block.
     pub open: String,
-    /// The text that closes it.
+    /// The text that closes it; empty: the block is the JSON object `open` starts
+    /// (Mistral's calls, one object after another in a list).
     pub close: String,
 }
 
 impl Delimiters {
+    /// Where the block that starts at `start` in `text` ends (past its close); None
+    /// while it is open.
+    fn block_end(&self, text: &str, start: usize) -> Option<usize> {
+        if self.close.is_empty() {
+            let mut values =
+                serde_json::Deserializer::from_str(&text[start..]).into_iter::<serde_json::Value>();
+            return matches!(values.next(), Some(Ok(_))).then(|| start + values.byte_offset());
+        }
+        let body = start + self.open.len();
+        Some(body + text[body..].find(&self.close)? + self.close.len())
+    }
+
     /// Where to cut `text` when one of its complete blocks repeats an earlier one: the
     /// start of the first such block, less the whitespace before it. None when no block
     /// repeats. Every block is looked at, since one step may accept several.
     pub fn repeat_at(&self, text: &str) -> Option<usize> {
         let mut from = 0;
         while let Some(start) = text[from..].find(&self.open).map(|i| from + i) {
-            let body = start + self.open.len();
-            let end = body + text[body..].find(&self.close)? + self.close.len();
+            let end = self.block_end(text, start)?;
             if text[..start].contains(&text[start..end]) {
                 return Some(text[..start].trim_end().len());
             }
@@ -110,9 +122,22 @@ impl Delimiters {
     /// an earlier block (the start of that block, less the whitespace before it): an
     /// answer cut by its length while repeating a block. None otherwise.
     pub fn unfinished_repeat_at(&self, text: &str) -> Option<usize> {
-        let start = text.rfind(&self.open)?;
-        let tail = &text[start..];
-        (!tail.contains(&self.close) && text[..start].contains(tail))
+        let mut from = 0;
+        let mut last = None;
+        // The last block: found block by block, since an object's text may hold the
+        // opening (a nested object's first key).
+        while let Some(start) = text[from..].find(&self.open).map(|i| from + i) {
+            match self.block_end(text, start) {
+                Some(end) => from = end,
+                None => {
+                    last = Some(start);
+                    break;
+                }
+            }
+        }
+        let start = last?;
+        text[..start]
+            .contains(&text[start..])
             .then(|| text[..start].trim_end().len())
     }
 }
@@ -845,6 +870,31 @@ mod tests {
             "complete"
         );
         assert_eq!(d.unfinished_repeat_at("<c>ab</c>"), None);
+    }
+
+    /// Blocks that are JSON objects (an empty close): each ends where its object does,
+    /// and an opening inside an object (a nested `{"name": ..}`) is not a block.
+    #[test]
+    fn a_repeated_object_is_found_where_it_starts() {
+        let d = super::Delimiters {
+            open: "{\"name\": ".into(),
+            close: String::new(),
+        };
+        let call = r#"{"name": "f", "arguments": {"who": {"name": "Ana"}}}"#;
+        assert_eq!(d.repeat_at(&format!("[{call}]")), None);
+        let other = r#"{"name": "f", "arguments": {"who": {"name": "Bo"}}}"#;
+        assert_eq!(d.repeat_at(&format!("[{call}, {other}]")), None);
+        let twice = format!("[{call}, {call}]");
+        assert_eq!(d.repeat_at(&twice), Some(call.len() + 2));
+        assert_eq!(
+            d.unfinished_repeat_at(&format!("[{call}, {}", &call[..30])),
+            Some(call.len() + 2)
+        );
+        assert_eq!(
+            d.unfinished_repeat_at(&format!("[{call}, {}", &other[..46])),
+            None
+        );
+        assert_eq!(d.unfinished_repeat_at(&format!("[{call}")), None);
     }
 
     #[test]

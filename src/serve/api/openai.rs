@@ -13,13 +13,13 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::chat::{CallSyntax, ChatMessage, ChatTemplate, PromptPiece, TemplateError};
+use crate::chat::{CallSyntax, ChatMessage, PromptPiece, TemplateError};
 use crate::engine::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
 use crate::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling};
 
 use super::answer::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
 use super::stream::{self, StreamCalls};
-use super::tools::{self, ToolPlan};
+use super::tools::{self, CallForm, ToolPlan};
 use super::wire::{AssistantMessage, ChatChoice, Completion, Model, ModelList, TextChoice};
 use super::{ApiError, read_json};
 use crate::serve::AppState;
@@ -337,9 +337,7 @@ async fn generate(
             req.tools.clone(),
             req.tool_choice.as_ref(),
             req.parallel_tool_calls,
-            app.template
-                .as_ref()
-                .map_or(CallSyntax::Tagged, ChatTemplate::call_syntax),
+            CallForm::of_model(app.template.as_ref(), &app.tokenizer),
         )?
     } else {
         None
@@ -370,10 +368,8 @@ async fn generate(
         .as_ref()
         .filter(|p| p.offers_calls())
         .map(ToolPlan::syntax);
-    if reads_calls == Some(CallSyntax::Tagged) {
-        // A small model repeats the call it just made until `max_tokens`.
-        opts.stop_on_repeat = Some(tools::call_delimiters());
-    }
+    // A small model repeats the call it just made until `max_tokens`.
+    opts.stop_on_repeat = reads_calls.and_then(tools::call_delimiters);
     let jobs = enqueue(&app, &prompts, n, &opts)?;
     let id = format!(
         "{}-{}",
@@ -501,7 +497,11 @@ async fn answer_whole(
             message: AssistantMessage {
                 role: "assistant",
                 content,
-                tool_calls: calls.iter().map(|c| c.to_wire(None)).collect(),
+                // Calls are read only when the answer could make them (`reads_calls`).
+                tool_calls: calls
+                    .iter()
+                    .map(|c| c.to_wire(None, reads_calls.unwrap_or(CallSyntax::Tagged)))
+                    .collect(),
             },
             logprobs: logprobs(g),
         }
@@ -620,6 +620,7 @@ fn prompt_pieces(
             .iter()
             .map(|m| m.to_template(native_tools))
             .collect::<Result<Vec<_>, _>>()?;
+        tools::fit_call_ids(&mut messages, template.call_syntax());
         let offered = tool_plan.filter(|p| p.offers_calls());
         let tools_json = offered.filter(|_| native_tools).map(ToolPlan::tools_json);
         if let Some(plan) = offered.filter(|_| !native_tools) {

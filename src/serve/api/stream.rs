@@ -339,7 +339,7 @@ impl ChoiceStream {
                 .iter()
                 .enumerate()
                 .skip(self.calls.started())
-                .map(|(i, c)| ToolCallDelta::whole(i, c.to_wire(None))),
+                .map(|(i, c)| ToolCallDelta::whole(i, c.to_wire(None, self.calls.syntax()))),
         );
         if !deltas.is_empty() {
             let logprobs = self.take_logprobs(chunks);

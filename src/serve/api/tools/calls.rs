@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::super::wire::{FunctionCall, FunctionDelta, ToolCallDelta, ToolCallOut};
 use super::{CALL_CLOSE, CALL_OPEN, arguments_key};
-use crate::chat::CallSyntax;
+use crate::chat::{CallSyntax, TOOL_CALLS_TOKEN};
 
 /// What Llama 3.1 may write before a call (its built-in tools' marker), when the
 /// tokenizer's text shows control tokens.
@@ -22,11 +22,16 @@ pub(in crate::serve::api) struct ToolCall {
 }
 
 impl ToolCall {
-    /// The call in OpenAI's form, with a fresh id (and its `index` in a stream).
-    pub(in crate::serve::api) fn to_wire(&self, index: Option<usize>) -> ToolCallOut {
+    /// The call in OpenAI's form, with a fresh id for a model writing `syntax` (and its
+    /// `index` in a stream).
+    pub(in crate::serve::api) fn to_wire(
+        &self,
+        index: Option<usize>,
+        syntax: CallSyntax,
+    ) -> ToolCallOut {
         ToolCallOut {
             index,
-            id: new_call_id(),
+            id: new_call_id(syntax),
             kind: "function",
             function: FunctionCall {
                 name: self.name.clone(),
@@ -46,7 +51,9 @@ pub(in crate::serve::api) fn read_answer(
     match calls {
         None => (Some(text.to_string()), Vec::new()),
         Some(CallSyntax::Tagged) => read_tagged(text),
-        Some(CallSyntax::BareJson) => read_bare(text),
+        Some(syntax @ (CallSyntax::BareJson | CallSyntax::ToolCallsList)) => {
+            read_json_calls(text, syntax)
+        }
     }
 }
 
@@ -94,35 +101,62 @@ fn read_tagged(text: &str) -> (Option<String>, Vec<ToolCall>) {
     ((!content.is_empty()).then_some(content), calls)
 }
 
-/// Where a Llama 3 answer's calls would start: past leading whitespace and a
-/// `<|python_tag|>`; None when the answer does not start with an object.
-fn bare_calls_start(text: &str) -> Option<&str> {
+/// Where an answer's calls start in the JSON forms: at the first object, past leading
+/// whitespace and Llama 3's `<|python_tag|>`, or past Mistral's `[TOOL_CALLS]` (text
+/// when the tokenizer's text shows it) and the list's `[`; None when the answer does
+/// not start with calls.
+fn json_calls_start(text: &str, syntax: CallSyntax) -> Option<&str> {
     let body = text.trim_start();
-    let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body).trim_start();
+    let body = match syntax {
+        CallSyntax::Tagged => return None,
+        CallSyntax::BareJson => body.strip_prefix(PYTHON_TAG).unwrap_or(body),
+        CallSyntax::ToolCallsList => body
+            .strip_prefix(TOOL_CALLS_TOKEN)
+            .unwrap_or(body)
+            .trim_start()
+            .strip_prefix('[')?,
+    }
+    .trim_start();
     body.starts_with('{').then_some(body)
 }
 
-/// A Llama 3 answer: the calls it starts with, bare objects one after another (as
-/// vLLM reads them, separated by whitespace or `;`), and the text after them as
+/// What follows a call object in a JSON form, past its separator (Llama 3's `;` or
+/// whitespace, the list's `,`) and the list's `]`: the rest, and whether another call
+/// may start there.
+fn after_call(rest: &str, syntax: CallSyntax) -> (&str, bool) {
+    let rest = rest.trim_start();
+    if syntax == CallSyntax::ToolCallsList {
+        return match (rest.strip_prefix(','), rest.strip_prefix(']')) {
+            (Some(more), _) => (more.trim_start(), true),
+            (None, Some(after)) => (after, false),
+            (None, None) => (rest, false),
+        };
+    }
+    let rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+    (rest, true)
+}
+
+/// An answer in a JSON form (Llama 3's bare objects, one after another as vLLM reads
+/// them; Mistral's list): the calls it starts with, and the text after them as
 /// content. An answer that does not start with a call is all content, an object that
 /// is not a call (a JSON answer) included; a call cut off (by `max_tokens`) is dropped.
-fn read_bare(text: &str) -> (Option<String>, Vec<ToolCall>) {
+fn read_json_calls(text: &str, syntax: CallSyntax) -> (Option<String>, Vec<ToolCall>) {
     let whole = || (Some(text.to_string()), Vec::new());
-    let Some(mut rest) = bare_calls_start(text) else {
+    let Some(mut rest) = json_calls_start(text, syntax) else {
         return whole();
     };
     let mut calls = Vec::new();
-    while rest.starts_with('{') {
+    let mut more = true;
+    while more && rest.starts_with('{') {
         let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
         match values.next() {
             Some(Ok(_)) => {
                 let end = values.byte_offset();
-                let Some(call) = read_call(&rest[..end], CallSyntax::BareJson) else {
+                let Some(call) = read_call(&rest[..end], syntax) else {
                     break;
                 };
                 calls.push(call);
-                rest = rest[end..].trim_start();
-                rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+                (rest, more) = after_call(&rest[end..], syntax);
             }
             Some(Err(e)) if e.is_eof() && names_first(rest) => {
                 tracing::debug!("an answer's last call is cut off: {rest:?}");
@@ -134,6 +168,7 @@ fn read_bare(text: &str) -> (Option<String>, Vec<ToolCall>) {
     if calls.is_empty() && !rest.is_empty() {
         return whole();
     }
+    let rest = rest.trim();
     ((!rest.is_empty()).then(|| rest.to_string()), calls)
 }
 
@@ -174,13 +209,21 @@ fn read_call(body: &str, syntax: CallSyntax) -> Option<ToolCall> {
 
 /// How much of a streamed answer may go out as content now. Tagged: text before a
 /// call, less a tail that may be the start of one, and less trailing whitespace (which
-/// [`read_answer`] drops before a call). Llama 3's bare call: nothing while the answer
-/// may still start with one (whitespace, `{`, the python tag), then all of it.
+/// [`read_answer`] drops before a call). The JSON forms: nothing while the answer may
+/// still start with calls (whitespace, the start of a marker, `{` or Mistral's `[`),
+/// then all of it.
 pub(in crate::serve::api) fn streamable_len(text: &str, syntax: CallSyntax) -> usize {
-    if syntax == CallSyntax::BareJson {
-        let body = text.trim_start();
-        let may_call =
-            body.is_empty() || PYTHON_TAG.starts_with(body) || bare_calls_start(text).is_some();
+    let body = text.trim_start();
+    let may_call = match syntax {
+        CallSyntax::Tagged => None,
+        CallSyntax::BareJson => {
+            Some(PYTHON_TAG.starts_with(body) || json_calls_start(text, syntax).is_some())
+        }
+        CallSyntax::ToolCallsList => {
+            Some(TOOL_CALLS_TOKEN.starts_with(body) || body.starts_with('['))
+        }
+    };
+    if let Some(may_call) = may_call {
         return if may_call { 0 } else { text.len() };
     }
     if let Some(at) = text.find(CALL_OPEN) {
@@ -261,7 +304,9 @@ impl CallStreamer {
         let mut deltas = Vec::new();
         match self.syntax {
             CallSyntax::Tagged => self.advance_tagged(text, &mut deltas),
-            CallSyntax::BareJson => self.advance_bare(text, &mut deltas),
+            CallSyntax::BareJson | CallSyntax::ToolCallsList => {
+                self.advance_json(text, &mut deltas)
+            }
         }
         deltas
     }
@@ -295,21 +340,30 @@ impl CallStreamer {
         }
     }
 
-    /// [`CallStreamer::advance`] over Llama 3's bare call (one: the grammar allows no
-    /// more), closed when its object is.
-    fn advance_bare(&mut self, text: &str, deltas: &mut Vec<ToolCallDelta>) {
-        let Some(body) = bare_calls_start(text) else {
+    /// [`CallStreamer::advance`] over the JSON forms: each call object in turn, closed
+    /// when its object is.
+    fn advance_json(&mut self, text: &str, deltas: &mut Vec<ToolCallDelta>) {
+        let Some(mut rest) = json_calls_start(text, self.syntax) else {
             return;
         };
-        let Some((name, args_at)) = call_head(body, self.syntax) else {
-            return;
-        };
-        let mut values = serde_json::Deserializer::from_str(body).into_iter::<Value>();
-        let ready = match values.next() {
-            Some(Ok(_)) => closed_arguments(&body[args_at..values.byte_offset()]).len(),
-            _ => open_arguments_len(&body[args_at..], ""),
-        };
-        self.send(deltas, 0, name, &body[args_at..], ready);
+        for index in 0.. {
+            let Some((name, args_at)) = call_head(rest, self.syntax) else {
+                return;
+            };
+            let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+            let end = matches!(values.next(), Some(Ok(_))).then(|| values.byte_offset());
+            let ready = match end {
+                Some(end) => closed_arguments(&rest[args_at..end]).len(),
+                None => open_arguments_len(&rest[args_at..], ""),
+            };
+            self.send(deltas, index, name, &rest[args_at..], ready);
+            let Some(end) = end else { return };
+            let (next, more) = after_call(&rest[end..], self.syntax);
+            if !more {
+                return;
+            }
+            rest = next;
+        }
     }
 
     /// The deltas of call `index` (named `name`) whose arguments so far are `args`, of
@@ -324,7 +378,7 @@ impl CallStreamer {
         ready: usize,
     ) {
         if index == self.started.len() {
-            let id = new_call_id();
+            let id = new_call_id(self.syntax);
             deltas.push(ToolCallDelta {
                 index,
                 id: Some(id.clone()),
@@ -351,14 +405,26 @@ impl CallStreamer {
         }
     }
 
+    /// How the model writes the calls streamed.
+    pub(in crate::serve::api) fn syntax(&self) -> CallSyntax {
+        self.syntax
+    }
+
     /// How many calls have started streaming.
     pub(in crate::serve::api) fn started(&self) -> usize {
         self.started.len()
     }
 }
 
-/// A fresh call id, in OpenAI's form.
-fn new_call_id() -> String {
+/// A fresh call id: OpenAI's form, or for Mistral's list nine letters and digits, the
+/// only ids Mistral's templates take back.
+fn new_call_id(syntax: CallSyntax) -> String {
+    if syntax == CallSyntax::ToolCallsList {
+        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        return (0..9)
+            .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+            .collect();
+    }
     format!(
         "call_{:016x}{:08x}",
         rand::random::<u64>(),
@@ -560,6 +626,85 @@ mod tests {
         }
         for text in ["Hello", " It is {x}", "<b>"] {
             assert_eq!(streamable_len(text, CallSyntax::BareJson), text.len());
+        }
+    }
+
+    const LIST: Option<CallSyntax> = Some(CallSyntax::ToolCallsList);
+
+    /// Mistral's list: read whether the tokenizer's text shows `[TOOL_CALLS]` (a text
+    /// token) or not (a control token, skipped in the text), with or without the space
+    /// before the bracket; text after the list is content; a list that is not calls is
+    /// content, whole.
+    #[test]
+    fn mistral_lists_are_read_with_or_without_their_marker() {
+        let list =
+            "[{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", \"arguments\": {}}]";
+        for text in [
+            format!("[TOOL_CALLS] {list}"),
+            format!(" {list}"),
+            format!("[TOOL_CALLS]{list}"),
+        ] {
+            let (content, calls) = read_answer(&text, LIST);
+            assert_eq!(content, None, "{text}");
+            let names: Vec<_> = calls.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(names, ["f", "g"], "{text}");
+            assert_eq!(calls[0].arguments, "{\"a\": 1}");
+        }
+        let (content, calls) = read_answer(&format!("{list}\nDone."), LIST);
+        assert_eq!((content.as_deref(), calls.len()), (Some("Done."), 2));
+        for text in [
+            "[1, 2, 3]",
+            "Sure: [{\"name\": \"f\", \"arguments\": {}}]",
+            "[{\"a\": 1}]",
+        ] {
+            assert_eq!(read_answer(text, LIST), (Some(text.to_string()), vec![]));
+        }
+        // The list cut off in its second call keeps the first.
+        let cut = "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"argu";
+        assert_eq!(read_answer(cut, LIST).1.len(), 1);
+        assert_eq!(read_answer(cut, LIST).0, None);
+    }
+
+    /// Streamed, each call of the list goes out as its head, then fragments adding up
+    /// to what the whole answer reads, under its own index; ids are nine letters and
+    /// digits, as Mistral's templates take them back.
+    #[test]
+    fn mistral_lists_stream_call_by_call() {
+        let full = " [{\"name\": \"f\", \"arguments\": {\"a\": \"]}\"}}, {\"name\": \"g\", \"arguments\": {\"b\": [2]}}]";
+        let mut streamer = CallStreamer::new(CallSyntax::ToolCallsList);
+        let mut names = Vec::new();
+        let mut args = vec![String::new(), String::new()];
+        for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
+            assert_eq!(streamable_len(&full[..end], CallSyntax::ToolCallsList), 0);
+            for d in streamer.advance(&full[..end]) {
+                if let Some(name) = d.function.name {
+                    let id = d.id.unwrap();
+                    assert!(
+                        id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()),
+                        "{id}"
+                    );
+                    assert_eq!(d.index, names.len());
+                    names.push(name);
+                }
+                args[d.index].push_str(&d.function.arguments);
+            }
+        }
+        let (_, calls) = read_answer(full, LIST);
+        assert_eq!(names, ["f", "g"]);
+        assert_eq!(
+            args,
+            [calls[0].arguments.clone(), calls[1].arguments.clone()]
+        );
+        assert_eq!(args[0], "{\"a\": \"]}\"}");
+        for held in ["", " ", "[TOOL", "[TOOL_CALLS]", " [{\"na"] {
+            assert_eq!(
+                streamable_len(held, CallSyntax::ToolCallsList),
+                0,
+                "{held:?}"
+            );
+        }
+        for text in ["Hello", " It is {x}", "(see [1])"] {
+            assert_eq!(streamable_len(text, CallSyntax::ToolCallsList), text.len());
         }
     }
 }

@@ -27,7 +27,7 @@ fn auto_plan(parallel: bool) -> ToolPlan {
         Some(tools),
         Some(&json!("auto")),
         Some(parallel),
-        CallSyntax::Tagged,
+        CallForm::text(CallSyntax::Tagged),
     )
     .unwrap()
     .unwrap()
@@ -35,7 +35,8 @@ fn auto_plan(parallel: bool) -> ToolPlan {
 
 /// Whether the constraint allows `token` next.
 fn allows(c: &mut crate::engine::grammar::Constraint, token: u32) -> bool {
-    let mut logits = vec![0.0f32; 49152];
+    // One more than the default vocabulary: room for an added token.
+    let mut logits = vec![0.0f32; 49153];
     c.mask_logits(&mut logits).unwrap();
     logits[token as usize].is_finite()
 }
@@ -97,15 +98,21 @@ fn bare_plan(choice: Value) -> ToolPlan {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
             "required": ["city"]}}}]))
     .unwrap();
-    ToolPlan::from_request(Some(tools), Some(&choice), None, CallSyntax::BareJson)
-        .unwrap()
-        .unwrap()
+    ToolPlan::from_request(
+        Some(tools),
+        Some(&choice),
+        None,
+        CallForm::text(CallSyntax::BareJson),
+    )
+    .unwrap()
+    .unwrap()
 }
 
-/// Feeds `text` to a fresh constraint of `grammar`; false at the first token refused.
+/// Feeds `text` (as text: a control token's spelling is its characters) to a fresh
+/// constraint of `grammar`; false at the first token refused.
 fn takes(grammar: &crate::engine::grammar::Grammar, tok: &ModelTokenizer, text: &str) -> bool {
     let mut c = grammar.start();
-    for &t in &tok.encode_text(text).unwrap() {
+    for &t in &tok.encode_literal(text).unwrap() {
         if !allows(&mut c, t) {
             return false;
         }
@@ -156,4 +163,93 @@ fn bare_calls_are_one_object_with_parameters() {
     );
     let mut c = auto.start();
     assert!(allows(&mut c, eos), "the empty answer");
+}
+
+/// The default tokenizer with `[TOOL_CALLS]` added as a control token (id 49152), as
+/// Mistral's tokenizers have it.
+fn with_tool_calls_token(tok: &ModelTokenizer) -> (ModelTokenizer, u32) {
+    let mut json: Value = serde_json::from_str(&tok.to_json().unwrap()).unwrap();
+    let id = 49152;
+    json["added_tokens"].as_array_mut().unwrap().push(json!({
+        "id": id, "content": "[TOOL_CALLS]", "single_word": false, "lstrip": false,
+        "rstrip": false, "normalized": false, "special": true}));
+    let tok = ModelTokenizer::from_json(&json.to_string()).unwrap();
+    assert!(tok.is_control(id));
+    (tok, id)
+}
+
+fn list_plan(choice: Value, form: CallForm) -> ToolPlan {
+    let tools = serde_json::from_value(json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"]}}}]))
+    .unwrap();
+    ToolPlan::from_request(Some(tools), Some(&choice), Some(true), form)
+        .unwrap()
+        .unwrap()
+}
+
+/// Mistral's list: with `[TOOL_CALLS]` a control token, `required` starts with that
+/// token and a list of calls follows (one or more, each with `arguments`); `auto`
+/// leaves text free (the token is never text) and holds the list once the token is
+/// chosen. With the token as text (the default tokenizer), the same in text.
+#[test]
+fn mistral_lists_open_with_their_control_token() {
+    let (_, plain, _) = compiler();
+    let (tok, opening) = with_tool_calls_token(&plain);
+    let eos = tok.token_id("<|im_end|>").unwrap();
+    let with_token = GrammarCompiler::new(&tok, 49153, &[eos]).unwrap();
+    let form = CallForm {
+        syntax: CallSyntax::ToolCallsList,
+        list_token: Some(opening),
+    };
+    let call = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+    let list = format!(" [{call}, {call}]");
+    let required = with_token
+        .compile(&list_plan(json!("required"), form).grammar(None).unwrap())
+        .unwrap();
+    let mut c = required.start();
+    assert!(allows(&mut c, opening), "the list opens with the token");
+    let text = tok.encode_text("[").unwrap()[0];
+    assert!(!allows(&mut c, text), "not with text");
+    c.advance(opening).unwrap();
+    for &t in &tok.encode_text(&list).unwrap() {
+        assert!(allows(&mut c, t), "list token {t} refused");
+        c.advance(t).unwrap();
+    }
+    assert!(allows(&mut c, eos), "the answer ends after the list");
+
+    let auto = with_token
+        .compile(&list_plan(json!("auto"), form).grammar(None).unwrap())
+        .unwrap();
+    assert!(takes(
+        &auto,
+        &tok,
+        "[TOOL_CALLS] as text, and [1, 2] are prose."
+    ));
+    let mut c = auto.start();
+    assert!(allows(&mut c, opening), "auto may open the list");
+    c.advance(opening).unwrap();
+    let prose = tok.encode_text(" I think").unwrap()[0];
+    assert!(!allows(&mut c, prose), "after the token, only the list");
+
+    // The token as text: the default tokenizer.
+    let (compiler, plain, eos) = self::compiler();
+    let form = CallForm::text(CallSyntax::ToolCallsList);
+    let required = compiler
+        .compile(&list_plan(json!("required"), form).grammar(None).unwrap())
+        .unwrap();
+    assert!(takes(&required, &plain, &format!("[TOOL_CALLS]{list}")));
+    assert!(!takes(&required, &plain, &list));
+    let auto = compiler
+        .compile(&list_plan(json!("auto"), form).grammar(None).unwrap())
+        .unwrap();
+    assert!(takes(&auto, &plain, "It is sunny; see [1]."));
+    assert!(takes(&auto, &plain, &format!("[TOOL_CALLS]{list}")));
+    assert!(!takes(&auto, &plain, "[TOOL_CALLS] I think"));
+    let mut c = auto.start();
+    for &t in &plain.encode_text(&format!("[TOOL_CALLS]{list}")).unwrap() {
+        c.advance(t).unwrap();
+    }
+    assert!(allows(&mut c, eos));
 }

@@ -11,8 +11,9 @@
 //! </tool_call>
 //! ```
 //!
-//! or Llama 3's bare object, the whole answer: `{"name": "get_weather", "parameters":
-//! {"city": "Paris"}}`. A template that renders tools itself gets the `tools` list and
+//! Llama 3's bare object, the whole answer: `{"name": "get_weather", "parameters":
+//! {"city": "Paris"}}`, or Mistral's list after its control token: `[TOOL_CALLS]
+//! [{"name": "get_weather", "arguments": {"city": "Paris"}}]`. A template that renders tools itself gets the `tools` list and
 //! the earlier calls; for one that does not (the default model's), the tools are
 //! described in the system message and earlier calls are written into the assistant's
 //! turns, in the tagged form. With
@@ -24,9 +25,10 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::chat::{CallSyntax, ChatMessage};
+use crate::chat::{CallSyntax, ChatMessage, ChatTemplate, TOOL_CALLS_TOKEN};
 use crate::engine::Delimiters;
 use crate::engine::grammar::{GrammarSpec, with_json_layout};
+use crate::model::tokenizer::ModelTokenizer;
 
 use super::ApiError;
 
@@ -74,6 +76,37 @@ enum ToolChoice {
     Named(String),
 }
 
+/// How the served model writes calls: its template's form and, for Mistral's list,
+/// the id of its `[TOOL_CALLS]` control token (None: the tokenizer has it as text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CallForm {
+    /// The form.
+    pub syntax: CallSyntax,
+    /// The list's opening control token.
+    pub list_token: Option<u32>,
+}
+
+impl CallForm {
+    /// The form a model's template teaches (the tagged one without a template).
+    pub(super) fn of_model(template: Option<&ChatTemplate>, tokenizer: &ModelTokenizer) -> Self {
+        CallForm {
+            syntax: template.map_or(CallSyntax::Tagged, ChatTemplate::call_syntax),
+            list_token: tokenizer
+                .token_id(TOOL_CALLS_TOKEN)
+                .filter(|&id| tokenizer.is_control(id)),
+        }
+    }
+
+    /// `syntax` with its opening as text.
+    #[cfg(test)]
+    pub(super) fn text(syntax: CallSyntax) -> Self {
+        CallForm {
+            syntax,
+            list_token: None,
+        }
+    }
+}
+
 /// A request's tools and what it asks of them.
 #[derive(Debug, Clone)]
 pub(super) struct ToolPlan {
@@ -81,7 +114,7 @@ pub(super) struct ToolPlan {
     choice: ToolChoice,
     parallel: bool,
     /// How the model writes a call.
-    syntax: CallSyntax,
+    form: CallForm,
 }
 
 /// Longest tool name, as OpenAI allows.
@@ -99,12 +132,12 @@ impl Tool {
 
 impl ToolPlan {
     /// Read and check a request's tool fields, for a model that writes calls in
-    /// `syntax`; None when it offers no tools.
+    /// `form`; None when it offers no tools.
     pub(super) fn from_request(
         tools: Option<Vec<Tool>>,
         choice: Option<&Value>,
         parallel: Option<bool>,
-        syntax: CallSyntax,
+        form: CallForm,
     ) -> Result<Option<Self>, ApiError> {
         let tools = tools.unwrap_or_default();
         let choice = match choice {
@@ -193,7 +226,7 @@ impl ToolPlan {
             tools,
             choice,
             parallel: parallel.unwrap_or(true),
-            syntax,
+            form,
         }))
     }
 
@@ -204,7 +237,7 @@ impl ToolPlan {
 
     /// How the model writes a call.
     pub(super) fn syntax(&self) -> CallSyntax {
-        self.syntax
+        self.form.syntax
     }
 
     /// True when the model sees the tools and may call them.
@@ -249,7 +282,7 @@ impl ToolPlan {
     /// The JSON schema of a call of any tool the answer may call, as the grammar embeds
     /// it (for checking it against the compiler's limits first).
     pub(super) fn any_call_schema(&self) -> Value {
-        call_schema(&self.tools.iter().collect::<Vec<_>>(), self.syntax)
+        call_schema(&self.tools.iter().collect::<Vec<_>>(), self.form.syntax)
     }
 
     /// The grammar the answer is held to: the calls when they are required; either the
@@ -266,7 +299,7 @@ impl ToolPlan {
                 .collect(),
             ToolChoice::Auto | ToolChoice::Required => self.tools.iter().collect(),
         };
-        let call_schema = with_json_layout(call_schema(&candidates, self.syntax));
+        let call_schema = with_json_layout(call_schema(&candidates, self.form.syntax));
         let auto = self.choice == ToolChoice::Auto;
         let format_schema = match response_format {
             None => None,
@@ -275,9 +308,10 @@ impl ToolPlan {
             // Never built from a request.
             Some(format @ GrammarSpec::Lark(_)) => return Some(format.clone()),
         };
-        let lark = match self.syntax {
+        let lark = match self.form.syntax {
             CallSyntax::Tagged => self.tagged_grammar(&call_schema, auto, format_schema),
             CallSyntax::BareJson => bare_grammar(&call_schema, auto, format_schema),
+            CallSyntax::ToolCallsList => self.list_grammar(&call_schema, auto, format_schema),
         };
         Some(GrammarSpec::Lark(lark))
     }
@@ -323,6 +357,39 @@ impl ToolPlan {
     }
 }
 
+impl ToolPlan {
+    /// [`ToolPlan::grammar`] for Mistral's list: its control token (or its text), the
+    /// calls in brackets; with `auto`, text that does not open the list, or the list.
+    fn list_grammar(&self, call_schema: &Value, auto: bool, format: Option<Value>) -> String {
+        let calls = if self.parallel && !matches!(self.choice, ToolChoice::Named(_)) {
+            "call (\", \" call)*"
+        } else {
+            "call"
+        };
+        let opening = match self.form.list_token {
+            Some(id) => format!("<[{id}]>"),
+            None => format!("{TOOL_CALLS_TOKEN:?}"),
+        };
+        let mut lark =
+            format!("calls: {opening} \" \"? \"[\" {calls} \"]\"\ncall: %json {call_schema}\n");
+        match (auto, format) {
+            // A control token is never text: any text is prose.
+            (true, None) if self.form.list_token.is_some() => {
+                lark.push_str("start: PROSE | calls\nPROSE: /(?s:.*)/\n");
+            }
+            (true, None) => lark.push_str(&format!(
+                "start: PROSE | calls\nPROSE: /(?s:.*)/ & ~/(?s:\\s*{}.*)/\n",
+                regex_literal(TOOL_CALLS_TOKEN)
+            )),
+            (true, Some(schema)) => {
+                lark.push_str(&format!("start: answer | calls\nanswer: %json {schema}\n"));
+            }
+            _ => lark.push_str("start: calls\n"),
+        }
+        lark
+    }
+}
+
 /// [`ToolPlan::grammar`] for Llama 3's bare call: the answer is one call; with `auto`,
 /// either text that does not start with `{` or the call.
 fn bare_grammar(call_schema: &Value, auto: bool, format: Option<Value>) -> String {
@@ -352,7 +419,7 @@ fn regex_literal(text: &str) -> String {
 /// Where a call holds its arguments: `arguments`, or Llama 3's `parameters`.
 pub(super) fn arguments_key(syntax: CallSyntax) -> &'static str {
     match syntax {
-        CallSyntax::Tagged => "arguments",
+        CallSyntax::Tagged | CallSyntax::ToolCallsList => "arguments",
         CallSyntax::BareJson => "parameters",
     }
 }
@@ -510,11 +577,53 @@ pub(super) fn call_text(name: &str, arguments: &Value) -> String {
     )
 }
 
-/// The delimiters of a call in the answer, for ending an answer that repeats a call.
-pub(super) fn call_delimiters() -> Delimiters {
-    Delimiters {
-        open: CALL_OPEN.into(),
-        close: CALL_CLOSE.into(),
+/// The delimiters of a call in an answer in `syntax`, for ending an answer that
+/// repeats a call: the tags, or a call object (in the grammar's layout) of Mistral's
+/// list; None for Llama 3's single call.
+pub(super) fn call_delimiters(syntax: CallSyntax) -> Option<Delimiters> {
+    match syntax {
+        CallSyntax::Tagged => Some(Delimiters {
+            open: CALL_OPEN.into(),
+            close: CALL_CLOSE.into(),
+        }),
+        CallSyntax::ToolCallsList => Some(Delimiters {
+            open: "{\"name\": ".into(),
+            close: String::new(),
+        }),
+        CallSyntax::BareJson => None,
+    }
+}
+
+/// Longest call id Mistral's templates take (7B v0.3's takes only this length; later
+/// ones print the last nine characters).
+const MISTRAL_ID_CHARS: usize = 9;
+
+/// Fit the call ids in `messages` (an assistant's calls, a tool result's
+/// `tool_call_id`) to what a template in `syntax` takes: for Mistral's list, their
+/// last nine characters, as vLLM cuts them (this server's own ids end in nine
+/// letters and digits); others are left alone.
+pub(super) fn fit_call_ids(messages: &mut [ChatMessage], syntax: CallSyntax) {
+    if syntax != CallSyntax::ToolCallsList {
+        return;
+    }
+    let cut = |id: &str| {
+        let skip = id.chars().count().saturating_sub(MISTRAL_ID_CHARS);
+        id.chars().skip(skip).collect::<String>()
+    };
+    for m in messages {
+        if let Some(id) = &mut m.tool_call_id {
+            *id = cut(id);
+        }
+        for call in m
+            .tool_calls
+            .iter_mut()
+            .flat_map(|c| c.as_array_mut())
+            .flatten()
+        {
+            if let Some(Value::String(id)) = call.get_mut("id") {
+                *id = cut(id);
+            }
+        }
     }
 }
 
@@ -627,34 +736,81 @@ mod tests {
         );
     }
 
+    /// For Mistral's templates, ids go back as their last nine characters (OpenAI's and
+    /// this server's end in letters and digits); other templates get them as sent.
+    #[test]
+    fn call_ids_are_cut_for_mistral_templates() {
+        let messages = || {
+            vec![
+                ChatMessage {
+                    role: "assistant".into(),
+                    tool_calls: Some(
+                        json!([{"id": "call_0123456789abcdefABCDEFGH", "type": "function",
+                        "function": {"name": "f", "arguments": {}}}, {"id": "Xy7", "function": {}}]),
+                    ),
+                    ..Default::default()
+                },
+                ChatMessage {
+                    role: "tool".into(),
+                    tool_call_id: Some("call_0123456789abcdefABCDEFGH".into()),
+                    ..Default::default()
+                },
+            ]
+        };
+        let mut cut = messages();
+        fit_call_ids(&mut cut, CallSyntax::ToolCallsList);
+        let calls = cut[0].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0]["id"], "fABCDEFGH");
+        assert_eq!(
+            calls[1]["id"], "Xy7",
+            "a short id stays (the template names the problem)"
+        );
+        assert_eq!(cut[1].tool_call_id.as_deref(), Some("fABCDEFGH"));
+        for syntax in [CallSyntax::Tagged, CallSyntax::BareJson] {
+            let mut kept = messages();
+            fit_call_ids(&mut kept, syntax);
+            assert_eq!(kept, messages());
+        }
+    }
+
     #[test]
     fn tool_fields_are_checked() {
         let bad_choice = ToolPlan::from_request(
             Some(vec![weather()]),
             Some(&json!("always")),
             None,
-            CallSyntax::Tagged,
+            CallForm::text(CallSyntax::Tagged),
         );
         assert!(bad_choice.unwrap_err().message.contains("always"));
         let unknown = ToolPlan::from_request(
             Some(vec![weather()]),
             Some(&json!({"type": "function", "function": {"name": "nope"}})),
             None,
-            CallSyntax::Tagged,
+            CallForm::text(CallSyntax::Tagged),
         );
         assert!(unknown.unwrap_err().message.contains("nope"));
-        let none = ToolPlan::from_request(None, Some(&json!("required")), None, CallSyntax::Tagged);
+        let none = ToolPlan::from_request(
+            None,
+            Some(&json!("required")),
+            None,
+            CallForm::text(CallSyntax::Tagged),
+        );
         assert!(none.unwrap_err().message.contains("no `tools`"));
         let twice = ToolPlan::from_request(
             Some(vec![weather(), weather()]),
             None,
             None,
-            CallSyntax::Tagged,
+            CallForm::text(CallSyntax::Tagged),
         );
         assert!(twice.unwrap_err().message.contains("twice"));
-        let plan = ToolPlan::from_request(Some(vec![weather()]), None, None, CallSyntax::Tagged)
-            .unwrap()
-            .unwrap();
+        let plan = ToolPlan::from_request(
+            Some(vec![weather()]),
+            None,
+            None,
+            CallForm::text(CallSyntax::Tagged),
+        )
+        .unwrap()
+        .unwrap();
         assert!(plan.offers_calls());
         let Some(GrammarSpec::Lark(lazy)) = plan.grammar(None) else {
             panic!("auto guards the calls the model opens");
@@ -664,7 +820,7 @@ mod tests {
             Some(vec![weather()]),
             Some(&json!("required")),
             Some(false),
-            CallSyntax::Tagged,
+            CallForm::text(CallSyntax::Tagged),
         )
         .unwrap()
         .unwrap();
