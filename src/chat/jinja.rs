@@ -1,5 +1,6 @@
 //! What transformers adds to Jinja for chat templates, so that a template renders here as
-//! `apply_chat_template` renders it: Python's string and dict methods (`.startswith`,
+//! `apply_chat_template` renders it: its whitespace settings (`trim_blocks`,
+//! `lstrip_blocks`), Python's string and dict methods (`.startswith`,
 //! `.split`, `.items()`; minijinja-contrib's), loop controls, `raise_exception`,
 //! `strftime_now`, a `tojson` that writes what Python's `json.dumps` writes, and the
 //! `generation` tag.
@@ -10,6 +11,10 @@ use minijinja::{Environment, Error as JinjaError, ErrorKind};
 /// An environment with transformers' additions.
 pub(super) fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    // transformers compiles templates with both: a block tag's line leaves no newline
+    // and no indentation behind (templates written without `-` rely on it).
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);

@@ -264,6 +264,30 @@ mod tests {
         assert_eq!(out, "[HMM|An Answer]toolhi");
     }
 
+    /// Block tags leave no newline or indentation behind, as transformers compiles
+    /// templates (`trim_blocks`, `lstrip_blocks`); the expected text is what
+    /// transformers 5.24's `render_jinja_template` printed. Without the two settings
+    /// this came out as "<s>\n\n    \nU: Hi\n    \n\n    \nA: Hello..".
+    #[test]
+    fn block_tags_leave_no_whitespace_behind() {
+        let src = "{{ bos_token }}\n{% for m in messages %}\n    {% if m.role == 'user' %}\nU: {{ m.content }}\n    {% else %}\nA: {{ m.content }}\n    {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}\nA:{% endif %}\n";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let message = |role: &str, content: &str| ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        };
+        let messages = [
+            message("user", "Hi"),
+            message("assistant", "Hello"),
+            message("user", "Bye"),
+        ];
+        assert_eq!(
+            t.render(&messages).unwrap(),
+            "<s>\nU: Hi\nA: Hello\nU: Bye\nA:"
+        );
+    }
+
     /// The call form is read from the template: Llama 3's bare object where it asks for
     /// `"parameters"` and renders results as `ipython`, the tagged form otherwise.
     #[test]
