@@ -158,9 +158,25 @@ fn bare_calls_are_one_object_with_parameters() {
     ));
     assert!(takes(&auto, &tok, call));
     assert!(
+        takes(&auto, &tok, &format!("\n\n{call}")),
+        "a call after newlines"
+    );
+    assert!(takes(&auto, &tok, "\n\nIt is sunny."));
+    let mut c = auto.start();
+    for &t in &tok.encode_literal(&format!("\n{call}")).unwrap() {
+        c.advance(t).unwrap();
+    }
+    assert!(allows(&mut c, eos), "the answer ends after its call");
+    let mut c = auto.start();
+    for &t in &tok.encode_literal("\n Sunny.").unwrap() {
+        c.advance(t).unwrap();
+    }
+    assert!(allows(&mut c, eos), "text may end");
+    assert!(
         !takes(&auto, &tok, "{\"temperature\": 22}"),
         "an object is a call"
     );
+    assert!(!takes(&auto, &tok, "\n{\"temperature\": 22}"));
     let mut c = auto.start();
     assert!(allows(&mut c, eos), "the empty answer");
 }

@@ -395,7 +395,8 @@ impl ToolPlan {
 fn bare_grammar(call_schema: &Value, auto: bool, format: Option<Value>) -> String {
     let mut lark = format!("call: %json {call_schema}\n");
     match (auto, format) {
-        (true, None) => lark.push_str("start: PROSE | call\nPROSE: /(?s:\\s*([^\\s{].*)?)/\n"),
+        (true, None) => lark
+            .push_str("start: PROSE | LEAD? call\nPROSE: /(?s:\\s*([^\\s{].*)?)/\nLEAD: /\\s+/\n"),
         (true, Some(schema)) => {
             lark.push_str(&format!("start: answer | call\nanswer: %json {schema}\n"));
         }
