@@ -251,11 +251,14 @@ impl ToolPlan {
             self.tools
                 .iter()
                 .map(|t| {
-                    json!({"type": "function", "function": {
-                        "name": t.function.name,
-                        "description": t.function.description,
-                        "parameters": t.parameters(),
-                    }})
+                    let mut function = json!({"name": t.function.name});
+                    // As the client sent it: templates print every key they are given
+                    // (Mistral's, Llama 3's), and a tool without a description has none.
+                    if let Some(d) = &t.function.description {
+                        function["description"] = json!(d);
+                    }
+                    function["parameters"] = t.parameters();
+                    json!({"type": "function", "function": function})
                 })
                 .collect(),
         )
@@ -735,6 +738,30 @@ mod tests {
             json!({"properties": {"$ref": "#/x"}}),
             "data is left alone"
         );
+    }
+
+    /// Templates get the tools as the client sent them: no `description` key for a tool
+    /// without one (Llama 3's and Mistral's templates print every key).
+    #[test]
+    fn templates_get_the_tools_as_sent() {
+        let bare: Tool = serde_json::from_value(json!({"type": "function", "function": {
+            "name": "now", "parameters": {"type": "object", "properties": {}}}}))
+        .unwrap();
+        let plan = ToolPlan::from_request(
+            Some(vec![weather(), bare]),
+            None,
+            None,
+            CallForm::text(CallSyntax::BareJson),
+        )
+        .unwrap()
+        .unwrap();
+        let tools = plan.tools_json();
+        assert_eq!(
+            tools[1],
+            json!({"type": "function", "function": {"name": "now",
+                "parameters": {"type": "object", "properties": {}}}})
+        );
+        assert_eq!(tools[0]["function"]["name"], "get_weather");
     }
 
     /// For Mistral's templates, ids go back as their last nine characters (OpenAI's and
