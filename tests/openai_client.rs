@@ -74,46 +74,43 @@ fn pydantic_ai_and_the_agents_sdk_run_nested_tools_and_typed_outputs() {
 }
 
 /// LangChain's tool loop and the openai client's tool checks (forced, named, streamed,
-/// `auto`, a result turn, Pydantic tools with `$defs`) against a model whose template
-/// teaches Llama 3's call form (tests/fixtures/llama3-tools.jinja, through
-/// `--chat-template`): calls are asked for and read as bare `{"name": ..,
-/// "parameters": ..}` objects, earlier calls and results go back through that
-/// template, and the clients see OpenAI's `tool_calls`, whole and streamed.
-/// (pydantic-ai's loop is left out here: the 135M model, shown results in an
-/// `ipython` turn it was not trained on, calls the tool again every round until the
-/// context is full; that is the model's choice, not the form's.)
-#[test]
-fn tool_clients_work_against_a_llama_3_template() {
+/// `auto`, a result turn, Pydantic tools with `$defs`) against a server whose template
+/// is `tests/fixtures/{fixture}` (through `--chat-template`): calls are asked for and
+/// read in the form it teaches, earlier calls and results go back through it, and the
+/// clients see OpenAI's `tool_calls`, whole and streamed.
+fn tool_clients_work_against(fixture: &str) {
     if !model_present() {
         return;
     }
-    let template = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/llama3-tools.jinja"
-    );
-    // Its tools are printed as indented JSON, as Llama's are: longer prompts.
-    let args = ["--chat-template", template, "--max-context", "2048"];
+    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
+    // The tools the template prints make prompts longer than the tests' 512 tokens.
+    let args = [
+        "--chat-template",
+        template.to_str().unwrap(),
+        "--max-context",
+        "2048",
+    ];
     for script in ["agent_framework.py", "openai_client.py"] {
         run_script_against_a_server(script, &args);
     }
 }
 
-/// The same against a model whose template teaches Mistral's list
-/// (tests/fixtures/mistral-tools.jinja: `[TOOL_CALLS] [{..}, ..]`, and call ids of
-/// exactly nine characters, as Mistral 7B v0.3's template demands). The default
-/// model's tokenizer has no `[TOOL_CALLS]` control token, so the list opens with its
-/// text here; the control-token path is the grammar tests' (src/serve/api/tools).
+/// Llama 3's form (tests/fixtures/llama3-tools.jinja): bare `{"name": ..,
+/// "parameters": ..}` objects. (pydantic-ai's loop is left out: the 135M model, shown
+/// results in an `ipython` turn it was not trained on, calls the tool again every round
+/// until the context is full; that is the model's choice, not the form's.)
+#[test]
+fn tool_clients_work_against_a_llama_3_template() {
+    tool_clients_work_against("llama3-tools.jinja");
+}
+
+/// Mistral's list (tests/fixtures/mistral-tools.jinja: `[TOOL_CALLS] [{..}, ..]`, and
+/// call ids of exactly nine characters, as Mistral 7B v0.3's template demands). The
+/// default model's tokenizer has no `[TOOL_CALLS]` control token, so the list opens
+/// with its text here; the control-token path is the grammar tests' (src/serve/api/tools).
 #[test]
 fn tool_clients_work_against_a_mistral_template() {
-    if !model_present() {
-        return;
-    }
-    let template = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/mistral-tools.jinja"
-    );
-    let args = ["--chat-template", template, "--max-context", "2048"];
-    for script in ["agent_framework.py", "openai_client.py"] {
-        run_script_against_a_server(script, &args);
-    }
+    tool_clients_work_against("mistral-tools.jinja");
 }

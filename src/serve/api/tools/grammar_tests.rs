@@ -17,20 +17,20 @@ fn compiler() -> (GrammarCompiler, ModelTokenizer, u32) {
     (compiler, tokenizer, eos)
 }
 
-fn auto_plan(parallel: bool) -> ToolPlan {
+/// A plan offering one tool, `get_weather(city)`, for a model writing calls in `form`.
+fn weather_plan(choice: Value, parallel: bool, form: CallForm) -> ToolPlan {
     let tools = serde_json::from_value(json!([{"type": "function", "function": {
         "name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
             "required": ["city"]}}}]))
     .unwrap();
-    ToolPlan::from_request(
-        Some(tools),
-        Some(&json!("auto")),
-        Some(parallel),
-        CallForm::text(CallSyntax::Tagged),
-    )
-    .unwrap()
-    .unwrap()
+    ToolPlan::from_request(Some(tools), Some(&choice), Some(parallel), form)
+        .unwrap()
+        .unwrap()
+}
+
+fn auto_plan(parallel: bool) -> ToolPlan {
+    weather_plan(json!("auto"), parallel, CallForm::text(CallSyntax::Tagged))
 }
 
 /// Whether the constraint allows `token` next.
@@ -93,19 +93,7 @@ fn auto_leaves_text_free_and_holds_an_opened_call_to_the_tools() {
 }
 
 fn bare_plan(choice: Value) -> ToolPlan {
-    let tools = serde_json::from_value(json!([{"type": "function", "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-            "required": ["city"]}}}]))
-    .unwrap();
-    ToolPlan::from_request(
-        Some(tools),
-        Some(&choice),
-        None,
-        CallForm::text(CallSyntax::BareJson),
-    )
-    .unwrap()
-    .unwrap()
+    weather_plan(choice, false, CallForm::text(CallSyntax::BareJson))
 }
 
 /// Feeds `text` (as text: a control token's spelling is its characters) to a fresh
@@ -195,14 +183,7 @@ fn with_tool_calls_token(tok: &ModelTokenizer) -> (ModelTokenizer, u32) {
 }
 
 fn list_plan(choice: Value, form: CallForm) -> ToolPlan {
-    let tools = serde_json::from_value(json!([{"type": "function", "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-            "required": ["city"]}}}]))
-    .unwrap();
-    ToolPlan::from_request(Some(tools), Some(&choice), Some(true), form)
-        .unwrap()
-        .unwrap()
+    weather_plan(choice, true, form)
 }
 
 /// Mistral's list: with `[TOOL_CALLS]` a control token, `required` starts with that
