@@ -327,3 +327,30 @@ fn a_measured_cost_curve_is_kept_and_reused() {
     assert_eq!(kept_t1(&files[0]), fourth["t1_ms"], "and replaced");
     assert_eq!(kept_files().len(), 1);
 }
+
+/// `serve --chat-template`: a file that cannot be read fails before the model loads,
+/// and one that is not a template names the problem; neither panics.
+#[test]
+fn a_bad_chat_template_file_is_refused_with_the_problem_named() {
+    if !common::model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let serve = |template: &std::path::Path| {
+        run(&[
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--snapshot-dir",
+            store.to_str().unwrap(),
+            "--chat-template",
+            template.to_str().unwrap(),
+        ])
+    };
+    let missing = dir.path().join("missing.jinja");
+    assert_clean_failure(&serve(&missing), "cannot read the chat template");
+    let broken = dir.path().join("broken.jinja");
+    std::fs::write(&broken, "{% for %}").unwrap();
+    assert_clean_failure(&serve(&broken), "broken.jinja does not compile");
+}

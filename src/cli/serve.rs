@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatTemplate, TemplateError};
 use crate::replicate::ReplicationConfig;
 use crate::serve::{ServeConfig, serve};
 use crate::store::wal::FsyncPolicy;
@@ -167,24 +167,30 @@ pub(super) struct ServeArgs {
     stream_max_age_s: Option<u64>,
 }
 
-/// The chat template in the file at `path`, for `engine`'s model: with its template's
-/// `bos_token` and `eos_token`, or, for a model without one, its end-of-sequence
-/// token's text and an empty `bos_token`.
-fn chat_template_from(path: &Path, engine: &crate::engine::Engine) -> anyhow::Result<ChatTemplate> {
-    let source = crate::files::read_regular_to_string(path, "chat template")
-        .with_context(|| format!("cannot read the chat template {}", path.display()))?;
+/// The chat template `source` (read from `path`) for `engine`'s model: with its
+/// template's `bos_token` and `eos_token`, or, for a model without one, its
+/// end-of-sequence token's text and an empty `bos_token`.
+fn chat_template_for(
+    source: &str,
+    path: &Path,
+    engine: &crate::engine::Engine,
+) -> anyhow::Result<ChatTemplate> {
     let template = match engine.template() {
-        Some(own) => own.with_source(&source),
+        Some(own) => own.with_source(source),
         None => {
             let eos = engine
                 .eos()
                 .first()
                 .and_then(|&id| engine.tokenizer().decode(&[id], false).ok())
                 .unwrap_or_default();
-            ChatTemplate::new(&source, "", &eos)
+            ChatTemplate::new(source, "", &eos)
         }
     };
-    template.with_context(|| format!("the chat template {}", path.display()))
+    template.map_err(|e| match e {
+        TemplateError::Compile(e) | TemplateError::Render(e) => {
+            anyhow::anyhow!("the chat template {} does not compile: {e}", path.display())
+        }
+    })
 }
 
 fn read_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
@@ -296,6 +302,15 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| "model".into()),
     };
     tracing::info!("loading {} ({:?} weights)", model_id, model_args.weights);
+    // Read before the model loads, so that a wrong path fails at once.
+    let chat_template = match a.chat_template.as_deref().or(file.chat_template.as_deref()) {
+        Some(path) => Some((
+            crate::files::read_regular_to_string(path, "chat template")
+                .with_context(|| format!("cannot read the chat template {}", path.display()))?,
+            path.to_path_buf(),
+        )),
+        None => None,
+    };
     let engine = model_args.load()?;
     tracing::info!(
         "verifier cost curve t(K)/t(1): {:?}",
@@ -313,8 +328,8 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         prefix.budget_bytes / engine.kv_bytes_per_token().max(1)
     );
     let tokenizer = engine.tokenizer().clone();
-    let template = match a.chat_template.as_deref().or(file.chat_template.as_deref()) {
-        Some(path) => Some(chat_template_from(path, &engine)?),
+    let template = match &chat_template {
+        Some((source, path)) => Some(chat_template_for(source, path, &engine)?),
         None => engine.template().cloned(),
     };
     let params = a.spec.params()?;
