@@ -215,17 +215,17 @@ fn read_call(body: &str, syntax: CallSyntax) -> Option<ToolCall> {
 pub(in crate::serve::api) fn streamable_len(text: &str, syntax: CallSyntax) -> usize {
     let body = text.trim_start();
     let may_call = match syntax {
-        CallSyntax::Tagged => None,
+        CallSyntax::Tagged => return tagged_streamable_len(text),
         CallSyntax::BareJson => {
-            Some(PYTHON_TAG.starts_with(body) || json_calls_start(text, syntax).is_some())
+            PYTHON_TAG.starts_with(body) || json_calls_start(text, syntax).is_some()
         }
-        CallSyntax::ToolCallsList => {
-            Some(TOOL_CALLS_TOKEN.starts_with(body) || body.starts_with('['))
-        }
+        CallSyntax::ToolCallsList => TOOL_CALLS_TOKEN.starts_with(body) || body.starts_with('['),
     };
-    if let Some(may_call) = may_call {
-        return if may_call { 0 } else { text.len() };
-    }
+    if may_call { 0 } else { text.len() }
+}
+
+/// [`streamable_len`] for `<tool_call>` blocks.
+fn tagged_streamable_len(text: &str) -> usize {
     if let Some(at) = text.find(CALL_OPEN) {
         return text[..at].trim_end().len();
     }
@@ -490,30 +490,51 @@ mod tests {
         );
     }
 
+    /// A streamed call as its deltas build it: id, name, arguments.
+    struct Streamed {
+        id: String,
+        name: String,
+        arguments: String,
+    }
+
+    /// `full` fed to a streamer for `syntax` one prefix at a time, as an answer grows:
+    /// the calls its deltas build. Each head (an id, `function`, the name, empty
+    /// arguments) comes once, under the next index; fragments carry only arguments.
+    fn stream_every_prefix(full: &str, syntax: CallSyntax) -> Vec<Streamed> {
+        let mut streamer = CallStreamer::new(syntax);
+        let mut calls: Vec<Streamed> = Vec::new();
+        for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
+            for d in streamer.advance(&full[..end]) {
+                if let Some(name) = d.function.name {
+                    assert_eq!(d.kind, Some("function"));
+                    assert_eq!(d.index, calls.len());
+                    assert!(d.function.arguments.is_empty());
+                    calls.push(Streamed {
+                        id: d.id.unwrap(),
+                        name,
+                        arguments: String::new(),
+                    });
+                } else {
+                    assert_eq!((d.id, d.kind), (None, None));
+                    calls[d.index].arguments.push_str(&d.function.arguments);
+                }
+            }
+        }
+        calls
+    }
+
     /// Streamed calls: the name with an id once the head is written, then argument
     /// fragments that add up to what the whole answer reads; a call that may still
     /// repeat an earlier one waits, and one that diverges streams.
     #[test]
     fn calls_stream_as_name_then_argument_fragments() {
         let full = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": {\"b\": 1}, \"c\": \"x}\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 2}}\n</tool_call>";
-        let mut streamer = CallStreamer::new(CallSyntax::Tagged);
-        let mut names = Vec::new();
-        let mut args = vec![String::new(), String::new()];
-        for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
-            for d in streamer.advance(&full[..end]) {
-                if let Some(name) = d.function.name {
-                    assert!(d.id.unwrap().starts_with("call_"));
-                    assert_eq!(d.kind, Some("function"));
-                    assert_eq!(d.index, names.len());
-                    names.push(name);
-                } else {
-                    assert_eq!((d.id, d.kind), (None, None));
-                }
-                args[d.index].push_str(&d.function.arguments);
-            }
-        }
+        let streamed = stream_every_prefix(full, CallSyntax::Tagged);
+        assert!(streamed.iter().all(|c| c.id.starts_with("call_")));
         let (_, calls) = read_answer(full, TAGGED);
+        let names: Vec<_> = streamed.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["f", "f"]);
+        let args: Vec<_> = streamed.iter().map(|c| c.arguments.clone()).collect();
         assert_eq!(
             args,
             [calls[0].arguments.clone(), calls[1].arguments.clone()]
@@ -603,22 +624,15 @@ mod tests {
     #[test]
     fn bare_calls_stream_as_name_then_argument_fragments() {
         let full = "{\"name\": \"f\", \"parameters\": {\"a\": {\"b\": \"}}\"}, \"c\": 2}}";
-        let mut streamer = CallStreamer::new(CallSyntax::BareJson);
-        let mut name = None;
-        let mut args = String::new();
         for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
             assert_eq!(streamable_len(&full[..end], CallSyntax::BareJson), 0);
-            for d in streamer.advance(&full[..end]) {
-                assert_eq!(d.index, 0);
-                if let Some(n) = d.function.name {
-                    assert!(name.replace(n).is_none(), "one head");
-                }
-                args.push_str(&d.function.arguments);
-            }
         }
+        let streamed = stream_every_prefix(full, CallSyntax::BareJson);
         let (_, calls) = read_answer(full, BARE);
-        assert_eq!(name.as_deref(), Some("f"));
-        assert_eq!(args, calls[0].arguments);
+        assert_eq!(streamed.len(), 1, "one head");
+        assert_eq!(streamed[0].name, "f");
+        let args = &streamed[0].arguments;
+        assert_eq!(*args, calls[0].arguments);
         assert_eq!(args, "{\"a\": {\"b\": \"}}\"}, \"c\": 2}");
         // What may still open a call waits; text that cannot streams whole.
         for held in ["", "  ", "\n{", "<|py", "<|python_tag|>{\"na"] {
@@ -671,26 +685,21 @@ mod tests {
     #[test]
     fn mistral_lists_stream_call_by_call() {
         let full = " [{\"name\": \"f\", \"arguments\": {\"a\": \"]}\"}}, {\"name\": \"g\", \"arguments\": {\"b\": [2]}}]";
-        let mut streamer = CallStreamer::new(CallSyntax::ToolCallsList);
-        let mut names = Vec::new();
-        let mut args = vec![String::new(), String::new()];
         for end in (0..=full.len()).filter(|&e| full.is_char_boundary(e)) {
             assert_eq!(streamable_len(&full[..end], CallSyntax::ToolCallsList), 0);
-            for d in streamer.advance(&full[..end]) {
-                if let Some(name) = d.function.name {
-                    let id = d.id.unwrap();
-                    assert!(
-                        id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()),
-                        "{id}"
-                    );
-                    assert_eq!(d.index, names.len());
-                    names.push(name);
-                }
-                args[d.index].push_str(&d.function.arguments);
-            }
+        }
+        let streamed = stream_every_prefix(full, CallSyntax::ToolCallsList);
+        for c in &streamed {
+            let id = &c.id;
+            assert!(
+                id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()),
+                "{id}"
+            );
         }
         let (_, calls) = read_answer(full, LIST);
+        let names: Vec<_> = streamed.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["f", "g"]);
+        let args: Vec<_> = streamed.iter().map(|c| c.arguments.clone()).collect();
         assert_eq!(
             args,
             [calls[0].arguments.clone(), calls[1].arguments.clone()]
