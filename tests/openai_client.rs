@@ -18,6 +18,11 @@ use common::{Server, model_present};
 /// Run `tests/{script}` with the test venv's Python against a fresh server (started
 /// with `server_args`); it prints "all checks passed" last when every check held.
 fn run_script_against_a_server(script: &str, server_args: &[&str]) {
+    run_script_with(script, &[], server_args);
+}
+
+/// [`run_script_against_a_server`], with `script_args` after the server's URL.
+fn run_script_with(script: &str, script_args: &[&str], server_args: &[&str]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join("target/py/bin/python");
     assert!(
@@ -30,6 +35,7 @@ fn run_script_against_a_server(script: &str, server_args: &[&str]) {
         .arg(root.join("tests").join(script))
         .arg("--base-url")
         .arg(s.url("/v1"))
+        .args(script_args)
         .output()
         .unwrap();
     let (stdout, stderr) = (
@@ -73,25 +79,28 @@ fn pydantic_ai_and_the_agents_sdk_run_nested_tools_and_typed_outputs() {
     run_script_against_a_server("pydantic_agents.py", &[]);
 }
 
+/// `tests/fixtures/{fixture}`, a template in this repository, as a `--chat-template`
+/// path.
+fn fixture(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    path.to_str().unwrap().to_string()
+}
+
 /// LangChain's tool loop and the openai client's tool checks (forced, named, streamed,
 /// `auto`, a result turn, Pydantic tools with `$defs`) against a server whose template
 /// is `tests/fixtures/{fixture}` (through `--chat-template`): calls are asked for and
 /// read in the form it teaches, earlier calls and results go back through it, and the
 /// clients see OpenAI's `tool_calls`, whole and streamed.
-fn tool_clients_work_against(fixture: &str) {
+fn tool_clients_work_against(fixture: &str, more_args: &[&str]) {
     if !model_present() {
         return;
     }
-    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(fixture);
+    let template = self::fixture(fixture);
     // The tools the template prints make prompts longer than the tests' 512 tokens.
-    let args = [
-        "--chat-template",
-        template.to_str().unwrap(),
-        "--max-context",
-        "2048",
-    ];
+    let mut args = vec!["--chat-template", &template, "--max-context", "2048"];
+    args.extend(more_args);
     for script in ["agent_framework.py", "openai_client.py"] {
         run_script_against_a_server(script, &args);
     }
@@ -103,7 +112,7 @@ fn tool_clients_work_against(fixture: &str) {
 /// until the context is full; that is the model's choice, not the form's.)
 #[test]
 fn tool_clients_work_against_a_llama_3_template() {
-    tool_clients_work_against("llama3-tools.jinja");
+    tool_clients_work_against("llama3-tools.jinja", &[]);
 }
 
 /// Mistral's list (tests/fixtures/mistral-tools.jinja: `[TOOL_CALLS] [{..}, ..]`, and
@@ -112,5 +121,48 @@ fn tool_clients_work_against_a_llama_3_template() {
 /// with its text here; the control-token path is the grammar tests' (src/serve/api/tools).
 #[test]
 fn tool_clients_work_against_a_mistral_template() {
-    tool_clients_work_against("mistral-tools.jinja");
+    tool_clients_work_against("mistral-tools.jinja", &[]);
+}
+
+/// Qwen 3's template (tests/fixtures/qwen3.jinja): served without thoughts
+/// (`--chat-template-kwargs`, as agent pipelines serve it for speed), the tool and
+/// structured-output checks hold; served with them, `chat_template_kwargs` and a tool
+/// loop's `reasoning_content` reach the template, and a call asked for comes after any
+/// thoughts, never in the content (tests/reasoning_client.py). (The 135M model is not a
+/// thinking model: given the choice, it writes its answer as thoughts, so the
+/// clients' checks of structured answers run with the thoughts closed.)
+#[test]
+fn clients_work_against_a_thinking_template() {
+    tool_clients_work_against(
+        "qwen3.jinja",
+        &["--chat-template-kwargs", r#"{"enable_thinking": false}"#],
+    );
+    if !model_present() {
+        return;
+    }
+    let template = fixture("qwen3.jinja");
+    let args = ["--chat-template", &template, "--max-context", "2048"];
+    run_script_with("reasoning_client.py", &["--template", "qwen3"], &args);
+}
+
+/// A template whose prompt opens the thoughts (DeepSeek-R1's distillations,
+/// tests/fixtures/deepseek-r1-distill-qwen.jinja): the answer is thoughts until it
+/// closes them, sent as `reasoning_content`, whole and streamed alike; with
+/// `--reasoning-format none` they stay in the content.
+#[test]
+fn thoughts_go_out_apart_from_the_answer() {
+    if !model_present() {
+        return;
+    }
+    let template = fixture("deepseek-r1-distill-qwen.jinja");
+    run_script_with(
+        "reasoning_client.py",
+        &["--template", "opened"],
+        &["--chat-template", &template],
+    );
+    run_script_with(
+        "reasoning_client.py",
+        &["--template", "inline"],
+        &["--chat-template", &template, "--reasoning-format", "none"],
+    );
 }

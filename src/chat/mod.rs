@@ -1,9 +1,12 @@
 //! The model's chat template (from its metadata), rendered with minijinja.
 
 mod jinja;
+mod thoughts;
 
-use minijinja::{Environment, Error as JinjaError, context};
+use minijinja::{Environment, Error as JinjaError, Value as JinjaValue, context};
 use serde::Deserialize;
+
+pub use thoughts::{ThoughtMarkers, ThoughtProgress, ThoughtSplit, ThoughtStream};
 
 /// One chat message.
 #[derive(Clone, Debug, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -20,7 +23,31 @@ pub struct ChatMessage {
     /// A tool message's call id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant message's thoughts, apart from its content, for templates that
+    /// render them (Qwen 3 shows those of the turns since the last user message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
+
+/// What a rendering gives the template besides the messages.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenderExtras<'a> {
+    /// The `tools` list (OpenAI's form), for a template that reads one.
+    pub tools: Option<&'a serde_json::Value>,
+    /// More variables the template may read (a request's `chat_template_kwargs`, such
+    /// as Qwen 3's `enable_thinking`); they cannot replace the messages, the tools or
+    /// the generation prompt.
+    pub variables: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// The variables a rendering always sets, which [`RenderExtras::variables`] may not.
+pub const RESERVED_VARIABLES: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
 
 /// A piece of a rendered chat prompt. The template's own markup is tokenized with its
 /// control-token strings as control tokens; a message's content is text whatever it
@@ -77,6 +104,8 @@ pub struct ChatTemplate {
     tools: bool,
     /// The call form it teaches.
     syntax: CallSyntax,
+    /// How its model marks thoughts, when it is taught to think first.
+    thoughts: Option<ThoughtMarkers>,
 }
 
 impl ChatTemplate {
@@ -93,6 +122,7 @@ impl ChatTemplate {
             eos: eos.into(),
             tools: source.contains("tools"),
             syntax: call_syntax_of(source),
+            thoughts: ThoughtMarkers::of_template(source),
         })
     }
 
@@ -112,6 +142,13 @@ impl ChatTemplate {
         }
     }
 
+    /// How the model marks the thoughts it writes before its answer (Qwen 3, QwQ,
+    /// DeepSeek-R1's distillations, SmolLM3, Magistral); None for a model taught to
+    /// answer at once.
+    pub fn thought_markers(&self) -> Option<ThoughtMarkers> {
+        self.thoughts
+    }
+
     /// True when the template renders tool definitions and calls itself; without it,
     /// tools are described in the system message instead (`serve`'s fallback).
     pub fn supports_tools(&self) -> bool {
@@ -120,26 +157,27 @@ impl ChatTemplate {
 
     /// The prompt text for `messages`, ending where the assistant's answer begins.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, TemplateError> {
-        self.render_with_tools(messages, None)
+        self.render_with(messages, RenderExtras::default())
     }
 
-    /// [`ChatTemplate::render`], with the `tools` list (OpenAI's form) passed to a
-    /// template that reads one.
-    pub fn render_with_tools(
+    /// [`ChatTemplate::render`], with the tools list and variables of `extras`.
+    pub fn render_with(
         &self,
         messages: &[ChatMessage],
-        tools: Option<&serde_json::Value>,
+        extras: RenderExtras<'_>,
     ) -> Result<String, TemplateError> {
         let t = self
             .env
             .get_template("chat")
             .map_err(TemplateError::Compile)?;
+        let variables = JinjaValue::from_serialize(extras.variables);
         t.render(context! {
             messages => messages,
-            tools => tools,
+            tools => extras.tools,
             add_generation_prompt => true,
             bos_token => self.bos,
             eos_token => self.eos,
+            ..variables
         })
         .map_err(TemplateError::Render)
     }
@@ -153,27 +191,49 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
     ) -> Result<Vec<PromptPiece>, TemplateError> {
-        self.render_pieces_with_tools(messages, None)
+        self.render_pieces_with(messages, RenderExtras::default())
     }
 
-    /// [`ChatTemplate::render_pieces`] with a `tools` list
-    /// ([`ChatTemplate::render_with_tools`]); tool definitions and calls are markup.
-    pub fn render_pieces_with_tools(
+    /// [`ChatTemplate::render_pieces`] with `extras` ([`ChatTemplate::render_with`]);
+    /// tool definitions and calls are markup, a message's thoughts are text as its
+    /// content is.
+    pub fn render_pieces_with(
         &self,
         messages: &[ChatMessage],
-        tools: Option<&serde_json::Value>,
+        extras: RenderExtras<'_>,
     ) -> Result<Vec<PromptPiece>, TemplateError> {
         let nonce: u64 = rand::random();
         let prefix = format!("\u{E000}{nonce:016x}:");
+        // Text 2i is message i's content, 2i + 1 its thoughts.
+        let texts: Vec<&str> = messages
+            .iter()
+            .flat_map(|m| {
+                [
+                    m.content.as_str(),
+                    m.reasoning_content.as_deref().unwrap_or(""),
+                ]
+            })
+            .collect();
+        // An empty text stays empty: it has nothing to keep apart, and templates test
+        // whether a content is empty (Qwen's put a newline before a call only after
+        // text).
+        let mask = |text: &str, index: usize| {
+            if text.is_empty() {
+                String::new()
+            } else {
+                format!("{prefix}{index}\u{E001}")
+            }
+        };
         let masked: Vec<ChatMessage> = messages
             .iter()
             .enumerate()
             .map(|(i, m)| ChatMessage {
-                content: format!("{prefix}{i}\u{E001}"),
+                content: mask(&m.content, 2 * i),
+                reasoning_content: m.reasoning_content.as_deref().map(|r| mask(r, 2 * i + 1)),
                 ..m.clone()
             })
             .collect();
-        let rendered = self.render_with_tools(&masked, tools)?;
+        let rendered = self.render_with(&masked, extras)?;
         let mut pieces = Vec::new();
         let mut rest = rendered.as_str();
         while let Some(at) = rest.find(&prefix) {
@@ -181,14 +241,14 @@ impl ChatTemplate {
             let Some((index, tail)) = after
                 .split_once('\u{E001}')
                 .and_then(|(i, tail)| Some((i.parse::<usize>().ok()?, tail)))
-                .filter(|(i, _)| *i < messages.len())
+                .filter(|(i, _)| *i < texts.len())
             else {
                 break;
             };
             if at > 0 {
                 pieces.push(PromptPiece::Markup(rest[..at].to_string()));
             }
-            pieces.push(PromptPiece::Content(messages[index].content.clone()));
+            pieces.push(PromptPiece::Content(texts[index].to_string()));
             rest = tail;
         }
         // The masked rendering holds no content, so a marker character left in its
@@ -202,7 +262,7 @@ impl ChatTemplate {
                 "the chat template alters message contents, so they are tokenized with the template's markup (control-token strings in them count as control tokens)"
             );
             return Ok(vec![PromptPiece::Markup(
-                self.render_with_tools(messages, tools)?,
+                self.render_with(messages, extras)?,
             )]);
         }
         if !rest.is_empty() {
@@ -234,6 +294,14 @@ fn call_syntax_of(source: &str) -> CallSyntax {
 mod tests {
     use super::*;
 
+    fn message(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn python_methods_and_generation_tags_render_as_transformers_renders_them() {
         // What Qwen 3's template does with an answer that thought, and SmolLM3's with its
@@ -249,11 +317,6 @@ mod tests {
             "{%- endfor %}",
         );
         let t = ChatTemplate::new(src, "", "").unwrap();
-        let message = |role: &str, content: &str| ChatMessage {
-            role: role.into(),
-            content: content.into(),
-            ..Default::default()
-        };
         let out = t
             .render(&[
                 message("assistant", "<think>\nhmm\n</think>\n\nan answer"),
@@ -272,11 +335,6 @@ mod tests {
     fn block_tags_leave_no_whitespace_behind() {
         let src = "{{ bos_token }}\n{% for m in messages %}\n    {% if m.role == 'user' %}\nU: {{ m.content }}\n    {% else %}\nA: {{ m.content }}\n    {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}\nA:{% endif %}\n";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-        let message = |role: &str, content: &str| ChatMessage {
-            role: role.into(),
-            content: content.into(),
-            ..Default::default()
-        };
         let messages = [
             message("user", "Hi"),
             message("assistant", "Hello"),
@@ -419,5 +477,51 @@ mod tests {
             upper.render_pieces(&messages[..1]).unwrap(),
             [PromptPiece::Markup("BE BRIEF".into())]
         );
+    }
+
+    /// Qwen 3's template (tests/fixtures/qwen3.jinja) with a tool loop's thoughts and
+    /// `enable_thinking`: the text transformers 5.24's `render_jinja_template` printed
+    /// for the same messages; the thoughts are text, as contents are.
+    #[test]
+    fn thoughts_and_template_variables_render_as_transformers_renders_them() {
+        let t = ChatTemplate::new(
+            include_str!("../../tests/fixtures/qwen3.jinja"),
+            "<s>",
+            "</s>",
+        )
+        .unwrap();
+        let messages = [
+            message("user", "What is 2+2?"),
+            ChatMessage {
+                reasoning_content: Some("Add them.".into()),
+                tool_calls: Some(serde_json::json!([{"type": "function",
+                    "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}])),
+                ..message("assistant", "")
+            },
+            message("tool", "4"),
+        ];
+        let expected = concat!(
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nAdd them.\n",
+            "</think>\n\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 2}}\n",
+            "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n",
+            "<|im_start|>assistant\n"
+        );
+        assert_eq!(t.render(&messages).unwrap(), expected);
+        let no_thinking = serde_json::json!({"enable_thinking": false});
+        let extras = RenderExtras {
+            tools: None,
+            variables: no_thinking.as_object(),
+        };
+        let closed = t.render_with(&messages, extras).unwrap();
+        assert_eq!(closed, format!("{expected}<think>\n\n</think>\n\n"));
+        let pieces = t.render_pieces_with(&messages, extras).unwrap();
+        assert!(pieces.contains(&PromptPiece::Content("Add them.".into())));
+        let joined: String = pieces
+            .iter()
+            .map(|p| match p {
+                PromptPiece::Markup(s) | PromptPiece::Content(s) => s.as_str(),
+            })
+            .collect();
+        assert_eq!(joined, closed);
     }
 }

@@ -53,6 +53,8 @@ struct FileConfig {
     draft_weights: Option<crate::model::forward::WeightFormat>,
     hybrid_tau: Option<f64>,
     chat_template: Option<PathBuf>,
+    reasoning_format: Option<crate::serve::ReasoningFormat>,
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Args, Debug)]
@@ -78,6 +80,17 @@ pub(super) struct ServeArgs {
     /// not render tools [default: the model's].
     #[arg(long, env = "SUFFIXD_CHAT_TEMPLATE")]
     chat_template: Option<PathBuf>,
+    /// Where a thinking model's thoughts go (Qwen 3, QwQ, DeepSeek-R1's distillations:
+    /// templates that mark them with `<think>`): `auto` sends them as
+    /// `reasoning_content`, apart from the answer, and lets the model think before an
+    /// answer a grammar holds; `none` leaves them in the content [default: auto].
+    #[arg(long, value_enum, env = "SUFFIXD_REASONING_FORMAT")]
+    reasoning_format: Option<crate::serve::ReasoningFormat>,
+    /// Variables every request's chat template gets, as a JSON object (a request's own
+    /// `chat_template_kwargs` replace them key by key): `{"enable_thinking": false}`
+    /// serves Qwen 3 without thoughts [default: none].
+    #[arg(long, env = "SUFFIXD_CHAT_TEMPLATE_KWARGS", value_parser = template_variables)]
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Plain decoding, no speculation (for comparisons).
     #[arg(long)]
     no_spec: bool,
@@ -167,6 +180,31 @@ pub(super) struct ServeArgs {
     stream_max_age_s: Option<u64>,
 }
 
+/// `--chat-template-kwargs`: a JSON object.
+fn template_variables(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err("must be a JSON object, such as {\"enable_thinking\": false}".into()),
+        Err(e) => Err(format!("is not JSON: {e}")),
+    }
+}
+
+/// Template variables from the flag or the config file, refused when they would replace
+/// one the server sets.
+fn checked_template_variables(
+    variables: serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    if let Some(name) = crate::chat::RESERVED_VARIABLES
+        .iter()
+        .find(|&&v| variables.contains_key(v))
+    {
+        anyhow::bail!(
+            "chat_template_kwargs may not set `{name}`: the server sets it from each request"
+        );
+    }
+    Ok(variables)
+}
+
 /// The chat template `source` (read from `path`) for `engine`'s model: with its
 /// template's `bos_token` and `eos_token`, or, for a model without one, its
 /// end-of-sequence token's text and an empty `bos_token`.
@@ -245,6 +283,15 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         speculate: !a.no_spec && file.speculate.unwrap_or(true),
         grammar_drafts: !a.no_grammar_drafts && file.grammar_drafts.unwrap_or(true),
         allow_control_tokens: a.allow_control_tokens || file.allow_control_tokens.unwrap_or(false),
+        reasoning_format: a
+            .reasoning_format
+            .or(file.reasoning_format)
+            .unwrap_or_default(),
+        chat_template_kwargs: checked_template_variables(
+            a.chat_template_kwargs
+                .or(file.chat_template_kwargs)
+                .unwrap_or_default(),
+        )?,
         max_batch: a.max_batch.or(file.max_batch).unwrap_or(16).max(1),
         budget_tokens: Some(
             a.budget_tokens

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::routing::{get, post};
 
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatTemplate, ThoughtMarkers};
 use crate::engine::Engine;
 use crate::engine::grammar::GrammarCompiler;
 use crate::model::tokenizer::ModelTokenizer;
@@ -55,6 +55,13 @@ pub struct ServeConfig {
     /// Draft the tokens a request's grammar forces (false: only cut drafts to the
     /// grammar, for comparison).
     pub grammar_drafts: bool,
+    /// Whether a thinking model's thoughts go out apart from its answer.
+    #[serde(default)]
+    pub reasoning_format: ReasoningFormat,
+    /// Variables every request's chat template gets (a request's own
+    /// `chat_template_kwargs` replace them key by key).
+    #[serde(default)]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Read control-token strings in `/v1/completions` prompts as control tokens (for
     /// trusted callers that write raw prompts); off: every prompt and message content is
     /// text.
@@ -93,6 +100,29 @@ pub struct ServeConfig {
     pub publish_snapshots_s: Option<u64>,
 }
 
+/// Where a thinking model's thoughts go (`--reasoning-format`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningFormat {
+    /// Apart: `reasoning_content` holds them, `content` the answer, and a grammar holds
+    /// the answer after them (for a model whose template marks thoughts).
+    #[default]
+    Auto,
+    /// In the content, as the model wrote them; a grammar holds the answer from its
+    /// first token.
+    None,
+}
+
 impl ServeConfig {
     /// How long a request's headers, and separately its body, may take to arrive.
     pub fn read_timeout(&self) -> std::time::Duration {
@@ -112,6 +142,9 @@ pub struct AppState {
     pub tokenizer: ModelTokenizer,
     /// The chat template.
     pub template: Option<ChatTemplate>,
+    /// The markers of the model's thoughts, when they go out apart from its answers
+    /// (`--reasoning-format auto` and a template that marks them).
+    pub thoughts: Option<ThoughtMarkers>,
     /// Compiles requests' grammars (structured outputs, required tool calls); None when
     /// the model's tokenizer cannot be described to the grammar engine.
     pub grammars: Option<GrammarCompiler>,
@@ -333,6 +366,11 @@ pub fn serve(
         started: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        thoughts: template
+            .as_ref()
+            .and_then(ChatTemplate::thought_markers)
+            .filter(|_| cfg.reasoning_format == ReasoningFormat::Auto)
+            .and_then(|m| api::shown_markers(m, &tokenizer)),
         tokenizer,
         template,
         grammars,

@@ -6,7 +6,9 @@ mod admin;
 mod answer;
 mod openai;
 mod probes;
+mod request;
 mod stream;
+mod thinking;
 mod tools;
 mod wire;
 
@@ -15,6 +17,7 @@ pub use admin::{
 };
 pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, model, models};
 pub use probes::{health, ready};
+pub(crate) use thinking::shown_markers;
 
 use std::sync::Arc;
 

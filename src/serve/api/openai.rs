@@ -9,172 +9,24 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::chat::{CallSyntax, ChatMessage, PromptPiece, TemplateError};
+use crate::chat::{
+    CallSyntax, ChatMessage, PromptPiece, RESERVED_VARIABLES, RenderExtras, TemplateError,
+};
 use crate::engine::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
-use crate::engine::{GenerateOptions, Generation, MAX_TOP_LOGPROBS, Sampling};
+use crate::engine::{GenerateOptions, Generation, Sampling};
 
 use super::answer::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
+use super::request::{GenerationRequest, PromptField, Stop, logprobs_wanted};
 use super::stream::{self, StreamCalls};
+use super::thinking::Thinking;
 use super::tools::{self, CallForm, ToolPlan};
 use super::wire::{AssistantMessage, ChatChoice, Completion, Model, ModelList, TextChoice};
 use super::{ApiError, read_json};
 use crate::serve::AppState;
 use crate::serve::worker::{Delta, Job, JobError};
-
-/// `stop` may be a string or a list of strings.
-#[derive(Deserialize, Debug, Default)]
-#[serde(untagged)]
-enum Stop {
-    #[default]
-    None,
-    One(String),
-    Many(Vec<String>),
-}
-
-/// Who speaks in a chat message. Anything else is refused: a role the template does
-/// not know would be rendered as text the model was never trained on.
-#[derive(Deserialize, Debug, Clone, Copy)]
-#[serde(rename_all = "lowercase")]
-enum Role {
-    System,
-    /// OpenAI's newer name for `system`.
-    Developer,
-    User,
-    Assistant,
-    Tool,
-}
-
-impl Role {
-    fn template_name(self) -> &'static str {
-        match self {
-            Role::System | Role::Developer => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
-    }
-}
-
-/// A message's content: a string, or a list of parts as the OpenAI SDKs and LangChain
-/// send. Only text parts can be served by a text model.
-#[derive(Deserialize, Debug)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize, Debug)]
-struct ContentPart {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-/// One chat message of a request. `name` and other fields clients send along are
-/// accepted and not used.
-#[derive(Deserialize, Debug)]
-struct RequestMessage {
-    role: Role,
-    /// `null` for an assistant message that only calls tools.
-    content: Option<Content>,
-    /// An assistant message's calls (OpenAI's form).
-    #[serde(default)]
-    tool_calls: Option<Vec<serde_json::Value>>,
-    /// A tool message's call id.
-    #[serde(default)]
-    tool_call_id: Option<String>,
-}
-
-impl RequestMessage {
-    /// The message for the template; `native`: the template renders tool calls itself
-    /// (else they are written into the content, see [`tools`]).
-    fn to_template(&self, native_tools: bool) -> Result<ChatMessage, ApiError> {
-        let message = self.to_text_message()?;
-        match (&self.tool_calls, self.role) {
-            (Some(calls), Role::Assistant) if !calls.is_empty() => {
-                tools::assistant_with_calls(message, calls, native_tools)
-            }
-            (Some(calls), _) if !calls.is_empty() => Err(ApiError::bad_request(
-                "only assistant messages carry `tool_calls`",
-            )),
-            _ => Ok(message),
-        }
-    }
-
-    fn to_text_message(&self) -> Result<ChatMessage, ApiError> {
-        let content = match &self.content {
-            None => String::new(),
-            Some(Content::Text(t)) => t.clone(),
-            Some(Content::Parts(parts)) => {
-                let mut text = String::new();
-                for p in parts {
-                    match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => text.push_str(t),
-                        ("text", None) => {
-                            return Err(ApiError::bad_request("a text content part needs `text`"));
-                        }
-                        (other, _) => {
-                            return Err(ApiError::bad_request(format!(
-                                "content parts of type {other:?} are not supported: this model reads text parts only"
-                            )));
-                        }
-                    }
-                }
-                text
-            }
-        };
-        Ok(ChatMessage {
-            role: self.role.template_name().into(),
-            content,
-            tool_call_id: self.tool_call_id.clone(),
-            ..Default::default()
-        })
-    }
-}
-
-/// What a request's `logprobs` and `top_logprobs` ask for: None, or how many
-/// alternatives to list beside each token. Chat: `logprobs: true` turns them on and
-/// `top_logprobs` (0 to 20, only with it) sets the alternatives. Completions (the
-/// legacy form): `logprobs: N`, 0 to 20.
-fn logprobs_wanted(req: &GenerationRequest, chat: bool) -> Result<Option<usize>, ApiError> {
-    use serde_json::Value;
-    let count = |v: &Value, name: &str| -> Result<usize, ApiError> {
-        match v.as_u64() {
-            Some(n) if n <= MAX_TOP_LOGPROBS as u64 => Ok(n as usize),
-            _ => Err(ApiError::bad_request(format!(
-                "`{name}` must be an integer from 0 to {MAX_TOP_LOGPROBS}"
-            ))),
-        }
-    };
-    let top = match &req.top_logprobs {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(count(v, "top_logprobs")?),
-    };
-    let on = match &req.logprobs {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
-        Some(Value::Bool(true)) if chat => Some(top.unwrap_or(0)),
-        Some(v) if !chat => Some(count(v, "logprobs")?),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`logprobs` must be true or false in a chat completion (`top_logprobs` sets how many alternatives)",
-            ));
-        }
-    };
-    match (on, top) {
-        (None, Some(_)) if chat => Err(ApiError::bad_request(
-            "`top_logprobs` needs `logprobs: true`",
-        )),
-        (_, Some(_)) if !chat => Err(ApiError::bad_request(
-            "`top_logprobs` is a chat completion field; a completion takes `logprobs: N`",
-        )),
-        _ => Ok(on),
-    }
-}
 
 pub use crate::store::MAX_NAMESPACE_BYTES;
 
@@ -188,73 +40,6 @@ pub(super) fn check_namespace(ns: &str) -> Result<(), ApiError> {
         )));
     }
     Ok(())
-}
-
-/// A completion's `prompt`: a string, or a list of them (a choice per prompt and `n`).
-/// Token-id prompts are read (and not used) so that they get a clear refusal.
-#[derive(Deserialize, Debug)]
-#[serde(untagged)]
-#[allow(dead_code)]
-enum PromptField {
-    One(String),
-    Many(Vec<String>),
-    Tokens(Vec<u32>),
-    TokenLists(Vec<Vec<u32>>),
-}
-
-/// The fields both endpoints share. Unknown fields are refused, so that a typo is an
-/// error and not a silently ignored setting. OpenAI's fields that do not change an
-/// answer here are accepted and ignored (`metadata`, `store`, `service_tier`,
-/// `reasoning_effort`, `prompt_cache_key`, `safety_identifier`, `verbosity`,
-/// `prediction`, `stream_options`); those that would change it are refused unless
-/// they ask for nothing (`logit_bias` empty, `modalities` text only, `audio` and
-/// `web_search_options` null, `echo` false, `best_of` 1, `suffix` null).
-#[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-struct GenerationRequest {
-    model: Option<String>,
-    prompt: Option<PromptField>,
-    messages: Option<Vec<RequestMessage>>,
-    max_tokens: Option<usize>,
-    max_completion_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<usize>,
-    #[serde(default)]
-    stop: Stop,
-    seed: Option<u64>,
-    #[serde(default)]
-    stream: bool,
-    user: Option<String>,
-    n: Option<u32>,
-    #[allow(dead_code)]
-    stream_options: Option<serde_json::Value>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    logprobs: Option<serde_json::Value>,
-    top_logprobs: Option<serde_json::Value>,
-    tools: Option<Vec<tools::Tool>>,
-    tool_choice: Option<serde_json::Value>,
-    parallel_tool_calls: Option<bool>,
-    response_format: Option<serde_json::Value>,
-    // Accepted and ignored: they do not change the answer.
-    metadata: Option<serde_json::Value>,
-    store: Option<serde_json::Value>,
-    service_tier: Option<serde_json::Value>,
-    reasoning_effort: Option<serde_json::Value>,
-    prompt_cache_key: Option<serde_json::Value>,
-    safety_identifier: Option<serde_json::Value>,
-    verbosity: Option<serde_json::Value>,
-    prediction: Option<serde_json::Value>,
-    // Accepted when they ask for nothing this server would do differently.
-    logit_bias: Option<serde_json::Value>,
-    modalities: Option<serde_json::Value>,
-    audio: Option<serde_json::Value>,
-    web_search_options: Option<serde_json::Value>,
-    echo: Option<serde_json::Value>,
-    best_of: Option<serde_json::Value>,
-    suffix: Option<serde_json::Value>,
 }
 
 /// The served model in OpenAI's form.
@@ -343,6 +128,11 @@ async fn generate(
         None
     };
     let prompts = prompt_pieces(&app, &req, chat, tool_plan.as_ref())?;
+    // A chat has one prompt, which may leave its answer thinking.
+    let thinking = prompts
+        .first()
+        .filter(|_| chat)
+        .and_then(|p| Thinking::of_prompt(&app, p));
     let n = req.n.unwrap_or(1);
     let choices = prompts.len() * n as usize;
     if choices > MAX_CHOICES as usize {
@@ -356,13 +146,18 @@ async fn generate(
     opts.logprobs = logprobs_wanted(&req, chat)?;
     // The cheap checks before a grammar costs a compile.
     let format = tools::response_format(req.response_format.as_ref())?;
-    check_grammar_limits(&app, format.as_ref(), tool_plan.as_ref())?;
+    check_grammar_limits(
+        &app,
+        format.as_ref(),
+        tool_plan.as_ref(),
+        thinking.is_some(),
+    )?;
     let prompts = prompts
         .iter()
         .map(|pieces| tokenize_prompt(&app, pieces, opts.max_tokens))
         .collect::<Result<Vec<_>, _>>()?;
     refuse_when_queue_full(&app)?;
-    opts.grammar = grammar_of(&app, format, tool_plan.as_ref()).await?;
+    opts.grammar = grammar_of(&app, format, tool_plan.as_ref(), thinking).await?;
     // Calls are read from the answer when the model may make them.
     let reads_calls = tool_plan
         .as_ref()
@@ -384,10 +179,11 @@ async fn generate(
             (Some(syntax), false) => StreamCalls::Whole(syntax),
             (None, _) => StreamCalls::No,
         };
-        let stream = stream::stream_response(app, id, chat, calls, jobs, n as usize);
+        let stream = stream::stream_response(app, id, chat, (calls, thinking), jobs, n as usize);
         return Ok(stream.into_response());
     }
-    answer_whole(app, id, chat, reads_calls, n as usize, jobs).await
+    let reads = (reads_calls, thinking);
+    answer_whole(app, id, chat, reads, n as usize, jobs).await
 }
 
 /// Refuse a request while the queue is full, asking the client to come back: a bounded
@@ -454,7 +250,7 @@ async fn answer_whole(
     app: Arc<AppState>,
     id: String,
     chat: bool,
-    reads_calls: Option<CallSyntax>,
+    (reads_calls, thinking): (Option<CallSyntax>, Option<Thinking>),
     n: usize,
     jobs: Vec<JobChannels>,
 ) -> Result<Response, ApiError> {
@@ -490,13 +286,20 @@ async fn answer_whole(
         .into_response());
     }
     let choices = generations.iter().enumerate().map(|(index, g)| {
-        let (content, calls) = tools::read_answer(&g.text, reads_calls);
+        // Calls are read from the answer past the thoughts.
+        let (reasoning, answer) = match thinking.map(|t| t.split(&g.text)) {
+            Some(split) => (split.thoughts, split.answer),
+            None => (None, g.text.as_str()),
+        };
+        let (content, calls) = tools::read_answer(answer, reads_calls);
         ChatChoice {
             index,
             finish_reason: chat_finish(g, &calls),
             message: AssistantMessage {
                 role: "assistant",
-                content,
+                // An answer cut off while thinking has no content.
+                content: content.filter(|c| !c.is_empty() || reasoning.is_none()),
+                reasoning_content: reasoning.map(str::to_string),
                 // Calls are read only when the answer could make them (`reads_calls`).
                 tool_calls: calls
                     .iter()
@@ -541,6 +344,18 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
         return Err(ApiError::bad_request(
             "`tools` belong to /v1/chat/completions",
         ));
+    }
+    if let Some(kwargs) = &req.chat_template_kwargs {
+        if !chat {
+            return Err(ApiError::bad_request(
+                "`chat_template_kwargs` belongs to /v1/chat/completions",
+            ));
+        }
+        if let Some(name) = RESERVED_VARIABLES.iter().find(|&&v| kwargs.contains_key(v)) {
+            return Err(ApiError::bad_request(format!(
+                "`chat_template_kwargs` may not set `{name}`: the server sets it from the request"
+            )));
+        }
     }
     use serde_json::Value;
     let asks_nothing = |v: &Option<Value>, nothing: &[Value]| {
@@ -642,7 +457,13 @@ fn prompt_pieces(
         }
         vec![
             template
-                .render_pieces_with_tools(&messages, tools_json.as_ref())
+                .render_pieces_with(
+                    &messages,
+                    RenderExtras {
+                        tools: tools_json.as_ref(),
+                        variables: Some(&template_variables(app, req)),
+                    },
+                )
                 .map_err(|e| match e {
                     TemplateError::Render(_) => ApiError::bad_request(e.to_string()),
                     TemplateError::Compile(_) => ApiError::new(
@@ -684,6 +505,19 @@ fn prompt_pieces(
             })
             .collect()
     })
+}
+
+/// The chat template's variables: the server's (`--chat-template-kwargs`), each
+/// replaced by the request's own of the same name.
+fn template_variables(
+    app: &AppState,
+    req: &GenerationRequest,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut variables = app.cfg.chat_template_kwargs.clone();
+    if let Some(own) = &req.chat_template_kwargs {
+        variables.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    variables
 }
 
 /// Sampling, length and stop strings, checked against the server's limits.
@@ -740,23 +574,28 @@ fn unusable(e: GrammarError) -> ApiError {
     ))
 }
 
-/// Refuse tool schemas, and a response format beside them, past the grammar compiler's
-/// limits before anything is built from them: a tool grammar embeds them in Lark, where
-/// the compiler cannot check them. A response format alone is checked by the compiler.
+/// Refuse tool schemas, and a response format beside them or after a model's thoughts
+/// (`thinking`), past the grammar compiler's limits before anything is built from them:
+/// those grammars embed them in Lark, where the compiler cannot check them. A response
+/// format alone is checked by the compiler.
 fn check_grammar_limits(
     app: &AppState,
     format: Option<&GrammarSpec>,
     tool_plan: Option<&ToolPlan>,
+    thinking: bool,
 ) -> Result<(), ApiError> {
-    let Some(plan) = tool_plan.filter(|p| p.offers_calls()) else {
+    let plan = tool_plan.filter(|p| p.offers_calls());
+    if plan.is_none() && !thinking {
         return Ok(());
-    };
+    }
     let limits = app
         .grammars
         .as_ref()
         .map(|c| *c.limits())
         .unwrap_or_default();
-    check_schema(&plan.any_call_schema(), &limits).map_err(unusable)?;
+    if let Some(plan) = plan {
+        check_schema(&plan.any_call_schema(), &limits).map_err(unusable)?;
+    }
     if let Some(GrammarSpec::JsonSchema(schema)) = format {
         check_schema(schema, &limits).map_err(unusable)?;
     }
@@ -764,12 +603,14 @@ fn check_grammar_limits(
 }
 
 /// The grammar a request's answer is held to (`format`, the response format, and tool
-/// calls when `tool_choice` asks for them), compiled for the model; a schema or grammar
-/// that cannot be compiled is the client's 400, naming the problem.
+/// calls when `tool_choice` asks for them), after the thoughts of a thinking model,
+/// compiled for the model; a schema or grammar that cannot be compiled is the client's
+/// 400, naming the problem.
 async fn grammar_of(
     app: &AppState,
     format: Option<GrammarSpec>,
     tool_plan: Option<&ToolPlan>,
+    thinking: Option<Thinking>,
 ) -> Result<Option<Grammar>, ApiError> {
     // `auto` alone only guards calls the model opens: without a grammar engine for
     // this tokenizer, the answer stays free.
@@ -780,6 +621,10 @@ async fn grammar_of(
     };
     let Some(spec) = spec else {
         return Ok(None);
+    };
+    let spec = match thinking {
+        Some(thinking) => thinking.grammar(&spec),
+        None => spec,
     };
     let Some(compiler) = app.grammars.clone() else {
         if optional {

@@ -16,11 +16,12 @@ use crate::serve::worker::{Delta, JobError};
 
 use super::ApiError;
 use super::answer::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
+use super::thinking::Thinking;
 use super::tools::{self, CallStreamer};
 use super::wire::{
     ChatChunkChoice, Chunk, ChunkChoice, Logprobs, MessageDelta, TextChoice, ToolCallDelta,
 };
-use crate::chat::CallSyntax;
+use crate::chat::{CallSyntax, ThoughtStream};
 
 /// How a streamed answer's tool calls go out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,14 +62,15 @@ pub(super) type ChoiceJob = (
 /// choice's chunks (with its `index`) as its tokens are decoded, interleaved as the
 /// model thread makes them, each choice ending with its finish reason. One choice's
 /// last chunk carries `usage` and suffixd's figures; with more than one, a last chunk
-/// without choices carries them for all (`per_prompt` choices for each prompt). When
+/// without choices carries them for all (`per_prompt` choices for each prompt). A
+/// thinking model's thoughts (`thinking`) go out as `reasoning_content`. When
 /// the client goes away the stream is dropped, the token channels close, and the model
 /// thread cancels the generations at their next step.
 pub(super) fn stream_response(
     app: Arc<AppState>,
     id: String,
     chat: bool,
-    calls_out: StreamCalls,
+    (calls_out, thinking): (StreamCalls, Option<Thinking>),
     choices: Vec<ChoiceJob>,
     per_prompt: usize,
 ) -> impl IntoResponse {
@@ -109,7 +111,7 @@ pub(super) fn stream_response(
     drop(merged_tx);
     let stream = async_stream::stream! {
         let mut states: Vec<ChoiceStream> =
-            (0..count).map(|index| ChoiceStream::new(index, calls_out)).collect();
+            (0..count).map(|index| ChoiceStream::new(index, calls_out, thinking)).collect();
         if chunks.chat {
             for state in &states {
                 let role = MessageDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() };
@@ -227,13 +229,19 @@ fn sse_data(body: &impl Serialize) -> Event {
     Event::default().data(data)
 }
 
-/// One choice on its way out: its text so far (as the engine decoded it), what of it
-/// was sent, log-probabilities not sent yet, and its calls as they stream.
+/// One choice on its way out: its text so far (as the engine decoded it), its thoughts
+/// as they stream, what of the answer past them was sent, log-probabilities not sent
+/// yet, and its calls as they stream.
 struct ChoiceStream {
     index: usize,
     calls_out: StreamCalls,
+    /// The whole text: thoughts, then the answer.
     answer: String,
-    /// What was sent is `answer.text()[..sent]`.
+    /// A thinking model's thoughts on their way out.
+    thoughts: Option<ThoughtStream>,
+    /// Where the answer past the thoughts starts in `answer`, once known.
+    answer_start: Option<usize>,
+    /// What of the answer was sent is `answer[answer_start..][..sent]`.
     sent: usize,
     pending: Vec<TokenLogprob>,
     /// The text before the pending log-probabilities (completions count `text_offset`
@@ -243,11 +251,13 @@ struct ChoiceStream {
 }
 
 impl ChoiceStream {
-    fn new(index: usize, calls_out: StreamCalls) -> Self {
+    fn new(index: usize, calls_out: StreamCalls, thinking: Option<Thinking>) -> Self {
         ChoiceStream {
             index,
             calls_out,
             answer: String::new(),
+            thoughts: thinking.map(|t| t.stream()),
+            answer_start: if thinking.is_some() { None } else { Some(0) },
             sent: 0,
             pending: Vec::new(),
             logprob_offset: 0,
@@ -269,14 +279,27 @@ impl ChoiceStream {
         Some(v)
     }
 
-    /// The chunks a step's text makes: new content (a character split across tokens
-    /// comes out whole, with the token that completes it), and call fragments.
+    /// The chunks a step's text makes: new thoughts, new content (a character split
+    /// across tokens comes out whole, with the token that completes it), and call
+    /// fragments.
     fn advance(&mut self, chunks: &Chunks, delta: Delta) -> Vec<Event> {
         self.answer.push_str(&delta.text);
         self.pending.extend(delta.logprobs);
+        let mut events = Vec::new();
+        if let (Some(thoughts), None) = (&mut self.thoughts, self.answer_start) {
+            let progress = thoughts.advance(&self.answer);
+            self.answer_start = progress.answer_start;
+            if let Some(new) = progress.thoughts.map(str::to_string) {
+                let logprobs = self.take_logprobs(chunks);
+                events.push(chunks.event(self.index, reasoning_delta(new), logprobs, None));
+            }
+        }
+        let Some(start) = self.answer_start else {
+            return events;
+        };
         // What this step adds, read from the answer without copying it (it grows every
         // step): new content, and call fragments.
-        let text = self.answer.as_str();
+        let text = &self.answer[start..];
         // When the answer may call tools, text from where a call may begin is held
         // back: calls go out as tool-call deltas, never as content.
         let end = match self.calls_out.syntax() {
@@ -292,7 +315,6 @@ impl ChoiceStream {
         } else {
             Vec::new()
         };
-        let mut events = Vec::new();
         if let Some(piece) = piece {
             self.sent = end;
             let logprobs = self.take_logprobs(chunks);
@@ -305,8 +327,8 @@ impl ChoiceStream {
         events
     }
 
-    /// The last chunks of a finished answer: content past what was sent, the rest of
-    /// its calls, and its finish reason (with `usage`'s figures when given).
+    /// The last chunks of a finished answer: thoughts and content past what was sent,
+    /// the rest of its calls, and its finish reason (with `usage`'s figures when given).
     fn finish(
         &mut self,
         chunks: &Chunks,
@@ -314,9 +336,24 @@ impl ChoiceStream {
         usage: Option<&[Generation]>,
     ) -> Vec<Event> {
         let mut events = Vec::new();
+        // The thoughts past what was sent (what went out is always their start).
+        let mut answer = g.text.as_str();
+        if let Some(thoughts) = &self.thoughts {
+            let split = thoughts.split(&g.text);
+            answer = split.answer;
+            let rest = split
+                .thoughts
+                .and_then(|t| t.get(thoughts.sent()..))
+                .filter(|rest| !rest.is_empty())
+                .map(str::to_string);
+            if let Some(rest) = rest {
+                let logprobs = self.take_logprobs(chunks);
+                events.push(chunks.event(self.index, reasoning_delta(rest), logprobs, None));
+            }
+        }
         // The content past what was sent: the answer's, with any call blocks out of it
         // (what went out is always its start).
-        let (content, calls) = tools::read_answer(&g.text, self.calls_out.syntax());
+        let (content, calls) = tools::read_answer(answer, self.calls_out.syntax());
         let content = content.unwrap_or_default();
         let rest = if content.len() > self.sent && content.is_char_boundary(self.sent) {
             content[self.sent..].to_string()
@@ -330,7 +367,7 @@ impl ChoiceStream {
         // The rest of the calls: the last fragments of those streaming, and whole the
         // ones that did not stream.
         let mut deltas = if matches!(self.calls_out, StreamCalls::AsDecoded(_)) {
-            self.calls.advance(&g.text)
+            self.calls.advance(answer)
         } else {
             Vec::new()
         };
@@ -365,6 +402,14 @@ impl ChoiceStream {
 fn content_delta(text: String) -> MessageDelta {
     MessageDelta {
         content: Some(text),
+        ..Default::default()
+    }
+}
+
+/// A delta of thoughts.
+fn reasoning_delta(text: String) -> MessageDelta {
+    MessageDelta {
+        reasoning_content: Some(text),
         ..Default::default()
     }
 }

@@ -48,6 +48,9 @@ pub(super) struct ChatChoice {
 pub(super) struct AssistantMessage {
     pub role: &'static str,
     pub content: Option<String>,
+    /// A thinking model's thoughts, apart from its answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallOut>,
 }
@@ -87,6 +90,9 @@ pub(super) struct MessageDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// More of a thinking model's thoughts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallDelta>,
 }

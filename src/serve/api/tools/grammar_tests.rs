@@ -6,7 +6,7 @@ use super::*;
 use crate::engine::grammar::GrammarCompiler;
 use crate::model::tokenizer::ModelTokenizer;
 
-fn compiler() -> (GrammarCompiler, ModelTokenizer, u32) {
+pub(in crate::serve::api) fn compiler() -> (GrammarCompiler, ModelTokenizer, u32) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let mut file = std::fs::File::open(path).expect("run tools/setup.sh");
@@ -18,7 +18,11 @@ fn compiler() -> (GrammarCompiler, ModelTokenizer, u32) {
 }
 
 /// A plan offering one tool, `get_weather(city)`, for a model writing calls in `form`.
-fn weather_plan(choice: Value, parallel: bool, form: CallForm) -> ToolPlan {
+pub(in crate::serve::api) fn weather_plan(
+    choice: Value,
+    parallel: bool,
+    form: CallForm,
+) -> ToolPlan {
     let tools = serde_json::from_value(json!([{"type": "function", "function": {
         "name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -34,7 +38,10 @@ fn auto_plan(parallel: bool) -> ToolPlan {
 }
 
 /// Whether the constraint allows `token` next.
-fn allows(c: &mut crate::engine::grammar::Constraint, token: u32) -> bool {
+pub(in crate::serve::api) fn allows(
+    c: &mut crate::engine::grammar::Constraint,
+    token: u32,
+) -> bool {
     // One more than the default vocabulary: room for an added token.
     let mut logits = vec![0.0f32; 49153];
     c.mask_logits(&mut logits).unwrap();
@@ -98,7 +105,11 @@ fn bare_plan(choice: Value) -> ToolPlan {
 
 /// Feeds `text` (as text: a control token's spelling is its characters) to a fresh
 /// constraint of `grammar`; false at the first token refused.
-fn takes(grammar: &crate::engine::grammar::Grammar, tok: &ModelTokenizer, text: &str) -> bool {
+pub(in crate::serve::api) fn takes(
+    grammar: &crate::engine::grammar::Grammar,
+    tok: &ModelTokenizer,
+    text: &str,
+) -> bool {
     let mut c = grammar.start();
     for &t in &tok.encode_literal(text).unwrap() {
         if !allows(&mut c, t) {

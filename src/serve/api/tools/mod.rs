@@ -864,4 +864,4 @@ mod tests {
 
 /// The lazy `auto` grammar compiled for the default model's tokenizer.
 #[cfg(test)]
-mod grammar_tests;
+pub(super) mod grammar_tests;

@@ -1,0 +1,237 @@
+//! The OpenAI requests both endpoints read: their fields, messages and roles, checked
+//! as they are read (unknown fields refused).
+
+use serde::Deserialize;
+
+use super::ApiError;
+use super::tools;
+use crate::chat::ChatMessage;
+use crate::engine::MAX_TOP_LOGPROBS;
+
+/// `stop` may be a string or a list of strings.
+#[derive(Deserialize, Debug, Default)]
+#[serde(untagged)]
+pub(super) enum Stop {
+    #[default]
+    None,
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Who speaks in a chat message. Anything else is refused: a role the template does
+/// not know would be rendered as text the model was never trained on.
+#[derive(Deserialize, Debug, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Role {
+    System,
+    /// OpenAI's newer name for `system`.
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub(super) fn template_name(self) -> &'static str {
+        match self {
+            Role::System | Role::Developer => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// A message's content: a string, or a list of parts as the OpenAI SDKs and LangChain
+/// send. Only text parts can be served by a text model.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub(super) enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize, Debug)]
+pub(super) struct ContentPart {
+    #[serde(rename = "type")]
+    pub(super) kind: String,
+    pub(super) text: Option<String>,
+}
+
+/// One chat message of a request. `name` and other fields clients send along are
+/// accepted and not used.
+#[derive(Deserialize, Debug)]
+pub(super) struct RequestMessage {
+    pub(super) role: Role,
+    /// `null` for an assistant message that only calls tools.
+    pub(super) content: Option<Content>,
+    /// An assistant message's calls (OpenAI's form).
+    #[serde(default)]
+    pub(super) tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's call id.
+    #[serde(default)]
+    pub(super) tool_call_id: Option<String>,
+    /// An assistant message's thoughts, as this server sends them.
+    #[serde(default)]
+    pub(super) reasoning_content: Option<String>,
+}
+
+impl RequestMessage {
+    /// The message for the template; `native`: the template renders tool calls itself
+    /// (else they are written into the content, see [`tools`]).
+    pub(super) fn to_template(&self, native_tools: bool) -> Result<ChatMessage, ApiError> {
+        let message = self.to_text_message()?;
+        match (&self.tool_calls, self.role) {
+            (Some(calls), Role::Assistant) if !calls.is_empty() => {
+                tools::assistant_with_calls(message, calls, native_tools)
+            }
+            (Some(calls), _) if !calls.is_empty() => Err(ApiError::bad_request(
+                "only assistant messages carry `tool_calls`",
+            )),
+            _ => Ok(message),
+        }
+    }
+
+    pub(super) fn to_text_message(&self) -> Result<ChatMessage, ApiError> {
+        let content = match &self.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        ("text", None) => {
+                            return Err(ApiError::bad_request("a text content part needs `text`"));
+                        }
+                        (other, _) => {
+                            return Err(ApiError::bad_request(format!(
+                                "content parts of type {other:?} are not supported: this model reads text parts only"
+                            )));
+                        }
+                    }
+                }
+                text
+            }
+        };
+        Ok(ChatMessage {
+            role: self.role.template_name().into(),
+            content,
+            tool_call_id: self.tool_call_id.clone(),
+            reasoning_content: self.reasoning_content.clone(),
+            ..Default::default()
+        })
+    }
+}
+
+/// What a request's `logprobs` and `top_logprobs` ask for: None, or how many
+/// alternatives to list beside each token. Chat: `logprobs: true` turns them on and
+/// `top_logprobs` (0 to 20, only with it) sets the alternatives. Completions (the
+/// legacy form): `logprobs: N`, 0 to 20.
+pub(super) fn logprobs_wanted(
+    req: &GenerationRequest,
+    chat: bool,
+) -> Result<Option<usize>, ApiError> {
+    use serde_json::Value;
+    let count = |v: &Value, name: &str| -> Result<usize, ApiError> {
+        match v.as_u64() {
+            Some(n) if n <= MAX_TOP_LOGPROBS as u64 => Ok(n as usize),
+            _ => Err(ApiError::bad_request(format!(
+                "`{name}` must be an integer from 0 to {MAX_TOP_LOGPROBS}"
+            ))),
+        }
+    };
+    let top = match &req.top_logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(count(v, "top_logprobs")?),
+    };
+    let on = match &req.logprobs {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) if chat => Some(top.unwrap_or(0)),
+        Some(v) if !chat => Some(count(v, "logprobs")?),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`logprobs` must be true or false in a chat completion (`top_logprobs` sets how many alternatives)",
+            ));
+        }
+    };
+    match (on, top) {
+        (None, Some(_)) if chat => Err(ApiError::bad_request(
+            "`top_logprobs` needs `logprobs: true`",
+        )),
+        (_, Some(_)) if !chat => Err(ApiError::bad_request(
+            "`top_logprobs` is a chat completion field; a completion takes `logprobs: N`",
+        )),
+        _ => Ok(on),
+    }
+}
+
+/// A completion's `prompt`: a string, or a list of them (a choice per prompt and `n`).
+/// Token-id prompts are read (and not used) so that they get a clear refusal.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(super) enum PromptField {
+    One(String),
+    Many(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// The fields both endpoints share. Unknown fields are refused, so that a typo is an
+/// error and not a silently ignored setting. OpenAI's fields that do not change an
+/// answer here are accepted and ignored (`metadata`, `store`, `service_tier`,
+/// `reasoning_effort`, `prompt_cache_key`, `safety_identifier`, `verbosity`,
+/// `prediction`, `stream_options`); those that would change it are refused unless
+/// they ask for nothing (`logit_bias` empty, `modalities` text only, `audio` and
+/// `web_search_options` null, `echo` false, `best_of` 1, `suffix` null).
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub(super) struct GenerationRequest {
+    pub(super) model: Option<String>,
+    pub(super) prompt: Option<PromptField>,
+    pub(super) messages: Option<Vec<RequestMessage>>,
+    pub(super) max_tokens: Option<usize>,
+    pub(super) max_completion_tokens: Option<usize>,
+    pub(super) temperature: Option<f32>,
+    pub(super) top_p: Option<f32>,
+    pub(super) top_k: Option<usize>,
+    #[serde(default)]
+    pub(super) stop: Stop,
+    pub(super) seed: Option<u64>,
+    #[serde(default)]
+    pub(super) stream: bool,
+    pub(super) user: Option<String>,
+    pub(super) n: Option<u32>,
+    #[allow(dead_code)]
+    pub(super) stream_options: Option<serde_json::Value>,
+    pub(super) presence_penalty: Option<f32>,
+    pub(super) frequency_penalty: Option<f32>,
+    pub(super) logprobs: Option<serde_json::Value>,
+    pub(super) top_logprobs: Option<serde_json::Value>,
+    pub(super) tools: Option<Vec<tools::Tool>>,
+    pub(super) tool_choice: Option<serde_json::Value>,
+    pub(super) parallel_tool_calls: Option<bool>,
+    pub(super) response_format: Option<serde_json::Value>,
+    /// More variables for the chat template (vLLM's and llama.cpp's field), such as
+    /// Qwen 3's `enable_thinking`.
+    pub(super) chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    // Accepted and ignored: they do not change the answer.
+    pub(super) metadata: Option<serde_json::Value>,
+    pub(super) store: Option<serde_json::Value>,
+    pub(super) service_tier: Option<serde_json::Value>,
+    pub(super) reasoning_effort: Option<serde_json::Value>,
+    pub(super) prompt_cache_key: Option<serde_json::Value>,
+    pub(super) safety_identifier: Option<serde_json::Value>,
+    pub(super) verbosity: Option<serde_json::Value>,
+    pub(super) prediction: Option<serde_json::Value>,
+    // Accepted when they ask for nothing this server would do differently.
+    pub(super) logit_bias: Option<serde_json::Value>,
+    pub(super) modalities: Option<serde_json::Value>,
+    pub(super) audio: Option<serde_json::Value>,
+    pub(super) web_search_options: Option<serde_json::Value>,
+    pub(super) echo: Option<serde_json::Value>,
+    pub(super) best_of: Option<serde_json::Value>,
+    pub(super) suffix: Option<serde_json::Value>,
+}

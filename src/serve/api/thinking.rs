@@ -1,0 +1,171 @@
+//! Thinking models through the API (Qwen 3, QwQ, DeepSeek-R1's distillations, SmolLM3):
+//! their thoughts go out as `reasoning_content`, apart from the answer, as vLLM's
+//! reasoning parsers and llama.cpp's `--reasoning-format` send them; calls are read from
+//! the answer only; and a grammar (a response format, required tool calls) holds the
+//! answer after the thoughts, not the thoughts, so the model still thinks first.
+
+use crate::chat::{PromptPiece, ThoughtMarkers, ThoughtSplit, ThoughtStream};
+use crate::engine::grammar::{GrammarSpec, with_json_layout};
+use crate::model::tokenizer::ModelTokenizer;
+use crate::serve::AppState;
+
+/// How a request's answer thinks: the model's markers, and whether its prompt opened
+/// them (the answer then starts inside its thoughts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Thinking {
+    markers: ThoughtMarkers,
+    opened: bool,
+}
+
+impl Thinking {
+    /// For a chat prompt of the served model; None when the server leaves thoughts in
+    /// the content (`--reasoning-format none`), the model is not taught to think, or
+    /// the prompt closed its thoughts already (Qwen 3's `enable_thinking: false`).
+    pub(super) fn of_prompt(app: &AppState, prompt: &[PromptPiece]) -> Option<Self> {
+        let markers = app.thoughts?;
+        // The generation prompt is the template's: the last piece is markup.
+        let tail = match prompt.last() {
+            Some(PromptPiece::Markup(m)) => m.as_str(),
+            _ => "",
+        };
+        if tail.trim_end().ends_with(markers.close) {
+            return None;
+        }
+        Some(Self {
+            markers,
+            opened: markers.opened_by(tail),
+        })
+    }
+
+    /// A whole answer's thoughts and the rest.
+    pub(super) fn split<'a>(&self, text: &'a str) -> ThoughtSplit<'a> {
+        self.markers.split(text, self.opened)
+    }
+
+    /// A streamed answer's reader.
+    pub(super) fn stream(&self) -> ThoughtStream {
+        ThoughtStream::new(self.markers, self.opened)
+    }
+
+    /// `answer`, the grammar the answer is held to, with the thoughts before it free:
+    /// any text up to the closing marker (whose first occurrence ends them), in the
+    /// opening marker when the prompt did not open them, or none at all; whitespace may
+    /// follow them.
+    pub(super) fn grammar(&self, answer: &GrammarSpec) -> GrammarSpec {
+        let (open, close) = (self.markers.open, self.markers.close);
+        let answer = match answer {
+            GrammarSpec::JsonObject => format!(
+                "%json {}",
+                with_json_layout(serde_json::json!({"type": "object"}))
+            ),
+            GrammarSpec::JsonSchema(schema) => {
+                format!("%json {}", with_json_layout(schema.clone()))
+            }
+            GrammarSpec::Lark(lark) => format!("%lark {{\n{lark}\n}}"),
+        };
+        let start = if self.opened {
+            format!("start: thoughts GAP? answer\nthoughts[lazy]: /(?s:.*)/ {close:?}\n")
+        } else {
+            format!(
+                "start: answer | thoughts GAP? answer\nthoughts[lazy]: {open:?} /(?s:.*)/ {close:?}\n"
+            )
+        };
+        GrammarSpec::Lark(format!("{start}GAP: /\\s+/\nanswer: {answer}\n"))
+    }
+}
+
+/// The markers the server tells thoughts apart by, for a model whose template teaches
+/// `markers`; None when a marker is a control token: the answer's text leaves control
+/// tokens out, so the thoughts could not be found in it.
+pub(crate) fn shown_markers(
+    markers: ThoughtMarkers,
+    tokenizer: &ModelTokenizer,
+) -> Option<ThoughtMarkers> {
+    let shown = |marker: &str| {
+        tokenizer
+            .token_id(marker)
+            .is_none_or(|id| !tokenizer.is_control(id))
+    };
+    if shown(markers.open) && shown(markers.close) {
+        Some(markers)
+    } else {
+        tracing::warn!(
+            "the model's thought markers {} and {} are control tokens, which answers do not show: its thoughts stay in the content",
+            markers.open,
+            markers.close
+        );
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::chat::CallSyntax;
+    use crate::serve::api::tools::CallForm;
+    use crate::serve::api::tools::grammar_tests::{allows, compiler, takes, weather_plan};
+
+    const THINK: ThoughtMarkers = ThoughtMarkers::THINK;
+
+    /// A grammar after thoughts takes thoughts (of any text, markup and braces and a
+    /// call's opening included) then the answer it holds, or the answer alone; it
+    /// refuses an answer that breaks the grammar after them.
+    #[test]
+    fn a_grammar_holds_the_answer_after_the_thoughts() {
+        let (compiler, tok, eos) = compiler();
+        let whole = |grammar: &crate::engine::grammar::Grammar, text: &str| {
+            let mut c = grammar.start();
+            for &t in &tok.encode_literal(text).unwrap() {
+                if !allows(&mut c, t) {
+                    return false;
+                }
+                c.advance(t).unwrap();
+            }
+            allows(&mut c, eos)
+        };
+        let thinking = Thinking {
+            markers: THINK,
+            opened: false,
+        };
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+            "required": ["a"], "additionalProperties": false});
+        let format = compiler
+            .compile(&thinking.grammar(&GrammarSpec::JsonSchema(schema.clone())))
+            .unwrap();
+        assert!(whole(
+            &format,
+            "<think>\nSay {\"a\": 1}? <tool_call> maybe.\n</think>\n\n{\"a\": 1}"
+        ));
+        assert!(whole(&format, "{\"a\": 1}"));
+        assert!(!takes(&format, &tok, "<think>x</think>\n\n{\"b\""));
+        assert!(
+            !whole(&format, "<think>x</think>"),
+            "thoughts without the answer"
+        );
+
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let required = weather_plan(json!("required"), false, CallForm::text(CallSyntax::Tagged))
+            .grammar(None)
+            .unwrap();
+        let calls = compiler.compile(&thinking.grammar(&required)).unwrap();
+        assert!(whole(
+            &calls,
+            &format!("<think>\nParis, then.\n</think>\n\n{call}")
+        ));
+        assert!(whole(&calls, call));
+        assert!(!takes(&calls, &tok, "<think>\nok</think>\n\nSunny"));
+
+        // A prompt that opened the thoughts: the answer starts inside them.
+        let opened = Thinking {
+            markers: THINK,
+            opened: true,
+        };
+        let format = compiler
+            .compile(&opened.grammar(&GrammarSpec::JsonSchema(schema)))
+            .unwrap();
+        assert!(whole(&format, "Plan.\n</think>\n\n{\"a\": 2}"));
+        assert!(!whole(&format, "{\"a\": 2}"), "the thoughts must close");
+    }
+}
