@@ -354,3 +354,40 @@ fn a_bad_chat_template_file_is_refused_with_the_problem_named() {
     std::fs::write(&broken, "{% for %}").unwrap();
     assert_clean_failure(&serve(&broken), "broken.jinja does not compile");
 }
+
+/// `serve --chat-template-kwargs` and the config file's `chat_template_kwargs`: JSON that
+/// is not an object, and a variable the server sets, are refused before the model loads.
+#[test]
+fn template_variables_that_cannot_be_used_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let serve = |extra: &[&str]| {
+        let mut args = vec![
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--snapshot-dir",
+            store.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        run(&args)
+    };
+    assert_clean_failure(
+        &serve(&["--chat-template-kwargs", "[1]"]),
+        "must be a JSON object",
+    );
+    assert_clean_failure(
+        &serve(&["--chat-template-kwargs", "{enable_thinking"]),
+        "is not JSON",
+    );
+    let config = dir.path().join("suffixd.toml");
+    std::fs::write(
+        &config,
+        "[chat_template_kwargs]\nenable_thinking = false\nmessages = []\n",
+    )
+    .unwrap();
+    assert_clean_failure(
+        &serve(&["--config", config.to_str().unwrap()]),
+        "may not set `messages`",
+    );
+}
