@@ -412,10 +412,10 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
     Ok(())
 }
 
-/// The prompt's text: the chat template over `messages`, or `prompt`.
 /// The prompt: the chat template's rendering of `messages` (its markup apart from the
 /// contents, which are text whatever they hold), or the completion `prompt`, text too
-/// unless the server allows control tokens in it (`--allow-control-tokens`).
+/// unless the server allows control tokens in it (`--allow-control-tokens`). A chat's template
+/// gets the tools and its variables ([`template_variables`]).
 fn prompt_pieces(
     app: &AppState,
     req: &GenerationRequest,
