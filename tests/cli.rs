@@ -328,6 +328,21 @@ fn a_measured_cost_curve_is_kept_and_reused() {
     assert_eq!(kept_files().len(), 1);
 }
 
+/// `suffixd serve` with a store in `dir` and `extra` flags, for settings refused at
+/// start (it returns at once when they are).
+fn serve_failing(dir: &Path, extra: &[&str]) -> Output {
+    let store = dir.join("store");
+    let mut args = vec![
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--snapshot-dir",
+        store.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    run(&args)
+}
+
 /// `serve --chat-template`: a file that cannot be read fails before the model loads,
 /// and one that is not a template names the problem; neither panics.
 #[test]
@@ -336,17 +351,8 @@ fn a_bad_chat_template_file_is_refused_with_the_problem_named() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
     let serve = |template: &std::path::Path| {
-        run(&[
-            "serve",
-            "--addr",
-            "127.0.0.1:0",
-            "--snapshot-dir",
-            store.to_str().unwrap(),
-            "--chat-template",
-            template.to_str().unwrap(),
-        ])
+        serve_failing(dir.path(), &["--chat-template", template.to_str().unwrap()])
     };
     let missing = dir.path().join("missing.jinja");
     assert_clean_failure(&serve(&missing), "cannot read the chat template");
@@ -360,18 +366,7 @@ fn a_bad_chat_template_file_is_refused_with_the_problem_named() {
 #[test]
 fn template_variables_that_cannot_be_used_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let serve = |extra: &[&str]| {
-        let mut args = vec![
-            "serve",
-            "--addr",
-            "127.0.0.1:0",
-            "--snapshot-dir",
-            store.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        run(&args)
-    };
+    let serve = |extra: &[&str]| serve_failing(dir.path(), extra);
     assert_clean_failure(
         &serve(&["--chat-template-kwargs", "[1]"]),
         "must be a JSON object",

@@ -49,6 +49,16 @@ pub const RESERVED_VARIABLES: [&str; 5] = [
     "eos_token",
 ];
 
+/// The first of `variables` that would replace one a rendering sets
+/// ([`RESERVED_VARIABLES`]), if any.
+pub fn reserved_variable(
+    variables: &serde_json::Map<String, serde_json::Value>,
+) -> Option<&'static str> {
+    RESERVED_VARIABLES
+        .into_iter()
+        .find(|&v| variables.contains_key(v))
+}
+
 /// A piece of a rendered chat prompt. The template's own markup is tokenized with its
 /// control-token strings as control tokens; a message's content is text whatever it
 /// holds, so `<|im_end|>` typed into a message (or a web page or tool result pasted into

@@ -194,10 +194,7 @@ fn template_variables(text: &str) -> Result<serde_json::Map<String, serde_json::
 fn checked_template_variables(
     variables: serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
-    if let Some(name) = crate::chat::RESERVED_VARIABLES
-        .iter()
-        .find(|&&v| variables.contains_key(v))
-    {
+    if let Some(name) = crate::chat::reserved_variable(&variables) {
         anyhow::bail!(
             "chat_template_kwargs may not set `{name}`: the server sets it from each request"
         );

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chat::{
-    CallSyntax, ChatMessage, PromptPiece, RESERVED_VARIABLES, RenderExtras, TemplateError,
+    CallSyntax, ChatMessage, PromptPiece, RenderExtras, TemplateError, reserved_variable,
 };
 use crate::engine::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
 use crate::engine::{GenerateOptions, Generation, Sampling};
@@ -351,7 +351,7 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
                 "`chat_template_kwargs` belongs to /v1/chat/completions",
             ));
         }
-        if let Some(name) = RESERVED_VARIABLES.iter().find(|&&v| kwargs.contains_key(v)) {
+        if let Some(name) = reserved_variable(kwargs) {
             return Err(ApiError::bad_request(format!(
                 "`chat_template_kwargs` may not set `{name}`: the server sets it from the request"
             )));
@@ -508,16 +508,22 @@ fn prompt_pieces(
 }
 
 /// The chat template's variables: the server's (`--chat-template-kwargs`), each
-/// replaced by the request's own of the same name.
-fn template_variables(
-    app: &AppState,
-    req: &GenerationRequest,
-) -> serde_json::Map<String, serde_json::Value> {
-    let mut variables = app.cfg.chat_template_kwargs.clone();
-    if let Some(own) = &req.chat_template_kwargs {
-        variables.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+/// replaced by the request's own of the same name (copied only when there are both).
+fn template_variables<'a>(
+    app: &'a AppState,
+    req: &'a GenerationRequest,
+) -> std::borrow::Cow<'a, serde_json::Map<String, serde_json::Value>> {
+    use std::borrow::Cow;
+    let server = &app.cfg.chat_template_kwargs;
+    match &req.chat_template_kwargs {
+        None => Cow::Borrowed(server),
+        Some(own) if server.is_empty() => Cow::Borrowed(own),
+        Some(own) => {
+            let mut variables = server.clone();
+            variables.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+            Cow::Owned(variables)
+        }
     }
-    variables
 }
 
 /// Sampling, length and stop strings, checked against the server's limits.
