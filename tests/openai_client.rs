@@ -166,3 +166,22 @@ fn thoughts_go_out_apart_from_the_answer() {
         &["--chat-template", &template, "--reasoning-format", "none"],
     );
 }
+
+/// OpenAI's Responses API (`/v1/responses`, the OpenAI Agents SDK's default) through the
+/// official client (typed responses, its stream helper's checks of the events, a tool
+/// loop, a typed output, refusals) and the Agents SDK on its default path; with a
+/// template that opens the thoughts, they come out as a reasoning item, whole and
+/// streamed alike (tests/responses_client.py).
+#[test]
+fn the_responses_api_serves_the_client_and_the_agents_sdk() {
+    if !model_present() {
+        return;
+    }
+    run_script_with("responses_client.py", &["--template", "plain"], &[]);
+    let template = fixture("deepseek-r1-distill-qwen.jinja");
+    run_script_with(
+        "responses_client.py",
+        &["--template", "opened"],
+        &["--chat-template", &template],
+    );
+}

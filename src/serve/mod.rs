@@ -262,6 +262,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(api::model))
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
+        .route("/v1/responses", post(api::responses))
         .merge(admin)
         .route("/metrics", get(api::metrics))
         .route("/openapi.json", get(api::openapi))

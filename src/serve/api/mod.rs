@@ -7,6 +7,7 @@ mod answer;
 mod openai;
 mod probes;
 mod request;
+mod responses;
 mod stream;
 mod thinking;
 mod tools;
@@ -17,6 +18,7 @@ pub use admin::{
 };
 pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, model, models};
 pub use probes::{health, ready};
+pub use responses::responses;
 pub(crate) use thinking::shown_markers;
 
 use std::sync::Arc;

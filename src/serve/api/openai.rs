@@ -116,7 +116,57 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let req: GenerationRequest =
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
-    check_supported(&app, &req, chat)?;
+    let queued = enqueue_request(&app, &headers, &req, chat).await?;
+    let id = format!(
+        "{}-{}",
+        if chat { "chatcmpl" } else { "cmpl" },
+        app.next_id()
+    );
+    if req.stream {
+        let reads = (queued.stream_calls(), queued.thinking);
+        let stream = stream::stream_response(app, id, chat, reads, queued.jobs, queued.n);
+        return Ok(stream.into_response());
+    }
+    let reads = (queued.reads_calls, queued.thinking);
+    answer_whole(app, id, chat, reads, queued.n, queued.jobs).await
+}
+
+/// A request on the model thread's queue: its choices' jobs, and how to read their
+/// answers.
+pub(super) struct Queued {
+    /// One job per choice: prompt p's choice i at p × n + i.
+    pub(super) jobs: Vec<JobChannels>,
+    /// Choices per prompt (`n`).
+    pub(super) n: usize,
+    /// How the answers write calls, when they may make them.
+    pub(super) reads_calls: Option<CallSyntax>,
+    /// Whether the answers are held to a grammar (calls then stream as decoded).
+    pub(super) constrained: bool,
+    /// A thinking model's thoughts, where the prompt leaves the answer thinking.
+    pub(super) thinking: Option<Thinking>,
+}
+
+impl Queued {
+    /// How a stream sends the calls: held to the call grammar, they are in its layout
+    /// and stream as they are decoded; others go out whole at the end.
+    pub(super) fn stream_calls(&self) -> StreamCalls {
+        match (self.reads_calls, self.constrained) {
+            (Some(syntax), true) => StreamCalls::AsDecoded(syntax),
+            (Some(syntax), false) => StreamCalls::Whole(syntax),
+            (None, _) => StreamCalls::No,
+        }
+    }
+}
+
+/// Check a request (chat or completion), build its prompts, options and grammar, and
+/// queue its choices for the model thread (`/v1/responses` comes here as a chat).
+pub(super) async fn enqueue_request(
+    app: &AppState,
+    headers: &HeaderMap,
+    req: &GenerationRequest,
+    chat: bool,
+) -> Result<Queued, ApiError> {
+    check_supported(app, req, chat)?;
     let tool_plan = if chat {
         ToolPlan::from_request(
             req.tools.clone(),
@@ -127,12 +177,12 @@ async fn generate(
     } else {
         None
     };
-    let prompts = prompt_pieces(&app, &req, chat, tool_plan.as_ref())?;
+    let prompts = prompt_pieces(app, req, chat, tool_plan.as_ref())?;
     // A chat has one prompt, which may leave its answer thinking.
     let thinking = prompts
         .first()
         .filter(|_| chat)
-        .and_then(|p| Thinking::of_prompt(&app, p));
+        .and_then(|p| Thinking::of_prompt(app, p));
     let n = req.n.unwrap_or(1);
     let choices = prompts.len() * n as usize;
     if choices > MAX_CHOICES as usize {
@@ -141,23 +191,18 @@ async fn generate(
             prompts.len()
         )));
     }
-    let namespace = namespace_of(&headers, &req)?;
-    let mut opts = generate_options(&app, &req, namespace)?;
-    opts.logprobs = logprobs_wanted(&req, chat)?;
+    let namespace = namespace_of(headers, req)?;
+    let mut opts = generate_options(app, req, namespace)?;
+    opts.logprobs = logprobs_wanted(req, chat)?;
     // The cheap checks before a grammar costs a compile.
     let format = tools::response_format(req.response_format.as_ref())?;
-    check_grammar_limits(
-        &app,
-        format.as_ref(),
-        tool_plan.as_ref(),
-        thinking.is_some(),
-    )?;
+    check_grammar_limits(app, format.as_ref(), tool_plan.as_ref(), thinking.is_some())?;
     let prompts = prompts
         .iter()
-        .map(|pieces| tokenize_prompt(&app, pieces, opts.max_tokens))
+        .map(|pieces| tokenize_prompt(app, pieces, opts.max_tokens))
         .collect::<Result<Vec<_>, _>>()?;
-    refuse_when_queue_full(&app)?;
-    opts.grammar = grammar_of(&app, format, tool_plan.as_ref(), thinking).await?;
+    refuse_when_queue_full(app)?;
+    opts.grammar = grammar_of(app, format, tool_plan.as_ref(), thinking).await?;
     // Calls are read from the answer when the model may make them.
     let reads_calls = tool_plan
         .as_ref()
@@ -165,25 +210,14 @@ async fn generate(
         .map(ToolPlan::syntax);
     // A small model repeats the call it just made until `max_tokens`.
     opts.stop_on_repeat = reads_calls.and_then(tools::call_delimiters);
-    let jobs = enqueue(&app, &prompts, n, &opts)?;
-    let id = format!(
-        "{}-{}",
-        if chat { "chatcmpl" } else { "cmpl" },
-        app.next_id()
-    );
-    if req.stream {
-        // Calls held to the call grammar are in its layout: they stream as they are
-        // decoded; others go out whole at the end.
-        let calls = match (reads_calls, opts.grammar.is_some()) {
-            (Some(syntax), true) => StreamCalls::AsDecoded(syntax),
-            (Some(syntax), false) => StreamCalls::Whole(syntax),
-            (None, _) => StreamCalls::No,
-        };
-        let stream = stream::stream_response(app, id, chat, (calls, thinking), jobs, n as usize);
-        return Ok(stream.into_response());
-    }
-    let reads = (reads_calls, thinking);
-    answer_whole(app, id, chat, reads, n as usize, jobs).await
+    let jobs = enqueue(app, &prompts, n, &opts)?;
+    Ok(Queued {
+        jobs,
+        n: n as usize,
+        reads_calls,
+        constrained: opts.grammar.is_some(),
+        thinking,
+    })
 }
 
 /// Refuse a request while the queue is full, asking the client to come back: a bounded
@@ -208,7 +242,7 @@ fn refuse_when_queue_full(app: &AppState) -> Result<(), ApiError> {
 }
 
 /// What a job sends back: its tokens as they come, and its generation at the end.
-type JobChannels = (
+pub(super) type JobChannels = (
     mpsc::UnboundedReceiver<Delta>,
     oneshot::Receiver<Result<Generation, JobError>>,
 );
@@ -254,13 +288,7 @@ async fn answer_whole(
     n: usize,
     jobs: Vec<JobChannels>,
 ) -> Result<Response, ApiError> {
-    // The token channels are held until the answers are ready: if the client goes away
-    // this handler is dropped with them, and the model thread cancels the generations.
-    let (_cancel_on_drop, done): (Vec<_>, Vec<_>) = jobs.into_iter().unzip();
-    let mut generations = Vec::new();
-    for done_rx in done {
-        generations.push(await_generation(&app, done_rx).await?);
-    }
+    let generations = await_answers(&app, jobs).await?;
     let logprobs = |g: &Generation| {
         g.logprobs
             .as_deref()
@@ -319,6 +347,21 @@ async fn answer_whole(
         suffixd,
     })
     .into_response())
+}
+
+/// Every choice's generation, in order. The token channels are held until the answers
+/// are ready: if the client goes away the handler is dropped with them, and the model
+/// thread cancels the generations.
+pub(super) async fn await_answers(
+    app: &AppState,
+    jobs: Vec<JobChannels>,
+) -> Result<Vec<Generation>, ApiError> {
+    let (_cancel_on_drop, done): (Vec<_>, Vec<_>) = jobs.into_iter().unzip();
+    let mut generations = Vec::new();
+    for done_rx in done {
+        generations.push(await_generation(app, done_rx).await?);
+    }
+    Ok(generations)
 }
 
 /// Most choices one request may ask for (`n`).

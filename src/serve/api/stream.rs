@@ -123,15 +123,19 @@ pub(super) fn stream_response(
             let state = &mut states[index];
             match progress {
                 Progress::Delta(delta) => {
-                    for event in state.advance(&chunks, delta) {
-                        yield Ok(event);
+                    for piece in state.advance(&chunks.app, chunks.chat, delta) {
+                        yield Ok(chunks.event(state.index, piece.delta, piece.logprobs, None));
                     }
                 }
                 Progress::Done(Ok(Ok(g))) => {
-                    let usage = (count == 1).then(|| std::slice::from_ref(&g));
-                    for event in state.finish(&chunks, &g, usage) {
-                        yield Ok(event);
+                    let (pieces, finish_reason) = state.finish(&chunks.app, chunks.chat, &g);
+                    for piece in pieces {
+                        yield Ok(chunks.event(state.index, piece.delta, piece.logprobs, None));
                     }
+                    // One choice's last chunk carries the usage.
+                    let usage = (count == 1).then(|| (std::slice::from_ref(&g), 1));
+                    let last = chunks.choice(state.index, MessageDelta::default(), None, Some(finish_reason));
+                    yield Ok(chunks.event_with(vec![last], usage));
                     generations[index] = Some(g);
                 }
                 Progress::Done(Ok(Err(e))) => {
@@ -219,7 +223,7 @@ impl Chunks {
 }
 
 /// An event whose data is `body` as JSON.
-fn sse_data(body: &impl Serialize) -> Event {
+pub(super) fn sse_data(body: &impl Serialize) -> Event {
     // The API's answers are plain structs of strings and numbers, which always
     // serialize; an error here would be a bug, sent as an error event.
     let data = serde_json::to_string(body).unwrap_or_else(|e| {
@@ -229,10 +233,18 @@ fn sse_data(body: &impl Serialize) -> Event {
     Event::default().data(data)
 }
 
+/// What a step adds to a streamed choice: a message delta (thoughts, content or call
+/// pieces) and the log-probabilities of the tokens whose text it completes. The chat
+/// stream sends each as a chunk; `/v1/responses` as its items' events.
+pub(super) struct Piece {
+    pub(super) delta: MessageDelta,
+    pub(super) logprobs: Option<Logprobs>,
+}
+
 /// One choice on its way out: its text so far (as the engine decoded it), its thoughts
 /// as they stream, what of the answer past them was sent, log-probabilities not sent
 /// yet, and its calls as they stream.
-struct ChoiceStream {
+pub(super) struct ChoiceStream {
     index: usize,
     calls_out: StreamCalls,
     /// The whole text: thoughts, then the answer.
@@ -251,7 +263,7 @@ struct ChoiceStream {
 }
 
 impl ChoiceStream {
-    fn new(index: usize, calls_out: StreamCalls, thinking: Option<Thinking>) -> Self {
+    pub(super) fn new(index: usize, calls_out: StreamCalls, thinking: Option<Thinking>) -> Self {
         ChoiceStream {
             index,
             calls_out,
@@ -265,24 +277,21 @@ impl ChoiceStream {
         }
     }
 
-    fn take_logprobs(&mut self, chunks: &Chunks) -> Option<Logprobs> {
-        if self.pending.is_empty() {
-            return None;
-        }
-        let v = logprobs_of(
-            &chunks.app,
-            &self.pending,
-            chunks.chat,
-            &mut self.logprob_offset,
-        );
-        self.pending.clear();
-        Some(v)
+    /// A piece of `delta`, with the log-probabilities not sent yet (chat's form, or
+    /// the completions' legacy arrays).
+    fn piece(&mut self, app: &AppState, chat: bool, delta: MessageDelta) -> Piece {
+        let logprobs = (!self.pending.is_empty()).then(|| {
+            let v = logprobs_of(app, &self.pending, chat, &mut self.logprob_offset);
+            self.pending.clear();
+            v
+        });
+        Piece { delta, logprobs }
     }
 
     /// The chunks a step's text makes: new thoughts, new content (a character split
     /// across tokens comes out whole, with the token that completes it), and call
     /// fragments.
-    fn advance(&mut self, chunks: &Chunks, delta: Delta) -> Vec<Event> {
+    pub(super) fn advance(&mut self, app: &AppState, chat: bool, delta: Delta) -> Vec<Piece> {
         self.answer.push_str(&delta.text);
         self.pending.extend(delta.logprobs);
         let mut events = Vec::new();
@@ -290,8 +299,7 @@ impl ChoiceStream {
             let progress = thoughts.advance(&self.answer);
             self.answer_start = progress.answer_start;
             if let Some(new) = progress.thoughts.map(str::to_string) {
-                let logprobs = self.take_logprobs(chunks);
-                events.push(chunks.event(self.index, reasoning_delta(new), logprobs, None));
+                events.push(self.piece(app, chat, reasoning_delta(new)));
             }
         }
         let Some(start) = self.answer_start else {
@@ -317,24 +325,22 @@ impl ChoiceStream {
         };
         if let Some(piece) = piece {
             self.sent = end;
-            let logprobs = self.take_logprobs(chunks);
-            events.push(chunks.event(self.index, content_delta(piece), logprobs, None));
+            events.push(self.piece(app, chat, content_delta(piece)));
         }
         if !deltas.is_empty() {
-            let logprobs = self.take_logprobs(chunks);
-            events.push(chunks.event(self.index, tool_calls_delta(deltas), logprobs, None));
+            events.push(self.piece(app, chat, tool_calls_delta(deltas)));
         }
         events
     }
 
-    /// The last chunks of a finished answer: thoughts and content past what was sent,
-    /// the rest of its calls, and its finish reason (with `usage`'s figures when given).
-    fn finish(
+    /// The last pieces of a finished answer (thoughts and content past what was sent,
+    /// the rest of its calls) and its finish reason.
+    pub(super) fn finish(
         &mut self,
-        chunks: &Chunks,
+        app: &AppState,
+        chat: bool,
         g: &Generation,
-        usage: Option<&[Generation]>,
-    ) -> Vec<Event> {
+    ) -> (Vec<Piece>, &'static str) {
         let mut events = Vec::new();
         // The thoughts past what was sent (what went out is always their start).
         let mut answer = g.text.as_str();
@@ -347,8 +353,7 @@ impl ChoiceStream {
                 .filter(|rest| !rest.is_empty())
                 .map(str::to_string);
             if let Some(rest) = rest {
-                let logprobs = self.take_logprobs(chunks);
-                events.push(chunks.event(self.index, reasoning_delta(rest), logprobs, None));
+                events.push(self.piece(app, chat, reasoning_delta(rest)));
             }
         }
         // The content past what was sent: the answer's, with any call blocks out of it
@@ -361,8 +366,7 @@ impl ChoiceStream {
             String::new()
         };
         if !rest.is_empty() || (!self.pending.is_empty() && calls.is_empty()) {
-            let logprobs = self.take_logprobs(chunks);
-            events.push(chunks.event(self.index, content_delta(rest), logprobs, None));
+            events.push(self.piece(app, chat, content_delta(rest)));
         }
         // The rest of the calls: the last fragments of those streaming, and whole the
         // ones that did not stream.
@@ -379,22 +383,14 @@ impl ChoiceStream {
                 .map(|(i, c)| ToolCallDelta::whole(i, c.to_wire(None, self.calls.syntax()))),
         );
         if !deltas.is_empty() {
-            let logprobs = self.take_logprobs(chunks);
-            events.push(chunks.event(self.index, tool_calls_delta(deltas), logprobs, None));
+            events.push(self.piece(app, chat, tool_calls_delta(deltas)));
         }
-        let finish_reason = if chunks.chat {
+        let finish_reason = if chat {
             chat_finish(g, &calls)
         } else {
             finish(g)
         };
-        let choice = chunks.choice(
-            self.index,
-            MessageDelta::default(),
-            None,
-            Some(finish_reason),
-        );
-        events.push(chunks.event_with(vec![choice], usage.map(|gs| (gs, 1))));
-        events
+        (events, finish_reason)
     }
 }
 

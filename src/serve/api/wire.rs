@@ -166,7 +166,7 @@ pub(super) enum Logprobs {
 }
 
 /// A chat token's log-probability, with the most likely alternatives.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(super) struct ChatTokenLogprob {
     pub token: String,
     pub logprob: f32,
@@ -176,7 +176,7 @@ pub(super) struct ChatTokenLogprob {
 }
 
 /// One of the most likely tokens at a position.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(super) struct TopLogprob {
     pub token: String,
     pub logprob: f32,
@@ -199,7 +199,7 @@ pub(super) struct PromptTokensDetails {
 }
 
 /// How speculation went for a request: steps and tokens summed over its choices.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(super) struct SpecStats {
     pub steps: usize,
     pub drafted_tokens: usize,

@@ -1,0 +1,233 @@
+//! `POST /v1/responses`: OpenAI's Responses API, the default of the OpenAI Agents SDK and
+//! of newer clients. A request becomes the chat request it stands for
+//! ([`request::ResponsesRequest::to_chat`]) and runs as one (same prompt, grammar, tool
+//! calls, thoughts); its answer goes out as output items: the thoughts as a reasoning
+//! item, the text as a message, each call as a function call; whole, or as the API's
+//! stream of events ([`events`]). Nothing is stored: `previous_response_id` is refused,
+//! and clients send the whole conversation (the Agents SDK's default).
+
+mod events;
+mod request;
+mod wire;
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::chat::CallSyntax;
+use crate::engine::{FinishReason, Generation};
+use crate::serve::AppState;
+
+use super::answer::{logprobs_of, spec_stats_of, unix_s};
+use super::openai::{await_answers, enqueue_request};
+use super::thinking::Thinking;
+use super::tools;
+use super::wire::{ChatTokenLogprob, Logprobs};
+use super::{ApiError, read_json};
+use request::ResponsesRequest;
+use wire::{
+    IncompleteDetails, InputTokensDetails, OutputItem, OutputText, OutputTokensDetails,
+    ReasoningText, ResponseObject, ResponseUsage,
+};
+
+/// `POST /v1/responses`.
+pub async fn responses(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    respond(app, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let req: ResponsesRequest =
+        read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
+    let chat = req.to_chat()?;
+    let queued = enqueue_request(&app, &headers, &chat, true).await?;
+    let response = started(&app, &req);
+    if req.stream {
+        return Ok(events::stream_response(app, response, queued).into_response());
+    }
+    let (reads_calls, thinking) = (queued.reads_calls, queued.thinking);
+    let generation = await_answers(&app, queued.jobs)
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::bad_request("`n` is not a field of /v1/responses"))?;
+    let output = output_items(&app, &response.id, &generation, reads_calls, thinking);
+    Ok(Json(finished(&app, response, output, &generation, thinking)).into_response())
+}
+
+/// The response as it starts: what was asked, echoed with the defaults that served it,
+/// no output yet.
+fn started(app: &AppState, req: &ResponsesRequest) -> ResponseObject {
+    let top_logprobs = req.top_logprobs.as_ref().and_then(Value::as_u64);
+    ResponseObject {
+        id: format!("resp_{}", app.next_id()),
+        object: "response",
+        created_at: unix_s(),
+        status: "in_progress",
+        background: false,
+        error: None,
+        incomplete_details: None,
+        instructions: req.instructions.clone(),
+        max_output_tokens: req.max_output_tokens,
+        model: app.model_id.clone(),
+        output: Vec::new(),
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        previous_response_id: None,
+        reasoning: req
+            .reasoning
+            .clone()
+            .unwrap_or_else(|| json!({"effort": null, "summary": null})),
+        service_tier: "default",
+        store: false,
+        temperature: req.temperature.unwrap_or(1.0),
+        text: req
+            .text
+            .clone()
+            .unwrap_or_else(|| json!({"format": {"type": "text"}})),
+        tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        tools: req.tools.clone().unwrap_or_default(),
+        top_logprobs: top_logprobs.unwrap_or(0),
+        top_p: req.top_p.unwrap_or(1.0),
+        truncation: "disabled",
+        usage: None,
+        user: req.user.clone(),
+        metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+        suffixd: None,
+    }
+}
+
+/// The response once its generation `g` is done, with `output`: `completed`, or
+/// `incomplete` when `max_output_tokens` (or the context) cut it.
+fn finished(
+    app: &AppState,
+    mut response: ResponseObject,
+    output: Vec<OutputItem>,
+    g: &Generation,
+    thinking: Option<Thinking>,
+) -> ResponseObject {
+    let cut = g.finish_reason == FinishReason::Length;
+    response.status = if cut { "incomplete" } else { "completed" };
+    response.incomplete_details = cut.then_some(IncompleteDetails {
+        reason: "max_output_tokens",
+    });
+    response.output = output;
+    response.usage = Some(usage_of(app, g, thinking));
+    response.suffixd = Some(spec_stats_of(std::slice::from_ref(g)));
+    response
+}
+
+/// The id of output item `index` of response `response_id`, with the item kind's
+/// prefix (`rs`, `msg`, `fc`).
+fn item_id(response_id: &str, prefix: &str, index: usize) -> String {
+    let tail = response_id.strip_prefix("resp_").unwrap_or(response_id);
+    format!("{prefix}_{tail}_{index}")
+}
+
+/// A finished answer's output items: its thoughts (a reasoning item), its text (a
+/// message, also when the answer is empty and makes no calls), and its calls.
+fn output_items(
+    app: &AppState,
+    response_id: &str,
+    g: &Generation,
+    reads_calls: Option<CallSyntax>,
+    thinking: Option<Thinking>,
+) -> Vec<OutputItem> {
+    let (thoughts, answer) = match thinking.map(|t| t.split(&g.text)) {
+        Some(split) => (split.thoughts, split.answer),
+        None => (None, g.text.as_str()),
+    };
+    let (content, calls) = tools::read_answer(answer, reads_calls);
+    let mut items = Vec::new();
+    if let Some(thoughts) = thoughts {
+        items.push(OutputItem::Reasoning {
+            id: item_id(response_id, "rs", items.len()),
+            summary: Vec::new(),
+            content: vec![ReasoningText {
+                kind: "reasoning_text",
+                text: thoughts.to_string(),
+            }],
+            status: "completed",
+        });
+    }
+    let content = content.unwrap_or_default();
+    if !content.is_empty() || (calls.is_empty() && thoughts.is_none()) {
+        let logprobs = g
+            .logprobs
+            .as_deref()
+            .map(|l| chat_logprobs(logprobs_of(app, l, true, &mut 0)))
+            .unwrap_or_default();
+        items.push(OutputItem::Message {
+            id: item_id(response_id, "msg", items.len()),
+            status: "completed",
+            role: "assistant",
+            content: vec![OutputText::new(content, logprobs)],
+        });
+    }
+    let syntax = reads_calls.unwrap_or(CallSyntax::Tagged);
+    for call in &calls {
+        let wire = call.to_wire(None, syntax);
+        items.push(OutputItem::FunctionCall {
+            id: item_id(response_id, "fc", items.len()),
+            call_id: wire.id,
+            name: wire.function.name,
+            arguments: wire.function.arguments,
+            status: "completed",
+        });
+    }
+    items
+}
+
+/// Chat's per-token log-probabilities (what output text parts carry).
+fn chat_logprobs(logprobs: Logprobs) -> Vec<ChatTokenLogprob> {
+    match logprobs {
+        Logprobs::Chat { content } => content,
+        Logprobs::Completion { .. } => Vec::new(),
+    }
+}
+
+/// The usage of generation `g`: its prompt (and the part the prefix cache served), its
+/// tokens, and how many of those were thoughts.
+fn usage_of(app: &AppState, g: &Generation, thinking: Option<Thinking>) -> ResponseUsage {
+    let reasoning_tokens = thinking.map_or(0, |t| {
+        // The answer is the text's end: the thoughts end where it starts.
+        let thoughts_end = g.text.len() - t.split(&g.text).answer.len();
+        tokens_within(app, &g.tokens, thoughts_end)
+    });
+    ResponseUsage {
+        input_tokens: g.prompt_tokens,
+        input_tokens_details: InputTokensDetails {
+            cached_tokens: g.cached_prompt_tokens,
+        },
+        output_tokens: g.tokens.len(),
+        output_tokens_details: OutputTokensDetails { reasoning_tokens },
+        total_tokens: g.prompt_tokens + g.tokens.len(),
+    }
+}
+
+/// How many of `tokens` it takes for their text to reach byte `bytes`: the fewest whose
+/// text is at least that long (a binary search over decoded prefixes).
+fn tokens_within(app: &AppState, tokens: &[u32], bytes: usize) -> usize {
+    let (mut low, mut high) = (0, tokens.len());
+    while low < high {
+        let mid = (low + high) / 2;
+        let len = app
+            .tokenizer
+            .decode(&tokens[..mid], true)
+            .map_or(usize::MAX, |t| t.len());
+        if len >= bytes {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    low
+}
