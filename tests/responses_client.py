@@ -105,7 +105,10 @@ chat = client.chat.completions.create(
     temperature=0,
 )
 assert whole.output_text and whole.output_text == chat.choices[0].message.content, (whole, chat)
-assert whole.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+cut = chat.choices[0].finish_reason == "length"
+assert whole.status == ("incomplete" if cut else "completed"), whole
+assert whole.output[-1].status == whole.status, whole.output
+assert (whole.incomplete_details is not None) == cut, whole
 assert whole.usage.input_tokens == chat.usage.prompt_tokens, (whole.usage, chat.usage)
 assert whole.usage.output_tokens == chat.usage.completion_tokens, (whole.usage, chat.usage)
 assert whole.instructions == "Answer briefly." and whole.store is False, whole

@@ -30,6 +30,10 @@ Workloads (generated here, deterministic; not in the repository's other files):
     told: one {"messages": [...]} per line), open chat where the trees have little to
     draft from: the workload of draft-model speculation.
 
+The configs suffixd-responses and suffixd-responses-no-spec send the same requests
+through the Responses API (`/v1/responses`, streamed; a system message as
+`instructions`), as the OpenAI Agents SDK does by default.
+
 Draft-model speculation, side by side: `--model` a target (for example the default
 model's F32 conversion), `--draft-model` a smaller or quantized draft with its tokenizer,
 and the configs suffixd-hybrid (`serve --draft-model`, its defaults) against llama-draft
@@ -167,9 +171,44 @@ MULTI_TURN_TASKS = [
 ]
 
 
+def respond(port, messages, max_tokens):
+    """The same request through the Responses API (`/v1/responses`, streamed): a leading
+    system message as `instructions`, the rest as `input` items. Returns what chat does."""
+    request = {"input": messages, "max_output_tokens": max_tokens, "temperature": 0, "stream": True}
+    if messages and messages[0]["role"] == "system":
+        request["instructions"], request["input"] = messages[0]["content"], messages[1:]
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/responses", json.dumps(request), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    text, first, usage = "", None, None
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data:"):
+            continue
+        event = json.loads(line[5:].strip())
+        if event["type"] == "response.output_text.delta":
+            if first is None:
+                first = time.perf_counter() - t0
+            text += event["delta"]
+        elif event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+            usage = event["response"].get("usage")
+            break
+    total = time.perf_counter() - t0
+    conn.close()
+    if usage is None:
+        raise RuntimeError("the server sent no usage")
+    reused = usage["input_tokens_details"]["cached_tokens"]
+    return text, usage["output_tokens"], usage["input_tokens"], reused, first if first is not None else total, total
+
+
 def chat(port, messages, max_tokens, namespace=None):
     """One streamed chat completion: (text, completion tokens, prompt tokens, reused prompt
     tokens, seconds to the first token, seconds in all)."""
+    if CURRENT.startswith("suffixd-responses"):
+        return respond(port, messages, max_tokens)
     request = {
         "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
@@ -273,6 +312,9 @@ CONFIGS = {
     "suffixd-no-spec": ("suffixd", ["--no-spec"]),
     "suffixd-no-prefix": ("suffixd", ["--prefix-cache-bytes", "0"]),
     "suffixd-no-spec-no-prefix": ("suffixd", ["--no-spec", "--prefix-cache-bytes", "0"]),
+    # The same server, asked through the Responses API (the Agents SDK's default).
+    "suffixd-responses": ("suffixd", []),
+    "suffixd-responses-no-spec": ("suffixd", ["--no-spec"]),
     "llama-plain": ("llama", ["plain"]),
     "llama-ngram-mod": ("llama", ["ngram-mod"]),
     "llama-ngram-map-k": ("llama", ["ngram-map-k"]),

@@ -265,11 +265,17 @@ impl Writer {
 
     /// Finish the open item: its text's or arguments' `done`, its part's, its own.
     fn close(&mut self) -> Vec<Event> {
+        self.close_as("completed")
+    }
+
+    /// Finish the open item with `status` (`incomplete` for an answer's last, cut off).
+    fn close_as(&mut self, status: &'static str) -> Vec<Event> {
         let Some((id, open)) = self.open.take() else {
             return Vec::new();
         };
         let index = self.next_index();
-        let item = item_of(&self.response.id, index, &open, true);
+        let mut item = item_of(&self.response.id, index, &open, true);
+        item.set_status(status);
         let mut events = Vec::new();
         match &open {
             Open::Reasoning { text } => events.push(self.event(StreamEvent::ReasoningDone {
@@ -319,14 +325,18 @@ impl Writer {
         g: &Generation,
         thinking: Option<super::Thinking>,
     ) -> Vec<Event> {
-        let mut events = self.close();
-        if self.response.output.is_empty() {
+        let mut events = Vec::new();
+        if self.open.is_none() && self.response.output.is_empty() {
             events.extend(self.open(Open::Message {
                 text: String::new(),
                 logprobs: Vec::new(),
             }));
-            events.extend(self.close());
         }
+        events.extend(self.close_as(if super::is_cut(g) {
+            "incomplete"
+        } else {
+            "completed"
+        }));
         let output = std::mem::take(&mut self.response.output);
         self.response = finished(app, self.response.clone(), output, g, thinking);
         let cut = self.response.status == "incomplete";

@@ -56,10 +56,14 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
         return Ok(events::stream_response(app, response, queued).into_response());
     }
     let (reads_calls, thinking) = (queued.reads_calls, queued.thinking);
-    let generation = await_answers(&app, queued.jobs)
-        .await?
-        .pop()
-        .ok_or_else(|| ApiError::bad_request("`n` is not a field of /v1/responses"))?;
+    // One job, so one answer.
+    let Some(generation) = await_answers(&app, queued.jobs).await?.pop() else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "the model thread sent no answer",
+        ));
+    };
     let output = output_items(&app, &response.id, &generation, reads_calls, thinking);
     Ok(Json(finished(&app, response, output, &generation, thinking)).into_response())
 }
@@ -114,7 +118,7 @@ fn finished(
     g: &Generation,
     thinking: Option<Thinking>,
 ) -> ResponseObject {
-    let cut = g.finish_reason == FinishReason::Length;
+    let cut = is_cut(g);
     response.status = if cut { "incomplete" } else { "completed" };
     response.incomplete_details = cut.then_some(IncompleteDetails {
         reason: "max_output_tokens",
@@ -123,6 +127,12 @@ fn finished(
     response.usage = Some(usage_of(app, g, thinking));
     response.suffixd = Some(spec_stats_of(std::slice::from_ref(g)));
     response
+}
+
+/// Whether `max_output_tokens` (or the context) cut the answer: the response and its
+/// last item are then `incomplete`.
+fn is_cut(g: &Generation) -> bool {
+    g.finish_reason == FinishReason::Length
 }
 
 /// The id of output item `index` of response `response_id`, with the item kind's
@@ -182,6 +192,11 @@ fn output_items(
             arguments: wire.function.arguments,
             status: "completed",
         });
+    }
+    if is_cut(g)
+        && let Some(last) = items.last_mut()
+    {
+        last.set_status("incomplete");
     }
     items
 }

@@ -107,6 +107,15 @@ pub(super) enum OutputItem {
 }
 
 impl OutputItem {
+    /// Mark the item `completed`, `incomplete` (cut off) or `in_progress`.
+    pub(super) fn set_status(&mut self, new: &'static str) {
+        match self {
+            OutputItem::Reasoning { status, .. }
+            | OutputItem::Message { status, .. }
+            | OutputItem::FunctionCall { status, .. } => *status = new,
+        }
+    }
+
     /// The item's id.
     pub(super) fn id(&self) -> &str {
         match self {
