@@ -288,22 +288,22 @@ impl ChoiceStream {
         Piece { delta, logprobs }
     }
 
-    /// The chunks a step's text makes: new thoughts, new content (a character split
+    /// The pieces a step's text makes: new thoughts, new content (a character split
     /// across tokens comes out whole, with the token that completes it), and call
     /// fragments.
     pub(super) fn advance(&mut self, app: &AppState, chat: bool, delta: Delta) -> Vec<Piece> {
         self.answer.push_str(&delta.text);
         self.pending.extend(delta.logprobs);
-        let mut events = Vec::new();
+        let mut pieces = Vec::new();
         if let (Some(thoughts), None) = (&mut self.thoughts, self.answer_start) {
             let progress = thoughts.advance(&self.answer);
             self.answer_start = progress.answer_start;
             if let Some(new) = progress.thoughts.map(str::to_string) {
-                events.push(self.piece(app, chat, reasoning_delta(new)));
+                pieces.push(self.piece(app, chat, reasoning_delta(new)));
             }
         }
         let Some(start) = self.answer_start else {
-            return events;
+            return pieces;
         };
         // What this step adds, read from the answer without copying it (it grows every
         // step): new content, and call fragments.
@@ -325,12 +325,12 @@ impl ChoiceStream {
         };
         if let Some(piece) = piece {
             self.sent = end;
-            events.push(self.piece(app, chat, content_delta(piece)));
+            pieces.push(self.piece(app, chat, content_delta(piece)));
         }
         if !deltas.is_empty() {
-            events.push(self.piece(app, chat, tool_calls_delta(deltas)));
+            pieces.push(self.piece(app, chat, tool_calls_delta(deltas)));
         }
-        events
+        pieces
     }
 
     /// The last pieces of a finished answer (thoughts and content past what was sent,
@@ -341,7 +341,7 @@ impl ChoiceStream {
         chat: bool,
         g: &Generation,
     ) -> (Vec<Piece>, &'static str) {
-        let mut events = Vec::new();
+        let mut pieces = Vec::new();
         // The thoughts past what was sent (what went out is always their start).
         let mut answer = g.text.as_str();
         if let Some(thoughts) = &self.thoughts {
@@ -353,7 +353,7 @@ impl ChoiceStream {
                 .filter(|rest| !rest.is_empty())
                 .map(str::to_string);
             if let Some(rest) = rest {
-                events.push(self.piece(app, chat, reasoning_delta(rest)));
+                pieces.push(self.piece(app, chat, reasoning_delta(rest)));
             }
         }
         // The content past what was sent: the answer's, with any call blocks out of it
@@ -366,7 +366,7 @@ impl ChoiceStream {
             String::new()
         };
         if !rest.is_empty() || (!self.pending.is_empty() && calls.is_empty()) {
-            events.push(self.piece(app, chat, content_delta(rest)));
+            pieces.push(self.piece(app, chat, content_delta(rest)));
         }
         // The rest of the calls: the last fragments of those streaming, and whole the
         // ones that did not stream.
@@ -383,14 +383,14 @@ impl ChoiceStream {
                 .map(|(i, c)| ToolCallDelta::whole(i, c.to_wire(None, self.calls.syntax()))),
         );
         if !deltas.is_empty() {
-            events.push(self.piece(app, chat, tool_calls_delta(deltas)));
+            pieces.push(self.piece(app, chat, tool_calls_delta(deltas)));
         }
         let finish_reason = if chat {
             chat_finish(g, &calls)
         } else {
             finish(g)
         };
-        (events, finish_reason)
+        (pieces, finish_reason)
     }
 }
 
