@@ -21,7 +21,7 @@ use super::super::wire::ChatTokenLogprob;
 use super::wire::{
     Numbered, OutputItem, OutputText, ReasoningText, ResponseError, ResponseObject, StreamEvent,
 };
-use super::{chat_logprobs, finished, item_id};
+use super::{chat_logprobs, finish, item_id};
 
 /// The response's events as Server-Sent Events. When the client goes away the stream
 /// is dropped with the token channel, and the model thread cancels the generation.
@@ -85,13 +85,32 @@ enum Open {
     },
 }
 
+/// The events' numbering (`sequence_number`), apart from the response and its items so
+/// that an event can borrow them while it is numbered.
+struct Numbering {
+    next: u64,
+}
+
+impl Numbering {
+    /// The next event: its name, then its data with its number.
+    fn event(&mut self, event: StreamEvent<'_>) -> Event {
+        let name = event.name();
+        let numbered = Numbered {
+            event,
+            sequence_number: self.next,
+        };
+        self.next += 1;
+        super::super::stream::sse_data(&numbered).event(name)
+    }
+}
+
 /// The response on its way out: its finished items, the one being streamed, and the
 /// events' numbering.
 struct Writer {
     response: ResponseObject,
     /// The open item's id and kind.
     open: Option<(String, Open)>,
-    sent: u64,
+    numbering: Numbering,
 }
 
 impl Writer {
@@ -99,25 +118,18 @@ impl Writer {
         Writer {
             response,
             open: None,
-            sent: 0,
+            numbering: Numbering { next: 0 },
         }
     }
 
-    /// The next event: its name, then its data with its number.
+    /// The next event.
     fn event(&mut self, event: StreamEvent<'_>) -> Event {
-        let name = event.name();
-        let numbered = Numbered {
-            event,
-            sequence_number: self.sent,
-        };
-        self.sent += 1;
-        super::super::stream::sse_data(&numbered).event(name)
+        self.numbering.event(event)
     }
 
     /// A lifecycle event over the response as it stands.
     fn send(&mut self, make: impl Fn(&ResponseObject) -> StreamEvent<'_>) -> Event {
-        let response = self.response.clone();
-        self.event(make(&response))
+        self.numbering.event(make(&self.response))
     }
 
     /// Where the next item goes.
@@ -188,79 +200,50 @@ impl Writer {
     }
 
     /// More of the open reasoning's or message's text (none when neither is open).
-    fn add_text(&mut self, text: &str, logprobs: Vec<ChatTokenLogprob>) -> Option<Event> {
-        let index = self.next_index();
-        let (id, open) = self.open.take()?;
-        if matches!(open, Open::Call { .. }) {
-            self.open = Some((id, open));
-            return None;
-        }
-        let event = match &open {
-            Open::Reasoning { .. } => StreamEvent::ReasoningDelta {
-                item_id: &id,
-                output_index: index,
-                content_index: 0,
-                delta: text,
-            },
-            _ => StreamEvent::TextDelta {
-                item_id: &id,
-                output_index: index,
-                content_index: 0,
-                delta: text,
-                logprobs: &logprobs,
-            },
-        };
-        let sent = self.event(event);
-        let open = match open {
-            Open::Reasoning { text: mut all } => {
-                all.push_str(text);
-                Open::Reasoning { text: all }
+    fn add_text(&mut self, delta: &str, logprobs: Vec<ChatTokenLogprob>) -> Option<Event> {
+        let output_index = self.next_index();
+        let (id, open) = self.open.as_mut()?;
+        match open {
+            Open::Reasoning { text } => {
+                text.push_str(delta);
+                Some(self.numbering.event(StreamEvent::ReasoningDelta {
+                    item_id: id,
+                    output_index,
+                    content_index: 0,
+                    delta,
+                }))
             }
             Open::Message {
-                text: mut all,
-                logprobs: mut kept,
+                text,
+                logprobs: kept,
             } => {
-                all.push_str(text);
+                text.push_str(delta);
+                let event = self.numbering.event(StreamEvent::TextDelta {
+                    item_id: id,
+                    output_index,
+                    content_index: 0,
+                    delta,
+                    logprobs: &logprobs,
+                });
                 kept.extend(logprobs);
-                Open::Message {
-                    text: all,
-                    logprobs: kept,
-                }
+                Some(event)
             }
-            call => call,
-        };
-        self.open = Some((id, open));
-        Some(sent)
+            Open::Call { .. } => None,
+        }
     }
 
     /// More of the open call's arguments (none when no call is open).
     fn add_arguments(&mut self, fragment: &str) -> Option<Event> {
-        let index = self.next_index();
-        let (id, open) = self.open.take()?;
-        let Open::Call {
-            name,
-            mut arguments,
-            call_id,
-        } = open
-        else {
-            self.open = Some((id, open));
+        let output_index = self.next_index();
+        let Some((id, Open::Call { arguments, .. })) = self.open.as_mut() else {
             return None;
         };
         arguments.push_str(fragment);
-        let event = self.event(StreamEvent::ArgumentsDelta {
-            item_id: &id,
-            output_index: index,
+        Some(self.numbering.event(StreamEvent::ArgumentsDelta {
+            item_id: id,
+            output_index,
             delta: fragment,
-        });
-        self.open = Some((
-            id,
-            Open::Call {
-                name,
-                arguments,
-                call_id,
-            },
-        ));
-        Some(event)
+        }))
     }
 
     /// Finish the open item: its text's or arguments' `done`, its part's, its own.
@@ -338,7 +321,7 @@ impl Writer {
             "completed"
         }));
         let output = std::mem::take(&mut self.response.output);
-        self.response = finished(app, self.response.clone(), output, g, thinking);
+        finish(app, &mut self.response, output, g, thinking);
         let cut = self.response.status == "incomplete";
         events.push(self.send(|r| {
             if cut {

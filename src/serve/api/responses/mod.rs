@@ -51,7 +51,7 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
     let chat = req.to_chat()?;
     let queued = enqueue_request(&app, &headers, &chat, true).await?;
-    let response = started(&app, &req);
+    let mut response = started(&app, &req);
     if req.stream {
         return Ok(events::stream_response(app, response, queued).into_response());
     }
@@ -65,7 +65,8 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
         ));
     };
     let output = output_items(&app, &response.id, &generation, reads_calls, thinking);
-    Ok(Json(finished(&app, response, output, &generation, thinking)).into_response())
+    finish(&app, &mut response, output, &generation, thinking);
+    Ok(Json(response).into_response())
 }
 
 /// The response as it starts: what was asked, echoed with the defaults that served it,
@@ -109,15 +110,15 @@ fn started(app: &AppState, req: &ResponsesRequest) -> ResponseObject {
     }
 }
 
-/// The response once its generation `g` is done, with `output`: `completed`, or
+/// Finish `response` once its generation `g` is done, with `output`: `completed`, or
 /// `incomplete` when `max_output_tokens` (or the context) cut it.
-fn finished(
+fn finish(
     app: &AppState,
-    mut response: ResponseObject,
+    response: &mut ResponseObject,
     output: Vec<OutputItem>,
     g: &Generation,
     thinking: Option<Thinking>,
-) -> ResponseObject {
+) {
     let cut = is_cut(g);
     response.status = if cut { "incomplete" } else { "completed" };
     response.incomplete_details = cut.then_some(IncompleteDetails {
@@ -126,7 +127,6 @@ fn finished(
     response.output = output;
     response.usage = Some(usage_of(app, g, thinking));
     response.suffixd = Some(spec_stats_of(std::slice::from_ref(g)));
-    response
 }
 
 /// Whether `max_output_tokens` (or the context) cut the answer: the response and its
