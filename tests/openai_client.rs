@@ -124,6 +124,15 @@ fn tool_clients_work_against_a_mistral_template() {
     tool_clients_work_against("mistral-tools.jinja", &[]);
 }
 
+/// Mistral's newer calls (tests/fixtures/mistral-args-tools.jinja: each call
+/// `[TOOL_CALLS]name[ARGS]{..}`, after any text; call ids of nine characters, shown
+/// back after `[CALL_ID]`, as Mistral Small 3.1's and Devstral's templates show them).
+/// The markers are text here; as control tokens they are the grammar tests' (src/serve/api/tools).
+#[test]
+fn tool_clients_work_against_a_newer_mistral_template() {
+    tool_clients_work_against("mistral-args-tools.jinja", &[]);
+}
+
 /// Qwen 3's template (tests/fixtures/qwen3.jinja): served without thoughts
 /// (`--chat-template-kwargs`, as agent pipelines serve it for speed), the tool and
 /// structured-output checks hold; served with them, `chat_template_kwargs` and a tool

@@ -99,10 +99,41 @@ pub enum CallSyntax {
     /// Mistral's list after its `[TOOL_CALLS]` control token (Mistral 7B v0.3, Nemo,
     /// Small 3): `[TOOL_CALLS] [{"name": .., "arguments": {..}}, ..]`.
     ToolCallsList,
+    /// Mistral's newer form (tokenizers v11 and later: Mistral Small 3.1 and 3.2,
+    /// Devstral, Magistral, Ministral 3), each call its own run of control tokens, the
+    /// name bare and the arguments the object itself, after any text:
+    /// `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]..`. Templates that
+    /// render call ids put `[CALL_ID]` and the id before `[ARGS]`.
+    NamedArgs,
 }
 
-/// The control token that opens Mistral's list of calls.
+impl CallSyntax {
+    /// Mistral's forms, whose templates take call ids of nine letters and digits.
+    pub fn is_mistral(self) -> bool {
+        matches!(self, CallSyntax::ToolCallsList | CallSyntax::NamedArgs)
+    }
+}
+
+/// The control token that opens Mistral's list of calls, or each call in its newer form.
 pub const TOOL_CALLS_TOKEN: &str = "[TOOL_CALLS]";
+/// The control token before a call's arguments in Mistral's newer form.
+pub const ARGS_TOKEN: &str = "[ARGS]";
+/// The control token before a call's id in Mistral's newer form, where a template
+/// renders ids.
+pub const CALL_ID_TOKEN: &str = "[CALL_ID]";
+
+/// Tokens that mark an answer's calls and thoughts, by which the server reads it:
+/// where a tokenizer has them as control tokens (Mistral's), decoded answers keep them
+/// (`ModelTokenizer::decode`), where other control tokens are dropped.
+pub const ANSWER_MARKUP: [&str; 7] = [
+    TOOL_CALLS_TOKEN,
+    ARGS_TOKEN,
+    CALL_ID_TOKEN,
+    ThoughtMarkers::MISTRAL.open,
+    ThoughtMarkers::MISTRAL.close,
+    ThoughtMarkers::THINK.open,
+    ThoughtMarkers::THINK.close,
+];
 
 /// A compiled chat template.
 #[derive(Clone)]
@@ -283,16 +314,20 @@ impl ChatTemplate {
 }
 
 /// The call form a template's source teaches, recognised as llama.cpp and vLLM
-/// recognise it: Mistral's list where it writes calls after `[TOOL_CALLS]` (but not
-/// the newer `[TOOL_CALLS]name[ARGS]{..}` form, which is not read here); Llama 3's
-/// bare object where it renders tool results in an `ipython` turn and asks for
-/// `"parameters"`; the tagged form otherwise, and wherever `<tool_call>` appears.
+/// recognise it: Mistral's newer form where it writes calls with `[TOOL_CALLS]` and
+/// `[ARGS]`, its list where only `[TOOL_CALLS]`; Llama 3's bare object where it
+/// renders tool results in an `ipython` turn and asks for `"parameters"`; the tagged
+/// form otherwise, and wherever `<tool_call>` appears.
 fn call_syntax_of(source: &str) -> CallSyntax {
     if source.contains("<tool_call>") {
         return CallSyntax::Tagged;
     }
-    if source.contains(TOOL_CALLS_TOKEN) && !source.contains("[ARGS]") {
-        return CallSyntax::ToolCallsList;
+    if source.contains(TOOL_CALLS_TOKEN) {
+        return if source.contains(ARGS_TOKEN) {
+            CallSyntax::NamedArgs
+        } else {
+            CallSyntax::ToolCallsList
+        };
     }
     if source.contains("ipython") && source.contains("\"parameters\"") {
         return CallSyntax::BareJson;
@@ -379,13 +414,28 @@ mod tests {
             t.with_source(mistral).unwrap().call_syntax(),
             CallSyntax::ToolCallsList
         );
-        // Mistral's newer `[TOOL_CALLS]name[ARGS]{..}` is not read: tagged.
+        // Mistral's newer form, `[TOOL_CALLS]name[ARGS]{..}`.
         let args_form =
             "{{ tools }}{% for m in messages %}[TOOL_CALLS]{{ m.content }}[ARGS]{% endfor %}";
         assert_eq!(
             t.with_source(args_form).unwrap().call_syntax(),
-            CallSyntax::Tagged
+            CallSyntax::NamedArgs
         );
+        let newer = t
+            .with_source(include_str!(
+                "../../tests/fixtures/mistral-args-tools.jinja"
+            ))
+            .unwrap();
+        assert_eq!(newer.call_syntax(), CallSyntax::NamedArgs);
+        let call = ChatMessage {
+            role: "assistant".into(),
+            tool_calls: Some(serde_json::json!([{"id": "a1B2c3D4e", "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}])),
+            ..Default::default()
+        };
+        assert!(newer.render(std::slice::from_ref(&call)).unwrap().contains(
+            "[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{\"city\": \"Paris\"}<|im_end|>"
+        ));
         // A Llama 3 template rewritten for <tool_call> blocks (as some fine-tunes do).
         let rewritten = llama.replace("Respond in", "Answer with a <tool_call> block. Respond in");
         assert_eq!(

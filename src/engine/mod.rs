@@ -85,8 +85,9 @@ pub struct GenerateOptions {
 pub struct Delimiters {
     /// The text that opens a block.
     pub open: String,
-    /// The text that closes it; empty: the block is the JSON object `open` starts
-    /// (Mistral's calls, one object after another in a list).
+    /// The text that closes it; empty: the block ends with the JSON object that starts
+    /// at the first `{` from `open` on (Mistral's calls: an object of its list, which
+    /// `open` begins, or a newer call's arguments).
     pub close: String,
 }
 
@@ -95,9 +96,10 @@ impl Delimiters {
     /// while it is open.
     fn block_end(&self, text: &str, start: usize) -> Option<usize> {
         if self.close.is_empty() {
-            let mut values =
-                serde_json::Deserializer::from_str(&text[start..]).into_iter::<serde_json::Value>();
-            return matches!(values.next(), Some(Ok(_))).then(|| start + values.byte_offset());
+            let object = start + text[start..].find('{')?;
+            let mut values = serde_json::Deserializer::from_str(&text[object..])
+                .into_iter::<serde_json::Value>();
+            return matches!(values.next(), Some(Ok(_))).then(|| object + values.byte_offset());
         }
         let body = start + self.open.len();
         Some(body + text[body..].find(&self.close)? + self.close.len())
@@ -895,6 +897,23 @@ mod tests {
             None
         );
         assert_eq!(d.unfinished_repeat_at(&format!("[{call}")), None);
+
+        // Mistral's newer calls: from `[TOOL_CALLS]` to the end of the arguments.
+        let d = super::Delimiters {
+            open: "[TOOL_CALLS]".into(),
+            close: String::new(),
+        };
+        let call = r#"[TOOL_CALLS]f[ARGS]{"who": {"name": "Ana"}}"#;
+        let other = r#"[TOOL_CALLS]g[ARGS]{"who": {"name": "Ana"}}"#;
+        assert_eq!(d.repeat_at(&format!("Hi.{call}{other}")), None);
+        assert_eq!(
+            d.repeat_at(&format!("Hi.{call} {call}")),
+            Some(3 + call.len())
+        );
+        assert_eq!(
+            d.unfinished_repeat_at(&format!("{call}{}", &call[..25])),
+            Some(call.len())
+        );
     }
 
     #[test]

@@ -52,6 +52,11 @@ pub struct ModelTokenizer {
     max_token_bytes: usize,
     /// The id a prompt starts with, when the model wants one (`add_bos_token`).
     bos_to_add: Option<u32>,
+    /// The control tokens' ids, sorted.
+    controls: Vec<u32>,
+    /// The control tokens among [`crate::chat::ANSWER_MARKUP`], sorted: decoded text
+    /// keeps them.
+    kept_markup: Vec<u32>,
 }
 
 /// GGUF token type of control tokens.
@@ -129,12 +134,27 @@ impl ModelTokenizer {
         let max_token_bytes = vocab.iter().map(|(s, _)| s.len()).max().unwrap_or(1).max(1);
         let mut literal = inner.clone();
         literal.set_encode_special_tokens(true);
+        let mut controls: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        controls.sort_unstable();
+        let mut kept_markup: Vec<u32> = crate::chat::ANSWER_MARKUP
+            .iter()
+            .filter_map(|m| inner.token_to_id(m))
+            .filter(|id| controls.binary_search(id).is_ok())
+            .collect();
+        kept_markup.sort_unstable();
         Self {
             inner,
             literal,
             identity,
             max_token_bytes,
             bos_to_add: None,
+            controls,
+            kept_markup,
         }
     }
 
@@ -177,11 +197,23 @@ impl ModelTokenizer {
         Ok(ids)
     }
 
-    /// Text of `ids`; special tokens are dropped when `skip_special`.
+    /// Text of `ids`. With `skip_special` control tokens are dropped, but for those
+    /// that mark an answer's calls and thoughts ([`crate::chat::ANSWER_MARKUP`]:
+    /// Mistral's `[TOOL_CALLS]`, `[ARGS]`, `[THINK]`..), which the server reads the
+    /// answer by, as llama.cpp keeps its "preserved tokens".
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, DecodeError> {
-        self.inner
-            .decode(ids, skip_special)
-            .map_err(|e| DecodeError(e.to_string()))
+        let kept = |id: &u32| self.kept_markup.binary_search(id).is_ok();
+        let decoded = if skip_special && ids.iter().any(kept) {
+            let shown: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|id| kept(id) || self.controls.binary_search(id).is_err())
+                .collect();
+            self.inner.decode(&shown, false)
+        } else {
+            self.inner.decode(ids, skip_special)
+        };
+        decoded.map_err(|e| DecodeError(e.to_string()))
     }
 
     /// The tokenizer in Hugging Face `tokenizer.json` form.
@@ -198,10 +230,13 @@ impl ModelTokenizer {
 
     /// Whether `id` is a special (control) token.
     pub fn is_control(&self, id: u32) -> bool {
-        self.inner
-            .get_added_tokens_decoder()
-            .get(&id)
-            .is_some_and(|t| t.special)
+        self.controls.binary_search(&id).is_ok()
+    }
+
+    /// Whether an answer's text shows token `id`: it is not a control token, or it is
+    /// one of the markup tokens decoding keeps ([`ModelTokenizer::decode`]).
+    pub fn shows(&self, id: u32) -> bool {
+        !self.is_control(id) || self.kept_markup.binary_search(&id).is_ok()
     }
 
     /// An upper bound on the bytes of text one token covers.

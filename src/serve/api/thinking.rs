@@ -9,11 +9,14 @@ use crate::engine::grammar::{GrammarSpec, with_json_layout};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::serve::AppState;
 
-/// How a request's answer thinks: the model's markers, and whether its prompt opened
-/// them (the answer then starts inside its thoughts).
+/// How a request's answer thinks: the model's markers (and their control tokens, where
+/// the tokenizer has them so: Magistral's), and whether its prompt opened them (the
+/// answer then starts inside its thoughts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Thinking {
     markers: ThoughtMarkers,
+    open_token: Option<u32>,
+    close_token: Option<u32>,
     opened: bool,
 }
 
@@ -31,8 +34,16 @@ impl Thinking {
         if tail.trim_end().ends_with(markers.close) {
             return None;
         }
+        let control = |marker: &str| {
+            let tokenizer = &app.tokenizer;
+            tokenizer
+                .token_id(marker)
+                .filter(|&id| tokenizer.is_control(id))
+        };
         Some(Self {
             markers,
+            open_token: control(markers.open),
+            close_token: control(markers.close),
             opened: markers.opened_by(tail),
         })
     }
@@ -52,7 +63,6 @@ impl Thinking {
     /// opening marker when the prompt did not open them, or none at all; whitespace may
     /// follow them.
     pub(super) fn grammar(&self, answer: &GrammarSpec) -> GrammarSpec {
-        let (open, close) = (self.markers.open, self.markers.close);
         let answer = match answer {
             GrammarSpec::JsonObject => format!(
                 "%json {}",
@@ -63,20 +73,35 @@ impl Thinking {
             }
             GrammarSpec::Lark(lark) => format!("%lark {{\n{lark}\n}}"),
         };
-        let start = if self.opened {
-            format!("start: thoughts GAP? answer\nthoughts[lazy]: /(?s:.*)/ {close:?}\n")
-        } else {
-            format!(
-                "start: answer | thoughts GAP? answer\nthoughts[lazy]: {open:?} /(?s:.*)/ {close:?}\n"
-            )
+        let (open, close) = (self.markers.open, self.markers.close);
+        let thoughts = match (self.open_token, self.close_token) {
+            // Control tokens are never text, so the thoughts' text cannot hold them: a
+            // greedy lexeme between the two tokens.
+            (Some(open), Some(close)) => {
+                let open = if self.opened {
+                    String::new()
+                } else {
+                    format!("<[{open}]> ")
+                };
+                format!("thoughts: {open}THOUGHT_TEXT? <[{close}]>\nTHOUGHT_TEXT: /(?s:.+)/\n")
+            }
+            // Text markers: a lazy lexeme, which ends at the first closing marker.
+            _ if self.opened => format!("thoughts[lazy]: /(?s:.*)/ {close:?}\n"),
+            _ => format!("thoughts[lazy]: {open:?} /(?s:.*)/ {close:?}\n"),
         };
-        GrammarSpec::Lark(format!("{start}GAP: /\\s+/\nanswer: {answer}\n"))
+        let start = if self.opened {
+            "start: thoughts GAP? answer\n"
+        } else {
+            "start: answer | thoughts GAP? answer\n"
+        };
+        GrammarSpec::Lark(format!("{start}{thoughts}GAP: /\\s+/\nanswer: {answer}\n"))
     }
 }
 
 /// The markers the server tells thoughts apart by, for a model whose template teaches
-/// `markers`; None when a marker is a control token: the answer's text leaves control
-/// tokens out, so the thoughts could not be found in it.
+/// `markers`; None when a marker is a control token the answer's text leaves out, so
+/// that the thoughts could not be found in it (the markers `chat::ANSWER_MARKUP` names
+/// are kept).
 pub(crate) fn shown_markers(
     markers: ThoughtMarkers,
     tokenizer: &ModelTokenizer,
@@ -84,7 +109,7 @@ pub(crate) fn shown_markers(
     let shown = |marker: &str| {
         tokenizer
             .token_id(marker)
-            .is_none_or(|id| !tokenizer.is_control(id))
+            .is_none_or(|id| tokenizer.shows(id))
     };
     if shown(markers.open) && shown(markers.close) {
         Some(markers)
@@ -105,7 +130,9 @@ mod tests {
     use super::*;
     use crate::chat::CallSyntax;
     use crate::serve::api::tools::CallForm;
-    use crate::serve::api::tools::grammar_tests::{allows, compiler, takes, weather_plan};
+    use crate::serve::api::tools::grammar_tests::{
+        added, allows, compiler, takes, weather_plan, with_mistral_tokens,
+    };
 
     const THINK: ThoughtMarkers = ThoughtMarkers::THINK;
 
@@ -127,6 +154,8 @@ mod tests {
         };
         let thinking = Thinking {
             markers: THINK,
+            open_token: None,
+            close_token: None,
             opened: false,
         };
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
@@ -161,11 +190,65 @@ mod tests {
         let opened = Thinking {
             markers: THINK,
             opened: true,
+            ..thinking
         };
         let format = compiler
             .compile(&opened.grammar(&GrammarSpec::JsonSchema(schema)))
             .unwrap();
         assert!(whole(&format, "Plan.\n</think>\n\n{\"a\": 2}"));
         assert!(!whole(&format, "{\"a\": 2}"), "the thoughts must close");
+    }
+
+    /// Magistral's `[THINK]` and `[/THINK]` are control tokens: answers show them (so the
+    /// thoughts are found), and a grammar after the thoughts takes them as their tokens.
+    #[test]
+    fn control_token_markers_are_shown_and_held_as_tokens() {
+        let (_, plain, eos) = compiler();
+        let (tok, compiler) = with_mistral_tokens(&plain);
+        let (open, close) = (added("[THINK]"), added("[/THINK]"));
+        let markers = ThoughtMarkers::MISTRAL;
+        assert_eq!(shown_markers(markers, &tok), Some(markers));
+        let mut ids = vec![open];
+        ids.extend(tok.encode_literal("Paris.").unwrap());
+        ids.push(close);
+        ids.extend(tok.encode_literal("{\"a\": 1}").unwrap());
+        ids.push(eos);
+        let text = tok.decode(&ids, true).unwrap();
+        assert_eq!(
+            text, "[THINK]Paris.[/THINK]{\"a\": 1}",
+            "other control tokens go"
+        );
+        let split = markers.split(&text, false);
+        assert_eq!(
+            (split.thoughts, split.answer),
+            (Some("Paris."), "{\"a\": 1}")
+        );
+
+        let thinking = Thinking {
+            markers,
+            open_token: Some(open),
+            close_token: Some(close),
+            opened: false,
+        };
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+            "required": ["a"], "additionalProperties": false});
+        let grammar = compiler
+            .compile(&thinking.grammar(&GrammarSpec::JsonSchema(schema)))
+            .unwrap();
+        let mut c = grammar.start();
+        assert!(allows(&mut c, open), "the thoughts open with their token");
+        c.advance(open).unwrap();
+        for &t in &tok.encode_literal("Say [/THINK] as text.").unwrap() {
+            assert!(allows(&mut c, t));
+            c.advance(t).unwrap();
+        }
+        assert!(allows(&mut c, close));
+        c.advance(close).unwrap();
+        for &t in &tok.encode_literal("{\"a\": 1}").unwrap() {
+            assert!(allows(&mut c, t));
+            c.advance(t).unwrap();
+        }
+        assert!(allows(&mut c, eos));
+        assert!(!takes(&grammar, &tok, "[THINK]"), "not as text");
     }
 }

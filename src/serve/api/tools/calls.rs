@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::super::wire::{FunctionCall, FunctionDelta, ToolCallDelta, ToolCallOut};
-use super::{CALL_CLOSE, CALL_OPEN, arguments_key};
+use super::{CALL_CLOSE, CALL_OPEN, arguments_key, named};
 use crate::chat::{CallSyntax, TOOL_CALLS_TOKEN};
 
 /// What Llama 3.1 may write before a call (its built-in tools' marker), when the
@@ -54,7 +54,34 @@ pub(in crate::serve::api) fn read_answer(
         Some(syntax @ (CallSyntax::BareJson | CallSyntax::ToolCallsList)) => {
             read_json_calls(text, syntax)
         }
+        Some(CallSyntax::NamedArgs) => read_named(text),
     }
+}
+
+/// An answer in Mistral's newer form: its content is the text before its first
+/// `[TOOL_CALLS]` and any after its last call, its calls those whose arguments closed
+/// (one cut off by `max_tokens` is dropped, markup and all).
+fn read_named(text: &str) -> (Option<String>, Vec<ToolCall>) {
+    let Some(first) = named::calls_start(text) else {
+        return (Some(text.to_string()), Vec::new());
+    };
+    let (found, after) = named::calls_in(text);
+    let calls = found
+        .iter()
+        .filter(|c| c.closed)
+        .map(|c| ToolCall {
+            name: c.name.to_string(),
+            arguments: c.arguments.to_string(),
+        })
+        .collect();
+    let mut content = text[..first].trim_end().to_string();
+    if let Some(after) = after.map(str::trim).filter(|a| !a.is_empty()) {
+        if !content.is_empty() {
+            content.push('\n');
+        }
+        content.push_str(after);
+    }
+    ((!content.is_empty()).then_some(content), calls)
 }
 
 /// An answer with `<tool_call>` blocks: its content is the text outside them, its calls
@@ -108,7 +135,7 @@ fn read_tagged(text: &str) -> (Option<String>, Vec<ToolCall>) {
 fn json_calls_start(text: &str, syntax: CallSyntax) -> Option<&str> {
     let body = text.trim_start();
     let body = match syntax {
-        CallSyntax::Tagged => return None,
+        CallSyntax::Tagged | CallSyntax::NamedArgs => return None,
         CallSyntax::BareJson => body.strip_prefix(PYTHON_TAG).unwrap_or(body),
         CallSyntax::ToolCallsList => body
             .strip_prefix(TOOL_CALLS_TOKEN)
@@ -207,15 +234,16 @@ fn read_call(body: &str, syntax: CallSyntax) -> Option<ToolCall> {
     Some(ToolCall { name, arguments })
 }
 
-/// How much of a streamed answer may go out as content now. Tagged: text before a
-/// call, less a tail that may be the start of one, and less trailing whitespace (which
-/// [`read_answer`] drops before a call). The JSON forms: nothing while the answer may
-/// still start with calls (whitespace, the start of a marker, `{` or Mistral's `[`),
-/// then all of it.
+/// How much of a streamed answer may go out as content now. Tagged and Mistral's newer
+/// form: text before a call, less a tail that may be the start of one, and less
+/// trailing whitespace (which [`read_answer`] drops before a call). The JSON forms:
+/// nothing while the answer may still start with calls (whitespace, the start of a
+/// marker, `{` or Mistral's `[`), then all of it.
 pub(in crate::serve::api) fn streamable_len(text: &str, syntax: CallSyntax) -> usize {
     let body = text.trim_start();
     let may_call = match syntax {
-        CallSyntax::Tagged => return tagged_streamable_len(text),
+        CallSyntax::Tagged => return len_before(text, CALL_OPEN),
+        CallSyntax::NamedArgs => return len_before(text, TOOL_CALLS_TOKEN),
         CallSyntax::BareJson => {
             PYTHON_TAG.starts_with(body) || json_calls_start(text, syntax).is_some()
         }
@@ -224,16 +252,15 @@ pub(in crate::serve::api) fn streamable_len(text: &str, syntax: CallSyntax) -> u
     if may_call { 0 } else { text.len() }
 }
 
-/// [`streamable_len`] for `<tool_call>` blocks.
-fn tagged_streamable_len(text: &str) -> usize {
-    if let Some(at) = text.find(CALL_OPEN) {
+/// [`streamable_len`] for forms whose calls start with `opening` anywhere: the text
+/// before it, less a tail that may be its start, and less trailing whitespace.
+fn len_before(text: &str, opening: &str) -> usize {
+    if let Some(at) = text.find(opening) {
         return text[..at].trim_end().len();
     }
     let mut keep = text.len();
-    for n in (1..CALL_OPEN.len()).rev() {
-        if text.len() >= n
-            && text.is_char_boundary(text.len() - n)
-            && text.ends_with(&CALL_OPEN[..n])
+    for n in (1..opening.len()).rev() {
+        if text.len() >= n && text.is_char_boundary(text.len() - n) && text.ends_with(&opening[..n])
         {
             keep = text.len() - n;
             break;
@@ -307,8 +334,32 @@ impl CallStreamer {
             CallSyntax::BareJson | CallSyntax::ToolCallsList => {
                 self.advance_json(text, &mut deltas)
             }
+            CallSyntax::NamedArgs => self.advance_named(text, &mut deltas),
         }
         deltas
+    }
+
+    /// [`CallStreamer::advance`] over Mistral's newer calls: each once its name is
+    /// written, its arguments as they come (all of an open object's text so far is
+    /// arguments).
+    fn advance_named(&mut self, text: &str, deltas: &mut Vec<ToolCallDelta>) {
+        let (calls, _) = named::calls_in(text);
+        for (index, call) in calls.iter().enumerate() {
+            if !call.closed
+                && calls[..index]
+                    .iter()
+                    .any(|c| c.block.starts_with(call.block))
+            {
+                return;
+            }
+            self.send(
+                deltas,
+                index,
+                call.name,
+                call.arguments,
+                call.arguments.len(),
+            );
+        }
     }
 
     /// [`CallStreamer::advance`] over `<tool_call>` blocks.
@@ -416,10 +467,10 @@ impl CallStreamer {
     }
 }
 
-/// A fresh call id: OpenAI's form, or for Mistral's list nine letters and digits, the
+/// A fresh call id: OpenAI's form, or for Mistral's forms nine letters and digits, the
 /// only ids Mistral's templates take back.
 fn new_call_id(syntax: CallSyntax) -> String {
-    if syntax == CallSyntax::ToolCallsList {
+    if syntax.is_mistral() {
         const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
         return (0..9)
             .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
@@ -715,5 +766,66 @@ mod tests {
         for text in ["Hello", " It is {x}", "(see [1])"] {
             assert_eq!(streamable_len(text, CallSyntax::ToolCallsList), text.len());
         }
+    }
+
+    const NAMED: Option<CallSyntax> = Some(CallSyntax::NamedArgs);
+
+    /// Mistral's newer calls: text before the first `[TOOL_CALLS]` (and after the last
+    /// call) is content, each call's arguments are its object as written; a call cut
+    /// off is dropped, markup and all.
+    #[test]
+    fn mistral_s_newer_calls_are_read_after_the_text() {
+        let two = "[TOOL_CALLS]f[ARGS]{\"a\": 1}[TOOL_CALLS]g[CALL_ID]abcdefgh1[ARGS]{}";
+        for (text, content) in [
+            (two.to_string(), None),
+            (format!("Let me look.\n{two}"), Some("Let me look.")),
+            (format!("{two} Done."), Some("Done.")),
+        ] {
+            let (read, calls) = read_answer(&text, NAMED);
+            assert_eq!(read.as_deref(), content, "{text}");
+            let names: Vec<_> = calls.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(names, ["f", "g"], "{text}");
+            assert_eq!(calls[0].arguments, "{\"a\": 1}");
+        }
+        let cut = "Sure.[TOOL_CALLS]f[ARGS]{\"a\": 1}[TOOL_CALLS]g[ARGS]{\"b";
+        assert_eq!(read_answer(cut, NAMED).0.as_deref(), Some("Sure."));
+        assert_eq!(read_answer(cut, NAMED).1.len(), 1);
+        for text in ["It is {\"sunny\"} [ARGS]", ""] {
+            assert_eq!(read_answer(text, NAMED), (Some(text.to_string()), vec![]));
+        }
+        assert_eq!(read_answer("[TOOL_CALLS]f[ARGS][1]", NAMED), (None, vec![]));
+    }
+
+    /// Streamed: the text before the calls as content (less what may open one), each
+    /// call as its head once its name is written, then fragments adding up to what the
+    /// whole answer reads; a call that may still repeat an earlier one waits.
+    #[test]
+    fn mistral_s_newer_calls_stream_call_by_call() {
+        let calls = "[TOOL_CALLS]f[ARGS]{\"a\": \"}[TOOL_CALLS]\"}[TOOL_CALLS]g[ARGS]{\"b\": [2]}";
+        let full = format!("Let me look. {calls}");
+        let streamed = stream_every_prefix(&full, CallSyntax::NamedArgs);
+        let (content, read) = read_answer(&full, NAMED);
+        assert_eq!(content.as_deref(), Some("Let me look."));
+        let names: Vec<_> = streamed.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["f", "g"]);
+        assert_eq!(streamed[0].arguments, read[0].arguments);
+        assert_eq!(streamed[1].arguments, read[1].arguments);
+        assert_eq!(streamed[0].arguments, "{\"a\": \"}[TOOL_CALLS]\"}");
+        assert!(streamed.iter().all(|c| c.id.len() == 9));
+        for (text, len) in [
+            ("Hello", 5),
+            ("Hello [TOOL", 5),
+            ("Hello \n[TOOL_CALLS]f", 5),
+            ("see [1]", 7),
+        ] {
+            assert_eq!(streamable_len(text, CallSyntax::NamedArgs), len, "{text:?}");
+        }
+        let repeat = "[TOOL_CALLS]f[ARGS]{\"a\": 1}[TOOL_CALLS]f[ARGS]{\"a\": ";
+        assert_eq!(stream_every_prefix(repeat, CallSyntax::NamedArgs).len(), 1);
+        let diverged = format!("{repeat}2}}");
+        assert_eq!(
+            stream_every_prefix(&diverged, CallSyntax::NamedArgs).len(),
+            2
+        );
     }
 }

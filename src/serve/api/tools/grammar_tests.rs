@@ -42,8 +42,8 @@ pub(in crate::serve::api) fn allows(
     c: &mut crate::engine::grammar::Constraint,
     token: u32,
 ) -> bool {
-    // One more than the default vocabulary: room for an added token.
-    let mut logits = vec![0.0f32; 49153];
+    // Room past the default vocabulary for added tokens.
+    let mut logits = vec![0.0f32; 49152 + ADDED.len()];
     c.mask_logits(&mut logits).unwrap();
     logits[token as usize].is_finite()
 }
@@ -180,17 +180,29 @@ fn bare_calls_are_one_object_with_parameters() {
     assert!(allows(&mut c, eos), "the empty answer");
 }
 
-/// The default tokenizer with `[TOOL_CALLS]` added as a control token (id 49152), as
-/// Mistral's tokenizers have it.
-fn with_tool_calls_token(tok: &ModelTokenizer) -> (ModelTokenizer, u32) {
+/// The control tokens [`with_mistral_tokens`] adds, from id 49152 on.
+const ADDED: [&str; 4] = ["[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"];
+
+/// The default tokenizer with Mistral's markers ([`ADDED`]) added as control tokens,
+/// as Mistral's tokenizers have them, and a grammar compiler for it.
+pub(in crate::serve::api) fn with_mistral_tokens(
+    tok: &ModelTokenizer,
+) -> (ModelTokenizer, GrammarCompiler) {
     let mut json: Value = serde_json::from_str(&tok.to_json().unwrap()).unwrap();
-    let id = 49152;
-    json["added_tokens"].as_array_mut().unwrap().push(json!({
-        "id": id, "content": "[TOOL_CALLS]", "single_word": false, "lstrip": false,
-        "rstrip": false, "normalized": false, "special": true}));
+    for (i, marker) in ADDED.iter().enumerate() {
+        json["added_tokens"].as_array_mut().unwrap().push(json!({
+            "id": 49152 + i, "content": marker, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}));
+    }
     let tok = ModelTokenizer::from_json(&json.to_string()).unwrap();
-    assert!(tok.is_control(id));
-    (tok, id)
+    let eos = tok.token_id("<|im_end|>").unwrap();
+    let compiler = GrammarCompiler::new(&tok, 49152 + ADDED.len(), &[eos]).unwrap();
+    (tok, compiler)
+}
+
+/// The id of `marker` in [`with_mistral_tokens`]' tokenizer.
+pub(in crate::serve::api) fn added(marker: &str) -> u32 {
+    49152 + ADDED.iter().position(|m| *m == marker).unwrap() as u32
 }
 
 fn list_plan(choice: Value, form: CallForm) -> ToolPlan {
@@ -203,13 +215,14 @@ fn list_plan(choice: Value, form: CallForm) -> ToolPlan {
 /// chosen. With the token as text (the default tokenizer), the same in text.
 #[test]
 fn mistral_lists_open_with_their_control_token() {
-    let (_, plain, _) = compiler();
-    let (tok, opening) = with_tool_calls_token(&plain);
-    let eos = tok.token_id("<|im_end|>").unwrap();
-    let with_token = GrammarCompiler::new(&tok, 49153, &[eos]).unwrap();
+    let (_, plain, eos) = compiler();
+    let (tok, with_token) = with_mistral_tokens(&plain);
+    let opening = added("[TOOL_CALLS]");
+    assert!(tok.is_control(opening));
     let form = CallForm {
         syntax: CallSyntax::ToolCallsList,
-        list_token: Some(opening),
+        tool_calls_token: Some(opening),
+        args_token: None,
     };
     let call = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
     let list = format!(" [{call}, {call}]");
@@ -260,4 +273,149 @@ fn mistral_lists_open_with_their_control_token() {
         c.advance(t).unwrap();
     }
     assert!(allows(&mut c, eos));
+}
+
+/// Mistral's newer calls, `[TOOL_CALLS]name[ARGS]{..}`: with the markers as control
+/// tokens, `required` takes one or more calls of the offered tools, each its opening
+/// token, the name, the `[ARGS]` token and arguments under the tool's schema (its own
+/// `$defs` resolving); `auto` takes text, then perhaps calls. With the markers as
+/// text (the default tokenizer), the same in text, and text never holds the opening.
+#[test]
+fn mistral_s_newer_calls_open_each_call_with_their_control_tokens() {
+    let (_, plain, eos) = compiler();
+    let (tok, with_tokens) = with_mistral_tokens(&plain);
+    let (opening, args) = (added("[TOOL_CALLS]"), added("[ARGS]"));
+    let form = CallForm {
+        syntax: CallSyntax::NamedArgs,
+        tool_calls_token: Some(opening),
+        args_token: Some(args),
+    };
+    let tools: Vec<Tool> = serde_json::from_value(json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "book", "parameters": {"type": "object",
+            "properties": {"room": {"$ref": "#/$defs/Room"}}, "required": ["room"],
+            "$defs": {"Room": {"type": "object", "properties": {"n": {"type": "integer"}},
+                "required": ["n"]}}}}}]))
+    .unwrap();
+    let plan = |choice: Value, form: CallForm| {
+        ToolPlan::from_request(Some(tools.clone()), Some(&choice), Some(true), form)
+            .unwrap()
+            .unwrap()
+    };
+    // Feeds `parts` (text, or a marker's control token) and says whether all were
+    // allowed and the answer may end after them.
+    let feeds = |grammar: &crate::engine::grammar::Grammar, parts: &[&str]| {
+        let mut c = grammar.start();
+        for part in parts {
+            let ids = match ADDED.contains(part) {
+                true => vec![added(part)],
+                false => tok.encode_literal(part).unwrap(),
+            };
+            for id in ids {
+                if !allows(&mut c, id) {
+                    return false;
+                }
+                c.advance(id).unwrap();
+            }
+        }
+        allows(&mut c, eos)
+    };
+    let weather = [
+        "[TOOL_CALLS]",
+        "get_weather",
+        "[ARGS]",
+        "{\"city\": \"Paris\"}",
+    ];
+    let booking = ["[TOOL_CALLS]", "book", "[ARGS]", "{\"room\": {\"n\": 4}}"];
+    let required = with_tokens
+        .compile(&plan(json!("required"), form).grammar(None).unwrap())
+        .unwrap();
+    assert!(feeds(&required, &weather));
+    assert!(feeds(&required, &[&weather[..], &booking[..]].concat()));
+    assert!(!feeds(&required, &["Sunny."]), "required calls");
+    assert!(
+        !feeds(
+            &required,
+            &["[TOOL_CALLS]", "get_weather", "{\"city\": \"Paris\"}"]
+        ),
+        "the arguments follow their control token"
+    );
+    assert!(!feeds(
+        &required,
+        &[
+            "[TOOL_CALLS]",
+            "book",
+            "[ARGS]",
+            "{\"room\": {\"n\": \"x\"}}"
+        ]
+    ));
+    assert!(!feeds(
+        &required,
+        &["[TOOL_CALLS]", "get_time", "[ARGS]", "{}"]
+    ));
+    let mut c = required.start();
+    let text_opening = tok.encode_literal("[TOOL_CALLS]").unwrap()[0];
+    assert!(
+        !allows(&mut c, text_opening),
+        "the opening is the token, not text"
+    );
+
+    let auto = with_tokens
+        .compile(&plan(json!("auto"), form).grammar(None).unwrap())
+        .unwrap();
+    assert!(feeds(&auto, &["It is sunny; see [1] and {\"a\": 1}."]));
+    assert!(feeds(&auto, &weather));
+    assert!(feeds(
+        &auto,
+        &[&["Let me look."][..], &weather[..], &booking[..]].concat()
+    ));
+    assert!(!feeds(
+        &auto,
+        &[
+            "Let me look.",
+            "[TOOL_CALLS]",
+            "get_weather",
+            "[ARGS]",
+            "{\"town\": 1}"
+        ]
+    ));
+
+    let named = with_tokens
+        .compile(
+            &plan(
+                json!({"type": "function", "function": {"name": "book"}}),
+                form,
+            )
+            .grammar(None)
+            .unwrap(),
+        )
+        .unwrap();
+    assert!(feeds(&named, &booking));
+    assert!(!feeds(&named, &weather));
+    assert!(
+        !feeds(&named, &[&booking[..], &booking[..]].concat()),
+        "one call"
+    );
+
+    // The markers as text.
+    let (compiler, plain, _) = self::compiler();
+    let text_form = CallForm::text(CallSyntax::NamedArgs);
+    let required = compiler
+        .compile(&plan(json!("required"), text_form).grammar(None).unwrap())
+        .unwrap();
+    let call = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}";
+    assert!(takes(&required, &plain, call));
+    assert!(takes(&required, &plain, &format!("{call}{call}")));
+    assert!(!takes(
+        &required,
+        &plain,
+        "get_weather[ARGS]{\"city\": \"Paris\"}"
+    ));
+    let auto = compiler
+        .compile(&plan(json!("auto"), text_form).grammar(None).unwrap())
+        .unwrap();
+    assert!(takes(&auto, &plain, "It is sunny; see [TOOL] [ARGS]."));
+    assert!(takes(&auto, &plain, &format!("Let me look.{call}")));
+    assert!(!takes(&auto, &plain, "Let me look.[TOOL_CALLS] I think"));
 }

@@ -12,8 +12,10 @@
 //! ```
 //!
 //! Llama 3's bare object, the whole answer: `{"name": "get_weather", "parameters":
-//! {"city": "Paris"}}`, or Mistral's list after its control token: `[TOOL_CALLS]
-//! [{"name": "get_weather", "arguments": {"city": "Paris"}}]`. A template that renders tools itself gets the `tools` list and
+//! {"city": "Paris"}}`, Mistral's list after its control token: `[TOOL_CALLS]
+//! [{"name": "get_weather", "arguments": {"city": "Paris"}}]`, or Mistral's newer
+//! calls, one by one: `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`. A template that
+//! renders tools itself gets the `tools` list and
 //! the earlier calls; for one that does not (the default model's), the tools are
 //! described in the system message and earlier calls are written into the assistant's
 //! turns, in the tagged form. With
@@ -25,7 +27,7 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::chat::{CallSyntax, ChatMessage, ChatTemplate, TOOL_CALLS_TOKEN};
+use crate::chat::{ARGS_TOKEN, CallSyntax, ChatMessage, ChatTemplate, TOOL_CALLS_TOKEN};
 use crate::engine::Delimiters;
 use crate::engine::grammar::{GrammarSpec, with_json_layout};
 use crate::model::tokenizer::ModelTokenizer;
@@ -33,6 +35,7 @@ use crate::model::tokenizer::ModelTokenizer;
 use super::ApiError;
 
 mod calls;
+mod named;
 pub(super) use calls::{CallStreamer, ToolCall, read_answer, streamable_len};
 
 /// Where a call starts and ends in the answer.
@@ -76,34 +79,47 @@ enum ToolChoice {
     Named(String),
 }
 
-/// How the served model writes calls: its template's form and, for Mistral's list,
-/// the id of its `[TOOL_CALLS]` control token (None: the tokenizer has it as text).
+/// How the served model writes calls: its template's form and, for Mistral's forms,
+/// the ids of its `[TOOL_CALLS]` and `[ARGS]` control tokens (None: the tokenizer has
+/// them as text).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct CallForm {
     /// The form.
     pub syntax: CallSyntax,
-    /// The list's opening control token.
-    pub list_token: Option<u32>,
+    /// The control token that opens Mistral's list, or each of its newer calls.
+    pub tool_calls_token: Option<u32>,
+    /// The control token before the arguments in Mistral's newer calls.
+    pub args_token: Option<u32>,
 }
 
 impl CallForm {
     /// The form a model's template teaches (the tagged one without a template).
     pub(super) fn of_model(template: Option<&ChatTemplate>, tokenizer: &ModelTokenizer) -> Self {
+        let control = |text: &str| {
+            tokenizer
+                .token_id(text)
+                .filter(|&id| tokenizer.is_control(id))
+        };
         CallForm {
             syntax: template.map_or(CallSyntax::Tagged, ChatTemplate::call_syntax),
-            list_token: tokenizer
-                .token_id(TOOL_CALLS_TOKEN)
-                .filter(|&id| tokenizer.is_control(id)),
+            tool_calls_token: control(TOOL_CALLS_TOKEN),
+            args_token: control(ARGS_TOKEN),
         }
     }
 
-    /// `syntax` with its opening as text.
+    /// `syntax` with its markers as text.
     #[cfg(test)]
     pub(super) fn text(syntax: CallSyntax) -> Self {
         CallForm {
             syntax,
-            list_token: None,
+            tool_calls_token: None,
+            args_token: None,
         }
+    }
+
+    /// How a grammar writes `marker`: its control token, or its text.
+    fn spell(token: Option<u32>, marker: &str) -> String {
+        token.map_or_else(|| format!("{marker:?}"), |id| format!("<[{id}]>"))
     }
 }
 
@@ -315,6 +331,7 @@ impl ToolPlan {
             CallSyntax::Tagged => self.tagged_grammar(&call_schema, auto, format_schema),
             CallSyntax::BareJson => bare_grammar(&call_schema, auto, format_schema),
             CallSyntax::ToolCallsList => self.list_grammar(&call_schema, auto, format_schema),
+            CallSyntax::NamedArgs => self.named_grammar(&candidates, auto, format_schema),
         };
         Some(GrammarSpec::Lark(lark))
     }
@@ -369,19 +386,64 @@ impl ToolPlan {
         } else {
             "call"
         };
-        let opening = match self.form.list_token {
-            Some(id) => format!("<[{id}]>"),
-            None => format!("{TOOL_CALLS_TOKEN:?}"),
-        };
+        let opening = CallForm::spell(self.form.tool_calls_token, TOOL_CALLS_TOKEN);
         let mut lark =
             format!("calls: {opening} \" \"? \"[\" {calls} \"]\"\ncall: %json {call_schema}\n");
         match (auto, format) {
             // A control token is never text: any text is prose.
-            (true, None) if self.form.list_token.is_some() => {
+            (true, None) if self.form.tool_calls_token.is_some() => {
                 lark.push_str("start: PROSE | calls\nPROSE: /(?s:.*)/\n");
             }
             (true, None) => lark.push_str(&format!(
                 "start: PROSE | calls\nPROSE: /(?s:.*)/ & ~/(?s:\\s*{}.*)/\n",
+                regex_literal(TOOL_CALLS_TOKEN)
+            )),
+            (true, Some(schema)) => {
+                lark.push_str(&format!("start: answer | calls\nanswer: %json {schema}\n"));
+            }
+            _ => lark.push_str("start: calls\n"),
+        }
+        lark
+    }
+
+    /// [`ToolPlan::grammar`] for Mistral's newer calls: each `[TOOL_CALLS]`, a tool's
+    /// name, `[ARGS]` and its arguments (markers as control tokens or text); with
+    /// `auto`, text that holds no `[TOOL_CALLS]`, then perhaps calls.
+    fn named_grammar(&self, candidates: &[&Tool], auto: bool, format: Option<Value>) -> String {
+        let opening = CallForm::spell(self.form.tool_calls_token, TOOL_CALLS_TOKEN);
+        let args = CallForm::spell(self.form.args_token, ARGS_TOKEN);
+        let several = self.parallel && !matches!(self.choice, ToolChoice::Named(_));
+        let more = if several { " call*" } else { "" };
+        let mut lark = format!(
+            "calls: call{more}
+call: {opening} call_rest
+call_rest: "
+        );
+        let names: Vec<String> = (0..candidates.len()).map(|i| format!("tool_{i}")).collect();
+        lark.push_str(&names.join(" | "));
+        lark.push('\n');
+        for (name, tool) in names.iter().zip(candidates) {
+            // The arguments are a document of their own: references into the tool's
+            // schema (`#/$defs/..`) resolve as they are.
+            let mut arguments = tool.parameters();
+            close_objects(&mut arguments);
+            lark.push_str(&format!(
+                "{name}: {:?} {args} %json {}\n",
+                tool.function.name,
+                with_json_layout(arguments)
+            ));
+        }
+        match (auto, format) {
+            // A control token is never text: text, then perhaps calls.
+            (true, None) if self.form.tool_calls_token.is_some() => {
+                lark.push_str("start: PROSE | PROSE calls | calls\nPROSE: /(?s:.+)/\n");
+            }
+            // Text up to the first opening (a lazy lexeme, which ends there), the rest
+            // of that call, and perhaps more.
+            (true, None) => lark.push_str(&format!(
+                "start: PROSE | prose_to_opening call_rest{more}\n\
+                 PROSE: /(?s:.*)/ & ~/(?s:.*{}.*)/\n\
+                 prose_to_opening[suffix={TOOL_CALLS_TOKEN:?}]: /(?s:.*)/\n",
                 regex_literal(TOOL_CALLS_TOKEN)
             )),
             (true, Some(schema)) => {
@@ -423,7 +485,7 @@ fn regex_literal(text: &str) -> String {
 /// Where a call holds its arguments: `arguments`, or Llama 3's `parameters`.
 pub(super) fn arguments_key(syntax: CallSyntax) -> &'static str {
     match syntax {
-        CallSyntax::Tagged | CallSyntax::ToolCallsList => "arguments",
+        CallSyntax::Tagged | CallSyntax::ToolCallsList | CallSyntax::NamedArgs => "arguments",
         CallSyntax::BareJson => "parameters",
     }
 }
@@ -582,8 +644,9 @@ pub(super) fn call_text(name: &str, arguments: &Value) -> String {
 }
 
 /// The delimiters of a call in an answer in `syntax`, for ending an answer that
-/// repeats a call: the tags, or a call object (in the grammar's layout) of Mistral's
-/// list; None for Llama 3's single call.
+/// repeats a call: the tags, a call object (in the grammar's layout) of Mistral's
+/// list, or one of its newer calls from its `[TOOL_CALLS]` to its arguments' end; None
+/// for Llama 3's single call.
 pub(super) fn call_delimiters(syntax: CallSyntax) -> Option<Delimiters> {
     match syntax {
         CallSyntax::Tagged => Some(Delimiters {
@@ -592,6 +655,10 @@ pub(super) fn call_delimiters(syntax: CallSyntax) -> Option<Delimiters> {
         }),
         CallSyntax::ToolCallsList => Some(Delimiters {
             open: "{\"name\": ".into(),
+            close: String::new(),
+        }),
+        CallSyntax::NamedArgs => Some(Delimiters {
+            open: TOOL_CALLS_TOKEN.into(),
             close: String::new(),
         }),
         CallSyntax::BareJson => None,
@@ -603,11 +670,11 @@ pub(super) fn call_delimiters(syntax: CallSyntax) -> Option<Delimiters> {
 const MISTRAL_ID_CHARS: usize = 9;
 
 /// Fit the call ids in `messages` (an assistant's calls, a tool result's
-/// `tool_call_id`) to what a template in `syntax` takes: for Mistral's list, their
+/// `tool_call_id`) to what a template in `syntax` takes: for Mistral's forms, their
 /// last nine characters, as vLLM cuts them (this server's own ids end in nine
 /// letters and digits); others are left alone.
 pub(super) fn fit_call_ids(messages: &mut [ChatMessage], syntax: CallSyntax) {
-    if syntax != CallSyntax::ToolCallsList {
+    if !syntax.is_mistral() {
         return;
     }
     let cut = |id: &str| {
