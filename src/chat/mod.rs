@@ -393,6 +393,14 @@ mod tests {
 
     /// The call form is read from the template: Llama 3's bare object where it asks for
     /// `"parameters"` and renders results as `ipython`, the tagged form otherwise.
+    /// Answers keep every marker the server reads them by ([`ANSWER_MARKUP`]).
+    #[test]
+    fn every_thought_marker_is_answer_markup() {
+        for m in ThoughtMarkers::ALL {
+            assert!(ANSWER_MARKUP.contains(&m.open) && ANSWER_MARKUP.contains(&m.close));
+        }
+    }
+
     #[test]
     fn the_call_syntax_follows_the_template() {
         let llama = include_str!("../../tests/fixtures/llama3-tools.jinja");

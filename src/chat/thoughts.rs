@@ -41,9 +41,13 @@ impl ThoughtMarkers {
         close: "[/THINK]",
     };
 
+    /// Every pair the server knows (each in [`crate::chat::ANSWER_MARKUP`], so that an
+    /// answer's text shows them even where they are control tokens).
+    pub const ALL: [Self; 2] = [Self::THINK, Self::MISTRAL];
+
     /// The markers a template's source teaches; None when it names no pair.
     pub fn of_template(source: &str) -> Option<Self> {
-        [Self::THINK, Self::MISTRAL]
+        Self::ALL
             .into_iter()
             .find(|m| source.contains(m.open) && source.contains(m.close))
     }

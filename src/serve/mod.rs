@@ -370,8 +370,7 @@ pub fn serve(
         thoughts: template
             .as_ref()
             .and_then(ChatTemplate::thought_markers)
-            .filter(|_| cfg.reasoning_format == ReasoningFormat::Auto)
-            .and_then(|m| api::shown_markers(m, &tokenizer)),
+            .filter(|_| cfg.reasoning_format == ReasoningFormat::Auto),
         tokenizer,
         template,
         grammars,

@@ -19,7 +19,6 @@ pub use admin::{
 pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, model, models};
 pub use probes::{health, ready};
 pub use responses::responses;
-pub(crate) use thinking::shown_markers;
 
 use std::sync::Arc;
 

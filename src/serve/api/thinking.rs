@@ -6,7 +6,6 @@
 
 use crate::chat::{PromptPiece, ThoughtMarkers, ThoughtSplit, ThoughtStream};
 use crate::engine::grammar::{GrammarSpec, with_json_layout};
-use crate::model::tokenizer::ModelTokenizer;
 use crate::serve::AppState;
 
 /// How a request's answer thinks: the model's markers (and their control tokens, where
@@ -98,31 +97,6 @@ impl Thinking {
     }
 }
 
-/// The markers the server tells thoughts apart by, for a model whose template teaches
-/// `markers`; None when a marker is a control token the answer's text leaves out, so
-/// that the thoughts could not be found in it (the markers `chat::ANSWER_MARKUP` names
-/// are kept).
-pub(crate) fn shown_markers(
-    markers: ThoughtMarkers,
-    tokenizer: &ModelTokenizer,
-) -> Option<ThoughtMarkers> {
-    let shown = |marker: &str| {
-        tokenizer
-            .token_id(marker)
-            .is_none_or(|id| tokenizer.shows(id))
-    };
-    if shown(markers.open) && shown(markers.close) {
-        Some(markers)
-    } else {
-        tracing::warn!(
-            "the model's thought markers {} and {} are control tokens, which answers do not show: its thoughts stay in the content",
-            markers.open,
-            markers.close
-        );
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -200,14 +174,14 @@ mod tests {
     }
 
     /// Magistral's `[THINK]` and `[/THINK]` are control tokens: answers show them (so the
-    /// thoughts are found), and a grammar after the thoughts takes them as their tokens.
+    /// thoughts are found; `chat::ANSWER_MARKUP`), and a grammar after the thoughts takes
+    /// them as their tokens.
     #[test]
     fn control_token_markers_are_shown_and_held_as_tokens() {
         let (_, plain, eos) = compiler();
         let (tok, compiler) = with_mistral_tokens(&plain);
         let (open, close) = (added("[THINK]"), added("[/THINK]"));
         let markers = ThoughtMarkers::MISTRAL;
-        assert_eq!(shown_markers(markers, &tok), Some(markers));
         let mut ids = vec![open];
         ids.extend(tok.encode_literal("Paris.").unwrap());
         ids.push(close);

@@ -365,6 +365,10 @@ fn mistral_s_newer_calls_open_each_call_with_their_control_tokens() {
         .compile(&plan(json!("auto"), form).grammar(None).unwrap())
         .unwrap();
     assert!(feeds(&auto, &["It is sunny; see [1] and {\"a\": 1}."]));
+    assert!(
+        !feeds(&auto, &["Say [TOOL_CALLS]get_weather[ARGS]{} as text"]),
+        "text never holds the opening: what reads as a call went through the grammar"
+    );
     assert!(feeds(&auto, &weather));
     assert!(feeds(
         &auto,

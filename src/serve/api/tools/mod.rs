@@ -433,18 +433,20 @@ call_rest: "
                 with_json_layout(arguments)
             ));
         }
+        // Text never holds the opening's text either: whatever reads as a call was held
+        // to the grammar.
+        let no_opening = format!("~/(?s:.*{}.*)/", regex_literal(TOOL_CALLS_TOKEN));
         match (auto, format) {
             // A control token is never text: text, then perhaps calls.
-            (true, None) if self.form.tool_calls_token.is_some() => {
-                lark.push_str("start: PROSE | PROSE calls | calls\nPROSE: /(?s:.+)/\n");
-            }
+            (true, None) if self.form.tool_calls_token.is_some() => lark.push_str(&format!(
+                "start: PROSE | PROSE calls | calls\nPROSE: /(?s:.+)/ & {no_opening}\n"
+            )),
             // Text up to the first opening (a lazy lexeme, which ends there), the rest
             // of that call, and perhaps more.
             (true, None) => lark.push_str(&format!(
                 "start: PROSE | prose_to_opening call_rest{more}\n\
-                 PROSE: /(?s:.*)/ & ~/(?s:.*{}.*)/\n\
-                 prose_to_opening[suffix={TOOL_CALLS_TOKEN:?}]: /(?s:.*)/\n",
-                regex_literal(TOOL_CALLS_TOKEN)
+                 PROSE: /(?s:.*)/ & {no_opening}\n\
+                 prose_to_opening[suffix={TOOL_CALLS_TOKEN:?}]: /(?s:.*)/\n"
             )),
             (true, Some(schema)) => {
                 lark.push_str(&format!("start: answer | calls\nanswer: %json {schema}\n"));

@@ -36,6 +36,10 @@ pub(super) fn calls_in(text: &str) -> (Vec<NamedCall<'_>>, Option<&str>) {
             return (calls, None);
         };
         let head = &after_opening[..args_at];
+        // An opening without its `[ARGS]` before the next: not a call.
+        if head.contains(TOOL_CALLS_TOKEN) {
+            return (calls, None);
+        }
         let name = head.split(CALL_ID_TOKEN).next().unwrap_or(head).trim();
         let body = &after_opening[args_at + ARGS_TOKEN.len()..];
         let arguments = body.trim_start();
@@ -123,6 +127,12 @@ mod tests {
         assert_eq!((calls.len(), after), (1, None));
         let (calls, after) = calls_in("[TOOL_CALLS][ARGS]{}");
         assert_eq!((calls.len(), after), (0, None), "a call without a name");
+        let (calls, after) = calls_in("[TOOL_CALLS]f [TOOL_CALLS]g[ARGS]{}");
+        assert_eq!(
+            (calls.len(), after),
+            (0, None),
+            "an opening without its [ARGS]"
+        );
         assert_eq!(calls_in("No calls [TOOL"), (vec![], None));
     }
 }
