@@ -391,8 +391,6 @@ mod tests {
         );
     }
 
-    /// The call form is read from the template: Llama 3's bare object where it asks for
-    /// `"parameters"` and renders results as `ipython`, the tagged form otherwise.
     /// Answers keep every marker the server reads them by ([`ANSWER_MARKUP`]).
     #[test]
     fn every_thought_marker_is_answer_markup() {
@@ -401,6 +399,10 @@ mod tests {
         }
     }
 
+    /// The call form is read from the template: Mistral's newer form where it writes
+    /// `[TOOL_CALLS]` and `[ARGS]`, its list where only `[TOOL_CALLS]`, Llama 3's bare
+    /// object where it asks for `"parameters"` and renders results as `ipython`, the
+    /// tagged form otherwise.
     #[test]
     fn the_call_syntax_follows_the_template() {
         let llama = include_str!("../../tests/fixtures/llama3-tools.jinja");

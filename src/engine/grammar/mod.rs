@@ -85,6 +85,12 @@ pub enum GrammarSpec {
 /// general an answer may then match more than one branch.
 const JSON_LAYOUT: &str = r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "coerce_one_of": true}"#;
 
+/// How a Lark grammar names `marker`: by its control token's id where it is one
+/// (llguidance's `<[id]>`: a control token is never text), else as its text.
+pub fn lark_marker(control_token: Option<u32>, marker: &str) -> String {
+    control_token.map_or_else(|| format!("{marker:?}"), |id| format!("<[{id}]>"))
+}
+
 /// `schema` with [`JSON_LAYOUT`], unless it sets its own (`x-guidance`). For schemas
 /// embedded in Lark grammars (`%json {..}`), which [`GrammarCompiler::compile`] does not
 /// rewrite.

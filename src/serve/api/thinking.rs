@@ -5,7 +5,7 @@
 //! answer after the thoughts, not the thoughts, so the model still thinks first.
 
 use crate::chat::{PromptPiece, ThoughtMarkers, ThoughtSplit, ThoughtStream};
-use crate::engine::grammar::{GrammarSpec, with_json_layout};
+use crate::engine::grammar::{GrammarSpec, lark_marker, with_json_layout};
 use crate::serve::AppState;
 
 /// How a request's answer thinks: the model's markers (and their control tokens, where
@@ -76,13 +76,13 @@ impl Thinking {
         let thoughts = match (self.open_token, self.close_token) {
             // Control tokens are never text, so the thoughts' text cannot hold them: a
             // greedy lexeme between the two tokens.
-            (Some(open), Some(close)) => {
-                let open = if self.opened {
-                    String::new()
-                } else {
-                    format!("<[{open}]> ")
+            (Some(_), Some(_)) => {
+                let open = match self.opened {
+                    true => String::new(),
+                    false => lark_marker(self.open_token, open) + " ",
                 };
-                format!("thoughts: {open}THOUGHT_TEXT? <[{close}]>\nTHOUGHT_TEXT: /(?s:.+)/\n")
+                let close = lark_marker(self.close_token, close);
+                format!("thoughts: {open}THOUGHT_TEXT? {close}\nTHOUGHT_TEXT: /(?s:.+)/\n")
             }
             // Text markers: a lazy lexeme, which ends at the first closing marker.
             _ if self.opened => format!("thoughts[lazy]: /(?s:.*)/ {close:?}\n"),

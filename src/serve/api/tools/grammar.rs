@@ -4,11 +4,9 @@
 
 use serde_json::{Value, json};
 
-use super::{
-    CALL_CLOSE, CALL_OPEN, CallForm, Tool, ToolChoice, ToolPlan, call_schema, close_objects,
-};
+use super::{CALL_CLOSE, CALL_OPEN, Tool, ToolChoice, ToolPlan, call_schema, close_objects};
 use crate::chat::{ARGS_TOKEN, CallSyntax, TOOL_CALLS_TOKEN};
-use crate::engine::grammar::{GrammarSpec, with_json_layout};
+use crate::engine::grammar::{GrammarSpec, lark_marker, with_json_layout};
 
 impl ToolPlan {
     /// The grammar the answer is held to: the calls when they are required; either the
@@ -94,7 +92,7 @@ impl ToolPlan {
         } else {
             "call"
         };
-        let opening = CallForm::spell(self.form.tool_calls_token, TOOL_CALLS_TOKEN);
+        let opening = lark_marker(self.form.tool_calls_token, TOOL_CALLS_TOKEN);
         let mut lark =
             format!("calls: {opening} \" \"? \"[\" {calls} \"]\"\ncall: %json {call_schema}\n");
         match (auto, format) {
@@ -118,8 +116,8 @@ impl ToolPlan {
     /// name, `[ARGS]` and its arguments (markers as control tokens or text); with
     /// `auto`, text that holds no `[TOOL_CALLS]`, then perhaps calls.
     fn named_grammar(&self, candidates: &[&Tool], auto: bool, format: Option<Value>) -> String {
-        let opening = CallForm::spell(self.form.tool_calls_token, TOOL_CALLS_TOKEN);
-        let args = CallForm::spell(self.form.args_token, ARGS_TOKEN);
+        let opening = lark_marker(self.form.tool_calls_token, TOOL_CALLS_TOKEN);
+        let args = lark_marker(self.form.args_token, ARGS_TOKEN);
         let several = self.parallel && !matches!(self.choice, ToolChoice::Named(_));
         let more = if several { " call*" } else { "" };
         let mut lark = format!(

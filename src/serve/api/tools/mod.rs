@@ -14,9 +14,9 @@
 //! Llama 3's bare object, the whole answer: `{"name": "get_weather", "parameters":
 //! {"city": "Paris"}}`, Mistral's list after its control token: `[TOOL_CALLS]
 //! [{"name": "get_weather", "arguments": {"city": "Paris"}}]`, or Mistral's newer
-//! calls, one by one: `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`. A template that
-//! renders tools itself gets the `tools` list and
-//! the earlier calls; for one that does not (the default model's), the tools are
+//! calls, one by one: `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`. A template
+//! that renders tools itself gets the `tools` list and the earlier calls; for one that
+//! does not (the default model's), the tools are
 //! described in the system message and earlier calls are written into the assistant's
 //! turns, in the tagged form. With
 //! `tool_choice` `required` or a named function, decoding is held to a grammar of calls
@@ -116,11 +116,6 @@ impl CallForm {
             tool_calls_token: None,
             args_token: None,
         }
-    }
-
-    /// How a grammar writes `marker`: its control token, or its text.
-    fn spell(token: Option<u32>, marker: &str) -> String {
-        token.map_or_else(|| format!("{marker:?}"), |id| format!("<[{id}]>"))
     }
 }
 
