@@ -203,7 +203,9 @@ impl ModelTokenizer {
     /// answer by, as llama.cpp keeps its "preserved tokens".
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, DecodeError> {
         let kept = |id: &u32| self.kept_markup.binary_search(id).is_ok();
-        let decoded = if skip_special && ids.iter().any(kept) {
+        // Most tokenizers have none of these markers: no scan of the ids then.
+        let keeps_some = skip_special && !self.kept_markup.is_empty() && ids.iter().any(kept);
+        let decoded = if keeps_some {
             let shown: Vec<u32> = ids
                 .iter()
                 .copied()

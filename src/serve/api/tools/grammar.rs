@@ -26,7 +26,9 @@ impl ToolPlan {
                 .collect(),
             ToolChoice::Auto | ToolChoice::Required => self.tools.iter().collect(),
         };
-        let call_schema = with_json_layout(call_schema(&candidates, self.form.syntax));
+        // The forms that embed a whole call object (Mistral's newer calls embed only
+        // each tool's arguments).
+        let call_schema = || with_json_layout(call_schema(&candidates, self.form.syntax));
         let auto = self.choice == ToolChoice::Auto;
         let format_schema = match response_format {
             None => None,
@@ -36,9 +38,9 @@ impl ToolPlan {
             Some(format @ GrammarSpec::Lark(_)) => return Some(format.clone()),
         };
         let lark = match self.form.syntax {
-            CallSyntax::Tagged => self.tagged_grammar(&call_schema, auto, format_schema),
-            CallSyntax::BareJson => bare_grammar(&call_schema, auto, format_schema),
-            CallSyntax::ToolCallsList => self.list_grammar(&call_schema, auto, format_schema),
+            CallSyntax::Tagged => self.tagged_grammar(&call_schema(), auto, format_schema),
+            CallSyntax::BareJson => bare_grammar(&call_schema(), auto, format_schema),
+            CallSyntax::ToolCallsList => self.list_grammar(&call_schema(), auto, format_schema),
             CallSyntax::NamedArgs => self.named_grammar(&candidates, auto, format_schema),
         };
         Some(GrammarSpec::Lark(lark))
