@@ -5,8 +5,9 @@ its default path (a model named by string: the Responses API). Every check raise
 failure; the last line printed is "all checks passed".
 
     --template plain (the default model's template): text, instructions, the stream,
-        log-probabilities, a tool loop whole and streamed, a typed output, refusals,
-        and the Agents SDK's runs.
+        log-probabilities, a tool loop whole and streamed, a typed output, stored
+        responses continued by `previous_response_id`, read and deleted, refusals,
+        and the Agents SDK's runs (one chaining its turns by response id).
     --template opened (DeepSeek-R1's distillations' template, whose prompt opens the
         thoughts): the thoughts come out as a reasoning item, whole and streamed alike,
         counted as reasoning tokens.
@@ -111,7 +112,7 @@ assert whole.output[-1].status == whole.status, whole.output
 assert (whole.incomplete_details is not None) == cut, whole
 assert whole.usage.input_tokens == chat.usage.prompt_tokens, (whole.usage, chat.usage)
 assert whole.usage.output_tokens == chat.usage.completion_tokens, (whole.usage, chat.usage)
-assert whole.instructions == "Answer briefly." and whole.store is False, whole
+assert whole.instructions == "Answer briefly." and whole.store is True, whole
 
 # The stream: deltas that make the text, and the whole response's output at the end.
 events, final = streamed(instructions="Answer briefly.", input=ASK, max_output_tokens=24, temperature=0)
@@ -164,9 +165,53 @@ class Colors(BaseModel):
 parsed = client.responses.parse(model=model, input=ASK, text_format=Colors, max_output_tokens=64, temperature=0)
 assert isinstance(parsed.output_parsed, Colors), parsed
 
+# Stored responses: continued by id, the same answer as the whole conversation sent
+# again (instructions are not carried over, as at OpenAI); read back, deleted.
+first = client.responses.create(
+    model=model, instructions="Answer briefly.", input="My name is Ada. Say hi.", max_output_tokens=16, temperature=0
+)
+follow = client.responses.create(
+    model=model, previous_response_id=first.id, input="What is my name?", max_output_tokens=16, temperature=0
+)
+resent = client.responses.create(
+    model=model,
+    store=False,
+    input=[{"role": "user", "content": "My name is Ada. Say hi."}]
+    + [item.model_dump(exclude_none=True) for item in first.output]
+    + [{"role": "user", "content": "What is my name?"}],
+    max_output_tokens=16,
+    temperature=0,
+)
+assert follow.previous_response_id == first.id and follow.store and not resent.store, (follow, resent)
+assert follow.output_text == resent.output_text, (follow.output_text, resent.output_text)
+assert follow.usage.input_tokens == resent.usage.input_tokens, (follow.usage, resent.usage)
+assert client.responses.retrieve(first.id).output_text == first.output_text
+# A streamed response is kept by the time its last event arrives.
+events = list(client.responses.create(
+    model=model, previous_response_id=follow.id, input="Thanks.", max_output_tokens=8, temperature=0, stream=True
+))
+final = events[-1].response
+assert final.previous_response_id == follow.id and final.store, final
+assert client.responses.retrieve(final.id).output == final.output, final
+client.responses.delete(first.id)
+try:
+    client.responses.retrieve(first.id)
+except openai.NotFoundError:
+    pass
+else:
+    raise AssertionError("a deleted response was read back")
+try:
+    client.responses.create(model=model, previous_response_id=first.id, input="x")
+except openai.BadRequestError as e:
+    assert e.code == "previous_response_not_found" and e.param == "previous_response_id", e
+else:
+    raise AssertionError("a deleted response was continued")
+# Deleting the first leaves the conversations that continued it whole.
+assert client.responses.create(model=model, previous_response_id=follow.id, input="x", max_output_tokens=4).status
+
 # What cannot be served is refused, by name.
 for bad, needle in [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"conversation": "conv_1"}, "conversation"),
     ({"tools": [{"type": "web_search"}]}, "web_search"),
     ({"extra_body": {"temprature": 0}}, "temprature"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}, "input_image"),
@@ -181,8 +226,8 @@ for bad, needle in [
 
 # The OpenAI Agents SDK on its default path: a model named by string, served through
 # the Responses API by the default client.
-from agents import Agent, ModelSettings, RunConfig, Runner, function_tool, set_default_openai_client
-from agents import set_tracing_disabled
+from agents import Agent, ModelSettings, RunConfig, Runner, ToolsToFinalOutputResult, function_tool
+from agents import set_default_openai_client, set_tracing_disabled
 
 set_tracing_disabled(True)
 set_default_openai_client(AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=0))
@@ -213,17 +258,34 @@ summary_agent = Agent(name="summary", model=model, output_type=Summary, model_se
 config = RunConfig(tracing_disabled=True)
 
 
+def second_call_ends(context, results):
+    """Ends the run at its second tool call: two model calls, the second chained."""
+    done = len(asked) >= 4
+    return ToolsToFinalOutputResult(is_final_output=done, final_output=results[-1].output if done else None)
+
+
+chaining_agent = tool_agent.clone(tool_use_behavior=second_call_ends, reset_tool_choice=False)
+
+
 async def sdk_runs():
     called = await Runner.run(tool_agent, "Weather in Paris?", max_turns=2, run_config=config)
     summarised = await Runner.run(summary_agent, "Summarise: the printer is broken.", max_turns=1, run_config=config)
     streamed_run = Runner.run_streamed(tool_agent, "Weather in Rome?", max_turns=2, run_config=config)
     async for _ in streamed_run.stream_events():
         pass
-    return called, summarised, streamed_run
+    # The SDK's response chaining: the second model call sends only the tool's output,
+    # after `previous_response_id`.
+    chained = await Runner.run(
+        chaining_agent, "Weather in Oslo?", max_turns=3, auto_previous_response_id=True, run_config=config
+    )
+    return called, summarised, streamed_run, chained
 
 
-called, summarised, streamed_run = asyncio.run(sdk_runs())
-assert len(asked) == 2, asked
+called, summarised, streamed_run, chained = asyncio.run(sdk_runs())
+assert len(asked) == 4, asked
+first_call, second_call = chained.raw_responses
+assert client.responses.retrieve(second_call.response_id).previous_response_id == first_call.response_id
+assert second_call.usage.input_tokens > first_call.usage.input_tokens, (first_call.usage, second_call.usage)
 assert json.loads(called.final_output)["temperature_c"] == 18, called.final_output
 assert json.loads(streamed_run.final_output)["temperature_c"] == 18, streamed_run.final_output
 assert isinstance(summarised.final_output, Summary), summarised.final_output

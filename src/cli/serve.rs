@@ -47,6 +47,7 @@ struct FileConfig {
     publish_snapshots_s: Option<u64>,
     keep_snapshots: Option<usize>,
     stream_max_age_s: Option<u64>,
+    stored_responses_bytes: Option<usize>,
     prefix_cache_bytes: Option<u64>,
     prefix_cache_share: Option<u8>,
     draft_model: Option<PathBuf>,
@@ -178,6 +179,12 @@ pub(super) struct ServeArgs {
     /// setting; a new stream keeps records forever].
     #[arg(long = "stream-max-age", env = "SUFFIXD_STREAM_MAX_AGE")]
     stream_max_age_s: Option<u64>,
+    /// Most bytes of `/v1/responses` answers kept in memory for `previous_response_id`
+    /// and `GET /v1/responses/{id}`, the least recently used out first; a response
+    /// counts with the conversation before it. Not kept across restarts or shared
+    /// between replicas; 0 keeps none [default: 67108864 (64 MiB)].
+    #[arg(long, env = "SUFFIXD_STORED_RESPONSES_BYTES")]
+    stored_responses_bytes: Option<usize>,
 }
 
 /// `--chat-template-kwargs`: a JSON object.
@@ -325,6 +332,10 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
             .publish_snapshots_s
             .or(file.publish_snapshots_s)
             .filter(|&s| s > 0),
+        stored_responses_bytes: a
+            .stored_responses_bytes
+            .or(file.stored_responses_bytes)
+            .unwrap_or(64 << 20),
     };
     let mut model_args = a.model.clone();
     model_args.prefix_cache_bytes = a.model.prefix_cache_bytes.or(file.prefix_cache_bytes);
@@ -335,16 +346,7 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     model_args.model = Some(model_path(
         a.model.model.as_deref().or(file.model.as_deref()),
     )?);
-    let model_id = match model_args.model.as_ref().and_then(|p| p.to_str()) {
-        // A synthetic shape's name has dots that are not an extension.
-        Some(spec) if spec.starts_with("synthetic:") => spec.to_string(),
-        _ => model_args
-            .model
-            .as_ref()
-            .and_then(|p| p.file_stem())
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into()),
-    };
+    let model_id = model_id_of(model_args.model.as_deref());
     tracing::info!("loading {} ({:?} weights)", model_id, model_args.weights);
     // Read before the model loads, so that a wrong path fails at once.
     let chat_template = match a.chat_template.as_deref().or(file.chat_template.as_deref()) {
@@ -377,7 +379,26 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         None => engine.template().cloned(),
     };
     let params = a.spec.params()?;
-    match &cfg.admin_token {
+    warn_about_admin_token(cfg.admin_token.as_deref());
+    serve(cfg, engine, tokenizer, template, model_id, params)?;
+    Ok(())
+}
+
+/// The model's id in the API: its file's name without the extension, or a synthetic
+/// shape's whole name (its dots are not an extension).
+fn model_id_of(path: Option<&Path>) -> String {
+    match path.and_then(|p| p.to_str()) {
+        Some(spec) if spec.starts_with("synthetic:") => spec.to_string(),
+        _ => path
+            .and_then(|p| p.file_stem())
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into()),
+    }
+}
+
+/// Warn when the admin API is off, or on with a token no client can send.
+fn warn_about_admin_token(token: Option<&str>) {
+    match token {
         None => tracing::warn!("SUFFIXD_ADMIN_TOKEN is not set: the admin API is disabled"),
         // An Authorization header carries visible ASCII; clients cannot send a token with
         // whitespace (a trailing newline from a file), control or non-ASCII characters.
@@ -386,6 +407,4 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         ),
         Some(_) => {}
     }
-    serve(cfg, engine, tokenizer, template, model_id, params)?;
-    Ok(())
 }

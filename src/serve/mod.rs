@@ -98,6 +98,9 @@ pub struct ServeConfig {
     pub replicate: Option<ReplicationConfig>,
     /// With `replicate`: write and publish a snapshot this often, in seconds.
     pub publish_snapshots_s: Option<u64>,
+    /// Most bytes of stored responses kept in memory (0: none are kept).
+    #[serde(default)]
+    pub stored_responses_bytes: usize,
 }
 
 /// Where a thinking model's thoughts go (`--reasoning-format`).
@@ -173,6 +176,8 @@ pub struct AppState {
     pub liveness: Arc<worker::Liveness>,
     /// Set on a shutdown signal: `/ready` answers 503 from then on.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: api::ResponseStore,
 }
 
 /// Admin jobs whose status `GET /admin/jobs/{id}` still answers: the newest.
@@ -263,6 +268,10 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/responses", post(api::responses))
+        .route(
+            "/v1/responses/{id}",
+            get(api::stored_response).delete(api::delete_response),
+        )
         .merge(admin)
         .route("/metrics", get(api::metrics))
         .route("/openapi.json", get(api::openapi))
@@ -386,6 +395,7 @@ pub fn serve(
         admin_guard: Default::default(),
         liveness,
         draining: Default::default(),
+        responses: api::ResponseStore::new(cfg.stored_responses_bytes),
     });
     if let (Some(every), Some(_)) = (cfg.publish_snapshots_s, &cfg.replicate) {
         publish_snapshots_every(&app, std::time::Duration::from_secs(every))?;

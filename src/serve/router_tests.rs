@@ -146,6 +146,7 @@ impl TestServer {
             stall_limit_s: 120,
             replicate: None,
             publish_snapshots_s: None,
+            stored_responses_bytes: 1 << 20,
         };
         let (jobs, rx) = crossbeam::channel::unbounded();
         let asked = Arc::new(Mutex::new(Vec::new()));
@@ -173,6 +174,7 @@ impl TestServer {
             admin_guard: Default::default(),
             liveness: Arc::new(super::worker::Liveness::new()),
             draining: Default::default(),
+            responses: api::ResponseStore::new(1 << 20),
         });
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let listener = runtime
@@ -227,6 +229,15 @@ impl TestServer {
     fn admin(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let body = body.map(|b| b.to_string());
         let (status, text) = self.call(method, path, body.as_deref(), Some(ADMIN_TOKEN));
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+        )
+    }
+
+    /// Status and JSON body of a request without a body (`GET`, `DELETE`).
+    fn fetch(&self, method: &str, path: &str) -> (u16, Value) {
+        let (status, text) = self.call(method, path, None, None);
         (
             status,
             serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
@@ -717,6 +728,82 @@ fn a_full_queue_answers_429_with_retry_after() {
     }
 }
 
+/// A response is kept unless `store` is false: `previous_response_id` continues its
+/// conversation (without its instructions), whole or streamed; `GET` reads it, `DELETE`
+/// forgets it, and an id not kept is refused as OpenAI refuses it.
+#[test]
+fn stored_responses_continue_read_and_delete() {
+    let server = TestServer::start();
+    let last_prompt = || {
+        let asked = server.asked();
+        let prompt = &asked.last().unwrap().prompt;
+        server.tokenizer.decode(prompt, false).unwrap()
+    };
+    let (status, first) = server.post(
+        "/v1/responses",
+        json!({"instructions": "SYSTEM RULES", "input": "first question"}),
+    );
+    assert_eq!(status, 200, "{first}");
+    let first_id = first["id"].as_str().unwrap().to_string();
+    assert!(first["store"].as_bool().unwrap(), "{first}");
+    assert_eq!(first_id.len(), "resp_".len() + 32, "{first_id}");
+    let (status, second) = server.post(
+        "/v1/responses",
+        json!({"input": "second question", "previous_response_id": first_id}),
+    );
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["previous_response_id"], first_id.as_str());
+    let prompt = last_prompt();
+    let at = |needle: &str| {
+        prompt
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in {prompt:?}"))
+    };
+    assert!(at("first question") < at(ANSWER) && at(ANSWER) < at("second question"));
+    assert!(!prompt.contains("SYSTEM RULES"), "{prompt}");
+    // Streamed: kept before `response.completed` reaches the client.
+    let request = json!({"input": "third", "previous_response_id": second["id"], "stream": true});
+    let (status, body) = server.call("POST", "/v1/responses", Some(&request.to_string()), None);
+    assert_eq!(status, 200, "{body}");
+    let last: Value = serde_json::from_str(events(&body).last().unwrap()).unwrap();
+    assert_eq!(last["type"], "response.completed", "{last}");
+    let third_id = last["response"]["id"].as_str().unwrap().to_string();
+    let (status, read) = server.fetch("GET", &format!("/v1/responses/{third_id}"));
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["output"], last["response"]["output"]);
+    assert_eq!(read["previous_response_id"], second["id"]);
+    // `store: false` keeps nothing.
+    let (_, unkept) = server.post("/v1/responses", json!({"input": "x", "store": false}));
+    assert_eq!(unkept["store"], false);
+    let unkept_id = unkept["id"].as_str().unwrap();
+    let (status, _) = server.fetch("GET", &format!("/v1/responses/{unkept_id}"));
+    assert_eq!(status, 404);
+    // Deleted, a response is gone; the one that continued it still continues it.
+    let (status, deleted) = server.fetch("DELETE", &format!("/v1/responses/{first_id}"));
+    assert_eq!(
+        (status, deleted["deleted"].clone()),
+        (200, json!(true)),
+        "{deleted}"
+    );
+    let (status, gone) = server.fetch("DELETE", &format!("/v1/responses/{first_id}"));
+    assert_eq!(status, 404, "{gone}");
+    let (status, again) = server.post(
+        "/v1/responses",
+        json!({"input": "x", "previous_response_id": first_id}),
+    );
+    assert_eq!(status, 400, "{again}");
+    assert_eq!(again["error"]["code"], "previous_response_not_found");
+    assert_eq!(again["error"]["param"], "previous_response_id");
+    let (status, _) = server.post(
+        "/v1/responses",
+        json!({"input": "fourth", "previous_response_id": third_id}),
+    );
+    assert_eq!(status, 200);
+    assert!(last_prompt().contains("first question"));
+    let (_, metrics) = server.call("GET", "/metrics", None, None);
+    assert!(metrics.contains("suffixd_stored_responses 3"), "{metrics}");
+}
+
 /// `GET /openapi.json` serves the kept document, and the document and the router agree:
 /// each path and method it names is routed (the fallback's "no such endpoint" never
 /// answers), and a path it does not name is not.
@@ -742,9 +829,9 @@ fn the_openapi_document_names_exactly_the_routes() {
     }
     // Every route the router's source declares is in the document.
     let router_paths: Vec<&str> = include_str!("mod.rs")
-        .split(".route(\"")
+        .split(".route(")
         .skip(1)
-        .filter_map(|rest| rest.split('"').next())
+        .filter_map(|rest| rest.trim_start().strip_prefix('"')?.split('"').next())
         .collect();
     assert!(router_paths.len() >= 14, "{router_paths:?}");
     let mut documented: Vec<&str> = paths.keys().map(String::as_str).collect();

@@ -18,7 +18,7 @@ pub use admin::{
 };
 pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, model, models};
 pub use probes::{health, ready};
-pub use responses::responses;
+pub use responses::{ResponseStore, delete_response, responses, stored_response};
 
 use std::sync::Arc;
 
@@ -37,6 +37,8 @@ pub struct ApiError {
     status: StatusCode,
     kind: &'static str,
     code: Option<&'static str>,
+    /// The request field the error is about.
+    param: Option<&'static str>,
     message: String,
     /// Seconds to send in `Retry-After`, for an answer that asks to come back later.
     retry_after_s: Option<u64>,
@@ -48,6 +50,7 @@ impl ApiError {
             status,
             kind,
             code: None,
+            param: None,
             message: message.into(),
             retry_after_s: None,
         }
@@ -59,6 +62,11 @@ impl ApiError {
 
     fn code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
+        self
+    }
+
+    fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
         self
     }
 }
@@ -83,7 +91,7 @@ impl ApiError {
             error: wire::ErrorDetail {
                 message: &self.message,
                 kind: self.kind,
-                param: None,
+                param: self.param,
                 code: self.code,
             },
         }
@@ -224,6 +232,11 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     if let Some(r) = &app.replication {
         text.push_str(&r.stats(&app.store).prometheus());
     }
+    let (kept, bytes) = app.responses.usage();
+    text.push_str(&format!(
+        "# HELP suffixd_stored_responses Responses kept for previous_response_id and GET /v1/responses/{{id}}.\n# TYPE suffixd_stored_responses gauge\nsuffixd_stored_responses {kept}\n\
+         # HELP suffixd_stored_response_bytes Bytes of the stored responses in memory (kept, or held by a later one), within --stored-responses-bytes.\n# TYPE suffixd_stored_response_bytes gauge\nsuffixd_stored_response_bytes {bytes}\n"
+    ));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -232,7 +245,7 @@ pub async fn method_not_allowed() -> Response {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
-        "this endpoint does not take that method (completions and admin changes are POST; models, health, ready, stats, jobs, metrics and openapi.json are GET)",
+        "this endpoint does not take that method (completions, responses and admin changes are POST; models, health, ready, stats, jobs, metrics and openapi.json are GET; a stored response is GET or DELETE)",
     )
     .into_response()
 }

@@ -21,7 +21,7 @@ use super::super::wire::ChatTokenLogprob;
 use super::wire::{
     Numbered, OutputItem, OutputText, ReasoningText, ResponseError, ResponseObject, StreamEvent,
 };
-use super::{chat_logprobs, finish, item_id};
+use super::{ToKeep, chat_logprobs, finish, item_id};
 
 /// The response's events as Server-Sent Events. When the client goes away the stream
 /// is dropped with the token channel, and the model thread cancels the generation.
@@ -29,6 +29,7 @@ pub(super) fn stream_response(
     app: Arc<AppState>,
     response: ResponseObject,
     queued: Queued,
+    keep: Option<ToKeep>,
 ) -> impl IntoResponse {
     let mut choice = ChoiceStream::new(0, queued.stream_calls(), queued.thinking);
     let thinking = queued.thinking;
@@ -55,7 +56,7 @@ pub(super) fn stream_response(
                         yield Ok(event);
                     }
                 }
-                for event in out.finish(&app, &g, thinking) {
+                for event in out.finish(&app, &g, thinking, keep) {
                     yield Ok(event);
                 }
             }
@@ -301,12 +302,14 @@ impl Writer {
     }
 
     /// The last events: the open item finished (an empty message when the answer made
-    /// no item at all, as a whole response has), then the finished response.
+    /// no item at all, as a whole response has), then the finished response, kept
+    /// (`keep`) before the client can read that it is done.
     fn finish(
         &mut self,
         app: &AppState,
         g: &Generation,
         thinking: Option<super::Thinking>,
+        keep: Option<ToKeep>,
     ) -> Vec<Event> {
         let mut events = Vec::new();
         if self.open.is_none() && self.response.output.is_empty() {
@@ -322,6 +325,9 @@ impl Writer {
         }));
         let output = std::mem::take(&mut self.response.output);
         finish(app, &mut self.response, output, g, thinking);
+        if let Some(keep) = keep {
+            keep.keep(app, &mut self.response);
+        }
         let cut = self.response.status == "incomplete";
         events.push(self.send(|r| {
             if cut {

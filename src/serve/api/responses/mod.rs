@@ -3,19 +3,23 @@
 //! ([`request::ResponsesRequest::to_chat`]) and runs as one (same prompt, grammar, tool
 //! calls, thoughts); its answer goes out as output items: the thoughts as a reasoning
 //! item, the text as a message, each call as a function call; whole, or as the API's
-//! stream of events ([`events`]). Nothing is stored: `previous_response_id` is refused,
-//! and clients send the whole conversation (the Agents SDK's default).
+//! stream of events ([`events`]). Finished responses are kept ([`stored`]) unless
+//! `store` is false: a later request continues one with `previous_response_id`, and
+//! `GET`/`DELETE /v1/responses/{id}` read and forget them.
 
 mod events;
 mod request;
+mod stored;
 mod wire;
+
+pub use stored::ResponseStore;
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -30,6 +34,7 @@ use super::tools;
 use super::wire::{ChatTokenLogprob, Logprobs};
 use super::{ApiError, read_json};
 use request::ResponsesRequest;
+use stored::StoredResponse;
 use wire::{
     IncompleteDetails, InputTokensDetails, OutputItem, OutputText, OutputTokensDetails,
     ReasoningText, ResponseObject, ResponseUsage,
@@ -49,11 +54,20 @@ pub async fn responses(
 async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let req: ResponsesRequest =
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
-    let chat = req.to_chat()?;
+    let previous = continued(&app, &req)?;
+    let earlier = previous.as_deref().map(StoredResponse::conversation);
+    let chat = req.to_chat(earlier.as_deref().unwrap_or_default())?;
+    let keep = match req.wants_stored()? && app.responses.enabled() {
+        true => Some(ToKeep {
+            input: req.input_items()?,
+            previous: previous.clone(),
+        }),
+        false => None,
+    };
     let queued = enqueue_request(&app, &headers, &chat, true).await?;
-    let mut response = started(&app, &req);
+    let mut response = started(&app, &req, keep.is_some(), previous.is_some());
     if req.stream {
-        return Ok(events::stream_response(app, response, queued).into_response());
+        return Ok(events::stream_response(app, response, queued, keep).into_response());
     }
     let (reads_calls, thinking) = (queued.reads_calls, queued.thinking);
     // One job, so one answer.
@@ -66,15 +80,111 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
     };
     let output = output_items(&app, &response.id, &generation, reads_calls, thinking);
     finish(&app, &mut response, output, &generation, thinking);
+    if let Some(keep) = keep {
+        keep.keep(&app, &mut response);
+    }
     Ok(Json(response).into_response())
 }
 
+/// The stored response `req` continues, if it names one; an unknown id is refused as
+/// OpenAI refuses it (`previous_response_not_found`, which clients and proxies answer
+/// by sending the whole conversation).
+fn continued(
+    app: &AppState,
+    req: &ResponsesRequest,
+) -> Result<Option<Arc<StoredResponse>>, ApiError> {
+    let Some(id) = req.previous_response_id()? else {
+        return Ok(None);
+    };
+    let why = if app.responses.enabled() {
+        "responses are kept in memory, the most recently used within --stored-responses-bytes, not across restarts or replicas"
+    } else {
+        "this server keeps no responses (--stored-responses-bytes 0)"
+    };
+    app.responses.get(id).map(Some).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "Previous response with id '{}' not found: {why}; send the whole conversation as `input`",
+            shown_id(id)
+        ))
+        .param("previous_response_id")
+        .code("previous_response_not_found")
+    })
+}
+
+/// What keeping a finished response takes besides the response: its request's input
+/// and the response it continued.
+pub(super) struct ToKeep {
+    input: Vec<Value>,
+    previous: Option<Arc<StoredResponse>>,
+}
+
+impl ToKeep {
+    /// Keep `response`, finished; its `store` then says whether it was kept.
+    fn keep(self, app: &AppState, response: &mut ResponseObject) {
+        response.store = true;
+        let whole = serde_json::to_value(&*response).unwrap_or(Value::Null);
+        response.store = app.responses.keep(whole, self.input, self.previous);
+    }
+}
+
+/// `GET /v1/responses/{id}`: a kept response, as it finished.
+pub async fn stored_response(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match app.responses.get(&id) {
+        Some(kept) => Json(kept.response()).into_response(),
+        None => not_kept(&id).into_response(),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`: forget a kept response (a later response that continued
+/// it still continues it).
+pub async fn delete_response(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if app.responses.delete(&id) {
+        Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        not_kept(&id).into_response()
+    }
+}
+
+/// The answer for an id this server does not keep.
+fn not_kept(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "Response with id '{}' not found: it was not stored (`store: false`), was deleted or evicted, or was made before a restart or on another replica",
+            shown_id(id)
+        ),
+    )
+    .code("not_found")
+}
+
+/// An id as an error message shows it: cut short, since it is the client's text.
+fn shown_id(id: &str) -> String {
+    const SHOWN: usize = 80;
+    match id.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{}…", &id[..end]),
+        None => id.to_string(),
+    }
+}
+
 /// The response as it starts: what was asked, echoed with the defaults that served it,
-/// no output yet.
-fn started(app: &AppState, req: &ResponsesRequest) -> ResponseObject {
+/// no output yet. `stored`: whether it is to be kept; `continues`: whether it continues
+/// a stored response.
+fn started(
+    app: &AppState,
+    req: &ResponsesRequest,
+    stored: bool,
+    continues: bool,
+) -> ResponseObject {
     let top_logprobs = req.top_logprobs.as_ref().and_then(Value::as_u64);
+    let previous_response_id = req
+        .previous_response_id()
+        .ok()
+        .flatten()
+        .filter(|_| continues)
+        .map(str::to_owned);
     ResponseObject {
-        id: format!("resp_{}", app.next_id()),
+        id: stored::fresh_response_id(),
         object: "response",
         created_at: unix_s(),
         status: "in_progress",
@@ -86,13 +196,13 @@ fn started(app: &AppState, req: &ResponsesRequest) -> ResponseObject {
         model: app.model_id.clone(),
         output: Vec::new(),
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
-        previous_response_id: None,
+        previous_response_id,
         reasoning: req
             .reasoning
             .clone()
             .unwrap_or_else(|| json!({"effort": null, "summary": null})),
         service_tier: "default",
-        store: false,
+        store: stored,
         temperature: req.temperature.unwrap_or(1.0),
         text: req
             .text

@@ -1,22 +1,24 @@
 //! A `/v1/responses` request read, checked, and turned into the chat request it asks
-//! for: `instructions` and the `input` items become chat messages (a function call
-//! item an assistant's tool call, its output a tool message, a reasoning item the next
-//! assistant message's thoughts), function tools and `text.format` their chat forms.
-//! Everything past that goes the chat path's way ([`super::super::openai`]).
+//! for: `instructions`, the conversation a `previous_response_id` continues, and the
+//! `input` items become chat messages (a function call item an assistant's tool call,
+//! its output a tool message, a reasoning item the next assistant message's thoughts),
+//! function tools and `text.format` their chat forms. Everything past that goes the
+//! chat path's way ([`super::super::openai`]).
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::super::ApiError;
 use super::super::request::GenerationRequest;
+use super::stored::user_message;
 use crate::engine::MAX_TOP_LOGPROBS;
 
 /// A `/v1/responses` request. Unknown fields are refused, as on the chat endpoint.
-/// Fields that do not change an answer here are accepted and ignored (`store`,
-/// `metadata`, `reasoning`, `service_tier`, `prompt_cache_*`, `safety_identifier`,
+/// Fields that do not change an answer here are accepted and ignored (`metadata`,
+/// `reasoning`, `service_tier`, `prompt_cache_*`, `safety_identifier`,
 /// `stream_options`, `max_tool_calls`, `context_management`); those that would are
-/// refused unless they ask for nothing (`previous_response_id`, `conversation`,
-/// `prompt` null, `background` false, `truncation` `disabled`).
+/// refused unless they ask for nothing (`conversation`, `prompt` null, `background`
+/// false, `truncation` `disabled`).
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)]
@@ -40,14 +42,16 @@ pub(super) struct ResponsesRequest {
     pub(super) include: Option<Vec<String>>,
     pub(super) user: Option<String>,
     pub(super) chat_template_kwargs: Option<Map<String, Value>>,
-    // Refused unless they ask for nothing.
+    /// The stored response this one continues.
     pub(super) previous_response_id: Option<Value>,
+    /// Whether to keep this response (true unless false, as at OpenAI).
+    pub(super) store: Option<Value>,
+    // Refused unless they ask for nothing.
     pub(super) conversation: Option<Value>,
     pub(super) prompt: Option<Value>,
     pub(super) background: Option<Value>,
     pub(super) truncation: Option<Value>,
     // Accepted and ignored: they do not change the answer.
-    pub(super) store: Option<Value>,
     pub(super) metadata: Option<Value>,
     pub(super) reasoning: Option<Value>,
     pub(super) service_tier: Option<Value>,
@@ -72,21 +76,51 @@ pub(super) enum Input {
 const LOGPROBS_INCLUDE: &str = "message.output_text.logprobs";
 
 impl ResponsesRequest {
-    /// The chat request this asks for. Refuses what this server does not do here: stored
-    /// responses and conversations (it keeps none: send the whole conversation as
-    /// `input`), prompt templates, background runs, automatic truncation, hosted tools.
-    pub(super) fn to_chat(&self) -> Result<GenerationRequest, ApiError> {
+    /// The stored response this one continues, if it names one.
+    pub(super) fn previous_response_id(&self) -> Result<Option<&str>, ApiError> {
+        match &self.previous_response_id {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(id)) => Ok(Some(id)),
+            Some(_) => Err(
+                ApiError::bad_request("`previous_response_id` must be a string")
+                    .param("previous_response_id"),
+            ),
+        }
+    }
+
+    /// Whether the request asks to keep its response (`store`: true unless false).
+    pub(super) fn wants_stored(&self) -> Result<bool, ApiError> {
+        match &self.store {
+            None | Some(Value::Null) => Ok(true),
+            Some(Value::Bool(keep)) => Ok(*keep),
+            Some(_) => Err(ApiError::bad_request("`store` must be true or false").param("store")),
+        }
+    }
+
+    /// The request's input as items: a text input is one user message.
+    pub(super) fn input_items(&self) -> Result<Vec<Value>, ApiError> {
+        match &self.input {
+            None => Err(ApiError::bad_request("`input` is required")),
+            Some(Input::Text(text)) => Ok(vec![user_message(text)]),
+            Some(Input::Items(items)) if items.is_empty() => Err(ApiError::bad_request(
+                "`input` must be a string or a non-empty list of items",
+            )),
+            Some(Input::Items(items)) => Ok(items.clone()),
+        }
+    }
+
+    /// The chat request this asks for, after the items of the conversation it continues
+    /// (`earlier`, from `previous_response_id`; instructions are not carried over, as
+    /// at OpenAI). Refuses what this server does not do here: conversations (send the
+    /// whole conversation as `input`, or continue a stored response), prompt templates,
+    /// background runs, automatic truncation, hosted tools.
+    pub(super) fn to_chat(&self, earlier: &[Value]) -> Result<GenerationRequest, ApiError> {
         let is_null = |v: &Option<Value>| v.as_ref().is_none_or(Value::is_null);
         let refusals = [
             (
-                "previous_response_id",
-                is_null(&self.previous_response_id),
-                "this server keeps no responses; send the whole conversation as `input`",
-            ),
-            (
                 "conversation",
                 is_null(&self.conversation),
-                "this server keeps no conversations; send the whole conversation as `input`",
+                "this server keeps no conversation objects; send the whole conversation as `input`, or continue a response with `previous_response_id`",
             ),
             (
                 "prompt",
@@ -124,8 +158,9 @@ impl ResponsesRequest {
             },
         };
         let wants_logprobs = self.include.iter().flatten().any(|i| i == LOGPROBS_INCLUDE);
+        let input = self.input_items()?;
         let mut chat = json!({
-            "messages": chat_messages(self.instructions.as_deref(), self.input.as_ref())?,
+            "messages": chat_messages(self.instructions.as_deref(), earlier, &input)?,
         });
         let fields = [
             ("model", self.model.as_ref().map(|m| json!(m))),
@@ -164,36 +199,30 @@ impl ResponsesRequest {
     }
 }
 
-/// The chat messages of `instructions` (a system message first) and the `input` items.
-/// Consecutive function calls are one assistant message's calls (after its text, when
-/// a message item came just before them); a reasoning item's text goes to the next
-/// assistant message.
+/// The chat messages of `instructions` (a system message first), the `earlier` items
+/// of a continued conversation and the `input` items. Consecutive function calls are
+/// one assistant message's calls (after its text, when a message item came just before
+/// them); a reasoning item's text goes to the next assistant message.
 fn chat_messages(
     instructions: Option<&str>,
-    input: Option<&Input>,
+    earlier: &[Value],
+    input: &[Value],
 ) -> Result<Vec<Value>, ApiError> {
     let mut messages: Vec<Value> = Vec::new();
     if let Some(text) = instructions {
         messages.push(json!({"role": "system", "content": text}));
     }
-    let items = match input {
-        None => return Err(ApiError::bad_request("`input` is required")),
-        Some(Input::Text(text)) => {
-            messages.push(json!({"role": "user", "content": text}));
-            return Ok(messages);
-        }
-        Some(Input::Items(items)) if items.is_empty() => {
-            return Err(ApiError::bad_request(
-                "`input` must be a string or a non-empty list of items",
-            ));
-        }
-        Some(Input::Items(items)) => items,
-    };
+    let items = earlier.iter().chain(input);
     let mut thoughts: Option<String> = None;
     // Whether the last message is an assistant's that later calls may join.
     let mut calls_may_join = false;
-    for (i, item) in items.iter().enumerate() {
-        let bad = |what: &str| ApiError::bad_request(format!("input[{i}]: {what}"));
+    for (i, item) in items.enumerate() {
+        let bad = |what: &str| match i.checked_sub(earlier.len()) {
+            Some(i) => ApiError::bad_request(format!("input[{i}]: {what}")),
+            None => ApiError::bad_request(format!(
+                "item {i} of the conversation `previous_response_id` continues: {what}"
+            )),
+        };
         let kind = item.get("type").and_then(Value::as_str);
         let kind = match kind {
             None if item.get("role").is_some() => "message",
@@ -267,7 +296,7 @@ fn chat_messages(
             }
             "item_reference" => {
                 return Err(bad(
-                    "this server keeps no items to refer to; send the item itself",
+                    "item references are not resolved here; send the item itself, or continue its response with `previous_response_id`",
                 ));
             }
             other => {
@@ -401,12 +430,17 @@ mod tests {
     fn request(body: Value) -> Result<GenerationRequest, ApiError> {
         serde_json::from_value::<ResponsesRequest>(body)
             .expect("a well-formed request")
-            .to_chat()
+            .to_chat(&[])
     }
 
     fn messages(body: Value) -> Vec<Value> {
         let req: ResponsesRequest = serde_json::from_value(body).unwrap();
-        chat_messages(req.instructions.as_deref(), req.input.as_ref()).unwrap()
+        chat_messages(
+            req.instructions.as_deref(),
+            &[],
+            &req.input_items().unwrap(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -439,6 +473,56 @@ mod tests {
                 json!({"role": "user", "content": "Thanks"}),
             ]
         );
+    }
+
+    #[test]
+    fn a_continued_conversation_comes_before_the_input_and_after_the_instructions() {
+        let earlier = [
+            json!({"type": "message", "role": "user", "content": "Weather in Paris?"}),
+            json!({"type": "function_call", "id": "fc_1", "call_id": "c", "name": "get_weather", "arguments": "{}", "status": "completed"}),
+        ];
+        let req: ResponsesRequest = serde_json::from_value(json!({
+            "instructions": "Be brief.",
+            "input": [{"type": "function_call_output", "call_id": "c", "output": "18C"}],
+        }))
+        .unwrap();
+        let input = req.input_items().unwrap();
+        let got = chat_messages(req.instructions.as_deref(), &earlier, &input).unwrap();
+        let roles: Vec<&str> = got.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        assert_eq!(got[2]["tool_calls"][0]["id"], "c");
+        // A bad item is named where it is: in the input, or in the earlier items.
+        let bad = json!({"type": "function_call", "name": "f", "arguments": "{}"});
+        let e = chat_messages(None, &earlier, std::slice::from_ref(&bad)).unwrap_err();
+        assert!(e.message.starts_with("input[0]: "), "{}", e.message);
+        let e = chat_messages(None, &[bad], &input).unwrap_err();
+        assert!(
+            e.message.contains("item 0 of the conversation"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn store_and_previous_response_id_are_read_as_openai_has_them() {
+        let read = |body: Value| serde_json::from_value::<ResponsesRequest>(body).unwrap();
+        assert!(read(json!({"input": "x"})).wants_stored().unwrap());
+        assert!(
+            !read(json!({"input": "x", "store": false}))
+                .wants_stored()
+                .unwrap()
+        );
+        assert!(
+            read(json!({"input": "x", "store": "yes"}))
+                .wants_stored()
+                .is_err()
+        );
+        let continued = read(json!({"input": "x", "previous_response_id": "resp_a"}));
+        assert_eq!(continued.previous_response_id().unwrap(), Some("resp_a"));
+        let e = read(json!({"input": "x", "previous_response_id": 5}))
+            .previous_response_id()
+            .unwrap_err();
+        assert_eq!(e.param, Some("previous_response_id"));
     }
 
     #[test]
@@ -490,8 +574,8 @@ mod tests {
             assert!(e.message.contains(needle), "{} lacks {needle:?}", e.message);
         };
         refused(
-            json!({"input": "x", "previous_response_id": "resp_1"}),
-            "previous_response_id",
+            json!({"input": "x", "conversation": "conv_1"}),
+            "conversation",
         );
         refused(json!({"input": "x", "background": true}), "background");
         refused(json!({"input": "x", "truncation": "auto"}), "truncation");

@@ -26,7 +26,7 @@ pub(super) struct ResponseObject {
     pub previous_response_id: Option<String>,
     pub reasoning: Value,
     pub service_tier: &'static str,
-    /// Always false: this server keeps no responses.
+    /// Whether the response is kept (for `previous_response_id` and `GET`).
     pub store: bool,
     pub temperature: f32,
     pub text: Value,

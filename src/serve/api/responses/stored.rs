@@ -1,0 +1,269 @@
+//! Stored responses: what a later request's `previous_response_id` continues, and what
+//! `GET /v1/responses/{id}` returns. A response is kept when its request asks (`store`,
+//! true unless it says otherwise, as at OpenAI) and the server keeps any
+//! (`--stored-responses-bytes` above 0).
+//!
+//! Kept in memory within a byte budget, the least recently used out first; not across
+//! restarts, nor shared between replicas. A client that gets
+//! `previous_response_not_found` sends the whole conversation as `input` instead (the
+//! Agents SDK's default, and what proxies fall back to).
+//!
+//! A response holds the one it continued, so that a conversation stays whole while its
+//! newest response is kept, even when an older one was evicted or deleted. The budget
+//! counts every response alive, kept or only held by a later one: each adds its size
+//! when made and takes it back when dropped, so memory stays within the budget.
+//!
+//! Ids are 128 random bits: knowing one is what lets a client read or continue it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+/// One kept response, linked to the one it continued.
+pub(super) struct StoredResponse {
+    /// The response as it finished (what `GET` returns).
+    response: Value,
+    /// The request's own input items (a text input as a user message).
+    input: Vec<Value>,
+    /// The response this one continued.
+    previous: Option<Arc<StoredResponse>>,
+    /// Its size, counted in `live` while it is alive.
+    bytes: usize,
+    /// Its size and that of every earlier response of its conversation.
+    chain_bytes: usize,
+    live: Arc<AtomicUsize>,
+}
+
+impl StoredResponse {
+    /// The response as it finished.
+    pub(super) fn response(&self) -> &Value {
+        &self.response
+    }
+
+    /// The conversation up to and with this response, as input items, oldest first:
+    /// each response's input, then its output.
+    pub(super) fn conversation(&self) -> Vec<Value> {
+        let mut chain = vec![self];
+        while let Some(previous) = chain.last().and_then(|r| r.previous.as_deref()) {
+            chain.push(previous);
+        }
+        let mut items = Vec::new();
+        for link in chain.into_iter().rev() {
+            items.extend(link.input.iter().cloned());
+            if let Some(output) = link.response.get("output").and_then(Value::as_array) {
+                items.extend(output.iter().cloned());
+            }
+        }
+        items
+    }
+}
+
+impl Drop for StoredResponse {
+    fn drop(&mut self) {
+        self.live.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// The kept responses, by id.
+pub struct ResponseStore {
+    budget_bytes: usize,
+    /// Bytes of every stored response alive (kept, held by a later one, or in use).
+    live: Arc<AtomicUsize>,
+    kept: Mutex<lru::LruCache<String, Arc<StoredResponse>>>,
+}
+
+impl ResponseStore {
+    /// A store keeping at most `budget_bytes` of responses (0: none).
+    pub fn new(budget_bytes: usize) -> Self {
+        ResponseStore {
+            budget_bytes,
+            live: Arc::default(),
+            kept: Mutex::new(lru::LruCache::unbounded()),
+        }
+    }
+
+    /// Whether this server keeps responses at all.
+    pub fn enabled(&self) -> bool {
+        self.budget_bytes > 0
+    }
+
+    /// How many responses are kept, and the bytes of all alive.
+    pub fn usage(&self) -> (usize, usize) {
+        let kept = self.lock().len();
+        (kept, self.live.load(Ordering::Relaxed))
+    }
+
+    /// The response `id`, marked as used.
+    pub(super) fn get(&self, id: &str) -> Option<Arc<StoredResponse>> {
+        self.lock().get(id).cloned()
+    }
+
+    /// Forget the response `id`; whether it was kept. A later response that continued
+    /// it still holds it.
+    pub(super) fn delete(&self, id: &str) -> bool {
+        self.lock().pop(id).is_some()
+    }
+
+    /// Keep `response` (its `id` and `output` read from it), made from `input` after
+    /// `previous`; whether it was kept (not when its conversation alone is over the
+    /// budget). Older responses go until everything alive fits.
+    pub(super) fn keep(
+        &self,
+        response: Value,
+        input: Vec<Value>,
+        previous: Option<Arc<StoredResponse>>,
+    ) -> bool {
+        let Some(id) = response
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        else {
+            return false;
+        };
+        let bytes = size_of_json(&response) + input.iter().map(size_of_json).sum::<usize>();
+        let chain_bytes = bytes + previous.as_ref().map_or(0, |p| p.chain_bytes);
+        if !self.enabled() || chain_bytes > self.budget_bytes {
+            return false;
+        }
+        self.live.fetch_add(bytes, Ordering::Relaxed);
+        let stored = Arc::new(StoredResponse {
+            response,
+            input,
+            previous,
+            bytes,
+            chain_bytes,
+            live: self.live.clone(),
+        });
+        let mut kept = self.lock();
+        kept.put(id, stored);
+        // Each eviction drops a response unless a later one holds it; dropping the
+        // later ones then frees the chain. The newest (its chain within the budget)
+        // stays, so this ends with everything alive in budget, but for responses
+        // requests are using right now.
+        while self.live.load(Ordering::Relaxed) > self.budget_bytes && kept.len() > 1 {
+            kept.pop_lru();
+        }
+        true
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, lru::LruCache<String, Arc<StoredResponse>>> {
+        // A panic elsewhere while holding the lock leaves the map whole (every change
+        // is one call on it): keep serving.
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A response's id: `resp_` and 128 random bits in hex.
+pub(super) fn fresh_response_id() -> String {
+    format!("resp_{:032x}", rand::random::<u128>())
+}
+
+/// An input given as text, as the user message item it stands for.
+pub(super) fn user_message(text: &str) -> Value {
+    json!({"type": "message", "role": "user", "content": text})
+}
+
+/// The bytes of `value` written as JSON (what it costs to keep, near enough).
+fn size_of_json(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(id: &str, text: &str) -> Value {
+        json!({"id": id, "object": "response", "output": [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+        ]})
+    }
+
+    #[test]
+    fn a_chain_is_its_inputs_and_outputs_in_order() {
+        let store = ResponseStore::new(1 << 20);
+        assert!(store.keep(response("resp_a", "A1"), vec![user_message("Q1")], None));
+        let first = store.get("resp_a").unwrap();
+        let second_input =
+            vec![json!({"type": "function_call_output", "call_id": "c", "output": "x"})];
+        assert!(store.keep(response("resp_b", "A2"), second_input, Some(first)));
+        let texts: Vec<Value> = store
+            .get("resp_b")
+            .unwrap()
+            .conversation()
+            .into_iter()
+            .map(|item| {
+                item.get("output")
+                    .cloned()
+                    .or_else(|| item["content"].as_str().map(|s| json!(s)))
+                    .unwrap_or_else(|| item["content"][0]["text"].clone())
+            })
+            .collect();
+        assert_eq!(
+            texts,
+            vec![json!("Q1"), json!("A1"), json!("x"), json!("A2")]
+        );
+        assert_eq!(store.get("resp_b").unwrap().response()["id"], "resp_b");
+    }
+
+    #[test]
+    fn the_budget_holds_everything_alive_and_a_kept_chain_stays_whole() {
+        let one = size_of_json(&response("resp_0", "x")) + size_of_json(&user_message("q"));
+        let store = ResponseStore::new(one * 3);
+        // A conversation of three fits; a fourth turn would not, and is not kept.
+        let mut previous = None;
+        for i in 0..3 {
+            let id = format!("resp_{i}");
+            assert!(store.keep(response(&id, "x"), vec![user_message("q")], previous));
+            previous = store.get(&id);
+        }
+        assert_eq!(previous.as_ref().unwrap().conversation().len(), 6);
+        assert!(!store.keep(
+            response("resp_3", "x"),
+            vec![user_message("q")],
+            previous.clone()
+        ));
+        assert_eq!(store.usage(), (3, one * 3));
+        // A new conversation: the old one goes, all of it (its older responses only
+        // once its newest does).
+        drop(previous);
+        assert!(store.keep(response("resp_9", "x"), vec![user_message("q")], None));
+        assert_eq!(store.usage(), (1, one));
+        assert!(store.get("resp_2").is_none() && store.get("resp_9").is_some());
+        // Deleted, a response frees its memory.
+        assert!(store.delete("resp_9"));
+        assert!(!store.delete("resp_9"));
+        assert_eq!(store.usage(), (0, 0));
+    }
+
+    #[test]
+    fn a_response_over_the_budget_or_a_store_of_none_keeps_nothing() {
+        let store = ResponseStore::new(10);
+        assert!(!store.keep(response("resp_a", "long enough"), Vec::new(), None));
+        assert_eq!(store.usage(), (0, 0));
+        let none = ResponseStore::new(0);
+        assert!(!none.enabled());
+        assert!(!none.keep(response("resp_a", "x"), Vec::new(), None));
+    }
+
+    #[test]
+    fn ids_are_random_and_distinct() {
+        let (a, b) = (fresh_response_id(), fresh_response_id());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), "resp_".len() + 32);
+    }
+}
