@@ -62,6 +62,15 @@ impl StoredResponse {
 impl Drop for StoredResponse {
     fn drop(&mut self) {
         self.live.fetch_sub(self.bytes, Ordering::Relaxed);
+        // Free the responses before this one that nothing else holds one by one: dropped
+        // in turn, a conversation of many thousand short turns would overflow the stack.
+        let mut previous = self.previous.take();
+        while let Some(link) = previous {
+            previous = match Arc::try_unwrap(link) {
+                Ok(mut unheld) => unheld.previous.take(),
+                Err(_) => None,
+            };
+        }
     }
 }
 
@@ -258,6 +267,26 @@ mod tests {
         let none = ResponseStore::new(0);
         assert!(!none.enabled());
         assert!(!none.keep(response("resp_a", "x"), Vec::new(), None));
+    }
+
+    #[test]
+    fn a_conversation_of_many_turns_is_freed_without_deep_recursion() {
+        const TURNS: usize = 200_000;
+        let store = ResponseStore::new(usize::MAX);
+        let mut previous = None;
+        for i in 0..TURNS {
+            let id = format!("resp_{i}");
+            assert!(store.keep(json!({"id": id}), Vec::new(), previous.take()));
+            previous = store.get(&id);
+            if i + 1 < TURNS {
+                store.delete(&id);
+            }
+        }
+        drop(previous);
+        assert_eq!(store.usage().0, 1);
+        // The last delete frees the whole chain, here on a test thread's small stack.
+        assert!(store.delete(&format!("resp_{}", TURNS - 1)));
+        assert_eq!(store.usage(), (0, 0));
     }
 
     #[test]
