@@ -794,6 +794,25 @@ fn stored_responses_continue_read_and_delete() {
     assert_eq!(status, 400, "{again}");
     assert_eq!(again["error"]["code"], "previous_response_not_found");
     assert_eq!(again["error"]["param"], "previous_response_id");
+    // A client's id is shown cut short, and one that is no string is refused.
+    let long = "x".repeat(100_000);
+    let (status, refused) = server.post(
+        "/v1/responses",
+        json!({"input": "x", "previous_response_id": long}),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        refused["error"]["message"].as_str().unwrap().len() < 1_000,
+        "{refused}"
+    );
+    let (status, refused) = server.post(
+        "/v1/responses",
+        json!({"input": "x", "previous_response_id": 7}),
+    );
+    assert_eq!(
+        (status, refused["error"]["param"].clone()),
+        (400, json!("previous_response_id"))
+    );
     let (status, _) = server.post(
         "/v1/responses",
         json!({"input": "fourth", "previous_response_id": third_id}),
