@@ -186,6 +186,17 @@ assert follow.previous_response_id == first.id and follow.store and not resent.s
 assert follow.output_text == resent.output_text, (follow.output_text, resent.output_text)
 assert follow.usage.input_tokens == resent.usage.input_tokens, (follow.usage, resent.usage)
 assert client.responses.retrieve(first.id).output_text == first.output_text
+# Kept items by reference (as the Vercel AI SDK and Codex send earlier items): the same.
+referenced = client.responses.create(
+    model=model,
+    store=False,
+    input=[{"role": "user", "content": "My name is Ada. Say hi."}]
+    + [{"type": "item_reference", "id": item.id} for item in first.output]
+    + [{"role": "user", "content": "What is my name?"}],
+    max_output_tokens=16,
+    temperature=0,
+)
+assert referenced.output_text == resent.output_text, (referenced.output_text, resent.output_text)
 # A streamed response is kept by the time its last event arrives.
 events = list(client.responses.create(
     model=model, previous_response_id=follow.id, input="Thanks.", max_output_tokens=8, temperature=0, stream=True
@@ -212,6 +223,7 @@ assert client.responses.create(model=model, previous_response_id=follow.id, inpu
 # What cannot be served is refused, by name.
 for bad, needle in [
     ({"conversation": "conv_1"}, "conversation"),
+    ({"input": [{"type": "item_reference", "id": "msg_unknown_0"}]}, "does not keep"),
     ({"tools": [{"type": "web_search"}]}, "web_search"),
     ({"extra_body": {"temprature": 0}}, "temprature"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}, "input_image"),

@@ -772,6 +772,15 @@ fn stored_responses_continue_read_and_delete() {
     assert_eq!(status, 200, "{read}");
     assert_eq!(read["output"], last["response"]["output"]);
     assert_eq!(read["previous_response_id"], second["id"]);
+    // Output items of kept responses by reference: their text reaches the prompt.
+    let item = first["output"][0]["id"].as_str().unwrap();
+    let request = json!({"input": [{"type": "item_reference", "id": item}, {"role": "user", "content": "more"}]});
+    let (status, body) = server.post("/v1/responses", request);
+    assert_eq!(status, 200, "{body}");
+    assert!(last_prompt().contains(ANSWER), "{}", last_prompt());
+    let unknown = json!({"input": [{"type": "item_reference", "id": "msg_0123_0"}]});
+    let (status, body) = server.post("/v1/responses", unknown);
+    assert_eq!(status, 400, "{body}");
     // `store: false` keeps nothing.
     let (_, unkept) = server.post("/v1/responses", json!({"input": "x", "store": false}));
     assert_eq!(unkept["store"], false);
@@ -820,7 +829,7 @@ fn stored_responses_continue_read_and_delete() {
     assert_eq!(status, 200);
     assert!(last_prompt().contains("first question"));
     let (_, metrics) = server.call("GET", "/metrics", None, None);
-    assert!(metrics.contains("suffixd_stored_responses 3"), "{metrics}");
+    assert!(metrics.contains("suffixd_stored_responses 4"), "{metrics}");
 }
 
 /// `GET /openapi.json` serves the kept document, and the document and the router agree:

@@ -56,10 +56,11 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
     let previous = continued(&app, &req)?;
     let earlier = previous.as_deref().map(StoredResponse::conversation);
-    let chat = req.to_chat(earlier.as_deref().unwrap_or_default())?;
+    let input = app.responses.resolve_references(req.input_items()?);
+    let chat = req.to_chat(earlier.as_deref().unwrap_or_default(), &input)?;
     let keep = match req.wants_stored()? && app.responses.enabled() {
         true => Some(ToKeep {
-            input: req.input_items()?,
+            input,
             previous: previous.clone(),
         }),
         false => None,
@@ -250,6 +251,13 @@ fn is_cut(g: &Generation) -> bool {
 fn item_id(response_id: &str, prefix: &str, index: usize) -> String {
     let tail = response_id.strip_prefix("resp_").unwrap_or(response_id);
     format!("{prefix}_{tail}_{index}")
+}
+
+/// The response and output index an output item's id names ([`item_id`]'s inverse).
+fn item_place(item_id: &str) -> Option<(String, usize)> {
+    let (_prefix, rest) = item_id.split_once('_')?;
+    let (tail, index) = rest.rsplit_once('_')?;
+    Some((format!("resp_{tail}"), index.parse().ok()?))
 }
 
 /// A finished answer's output items: its thoughts (a reasoning item), its text (a

@@ -109,12 +109,17 @@ impl ResponsesRequest {
         }
     }
 
-    /// The chat request this asks for, after the items of the conversation it continues
+    /// The chat request this asks for: the items of the conversation it continues
     /// (`earlier`, from `previous_response_id`; instructions are not carried over, as
-    /// at OpenAI). Refuses what this server does not do here: conversations (send the
-    /// whole conversation as `input`, or continue a stored response), prompt templates,
+    /// at OpenAI), then its `input` items ([`Self::input_items`], references resolved).
+    /// Refuses what this server does not do here: conversations (send the whole
+    /// conversation as `input`, or continue a stored response), prompt templates,
     /// background runs, automatic truncation, hosted tools.
-    pub(super) fn to_chat(&self, earlier: &[Value]) -> Result<GenerationRequest, ApiError> {
+    pub(super) fn to_chat(
+        &self,
+        earlier: &[Value],
+        input: &[Value],
+    ) -> Result<GenerationRequest, ApiError> {
         let is_null = |v: &Option<Value>| v.as_ref().is_none_or(Value::is_null);
         let refusals = [
             (
@@ -158,9 +163,8 @@ impl ResponsesRequest {
             },
         };
         let wants_logprobs = self.include.iter().flatten().any(|i| i == LOGPROBS_INCLUDE);
-        let input = self.input_items()?;
         let mut chat = json!({
-            "messages": chat_messages(self.instructions.as_deref(), earlier, &input)?,
+            "messages": chat_messages(self.instructions.as_deref(), earlier, input)?,
         });
         let fields = [
             ("model", self.model.as_ref().map(|m| json!(m))),
@@ -296,7 +300,7 @@ fn chat_messages(
             }
             "item_reference" => {
                 return Err(bad(
-                    "item references are not resolved here; send the item itself, or continue its response with `previous_response_id`",
+                    "a reference to an item this server does not keep (only the output items of stored responses are); send the item itself",
                 ));
             }
             other => {
@@ -428,9 +432,8 @@ mod tests {
     use super::*;
 
     fn request(body: Value) -> Result<GenerationRequest, ApiError> {
-        serde_json::from_value::<ResponsesRequest>(body)
-            .expect("a well-formed request")
-            .to_chat(&[])
+        let req: ResponsesRequest = serde_json::from_value(body).expect("a well-formed request");
+        req.to_chat(&[], &req.input_items()?)
     }
 
     fn messages(body: Value) -> Vec<Value> {

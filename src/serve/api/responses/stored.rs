@@ -156,6 +156,33 @@ impl ResponseStore {
         true
     }
 
+    /// `items` with each `item_reference` to an output item of a kept response replaced
+    /// by that item (as clients that keep responses at OpenAI send earlier items: the
+    /// Vercel AI SDK, Codex). References to anything else stay, to be refused by name.
+    pub(super) fn resolve_references(&self, items: Vec<Value>) -> Vec<Value> {
+        items
+            .into_iter()
+            .map(|item| {
+                if item.get("type").and_then(Value::as_str) != Some("item_reference") {
+                    return item;
+                }
+                let found = item
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .and_then(|id| self.output_item(id));
+                found.unwrap_or(item)
+            })
+            .collect()
+    }
+
+    /// The output item `id` of a kept response.
+    fn output_item(&self, id: &str) -> Option<Value> {
+        let (response_id, index) = super::item_place(id)?;
+        let kept = self.get(&response_id)?;
+        let item = kept.response.get("output")?.get(index)?;
+        (item.get("id").and_then(Value::as_str) == Some(id)).then(|| item.clone())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, lru::LruCache<String, Arc<StoredResponse>>> {
         // A panic elsewhere while holding the lock leaves the map whole (every change
         // is one call on it): keep serving.
@@ -287,6 +314,30 @@ mod tests {
         // The last delete frees the whole chain, here on a test thread's small stack.
         assert!(store.delete(&format!("resp_{}", TURNS - 1)));
         assert_eq!(store.usage(), (0, 0));
+    }
+
+    #[test]
+    fn references_to_kept_output_items_become_the_items() {
+        let store = ResponseStore::new(1 << 20);
+        let mut kept = response("resp_ab12", "A1");
+        kept["output"][0]["id"] = json!("msg_ab12_0");
+        assert!(store.keep(kept.clone(), Vec::new(), None));
+        let reference = |id: &str| json!({"type": "item_reference", "id": id});
+        let user = user_message("next");
+        let items = vec![
+            reference("msg_ab12_0"),
+            user.clone(),
+            reference("msg_ab12_1"),
+            reference("fc_ab12_0"),
+            reference("msg_nothere_0"),
+            reference("no-underscores"),
+        ];
+        let resolved = store.resolve_references(items.clone());
+        assert_eq!(resolved[0], kept["output"][0]);
+        assert_eq!(resolved[1], user);
+        // An index past the output, a kind the item is not, an unknown response, an id
+        // of another shape: left as they are.
+        assert_eq!(resolved[2..], items[2..]);
     }
 
     #[test]
