@@ -184,7 +184,7 @@ pub struct AppState {
 pub const JOBS_KEPT: usize = 256;
 
 impl AppState {
-    /// A fresh id for responses and jobs.
+    /// A fresh id for completions and admin jobs (responses get random ids).
     pub fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
     }
