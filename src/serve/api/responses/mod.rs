@@ -66,7 +66,9 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
         false => None,
     };
     let queued = enqueue_request(&app, &headers, &chat, true).await?;
-    let mut response = started(&app, &req, keep.is_some(), previous.is_some());
+    // Found, or `continued` refused the request.
+    let previous_id = req.previous_response_id()?;
+    let mut response = started(&app, &req, keep.is_some(), previous_id);
     if req.stream {
         return Ok(events::stream_response(app, response, queued, keep).into_response());
     }
@@ -169,21 +171,15 @@ fn shown_id(id: &str) -> String {
 }
 
 /// The response as it starts: what was asked, echoed with the defaults that served it,
-/// no output yet. `stored`: whether it is to be kept; `continues`: whether it continues
-/// a stored response.
+/// no output yet. `stored`: whether it is to be kept; `previous_id`: the stored
+/// response it continues.
 fn started(
     app: &AppState,
     req: &ResponsesRequest,
     stored: bool,
-    continues: bool,
+    previous_id: Option<&str>,
 ) -> ResponseObject {
     let top_logprobs = req.top_logprobs.as_ref().and_then(Value::as_u64);
-    let previous_response_id = req
-        .previous_response_id()
-        .ok()
-        .flatten()
-        .filter(|_| continues)
-        .map(str::to_owned);
     ResponseObject {
         id: stored::fresh_response_id(),
         object: "response",
@@ -197,7 +193,7 @@ fn started(
         model: app.model_id.clone(),
         output: Vec::new(),
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
-        previous_response_id,
+        previous_response_id: previous_id.map(str::to_owned),
         reasoning: req
             .reasoning
             .clone()
