@@ -273,4 +273,30 @@ try:
     raise AssertionError("an invalid schema was accepted")
 except openai.BadRequestError as e:
     assert "colour" in str(e), e
+
+# Predicted Outputs: the prediction is drafted from, never forced. Each request has a
+# namespace of its own (`user`), so the learned cache cannot draft the answer instead.
+poem = [{"role": "user", "content": "Write a short poem about the sea."}]
+plain = client.chat.completions.create(model=model, messages=poem, max_tokens=48, temperature=0, user="predict-a")
+answer = plain.choices[0].message.content
+assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0, plain.usage
+predicted = client.chat.completions.create(
+    model=model, messages=poem, max_tokens=48, temperature=0, user="predict-b",
+    prediction={"type": "content", "content": answer},
+)
+assert predicted.choices[0].message.content == answer, (predicted, answer)
+details = predicted.usage.completion_tokens_details
+assert details.accepted_prediction_tokens >= predicted.usage.completion_tokens // 2, predicted.usage
+assert predicted.model_extra["suffixd"]["steps"] < plain.model_extra["suffixd"]["steps"], (predicted, plain)
+# A wrong prediction costs verification rows, never the answer.
+wrong = client.chat.completions.create(
+    model=model, messages=poem, max_tokens=48, temperature=0, user="predict-c",
+    prediction={"type": "content", "content": [{"type": "text", "text": "Quarterly tax forms, filed in triplicate."}]},
+)
+assert wrong.choices[0].message.content == answer, (wrong, answer)
+try:
+    client.chat.completions.create(model=model, messages=poem, max_tokens=8, prediction={"type": "text"})
+    raise AssertionError("a malformed prediction was accepted")
+except openai.BadRequestError as e:
+    assert e.param == "prediction", e
 print("all checks passed")

@@ -60,11 +60,30 @@ impl CacheSource for NamespaceSource<'_> {
     }
 }
 
-/// Drafts for one request from its own suffix tree and the shared cache.
+/// Drafts for one request from its own suffix tree and the shared cache, and from the
+/// client's prediction of the answer when it sent one.
 pub struct CacheDrafter<S> {
     source: S,
     params: SpecParams,
     request: RequestTree,
+    speculator: Speculator<LayeredCursor>,
+    prediction: Option<Prediction>,
+}
+
+/// How many of the prompt's last tokens go before the prediction in its tree: the
+/// template's opening of the answer (`<|im_start|>assistant\n` is 3 tokens), so that
+/// the first step, whose context ends with them, drafts the prediction from its start.
+const PREDICTION_LEAD: usize = 8;
+
+/// The client's guess at the answer (OpenAI's Predicted Outputs): a suffix tree of its
+/// own over the prompt's last tokens and the prediction, matched against the context
+/// like the request's tree. A prediction is usually the answer with a few edits (a file
+/// to be rewritten), so its drafts follow it where the answer agrees, and find their
+/// place again a few tokens after an edit, where the answer's last tokens occur in it.
+/// Its drafts are [`DraftSource::Prediction`]: calibrated on their own, and counted
+/// apart (`accepted_prediction_tokens`).
+struct Prediction {
+    tree: RequestTree,
     speculator: Speculator<LayeredCursor>,
 }
 
@@ -76,7 +95,24 @@ impl<S: CacheSource> CacheDrafter<S> {
             params,
             request: RequestTree::new(prompt, params.request_depth()),
             speculator: Speculator::default(),
+            prediction: None,
         }
+    }
+
+    /// Draft from `prediction` too, the client's guess at the answer (its tokens); an
+    /// empty one changes nothing. Drafts only: the answer stays the model's.
+    pub fn predicting(mut self, prediction: &[u32]) -> Self {
+        if prediction.is_empty() {
+            return self;
+        }
+        let prompt = self.request.tokens();
+        let lead = &prompt[prompt.len().saturating_sub(PREDICTION_LEAD)..];
+        let tokens = [lead, prediction].concat();
+        self.prediction = Some(Prediction {
+            tree: RequestTree::new(&tokens, self.params.request_depth()),
+            speculator: Speculator::default(),
+        });
+        self
     }
 
     /// Add the tokens of `context` that the request tree does not hold yet. A context
@@ -104,6 +140,18 @@ impl<S: CacheSource> CacheDrafter<S> {
     }
 }
 
+impl Prediction {
+    fn draft(&mut self, context: &[u32], params: &SpecParams) -> Draft {
+        let mut draft = self
+            .speculator
+            .speculate_request(&self.tree, context, params);
+        if !draft.is_empty() {
+            draft.source = DraftSource::Prediction;
+        }
+        draft
+    }
+}
+
 impl<S: CacheSource> Drafter for CacheDrafter<S> {
     fn draft(&mut self, context: &[u32]) -> Draft {
         self.catch_up(context);
@@ -112,8 +160,20 @@ impl<S: CacheSource> Drafter for CacheDrafter<S> {
             params,
             request,
             speculator,
+            prediction,
         } = self;
-        source.with_view(|view| speculator.speculate(Some(request), view, context, params))
+        // No draft scores above max_spec, and the prediction wins ties: what the client
+        // said the answer is beats what the trees guess it is.
+        let predicted = match prediction.as_mut().map(|p| p.draft(context, params)) {
+            Some(d) if d.score >= params.max_spec as f32 => return d,
+            other => other,
+        };
+        let drafted =
+            source.with_view(|view| speculator.speculate(Some(request), view, context, params));
+        match predicted {
+            Some(d) if !d.is_empty() && d.score >= drafted.score => d,
+            _ => drafted,
+        }
     }
 
     fn accepted(&mut self, context: &[u32], draft: &Draft, accepted: usize) {
@@ -281,5 +341,48 @@ mod tests {
         let other: Vec<u32> = [7, 8, 9].repeat(4);
         assert_eq!(drafter.draft(&other).tokens[..3], [7, 8, 9]);
         assert_eq!(drafter.request.tokens(), &other[..]);
+    }
+
+    /// A prediction is drafted from the first step (the prompt's last tokens lead into
+    /// it), and after an edit the drafts find their place in it again: a 200-token
+    /// answer that is the prediction with one token changed takes a handful of steps,
+    /// where the trees alone (nothing of it in the prompt or the cache) take 200.
+    #[test]
+    fn a_prediction_drafts_the_answer_and_finds_its_place_after_an_edit() {
+        let empty = GlobalTree::new(24).unwrap();
+        let params = SpecParams::default();
+        let prompt: Vec<u32> = (1..=30).collect();
+        let prediction: Vec<u32> = (1000..1200).collect();
+        let mut answer = prediction.clone();
+        answer[100] = 5000;
+        let view = || Layered::new(None, &empty, &empty);
+
+        let mut plain = CacheDrafter::new(view(), params, &prompt);
+        let [steps, _, accepted] = replay(&mut plain, &prompt, &answer);
+        assert_eq!(
+            (steps, accepted),
+            (200, 0),
+            "nothing to draft from without it"
+        );
+
+        let mut predicting = CacheDrafter::new(view(), params, &prompt).predicting(&prediction);
+        let first = predicting.draft(&prompt);
+        assert_eq!(first.source, DraftSource::Prediction);
+        assert_eq!(first.tokens[..], prediction[..params.max_spec]);
+        let mut predicting = CacheDrafter::new(view(), params, &prompt).predicting(&prediction);
+        let [steps, drafted, accepted] = replay(&mut predicting, &prompt, &answer);
+        // Every step but the edit's, and the one after it (one matched token, which
+        // occurs once, is enough to find the place), accepts a whole draft.
+        let most_steps = 2 * (200 / (params.max_spec as u64 + 1) + 2);
+        assert!(steps <= most_steps, "{steps} steps (at most {most_steps})");
+        assert!(accepted >= 190, "{accepted} of 200 accepted");
+        assert!(
+            drafted - accepted <= params.max_spec as u64,
+            "{drafted} drafted"
+        );
+
+        // An empty prediction changes nothing.
+        let mut empty_prediction = CacheDrafter::new(view(), params, &prompt).predicting(&[]);
+        assert_eq!(replay(&mut empty_prediction, &prompt, &answer)[2], 0);
     }
 }

@@ -37,13 +37,16 @@ use crate::speculate::{Draft, DraftSource};
 pub(super) struct Calibration {
     /// Per [`DraftSource`] and pattern-length band: moving averages of the expected and
     /// the realised levels accepted per verified draft.
-    buckets: [[(f64, f64); BANDS]; 6],
+    buckets: [[(f64, f64); BANDS]; SOURCES],
     /// Per band of a draft model's confidence in its token (tenths): the moving
     /// average of how often the target accepted such a token, and the tokens seen.
     model: [(f64, f64); MODEL_BANDS],
     /// The same over every band: how often the target accepts a draft model's token.
     model_all: (f64, f64),
 }
+
+/// How many [`DraftSource`]s there are, each with buckets of its own.
+const SOURCES: usize = 7;
 
 /// Bands of a draft model's confidence: tenths.
 const MODEL_BANDS: usize = 10;
@@ -55,7 +58,7 @@ impl Default for Calibration {
     fn default() -> Self {
         // Start by trusting the counts, with the weight of a few steps.
         Calibration {
-            buckets: [[(1.0, 1.0); BANDS]; 6],
+            buckets: [[(1.0, 1.0); BANDS]; SOURCES],
             // Until observed, a band is trusted at its confidence (its middle).
             model: std::array::from_fn(|i| ((i as f64 + 0.5) / MODEL_BANDS as f64, 0.0)),
             // A draft model of the same family agrees with its target most of the time:
@@ -92,6 +95,7 @@ impl Calibration {
             DraftSource::Both => 3,
             DraftSource::Grammar => 4,
             DraftSource::Model => 5,
+            DraftSource::Prediction => 6,
         }
     }
 

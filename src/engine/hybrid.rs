@@ -207,6 +207,8 @@ pub struct DraftSources {
     pub suffix: SourceCounts,
     /// The draft model (hybrid mode).
     pub model: SourceCounts,
+    /// The client's prediction of the answer (`prediction`).
+    pub prediction: SourceCounts,
     /// Seconds spent running the draft model.
     pub model_draft_s: f64,
     /// Steps whose model draft was cut to nothing before verification (not worth its
@@ -229,6 +231,7 @@ impl DraftSources {
             }
             _ if drafted == 0 => self.none += 1,
             DraftSource::Model => self.model.add(&counts),
+            DraftSource::Prediction => self.prediction.add(&counts),
             _ => self.suffix.add(&counts),
         }
     }
@@ -238,6 +241,7 @@ impl DraftSources {
         self.none += other.none;
         self.suffix.add(&other.suffix);
         self.model.add(&other.model);
+        self.prediction.add(&other.prediction);
         self.model_draft_s += other.model_draft_s;
         self.model_unverified += other.model_unverified;
     }

@@ -287,7 +287,12 @@ fn render_sources(s: &DraftSources, out: &mut String) {
         steps: s.none,
         ..SourceCounts::default()
     };
-    let sources = [("none", &none), ("suffix", &s.suffix), ("model", &s.model)];
+    let sources = [
+        ("none", &none),
+        ("suffix", &s.suffix),
+        ("model", &s.model),
+        ("prediction", &s.prediction),
+    ];
     type Count = fn(&SourceCounts) -> usize;
     let series: [(&str, &str, Count); 3] = [
         (

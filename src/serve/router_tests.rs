@@ -29,6 +29,7 @@ const ADMIN_TOKEN: &str = "test-admin-token";
 struct Asked {
     prompt: Vec<u32>,
     opts: GenerateOptions,
+    prediction: Vec<u32>,
 }
 
 /// The model thread's stand-in: answers [`ANSWER`] (cut at `max_tokens`) one token per
@@ -42,6 +43,7 @@ fn scripted_model(
         asked.lock().unwrap().push(Asked {
             prompt: job.prompt.clone(),
             opts: job.opts.clone(),
+            prediction: job.prediction.to_vec(),
         });
         let prompt = tokenizer.decode(&job.prompt, false).unwrap();
         if prompt.contains("FAIL") {
@@ -596,6 +598,58 @@ fn openais_other_fields_are_ignored_unless_they_would_change_the_answer() {
             "{answer}"
         );
     }
+}
+
+/// `prediction` (OpenAI's Predicted Outputs) reaches the model thread as tokens to
+/// draft from, at most `max_tokens` of them; a malformed one is refused by name; usage
+/// says how it fared (nothing drafted here: the scripted model does not speculate).
+#[test]
+fn a_prediction_goes_to_the_drafter_and_its_usage_is_reported() {
+    let server = TestServer::start();
+    let chat = |prediction: Value, max_tokens: usize| {
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
+            "prediction": prediction})
+    };
+    let text = json!({"type": "content", "content": "héllo, <|end|> wörld"});
+    let (status, body) = server.post("/v1/chat/completions", chat(text, 64));
+    assert_eq!(status, 200, "{body}");
+    let details = &body["usage"]["completion_tokens_details"];
+    assert_eq!(details["accepted_prediction_tokens"], 0, "{body}");
+    assert_eq!(details["rejected_prediction_tokens"], 0, "{body}");
+    let literal = server
+        .tokenizer
+        .encode_literal("héllo, <|end|> wörld")
+        .unwrap();
+    assert_eq!(server.asked()[0].prediction, literal, "read as plain text");
+    let parts = json!({"type": "content", "content": [{"type": "text", "text": "ab"},
+        {"type": "text", "text": "cd"}]});
+    let (status, body) = server.post("/v1/chat/completions", chat(parts, 3));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        server.asked()[1].prediction,
+        server.tokenizer.encode_literal("abc").unwrap(),
+        "the parts joined, cut at max_tokens"
+    );
+    let (status, body) = server.post("/v1/chat/completions", chat(Value::Null, 8));
+    assert_eq!(status, 200, "{body}");
+    assert!(server.asked()[2].prediction.is_empty());
+    for bad in [
+        json!("the answer"),
+        json!({"type": "text", "content": "x"}),
+        json!({"type": "content"}),
+        json!({"type": "content", "content": 7}),
+        json!({"type": "content", "content": [{"type": "image_url", "text": "x"}]}),
+        json!({"type": "content", "content": "x", "extra": 1}),
+    ] {
+        let (status, body) = server.post("/v1/chat/completions", chat(bad.clone(), 8));
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_eq!(body["error"]["param"], "prediction", "{bad}: {body}");
+    }
+    assert_eq!(
+        server.asked().len(),
+        3,
+        "refused ones never reach the model"
+    );
 }
 
 #[test]

@@ -30,6 +30,9 @@ pub struct Job {
     /// Generation options, with the namespace to draft from, to learn into, and whose
     /// cached prompt prefixes to reuse.
     pub opts: GenerateOptions,
+    /// The client's prediction of the answer, tokenized (empty: none): drafted from,
+    /// never forced.
+    pub prediction: Arc<[u32]>,
     /// New tokens as they are accepted.
     pub tokens: mpsc::UnboundedSender<Delta>,
     /// The result.
@@ -184,7 +187,7 @@ fn admit<'a>(
             };
             Some(Slot {
                 seq,
-                drafter: CacheDrafter::new(source, params, &job.prompt),
+                drafter: CacheDrafter::new(source, params, &job.prompt).predicting(&job.prediction),
                 job,
             })
         }

@@ -19,6 +19,8 @@ pub enum DraftSource {
     Grammar,
     /// A draft model's own continuation (hybrid mode), where the trees had nothing likely.
     Model,
+    /// The client's guess at the answer (OpenAI's Predicted Outputs, `prediction`).
+    Prediction,
 }
 
 /// A draft tree in topological order: `parents[i] < i`, or -1 for a child of the context.

@@ -3,11 +3,14 @@
 
 use serde_json::json;
 
-use crate::engine::{Generation, TokenLogprob};
+use crate::engine::{Generation, SourceCounts, TokenLogprob};
 use crate::serve::AppState;
 
 use super::tools;
-use super::wire::{ChatTokenLogprob, Logprobs, PromptTokensDetails, SpecStats, TopLogprob, Usage};
+use super::wire::{
+    ChatTokenLogprob, CompletionTokensDetails, Logprobs, PromptTokensDetails, SpecStats,
+    TopLogprob, Usage,
+};
 
 pub(super) fn finish(g: &Generation) -> &'static str {
     match g.finish_reason {
@@ -32,12 +35,19 @@ pub(super) fn usage_of(gs: &[Generation], per_prompt: usize) -> Usage {
     let prompt: usize = firsts().map(|g| g.prompt_tokens).sum();
     let cached: usize = firsts().map(|g| g.cached_prompt_tokens).sum();
     let completion: usize = gs.iter().map(|g| g.tokens.len()).sum();
+    let predicted = |f: fn(&SourceCounts) -> usize| -> usize {
+        gs.iter().map(|g| f(&g.sources.prediction)).sum()
+    };
     Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: prompt + completion,
         prompt_tokens_details: PromptTokensDetails {
             cached_tokens: cached,
+        },
+        completion_tokens_details: CompletionTokensDetails {
+            accepted_prediction_tokens: predicted(|c| c.accepted),
+            rejected_prediction_tokens: predicted(|c| c.drafted.saturating_sub(c.accepted)),
         },
     }
 }

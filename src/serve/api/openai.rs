@@ -201,6 +201,10 @@ pub(super) async fn enqueue_request(
         .iter()
         .map(|pieces| tokenize_prompt(app, pieces, opts.max_tokens))
         .collect::<Result<Vec<_>, _>>()?;
+    let prediction = match req.prediction_text()? {
+        Some(text) => tokenize_prediction(app, &text, opts.max_tokens)?,
+        None => Arc::from([]),
+    };
     refuse_when_queue_full(app)?;
     opts.grammar = grammar_of(app, format, tool_plan.as_ref(), thinking).await?;
     // Calls are read from the answer when the model may make them.
@@ -210,7 +214,7 @@ pub(super) async fn enqueue_request(
         .map(ToolPlan::syntax);
     // A small model repeats the call it just made until `max_tokens`.
     opts.stop_on_repeat = reads_calls.and_then(tools::call_delimiters);
-    let jobs = enqueue(app, &prompts, n, &opts)?;
+    let jobs = enqueue(app, &prompts, n, &opts, &prediction)?;
     Ok(Queued {
         jobs,
         n: n as usize,
@@ -254,6 +258,7 @@ fn enqueue(
     prompts: &[Vec<u32>],
     n: u32,
     opts: &GenerateOptions,
+    prediction: &Arc<[u32]>,
 ) -> Result<Vec<JobChannels>, ApiError> {
     let mut jobs = Vec::new();
     for (prompt, i) in prompts.iter().flat_map(|p| (0..n).map(move |i| (p, i))) {
@@ -264,6 +269,7 @@ fn enqueue(
         let job = Job {
             prompt: prompt.clone(),
             opts,
+            prediction: Arc::clone(prediction),
             tokens: tok_tx,
             done: done_tx,
         };
@@ -756,6 +762,27 @@ fn tokenize_prompt(
         .code("context_length_exceeded"));
     }
     Ok(prompt)
+}
+
+/// The tokens of a prediction's `text`, at most `max_tokens` (an answer holds no more);
+/// only as much of the text is tokenized as that many tokens could hold.
+fn tokenize_prediction(
+    app: &AppState,
+    text: &str,
+    max_tokens: usize,
+) -> Result<Arc<[u32]>, ApiError> {
+    let mut end = text
+        .len()
+        .min(max_tokens.saturating_mul(app.tokenizer.max_token_bytes()));
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut tokens = app
+        .tokenizer
+        .encode_literal(&text[..end])
+        .map_err(|e| ApiError::bad_request(e.to_string()).param("prediction"))?;
+    tokens.truncate(max_tokens);
+    Ok(tokens.into())
 }
 
 /// The namespace to draft from and learn into: the `x-suffixd-namespace` header, else

@@ -225,6 +225,7 @@ pub(super) struct GenerationRequest {
     pub(super) prompt_cache_key: Option<serde_json::Value>,
     pub(super) safety_identifier: Option<serde_json::Value>,
     pub(super) verbosity: Option<serde_json::Value>,
+    // Drafted from; the answer is the model's either way.
     pub(super) prediction: Option<serde_json::Value>,
     // Accepted when they ask for nothing this server would do differently.
     pub(super) logit_bias: Option<serde_json::Value>,
@@ -234,4 +235,49 @@ pub(super) struct GenerationRequest {
     pub(super) echo: Option<serde_json::Value>,
     pub(super) best_of: Option<serde_json::Value>,
     pub(super) suffix: Option<serde_json::Value>,
+}
+
+impl GenerationRequest {
+    /// The text of `prediction`, OpenAI's Predicted Outputs (`{"type": "content",
+    /// "content": text or a list of text parts}`): the client's guess at the answer,
+    /// which speculation drafts from. None when absent or null.
+    pub(super) fn prediction_text(&self) -> Result<Option<String>, ApiError> {
+        use serde_json::Value;
+        let Some(prediction) = self.prediction.as_ref().filter(|p| !p.is_null()) else {
+            return Ok(None);
+        };
+        let refused = |why: &str| {
+            ApiError::bad_request(format!(
+                "`prediction` {why}: send {{\"type\": \"content\", \"content\": \"the expected answer\"}}"
+            ))
+            .param("prediction")
+        };
+        let Value::Object(fields) = prediction else {
+            return Err(refused("must be an object"));
+        };
+        if let Some(other) = fields
+            .keys()
+            .find(|k| !matches!(k.as_str(), "type" | "content"))
+        {
+            return Err(refused(&format!("has an unknown field {other:?}")));
+        }
+        if fields.get("type").and_then(Value::as_str) != Some("content") {
+            return Err(refused("must have `type` \"content\""));
+        }
+        match fields.get("content") {
+            Some(Value::String(text)) => Ok(Some(text.clone())),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    let is_text = part.get("type").and_then(Value::as_str) == Some("text");
+                    match part.get("text").and_then(Value::as_str) {
+                        Some(t) if is_text => text.push_str(t),
+                        _ => return Err(refused("content parts must be text parts")),
+                    }
+                }
+                Ok(Some(text))
+            }
+            _ => Err(refused("needs `content`, a string or a list of text parts")),
+        }
+    }
 }

@@ -190,6 +190,15 @@ pub(super) struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
+}
+
+/// How the client's prediction of the answer (`prediction`) fared: its tokens the
+/// model accepted as drafts, and those it verified and refused. Both 0 without one.
+#[derive(Debug, Serialize)]
+pub(super) struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
 }
 
 /// The prompt tokens served from the prefix cache.
