@@ -3,10 +3,10 @@
 `prediction`, alternated, loopback only (standard library only).
 
     tools/prediction-bench.py [--base http://127.0.0.1:8080] [--tasks 6] [--rounds 3]
-                              [--max-tokens 400] [--layout plain|numbered|both]
+                              [--max-tokens 300] [--layout plain|numbered|both]
 
-Each task is a small Python file and an edit ("rename function f to g, answer with the
-whole file"), the way a coding agent asks for a rewrite. `prediction` is the file as it
+Each task is a service's JSON configuration and an edit ("change `port` to 9090, answer
+with the whole file"), the way an agent asks for a rewrite. `prediction` is the file as it
 was, which is what such agents send (OpenAI's Predicted Outputs). Two layouts of the
 prompt: `plain` shows the file as it is (the file is then in the prompt too, so the
 request's own tree drafts the same copy), `numbered` shows it as agents' read tools do,
@@ -18,7 +18,9 @@ other cached, and greedy, so both must give the same text (checked: a difference
 non-zero). Reported per layout: the medians of decoding tok/s (the server's own figure)
 and of verification steps per request, each side's, and the ratio of the medians; and
 the prediction's accepted and rejected tokens from `usage`. With --rounds R each task
-runs R times a side, the side that goes first alternating.
+runs R times a side, the side that goes first alternating. With --peer the server is
+llama.cpp's (`../shared/peer/llamacpp/serve.sh MODE`), which has no `prediction`: the
+same requests once each, its decoding tok/s and its steps (tokens less accepted drafts).
 """
 import argparse
 import json
@@ -32,51 +34,53 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--base", default="http://127.0.0.1:8080")
 ap.add_argument("--tasks", type=int, default=6)
 ap.add_argument("--rounds", type=int, default=3)
-ap.add_argument("--max-tokens", type=int, default=400)
+ap.add_argument("--max-tokens", type=int, default=300)
 ap.add_argument("--layout", choices=["plain", "numbered", "both"], default="both")
 ap.add_argument("--seed", type=int, default=7)
+ap.add_argument("--peer", action="store_true",
+                help="the server is llama.cpp's llama-server: the same requests without a "
+                     "prediction (it has none), cold prompts, its own decoding tok/s")
 args = ap.parse_args()
 assert args.base.startswith(("http://127.0.0.1", "http://localhost")), "loopback only"
 
-NOUNS = ["order", "invoice", "customer", "parcel", "route", "ticket", "report", "batch"]
-VERBS = ["load", "check", "format", "total", "merge", "ship", "close", "count"]
+SERVICES = ["orders", "billing", "shipping", "invoices", "routing", "tickets", "reports", "intake"]
+QUEUES = ["intake", "billing", "shipping", "refunds", "audit", "exports", "alerts"]
 
 
-def source_file(rng):
-    """A small Python module of a few functions, different for every task."""
-    names = rng.sample([f"{v}_{n}" for v in VERBS for n in NOUNS], 5)
-    lines = ['"""Helpers for the %s desk."""' % rng.choice(NOUNS), "", "import json", ""]
-    for name in names:
-        arg = name.split("_")[1]
-        field = rng.choice(["id", "total", "status", "city", "weight"])
-        lines += [
-            "",
-            f"def {name}({arg}, limit={rng.randint(2, 90)}):",
-            f'    """{name.replace("_", " ").capitalize()} for one {arg}."""',
-            f"    value = {arg}.get(\"{field}\")",
-            "    if value is None:",
-            f"        raise ValueError(\"{arg} has no {field}\")",
-            f"    return json.dumps({{\"{field}\": value, \"limit\": limit}})",
-        ]
-    return "\n".join(lines) + "\n", names
+def config_file(rng):
+    """A service's JSON configuration, different for every task."""
+    service = rng.choice(SERVICES)
+    config = {
+        "service": service,
+        "port": rng.choice([8080, 8000, 5000, 3000, 9000]),
+        "host": "0.0.0.0",
+        "workers": rng.randint(2, 16),
+        "timeout_s": rng.choice([10, 30, 60, 120]),
+        "database": {"url": f"postgres://db:5432/{service}", "pool": rng.randint(4, 32),
+                     "retries": rng.randint(1, 5)},
+        "queues": rng.sample(QUEUES, 3),
+        "log_level": rng.choice(["debug", "info", "warning"]),
+        "features": {"invoices": rng.random() < 0.5, "refunds": rng.random() < 0.5},
+    }
+    return config
 
 
 def task(rng):
-    text, names = source_file(rng)
-    old = names[rng.randrange(len(names))]
-    new = old.split("_")[0] + "_each_" + old.split("_")[1]
-    return text, old, new
+    """The file, and the edit asked for: one value changed."""
+    config = config_file(rng)
+    key, value = rng.choice([("port", 9090), ("workers", 24), ("log_level", "error"),
+                             ("timeout_s", 45)])
+    edit = f"Change `{key}` to {json.dumps(value)}."
+    return json.dumps(config, indent=2) + "\n", edit
 
 
-def prompt(text, old, new, layout):
+def prompt(text, edit, layout):
     if layout == "numbered":
         shown = "\n".join(f"{i:6}\t{line}" for i, line in enumerate(text.split("\n"), 1))
-        where = "(each line after its number and a tab)"
     else:
-        shown, where = text, ""
-    return (f"Here is helpers.py {where}:\n```python\n{shown}```\n"
-            f"Rename the function `{old}` to `{new}`. Answer with the whole updated file "
-            "in a python code block, nothing else.")
+        shown = text
+    return (f"Here is config.json:\n```json\n{shown}```\n{edit} Answer with the whole "
+            "updated file in a json code block, nothing else.")
 
 
 def ask(content, prediction):
@@ -87,11 +91,21 @@ def ask(content, prediction):
     }
     if prediction is not None:
         body["prediction"] = {"type": "content", "content": prediction}
+    if args.peer:
+        body["cache_prompt"] = False
     req = urllib.request.Request(args.base + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=900) as r:
         answer = json.loads(r.read())
-    details = answer["usage"].get("completion_tokens_details", {})
+    details = answer["usage"].get("completion_tokens_details") or {}
+    if args.peer:
+        timings = answer["timings"]
+        return {
+            "text": answer["choices"][0]["message"]["content"],
+            "tokens": answer["usage"]["completion_tokens"],
+            "tok_s": timings["predicted_per_second"],
+            "steps": timings["predicted_n"] - timings.get("draft_n_accepted", 0),
+        }
     return {
         "text": answer["choices"][0]["message"]["content"],
         "tokens": answer["usage"]["completion_tokens"],
@@ -107,10 +121,18 @@ tasks = [task(rng) for _ in range(args.tasks)]
 layouts = ["plain", "numbered"] if args.layout == "both" else [args.layout]
 failed = False
 for layout in layouts:
+    if args.peer:
+        runs = [ask(prompt(text, edit, layout), None) for _ in range(args.rounds) for text, edit in tasks]
+        tok_s = statistics.median(x["tok_s"] for x in runs)
+        steps = statistics.median(x["steps"] for x in runs)
+        tokens = statistics.median(x["tokens"] for x in runs)
+        print(f"{layout} (peer): {len(runs)} requests, median answer {tokens:.0f} tokens, "
+              f"decoding tok/s (median) {tok_s:.1f}, steps per request (median) {steps:.0f}")
+        continue
     sides = {"without": [], "with": []}
     for r in range(args.rounds):
-        for i, (text, old, new) in enumerate(tasks):
-            content = prompt(text, old, new, layout)
+        for i, (text, edit) in enumerate(tasks):
+            content = prompt(text, edit, layout)
             order = ["without", "with"] if (r + i) % 2 == 0 else ["with", "without"]
             got = {side: ask(content, text if side == "with" else None) for side in order}
             if got["with"]["text"] != got["without"]["text"]:

@@ -46,10 +46,11 @@ impl StreamCalls {
     }
 }
 
-/// What a choice's forwarding task hands the stream: a step's tokens, then the end.
+/// What a choice's forwarding task hands the stream: a step's tokens, then the end (a
+/// generation is ten times a step's size: boxed, so that every step's message is not).
 enum Progress {
     Delta(Delta),
-    Done(Result<Result<Generation, JobError>, oneshot::error::RecvError>),
+    Done(Result<Result<Box<Generation>, JobError>, oneshot::error::RecvError>),
 }
 
 /// One choice's token channel and answer, as the handler queued it.
@@ -105,7 +106,7 @@ pub(super) fn stream_response(
                     () = tx.closed() => return,
                 }
             }
-            let _ = tx.send((index, Progress::Done(done.await)));
+            let _ = tx.send((index, Progress::Done(done.await.map(|r| r.map(Box::new)))));
         });
     }
     drop(merged_tx);
@@ -128,6 +129,7 @@ pub(super) fn stream_response(
                     }
                 }
                 Progress::Done(Ok(Ok(g))) => {
+                    let g = *g;
                     let (pieces, finish_reason) = state.finish(&chunks.app, chunks.chat, &g);
                     for piece in pieces {
                         yield Ok(chunks.event(state.index, piece.delta, piece.logprobs, None));
