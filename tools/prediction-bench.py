@@ -18,7 +18,8 @@ other cached, and greedy, so both must give the same text (checked: a difference
 non-zero). Reported per layout: the medians of decoding tok/s (the server's own figure)
 and of verification steps per request, each side's, and the ratio of the medians; and
 the prediction's accepted and rejected tokens from `usage`. With --rounds R each task
-runs R times a side, the side that goes first alternating. With --peer the server is
+runs R times a side, the side that goes first alternating. With --wrong the prediction
+is another task's file. With --peer the server is
 llama.cpp's (`../shared/peer/llamacpp/serve.sh MODE`), which has no `prediction`: the
 same requests once each, its decoding tok/s and its steps (tokens less accepted drafts).
 """
@@ -37,6 +38,9 @@ ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--max-tokens", type=int, default=300)
 ap.add_argument("--layout", choices=["plain", "numbered", "both"], default="both")
 ap.add_argument("--seed", type=int, default=7)
+ap.add_argument("--wrong", action="store_true",
+                help="predict another task's file (same keys, other values): what a stale or "
+                     "mistaken prediction costs")
 ap.add_argument("--peer", action="store_true",
                 help="the server is llama.cpp's llama-server: the same requests without a "
                      "prediction (it has none), cold prompts, its own decoding tok/s")
@@ -134,7 +138,8 @@ for layout in layouts:
         for i, (text, edit) in enumerate(tasks):
             content = prompt(text, edit, layout)
             order = ["without", "with"] if (r + i) % 2 == 0 else ["with", "without"]
-            got = {side: ask(content, text if side == "with" else None) for side in order}
+            predicted = tasks[(i + 1) % len(tasks)][0] if args.wrong else text
+            got = {side: ask(content, predicted if side == "with" else None) for side in order}
             if got["with"]["text"] != got["without"]["text"]:
                 print(f"{layout} task {i}: the answers differ with and without the prediction",
                       file=sys.stderr)

@@ -170,16 +170,20 @@ impl<S: CacheSource> Drafter for CacheDrafter<S> {
             speculator,
             prediction,
         } = self;
-        // No draft scores above max_spec, and the prediction wins ties: what the client
-        // said the answer is beats what the trees guess it is.
-        let predicted = match prediction.as_mut().map(|p| p.draft(context, params)) {
-            Some(d) if d.score >= params.max_spec as f32 => return d,
-            other => other,
-        };
+        let predicted = prediction.as_mut().map(|p| p.draft(context, params));
         let drafted =
             source.with_view(|view| speculator.speculate(Some(request), view, context, params));
+        // Both are often whole copies, which score alike (a stretch found once is copied
+        // with the full budget). Then the longer match is the better evidence: a stale
+        // prediction matches only since its last difference from the answer, a prompt
+        // with numbered lines only since the line's start. On a tie the prediction wins.
         match predicted {
-            Some(d) if !d.is_empty() && d.score >= drafted.score => d,
+            Some(d)
+                if !d.is_empty()
+                    && (d.score, d.match_len) >= (drafted.score, drafted.match_len) =>
+            {
+                d
+            }
             _ => drafted,
         }
     }
