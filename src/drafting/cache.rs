@@ -411,4 +411,30 @@ mod tests {
             "the first step's draft only"
         );
     }
+
+    /// A stale prediction (the file as it was, with a change every 20 tokens) beside a
+    /// prompt that holds the file as it is, which the answer copies: past a difference
+    /// the prompt's copy matches further back and drafts, so the stale prediction costs
+    /// no step (were ties the prediction's, it would draft through each difference).
+    #[test]
+    fn a_stale_prediction_gives_way_to_the_prompts_longer_match() {
+        let empty = GlobalTree::new(24).unwrap();
+        let params = SpecParams::default();
+        let file: Vec<u32> = (1000..1200).collect();
+        let prompt: Vec<u32> = [&(1..=20).collect::<Vec<u32>>()[..], &file, &[21, 22]].concat();
+        let stale: Vec<u32> = file
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| if i % 20 == 10 { 7000 + i as u32 } else { t })
+            .collect();
+        let view = || Layered::new(None, &empty, &empty);
+        let mut plain = CacheDrafter::new(view(), params, &prompt);
+        let [plain_steps, ..] = replay(&mut plain, &prompt, &file);
+        let mut predicting = CacheDrafter::new(view(), params, &prompt).predicting(&stale);
+        let [steps, ..] = replay(&mut predicting, &prompt, &file);
+        assert!(
+            steps <= plain_steps + 1,
+            "{steps} steps with the stale prediction, {plain_steps} without"
+        );
+    }
 }
