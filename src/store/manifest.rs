@@ -3,6 +3,7 @@
 //! a crash at any point leaves it naming a complete snapshot (or none).
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::faults::DurableFile;
 use super::fs::{DirLock, Directory, EntryKind};
@@ -76,14 +77,28 @@ fn snapshot_number(name: &str) -> Option<u64> {
         .ok()
 }
 
+/// How long [`lock`] waits for a holder that is letting go. A `flock` belongs to the
+/// open file, which a child process shares from its fork to its exec: while another
+/// thread of this process starts one, a store just closed here still holds its lock for
+/// that moment (tests/damage.rs reopened a store it had dropped and found it locked,
+/// once, while another test started `suffixd`). A process that just exited lets go the
+/// same way. A store truly in use is refused after this wait.
+const LOCK_WAIT: Duration = Duration::from_millis(500);
+
 /// Take the directory's exclusive lock, `DIR/LOCK`, for as long as the returned guard
 /// lives (on disk a `flock`, which the kernel releases when the process dies, kill -9
 /// included, so a crash never leaves a stale lock).
 pub fn lock(fs: &dyn Directory, dir: &Path) -> Result<DirLock, DirError> {
     let path = dir.join("LOCK");
-    match fs.try_lock(&path).map_err(io(&path))? {
-        Some(lock) => Ok(lock),
-        None => Err(DirError::Locked { path: dir.into() }),
+    let started = Instant::now();
+    loop {
+        if let Some(lock) = fs.try_lock(&path).map_err(io(&path))? {
+            return Ok(lock);
+        }
+        if started.elapsed() >= LOCK_WAIT {
+            return Err(DirError::Locked { path: dir.into() });
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
