@@ -115,8 +115,9 @@ impl Detokenizer {
     }
 }
 
-/// The largest char boundary of `s` at or below `at`.
-fn floor_char_boundary(s: &str, at: usize) -> usize {
+/// The largest char boundary of `s` at or below `at` (`str::floor_char_boundary`, which
+/// Rust 1.89 lacks).
+pub(crate) fn floor_char_boundary(s: &str, at: usize) -> usize {
     let mut at = at.min(s.len());
     while !s.is_char_boundary(at) {
         at -= 1;

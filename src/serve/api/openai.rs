@@ -17,6 +17,7 @@ use crate::chat::{
 };
 use crate::engine::grammar::{Grammar, GrammarError, GrammarSpec, check_schema};
 use crate::engine::{GenerateOptions, Generation, Sampling};
+use crate::model::detokenizer::floor_char_boundary;
 
 use super::answer::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
 use super::request::{GenerationRequest, PromptField, Stop, logprobs_wanted};
@@ -771,12 +772,10 @@ fn tokenize_prediction(
     text: &str,
     max_tokens: usize,
 ) -> Result<Arc<[u32]>, ApiError> {
-    let mut end = text
-        .len()
-        .min(max_tokens.saturating_mul(app.tokenizer.max_token_bytes()));
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = floor_char_boundary(
+        text,
+        max_tokens.saturating_mul(app.tokenizer.max_token_bytes()),
+    );
     let mut tokens = app
         .tokenizer
         .encode_literal(&text[..end])

@@ -51,6 +51,40 @@ pub(super) enum Content {
     Parts(Vec<ContentPart>),
 }
 
+impl Content {
+    /// The text: the string, or the text parts joined; other parts are refused.
+    pub(super) fn text(&self) -> Result<String, ApiError> {
+        let parts = match self {
+            Content::Text(t) => return Ok(t.clone()),
+            Content::Parts(parts) => parts,
+        };
+        let mut text = String::new();
+        for p in parts {
+            match (p.kind.as_str(), &p.text) {
+                ("text", Some(t)) => text.push_str(t),
+                ("text", None) => {
+                    return Err(ApiError::bad_request("a text content part needs `text`"));
+                }
+                (other, _) => {
+                    return Err(ApiError::bad_request(format!(
+                        "content parts of type {other:?} are not supported: this model reads text parts only"
+                    )));
+                }
+            }
+        }
+        Ok(text)
+    }
+}
+
+/// OpenAI's Predicted Outputs: `{"type": "content", "content": text or text parts}`.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Prediction {
+    #[serde(rename = "type")]
+    kind: String,
+    content: Content,
+}
+
 #[derive(Deserialize, Debug)]
 pub(super) struct ContentPart {
     #[serde(rename = "type")]
@@ -95,24 +129,7 @@ impl RequestMessage {
     pub(super) fn to_text_message(&self) -> Result<ChatMessage, ApiError> {
         let content = match &self.content {
             None => String::new(),
-            Some(Content::Text(t)) => t.clone(),
-            Some(Content::Parts(parts)) => {
-                let mut text = String::new();
-                for p in parts {
-                    match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => text.push_str(t),
-                        ("text", None) => {
-                            return Err(ApiError::bad_request("a text content part needs `text`"));
-                        }
-                        (other, _) => {
-                            return Err(ApiError::bad_request(format!(
-                                "content parts of type {other:?} are not supported: this model reads text parts only"
-                            )));
-                        }
-                    }
-                }
-                text
-            }
+            Some(content) => content.text()?,
         };
         Ok(ChatMessage {
             role: self.role.template_name().into(),
@@ -242,42 +259,24 @@ impl GenerationRequest {
     /// "content": text or a list of text parts}`): the client's guess at the answer,
     /// which speculation drafts from. None when absent or null.
     pub(super) fn prediction_text(&self) -> Result<Option<String>, ApiError> {
-        use serde_json::Value;
         let Some(prediction) = self.prediction.as_ref().filter(|p| !p.is_null()) else {
             return Ok(None);
         };
-        let refused = |why: &str| {
+        let refused = |why: String| {
             ApiError::bad_request(format!(
                 "`prediction` {why}: send {{\"type\": \"content\", \"content\": \"the expected answer\"}}"
             ))
             .param("prediction")
         };
-        let Value::Object(fields) = prediction else {
-            return Err(refused("must be an object"));
-        };
-        if let Some(other) = fields
-            .keys()
-            .find(|k| !matches!(k.as_str(), "type" | "content"))
-        {
-            return Err(refused(&format!("has an unknown field {other:?}")));
+        let prediction = Prediction::deserialize(prediction)
+            .map_err(|e| refused(format!("is malformed ({e})")))?;
+        if prediction.kind != "content" {
+            return Err(refused(format!(
+                "has `type` {:?}, not \"content\"",
+                prediction.kind
+            )));
         }
-        if fields.get("type").and_then(Value::as_str) != Some("content") {
-            return Err(refused("must have `type` \"content\""));
-        }
-        match fields.get("content") {
-            Some(Value::String(text)) => Ok(Some(text.clone())),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for part in parts {
-                    let is_text = part.get("type").and_then(Value::as_str) == Some("text");
-                    match part.get("text").and_then(Value::as_str) {
-                        Some(t) if is_text => text.push_str(t),
-                        _ => return Err(refused("content parts must be text parts")),
-                    }
-                }
-                Ok(Some(text))
-            }
-            _ => Err(refused("needs `content`, a string or a list of text parts")),
-        }
+        let text = prediction.content.text().map_err(|e| refused(e.message))?;
+        Ok(Some(text))
     }
 }
