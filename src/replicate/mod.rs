@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod outbox;
+pub mod responses;
 mod snapshots;
 mod state;
 mod stats;

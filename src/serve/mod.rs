@@ -325,6 +325,11 @@ pub fn serve(
 ) -> Result<(), ServeError> {
     warm_start_if_empty(&cfg, &params, &tokenizer)?;
     let (store, replication) = open_store(&cfg, &params, engine.tokenizer_identity())?;
+    let responses = match &cfg.replicate {
+        Some(r) => api::ResponseStore::sharing(cfg.stored_responses_bytes, &r.url, &r.cluster)
+            .map_err(crate::replicate::ReplicateError::Thread)?,
+        None => api::ResponseStore::new(cfg.stored_responses_bytes),
+    };
     let metrics = Arc::new(metrics::Metrics::default());
     let (tx, rx) = crossbeam::channel::unbounded();
     metrics.publish_cost_curve(engine.cost_curve());
@@ -395,7 +400,7 @@ pub fn serve(
         admin_guard: Default::default(),
         liveness,
         draining: Default::default(),
-        responses: api::ResponseStore::new(cfg.stored_responses_bytes),
+        responses,
     });
     if let (Some(every), Some(_)) = (cfg.publish_snapshots_s, &cfg.replicate) {
         publish_snapshots_every(&app, std::time::Duration::from_secs(every))?;

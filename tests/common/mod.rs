@@ -3,6 +3,8 @@
 
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
+pub mod nats;
+
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

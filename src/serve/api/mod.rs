@@ -237,6 +237,9 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
         "# HELP suffixd_stored_responses Responses kept for previous_response_id and GET /v1/responses/{{id}}.\n# TYPE suffixd_stored_responses gauge\nsuffixd_stored_responses {kept}\n\
          # HELP suffixd_stored_response_bytes Bytes of the stored responses in memory (kept, or held by a later one), within --stored-responses-bytes.\n# TYPE suffixd_stored_response_bytes gauge\nsuffixd_stored_response_bytes {bytes}\n"
     ));
+    if let Some(shared) = app.responses.shared() {
+        text.push_str(&shared.counts().prometheus());
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -21,7 +21,7 @@ use super::super::wire::ChatTokenLogprob;
 use super::wire::{
     Numbered, OutputItem, OutputText, ReasoningText, ResponseError, ResponseObject, StreamEvent,
 };
-use super::{ToKeep, chat_logprobs, finish, item_id};
+use super::{StoredResponse, ToKeep, chat_logprobs, finish, item_id};
 
 /// The response's events as Server-Sent Events. When the client goes away the stream
 /// is dropped with the token channel, and the model thread cancels the generation.
@@ -56,7 +56,9 @@ pub(super) fn stream_response(
                         yield Ok(event);
                     }
                 }
-                for event in out.finish(&app, &g, thinking, keep) {
+                let (events, kept) = out.finish(&app, &g, thinking, keep);
+                super::share(&app, kept.as_deref()).await;
+                for event in events {
                     yield Ok(event);
                 }
             }
@@ -303,14 +305,15 @@ impl Writer {
 
     /// The last events: the open item finished (an empty message when the answer made
     /// no item at all, as a whole response has), then the finished response, kept
-    /// (`keep`) before the client can read that it is done.
+    /// (`keep`) before the client can read that it is done; and the response kept, to be
+    /// shared before these events go out.
     fn finish(
         &mut self,
         app: &AppState,
         g: &Generation,
         thinking: Option<super::Thinking>,
         keep: Option<ToKeep>,
-    ) -> Vec<Event> {
+    ) -> (Vec<Event>, Option<Arc<StoredResponse>>) {
         let mut events = Vec::new();
         if self.open.is_none() && self.response.output.is_empty() {
             events.extend(self.open(Open::Message {
@@ -325,9 +328,7 @@ impl Writer {
         }));
         let output = std::mem::take(&mut self.response.output);
         finish(app, &mut self.response, output, g, thinking);
-        if let Some(keep) = keep {
-            keep.keep(app, &mut self.response);
-        }
+        let kept = keep.and_then(|keep| keep.keep(app, &mut self.response));
         let cut = self.response.status == "incomplete";
         events.push(self.send(|r| {
             if cut {
@@ -336,7 +337,7 @@ impl Writer {
                 StreamEvent::Completed { response: r }
             }
         }));
-        events
+        (events, kept)
     }
 
     /// `response.failed`, saying why.

@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 
 use crate::chat::CallSyntax;
 use crate::engine::{FinishReason, Generation};
+use crate::replicate::responses::SharedError;
 use crate::serve::AppState;
 
 use super::answer::{logprobs_of, spec_stats_of, unix_s};
@@ -54,9 +55,13 @@ pub async fn responses(
 async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let req: ResponsesRequest =
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
-    let previous = continued(&app, &req)?;
+    let previous = continued(&app, &req).await?;
     let earlier = previous.as_deref().map(StoredResponse::conversation);
-    let input = app.responses.resolve_references(req.input_items()?);
+    let input = app
+        .responses
+        .resolve_references(req.input_items()?)
+        .await
+        .map_err(shared_unavailable)?;
     let chat = req.to_chat(earlier.as_deref().unwrap_or_default(), &input)?;
     let keep = match req.wants_stored()? && app.responses.enabled() {
         true => Some(ToKeep {
@@ -84,7 +89,8 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
     let output = output_items(&app, &response.id, &generation, reads_calls, thinking);
     finish(&app, &mut response, output, &generation, thinking);
     if let Some(keep) = keep {
-        keep.keep(&app, &mut response);
+        let kept = keep.keep(&app, &mut response);
+        share(&app, kept.as_deref()).await;
     }
     Ok(Json(response).into_response())
 }
@@ -92,19 +98,24 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
 /// The stored response `req` continues, if it names one; an unknown id is refused as
 /// OpenAI refuses it (`previous_response_not_found`, which clients and proxies answer
 /// by sending the whole conversation).
-fn continued(
+async fn continued(
     app: &AppState,
     req: &ResponsesRequest,
 ) -> Result<Option<Arc<StoredResponse>>, ApiError> {
     let Some(id) = req.previous_response_id()? else {
         return Ok(None);
     };
-    let why = if app.responses.enabled() {
-        "responses are kept in memory, the most recently used within --stored-responses-bytes, not across restarts or replicas"
-    } else {
-        "this server keeps no responses (--stored-responses-bytes 0)"
+    let why = match (app.responses.enabled(), app.responses.shared().is_some()) {
+        (false, _) => "this server keeps no responses (--stored-responses-bytes 0)",
+        (true, false) => {
+            "responses are kept in memory, the most recently used within --stored-responses-bytes, not across restarts or replicas"
+        }
+        (true, true) => {
+            "responses are kept by the replicas through NATS for as long as their stream keeps them (30 days unless its operator set otherwise), and a conversation only while all its responses are"
+        }
     };
-    app.responses.get(id).map(Some).ok_or_else(|| {
+    let found = app.responses.find(id).await.map_err(shared_unavailable)?;
+    found.map(Some).ok_or_else(|| {
         ApiError::bad_request(format!(
             "Previous response with id '{}' not found: {why}; send the whole conversation as `input`",
             shown_id(id)
@@ -122,29 +133,55 @@ pub(super) struct ToKeep {
 }
 
 impl ToKeep {
-    /// Keep `response`, finished; its `store` then says whether it was kept.
-    fn keep(self, app: &AppState, response: &mut ResponseObject) {
+    /// Keep `response`, finished; its `store` then says whether it was kept. Then
+    /// [`share`] it.
+    fn keep(self, app: &AppState, response: &mut ResponseObject) -> Option<Arc<StoredResponse>> {
         response.store = true;
         let whole = serde_json::to_value(&*response).unwrap_or(Value::Null);
-        response.store = app.responses.keep(whole, self.input, self.previous);
+        let kept = app.responses.keep(whole, self.input, self.previous);
+        response.store = kept.is_some();
+        kept
     }
+}
+
+/// Give `kept`, just kept, to the other replicas (when this server shares responses),
+/// before its client can read that it is done: its next request may reach another
+/// replica. When NATS cannot take it, it stays kept here, and the failure is logged.
+async fn share(app: &AppState, kept: Option<&StoredResponse>) {
+    if let Some(kept) = kept
+        && let Err(e) = app.responses.share(kept).await
+    {
+        tracing::warn!("response kept on this replica only: {e}");
+    }
+}
+
+/// The answer when the replicas' shared responses cannot be reached: 503, which clients
+/// retry.
+fn shared_unavailable(e: SharedError) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        format!("{e}; retry, or send the whole conversation as `input`"),
+    )
+    .code("shared_responses_unavailable")
 }
 
 /// `GET /v1/responses/{id}`: a kept response, as it finished.
 pub async fn stored_response(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match app.responses.get(&id) {
-        Some(kept) => Json(kept.response()).into_response(),
-        None => not_kept(&id).into_response(),
+    match app.responses.find(&id).await {
+        Ok(Some(kept)) => Json(kept.response()).into_response(),
+        Ok(None) => not_kept(&id).into_response(),
+        Err(e) => shared_unavailable(e).into_response(),
     }
 }
 
-/// `DELETE /v1/responses/{id}`: forget a kept response (a later response that continued
-/// it still continues it).
+/// `DELETE /v1/responses/{id}`: forget a kept response, on every replica (a later
+/// response that continued it still continues it where it is held).
 pub async fn delete_response(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    if app.responses.delete(&id) {
-        Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
-    } else {
-        not_kept(&id).into_response()
+    match app.responses.forget(&id).await {
+        Ok(true) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
+        Ok(false) => not_kept(&id).into_response(),
+        Err(e) => shared_unavailable(e).into_response(),
     }
 }
 
@@ -154,7 +191,7 @@ fn not_kept(id: &str) -> ApiError {
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         format!(
-            "Response with id '{}' not found: it was not stored (`store: false`), was deleted or evicted, or was made before a restart or on another replica",
+            "Response with id '{}' not found: it was not stored (`store: false`), was deleted or evicted, or was made before a restart or on a replica that does not share its responses",
             shown_id(id)
         ),
     )

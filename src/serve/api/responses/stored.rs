@@ -3,10 +3,13 @@
 //! true unless it says otherwise, as at OpenAI) and the server keeps any
 //! (`--stored-responses-bytes` above 0).
 //!
-//! Kept in memory within a byte budget, the least recently used out first; not across
-//! restarts, nor shared between replicas. A client that gets
-//! `previous_response_not_found` sends the whole conversation as `input` instead (the
-//! Agents SDK's default, and what proxies fall back to).
+//! Kept in memory within a byte budget, the least recently used out first. Replicas
+//! (`--replicate`) also share them through NATS ([`crate::replicate::responses`]): each
+//! kept response is published before its client reads that it is done, a response not
+//! in memory is fetched from there with the conversation before it, and a delete
+//! reaches every replica. Alone, a server keeps them until it restarts. A client that
+//! gets `previous_response_not_found` sends the whole conversation as `input` instead
+//! (the Agents SDK's default, and what proxies fall back to).
 //!
 //! A response holds the one it continued, so that a conversation stays whole while its
 //! newest response is kept, even when an older one was evicted or deleted. The budget
@@ -19,6 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
+
+use crate::replicate::responses::{SharedError, SharedResponses, is_shareable_id};
 
 /// One kept response, linked to the one it continued.
 pub(super) struct StoredResponse {
@@ -39,6 +44,11 @@ impl StoredResponse {
     /// The response as it finished.
     pub(super) fn response(&self) -> &Value {
         &self.response
+    }
+
+    /// Its id.
+    fn id(&self) -> Option<&str> {
+        self.response.get("id").and_then(Value::as_str)
     }
 
     /// The conversation up to and with this response, as input items, oldest first:
@@ -74,12 +84,26 @@ impl Drop for StoredResponse {
     }
 }
 
+/// One response as the replicas share it: the response, its own input, and the id of
+/// the one it continued (fetched in turn, unless the replica holds it).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SharedRecord {
+    response: Value,
+    input: Vec<Value>,
+    previous_response_id: Option<String>,
+}
+
+/// The responses kept in memory, by id.
+type Kept = Mutex<lru::LruCache<String, Arc<StoredResponse>>>;
+
 /// The kept responses, by id.
 pub struct ResponseStore {
     budget_bytes: usize,
     /// Bytes of every stored response alive (kept, held by a later one, or in use).
     live: Arc<AtomicUsize>,
-    kept: Mutex<lru::LruCache<String, Arc<StoredResponse>>>,
+    kept: Arc<Kept>,
+    /// The replicas' shared responses, with `--replicate`.
+    shared: Option<SharedResponses>,
 }
 
 impl ResponseStore {
@@ -88,8 +112,27 @@ impl ResponseStore {
         ResponseStore {
             budget_bytes,
             live: Arc::default(),
-            kept: Mutex::new(lru::LruCache::unbounded()),
+            kept: Arc::new(Mutex::new(lru::LruCache::unbounded())),
+            shared: None,
         }
+    }
+
+    /// A store as [`ResponseStore::new`] that shares its responses with the replicas of
+    /// `cluster` through the NATS server at `url` (none when it keeps none).
+    pub fn sharing(budget_bytes: usize, url: &str, cluster: &str) -> std::io::Result<Self> {
+        let mut store = ResponseStore::new(budget_bytes);
+        if store.enabled() {
+            let kept = store.kept.clone();
+            store.shared = Some(SharedResponses::start(url, cluster, move |id| {
+                lock(&kept).pop(id);
+            })?);
+        }
+        Ok(store)
+    }
+
+    /// The replicas' shared responses, when this server shares them.
+    pub fn shared(&self) -> Option<&SharedResponses> {
+        self.shared.as_ref()
     }
 
     /// Whether this server keeps responses at all.
@@ -114,26 +157,96 @@ impl ResponseStore {
         self.lock().pop(id).is_some()
     }
 
+    /// The response `id`: kept here, or else fetched from the replicas' shared responses
+    /// with the conversation before it (up to a response kept here) and kept. None when
+    /// neither holds it, or its conversation is no longer whole there.
+    pub(super) async fn find(&self, id: &str) -> Result<Option<Arc<StoredResponse>>, SharedError> {
+        if let Some(kept) = self.get(id) {
+            return Ok(Some(kept));
+        }
+        let Some(shared) = &self.shared else {
+            return Ok(None);
+        };
+        // Newest first, until a response kept here or the conversation's first.
+        let (mut fetched, mut fetched_bytes, mut next) = (Vec::new(), 0, Some(id.to_string()));
+        let mut base = None;
+        while let Some(link) = next.take() {
+            if let Some(kept) = self.get(&link) {
+                base = Some(kept);
+                break;
+            }
+            if !is_shareable_id(&link) {
+                return Ok(None);
+            }
+            let Some(bytes) = shared.get(&link).await? else {
+                return Ok(None);
+            };
+            fetched_bytes += bytes.len();
+            if fetched_bytes > self.budget_bytes {
+                return Ok(None);
+            }
+            let record: SharedRecord = match serde_json::from_slice(&bytes) {
+                Ok(record) => record,
+                Err(e) => {
+                    tracing::warn!("shared response {link} does not read ({e}): not continued");
+                    return Ok(None);
+                }
+            };
+            next = record.previous_response_id.clone();
+            fetched.push(record);
+        }
+        let mut previous = base;
+        for record in fetched.into_iter().rev() {
+            let Some(kept) = self.keep(record.response, record.input, previous) else {
+                return Ok(None);
+            };
+            previous = Some(kept);
+        }
+        Ok(previous)
+    }
+
+    /// Publish `stored`, just kept, to the replicas' shared responses (when this server
+    /// shares them); returns once they hold it.
+    pub(super) async fn share(&self, stored: &StoredResponse) -> Result<(), SharedError> {
+        let (Some(shared), Some(id)) = (&self.shared, stored.id()) else {
+            return Ok(());
+        };
+        let record = SharedRecord {
+            response: stored.response.clone(),
+            input: stored.input.clone(),
+            previous_response_id: stored
+                .previous
+                .as_deref()
+                .and_then(StoredResponse::id)
+                .map(str::to_owned),
+        };
+        let bytes = serde_json::to_vec(&record).unwrap_or_default();
+        shared.put(id, bytes).await
+    }
+
+    /// Forget the response `id`, here and on every replica; whether any held it.
+    pub(super) async fn forget(&self, id: &str) -> Result<bool, SharedError> {
+        let here = self.delete(id);
+        match &self.shared {
+            Some(shared) if is_shareable_id(id) => Ok(shared.delete(id).await? || here),
+            _ => Ok(here),
+        }
+    }
+
     /// Keep `response` (its `id` and `output` read from it), made from `input` after
-    /// `previous`; whether it was kept (not when its conversation alone is over the
-    /// budget). Older responses go until everything alive fits.
+    /// `previous`; the response kept, or None when it was not (its conversation alone is
+    /// over the budget). Older responses go until everything alive fits.
     pub(super) fn keep(
         &self,
         response: Value,
         input: Vec<Value>,
         previous: Option<Arc<StoredResponse>>,
-    ) -> bool {
-        let Some(id) = response
-            .get("id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-        else {
-            return false;
-        };
+    ) -> Option<Arc<StoredResponse>> {
+        let id = response.get("id").and_then(Value::as_str)?.to_owned();
         let bytes = size_of_json(&response) + input.iter().map(size_of_json).sum::<usize>();
         let chain_bytes = bytes + previous.as_ref().map_or(0, |p| p.chain_bytes);
         if !self.enabled() || chain_bytes > self.budget_bytes {
-            return false;
+            return None;
         }
         self.live.fetch_add(bytes, Ordering::Relaxed);
         let stored = Arc::new(StoredResponse {
@@ -145,7 +258,7 @@ impl ResponseStore {
             live: self.live.clone(),
         });
         let mut kept = self.lock();
-        kept.put(id, stored);
+        kept.put(id, stored.clone());
         // Each eviction drops a response unless a later one holds it; dropping the
         // later ones then frees the chain. The newest (its chain within the budget)
         // stays, so this ends with everything alive in budget, but for responses
@@ -153,43 +266,54 @@ impl ResponseStore {
         while self.live.load(Ordering::Relaxed) > self.budget_bytes && kept.len() > 1 {
             kept.pop_lru();
         }
-        true
+        Some(stored)
     }
 
     /// `items` with each `item_reference` to an output item of a kept response replaced
     /// by that item (as clients that keep responses at OpenAI send earlier items: the
     /// Vercel AI SDK, Codex). References to anything else stay, to be refused by name.
-    pub(super) fn resolve_references(&self, items: Vec<Value>) -> Vec<Value> {
-        items
-            .into_iter()
-            .map(|item| {
-                if item.get("type").and_then(Value::as_str) != Some("item_reference") {
-                    return item;
-                }
-                let found = item
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .and_then(|id| self.output_item(id));
-                found.unwrap_or(item)
-            })
-            .collect()
+    pub(super) async fn resolve_references(
+        &self,
+        items: Vec<Value>,
+    ) -> Result<Vec<Value>, SharedError> {
+        let mut resolved = Vec::with_capacity(items.len());
+        for item in items {
+            let reference = (item.get("type").and_then(Value::as_str) == Some("item_reference"))
+                .then(|| item.get("id").and_then(Value::as_str))
+                .flatten();
+            let found = match reference {
+                Some(id) => self.output_item(id).await?,
+                None => None,
+            };
+            resolved.push(found.unwrap_or(item));
+        }
+        Ok(resolved)
     }
 
     /// The output item `id` of a kept response.
-    fn output_item(&self, id: &str) -> Option<Value> {
-        let (response_id, index) = super::item_place(id)?;
-        let kept = self.get(&response_id)?;
-        let item = kept.response.get("output")?.get(index)?;
-        (item.get("id").and_then(Value::as_str) == Some(id)).then(|| item.clone())
+    async fn output_item(&self, id: &str) -> Result<Option<Value>, SharedError> {
+        let Some((response_id, index)) = super::item_place(id) else {
+            return Ok(None);
+        };
+        let Some(kept) = self.find(&response_id).await? else {
+            return Ok(None);
+        };
+        let item = kept.response.get("output").and_then(|o| o.get(index));
+        Ok(item
+            .filter(|item| item.get("id").and_then(Value::as_str) == Some(id))
+            .cloned())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, lru::LruCache<String, Arc<StoredResponse>>> {
-        // A panic elsewhere while holding the lock leaves the map whole (every change
-        // is one call on it): keep serving.
-        self.kept
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.kept)
     }
+}
+
+/// The kept responses, locked. A panic elsewhere while holding the lock leaves the map
+/// whole (every change is one call on it): keep serving.
+fn lock(kept: &Kept) -> std::sync::MutexGuard<'_, lru::LruCache<String, Arc<StoredResponse>>> {
+    kept.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A response's id: `resp_` and 128 random bits in hex.
@@ -232,11 +356,19 @@ mod tests {
     #[test]
     fn a_chain_is_its_inputs_and_outputs_in_order() {
         let store = ResponseStore::new(1 << 20);
-        assert!(store.keep(response("resp_a", "A1"), vec![user_message("Q1")], None));
+        assert!(
+            store
+                .keep(response("resp_a", "A1"), vec![user_message("Q1")], None)
+                .is_some()
+        );
         let first = store.get("resp_a").unwrap();
         let second_input =
             vec![json!({"type": "function_call_output", "call_id": "c", "output": "x"})];
-        assert!(store.keep(response("resp_b", "A2"), second_input, Some(first)));
+        assert!(
+            store
+                .keep(response("resp_b", "A2"), second_input, Some(first))
+                .is_some()
+        );
         let texts: Vec<Value> = store
             .get("resp_b")
             .unwrap()
@@ -264,20 +396,32 @@ mod tests {
         let mut previous = None;
         for i in 0..3 {
             let id = format!("resp_{i}");
-            assert!(store.keep(response(&id, "x"), vec![user_message("q")], previous));
+            assert!(
+                store
+                    .keep(response(&id, "x"), vec![user_message("q")], previous)
+                    .is_some()
+            );
             previous = store.get(&id);
         }
         assert_eq!(previous.as_ref().unwrap().conversation().len(), 6);
-        assert!(!store.keep(
-            response("resp_3", "x"),
-            vec![user_message("q")],
-            previous.clone()
-        ));
+        assert!(
+            store
+                .keep(
+                    response("resp_3", "x"),
+                    vec![user_message("q")],
+                    previous.clone()
+                )
+                .is_none()
+        );
         assert_eq!(store.usage(), (3, one * 3));
         // A new conversation: the old one goes, all of it (its older responses only
         // once its newest does).
         drop(previous);
-        assert!(store.keep(response("resp_9", "x"), vec![user_message("q")], None));
+        assert!(
+            store
+                .keep(response("resp_9", "x"), vec![user_message("q")], None)
+                .is_some()
+        );
         assert_eq!(store.usage(), (1, one));
         assert!(store.get("resp_2").is_none() && store.get("resp_9").is_some());
         // Deleted, a response frees its memory.
@@ -289,11 +433,18 @@ mod tests {
     #[test]
     fn a_response_over_the_budget_or_a_store_of_none_keeps_nothing() {
         let store = ResponseStore::new(10);
-        assert!(!store.keep(response("resp_a", "long enough"), Vec::new(), None));
+        assert!(
+            store
+                .keep(response("resp_a", "long enough"), Vec::new(), None)
+                .is_none()
+        );
         assert_eq!(store.usage(), (0, 0));
         let none = ResponseStore::new(0);
         assert!(!none.enabled());
-        assert!(!none.keep(response("resp_a", "x"), Vec::new(), None));
+        assert!(
+            none.keep(response("resp_a", "x"), Vec::new(), None)
+                .is_none()
+        );
     }
 
     #[test]
@@ -303,7 +454,11 @@ mod tests {
         let mut previous = None;
         for i in 0..TURNS {
             let id = format!("resp_{i}");
-            assert!(store.keep(json!({"id": id}), Vec::new(), previous.take()));
+            assert!(
+                store
+                    .keep(json!({"id": id}), Vec::new(), previous.take())
+                    .is_some()
+            );
             previous = store.get(&id);
             if i + 1 < TURNS {
                 store.delete(&id);
@@ -321,7 +476,7 @@ mod tests {
         let store = ResponseStore::new(1 << 20);
         let mut kept = response("resp_ab12", "A1");
         kept["output"][0]["id"] = json!("msg_ab12_0");
-        assert!(store.keep(kept.clone(), Vec::new(), None));
+        assert!(store.keep(kept.clone(), Vec::new(), None).is_some());
         let reference = |id: &str| json!({"type": "item_reference", "id": id});
         let user = user_message("next");
         let items = vec![
@@ -332,7 +487,11 @@ mod tests {
             reference("msg_nothere_0"),
             reference("no-underscores"),
         ];
-        let resolved = store.resolve_references(items.clone());
+        let resolved = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(store.resolve_references(items.clone()))
+            .unwrap();
         assert_eq!(resolved[0], kept["output"][0]);
         assert_eq!(resolved[1], user);
         // An index past the output, a kind the item is not, an unknown response, an id
