@@ -181,8 +181,9 @@ pub(super) struct ServeArgs {
     stream_max_age_s: Option<u64>,
     /// Most bytes of `/v1/responses` answers kept in memory for `previous_response_id`
     /// and `GET /v1/responses/{id}`, the least recently used out first; a response
-    /// counts with the conversation before it. Not kept across restarts or shared
-    /// between replicas; 0 keeps none [default: 67108864 (64 MiB)].
+    /// counts with the conversation before it. With --replicate also kept in NATS and
+    /// shared by the replicas (else lost at a restart); 0 keeps none [default: 67108864
+    /// (64 MiB)].
     #[arg(long, env = "SUFFIXD_STORED_RESPONSES_BYTES")]
     stored_responses_bytes: Option<usize>,
 }

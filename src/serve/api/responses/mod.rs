@@ -108,7 +108,7 @@ async fn continued(
     let why = match (app.responses.enabled(), app.responses.shared().is_some()) {
         (false, _) => "this server keeps no responses (--stored-responses-bytes 0)",
         (true, false) => {
-            "responses are kept in memory, the most recently used within --stored-responses-bytes, not across restarts or replicas"
+            "responses are kept in memory, the most recently used within --stored-responses-bytes, not across restarts or replicas (--replicate shares them)"
         }
         (true, true) => {
             "responses are kept by the replicas through NATS for as long as their stream keeps them (30 days unless its operator set otherwise), and a conversation only while all its responses are"
