@@ -2,7 +2,8 @@
 //! `nats-server`, with two server processes and the real model: a conversation started
 //! on one replica is read, continued and deleted on the other, a streamed response is
 //! readable elsewhere as soon as its client has read it, and while NATS is down a
-//! replica keeps serving from its own memory and says why it cannot reach the others'.
+//! replica keeps serving from its own memory and says why it cannot reach the others',
+//! and after NATS lost its storage the replicas make the stream again.
 
 mod common;
 
@@ -169,7 +170,7 @@ fn replicas_continue_read_and_delete_each_other_s_responses() {
     assert!(metric(&b, "failed") >= 1);
 
     // NATS back (same storage): sharing resumes by itself.
-    let _nats = Nats::start(&nats_dir, Some(port));
+    let nats = Nats::start(&nats_dir, Some(port));
     let mut shared_again = String::new();
     wait_for("a shares again", || {
         let (status, r) = respond(&a, turn("Name a tree.", None));
@@ -186,6 +187,22 @@ fn replicas_continue_read_and_delete_each_other_s_responses() {
     assert_eq!(on_c["output"][0]["content"], on_a["output"][0]["content"]);
     assert_eq!(c.get(&format!("/v1/responses/{deleted_id}"), false).0, 404);
     c.stop();
+
+    // NATS back without its storage: the responses stream is made again by the first
+    // replica that needs it, and sharing goes on without a restart.
+    drop(nats);
+    let _nats = Nats::start(&tmp.path().join("nats-empty"), Some(port));
+    wait_for("a shares again on a NATS that lost its storage", || {
+        let (status, r) = respond(&a, turn("Name a river.", None));
+        assert_eq!(status, 200, "{r}");
+        let id = r["id"].as_str().unwrap().to_string();
+        b.get(&format!("/v1/responses/{id}"), false).0 == 200
+    });
+    assert_eq!(
+        b.get(&format!("/v1/responses/{first_id}"), false).0,
+        200,
+        "b still holds it"
+    );
     a.stop();
     b.stop();
 }

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
+use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::RETRY;
@@ -316,25 +317,29 @@ impl Worker {
         client: &async_nats::Client,
         js: &jetstream::Context,
     ) -> Result<(stream::Stream, async_nats::Subscriber), String> {
-        let stream = js
-            .get_or_create_stream(stream::Config {
-                name: format!("{}_responses", self.cluster),
-                subjects: vec![format!("{}.responses.*", self.cluster)],
-                storage: stream::StorageType::File,
-                max_messages_per_subject: 1,
-                max_bytes: STREAM_BYTES,
-                max_age: STREAM_AGE,
-                discard: stream::DiscardPolicy::Old,
-                allow_direct: true,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| format!("looking up the responses stream: {e}"))?;
+        let stream = self.make_stream(js).await?;
         let deletes = client
             .subscribe(self.deletes_subject())
             .await
             .map_err(|e| format!("subscribing to deletes: {e}"))?;
         Ok((stream, deletes))
+    }
+
+    /// The responses stream, made if missing (an existing one keeps its settings).
+    async fn make_stream(&self, js: &jetstream::Context) -> Result<stream::Stream, String> {
+        js.get_or_create_stream(stream::Config {
+            name: format!("{}_responses", self.cluster),
+            subjects: vec![format!("{}.responses.*", self.cluster)],
+            storage: stream::StorageType::File,
+            max_messages_per_subject: 1,
+            max_bytes: STREAM_BYTES,
+            max_age: STREAM_AGE,
+            discard: stream::DiscardPolicy::Old,
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("looking up the responses stream: {e}"))
     }
 
     fn subject(&self, id: &str) -> String {
@@ -377,49 +382,70 @@ impl Worker {
         };
         match request {
             Request::Put { id, bytes, done } => {
-                let max_payload = c.client.server_info().max_payload;
-                let result = if max_payload > 0 && bytes.len() > max_payload {
-                    Err(SharedError::TooLarge {
-                        bytes: bytes.len(),
-                        max_payload,
-                    })
-                } else {
-                    let published =
-                        async { c.js.publish(self.subject(&id), bytes.into()).await?.await };
-                    published.await.map(drop).map_err(|e| self.unavailable(e))
-                };
-                if result.is_ok() {
-                    self.counts.published.fetch_add(1, Ordering::Relaxed);
-                }
-                let _ = done.send(result);
+                let bytes = Bytes::from(bytes);
+                let put = || self.put(&c, &id, bytes.clone());
+                let _ = done.send(self.again_on_a_new_stream(&c, put).await);
             }
             Request::Get { id, done } => {
-                let result = match c
-                    .stream
-                    .direct_get_last_for_subject(self.subject(&id))
-                    .await
-                {
-                    Ok(message) => {
-                        self.counts.fetched.fetch_add(1, Ordering::Relaxed);
-                        Ok(Some(message.payload.to_vec()))
-                    }
-                    Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => {
-                        self.counts.missing.fetch_add(1, Ordering::Relaxed);
-                        Ok(None)
-                    }
-                    Err(e) => Err(self.unavailable(e)),
-                };
-                let _ = done.send(result);
+                let get = || self.get(&c, &id);
+                let _ = done.send(self.again_on_a_new_stream(&c, get).await);
             }
             Request::Delete { id, done } => {
-                let _ = done.send(self.delete(&c, id).await);
+                let delete = || self.delete(&c, &id);
+                let _ = done.send(self.again_on_a_new_stream(&c, delete).await);
             }
+        }
+    }
+
+    /// `op`, and when NATS refused it, `op` once more after making the stream again: a
+    /// NATS restarted without its storage (or an operator) may have removed it, and
+    /// nothing else would make it again while this replica runs.
+    async fn again_on_a_new_stream<T, F: Future<Output = Result<T, SharedError>>>(
+        &self,
+        c: &Connected,
+        op: impl Fn() -> F,
+    ) -> Result<T, SharedError> {
+        match op().await {
+            Err(SharedError::Unavailable { .. }) if self.make_stream(&c.js).await.is_ok() => {
+                op().await
+            }
+            result => result,
+        }
+    }
+
+    /// Publish response `id` and wait for JetStream's acknowledgement.
+    async fn put(&self, c: &Connected, id: &str, bytes: Bytes) -> Result<(), SharedError> {
+        let max_payload = c.client.server_info().max_payload;
+        if max_payload > 0 && bytes.len() > max_payload {
+            return Err(SharedError::TooLarge {
+                bytes: bytes.len(),
+                max_payload,
+            });
+        }
+        let published = async { c.js.publish(self.subject(id), bytes).await?.await };
+        published.await.map_err(|e| self.unavailable(e))?;
+        self.counts.published.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Response `id`'s bytes, if the stream holds it.
+    async fn get(&self, c: &Connected, id: &str) -> Result<Option<Vec<u8>>, SharedError> {
+        match c.stream.direct_get_last_for_subject(self.subject(id)).await {
+            Ok(message) => {
+                self.counts.fetched.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(message.payload.to_vec()))
+            }
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => {
+                self.counts.missing.fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(self.unavailable(e)),
         }
     }
 
     /// Purge response `id` from the stream and tell every replica (this one too) to
     /// drop its copy; whether the stream held it.
-    async fn delete(&self, c: &Connected, id: String) -> Result<bool, SharedError> {
+    async fn delete(&self, c: &Connected, id: &str) -> Result<bool, SharedError> {
         let purged = c
             .stream
             .purge()
@@ -427,7 +453,10 @@ impl Worker {
             .await
             .map_err(|e| self.unavailable(e))?;
         c.client
-            .publish(self.deletes_subject(), id.into())
+            .publish(
+                self.deletes_subject(),
+                Bytes::copy_from_slice(id.as_bytes()),
+            )
             .await
             .map_err(|e| self.unavailable(e))?;
         // Published is only queued: flushed, the notice has left before the answer.
