@@ -45,16 +45,23 @@ if args.template == "opened":
     assert "<think>" not in thoughts and "</think>" not in thoughts, thoughts
     assert message.content is None, message
     assert whole.choices[0].finish_reason == "length", whole.choices[0]
-    # Streamed: the same thoughts, in pieces, and no content.
-    pieces, content = [], []
+    # All of the answer's tokens are thoughts, and the usage says so.
+    usage = whole.usage
+    assert 0 < usage.completion_tokens_details.reasoning_tokens <= usage.completion_tokens, usage
+    # Streamed: the same thoughts, in pieces, and no content; the same usage.
+    pieces, content, streamed_usage = [], [], None
     for chunk in client.chat.completions.create(
-        model=model, messages=messages, max_tokens=24, temperature=0, stream=True
+        model=model, messages=messages, max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True},
     ):
+        streamed_usage = chunk.usage or streamed_usage
         if chunk.choices:
             delta = chunk.choices[0].delta
             pieces.append(reasoning(delta) or "")
             content.append(delta.content or "")
     assert "".join(pieces) == thoughts, (pieces, thoughts)
+    details = lambda u: (u.completion_tokens, u.completion_tokens_details.reasoning_tokens)
+    assert details(streamed_usage) == details(usage), (streamed_usage, usage)
     assert len([p for p in pieces if p]) > 1, pieces
     assert "".join(content) == "", content
 elif args.template == "inline":
@@ -63,6 +70,8 @@ elif args.template == "inline":
     )
     message = whole.choices[0].message
     assert message.content and reasoning(message) is None, message
+    # Thoughts served as content are not counted as reasoning.
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 0, whole.usage
 else:
     # `enable_thinking: false` closes the thoughts in the prompt, which grows by them.
     base = client.chat.completions.create(
@@ -76,6 +85,7 @@ else:
     # The model answered without thoughts: all of it is content.
     assert base.choices[0].message.content, base.choices[0].message
     assert reasoning(base.choices[0].message) is None, base.choices[0].message
+    assert base.usage.completion_tokens_details.reasoning_tokens == 0, base.usage
     # A tool loop's thoughts go back into the prompt (Qwen 3 shows those since the last
     # user message), as the answers' `reasoning_content`.
     call = {"id": "call_1", "type": "function",

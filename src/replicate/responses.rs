@@ -449,7 +449,7 @@ impl Worker {
         let purged = c
             .stream
             .purge()
-            .filter(self.subject(&id))
+            .filter(self.subject(id))
             .await
             .map_err(|e| self.unavailable(e))?;
         c.client

@@ -6,6 +6,7 @@ use serde_json::json;
 use crate::engine::{Generation, SourceCounts, TokenLogprob};
 use crate::serve::AppState;
 
+use super::thinking::Thinking;
 use super::tools;
 use super::wire::{
     ChatTokenLogprob, CompletionTokensDetails, Logprobs, PromptTokensDetails, SpecStats,
@@ -29,8 +30,14 @@ pub(super) fn chat_finish(g: &Generation, calls: &[tools::ToolCall]) -> &'static
 }
 
 /// The usage of a request's choices, `per_prompt` for each prompt: each prompt once
-/// (and its cached part, its first choice's), the completions summed.
-pub(super) fn usage_of(gs: &[Generation], per_prompt: usize) -> Usage {
+/// (and its cached part, its first choice's), the completions summed, and of those the
+/// thoughts of a thinking model (`thinking`).
+pub(super) fn usage_of(
+    app: &AppState,
+    gs: &[Generation],
+    per_prompt: usize,
+    thinking: Option<Thinking>,
+) -> Usage {
     let firsts = || gs.chunks(per_prompt.max(1)).map(|c| &c[0]);
     let prompt: usize = firsts().map(|g| g.prompt_tokens).sum();
     let cached: usize = firsts().map(|g| g.cached_prompt_tokens).sum();
@@ -46,10 +53,44 @@ pub(super) fn usage_of(gs: &[Generation], per_prompt: usize) -> Usage {
             cached_tokens: cached,
         },
         completion_tokens_details: CompletionTokensDetails {
+            reasoning_tokens: gs.iter().map(|g| reasoning_tokens(app, g, thinking)).sum(),
             accepted_prediction_tokens: predicted(|c| c.accepted),
             rejected_prediction_tokens: predicted(|c| c.drafted.saturating_sub(c.accepted)),
         },
     }
+}
+
+/// How many of generation `g`'s tokens are a thinking model's thoughts (`thinking`):
+/// those it takes to reach the answer's start (0 without thoughts).
+pub(super) fn reasoning_tokens(
+    app: &AppState,
+    g: &Generation,
+    thinking: Option<Thinking>,
+) -> usize {
+    thinking.map_or(0, |t| {
+        // The answer is the text's end: the thoughts end where it starts.
+        let thoughts_end = g.text.len() - t.split(&g.text).answer.len();
+        tokens_within(app, &g.tokens, thoughts_end)
+    })
+}
+
+/// How many of `tokens` it takes for their text to reach byte `bytes`: the fewest whose
+/// text is at least that long (a binary search over decoded prefixes).
+fn tokens_within(app: &AppState, tokens: &[u32], bytes: usize) -> usize {
+    let (mut low, mut high) = (0, tokens.len());
+    while low < high {
+        let mid = (low + high) / 2;
+        let len = app
+            .tokenizer
+            .decode(&tokens[..mid], true)
+            .map_or(usize::MAX, |t| t.len());
+        if len >= bytes {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    low
 }
 
 /// Speculation figures over a request's choices: steps and tokens summed, tokens per

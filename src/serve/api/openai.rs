@@ -301,7 +301,8 @@ async fn answer_whole(
             .as_deref()
             .map(|l| logprobs_of(&app, l, chat, &mut 0))
     };
-    let (usage, suffixd) = (usage_of(&generations, n), spec_stats_of(&generations));
+    let usage = usage_of(&app, &generations, n, thinking);
+    let suffixd = spec_stats_of(&generations);
     if !chat {
         let choices = generations.iter().enumerate().map(|(index, g)| TextChoice {
             index,

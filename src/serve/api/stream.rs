@@ -86,6 +86,7 @@ pub(super) fn stream_response(
         id,
         chat,
         created: unix_s(),
+        thinking,
     };
     // Every choice's progress through one channel, in the order the model makes it.
     let (merged_tx, mut merged) = mpsc::unbounded_channel::<(usize, Progress)>();
@@ -166,6 +167,8 @@ struct Chunks {
     object: &'static str,
     chat: bool,
     created: u64,
+    /// A thinking model's thoughts, counted in the usage.
+    thinking: Option<Thinking>,
 }
 
 impl Chunks {
@@ -218,7 +221,7 @@ impl Chunks {
             created: self.created,
             model: &self.app.model_id,
             choices,
-            usage: usage.map(|(gs, per_prompt)| usage_of(gs, per_prompt)),
+            usage: usage.map(|(gs, per_prompt)| usage_of(&self.app, gs, per_prompt, self.thinking)),
             suffixd: usage.map(|(gs, _)| spec_stats_of(gs)),
         })
     }

@@ -193,10 +193,12 @@ pub(super) struct Usage {
     pub completion_tokens_details: CompletionTokensDetails,
 }
 
-/// How the client's prediction of the answer (`prediction`) fared: its tokens the
-/// model accepted as drafts, and those it verified and refused. Both 0 without one.
+/// The answer's tokens that were a thinking model's thoughts (`reasoning_content`); and
+/// how the client's prediction of the answer (`prediction`) fared: its tokens the model
+/// accepted as drafts, and those it verified and refused (both 0 without one).
 #[derive(Debug, Serialize)]
 pub(super) struct CompletionTokensDetails {
+    pub reasoning_tokens: usize,
     pub accepted_prediction_tokens: usize,
     pub rejected_prediction_tokens: usize,
 }

@@ -28,7 +28,7 @@ use crate::engine::{FinishReason, Generation};
 use crate::replicate::responses::SharedError;
 use crate::serve::AppState;
 
-use super::answer::{logprobs_of, spec_stats_of, unix_s};
+use super::answer::{logprobs_of, reasoning_tokens, spec_stats_of, unix_s};
 use super::openai::{await_answers, enqueue_request};
 use super::thinking::Thinking;
 use super::tools;
@@ -363,11 +363,7 @@ fn chat_logprobs(logprobs: Logprobs) -> Vec<ChatTokenLogprob> {
 /// The usage of generation `g`: its prompt (and the part the prefix cache served), its
 /// tokens, and how many of those were thoughts.
 fn usage_of(app: &AppState, g: &Generation, thinking: Option<Thinking>) -> ResponseUsage {
-    let reasoning_tokens = thinking.map_or(0, |t| {
-        // The answer is the text's end: the thoughts end where it starts.
-        let thoughts_end = g.text.len() - t.split(&g.text).answer.len();
-        tokens_within(app, &g.tokens, thoughts_end)
-    });
+    let reasoning_tokens = reasoning_tokens(app, g, thinking);
     ResponseUsage {
         input_tokens: g.prompt_tokens,
         input_tokens_details: InputTokensDetails {
@@ -377,23 +373,4 @@ fn usage_of(app: &AppState, g: &Generation, thinking: Option<Thinking>) -> Respo
         output_tokens_details: OutputTokensDetails { reasoning_tokens },
         total_tokens: g.prompt_tokens + g.tokens.len(),
     }
-}
-
-/// How many of `tokens` it takes for their text to reach byte `bytes`: the fewest whose
-/// text is at least that long (a binary search over decoded prefixes).
-fn tokens_within(app: &AppState, tokens: &[u32], bytes: usize) -> usize {
-    let (mut low, mut high) = (0, tokens.len());
-    while low < high {
-        let mid = (low + high) / 2;
-        let len = app
-            .tokenizer
-            .decode(&tokens[..mid], true)
-            .map_or(usize::MAX, |t| t.len());
-        if len >= bytes {
-            high = mid;
-        } else {
-            low = mid + 1;
-        }
-    }
-    low
 }
