@@ -264,12 +264,24 @@ impl Worker {
                 return;
             }
         };
+        let started = std::time::Instant::now();
         let (ready, connected) = tokio::sync::watch::channel(None::<Connected>);
         let setup = self.set_up(client, ready, dropped);
         let serve = async {
             while let Some(request) = queue.recv().await {
-                let current = connected.borrow().clone();
-                tokio::spawn(self.clone().answer(current, request));
+                let (worker, mut connected) = (self.clone(), connected.clone());
+                tokio::spawn(async move {
+                    // A replica's first requests may come before NATS answered its first
+                    // call (milliseconds when it is up): they wait for it, up to
+                    // SHARED_WAIT after the start. Later, a NATS away fails at once.
+                    let grace = SHARED_WAIT.saturating_sub(started.elapsed());
+                    let just_up = tokio::time::timeout(grace, connected.wait_for(Option::is_some));
+                    let current = match just_up.await {
+                        Ok(Ok(current)) => current.clone(),
+                        _ => None,
+                    };
+                    worker.answer(current, request).await;
+                });
             }
         };
         tokio::select! {
