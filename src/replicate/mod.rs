@@ -399,17 +399,7 @@ impl Replication {
             stats: stats.clone(),
             stop: stop.clone(),
         };
-        let thread = std::thread::Builder::new()
-            .name("replicate".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                match runtime {
-                    Ok(rt) => rt.block_on(worker.run()),
-                    Err(e) => tracing::error!("replication cannot start its runtime: {e}"),
-                }
-            })?;
+        let thread = on_a_thread_of_its_own("replicate", move || worker.run())?;
         Ok(Replication {
             stats,
             positions,
@@ -484,6 +474,26 @@ impl Replication {
             .expect("replication stats")
             .snapshot_fetched = Some(bootstrap.object.clone());
     }
+}
+
+/// Run the future `work` makes on a new thread `name`, on a runtime of that thread's own,
+/// so that neither the model thread nor HTTP handlers ever run NATS's I/O.
+fn on_a_thread_of_its_own<F: Future<Output = ()>>(
+    name: &str,
+    work: impl FnOnce() -> F + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let thread_name = name.to_string();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match runtime {
+                Ok(rt) => rt.block_on(work()),
+                Err(e) => tracing::error!("{thread_name} cannot start its runtime: {e}"),
+            }
+        })
 }
 
 /// A snapshot this replica published.

@@ -147,17 +147,8 @@ impl SharedResponses {
             counts: counts.clone(),
             stop: stop.clone(),
         };
-        let thread = std::thread::Builder::new()
-            .name("shared-responses".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                match runtime {
-                    Ok(rt) => rt.block_on(worker.run(queue, dropped)),
-                    Err(e) => tracing::error!("shared responses cannot start a runtime: {e}"),
-                }
-            })?;
+        let thread =
+            super::on_a_thread_of_its_own("shared-responses", move || worker.run(queue, dropped))?;
         Ok(SharedResponses {
             url: url.to_string(),
             requests,
