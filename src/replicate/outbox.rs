@@ -191,6 +191,7 @@ mod tests {
 
     #[test]
     fn unsent_entries_survive_a_reopen_and_a_torn_line_is_dropped() {
+        let _faults = crate::store::faults::one_test_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("evictions.jsonl");
         {
@@ -223,6 +224,7 @@ mod tests {
 
     #[test]
     fn a_failed_write_loses_no_entry_written_before_it() {
+        let _faults = crate::store::faults::one_test_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("evictions.jsonl");
         let mut o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
@@ -254,6 +256,7 @@ mod tests {
     /// seen (and drops as a duplicate).
     #[test]
     fn the_file_empties_only_after_the_positions_say_all_went_out() {
+        let _faults = crate::store::faults::one_test_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("evictions.jsonl");
         let mut o = EvictionOutbox::open(&disk(), &path, 0).unwrap();
@@ -286,6 +289,7 @@ mod tests {
     /// counted as they are, not as text that replaced the bad byte.
     #[test]
     fn a_line_with_bytes_that_are_not_text_ends_what_is_kept() {
+        let _faults = crate::store::faults::one_test_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("evictions.jsonl");
         {

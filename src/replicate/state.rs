@@ -237,6 +237,7 @@ mod tests {
     /// number seen twice as a duplicate).
     #[test]
     fn replication_files_lose_nothing_acknowledged_at_any_power_cut() {
+        let _faults = crate::store::faults::one_test_at_a_time();
         let operations = {
             let ram = RamDirectory::new();
             workload(&ram);
