@@ -204,6 +204,17 @@ events = list(client.responses.create(
 final = events[-1].response
 assert final.previous_response_id == follow.id and final.store, final
 assert client.responses.retrieve(final.id).output == final.output, final
+# Its input items: the conversation before it, then its own input, read through the
+# client's pager (two at a time: the pages follow each other by the last item's id).
+oldest = list(client.responses.input_items.list(final.id, order="asc", limit=2))
+newest = list(client.responses.input_items.list(final.id))
+assert [i.id for i in newest] == [i.id for i in reversed(oldest)], (oldest, newest)
+assert len({i.id for i in oldest}) == len(oldest) == 3 + len(first.output) + len(follow.output), oldest
+said = [i.content[0].text for i in oldest if i.type == "message" and i.role == "user"]
+assert said == ["My name is Ada. Say hi.", "What is my name?", "Thanks."], said
+assert [i.id for i in oldest[1 : 1 + len(first.output)]] == [i.id for i in first.output], oldest
+before = [i.id for i in client.responses.input_items.list(follow.id, order="asc")]
+assert before == [i.id for i in oldest[: len(before)]], (before, oldest)
 client.responses.delete(first.id)
 try:
     client.responses.retrieve(first.id)

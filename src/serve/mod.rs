@@ -272,6 +272,10 @@ pub fn router(app: Arc<AppState>) -> Router {
             "/v1/responses/{id}",
             get(api::stored_response).delete(api::delete_response),
         )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(api::response_input_items),
+        )
         .merge(admin)
         .route("/metrics", get(api::metrics))
         .route("/openapi.json", get(api::openapi))

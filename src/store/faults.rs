@@ -218,6 +218,16 @@ impl<W: Write> Write for Cut<W> {
     }
 }
 
+/// For a unit test that configures a fault point or passes through one another test
+/// configures: the points are process-wide, so such tests hold the `fail` crate's
+/// scenario lock one at a time (and every point is cleared when it is dropped).
+/// Without it, a test's injected full disk failed a neighbour's outbox write 9 times
+/// in 300 runs.
+#[cfg(test)]
+pub(crate) fn one_test_at_a_time() -> fail::FailScenario<'static> {
+    fail::FailScenario::setup()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,12 +241,3 @@ mod tests {
     }
 }
 
-/// For a unit test that configures a fault point or passes through one another test
-/// configures: the points are process-wide, so such tests hold the `fail` crate's
-/// scenario lock one at a time (and every point is cleared when it is dropped).
-/// Without it, a test's injected full disk failed a neighbour's outbox write 9 times
-/// in 300 runs.
-#[cfg(test)]
-pub(crate) fn one_test_at_a_time() -> fail::FailScenario<'static> {
-    fail::FailScenario::setup()
-}

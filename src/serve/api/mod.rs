@@ -18,7 +18,9 @@ pub use admin::{
 };
 pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, model, models};
 pub use probes::{health, ready};
-pub use responses::{ResponseStore, delete_response, responses, stored_response};
+pub use responses::{
+    ResponseStore, delete_response, response_input_items, responses, stored_response,
+};
 
 use std::sync::Arc;
 
@@ -248,7 +250,7 @@ pub async fn method_not_allowed() -> Response {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
-        "this endpoint does not take that method (completions, responses and admin changes are POST; models, health, ready, stats, jobs, metrics and openapi.json are GET; a stored response is GET or DELETE)",
+        "this endpoint does not take that method (completions, responses and admin changes are POST; models, health, ready, stats, jobs, metrics and openapi.json are GET; a stored response is GET or DELETE, its input items GET)",
     )
     .into_response()
 }

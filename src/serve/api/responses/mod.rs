@@ -5,13 +5,16 @@
 //! item, the text as a message, each call as a function call; whole, or as the API's
 //! stream of events ([`events`]). Finished responses are kept ([`stored`]) unless
 //! `store` is false: a later request continues one with `previous_response_id`, and
-//! `GET`/`DELETE /v1/responses/{id}` read and forget them.
+//! `GET`/`DELETE /v1/responses/{id}` read and forget them; `GET
+//! /v1/responses/{id}/input_items` lists what one was made from ([`input_items`]).
 
 mod events;
+mod input_items;
 mod request;
 mod stored;
 mod wire;
 
+pub use input_items::response_input_items;
 pub use stored::ResponseStore;
 
 use std::sync::Arc;

@@ -47,23 +47,40 @@ impl StoredResponse {
     }
 
     /// Its id.
-    fn id(&self) -> Option<&str> {
+    pub(super) fn id(&self) -> Option<&str> {
         self.response.get("id").and_then(Value::as_str)
+    }
+
+    /// Its request's own input items.
+    pub(super) fn input(&self) -> &[Value] {
+        &self.input
+    }
+
+    /// Its output items.
+    pub(super) fn output(&self) -> &[Value] {
+        match self.response.get("output").and_then(Value::as_array) {
+            Some(output) => output,
+            None => &[],
+        }
+    }
+
+    /// The responses of its conversation, oldest first, ending with this one.
+    pub(super) fn chain(&self) -> Vec<&StoredResponse> {
+        let mut chain = vec![self];
+        while let Some(previous) = chain.last().and_then(|r| r.previous.as_deref()) {
+            chain.push(previous);
+        }
+        chain.reverse();
+        chain
     }
 
     /// The conversation up to and with this response, as input items, oldest first:
     /// each response's input, then its output.
     pub(super) fn conversation(&self) -> Vec<Value> {
-        let mut chain = vec![self];
-        while let Some(previous) = chain.last().and_then(|r| r.previous.as_deref()) {
-            chain.push(previous);
-        }
         let mut items = Vec::new();
-        for link in chain.into_iter().rev() {
+        for link in self.chain() {
             items.extend(link.input.iter().cloned());
-            if let Some(output) = link.response.get("output").and_then(Value::as_array) {
-                items.extend(output.iter().cloned());
-            }
+            items.extend(link.output().iter().cloned());
         }
         items
     }
