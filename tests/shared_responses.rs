@@ -2,8 +2,9 @@
 //! `nats-server`, with two server processes and the real model: a conversation started
 //! on one replica is read, continued and deleted on the other, a streamed response is
 //! readable elsewhere as soon as its client has read it, and while NATS is down a
-//! replica keeps serving from its own memory and says why it cannot reach the others',
-//! and after NATS lost its storage the replicas make the stream again.
+//! replica keeps serving from its own memory and says why it cannot reach the others'
+//! (what it keeps meanwhile goes out once NATS is back), and after NATS lost its
+//! storage the replicas make the stream again.
 
 mod common;
 
@@ -169,8 +170,13 @@ fn replicas_continue_read_and_delete_each_other_s_responses() {
     assert_eq!(refused["error"]["code"], "shared_responses_unavailable");
     assert!(metric(&b, "failed") >= 1);
 
-    // NATS back (same storage): sharing resumes by itself.
+    // NATS back (same storage): sharing resumes by itself, and the response a kept
+    // while it was away, waiting in a's outbox, reaches b.
     let nats = Nats::start(&nats_dir, Some(port));
+    wait_for("the response kept during the outage reaches b", || {
+        b.get(&format!("/v1/responses/{during_outage}"), false).0 == 200
+    });
+    assert!(metric(&a, "queued") >= 1);
     let mut shared_again = String::new();
     wait_for("a shares again", || {
         let (status, r) = respond(&a, turn("Name a tree.", None));

@@ -12,8 +12,9 @@
 //! - A delete purges its subject and says so on `<cluster>.deleted-responses`, where
 //!   every replica drops its own copy.
 //! - Everything runs on a thread of its own; callers wait at most [`SHARED_WAIT`] for an
-//!   answer. While NATS is unreachable, operations fail with [`SharedError`]: the caller
-//!   keeps serving from its own memory.
+//!   answer. While NATS is unreachable, reads and deletes fail with [`SharedError`] (the
+//!   caller keeps serving from its own memory), and responses to publish wait in an
+//!   outbox in memory, bounded in bytes, published in order once NATS is back.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +34,9 @@ pub const STREAM_BYTES: i64 = 1 << 30;
 
 /// How long a new responses stream keeps a response: 30 days, as OpenAI keeps them.
 pub const STREAM_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How often the outbox is tried while it holds responses.
+const OUTBOX_RETRY: Duration = super::RETRY;
 
 /// Why a shared operation failed; the caller serves from its own memory meanwhile.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -68,6 +72,8 @@ pub enum SharedError {
 pub struct SharedCounts {
     /// Responses published.
     pub published: AtomicU64,
+    /// Responses kept while NATS was away, put in the outbox to publish once it is back.
+    pub queued: AtomicU64,
     /// Responses fetched from the stream (another replica's, or this one's evicted).
     pub fetched: AtomicU64,
     /// Lookups the stream did not hold either.
@@ -84,10 +90,11 @@ impl SharedCounts {
     /// The counts in Prometheus's text format.
     pub fn prometheus(&self) -> String {
         let mut text = String::from(
-            "# HELP suffixd_shared_responses_total Stored responses shared with the other replicas through NATS, by what happened: published, fetched (not in memory here), missing (held by no one), deleted, dropped (another replica's delete), failed (NATS unreachable, too slow, or a response over its max_payload).\n# TYPE suffixd_shared_responses_total counter\n",
+            "# HELP suffixd_shared_responses_total Stored responses shared with the other replicas through NATS, by what happened: published, queued (kept while NATS was away, published when it is back), fetched (not in memory here), missing (held by no one), deleted, dropped (another replica's delete), failed (NATS unreachable, too slow, a response over its max_payload, or one the full outbox let go).\n# TYPE suffixd_shared_responses_total counter\n",
         );
         for (event, count) in [
             ("published", &self.published),
+            ("queued", &self.queued),
             ("fetched", &self.fetched),
             ("missing", &self.missing),
             ("deleted", &self.deleted),
@@ -131,11 +138,13 @@ pub struct SharedResponses {
 
 impl SharedResponses {
     /// Start sharing through the NATS server at `url` with the replicas of `cluster`;
-    /// `dropped(id)` is called when another replica deletes response `id`. Never waits
+    /// `dropped(id)` is called when another replica deletes response `id`. Responses
+    /// kept while NATS is away wait in an outbox of at most `outbox_bytes`. Never waits
     /// for NATS: an unreachable server is retried in the background.
     pub fn start(
         url: &str,
         cluster: &str,
+        outbox_bytes: usize,
         dropped: impl Fn(&str) + Send + 'static,
     ) -> std::io::Result<Self> {
         let (requests, queue) = tokio::sync::mpsc::unbounded_channel();
@@ -146,6 +155,7 @@ impl SharedResponses {
             cluster: cluster.to_string(),
             counts: counts.clone(),
             stop: stop.clone(),
+            outbox: Arc::new(tokio::sync::Mutex::new(Outbox::new(outbox_bytes))),
         };
         let thread =
             super::on_a_thread_of_its_own("shared-responses", move || worker.run(queue, dropped))?;
@@ -163,7 +173,8 @@ impl SharedResponses {
         &self.counts
     }
 
-    /// Publish response `id` as `bytes`; returns once JetStream acknowledged it.
+    /// Publish response `id` as `bytes`; returns once JetStream acknowledged it, or,
+    /// while NATS is away, once it is in the outbox (published when NATS is back).
     pub async fn put(&self, id: &str, bytes: Vec<u8>) -> Result<(), SharedError> {
         let id = id.to_string();
         self.ask(|done| Request::Put { id, bytes, done }).await
@@ -222,6 +233,55 @@ pub fn is_shareable_id(id: &str) -> bool {
         .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// Responses kept while NATS was away, oldest first, to publish once it is back.
+struct Outbox {
+    waiting: std::collections::VecDeque<(String, Bytes)>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl Outbox {
+    fn new(budget: usize) -> Self {
+        Outbox {
+            waiting: Default::default(),
+            bytes: 0,
+            budget,
+        }
+    }
+
+    /// Queue response `id`; the oldest go when the outbox is over its budget (how many
+    /// went is returned).
+    fn push(&mut self, id: String, bytes: Bytes) -> usize {
+        self.bytes += bytes.len();
+        self.waiting.push_back((id, bytes));
+        let mut gone = 0;
+        while self.bytes > self.budget
+            && let Some((_, oldest)) = self.waiting.pop_front()
+        {
+            self.bytes -= oldest.len();
+            gone += 1;
+        }
+        gone
+    }
+
+    /// The oldest response waiting.
+    fn front(&self) -> Option<(String, Bytes)> {
+        self.waiting.front().cloned()
+    }
+
+    fn pop_front(&mut self) {
+        if let Some((_, bytes)) = self.waiting.pop_front() {
+            self.bytes -= bytes.len();
+        }
+    }
+
+    /// Take response `id` out (it was deleted before it went out).
+    fn remove(&mut self, id: &str) {
+        self.waiting.retain(|(waiting, _)| waiting != id);
+        self.bytes = self.waiting.iter().map(|(_, b)| b.len()).sum();
+    }
+}
+
 /// The sharing thread's state.
 #[derive(Clone)]
 struct Worker {
@@ -229,6 +289,9 @@ struct Worker {
     cluster: String,
     counts: Arc<SharedCounts>,
     stop: Arc<AtomicBool>,
+    /// Locked across each publish from it, so that a delete waits for one under way
+    /// (else the purge could come first and the response outlive its delete).
+    outbox: Arc<tokio::sync::Mutex<Outbox>>,
 }
 
 /// What the operations need once NATS answered.
@@ -275,10 +338,57 @@ impl Worker {
                 });
             }
         };
+        let publish_queued = async {
+            loop {
+                tokio::time::sleep(OUTBOX_RETRY).await;
+                let current = connected.borrow().clone();
+                if let Some(c) = current {
+                    self.publish_queued(&c).await;
+                }
+            }
+        };
         tokio::select! {
             () = setup => {}
             () = serve => {}
+            () = publish_queued => {}
             () = self.stopped() => {}
+        }
+    }
+
+    /// Publish the outbox's responses, oldest first, while NATS takes them.
+    async fn publish_queued(&self, c: &Connected) {
+        let mut published = 0;
+        while is_connected(c) {
+            let mut outbox = self.outbox.lock().await;
+            let Some((id, bytes)) = outbox.front() else {
+                break;
+            };
+            let put = || self.put(c, &id, bytes.clone());
+            match self.again_on_a_new_stream(c, put).await {
+                Ok(()) => published += 1,
+                Err(e @ SharedError::TooLarge { .. }) => {
+                    self.counts.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("response {id} kept on this replica only: {e}");
+                }
+                // Tried again later.
+                Err(_) => break,
+            }
+            outbox.pop_front();
+        }
+        if published > 0 {
+            tracing::info!("shared responses: published {published} kept while NATS was away");
+        }
+    }
+
+    /// Put response `id` in the outbox: NATS is away.
+    async fn queue(&self, id: String, bytes: Bytes) {
+        let gone = self.outbox.lock().await.push(id, bytes);
+        self.counts.queued.fetch_add(1, Ordering::Relaxed);
+        if gone > 0 {
+            self.counts.failed.fetch_add(gone as u64, Ordering::Relaxed);
+            tracing::warn!(
+                "shared responses: the outbox is full (NATS away): {gone} of the oldest responses in it stay on this replica only"
+            );
         }
     }
 
@@ -364,19 +474,25 @@ impl Worker {
     async fn answer(self, connected: Option<Connected>, request: Request) {
         // While NATS is away, fail at once rather than after SHARED_WAIT: every stored
         // response would wait that long otherwise.
-        let connected =
-            connected
-                .ok_or("not connected yet")
-                .and_then(|c| match c.client.connection_state() {
-                    async_nats::connection::State::Connected => Ok(c),
-                    _ => Err("disconnected, reconnecting"),
-                });
+        let connected = connected
+            .ok_or("not connected yet")
+            .and_then(|c| match is_connected(&c) {
+                true => Ok(c),
+                false => Err("disconnected, reconnecting"),
+            });
+        if let Request::Delete { id, .. } = &request {
+            // Deleted before it went out: it never will.
+            self.outbox.lock().await.remove(id);
+        }
         let c = match connected {
             Ok(c) => c,
             Err(why) => {
                 let not_yet = self.unavailable(why);
                 match request {
-                    Request::Put { done, .. } => drop(done.send(Err(not_yet))),
+                    Request::Put { id, bytes, done } => {
+                        self.queue(id, Bytes::from(bytes)).await;
+                        drop(done.send(Ok(())));
+                    }
                     Request::Get { done, .. } => drop(done.send(Err(not_yet))),
                     Request::Delete { done, .. } => drop(done.send(Err(not_yet))),
                 }
@@ -387,7 +503,15 @@ impl Worker {
             Request::Put { id, bytes, done } => {
                 let bytes = Bytes::from(bytes);
                 let put = || self.put(&c, &id, bytes.clone());
-                let _ = done.send(self.again_on_a_new_stream(&c, put).await);
+                let answer = match self.again_on_a_new_stream(&c, put).await {
+                    // The connection went while publishing: out when NATS is back.
+                    Err(SharedError::Unavailable { .. }) if !is_connected(&c) => {
+                        self.queue(id, bytes).await;
+                        Ok(())
+                    }
+                    answer => answer,
+                };
+                let _ = done.send(answer);
             }
             Request::Get { id, done } => {
                 let get = || self.get(&c, &id);
@@ -469,9 +593,34 @@ impl Worker {
     }
 }
 
+/// Whether `c`'s client is connected now.
+fn is_connected(c: &Connected) -> bool {
+    c.client.connection_state() == async_nats::connection::State::Connected
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outbox_keeps_the_newest_within_its_budget_in_order() {
+        let bytes = |n: usize| Bytes::from(vec![b'x'; n]);
+        let mut outbox = Outbox::new(10);
+        assert_eq!(outbox.push("a".into(), bytes(4)), 0);
+        assert_eq!(outbox.push("b".into(), bytes(4)), 0);
+        assert_eq!(outbox.push("c".into(), bytes(4)), 1, "a goes");
+        assert_eq!(outbox.front().map(|(id, _)| id), Some("b".into()));
+        outbox.remove("c");
+        assert_eq!((outbox.waiting.len(), outbox.bytes), (1, 4));
+        outbox.pop_front();
+        assert_eq!((outbox.front(), outbox.bytes), (None, 0));
+        assert_eq!(
+            outbox.push("huge".into(), bytes(11)),
+            1,
+            "over the budget alone"
+        );
+        assert_eq!(outbox.bytes, 0);
+    }
 
     #[test]
     fn only_ids_of_this_server_s_form_are_looked_up() {

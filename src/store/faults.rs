@@ -240,4 +240,3 @@ mod tests {
         assert!(names.contains("wal-write") && names.contains("manifest-dir-fsync"));
     }
 }
-

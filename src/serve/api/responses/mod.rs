@@ -149,7 +149,8 @@ impl ToKeep {
 
 /// Give `kept`, just kept, to the other replicas (when this server shares responses),
 /// before its client can read that it is done: its next request may reach another
-/// replica. When NATS cannot take it, it stays kept here, and the failure is logged.
+/// replica. While NATS is away it waits in the outbox, published once NATS is back;
+/// when NATS refuses it (too large), it stays kept here, and the failure is logged.
 async fn share(app: &AppState, kept: Option<&StoredResponse>) {
     if let Some(kept) = kept
         && let Err(e) = app.responses.share(kept).await

@@ -140,9 +140,15 @@ impl ResponseStore {
         let mut store = ResponseStore::new(budget_bytes);
         if store.enabled() {
             let kept = store.kept.clone();
-            store.shared = Some(SharedResponses::start(url, cluster, move |id| {
-                lock(&kept).pop(id);
-            })?);
+            // The outbox holds at most what memory holds of responses.
+            store.shared = Some(SharedResponses::start(
+                url,
+                cluster,
+                budget_bytes,
+                move |id| {
+                    lock(&kept).pop(id);
+                },
+            )?);
         }
         Ok(store)
     }
@@ -223,7 +229,8 @@ impl ResponseStore {
     }
 
     /// Publish `stored`, just kept, to the replicas' shared responses (when this server
-    /// shares them); returns once they hold it.
+    /// shares them); returns once they hold it, or while NATS is away once it waits in
+    /// the outbox.
     pub(super) async fn share(&self, stored: &StoredResponse) -> Result<(), SharedError> {
         let (Some(shared), Some(id)) = (&self.shared, stored.id()) else {
             return Ok(());
