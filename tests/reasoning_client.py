@@ -82,6 +82,27 @@ else:
         extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
     assert closed.usage.prompt_tokens > base.usage.prompt_tokens, (closed.usage, base.usage)
+    # `reasoning_effort: "none"` (OpenAI's "do not reason") closes them alike; other
+    # efforts leave the template's default; the request's own variable wins.
+    def prompt_tokens(**extra):
+        return client.chat.completions.create(
+            model=model, messages=messages, max_tokens=1, temperature=0, **extra
+        ).usage.prompt_tokens
+    assert prompt_tokens(reasoning_effort="none") == closed.usage.prompt_tokens
+    assert prompt_tokens(reasoning_effort="high") == base.usage.prompt_tokens
+    opened = {"chat_template_kwargs": {"enable_thinking": True}}
+    assert prompt_tokens(reasoning_effort="none", extra_body=opened) == base.usage.prompt_tokens
+    # The Responses API's `reasoning.effort` is the same setting.
+    for effort, expected in [("none", closed), ("low", base)]:
+        r = client.responses.create(model=model, input=messages[0]["content"], reasoning={"effort": effort},
+                                    max_output_tokens=1, temperature=0, store=False)
+        assert r.usage.input_tokens == expected.usage.prompt_tokens, (effort, r.usage, expected.usage)
+    for bad in [dict(reasoning_effort="extreme"), dict(extra_body={"reasoning_effort": 3})]:
+        try:
+            prompt_tokens(**bad)
+            raise AssertionError(f"{bad} was accepted")
+        except openai.BadRequestError as e:
+            assert e.param == "reasoning_effort", e
     # The model answered without thoughts: all of it is content.
     assert base.choices[0].message.content, base.choices[0].message
     assert reasoning(base.choices[0].message) is None, base.choices[0].message

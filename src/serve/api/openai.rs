@@ -453,6 +453,14 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
     if let Some((field, _, why)) = refusals.iter().find(|(_, ok, _)| !ok) {
         return Err(ApiError::bad_request(format!("`{field}`: {why}")));
     }
+    let effort = req.reasoning_effort.as_ref();
+    if effort.is_some_and(|e| !e.is_null() && reasoning_effort(req).is_none()) {
+        return Err(ApiError::bad_request(format!(
+            "`reasoning_effort` (the Responses API's `reasoning.effort`) must be one of {} or null",
+            REASONING_EFFORTS.join(", ")
+        ))
+        .param("reasoning_effort"));
+    }
     if req.presence_penalty.is_some_and(|p| p != 0.0)
         || req.frequency_penalty.is_some_and(|p| p != 0.0)
     {
@@ -558,20 +566,44 @@ fn prompt_pieces(
     })
 }
 
-/// The chat template's variables: the server's (`--chat-template-kwargs`), each
-/// replaced by the request's own of the same name (copied only when there are both).
+/// OpenAI's values of `reasoning_effort`.
+const REASONING_EFFORTS: [&str; 6] = ["none", "minimal", "low", "medium", "high", "xhigh"];
+
+/// The request's `reasoning_effort`, when it is one of OpenAI's values.
+fn reasoning_effort(req: &GenerationRequest) -> Option<&str> {
+    let effort = req.reasoning_effort.as_ref()?.as_str()?;
+    REASONING_EFFORTS.contains(&effort).then_some(effort)
+}
+
+/// The chat template's variables: the server's (`--chat-template-kwargs`), then what
+/// the request's `reasoning_effort` sets, then the request's own `chat_template_kwargs`,
+/// each replacing the one before of the same name (copied only when there are two).
+///
+/// `reasoning_effort` reaches the template as the variable of that name (as
+/// transformers passes it; gpt-oss's template reads it), and `none` (OpenAI's "do not
+/// reason") also sets `enable_thinking` false, which closes the thoughts of the
+/// templates that read it (Qwen 3, SmolLM3). Other efforts leave thinking as the
+/// template has it: open models have no lighter way of thinking to map them to.
 fn template_variables<'a>(
     app: &'a AppState,
     req: &'a GenerationRequest,
 ) -> std::borrow::Cow<'a, serde_json::Map<String, serde_json::Value>> {
     use std::borrow::Cow;
     let server = &app.cfg.chat_template_kwargs;
-    match &req.chat_template_kwargs {
-        None => Cow::Borrowed(server),
-        Some(own) if server.is_empty() => Cow::Borrowed(own),
-        Some(own) => {
+    let effort = reasoning_effort(req);
+    match (&req.chat_template_kwargs, effort) {
+        (None, None) => Cow::Borrowed(server),
+        (Some(own), None) if server.is_empty() => Cow::Borrowed(own),
+        (own, effort) => {
             let mut variables = server.clone();
-            variables.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+            if let Some(effort) = effort {
+                variables.insert("reasoning_effort".into(), json!(effort));
+                if effort == "none" {
+                    variables.insert("enable_thinking".into(), json!(false));
+                }
+            }
+            let own = own.iter().flatten();
+            variables.extend(own.map(|(k, v)| (k.clone(), v.clone())));
             Cow::Owned(variables)
         }
     }

@@ -198,8 +198,8 @@ pub(super) enum PromptField {
 /// The fields both endpoints share. Unknown fields are refused, so that a typo is an
 /// error and not a silently ignored setting. OpenAI's fields that do not change an
 /// answer here are accepted and ignored (`metadata`, `store`, `service_tier`,
-/// `reasoning_effort`, `prompt_cache_key`, `safety_identifier`, `verbosity`,
-/// `prediction`, `stream_options`); those that would change it are refused unless
+/// `prompt_cache_key`, `safety_identifier`, `verbosity`, `prediction`,
+/// `stream_options`); those that would change it are refused unless
 /// they ask for nothing (`logit_bias` empty, `modalities` text only, `audio` and
 /// `web_search_options` null, `echo` false, `best_of` 1, `suffix` null).
 #[derive(Deserialize, Debug)]
@@ -234,11 +234,13 @@ pub(super) struct GenerationRequest {
     /// More variables for the chat template (vLLM's and llama.cpp's field), such as
     /// Qwen 3's `enable_thinking`.
     pub(super) chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// OpenAI's effort of a reasoning model: given to the chat template, and `none`
+    /// turns thinking off where the template can (`openai::template_variables`).
+    pub(super) reasoning_effort: Option<serde_json::Value>,
     // Accepted and ignored: they do not change the answer.
     pub(super) metadata: Option<serde_json::Value>,
     pub(super) store: Option<serde_json::Value>,
     pub(super) service_tier: Option<serde_json::Value>,
-    pub(super) reasoning_effort: Option<serde_json::Value>,
     pub(super) prompt_cache_key: Option<serde_json::Value>,
     pub(super) safety_identifier: Option<serde_json::Value>,
     pub(super) verbosity: Option<serde_json::Value>,

@@ -14,8 +14,8 @@ use super::stored::user_message;
 use crate::engine::MAX_TOP_LOGPROBS;
 
 /// A `/v1/responses` request. Unknown fields are refused, as on the chat endpoint.
-/// Fields that do not change an answer here are accepted and ignored (`metadata`,
-/// `reasoning`, `service_tier`, `prompt_cache_*`, `safety_identifier`,
+/// `reasoning.effort` is chat's `reasoning_effort`. Fields that do not change an
+/// answer here are accepted and ignored (`metadata`, `reasoning.summary`, `service_tier`, `prompt_cache_*`, `safety_identifier`,
 /// `stream_options`, `max_tool_calls`, `context_management`); those that would are
 /// refused unless they ask for nothing (`conversation`, `prompt` null, `background`
 /// false, `truncation` `disabled`).
@@ -51,9 +51,10 @@ pub(super) struct ResponsesRequest {
     pub(super) prompt: Option<Value>,
     pub(super) background: Option<Value>,
     pub(super) truncation: Option<Value>,
+    /// `{"effort": ...}`: chat's `reasoning_effort`; its `summary` is ignored.
+    pub(super) reasoning: Option<Value>,
     // Accepted and ignored: they do not change the answer.
     pub(super) metadata: Option<Value>,
-    pub(super) reasoning: Option<Value>,
     pub(super) service_tier: Option<Value>,
     pub(super) prompt_cache_key: Option<Value>,
     pub(super) prompt_cache_retention: Option<Value>,
@@ -106,6 +107,20 @@ impl ResponsesRequest {
                 "`input` must be a string or a non-empty list of items",
             )),
             Some(Input::Items(items)) => Ok(items.clone()),
+        }
+    }
+
+    /// `reasoning.effort`, which chat calls `reasoning_effort` (checked there).
+    fn reasoning_effort(&self) -> Result<Option<Value>, ApiError> {
+        match &self.reasoning {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Object(reasoning)) => {
+                Ok(reasoning.get("effort").filter(|e| !e.is_null()).cloned())
+            }
+            Some(_) => Err(ApiError::bad_request(
+                "`reasoning` must be an object, such as {\"effort\": \"none\"}, or null",
+            )
+            .param("reasoning")),
         }
     }
 
@@ -191,6 +206,7 @@ impl ResponsesRequest {
                     .transpose()?,
             ),
             ("response_format", response_format(self.text.as_ref())?),
+            ("reasoning_effort", self.reasoning_effort()?),
             ("logprobs", wants_logprobs.then(|| json!(true))),
             ("top_logprobs", top_logprobs.filter(|_| wants_logprobs)),
         ];
