@@ -215,6 +215,12 @@ assert said == ["My name is Ada. Say hi.", "What is my name?", "Thanks."], said
 assert [i.id for i in oldest[1 : 1 + len(first.output)]] == [i.id for i in first.output], oldest
 before = [i.id for i in client.responses.input_items.list(follow.id, order="asc")]
 assert before == [i.id for i in oldest[: len(before)]], (before, oldest)
+# A listed item by reference is the item (the first user turn, sent without an id).
+asked = dict(model=model, store=False, max_output_tokens=8, temperature=0)
+by_reference = client.responses.create(input=[{"type": "item_reference", "id": oldest[0].id}], **asked)
+direct = client.responses.create(input="My name is Ada. Say hi.", **asked)
+assert by_reference.usage.input_tokens == direct.usage.input_tokens, (by_reference.usage, direct.usage)
+assert by_reference.output_text == direct.output_text, (by_reference.output_text, direct.output_text)
 client.responses.delete(first.id)
 try:
     client.responses.retrieve(first.id)

@@ -6,9 +6,9 @@
 //!
 //! Every listed item has an id. A client's item without one gets
 //! `<kind>_<response>_in<index>`, from the response whose input held it, so the same
-//! item has the same id in every listing, on every replica, across pages. Items read
-//! as OpenAI lists them: a message has a `type`, its text as content parts and a
-//! `status`.
+//! item has the same id in every listing, on every replica, across pages, and an
+//! `item_reference` to it is the item ([`super::items`]). Items read as OpenAI lists
+//! them: a message has a `type`, its text as content parts and a `status`.
 
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::items::as_listed;
 use super::stored::StoredResponse;
 use super::{not_kept, shared_unavailable};
 use crate::serve::AppState;
@@ -161,48 +162,6 @@ fn listed_input(kept: &StoredResponse) -> Vec<Value> {
     items
 }
 
-/// Input item `index` of response `response_id` as it is listed: with an id, a type,
-/// and a message's text as content parts.
-fn as_listed(item: &Value, response_id: &str, index: usize) -> Value {
-    let mut item = item.clone();
-    let Some(fields) = item.as_object_mut() else {
-        return item;
-    };
-    // An item without a type is a message (the API's easy form).
-    let kind = match fields.get("type").and_then(Value::as_str) {
-        Some(kind) => kind.to_owned(),
-        None => "message".to_owned(),
-    };
-    fields.insert("type".into(), json!(kind));
-    if kind == "message"
-        && let Some(Value::String(text)) = fields.get("content")
-    {
-        let part = match fields.get("role").and_then(Value::as_str) {
-            Some("assistant") => json!({"type": "output_text", "text": text, "annotations": []}),
-            _ => json!({"type": "input_text", "text": text}),
-        };
-        fields.insert("content".into(), json!([part]));
-    }
-    if matches!(
-        kind.as_str(),
-        "message" | "function_call" | "function_call_output"
-    ) {
-        fields.entry("status").or_insert_with(|| json!("completed"));
-    }
-    if !fields.get("id").is_some_and(Value::is_string) {
-        let prefix = match kind.as_str() {
-            "message" => "msg",
-            "function_call" => "fc",
-            "function_call_output" => "fco",
-            "reasoning" => "rs",
-            _ => "item",
-        };
-        let tail = response_id.strip_prefix("resp_").unwrap_or(response_id);
-        fields.insert("id".into(), json!(format!("{prefix}_{tail}_in{index}")));
-    }
-    item
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,29 +252,5 @@ mod tests {
         );
         let unknown = page(&[("after", "nope")]).of(items(5)).unwrap_err();
         assert_eq!(unknown.param, Some("after"));
-    }
-
-    #[test]
-    fn an_item_is_listed_with_an_id_a_type_and_content_parts() {
-        let user = as_listed(&json!({"role": "user", "content": "hi"}), "resp_ab", 0);
-        assert_eq!(
-            user,
-            json!({"id": "msg_ab_in0", "type": "message", "role": "user", "status": "completed",
-                   "content": [{"type": "input_text", "text": "hi"}]})
-        );
-        let assistant = as_listed(
-            &json!({"role": "assistant", "content": "yes"}),
-            "resp_ab",
-            1,
-        );
-        assert_eq!(assistant["content"][0]["type"], "output_text");
-        let output = json!({"type": "function_call_output", "call_id": "c", "output": "18C"});
-        assert_eq!(as_listed(&output, "resp_ab", 2)["id"], "fco_ab_in2");
-        let own = json!({"type": "function_call", "id": "fc_x_1", "call_id": "c", "name": "f", "arguments": "{}", "status": "completed"});
-        assert_eq!(
-            as_listed(&own, "resp_ab", 3),
-            own,
-            "a client's own id and fields stay"
-        );
     }
 }

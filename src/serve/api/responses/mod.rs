@@ -10,6 +10,7 @@
 
 mod events;
 mod input_items;
+mod items;
 mod request;
 mod stored;
 mod wire;
@@ -37,6 +38,7 @@ use super::thinking::Thinking;
 use super::tools;
 use super::wire::{ChatTokenLogprob, Logprobs};
 use super::{ApiError, read_json};
+use items::item_id;
 use request::ResponsesRequest;
 use stored::StoredResponse;
 use wire::{
@@ -281,20 +283,6 @@ fn finish(
 /// last item are then `incomplete`.
 fn is_cut(g: &Generation) -> bool {
     g.finish_reason == FinishReason::Length
-}
-
-/// The id of output item `index` of response `response_id`, with the item kind's
-/// prefix (`rs`, `msg`, `fc`).
-fn item_id(response_id: &str, prefix: &str, index: usize) -> String {
-    let tail = response_id.strip_prefix("resp_").unwrap_or(response_id);
-    format!("{prefix}_{tail}_{index}")
-}
-
-/// The response and output index an output item's id names ([`item_id`]'s inverse).
-fn item_place(item_id: &str) -> Option<(String, usize)> {
-    let (_prefix, rest) = item_id.split_once('_')?;
-    let (tail, index) = rest.rsplit_once('_')?;
-    Some((format!("resp_{tail}"), index.parse().ok()?))
 }
 
 /// A finished answer's output items: its thoughts (a reasoning item), its text (a

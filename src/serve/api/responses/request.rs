@@ -15,8 +15,9 @@ use crate::engine::MAX_TOP_LOGPROBS;
 
 /// A `/v1/responses` request. Unknown fields are refused, as on the chat endpoint.
 /// `reasoning.effort` is chat's `reasoning_effort`. Fields that do not change an
-/// answer here are accepted and ignored (`metadata`, `reasoning.summary`, `service_tier`, `prompt_cache_*`, `safety_identifier`,
-/// `stream_options`, `max_tool_calls`, `context_management`); those that would are
+/// answer here are accepted and ignored (`metadata`, `reasoning.summary`,
+/// `service_tier`, `prompt_cache_*`, `safety_identifier`, `stream_options`,
+/// `max_tool_calls`, `context_management`); those that would are
 /// refused unless they ask for nothing (`conversation`, `prompt` null, `background`
 /// false, `truncation` `disabled`).
 #[derive(Deserialize, Debug)]

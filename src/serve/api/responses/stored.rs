@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
+use super::items::{as_listed, input_place, item_place};
 use crate::replicate::responses::{SharedError, SharedResponses, is_shareable_id};
 
 /// One kept response, linked to the one it continued.
@@ -293,9 +294,10 @@ impl ResponseStore {
         Some(stored)
     }
 
-    /// `items` with each `item_reference` to an output item of a kept response replaced
-    /// by that item (as clients that keep responses at OpenAI send earlier items: the
-    /// Vercel AI SDK, Codex). References to anything else stay, to be refused by name.
+    /// `items` with each `item_reference` to an item of a kept response (an output item,
+    /// or an input item by the id its listing gives it) replaced by that item (as
+    /// clients that keep responses at OpenAI send earlier items: the Vercel AI SDK,
+    /// Codex). References to anything else stay, to be refused by name.
     pub(super) async fn resolve_references(
         &self,
         items: Vec<Value>,
@@ -306,7 +308,7 @@ impl ResponseStore {
                 .then(|| item.get("id").and_then(Value::as_str))
                 .flatten();
             let found = match reference {
-                Some(id) => self.output_item(id).await?,
+                Some(id) => self.kept_item(id).await?,
                 None => None,
             };
             resolved.push(found.unwrap_or(item));
@@ -314,18 +316,24 @@ impl ResponseStore {
         Ok(resolved)
     }
 
-    /// The output item `id` of a kept response.
-    async fn output_item(&self, id: &str) -> Result<Option<Value>, SharedError> {
-        let Some((response_id, index)) = super::item_place(id) else {
-            return Ok(None);
+    /// The item `id` of a kept response: an output item, or an input item as listed.
+    async fn kept_item(&self, id: &str) -> Result<Option<Value>, SharedError> {
+        let (response_id, place) = match (item_place(id), input_place(id)) {
+            (Some((response_id, index)), _) => (response_id, Ok(index)),
+            (None, Some((response_id, index))) => (response_id, Err(index)),
+            (None, None) => return Ok(None),
         };
         let Some(kept) = self.find(&response_id).await? else {
             return Ok(None);
         };
-        let item = kept.response.get("output").and_then(|o| o.get(index));
-        Ok(item
-            .filter(|item| item.get("id").and_then(Value::as_str) == Some(id))
-            .cloned())
+        let item = match place {
+            Ok(output) => kept.output().get(output).cloned(),
+            Err(input) => kept
+                .input()
+                .get(input)
+                .map(|i| as_listed(i, &response_id, input)),
+        };
+        Ok(item.filter(|item| item.get("id").and_then(Value::as_str) == Some(id)))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, lru::LruCache<String, Arc<StoredResponse>>> {
@@ -496,11 +504,15 @@ mod tests {
     }
 
     #[test]
-    fn references_to_kept_output_items_become_the_items() {
+    fn references_to_kept_items_become_the_items() {
         let store = ResponseStore::new(1 << 20);
         let mut kept = response("resp_ab12", "A1");
         kept["output"][0]["id"] = json!("msg_ab12_0");
-        assert!(store.keep(kept.clone(), Vec::new(), None).is_some());
+        let input = vec![
+            user_message("Q1"),
+            json!({"type": "message", "id": "own", "role": "user", "content": "Q2"}),
+        ];
+        assert!(store.keep(kept.clone(), input.clone(), None).is_some());
         let reference = |id: &str| json!({"type": "item_reference", "id": id});
         let user = user_message("next");
         let items = vec![
@@ -510,6 +522,9 @@ mod tests {
             reference("fc_ab12_0"),
             reference("msg_nothere_0"),
             reference("no-underscores"),
+            reference("msg_ab12_in0"),
+            reference("msg_ab12_in1"),
+            reference("msg_ab12_in2"),
         ];
         let resolved = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -520,7 +535,12 @@ mod tests {
         assert_eq!(resolved[1], user);
         // An index past the output, a kind the item is not, an unknown response, an id
         // of another shape: left as they are.
-        assert_eq!(resolved[2..], items[2..]);
+        assert_eq!(resolved[2..6], items[2..6]);
+        // An input item by the id its listing gives it (not one that has its own id,
+        // nor one past the input).
+        assert_eq!(resolved[6], as_listed(&input[0], "resp_ab12", 0));
+        assert_eq!(resolved[6]["content"][0]["text"], "Q1");
+        assert_eq!(resolved[7..], items[7..]);
     }
 
     #[test]
