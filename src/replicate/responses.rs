@@ -155,7 +155,8 @@ impl SharedResponses {
             cluster: cluster.to_string(),
             counts: counts.clone(),
             stop: stop.clone(),
-            outbox: Arc::new(tokio::sync::Mutex::new(Outbox::new(outbox_bytes))),
+            outbox: Arc::new(std::sync::Mutex::new(Outbox::new(outbox_bytes))),
+            publishing: Arc::default(),
         };
         let thread =
             super::on_a_thread_of_its_own("shared-responses", move || worker.run(queue, dropped))?;
@@ -269,6 +270,14 @@ impl Outbox {
         self.waiting.front().cloned()
     }
 
+    /// Take response `id` out when it is the oldest (it went out; a full outbox may
+    /// have let it go meanwhile).
+    fn sent(&mut self, id: &str) {
+        if self.waiting.front().is_some_and(|(front, _)| front == id) {
+            self.pop_front();
+        }
+    }
+
     fn pop_front(&mut self) {
         if let Some((_, bytes)) = self.waiting.pop_front() {
             self.bytes -= bytes.len();
@@ -289,9 +298,12 @@ struct Worker {
     cluster: String,
     counts: Arc<SharedCounts>,
     stop: Arc<AtomicBool>,
-    /// Locked across each publish from it, so that a delete waits for one under way
-    /// (else the purge could come first and the response outlive its delete).
-    outbox: Arc<tokio::sync::Mutex<Outbox>>,
+    /// Responses kept while NATS was away (never locked across an await).
+    outbox: Arc<std::sync::Mutex<Outbox>>,
+    /// Held across each publish from the outbox, and by a delete before it takes its id
+    /// out: a delete waits for a publish under way (else the purge could come first and
+    /// the response outlive its delete), while queuing never waits on NATS.
+    publishing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What the operations need once NATS answered.
@@ -359,8 +371,8 @@ impl Worker {
     async fn publish_queued(&self, c: &Connected) {
         let mut published = 0;
         while is_connected(c) {
-            let mut outbox = self.outbox.lock().await;
-            let Some((id, bytes)) = outbox.front() else {
+            let _publishing = self.publishing.lock().await;
+            let Some((id, bytes)) = self.outbox().front() else {
                 break;
             };
             let put = || self.put(c, &id, bytes.clone());
@@ -373,7 +385,7 @@ impl Worker {
                 // Tried again later.
                 Err(_) => break,
             }
-            outbox.pop_front();
+            self.outbox().sent(&id);
         }
         if published > 0 {
             tracing::info!("shared responses: published {published} kept while NATS was away");
@@ -382,7 +394,7 @@ impl Worker {
 
     /// Put response `id` in the outbox: NATS is away.
     async fn queue(&self, id: String, bytes: Bytes) {
-        let gone = self.outbox.lock().await.push(id, bytes);
+        let gone = self.outbox().push(id, bytes);
         self.counts.queued.fetch_add(1, Ordering::Relaxed);
         if gone > 0 {
             self.counts.failed.fetch_add(gone as u64, Ordering::Relaxed);
@@ -390,6 +402,14 @@ impl Worker {
                 "shared responses: the outbox is full (NATS away): {gone} of the oldest responses in it stay on this replica only"
             );
         }
+    }
+
+    /// The outbox, locked. A panic elsewhere while holding it leaves it whole (every
+    /// change is one call on it).
+    fn outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
+        self.outbox
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn stopped(&self) {
@@ -482,7 +502,8 @@ impl Worker {
             });
         if let Request::Delete { id, .. } = &request {
             // Deleted before it went out: it never will.
-            self.outbox.lock().await.remove(id);
+            let _publishing = self.publishing.lock().await;
+            self.outbox().remove(id);
         }
         let c = match connected {
             Ok(c) => c,
@@ -612,7 +633,9 @@ mod tests {
         assert_eq!(outbox.front().map(|(id, _)| id), Some("b".into()));
         outbox.remove("c");
         assert_eq!((outbox.waiting.len(), outbox.bytes), (1, 4));
-        outbox.pop_front();
+        outbox.sent("c");
+        assert_eq!(outbox.waiting.len(), 1, "only the oldest is taken as sent");
+        outbox.sent("b");
         assert_eq!((outbox.front(), outbox.bytes), (None, 0));
         assert_eq!(
             outbox.push("huge".into(), bytes(11)),
