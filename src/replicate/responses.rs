@@ -393,7 +393,7 @@ impl Worker {
     }
 
     /// Put response `id` in the outbox: NATS is away.
-    async fn queue(&self, id: String, bytes: Bytes) {
+    fn queue(&self, id: String, bytes: Bytes) {
         let gone = self.outbox().push(id, bytes);
         self.counts.queued.fetch_add(1, Ordering::Relaxed);
         if gone > 0 {
@@ -511,7 +511,7 @@ impl Worker {
                 let not_yet = self.unavailable(why);
                 match request {
                     Request::Put { id, bytes, done } => {
-                        self.queue(id, Bytes::from(bytes)).await;
+                        self.queue(id, Bytes::from(bytes));
                         drop(done.send(Ok(())));
                     }
                     Request::Get { done, .. } => drop(done.send(Err(not_yet))),
@@ -527,7 +527,7 @@ impl Worker {
                 let answer = match self.again_on_a_new_stream(&c, put).await {
                     // The connection went while publishing: out when NATS is back.
                     Err(SharedError::Unavailable { .. }) if !is_connected(&c) => {
-                        self.queue(id, bytes).await;
+                        self.queue(id, bytes);
                         Ok(())
                     }
                     answer => answer,

@@ -1,8 +1,7 @@
 //! The ids of a response's items and the form its input items are listed in: an
 //! output item is `<kind>_<response>_<index>` ([`item_id`]), an input item the client
 //! sent without an id is listed as `<kind>_<response>_in<index>` ([`as_listed`]); an
-//! `item_reference` to either names its response and place ([`item_place`],
-//! [`input_place`]).
+//! `item_reference` to either names its response and place ([`item_place`]).
 
 use serde_json::{Value, json};
 
@@ -13,19 +12,25 @@ pub(super) fn item_id(response_id: &str, prefix: &str, index: usize) -> String {
     format!("{prefix}_{tail}_{index}")
 }
 
-/// The response and output index an output item's id names ([`item_id`]'s inverse).
-pub(super) fn item_place(item_id: &str) -> Option<(String, usize)> {
-    let (_prefix, rest) = item_id.split_once('_')?;
-    let (tail, index) = rest.rsplit_once('_')?;
-    Some((format!("resp_{tail}"), index.parse().ok()?))
+/// Where in its response an item is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Place {
+    /// Output item `index`.
+    Output(usize),
+    /// Input item `index`, by the id its listing gave it.
+    Input(usize),
 }
 
-/// The response and input index an input item's listed id names, when the listing
-/// gave it ([`as_listed`]'s `<kind>_<response>_in<index>`).
-pub(super) fn input_place(item_id: &str) -> Option<(String, usize)> {
+/// The response and place an item's id names: an output item's ([`item_id`]'s
+/// inverse) or a listed input item's ([`as_listed`]'s `<kind>_<response>_in<index>`).
+pub(super) fn item_place(item_id: &str) -> Option<(String, Place)> {
     let (_kind, rest) = item_id.split_once('_')?;
-    let (tail, index) = rest.rsplit_once("_in")?;
-    Some((format!("resp_{tail}"), index.parse().ok()?))
+    let (tail, index) = rest.rsplit_once('_')?;
+    let place = match index.strip_prefix("in") {
+        Some(input) => Place::Input(input.parse().ok()?),
+        None => Place::Output(index.parse().ok()?),
+    };
+    Some((format!("resp_{tail}"), place))
 }
 
 /// Input item `index` of response `response_id` as it is listed: with an id, a type,
@@ -78,7 +83,7 @@ mod tests {
     fn an_item_is_listed_with_an_id_a_type_and_content_parts() {
         assert_eq!(
             item_place(&item_id("resp_ab", "fc", 4)),
-            Some(("resp_ab".into(), 4))
+            Some(("resp_ab".into(), Place::Output(4)))
         );
         let user = as_listed(&json!({"role": "user", "content": "hi"}), "resp_ab", 0);
         assert_eq!(
@@ -100,7 +105,10 @@ mod tests {
             own,
             "a client's own id and fields stay"
         );
-        assert_eq!(input_place("fco_ab_in2"), Some(("resp_ab".into(), 2)));
-        assert_eq!(input_place("msg_ab_0"), None, "an output item's id");
+        assert_eq!(
+            item_place("fco_ab_in2"),
+            Some(("resp_ab".into(), Place::Input(2)))
+        );
+        assert_eq!(item_place("msg_ab_inx"), None);
     }
 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::items::{as_listed, input_place, item_place};
+use super::items::{Place, as_listed, item_place};
 use crate::replicate::responses::{SharedError, SharedResponses, is_shareable_id};
 
 /// One kept response, linked to the one it continued.
@@ -318,17 +318,15 @@ impl ResponseStore {
 
     /// The item `id` of a kept response: an output item, or an input item as listed.
     async fn kept_item(&self, id: &str) -> Result<Option<Value>, SharedError> {
-        let (response_id, place) = match (item_place(id), input_place(id)) {
-            (Some((response_id, index)), _) => (response_id, Ok(index)),
-            (None, Some((response_id, index))) => (response_id, Err(index)),
-            (None, None) => return Ok(None),
+        let Some((response_id, place)) = item_place(id) else {
+            return Ok(None);
         };
         let Some(kept) = self.find(&response_id).await? else {
             return Ok(None);
         };
         let item = match place {
-            Ok(output) => kept.output().get(output).cloned(),
-            Err(input) => kept
+            Place::Output(output) => kept.output().get(output).cloned(),
+            Place::Input(input) => kept
                 .input()
                 .get(input)
                 .map(|i| as_listed(i, &response_id, input)),
