@@ -23,14 +23,20 @@ fn run_script_against_a_server(script: &str, server_args: &[&str]) {
 
 /// [`run_script_against_a_server`], with `script_args` after the server's URL.
 fn run_script_with(script: &str, script_args: &[&str], server_args: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), server_args, false);
+    run_script_on(&s, script, script_args);
+}
+
+/// Run `tests/{script}` with the test venv's Python against `s`, `script_args` after
+/// its URL; it prints "all checks passed" last when every check held.
+fn run_script_on(s: &Server, script: &str, script_args: &[&str]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join("target/py/bin/python");
     assert!(
         python.exists(),
         "the Python test packages are missing: run tools/setup.sh (it installs tools/requirements-tests.txt into target/py)"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let s = Server::start_with(dir.path(), server_args, false);
     let out = Command::new(&python)
         .arg(root.join("tests").join(script))
         .arg("--base-url")
@@ -193,4 +199,89 @@ fn the_responses_api_serves_the_client_and_the_agents_sdk() {
         &["--template", "opened"],
         &["--chat-template", &template],
     );
+}
+
+/// Behind API keys (SUFFIXD_API_KEY and an --api-keys file with two tenants), the
+/// official client gets OpenAI's errors (tests/api_keys_client.py); then the file is
+/// rewritten and SIGHUP rotates the keys without a restart, a file that does not read
+/// leaves them as they were, and a server cannot start on one.
+#[test]
+fn api_keys_guard_the_openai_routes_and_rotate_on_sighup() {
+    if !model_present() {
+        return;
+    }
+    const OPEN: &str = "sk-open-0123456789abcdef";
+    const TEAM_B: &str = "sk-team-b-0123456789abcdef";
+    const TEAM_C: &str = "sk-team-c-0123456789abcdef";
+    const ROTATED: &str = "sk-rotated-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(
+        &keys,
+        format!("# tenants\n{TEAM_B} team-b\n{TEAM_C} team-c\n"),
+    )
+    .unwrap();
+    let keys_arg = keys.to_str().unwrap();
+    let store = dir.path().join("store");
+    let s = Server::start_with_env(
+        &store,
+        &["--api-keys", keys_arg],
+        false,
+        &[("SUFFIXD_API_KEY", OPEN)],
+    );
+    let script_args = ["--open-key", OPEN, "--tenant-key", TEAM_B];
+    run_script_on(
+        &s,
+        "api_keys_client.py",
+        &[&script_args[..], &["--other-tenant-key", TEAM_C]].concat(),
+    );
+    let status_with = |key: &str| {
+        let request =
+            ureq::get(&s.url("/v1/models")).set("Authorization", &format!("Bearer {key}"));
+        common::answer(request.call()).0
+    };
+    let hang_up = || {
+        let pid = s.pid().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    let within = |what: &str, done: &dyn Fn() -> bool| {
+        let start = std::time::Instant::now();
+        while !done() {
+            assert!(start.elapsed().as_secs() < 20, "{what}: {}", s.log());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    std::fs::write(&keys, format!("{ROTATED} team-b\n")).unwrap();
+    hang_up();
+    within("the rotated key works after SIGHUP", &|| {
+        status_with(ROTATED) == 200
+    });
+    assert_eq!(status_with(TEAM_B), 401, "the key taken out of the file");
+    assert_eq!(status_with(OPEN), 200, "SUFFIXD_API_KEY stays");
+    std::fs::write(&keys, "too-short\n").unwrap();
+    hang_up();
+    within("a broken file is logged", &|| {
+        s.log().contains("stay as they were")
+    });
+    assert_eq!(
+        status_with(ROTATED),
+        200,
+        "a file that does not read changes nothing"
+    );
+    assert!(s.log().contains("line 1"), "{}", s.log());
+    drop(s);
+    let out = common::run(&[
+        "serve",
+        "--snapshot-dir",
+        store.to_str().unwrap(),
+        "--api-keys",
+        keys_arg,
+    ]);
+    common::assert_clean_failure(&out, "line 1: a key has at least 16 characters");
 }

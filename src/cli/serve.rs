@@ -48,6 +48,7 @@ struct FileConfig {
     keep_snapshots: Option<usize>,
     stream_max_age_s: Option<u64>,
     stored_responses_bytes: Option<usize>,
+    api_keys: Option<PathBuf>,
     prefix_cache_bytes: Option<u64>,
     prefix_cache_share: Option<u8>,
     draft_model: Option<PathBuf>,
@@ -186,6 +187,12 @@ pub(super) struct ServeArgs {
     /// (64 MiB)].
     #[arg(long, env = "SUFFIXD_STORED_RESPONSES_BYTES")]
     stored_responses_bytes: Option<usize>,
+    /// A file of API keys for the OpenAI routes, one a line: `KEY` (any namespace) or
+    /// `KEY NAMESPACE` (a tenant: that namespace and its own stored responses only);
+    /// `#` starts a comment. Read again on SIGHUP. With SUFFIXD_API_KEY (one more key,
+    /// unbound) [default: no keys, the routes are open].
+    #[arg(long, env = "SUFFIXD_API_KEYS")]
+    api_keys: Option<PathBuf>,
 }
 
 /// `--chat-template-kwargs`: a JSON object.
@@ -279,6 +286,10 @@ pub(super) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         admin_token: std::env::var("SUFFIXD_ADMIN_TOKEN")
             .ok()
             .filter(|t| !t.is_empty()),
+        api_key: std::env::var("SUFFIXD_API_KEY")
+            .ok()
+            .filter(|t| !t.is_empty()),
+        api_keys_file: a.api_keys.or(file.api_keys),
         max_body_bytes: file.max_body_bytes.unwrap_or(1 << 20),
         default_max_tokens: a
             .default_max_tokens

@@ -62,6 +62,8 @@ struct Inner {
     errors: u64,
     /// Admin snapshot jobs that failed.
     failed_jobs: u64,
+    /// Requests to the OpenAI routes refused by the API-key gate.
+    refused_keys: u64,
     prompt_tokens: u64,
     generated_tokens: u64,
     steps: u64,
@@ -169,6 +171,12 @@ impl Metrics {
     /// Count an admin job that failed.
     pub fn record_failed_job(&self) {
         self.inner.lock().expect("metrics").failed_jobs += 1;
+    }
+
+    /// Count a request the API-key gate refused (no key, a wrong one, too many wrong
+    /// ones, or another tenant's namespace).
+    pub fn record_refused_key(&self) {
+        self.inner.lock().expect("metrics").refused_keys += 1;
     }
 
     /// Count a request that failed.
@@ -349,6 +357,11 @@ fn render_totals(
         "suffixd_request_errors_total",
         "Requests that failed.",
         m.errors,
+    );
+    counter(
+        "suffixd_api_key_refusals_total",
+        "Requests to the OpenAI routes refused by the API-key gate (no key, a wrong one, too many wrong ones from one source, or a namespace the key is not bound to).",
+        m.refused_keys,
     );
     counter(
         "suffixd_admin_jobs_failed_total",

@@ -44,6 +44,11 @@ pub struct ServeConfig {
     /// Admin bearer token; the admin API is disabled without one.
     #[serde(skip)]
     pub admin_token: Option<String>,
+    /// `SUFFIXD_API_KEY`: a key of the OpenAI routes (bound to no namespace).
+    #[serde(skip)]
+    pub api_key: Option<String>,
+    /// `--api-keys`: a file of keys of the OpenAI routes, `KEY [NAMESPACE]` a line.
+    pub api_keys_file: Option<PathBuf>,
     /// Largest request body.
     pub max_body_bytes: usize,
     /// `max_tokens` when a request gives none.
@@ -171,7 +176,9 @@ pub struct AppState {
     /// Replication, when `--replicate` is set.
     pub replication: Option<Replication>,
     /// The cap on wrong admin tokens.
-    pub admin_guard: api::AdminGuard,
+    pub admin_guard: api::GuessGuard,
+    /// The API keys of the OpenAI routes (open without any).
+    pub api_keys: api::KeyGate,
     /// Signs of the model thread's progress, for `/health` and `/ready`.
     pub liveness: Arc<worker::Liveness>,
     /// Set on a shutdown signal: `/ready` answers 503 from then on.
@@ -260,9 +267,8 @@ pub fn router(app: Arc<AppState>) -> Router {
             app.clone(),
             api::require_admin,
         ));
-    Router::new()
-        .route("/health", get(api::health))
-        .route("/ready", get(api::ready))
+    // Every OpenAI route behind the API-key gate (open without keys).
+    let openai = Router::new()
         .route("/v1/models", get(api::models))
         .route("/v1/models/{id}", get(api::model))
         .route("/v1/completions", post(api::completions))
@@ -276,6 +282,14 @@ pub fn router(app: Arc<AppState>) -> Router {
             "/v1/responses/{id}/input_items",
             get(api::response_input_items),
         )
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            api::require_api_key,
+        ));
+    Router::new()
+        .route("/health", get(api::health))
+        .route("/ready", get(api::ready))
+        .merge(openai)
         .merge(admin)
         .route("/metrics", get(api::metrics))
         .route("/openapi.json", get(api::openapi))
@@ -305,6 +319,9 @@ pub enum ServeError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The API keys could not be read.
+    #[error(transparent)]
+    ApiKeys(#[from] api::ApiKeysError),
     /// Replication could not start.
     #[error(transparent)]
     Replicate(#[from] crate::replicate::ReplicateError),
@@ -327,6 +344,15 @@ pub fn serve(
     model_id: String,
     params: SpecParams,
 ) -> Result<(), ServeError> {
+    let api_keys = api::KeyGate::open(cfg.api_key.clone(), cfg.api_keys_file.clone())?;
+    match api_keys.keys().map(|k| k.counts()) {
+        None => tracing::info!(
+            "no API keys (SUFFIXD_API_KEY, --api-keys): the OpenAI routes are open to every client"
+        ),
+        Some((keys, bound)) => tracing::info!(
+            "the OpenAI routes need one of {keys} API keys ({bound} bound to a namespace)"
+        ),
+    }
     warm_start_if_empty(&cfg, &params, &tokenizer)?;
     let (store, replication) = open_store(&cfg, &params, engine.tokenizer_identity())?;
     let responses = match &cfg.replicate {
@@ -402,6 +428,7 @@ pub fn serve(
         ids: AtomicU64::new(1),
         replication,
         admin_guard: Default::default(),
+        api_keys,
         liveness,
         draining: Default::default(),
         responses,
@@ -606,12 +633,34 @@ fn listen(
                 }
             }
         };
+        #[cfg(unix)]
+        tokio::spawn(reload_keys_on_hangup(app.clone()));
         http::serve_http(listener, router(app.clone()), limits, shutdown).await;
         Ok::<(), ServeError>(())
     })?;
     drop(app);
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
+}
+
+/// Read the API keys again on each SIGHUP (a file that does not read leaves them as
+/// they were): keys rotate without a restart.
+#[cfg(unix)]
+async fn reload_keys_on_hangup(app: Arc<AppState>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP: the API keys are read at start only");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        match app.api_keys.reload() {
+            Ok((0, _)) => tracing::info!("SIGHUP: no API keys are configured"),
+            Ok((keys, bound)) => {
+                tracing::info!("SIGHUP: API keys read again: {keys} ({bound} bound to a namespace)")
+            }
+            Err(e) => tracing::error!("SIGHUP: {e}; the API keys stay as they were"),
+        }
+    }
 }
 
 async fn shutdown_signal() {

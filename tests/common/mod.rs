@@ -133,7 +133,12 @@ impl Server {
             log,
         };
         let t = Instant::now();
-        while ureq::get(&format!("{}/v1/models", s.base)).call().is_err() {
+        // Up once it answers HTTP at all (behind API keys, /v1/models answers 401).
+        let answers = |base: &str| {
+            let probe = ureq::get(&format!("{base}/v1/models")).call();
+            !matches!(probe, Err(ureq::Error::Transport(_)))
+        };
+        while !answers(&s.base) {
             if let Some(status) = s.child.try_wait().unwrap() {
                 panic!("server exited with {status}: {}", s.log());
             }

@@ -4,23 +4,25 @@
 
 mod admin;
 mod answer;
+mod keys;
 mod openai;
 mod probes;
 mod request;
 mod responses;
+mod secrets;
 mod stream;
 mod thinking;
 mod tools;
 mod wire;
 
-pub use admin::{
-    AdminGuard, admin_evict, admin_job, admin_snapshot, admin_stats, admin_verify, require_admin,
-};
+pub use admin::{admin_evict, admin_job, admin_snapshot, admin_stats, admin_verify, require_admin};
+pub use keys::{ApiKeys, ApiKeysError, Caller, KeyGate, require_api_key};
 pub use openai::{MAX_NAMESPACE_BYTES, chat_completions, completions, model, models};
 pub use probes::{health, ready};
 pub use responses::{
     ResponseStore, delete_response, response_input_items, responses, stored_response,
 };
+pub use secrets::GuessGuard;
 
 use std::sync::Arc;
 

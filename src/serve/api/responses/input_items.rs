@@ -17,6 +17,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::super::keys::Caller;
 use super::items::as_listed;
 use super::stored::StoredResponse;
 use super::{not_kept, shared_unavailable};
@@ -31,6 +32,7 @@ const MAX_LIMIT: usize = 100;
 /// `GET /v1/responses/{id}/input_items`.
 pub async fn response_input_items(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
 ) -> Response {
@@ -38,7 +40,7 @@ pub async fn response_input_items(
         Ok(page) => page,
         Err(e) => return e.into_response(),
     };
-    match app.responses.find(&id).await {
+    match app.responses.find(&id, &caller).await {
         Ok(Some(kept)) => match page.of(listed_input(&kept)) {
             Ok(list) => Json(list).into_response(),
             Err(e) => e.into_response(),

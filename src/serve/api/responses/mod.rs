@@ -33,6 +33,7 @@ use crate::replicate::responses::SharedError;
 use crate::serve::AppState;
 
 use super::answer::{logprobs_of, reasoning_tokens, spec_stats_of, unix_s};
+use super::keys::Caller;
 use super::openai::{await_answers, enqueue_request};
 use super::thinking::Thinking;
 use super::tools;
@@ -49,22 +50,28 @@ use wire::{
 /// `POST /v1/responses`.
 pub async fn responses(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    respond(app, headers, body)
+    respond(app, caller, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn respond(
+    app: Arc<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let req: ResponsesRequest =
         read_json(body, app.cfg.max_body_bytes, app.cfg.read_timeout()).await?;
-    let previous = continued(&app, &req).await?;
+    let previous = continued(&app, &req, &caller).await?;
     let earlier = previous.as_deref().map(StoredResponse::conversation);
     let input = app
         .responses
-        .resolve_references(req.input_items()?)
+        .resolve_references(req.input_items()?, &caller)
         .await
         .map_err(shared_unavailable)?;
     let chat = req.to_chat(earlier.as_deref().unwrap_or_default(), &input)?;
@@ -72,6 +79,7 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
         true => Some(ToKeep {
             input,
             previous: previous.clone(),
+            tenant: caller.namespace,
         }),
         false => None,
     };
@@ -106,6 +114,7 @@ async fn respond(app: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
 async fn continued(
     app: &AppState,
     req: &ResponsesRequest,
+    caller: &Caller,
 ) -> Result<Option<Arc<StoredResponse>>, ApiError> {
     let Some(id) = req.previous_response_id()? else {
         return Ok(None);
@@ -119,7 +128,8 @@ async fn continued(
             "responses are kept by the replicas through NATS for as long as their stream keeps them (30 days unless its operator set otherwise), and a conversation only while all its responses are"
         }
     };
-    let found = app.responses.find(id).await.map_err(shared_unavailable)?;
+    let found = app.responses.find(id, caller).await;
+    let found = found.map_err(shared_unavailable)?;
     found.map(Some).ok_or_else(|| {
         ApiError::bad_request(format!(
             "Previous response with id '{}' not found: {why}; send the whole conversation as `input`",
@@ -130,11 +140,12 @@ async fn continued(
     })
 }
 
-/// What keeping a finished response takes besides the response: its request's input
-/// and the response it continued.
+/// What keeping a finished response takes besides the response: its request's input,
+/// the response it continued, and the tenant whose key asked for it.
 pub(super) struct ToKeep {
     input: Vec<Value>,
     previous: Option<Arc<StoredResponse>>,
+    tenant: Option<String>,
 }
 
 impl ToKeep {
@@ -143,7 +154,9 @@ impl ToKeep {
     fn keep(self, app: &AppState, response: &mut ResponseObject) -> Option<Arc<StoredResponse>> {
         response.store = true;
         let whole = serde_json::to_value(&*response).unwrap_or(Value::Null);
-        let kept = app.responses.keep(whole, self.input, self.previous);
+        let kept = app
+            .responses
+            .keep(whole, self.input, self.previous, self.tenant);
         response.store = kept.is_some();
         kept
     }
@@ -173,8 +186,12 @@ fn shared_unavailable(e: SharedError) -> ApiError {
 }
 
 /// `GET /v1/responses/{id}`: a kept response, as it finished.
-pub async fn stored_response(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match app.responses.find(&id).await {
+pub async fn stored_response(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
+    match app.responses.find(&id, &caller).await {
         Ok(Some(kept)) => Json(kept.response()).into_response(),
         Ok(None) => not_kept(&id).into_response(),
         Err(e) => shared_unavailable(e).into_response(),
@@ -183,8 +200,12 @@ pub async fn stored_response(State(app): State<Arc<AppState>>, Path(id): Path<St
 
 /// `DELETE /v1/responses/{id}`: forget a kept response, on every replica (a later
 /// response that continued it still continues it where it is held).
-pub async fn delete_response(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match app.responses.forget(&id).await {
+pub async fn delete_response(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
+    match app.responses.forget(&id, &caller).await {
         Ok(true) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
         Ok(false) => not_kept(&id).into_response(),
         Err(e) => shared_unavailable(e).into_response(),

@@ -17,12 +17,16 @@
 //! when made and takes it back when dropped, so memory stays within the budget.
 //!
 //! Ids are 128 random bits: knowing one is what lets a client read or continue it.
+//! Under API keys bound to namespaces (tenants), a response also remembers the tenant
+//! whose key made it, and a bound key finds only its own tenant's responses (others
+//! are "not found", as unknown ids are); an unbound key, or no keys, finds any.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
+use super::super::keys::Caller;
 use super::items::{Place, as_listed, item_place};
 use crate::replicate::responses::{SharedError, SharedResponses, is_shareable_id};
 
@@ -34,6 +38,8 @@ pub(super) struct StoredResponse {
     input: Vec<Value>,
     /// The response this one continued.
     previous: Option<Arc<StoredResponse>>,
+    /// The namespace of the API key that made it, when that key is bound to one.
+    tenant: Option<String>,
     /// Its size, counted in `live` while it is alive.
     bytes: usize,
     /// Its size and that of every earlier response of its conversation.
@@ -50,6 +56,11 @@ impl StoredResponse {
     /// Its id.
     pub(super) fn id(&self) -> Option<&str> {
         self.response.get("id").and_then(Value::as_str)
+    }
+
+    /// The namespace of the API key that made it, when that key is bound to one.
+    pub(super) fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
     }
 
     /// Its request's own input items.
@@ -109,6 +120,9 @@ struct SharedRecord {
     response: Value,
     input: Vec<Value>,
     previous_response_id: Option<String>,
+    /// Absent in records of servers before tenants: such a response is no tenant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenant: Option<String>,
 }
 
 /// The responses kept in memory, by id.
@@ -181,10 +195,21 @@ impl ResponseStore {
         self.lock().pop(id).is_some()
     }
 
-    /// The response `id`: kept here, or else fetched from the replicas' shared responses
-    /// with the conversation before it (up to a response kept here) and kept. None when
-    /// neither holds it, or its conversation is no longer whole there.
-    pub(super) async fn find(&self, id: &str) -> Result<Option<Arc<StoredResponse>>, SharedError> {
+    /// The response `id` if `caller` may use it (a bound key: only its own tenant's):
+    /// kept here, or else fetched from the replicas' shared responses with the
+    /// conversation before it (up to a response kept here) and kept. None when neither
+    /// holds it, its conversation is no longer whole there, or it is another tenant's.
+    pub(super) async fn find(
+        &self,
+        id: &str,
+        caller: &Caller,
+    ) -> Result<Option<Arc<StoredResponse>>, SharedError> {
+        let found = self.find_any(id).await?;
+        Ok(found.filter(|r| caller.may_use(r.tenant())))
+    }
+
+    /// The response `id`, whoever made it (as [`ResponseStore::find`]).
+    async fn find_any(&self, id: &str) -> Result<Option<Arc<StoredResponse>>, SharedError> {
         if let Some(kept) = self.get(id) {
             return Ok(Some(kept));
         }
@@ -221,7 +246,8 @@ impl ResponseStore {
         }
         let mut previous = base;
         for record in fetched.into_iter().rev() {
-            let Some(kept) = self.keep(record.response, record.input, previous) else {
+            let kept = self.keep(record.response, record.input, previous, record.tenant);
+            let Some(kept) = kept else {
                 return Ok(None);
             };
             previous = Some(kept);
@@ -244,13 +270,18 @@ impl ResponseStore {
                 .as_deref()
                 .and_then(StoredResponse::id)
                 .map(str::to_owned),
+            tenant: stored.tenant.clone(),
         };
         let bytes = serde_json::to_vec(&record).unwrap_or_default();
         shared.put(id, bytes).await
     }
 
-    /// Forget the response `id`, here and on every replica; whether any held it.
-    pub(super) async fn forget(&self, id: &str) -> Result<bool, SharedError> {
+    /// Forget the response `id`, here and on every replica; whether any held it. A
+    /// bound caller forgets only its own tenant's (another's is not found).
+    pub(super) async fn forget(&self, id: &str, caller: &Caller) -> Result<bool, SharedError> {
+        if caller.namespace.is_some() && self.find(id, caller).await?.is_none() {
+            return Ok(false);
+        }
         let here = self.delete(id);
         match &self.shared {
             Some(shared) if is_shareable_id(id) => Ok(shared.delete(id).await? || here),
@@ -259,13 +290,15 @@ impl ResponseStore {
     }
 
     /// Keep `response` (its `id` and `output` read from it), made from `input` after
-    /// `previous`; the response kept, or None when it was not (its conversation alone is
-    /// over the budget). Older responses go until everything alive fits.
+    /// `previous` under the key of `tenant` (None: a key bound to no namespace, or no
+    /// keys); the response kept, or None when it was not (its conversation alone is over
+    /// the budget). Older responses go until everything alive fits.
     pub(super) fn keep(
         &self,
         response: Value,
         input: Vec<Value>,
         previous: Option<Arc<StoredResponse>>,
+        tenant: Option<String>,
     ) -> Option<Arc<StoredResponse>> {
         let id = response.get("id").and_then(Value::as_str)?.to_owned();
         let bytes = size_of_json(&response) + input.iter().map(size_of_json).sum::<usize>();
@@ -278,6 +311,7 @@ impl ResponseStore {
             response,
             input,
             previous,
+            tenant,
             bytes,
             chain_bytes,
             live: self.live.clone(),
@@ -301,6 +335,7 @@ impl ResponseStore {
     pub(super) async fn resolve_references(
         &self,
         items: Vec<Value>,
+        caller: &Caller,
     ) -> Result<Vec<Value>, SharedError> {
         let mut resolved = Vec::with_capacity(items.len());
         for item in items {
@@ -308,7 +343,7 @@ impl ResponseStore {
                 .then(|| item.get("id").and_then(Value::as_str))
                 .flatten();
             let found = match reference {
-                Some(id) => self.kept_item(id).await?,
+                Some(id) => self.kept_item(id, caller).await?,
                 None => None,
             };
             resolved.push(found.unwrap_or(item));
@@ -317,11 +352,11 @@ impl ResponseStore {
     }
 
     /// The item `id` of a kept response: an output item, or an input item as listed.
-    async fn kept_item(&self, id: &str) -> Result<Option<Value>, SharedError> {
+    async fn kept_item(&self, id: &str, caller: &Caller) -> Result<Option<Value>, SharedError> {
         let Some((response_id, place)) = item_place(id) else {
             return Ok(None);
         };
-        let Some(kept) = self.find(&response_id).await? else {
+        let Some(kept) = self.find(&response_id, caller).await? else {
             return Ok(None);
         };
         let item = match place {
@@ -388,7 +423,12 @@ mod tests {
         let store = ResponseStore::new(1 << 20);
         assert!(
             store
-                .keep(response("resp_a", "A1"), vec![user_message("Q1")], None)
+                .keep(
+                    response("resp_a", "A1"),
+                    vec![user_message("Q1")],
+                    None,
+                    None
+                )
                 .is_some()
         );
         let first = store.get("resp_a").unwrap();
@@ -396,7 +436,7 @@ mod tests {
             vec![json!({"type": "function_call_output", "call_id": "c", "output": "x"})];
         assert!(
             store
-                .keep(response("resp_b", "A2"), second_input, Some(first))
+                .keep(response("resp_b", "A2"), second_input, Some(first), None)
                 .is_some()
         );
         let texts: Vec<Value> = store
@@ -428,7 +468,7 @@ mod tests {
             let id = format!("resp_{i}");
             assert!(
                 store
-                    .keep(response(&id, "x"), vec![user_message("q")], previous)
+                    .keep(response(&id, "x"), vec![user_message("q")], previous, None)
                     .is_some()
             );
             previous = store.get(&id);
@@ -439,7 +479,8 @@ mod tests {
                 .keep(
                     response("resp_3", "x"),
                     vec![user_message("q")],
-                    previous.clone()
+                    previous.clone(),
+                    None
                 )
                 .is_none()
         );
@@ -449,7 +490,7 @@ mod tests {
         drop(previous);
         assert!(
             store
-                .keep(response("resp_9", "x"), vec![user_message("q")], None)
+                .keep(response("resp_9", "x"), vec![user_message("q")], None, None)
                 .is_some()
         );
         assert_eq!(store.usage(), (1, one));
@@ -465,14 +506,14 @@ mod tests {
         let store = ResponseStore::new(10);
         assert!(
             store
-                .keep(response("resp_a", "long enough"), Vec::new(), None)
+                .keep(response("resp_a", "long enough"), Vec::new(), None, None)
                 .is_none()
         );
         assert_eq!(store.usage(), (0, 0));
         let none = ResponseStore::new(0);
         assert!(!none.enabled());
         assert!(
-            none.keep(response("resp_a", "x"), Vec::new(), None)
+            none.keep(response("resp_a", "x"), Vec::new(), None, None)
                 .is_none()
         );
     }
@@ -486,7 +527,7 @@ mod tests {
             let id = format!("resp_{i}");
             assert!(
                 store
-                    .keep(json!({"id": id}), Vec::new(), previous.take())
+                    .keep(json!({"id": id}), Vec::new(), previous.take(), None)
                     .is_some()
             );
             previous = store.get(&id);
@@ -510,7 +551,11 @@ mod tests {
             user_message("Q1"),
             json!({"type": "message", "id": "own", "role": "user", "content": "Q2"}),
         ];
-        assert!(store.keep(kept.clone(), input.clone(), None).is_some());
+        assert!(
+            store
+                .keep(kept.clone(), input.clone(), None, None)
+                .is_some()
+        );
         let reference = |id: &str| json!({"type": "item_reference", "id": id});
         let user = user_message("next");
         let items = vec![
@@ -527,7 +572,7 @@ mod tests {
         let resolved = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()
-            .block_on(store.resolve_references(items.clone()))
+            .block_on(store.resolve_references(items.clone(), &Caller::default()))
             .unwrap();
         assert_eq!(resolved[0], kept["output"][0]);
         assert_eq!(resolved[1], user);
@@ -546,5 +591,62 @@ mod tests {
         let (a, b) = (fresh_response_id(), fresh_response_id());
         assert_ne!(a, b);
         assert_eq!(a.len(), "resp_".len() + 32);
+    }
+
+    #[test]
+    fn a_bound_key_finds_and_forgets_only_its_own_tenant_s_responses() {
+        let store = ResponseStore::new(1 << 20);
+        let tenant = |ns: &str| Caller {
+            namespace: Some(ns.into()),
+        };
+        let mut mine = response("resp_a", "A");
+        mine["output"][0]["id"] = json!("msg_a_0");
+        let made = store.keep(mine.clone(), Vec::new(), None, Some("a".into()));
+        assert!(made.is_some());
+        assert!(
+            store
+                .keep(response("resp_open", "O"), Vec::new(), None, None)
+                .is_some()
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let found = |id: &str, caller: &Caller| {
+            let found = runtime.block_on(store.find(id, caller)).unwrap();
+            found.map(|r| r.id().unwrap().to_string())
+        };
+        assert_eq!(found("resp_a", &tenant("a")).as_deref(), Some("resp_a"));
+        assert_eq!(found("resp_a", &tenant("b")), None);
+        assert_eq!(
+            found("resp_a", &Caller::default()).as_deref(),
+            Some("resp_a")
+        );
+        // A response made without a bound key is no tenant's.
+        assert_eq!(found("resp_open", &tenant("a")), None);
+        let reference = vec![json!({"type": "item_reference", "id": "msg_a_0"})];
+        let resolved = runtime
+            .block_on(store.resolve_references(reference.clone(), &tenant("b")))
+            .unwrap();
+        assert_eq!(resolved, reference, "another tenant's item is not resolved");
+        let resolved = runtime
+            .block_on(store.resolve_references(reference, &tenant("a")))
+            .unwrap();
+        assert_eq!(resolved[0], mine["output"][0]);
+        assert!(
+            !runtime
+                .block_on(store.forget("resp_a", &tenant("b")))
+                .unwrap()
+        );
+        assert!(store.get("resp_a").is_some());
+        assert!(
+            runtime
+                .block_on(store.forget("resp_a", &tenant("a")))
+                .unwrap()
+        );
+        assert!(store.get("resp_a").is_none());
+        // Records of servers before tenants read as no tenant's.
+        let old = r#"{"response": {"id": "resp_x"}, "input": [], "previous_response_id": null}"#;
+        let record: SharedRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(record.tenant, None);
     }
 }

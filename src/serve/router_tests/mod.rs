@@ -4,6 +4,8 @@
 //! that records what it was asked and answers with [`ANSWER`]. `tests/serve.rs` runs
 //! the whole server with the real model beside these.
 
+mod keys;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
@@ -109,6 +111,11 @@ struct TestServer {
 
 impl TestServer {
     fn start() -> Self {
+        Self::start_with(api::KeyGate::default())
+    }
+
+    /// A server whose OpenAI routes are behind `api_keys`.
+    fn start_with(api_keys: api::KeyGate) -> Self {
         let tokenizer = byte_tokenizer();
         let store = Store::open(StoreConfig {
             directory: Arc::new(RamDirectory::new()),
@@ -126,6 +133,8 @@ impl TestServer {
             snapshot_dir: "/ram/store".into(),
             warm_logs: Vec::new(),
             admin_token: Some(ADMIN_TOKEN.into()),
+            api_key: None,
+            api_keys_file: None,
             max_body_bytes: 1 << 20,
             default_max_tokens: 64,
             max_tokens_limit: 256,
@@ -174,6 +183,7 @@ impl TestServer {
             ids: AtomicU64::new(1),
             replication: None,
             admin_guard: Default::default(),
+            api_keys,
             liveness: Arc::new(super::worker::Liveness::new()),
             draining: Default::default(),
             responses: api::ResponseStore::new(1 << 20),
@@ -910,7 +920,7 @@ fn the_openapi_document_names_exactly_the_routes() {
         }
     }
     // Every route the router's source declares is in the document.
-    let router_paths: Vec<&str> = include_str!("mod.rs")
+    let router_paths: Vec<&str> = include_str!("../mod.rs")
         .split(".route(")
         .skip(1)
         .filter_map(|rest| rest.trim_start().strip_prefix('"')?.split('"').next())
