@@ -4,7 +4,8 @@
 //! readable elsewhere as soon as its client has read it, and while NATS is down a
 //! replica keeps serving from its own memory and says why it cannot reach the others'
 //! (what it keeps meanwhile goes out once NATS is back), and after NATS lost its
-//! storage the replicas make the stream again.
+//! storage the replicas make the stream again. Behind API keys, a tenant's response
+//! stays its own on the other replica too.
 
 mod common;
 
@@ -211,4 +212,47 @@ fn replicas_continue_read_and_delete_each_other_s_responses() {
     );
     a.stop();
     b.stop();
+}
+
+/// Behind tenants' API keys (the same file on both replicas), a response made on a under
+/// team-b's key is found on b by team-b's key only: the tenant travels with it.
+#[test]
+fn a_tenant_s_response_is_its_own_on_every_replica() {
+    if !model_present() {
+        return;
+    }
+    const TEAM_B: &str = "sk-team-b-0123456789abcdef";
+    const TEAM_C: &str = "sk-team-c-0123456789abcdef";
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&tmp.path().join("nats"), None);
+    let url = nats.url();
+    let keys = tmp.path().join("keys");
+    std::fs::write(&keys, format!("{TEAM_B} team-b\n{TEAM_C} team-c\n")).unwrap();
+    let flags = [
+        "--replicate",
+        url.as_str(),
+        "--cluster",
+        "tenants",
+        "--api-keys",
+        keys.to_str().unwrap(),
+    ];
+    let a = Server::start_with(&tmp.path().join("a"), &flags, false);
+    let b = Server::start_with(&tmp.path().join("b"), &flags, false);
+    let with_key =
+        |request: ureq::Request, key: &str| request.set("Authorization", &format!("Bearer {key}"));
+    let made = with_key(ureq::post(&a.url("/v1/responses")), TEAM_B)
+        .set("content-type", "application/json")
+        .send_string(&turn("Name three colours.", None).to_string());
+    let (status, made) = answer(made);
+    assert_eq!(status, 200, "{made}");
+    let path = format!("/v1/responses/{}", made["id"].as_str().unwrap());
+    let read = |key: &str| answer(with_key(ureq::get(&b.url(&path)), key).call());
+    assert_eq!(read(TEAM_C).0, 404, "another tenant, on the other replica");
+    let (status, found) = read(TEAM_B);
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found, made);
+    assert_eq!(read(TEAM_C).0, 404, "once b holds it too");
+    let deleted = answer(with_key(ureq::delete(&b.url(&path)), TEAM_C).call());
+    assert_eq!(deleted.0, 404, "{}", deleted.1);
+    assert_eq!(read(TEAM_B).0, 200, "another tenant's delete took nothing");
 }

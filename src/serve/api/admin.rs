@@ -1,12 +1,12 @@
 //! The admin API: snapshots and their jobs, stats, evictions and checks, behind
 //! `SUFFIXD_ADMIN_TOKEN` ([`require_admin`], in front of every admin route).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Path as UrlPath, Request, State};
+use axum::extract::{Path as UrlPath, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -30,17 +30,14 @@ pub async fn require_admin(
     request: Request,
     next: Next,
 ) -> Response {
-    let source = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(peer)| peer.ip());
+    let source = GuessGuard::source_of_request(&request);
     match authorize(&app, request.headers(), source) {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),
     }
 }
 
-fn authorize(app: &AppState, headers: &HeaderMap, source: Option<IpAddr>) -> Result<(), ApiError> {
+fn authorize(app: &AppState, headers: &HeaderMap, source: IpAddr) -> Result<(), ApiError> {
     let Some(token) = &app.cfg.admin_token else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -59,7 +56,6 @@ fn authorize(app: &AppState, headers: &HeaderMap, source: Option<IpAddr>) -> Res
     let Some(given) = bearer(headers) else {
         return Err(unauthorized("missing"));
     };
-    let source = GuessGuard::source_of(source);
     if let Some(refusal) = app.admin_guard.refusal(source, "admin token") {
         return Err(refusal);
     }

@@ -11,11 +11,11 @@
 //! The file is read at start and again on SIGHUP (a file that does not read then leaves
 //! the keys as they were, with an error in the log), so keys rotate without a restart.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -144,17 +144,20 @@ impl ApiKeys {
         Ok(keys)
     }
 
-    /// The keys of a file's text: one a line, `KEY` or `KEY NAMESPACE`; blank lines and
-    /// lines starting with `#` are skipped. A bad line: its number (from 1) and why.
+    /// The keys of a file's text: one a line, `KEY` or `KEY NAMESPACE`; a word starting
+    /// with `#` starts a comment, and lines without a key are skipped. A bad line: its number (from 1) and why.
     pub fn parse(text: &str) -> Result<Self, (usize, String)> {
         let mut keys: Vec<ApiKey> = Vec::new();
         for (index, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
+            // A word starting with `#` starts a comment, to the end of the line.
+            let mut words = line
+                .split_ascii_whitespace()
+                .take_while(|word| !word.starts_with('#'))
+                .peekable();
+            if words.peek().is_none() {
                 continue;
             }
             let bad = |why: String| (index + 1, why);
-            let mut words = line.split_ascii_whitespace();
             let secret = words.next().unwrap_or_default();
             let namespace = words.next();
             if words.next().is_some() {
@@ -261,7 +264,7 @@ impl KeyGate {
     }
 
     /// Who `request` comes from, or the error that refuses it.
-    fn admit(&self, request: &mut Request, source: Option<IpAddr>) -> Result<Caller, ApiError> {
+    fn admit(&self, request: &mut Request, source: IpAddr) -> Result<Caller, ApiError> {
         let Some(keys) = self.keys() else {
             return Ok(Caller::default());
         };
@@ -275,7 +278,6 @@ impl KeyGate {
                 "You didn't provide an API key: send Authorization: Bearer <key> (this server's keys are set by SUFFIXD_API_KEY or --api-keys)",
             ));
         };
-        let source = GuessGuard::source_of(source);
         if let Some(refusal) = self.guard.refusal(source, "API key") {
             return Err(refusal);
         }
@@ -316,10 +318,7 @@ pub async fn require_api_key(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let source = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(peer)| peer.ip());
+    let source = GuessGuard::source_of_request(&request);
     match app.api_keys.admit(&mut request, source) {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
@@ -341,7 +340,7 @@ mod tests {
 
     #[test]
     fn a_file_holds_keys_each_maybe_bound_to_a_namespace() {
-        let text = format!("# the team\n\n{KEY_A}\n  {KEY_B}\tteam-b  \n");
+        let text = format!("# the team\n\n{KEY_A} # ops\n  {KEY_B}\tteam-b  #b\n  # end\n");
         let keys = ApiKeys::parse(&text).unwrap();
         assert_eq!(keys.counts(), (2, 1));
         assert_eq!(keys.matching(KEY_A).unwrap().namespace, None);

@@ -2,9 +2,10 @@
 //! secret in constant time, reading a bearer token, and a cap on wrong guesses per source.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use axum::extract::{ConnectInfo, Request};
 use axum::http::{HeaderMap, StatusCode, header};
 
 use super::ApiError;
@@ -49,8 +50,14 @@ impl GuessGuard {
     /// address is unknown.
     const SHARED: IpAddr = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
 
-    /// Where a request comes from, as the guard counts it: its peer's address.
-    pub(super) fn source_of(peer: Option<IpAddr>) -> IpAddr {
+    /// Where `request` comes from, as the guard counts it.
+    pub(super) fn source_of_request(request: &Request) -> IpAddr {
+        let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
+        Self::source_of(peer.map(|ConnectInfo(peer)| peer.ip()))
+    }
+
+    /// The source a peer's address counts as.
+    fn source_of(peer: Option<IpAddr>) -> IpAddr {
         match peer.map(|ip| ip.to_canonical()) {
             Some(IpAddr::V6(v6)) => {
                 let host = u128::from(v6) & !((1u128 << 64) - 1);
