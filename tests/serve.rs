@@ -1,7 +1,7 @@
 //! `suffixd serve` as a real process on loopback, with the real model, driven over
 //! real HTTP as an OpenAI client would: completions, chat, streaming, the admin API,
-//! bad inputs, concurrent clients during snapshot and compaction, and a restart that
-//! keeps what the cache learned.
+//! bad inputs, concurrent clients during snapshot and compaction, a restart that keeps
+//! what the cache learned, and namespaces taking turns for the batch's slots.
 //!
 //! Set `SUFFIXD_SKIP_MODEL_TESTS=1` to skip on a machine without the model.
 
@@ -702,4 +702,67 @@ fn a_namespace_keeps_its_prefix_cache_share_while_another_floods_it() {
         assert_eq!(prefix["blocks"], 10, "{prefix}");
         assert!(prefix["bytes"].as_u64().unwrap() <= budget.parse::<u64>().unwrap());
     }
+}
+
+/// One slot in the batch (`--max-batch 1`), five requests of a busy namespace waiting
+/// behind its sixth, then one of a quiet namespace: the quiet one runs within two turns
+/// (the busy namespace's next was first in line, and one may have started meanwhile),
+/// not seventh as first-come-first-served would run it; `suffixd_queued_requests`
+/// counts the waiting.
+#[test]
+fn a_quiet_namespace_is_not_held_behind_a_busy_one() {
+    if !model_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), &["--max-batch", "1", "--no-spec"], false);
+    let queued = || {
+        let text = ureq::get(&s.url("/metrics"))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("suffixd_queued_requests "));
+        line.and_then(|n| n.parse::<usize>().ok())
+            .expect("the gauge")
+    };
+    let finished = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let ask = |namespace: &'static str, i: usize| {
+            let (s, finished) = (&s, &finished);
+            move || {
+                let prompt =
+                    format!("Story {i} of {namespace}: once upon a time, in a town by the sea,");
+                let body = json!({"prompt": prompt, "max_tokens": 48, "temperature": 0});
+                let r = ureq::post(&s.url("/v1/completions"))
+                    .set("x-suffixd-namespace", namespace)
+                    .send_string(&body.to_string());
+                let (status, r) = answer(r);
+                assert_eq!(status, 200, "{r}");
+                finished.lock().unwrap().push(format!("{namespace}{i}"));
+            }
+        };
+        for i in 0..6 {
+            scope.spawn(ask("busy", i));
+        }
+        // One runs; the other five wait.
+        let start = Instant::now();
+        while queued() < 5 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "five never waited together"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        scope.spawn(ask("quiet", 0));
+    });
+    let order = finished.into_inner().unwrap();
+    let quiet_at = order.iter().position(|n| n == "quiet0").unwrap();
+    assert!(
+        quiet_at <= 3,
+        "the quiet namespace waited behind the busy one's queue: {order:?}"
+    );
+    assert_eq!(queued(), 0);
 }

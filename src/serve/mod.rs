@@ -7,13 +7,14 @@
 //! warm-start logs are configured, build one from them first; then replay the WAL.
 
 pub mod api;
-pub mod http;
+mod fair;
+mod http;
 pub mod metrics;
 pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -160,6 +161,8 @@ pub struct AppState {
     pub context_len: usize,
     /// Jobs for the model thread.
     pub jobs: crossbeam::channel::Sender<worker::Job>,
+    /// Jobs the model thread took off `jobs` that wait for a slot in its batch.
+    pub waiting: Arc<AtomicUsize>,
     /// The store.
     pub store: Arc<Store>,
     /// Serving metrics.
@@ -191,6 +194,12 @@ pub struct AppState {
 pub const JOBS_KEPT: usize = 256;
 
 impl AppState {
+    /// Requests waiting for the model thread: on its queue, or taken off it and waiting
+    /// for a slot in its batch.
+    pub fn queued(&self) -> usize {
+        self.jobs.len() + self.waiting.load(Ordering::Relaxed)
+    }
+
     /// A fresh id for completions and admin jobs (responses get random ids).
     pub fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
@@ -370,13 +379,14 @@ pub fn serve(
         .ok();
     let max_batch = cfg.max_batch;
     let liveness = Arc::new(worker::Liveness::new());
+    let waiting = Arc::new(AtomicUsize::new(0));
     // A panic on the model thread ends the server (after the grace period), which then
     // exits non-zero: requests cannot be served without it.
     let model_died = Arc::new(tokio::sync::Notify::new());
     let worker = {
         let (store, metrics) = (store.clone(), metrics.clone());
         let (liveness, model_died) = (liveness.clone(), model_died.clone());
-        let grammars = grammars.clone();
+        let (grammars, waiting) = (grammars.clone(), waiting.clone());
         std::thread::Builder::new()
             .name("model".into())
             .spawn(move || {
@@ -386,6 +396,7 @@ pub fn serve(
                         max_batch,
                         liveness: &liveness,
                         grammars,
+                        waiting,
                     };
                     worker::run(engine, store, params, metrics, intake)
                 });
@@ -420,6 +431,7 @@ pub fn serve(
         grammars,
         context_len,
         jobs: tx,
+        waiting,
         store: store.clone(),
         metrics,
         jobs_status: Mutex::default(),

@@ -1,15 +1,16 @@
 //! The model thread: it owns the engine and runs every request in flight together
 //! (continuous batching). Each step is one forward pass over all of them: prefill
 //! chunks for new requests, pending token + draft for the others, drafts cut to what the
-//! cost curve says the whole batch gains. Requests join and leave between steps; a
-//! client that goes away frees its slot at the next step. Each request drafts from the
+//! cost curve says the whole batch gains. Requests join and leave between steps, the
+//! waiting ones taking free slots in turn by namespace ([`FairQueue`]); a client that
+//! goes away frees its slot at the next step. Each request drafts from the
 //! store's view of its namespace. Completed requests go to a store writer thread, so
 //! that WAL writes, fsyncs and budget evictions never hold up a step. tokio handles the
 //! I/O; the model never runs on tokio's workers (the quantized matmul spins its own
 //! thread pool).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -20,6 +21,7 @@ use crate::model::forward::ModelError;
 use crate::speculate::SpecParams;
 use crate::store::live::Store;
 
+use super::fair::FairQueue;
 use super::metrics::Metrics;
 use crate::drafting::{CacheDrafter, NamespaceSource};
 
@@ -212,6 +214,8 @@ pub struct Intake<'a> {
     pub liveness: &'a Liveness,
     /// The requests' grammar cache, whose unused grammars the idle thread forgets.
     pub grammars: Option<GrammarCompiler>,
+    /// Kept at the number of jobs taken off the queue that wait for a slot.
+    pub waiting: Arc<AtomicUsize>,
 }
 
 /// The model thread's loop: admit jobs, step them together, stream what they gained,
@@ -229,8 +233,11 @@ fn step_jobs(
         max_batch,
         liveness,
         grammars,
+        waiting,
     } = intake;
     let mut slots: Vec<Slot<'_>> = Vec::new();
+    // Jobs taken off the channel that wait for a slot, by namespace.
+    let mut waiting = FairQueue::new(waiting);
     let mut open = true;
     // Whether a job came since the heap was last trimmed.
     let mut served = false;
@@ -238,18 +245,26 @@ fn step_jobs(
     metrics.publish_prefix_cache(published_prefix);
     loop {
         liveness.beat();
-        while open && slots.len() < max_batch.max(1) {
-            match next_job(&jobs, slots.is_empty()) {
+        // Everything queued joins the waiting (the thread waits for a job only when it
+        // has nothing to do), then free slots go to the waiting in turn by namespace.
+        while open {
+            match next_job(&jobs, slots.is_empty() && waiting.is_empty()) {
                 Ok(job) => {
                     served = true;
-                    slots.extend(admit(&mut engine, store, params, job));
+                    let namespace = job.opts.namespace.clone();
+                    waiting.push(&namespace, job);
                 }
                 Err(crossbeam::channel::TryRecvError::Empty) => break,
                 Err(crossbeam::channel::TryRecvError::Disconnected) => open = false,
             }
         }
+        while slots.len() < max_batch.max(1)
+            && let Some(job) = waiting.pop()
+        {
+            slots.extend(admit(&mut engine, store, params, job));
+        }
         if slots.is_empty() {
-            if !open {
+            if !open && waiting.is_empty() {
                 return;
             }
             // Idle for a beat: forget grammars no one asks for any more, and after work

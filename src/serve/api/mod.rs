@@ -236,6 +236,10 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     if let Some(r) = &app.replication {
         text.push_str(&r.stats(&app.store).prometheus());
     }
+    text.push_str(&format!(
+        "# HELP suffixd_queued_requests Requests waiting for a slot in the model's batch (beyond --max-queued: 429).\n# TYPE suffixd_queued_requests gauge\nsuffixd_queued_requests {}\n",
+        app.queued()
+    ));
     let (kept, bytes) = app.responses.usage();
     text.push_str(&format!(
         "# HELP suffixd_stored_responses Responses kept for previous_response_id and GET /v1/responses/{{id}}.\n# TYPE suffixd_stored_responses gauge\nsuffixd_stored_responses {kept}\n\

@@ -229,7 +229,8 @@ pub(super) async fn enqueue_request(
 /// queue (the count is read without a lock, and a request's choices go in together, so
 /// the queue may pass the bound by a few).
 fn refuse_when_queue_full(app: &AppState) -> Result<(), ApiError> {
-    if app.jobs.len() < app.cfg.max_queued {
+    let queued = app.queued();
+    if queued < app.cfg.max_queued {
         return Ok(());
     }
     app.metrics.record_error();
@@ -237,8 +238,7 @@ fn refuse_when_queue_full(app: &AppState) -> Result<(), ApiError> {
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limit_error",
         format!(
-            "{} requests are waiting for the model (--max-queued {}); retry shortly",
-            app.jobs.len(),
+            "{queued} requests are waiting for the model (--max-queued {}); retry shortly",
             app.cfg.max_queued
         ),
     );

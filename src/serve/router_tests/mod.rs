@@ -175,6 +175,7 @@ impl TestServer {
             grammars: None,
             context_len: 1024,
             jobs,
+            waiting: Default::default(),
             store: Arc::new(store),
             metrics: Default::default(),
             jobs_status: Mutex::default(),
