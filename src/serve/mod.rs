@@ -8,7 +8,7 @@
 
 pub mod api;
 mod fair;
-mod http;
+pub mod http;
 pub mod metrics;
 pub mod worker;
 

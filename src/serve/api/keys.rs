@@ -169,7 +169,7 @@ impl ApiKeys {
             {
                 return Err(bad(format!(
                     "the namespace must be 1 to {} printable ASCII characters without spaces",
-                    super::MAX_NAMESPACE_BYTES
+                    crate::store::MAX_NAMESPACE_BYTES
                 )));
             }
             if keys.iter().any(|k| k.secret == secret) {

@@ -20,6 +20,7 @@ use crate::engine::{GenerateOptions, Generation, Sampling};
 use crate::model::detokenizer::floor_char_boundary;
 
 use super::answer::{chat_finish, finish, logprobs_of, spec_stats_of, unix_s, usage_of};
+use super::keys::NAMESPACE_HEADER;
 use super::request::{GenerationRequest, PromptField, Stop, logprobs_wanted};
 use super::stream::{self, StreamCalls};
 use super::thinking::Thinking;
@@ -820,7 +821,7 @@ fn tokenize_prediction(
 /// The namespace to draft from and learn into: the `x-suffixd-namespace` header, else
 /// `user`, else "default".
 fn namespace_of(headers: &HeaderMap, req: &GenerationRequest) -> Result<String, ApiError> {
-    let namespace = match headers.get("x-suffixd-namespace") {
+    let namespace = match headers.get(NAMESPACE_HEADER) {
         Some(v) => v
             .to_str()
             .map_err(|_| {

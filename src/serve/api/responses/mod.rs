@@ -128,8 +128,11 @@ async fn continued(
             "responses are kept by the replicas through NATS for as long as their stream keeps them (30 days unless its operator set otherwise), and a conversation only while all its responses are"
         }
     };
-    let found = app.responses.find(id, caller).await;
-    let found = found.map_err(shared_unavailable)?;
+    let found = app
+        .responses
+        .find(id, caller)
+        .await
+        .map_err(shared_unavailable)?;
     found.map(Some).ok_or_else(|| {
         ApiError::bad_request(format!(
             "Previous response with id '{}' not found: {why}; send the whole conversation as `input`",
