@@ -82,6 +82,7 @@ fn main() -> anyhow::Result<()> {
                 logprobs: None,
                 grammar: None,
                 stop_on_repeat: None,
+                penalties: suffixd::engine::Penalties::default(),
             };
             let mut times = Vec::new();
             for _ in 0..repeats.max(1) {

@@ -60,6 +60,7 @@ fn options(max_tokens: usize, speculate: bool) -> GenerateOptions {
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: suffixd::engine::Penalties::default(),
     }
 }
 

@@ -89,6 +89,7 @@ fn options(max_tokens: usize, speculate: bool, sampling: Sampling) -> GenerateOp
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: suffixd::engine::Penalties::default(),
     }
 }
 

@@ -63,6 +63,25 @@ assert len(c.choices[0].logprobs.token_logprobs) == len(c.choices[0].logprobs.to
 several = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0.8, seed=5, n=2)
 assert [c.index for c in several.choices] == [0, 1], several.choices
 
+# Bias and penalties as the client sends them: one token biased by +100 is the whole
+# greedy answer; a frequency penalty and vLLM's repetition_penalty (extra_body) change a
+# listing answer; a penalty out of range is BadRequestError naming the field.
+forced = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0, logit_bias={"1000": 100}, logprobs=True
+)
+tokens = [t.token for t in forced.choices[0].logprobs.content]
+assert len(tokens) == 12 and len(set(tokens)) == 1, tokens
+listing = [{"role": "user", "content": "List ten colors, one per line, numbered."}]
+plain = client.chat.completions.create(model=model, messages=listing, max_tokens=48, temperature=0)
+for extra in [{"frequency_penalty": 1.5}, {"extra_body": {"repetition_penalty": 1.5}}]:
+    penalised = client.chat.completions.create(model=model, messages=listing, max_tokens=48, temperature=0, **extra)
+    assert penalised.choices[0].message.content != plain.choices[0].message.content, (extra, penalised)
+try:
+    client.chat.completions.create(model=model, messages=messages, frequency_penalty=3)
+    raise AssertionError("frequency_penalty 3 was accepted")
+except openai.BadRequestError as e:
+    assert "frequency_penalty" in str(e), e
+
 # A malformed request is the client's BadRequestError, naming the field.
 try:
     client.chat.completions.create(model=model, messages=messages, top_logprobs=2)

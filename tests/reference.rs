@@ -334,6 +334,7 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: suffixd::engine::Penalties::default(),
     };
     let mut gguf_engine = gguf_engine;
     let mut hf_engine = hf_engine;

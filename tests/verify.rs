@@ -147,6 +147,7 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: suffixd::engine::Penalties::default(),
     };
     let prompts = prompts();
     assert_eq!(prompts.len(), 50);
@@ -209,6 +210,7 @@ fn a_stop_string_cuts_the_answer_before_it_with_and_without_speculation() {
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: suffixd::engine::Penalties::default(),
     };
     let chat = engine
         .template()
@@ -306,6 +308,7 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
                 logprobs: None,
                 grammar: None,
                 stop_on_repeat: None,
+                penalties: suffixd::engine::Penalties::default(),
             },
             &mut NoDrafts,
             &mut |_| true,
@@ -365,6 +368,7 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: suffixd::engine::Penalties::default(),
     };
     let plain: Vec<Vec<u32>> = prompts
         .iter()
@@ -640,6 +644,7 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: suffixd::engine::Penalties::default(),
     };
     let questions = [
         "def first(xs): return xs[0]",

@@ -3,7 +3,7 @@
 
     tools/pipeline-bench.py [--configs suffixd,suffixd-no-spec,suffixd-no-prefix,llama-plain,llama-ngram-mod,llama-ngram-map-k]
                             [--workload pipeline|multi-turn|chat] [--items 8] [--max-tokens 160]
-                            [--rounds 1] [--contention] [--json FILE]
+                            [--rounds 1] [--contention] [--json FILE] [--extra JSON]
                             [--model GGUF] [--draft-model GGUF] [--chat-file JSONL]
 
 Every server starts cold (suffixd with an empty store directory, llama-server freshly
@@ -18,7 +18,10 @@ chat completions, greedy), and stops. The figures per configuration:
     from `timings.prompt_n`).
 With --rounds N every configuration runs N times, the order reversed every other round,
 and each figure is the median of its runs. With --contention a busy loop
-(`sh -c 'while :; do :; done'`, normal priority) runs beside each server.
+(`sh -c 'while :; do :; done'`, normal priority) runs beside each server. --extra merges
+a JSON object into every chat request, for example '{"frequency_penalty": 0.3}' (both
+servers take OpenAI's penalties; llama-server counts the last 64 tokens, prompt
+included, where suffixd counts the answer's, so their answers differ).
 
 Workloads (generated here, deterministic; not in the repository's other files):
   - pipeline: a 5-stage data-operations agent (triage, extract, SQL, review, report) over
@@ -213,6 +216,7 @@ def chat(port, messages, max_tokens, namespace=None):
         "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
     }
+    request.update(EXTRA)
     if CURRENT.startswith("llama"):
         request["cache_prompt"] = True  # its default; said so that it is clear
     body = json.dumps(request)
@@ -252,6 +256,9 @@ def chat(port, messages, max_tokens, namespace=None):
         reused = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
     return text, usage["completion_tokens"], prompt, reused, first if first is not None else total, total
 
+
+# Fields merged into every chat request (--extra).
+EXTRA = {}
 
 # llama-server's draft tokens and the accepted ones (its replies' timings), per run.
 DRAFTED = [0, 0]
@@ -389,7 +396,7 @@ def summarise(records, wall):
 
 
 def main():
-    global CURRENT, MODEL, DRAFT
+    global CURRENT, MODEL, DRAFT, EXTRA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="suffixd,suffixd-no-spec,suffixd-no-prefix,llama-plain,llama-ngram-mod,llama-ngram-map-k")
     ap.add_argument("--workload", choices=["pipeline", "multi-turn", "chat"], default="pipeline")
@@ -401,7 +408,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--contention", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--extra", default="{}", help="a JSON object merged into every chat request")
     a = ap.parse_args()
+    EXTRA = json.loads(a.extra)
+    if not isinstance(EXTRA, dict):
+        sys.exit("--extra must be a JSON object")
+    if EXTRA and any(c.startswith("suffixd-responses") for c in a.configs.split(",")):
+        sys.exit("--extra goes into chat requests; the suffixd-responses configs send none")
     configs = a.configs.split(",")
     MODEL = os.path.abspath(a.model)
     DRAFT = os.path.abspath(a.draft_model) if a.draft_model else None
@@ -455,7 +468,8 @@ def main():
     llama = [c for c in configs if c.startswith("llama")]
     best = max(llama, key=lambda c: med[c]["tok_per_s"]) if llama else None
     print(f"\n{a.workload}, {a.items} items, max_tokens {a.max_tokens}, {a.rounds} round(s), "
-          f"model {os.path.basename(MODEL)}" + (f", draft {os.path.basename(DRAFT)}" if DRAFT else "")
+          + (f"with {json.dumps(EXTRA)}, " if EXTRA else "")
+          + f"model {os.path.basename(MODEL)}" + (f", draft {os.path.basename(DRAFT)}" if DRAFT else "")
           + (", with one busy process beside" if a.contention else ""))
     print(f"{'config':28} {'tok/s':>7} {'wall s':>7} {'ttft seen':>10} {'unseen':>8} {'reused/prompt':>15}" + ("  vs best llama" if best else ""))
     for c in configs:

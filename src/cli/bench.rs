@@ -149,6 +149,7 @@ impl Side {
             logprobs: None,
             grammar: None,
             stop_on_repeat: None,
+            penalties: crate::engine::Penalties::default(),
         };
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],

@@ -347,6 +347,7 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: crate::engine::Penalties::default(),
     };
     let empty = GlobalTree::new(params.max_depth)?;
     let snapshot = match &a.snapshot {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 
 use super::grammar::Constraint;
-use super::sampling::{walk_constrained, walk_greedy, walk_sampled};
+use super::sampling::{Adjustments, walk_adjusted, walk_greedy, walk_sampled};
 use super::{Engine, FinishReason, Pass, Plan, Sequence, StepReport, TokenLogprob};
 use crate::engine::Drafter;
 use crate::model::forward::ModelError;
@@ -30,6 +30,7 @@ impl Engine {
             matches!(p, Plan::Verify { .. })
                 && s.opts.sampling.temperature <= 0.0
                 && s.constraint.is_none()
+                && s.seen.is_none()
         }) {
             // Its ids come back to the host: the pass is done.
             self.model.argmax_rows(&pass.logits)?
@@ -109,16 +110,20 @@ impl Engine {
         greedy_rows: &[u32],
     ) -> Result<Option<(Vec<usize>, u32)>, ModelError> {
         let sampling = seq.opts.sampling;
-        if let Some(constraint) = seq.constraint.as_mut() {
+        if seq.constraint.is_some() || seq.seen.is_some() {
             let own = logits.narrow(0, rows.start, rows.len())?;
-            let walked = walk_constrained(
+            let adjust = Adjustments {
+                penalties: seq.seen.clone().map(|seen| (&seq.opts.penalties, seen)),
+                constraint: seq.constraint.as_mut(),
+            };
+            let walked = walk_adjusted(
                 tokens,
                 parents,
                 &own,
                 &sampling,
                 &seq.draws,
                 seq.out.len(),
-                constraint,
+                adjust,
             )?;
             return match walked {
                 Ok(walk) => Ok(Some(walk)),
@@ -205,6 +210,9 @@ impl Engine {
         }
         seq.out.extend_from_slice(&new);
         seq.context.extend_from_slice(&new);
+        if let Some(seen) = seq.seen.as_mut() {
+            new.iter().for_each(|&token| seen.add(token));
+        }
         if let Err(e) = seq.text.update(&self.tokenizer, &seq.out) {
             // The ids come from the model's own vocabulary: a bug, not bad input.
             tracing::error!("{e} ({} generated ids)", seq.out.len());

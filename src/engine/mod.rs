@@ -30,6 +30,7 @@ mod drafter;
 pub mod grammar;
 mod hybrid;
 mod load;
+mod penalties;
 pub mod prefix;
 mod prefix_cache;
 mod sampling;
@@ -48,6 +49,7 @@ use cost::CostCurve;
 pub use drafter::{Drafter, NoDrafts};
 use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError};
 pub use hybrid::{DEFAULT_TAU, DraftSources, SourceCounts};
+pub use penalties::Penalties;
 use prefix::PrefixCache;
 use sampling::Draws;
 pub use sampling::{MAX_TOP_LOGPROBS, Sampling, TokenLogprob};
@@ -78,6 +80,9 @@ pub struct GenerateOptions {
     /// answer already holds, text for text (a small model asked for tool calls repeats
     /// the call it just made until `max_tokens`); None: blocks may repeat.
     pub stop_on_repeat: Option<Delimiters>,
+    /// Bias and penalties applied to the logits before each token is chosen; the
+    /// default changes nothing.
+    pub penalties: Penalties,
 }
 
 /// Where a block of the answer starts and ends ([`GenerateOptions::stop_on_repeat`]).
@@ -392,6 +397,7 @@ impl Engine {
             logprobs: Vec::new(),
             draws: Draws::new(opts.sampling.seed),
             constraint: opts.grammar.as_ref().map(Grammar::start),
+            seen: (!opts.penalties.is_none()).then(|| opts.penalties.seen_for(prompt)),
             grammar_failure: None,
             draft: None,
             sources: DraftSources::default(),
@@ -774,6 +780,9 @@ pub struct Sequence {
     draws: Draws,
     /// The grammar's state after `out`, when the options constrain the answer.
     constraint: Option<Constraint>,
+    /// What the penalties read (the prompt and the answer so far), when the options ask
+    /// for any.
+    seen: Option<penalties::Seen>,
     /// Why the grammar could not go on, if it could not.
     grammar_failure: Option<String>,
     /// The draft model's cache for this request, once it has drafted (hybrid mode).

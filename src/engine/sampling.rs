@@ -14,6 +14,7 @@
 use candle_core::Tensor;
 
 use super::grammar::{Constraint, GrammarError};
+use super::penalties::{Penalties, Seen};
 use crate::model::forward::ModelError;
 
 /// Sampling parameters; temperature 0 is greedy.
@@ -183,35 +184,59 @@ fn child_with(tokens: &[u32], parents: &[i32], cur: usize, token: u32) -> Option
     (cur + 1..tokens.len()).find(|&j| parents[j] == cur as i32 && tokens[j] == token)
 }
 
-/// Acceptance under a grammar, greedy or sampled: at each node the row's logits are
-/// masked to what the grammar allows after the path so far, then the choice is made as
-/// plain constrained decoding makes it (the masked argmax, or the position's draw from
-/// the masked distribution, as [`walk_greedy`] and [`walk_sampled`] make it). Every
-/// token taken, the bonus included, advances `constraint`.
-pub(super) fn walk_constrained(
+/// What a walk changes in each row's logits before it chooses: the request's penalties
+/// (with what they read: the answer so far) and its grammar, either or both.
+pub(super) struct Adjustments<'a> {
+    /// The penalties and what the answer held before this step.
+    pub(super) penalties: Option<(&'a Penalties, Seen)>,
+    /// The grammar's state after the answer so far; advanced by every token taken.
+    pub(super) constraint: Option<&'a mut Constraint>,
+}
+
+/// Acceptance with adjusted logits, greedy or sampled: at each node the row's logits are
+/// adjusted by the penalties for the answer and the path above the node, then masked to
+/// what the grammar allows after that path, and the choice is made as plain decoding
+/// makes it (the adjusted argmax, or the position's draw from the adjusted distribution,
+/// as [`walk_greedy`] and [`walk_sampled`] make it). Every token taken, the bonus
+/// included, advances the constraint.
+pub(super) fn walk_adjusted(
     tokens: &[u32],
     parents: &[i32],
     logits: &Tensor,
     sampling: &Sampling,
     draws: &Draws,
     position: usize,
-    constraint: &mut Constraint,
+    mut adjust: Adjustments,
 ) -> Result<Result<(Vec<usize>, u32), GrammarError>, ModelError> {
     let mut path = vec![0usize];
     let mut cur = 0usize;
     loop {
-        let chosen = match constraint.forced_next() {
+        let forced = match adjust
+            .constraint
+            .as_deref_mut()
+            .map(Constraint::forced_next)
+        {
+            Some(Err(e)) => return Ok(Err(e)),
+            Some(Ok(forced)) => forced,
+            None => None,
+        };
+        let chosen = match forced {
             // The one token allowed: every sampling picks it, so its logits go unread.
-            Ok(Some(forced)) => forced,
-            Ok(None) => {
+            Some(forced) => forced,
+            None => {
                 let mut row: Vec<f32> = logits.get(cur)?.to_vec1()?;
-                if let Err(e) = constraint.mask_logits(&mut row) {
-                    return Ok(Err(e));
+                if let Some((penalties, seen)) = &adjust.penalties {
+                    penalties.apply(&mut row, seen);
                 }
-                if !row.iter().any(|x| x.is_finite()) {
-                    return Ok(Err(GrammarError::Failed(
-                        "the grammar allows no token here".into(),
-                    )));
+                if let Some(constraint) = adjust.constraint.as_deref_mut() {
+                    if let Err(e) = constraint.mask_logits(&mut row) {
+                        return Ok(Err(e));
+                    }
+                    if !row.iter().any(|x| x.is_finite()) {
+                        return Ok(Err(GrammarError::Failed(
+                            "the grammar allows no token here".into(),
+                        )));
+                    }
                 }
                 if sampling.temperature <= 0.0 {
                     crate::model::forward::argmax(&row)
@@ -222,11 +247,15 @@ pub(super) fn walk_constrained(
                     )
                 }
             }
-            Err(e) => return Ok(Err(e)),
         };
         let next = child_with(tokens, parents, cur, chosen);
-        if let Err(e) = constraint.advance(chosen) {
+        if let Some(constraint) = adjust.constraint.as_deref_mut()
+            && let Err(e) = constraint.advance(chosen)
+        {
             return Ok(Err(e));
+        }
+        if let Some((_, seen)) = adjust.penalties.as_mut() {
+            seen.add(chosen);
         }
         match next {
             Some(j) => {
@@ -493,8 +522,12 @@ mod tests {
             for seed in 0..n {
                 let mut c = grammar.start();
                 let draws = Draws::new(seed);
+                let adjust = Adjustments {
+                    penalties: None,
+                    constraint: Some(&mut c),
+                };
                 let (path, bonus) =
-                    walk_constrained(&tokens, &parents, &t, &sampling, &draws, 0, &mut c)
+                    walk_adjusted(&tokens, &parents, &t, &sampling, &draws, 0, adjust)
                         .unwrap()
                         .unwrap();
                 let first = if path.len() > 1 {

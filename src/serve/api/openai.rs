@@ -416,11 +416,6 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
     };
     let refusals = [
         (
-            "logit_bias",
-            asks_nothing(&req.logit_bias, &[json!({})]),
-            "token biases are not supported",
-        ),
-        (
             "modalities",
             asks_nothing(&req.modalities, &[json!(["text"])]),
             "this model answers in text only",
@@ -461,13 +456,6 @@ fn check_supported(app: &AppState, req: &GenerationRequest, chat: bool) -> Resul
             REASONING_EFFORTS.join(", ")
         ))
         .param("reasoning_effort"));
-    }
-    if req.presence_penalty.is_some_and(|p| p != 0.0)
-        || req.frequency_penalty.is_some_and(|p| p != 0.0)
-    {
-        return Err(ApiError::bad_request(
-            "presence and frequency penalties are not supported",
-        ));
     }
     Ok(())
 }
@@ -654,6 +642,7 @@ fn generate_options(
         logprobs: None,
         grammar: None,
         stop_on_repeat: None,
+        penalties: req.penalties(app.tokenizer.vocab_size())?,
     })
 }
 

@@ -6,7 +6,11 @@ use serde::Deserialize;
 use super::ApiError;
 use super::tools;
 use crate::chat::ChatMessage;
-use crate::engine::MAX_TOP_LOGPROBS;
+use crate::engine::{MAX_TOP_LOGPROBS, Penalties};
+
+/// The most tokens one `logit_bias` may name: a bound on what each row's adjustment
+/// costs, far above what a client biases in practice.
+pub(super) const MAX_LOGIT_BIAS_TOKENS: usize = 1024;
 
 /// `stop` may be a string or a list of strings.
 #[derive(Deserialize, Debug, Default)]
@@ -183,6 +187,53 @@ pub(super) fn logprobs_wanted(
     }
 }
 
+/// OpenAI's `logit_bias`: an object from token ids, written as strings, to a bias from
+/// −100 to 100 (null or absent: none).
+fn logit_bias(
+    field: Option<&serde_json::Value>,
+    vocab: usize,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    use serde_json::Value;
+    let refused =
+        |why: String| ApiError::bad_request(format!("`logit_bias` {why}")).param("logit_bias");
+    let biases = match field {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(biases)) => biases,
+        Some(_) => {
+            return Err(refused(
+                "must be an object from token ids to biases, such as {\"50256\": -100}".into(),
+            ));
+        }
+    };
+    if biases.len() > MAX_LOGIT_BIAS_TOKENS {
+        return Err(refused(format!(
+            "names {} tokens; at most {MAX_LOGIT_BIAS_TOKENS}",
+            biases.len()
+        )));
+    }
+    biases
+        .iter()
+        .map(|(token, bias)| {
+            let id = token
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < vocab)
+                .ok_or_else(|| {
+                    refused(format!(
+                        "names {token:?}, which is not a token id of this model's vocabulary (0 to {})",
+                        vocab - 1
+                    ))
+                })?;
+            match bias.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                _ => Err(refused(format!(
+                    "gives token {token} the bias {bias}; a bias is a number from -100 to 100"
+                ))),
+            }
+        })
+        .collect()
+}
+
 /// A completion's `prompt`: a string, or a list of them (a choice per prompt and `n`).
 /// Token-id prompts are read (and not used) so that they get a clear refusal.
 #[derive(Deserialize, Debug)]
@@ -200,7 +251,7 @@ pub(super) enum PromptField {
 /// answer here are accepted and ignored (`metadata`, `store`, `service_tier`,
 /// `prompt_cache_key`, `safety_identifier`, `verbosity`, `prediction`,
 /// `stream_options`); those that would change it are refused unless
-/// they ask for nothing (`logit_bias` empty, `modalities` text only, `audio` and
+/// they ask for nothing (`modalities` text only, `audio` and
 /// `web_search_options` null, `echo` false, `best_of` 1, `suffix` null).
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
@@ -225,6 +276,10 @@ pub(super) struct GenerationRequest {
     pub(super) stream_options: Option<serde_json::Value>,
     pub(super) presence_penalty: Option<f32>,
     pub(super) frequency_penalty: Option<f32>,
+    /// vLLM's, SGLang's and Hugging Face's multiplicative penalty over the prompt's and
+    /// the answer's tokens (1: none).
+    pub(super) repetition_penalty: Option<f32>,
+    pub(super) logit_bias: Option<serde_json::Value>,
     pub(super) logprobs: Option<serde_json::Value>,
     pub(super) top_logprobs: Option<serde_json::Value>,
     pub(super) tools: Option<Vec<tools::Tool>>,
@@ -247,7 +302,6 @@ pub(super) struct GenerationRequest {
     // Drafted from; the answer is the model's either way.
     pub(super) prediction: Option<serde_json::Value>,
     // Accepted when they ask for nothing this server would do differently.
-    pub(super) logit_bias: Option<serde_json::Value>,
     pub(super) modalities: Option<serde_json::Value>,
     pub(super) audio: Option<serde_json::Value>,
     pub(super) web_search_options: Option<serde_json::Value>,
@@ -257,6 +311,40 @@ pub(super) struct GenerationRequest {
 }
 
 impl GenerationRequest {
+    /// The bias and penalties it asks for, checked as OpenAI checks them: presence and
+    /// frequency penalties from −2 to 2, `logit_bias` an object from token ids (of a
+    /// vocabulary of `vocab`) to numbers from −100 to 100; and a repetition penalty
+    /// above 0 (at most 10).
+    pub(super) fn penalties(&self, vocab: usize) -> Result<Penalties, ApiError> {
+        let within =
+            |name: &'static str, value: Option<f32>, range: std::ops::RangeInclusive<f32>| {
+                match value {
+                    Some(v) if !range.contains(&v) => Err(ApiError::bad_request(format!(
+                        "`{name}` must be a number from {} to {}",
+                        range.start(),
+                        range.end()
+                    ))
+                    .param(name)),
+                    _ => Ok(value),
+                }
+            };
+        let presence = within("presence_penalty", self.presence_penalty, -2.0..=2.0)?;
+        let frequency = within("frequency_penalty", self.frequency_penalty, -2.0..=2.0)?;
+        let repetition = within("repetition_penalty", self.repetition_penalty, 0.0..=10.0)?;
+        if repetition == Some(0.0) {
+            return Err(ApiError::bad_request(
+                "`repetition_penalty` must be above 0 (1 changes nothing)",
+            )
+            .param("repetition_penalty"));
+        }
+        Ok(Penalties {
+            presence: presence.unwrap_or(0.0),
+            frequency: frequency.unwrap_or(0.0),
+            repetition: repetition.unwrap_or(1.0),
+            bias: logit_bias(self.logit_bias.as_ref(), vocab)?,
+        })
+    }
+
     /// The text of `prediction`, OpenAI's Predicted Outputs (`{"type": "content",
     /// "content": text or a list of text parts}`): the client's guess at the answer,
     /// which speculation drafts from. None when absent or null.

@@ -5,6 +5,7 @@
 //! the whole server with the real model beside these.
 
 mod keys;
+mod penalties;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -593,7 +594,6 @@ fn openais_other_fields_are_ignored_unless_they_would_change_the_answer() {
     let (status, body) = server.post("/v1/completions", ignored);
     assert_eq!(status, 200, "{body}");
     for (field, value) in [
-        ("logit_bias", json!({"50": 100})),
         ("modalities", json!(["text", "audio"])),
         ("echo", json!(true)),
         ("best_of", json!(3)),
