@@ -18,10 +18,12 @@ chat completions, greedy), and stops. The figures per configuration:
     from `timings.prompt_n`).
 With --rounds N every configuration runs N times, the order reversed every other round,
 and each figure is the median of its runs. With --contention a busy loop
-(`sh -c 'while :; do :; done'`, normal priority) runs beside each server. --extra merges
-a JSON object into every chat request, for example '{"frequency_penalty": 0.3}' (both
-servers take OpenAI's penalties; llama-server counts the last 64 tokens, prompt
-included, where suffixd counts the answer's, so their answers differ).
+(`sh -c 'while :; do :; done'`, normal priority) runs beside each server. --extra JSON
+merges a JSON object into every chat request of the configs named with `+extra` (such
+as `suffixd+extra`, beside a plain `suffixd` in the same run), for example
+'{"frequency_penalty": 0.3}' (both servers take OpenAI's penalties; llama-server counts
+the last 64 tokens, prompt included, where suffixd counts the answer's, so their
+answers differ).
 
 Workloads (generated here, deterministic; not in the repository's other files):
   - pipeline: a 5-stage data-operations agent (triage, extract, SQL, review, report) over
@@ -216,7 +218,8 @@ def chat(port, messages, max_tokens, namespace=None):
         "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
     }
-    request.update(EXTRA)
+    if CURRENT.endswith("+extra"):
+        request.update(EXTRA)
     if CURRENT.startswith("llama"):
         request["cache_prompt"] = True  # its default; said so that it is clear
     body = json.dumps(request)
@@ -257,7 +260,7 @@ def chat(port, messages, max_tokens, namespace=None):
     return text, usage["completion_tokens"], prompt, reused, first if first is not None else total, total
 
 
-# Fields merged into every chat request (--extra).
+# Fields merged into the chat requests of the configs named with "+extra" (--extra).
 EXTRA = {}
 
 # llama-server's draft tokens and the accepted ones (its replies' timings), per run.
@@ -335,6 +338,11 @@ DRAFT = None
 CURRENT = ""
 
 
+def base_config(config):
+    """The configuration a name stands for, without its "+extra" (see --extra)."""
+    return config.removesuffix("+extra")
+
+
 def wait_ready(port, proc, limit=300):
     deadline = time.time() + limit
     while time.time() < deadline:
@@ -352,7 +360,7 @@ def wait_ready(port, proc, limit=300):
 
 
 def start(config, port, tmp):
-    kind, extra = CONFIGS[config]
+    kind, extra = CONFIGS[base_config(config)]
     if "{draft}" in extra or config.startswith("llama-draft"):
         if DRAFT is None:
             sys.exit(f"{config} needs --draft-model")
@@ -408,23 +416,23 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--contention", action="store_true")
     ap.add_argument("--json")
-    ap.add_argument("--extra", default="{}", help="a JSON object merged into every chat request")
+    ap.add_argument("--extra", default="{}", help="a JSON object merged into the chat requests of configs named NAME+extra")
     a = ap.parse_args()
     EXTRA = json.loads(a.extra)
     if not isinstance(EXTRA, dict):
         sys.exit("--extra must be a JSON object")
-    if EXTRA and any(c.startswith("suffixd-responses") for c in a.configs.split(",")):
+    if any(c.startswith("suffixd-responses") and c.endswith("+extra") for c in a.configs.split(",")):
         sys.exit("--extra goes into chat requests; the suffixd-responses configs send none")
     configs = a.configs.split(",")
     MODEL = os.path.abspath(a.model)
     DRAFT = os.path.abspath(a.draft_model) if a.draft_model else None
     for c in configs:
-        if c not in CONFIGS:
+        if base_config(c) not in CONFIGS:
             sys.exit(f"unknown config {c}; known: {', '.join(CONFIGS)}")
-    if any(CONFIGS[c][0] == "llama" for c in configs) and not os.path.exists(os.path.join(LLAMA_BIN, "llama-server")):
+    if any(CONFIGS[base_config(c)][0] == "llama" for c in configs) and not os.path.exists(os.path.join(LLAMA_BIN, "llama-server")):
         print("== building llama-server (about 10 minutes)", file=sys.stderr)
         subprocess.run(["bash", os.path.join(PEER, "build.sh")], check=True)
-    if any(CONFIGS[c][0] == "suffixd" for c in configs):
+    if any(CONFIGS[base_config(c)][0] == "suffixd" for c in configs):
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     tmp = tempfile.mkdtemp(prefix="pipeline-bench-")
     runs = {c: [] for c in configs}
