@@ -314,7 +314,8 @@ impl GenerationRequest {
     /// The bias and penalties it asks for, checked as OpenAI checks them: presence and
     /// frequency penalties from −2 to 2, `logit_bias` an object from token ids (of a
     /// vocabulary of `vocab`) to numbers from −100 to 100; and a repetition penalty
-    /// above 0 (at most 10).
+    /// from 0.01 to 10 (vLLM takes any above 0, but dividing a logit by a tiny one
+    /// overflows f32, and no sampling wants it).
     pub(super) fn penalties(&self, vocab: usize) -> Result<Penalties, ApiError> {
         let within =
             |name: &'static str, value: Option<f32>, range: std::ops::RangeInclusive<f32>| {
@@ -330,13 +331,7 @@ impl GenerationRequest {
             };
         let presence = within("presence_penalty", self.presence_penalty, -2.0..=2.0)?;
         let frequency = within("frequency_penalty", self.frequency_penalty, -2.0..=2.0)?;
-        let repetition = within("repetition_penalty", self.repetition_penalty, 0.0..=10.0)?;
-        if repetition == Some(0.0) {
-            return Err(ApiError::bad_request(
-                "`repetition_penalty` must be above 0 (1 changes nothing)",
-            )
-            .param("repetition_penalty"));
-        }
+        let repetition = within("repetition_penalty", self.repetition_penalty, 0.01..=10.0)?;
         Ok(Penalties {
             presence: presence.unwrap_or(0.0),
             frequency: frequency.unwrap_or(0.0),

@@ -40,6 +40,7 @@ fn out_of_range_penalties_and_foreign_tokens_are_refused_by_name() {
         ("presence_penalty", json!(2.5)),
         ("frequency_penalty", json!(-3)),
         ("repetition_penalty", json!(0)),
+        ("repetition_penalty", json!(1e-30)),
         ("repetition_penalty", json!(11)),
         ("logit_bias", json!({"50": 101})),
         ("logit_bias", json!({"50": "high"})),
