@@ -211,7 +211,7 @@ fn logit_bias(
             biases.len()
         )));
     }
-    biases
+    let mut parsed: Vec<(u32, f32)> = biases
         .iter()
         .map(|(token, bias)| {
             let id = token
@@ -231,7 +231,13 @@ fn logit_bias(
                 ))),
             }
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    // "50" and "050" are one token: which bias was meant is the client's to say.
+    parsed.sort_unstable_by_key(|&(id, _)| id);
+    if let Some(pair) = parsed.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(refused(format!("names token {} twice", pair[0].0)));
+    }
+    Ok(parsed)
 }
 
 /// A completion's `prompt`: a string, or a list of them (a choice per prompt and `n`).
