@@ -10,7 +10,7 @@ use crate::engine::{MAX_TOP_LOGPROBS, Penalties};
 
 /// The most tokens one `logit_bias` may name: a bound on what each row's adjustment
 /// costs, far above what a client biases in practice.
-pub(super) const MAX_LOGIT_BIAS_TOKENS: usize = 1024;
+const MAX_LOGIT_BIAS_TOKENS: usize = 1024;
 
 /// `stop` may be a string or a list of strings.
 #[derive(Deserialize, Debug, Default)]
