@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts};
 use suffixd::model::forward::WeightFormat;
 
 fn list<T>(arg: &str, parse: impl Fn(&str) -> T) -> Vec<T> {
@@ -73,16 +73,10 @@ fn main() -> anyhow::Result<()> {
             let prompt: Vec<u32> = (0..prefill as u32).map(|i| 100 + i % 1000).collect();
             let opts = GenerateOptions {
                 max_tokens: 1,
-                sampling: Sampling::default(),
-                stop: Vec::new(),
                 speculate: false,
-                draft_model: true,
                 // Engine::load leaves the prefix cache off: every repeat prefills.
                 namespace: "default".into(),
-                logprobs: None,
-                grammar: None,
-                stop_on_repeat: None,
-                penalties: suffixd::engine::Penalties::default(),
+                ..GenerateOptions::default()
             };
             let mut times = Vec::new();
             for _ in 0..repeats.max(1) {

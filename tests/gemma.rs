@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use suffixd::chat::PromptPiece;
 use suffixd::drafting::CacheDrafter;
 use suffixd::engine::cost::CostCurve;
-use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts};
 use suffixd::model::forward::WeightFormat;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::store::Layered;
@@ -52,15 +52,8 @@ fn encode(engine: &Engine, text: &str) -> Vec<u32> {
 fn options(max_tokens: usize, speculate: bool) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
-        sampling: Sampling::default(),
-        stop: vec![],
         speculate,
-        draft_model: true,
-        namespace: "default".into(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
-        penalties: suffixd::engine::Penalties::default(),
+        ..GenerateOptions::default()
     }
 }
 

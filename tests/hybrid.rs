@@ -82,14 +82,8 @@ fn options(max_tokens: usize, speculate: bool, sampling: Sampling) -> GenerateOp
     GenerateOptions {
         max_tokens,
         sampling,
-        stop: vec![],
         speculate,
-        draft_model: true,
-        namespace: "default".into(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
-        penalties: suffixd::engine::Penalties::default(),
+        ..GenerateOptions::default()
     }
 }
 

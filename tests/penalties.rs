@@ -65,14 +65,9 @@ fn options(speculate: bool, sampling: Sampling, penalties: &Penalties) -> Genera
     GenerateOptions {
         max_tokens: 40,
         sampling,
-        stop: vec![],
         speculate,
-        draft_model: true,
-        namespace: "default".into(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
         penalties: penalties.clone(),
+        ..GenerateOptions::default()
     }
 }
 

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, IndexOp, Tensor};
-use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts};
 use suffixd::model::forward::{KvCache, Model, WeightFormat};
 use suffixd::model::tokenizer::ModelTokenizer;
 
@@ -326,15 +326,8 @@ fn hugging_face_directory_loads_and_matches_the_gguf_model_and_the_library_llama
 
     let opts = GenerateOptions {
         max_tokens: 12,
-        sampling: Sampling::default(),
-        stop: vec![],
         speculate: false,
-        draft_model: true,
-        namespace: "default".into(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
-        penalties: suffixd::engine::Penalties::default(),
+        ..GenerateOptions::default()
     };
     let mut gguf_engine = gguf_engine;
     let mut hf_engine = hf_engine;

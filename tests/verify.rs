@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use suffixd::corpus::logs::ChatMessage;
 use suffixd::drafting::CacheDrafter;
 use suffixd::engine::cost::CostCurve;
-use suffixd::engine::{Engine, GenerateOptions, NoDrafts, Sampling};
+use suffixd::engine::{Engine, GenerateOptions, NoDrafts};
 use suffixd::model::forward::WeightFormat;
 use suffixd::speculate::{SpecMode, SpecParams};
 use suffixd::store::Layered;
@@ -139,15 +139,8 @@ fn speculative_greedy_output_equals_plain_greedy_output() {
     let nothing = GlobalTree::new(params.max_depth).unwrap();
     let opts = |speculate| GenerateOptions {
         max_tokens: 24,
-        sampling: Sampling::default(),
-        stop: vec![],
         speculate,
-        draft_model: true,
-        namespace: "default".into(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
-        penalties: suffixd::engine::Penalties::default(),
+        ..GenerateOptions::default()
     };
     let prompts = prompts();
     assert_eq!(prompts.len(), 50);
@@ -202,15 +195,9 @@ fn a_stop_string_cuts_the_answer_before_it_with_and_without_speculation() {
     let params = SpecParams::default();
     let opts = |stop: Vec<String>, speculate| GenerateOptions {
         max_tokens: 48,
-        sampling: Sampling::default(),
         stop,
         speculate,
-        draft_model: true,
-        namespace: "default".into(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
-        penalties: suffixd::engine::Penalties::default(),
+        ..GenerateOptions::default()
     };
     let chat = engine
         .template()
@@ -300,15 +287,7 @@ fn gguf_tokenizer_matches_the_reference_and_the_context_limit_is_an_error() {
             &long,
             &GenerateOptions {
                 max_tokens: 4,
-                sampling: Sampling::default(),
-                stop: vec![],
-                speculate: true,
-                draft_model: true,
-                namespace: "default".into(),
-                logprobs: None,
-                grammar: None,
-                stop_on_repeat: None,
-                penalties: suffixd::engine::Penalties::default(),
+                ..GenerateOptions::default()
             },
             &mut NoDrafts,
             &mut |_| true,
@@ -360,15 +339,8 @@ fn batched_speculative_greedy_output_equals_plain_greedy_output_one_by_one() {
     assert!(prompts.last().unwrap().len() > 300);
     let opts = |i: usize, speculate| GenerateOptions {
         max_tokens: 12 + 4 * (i % 4),
-        sampling: Sampling::default(),
-        stop: vec![],
         speculate,
-        draft_model: true,
-        namespace: "default".into(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
-        penalties: suffixd::engine::Penalties::default(),
+        ..GenerateOptions::default()
     };
     let plain: Vec<Vec<u32>> = prompts
         .iter()
@@ -636,15 +608,9 @@ fn greedy_output_with_the_prefix_cache_equals_output_without_it() {
     let nothing = GlobalTree::new(params.max_depth).unwrap();
     let opts = |speculate, namespace: &str| GenerateOptions {
         max_tokens: 20,
-        sampling: Sampling::default(),
-        stop: vec![],
         speculate,
-        draft_model: true,
         namespace: namespace.into(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
-        penalties: suffixd::engine::Penalties::default(),
+        ..GenerateOptions::default()
     };
     let questions = [
         "def first(xs): return xs[0]",

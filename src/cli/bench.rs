@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::chat::{ChatMessage, PromptPiece};
 use crate::corpus::open_lines;
 use crate::drafting::CacheDrafter;
-use crate::engine::{DraftSources, Engine, GenerateOptions, NoDrafts, Sampling};
+use crate::engine::{DraftSources, Engine, GenerateOptions, NoDrafts};
 use crate::store::Layered;
 use crate::tree::GlobalTree;
 
@@ -135,8 +135,6 @@ impl Side {
     ) -> anyhow::Result<()> {
         let opts = GenerateOptions {
             max_tokens,
-            sampling: Sampling::default(),
-            stop: vec![],
             speculate: self.speculate,
             draft_model: self.draft_model,
             // Each side reuses only its own prompts' prefixes.
@@ -146,10 +144,7 @@ impl Side {
                 (true, true) => "hybrid",
             }
             .into(),
-            logprobs: None,
-            grammar: None,
-            stop_on_repeat: None,
-            penalties: crate::engine::Penalties::default(),
+            ..GenerateOptions::default()
         };
         let texts: Vec<String> = match item {
             Item::Prompt { prompt_text } => vec![prompt_text.clone()],

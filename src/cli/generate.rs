@@ -342,12 +342,8 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         },
         stop: a.stop.clone(),
         speculate: !a.no_spec,
-        draft_model: true,
         namespace: a.namespace.clone(),
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
-        penalties: crate::engine::Penalties::default(),
+        ..GenerateOptions::default()
     };
     let empty = GlobalTree::new(params.max_depth)?;
     let snapshot = match &a.snapshot {

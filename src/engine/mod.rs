@@ -85,6 +85,26 @@ pub struct GenerateOptions {
     pub penalties: Penalties,
 }
 
+impl Default for GenerateOptions {
+    /// 256 greedy tokens in the `default` namespace, speculating with every draft source,
+    /// nothing else set (the server's own defaults); callers change the fields they mean
+    /// with `..GenerateOptions::default()`.
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 256,
+            sampling: Sampling::default(),
+            stop: Vec::new(),
+            speculate: true,
+            draft_model: true,
+            namespace: "default".into(),
+            logprobs: None,
+            grammar: None,
+            stop_on_repeat: None,
+            penalties: Penalties::default(),
+        }
+    }
+}
+
 /// Where a block of the answer starts and ends ([`GenerateOptions::stop_on_repeat`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delimiters {

@@ -637,12 +637,9 @@ fn generate_options(
         },
         stop,
         speculate: app.cfg.speculate,
-        draft_model: true,
         namespace,
-        logprobs: None,
-        grammar: None,
-        stop_on_repeat: None,
         penalties: req.penalties(app.tokenizer.vocab_size())?,
+        ..GenerateOptions::default()
     })
 }
 
