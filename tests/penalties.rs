@@ -286,3 +286,63 @@ fn penalised_sequences_keep_their_answers_batched_and_with_a_draft_model() {
         assert_eq!(g.tokens, alone[i], "sequence {i}, with the draft model");
     }
 }
+
+/// The draft model chooses each draft token from the row the target will adjust, with
+/// the same penalties for the answer and the draft so far: with the target's own
+/// weights drafting (the same bits, row for row), every token it drafts is accepted,
+/// greedy and sampled, under every setting. A draft from the unadjusted row is still
+/// exact, but rejected wherever a penalty moves the choice.
+#[test]
+fn a_draft_model_drafts_what_the_penalised_target_chooses() {
+    let Some(mut engine) = engine() else { return };
+    let prompts = prompts(&engine);
+    let draft = Engine::load(
+        &common::model_path(),
+        WeightFormat::default_for_build(),
+        1024,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    engine.set_draft_model(draft, 1e6).unwrap();
+    engine.set_draft_cost_check(false);
+    let empty = GlobalTree::new(SpecParams::default().max_depth).unwrap();
+    let (mut drafted, mut changed) = (0, 0);
+    for (s, penalties) in settings().iter().enumerate() {
+        for (i, p) in prompts.iter().enumerate() {
+            for sampling in [Sampling::default(), sampled(i as u64)] {
+                let plain = engine
+                    .generate(
+                        p,
+                        &options(false, sampling, penalties),
+                        &mut NoDrafts,
+                        &mut |_| true,
+                    )
+                    .unwrap();
+                let unpenalised = options(false, sampling, &Penalties::default());
+                let free = engine.generate(p, &unpenalised, &mut NoDrafts, &mut |_| true);
+                changed += usize::from(free.unwrap().tokens != plain.tokens);
+                let g = engine
+                    .generate(
+                        p,
+                        &options(true, sampling, penalties),
+                        &mut drafter(&empty, &empty, p),
+                        &mut |_| true,
+                    )
+                    .unwrap();
+                assert_eq!(g.tokens, plain.tokens, "setting {s}, prompt {i}");
+                let model = &g.sources.model;
+                assert_eq!(
+                    model.accepted, model.drafted,
+                    "setting {s}, prompt {i}, {sampling:?}: the draft model's tokens accepted"
+                );
+                drafted += model.drafted;
+            }
+        }
+    }
+    eprintln!("{drafted} draft-model tokens, all accepted; {changed} answers changed by penalties");
+    assert!(drafted > 500, "the draft model drafted {drafted} tokens");
+    assert!(
+        changed > 20,
+        "the penalties changed {changed} of 48 answers"
+    );
+}

@@ -1,5 +1,6 @@
 //! `suffixd generate`: one request through the verifier, for scripts and tests.
 
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -8,7 +9,10 @@ use clap::Args;
 use crate::chat::{ChatMessage, PromptPiece};
 use crate::drafting::CacheDrafter;
 use crate::engine::cost::CostCurve;
-use crate::engine::{Drafter, Engine, GenerateOptions, NoDrafts, Sampling};
+use crate::engine::{
+    ADDITIVE_PENALTY_RANGE, Drafter, Engine, GenerateOptions, NoDrafts, Penalties,
+    REPETITION_PENALTY_RANGE, Sampling,
+};
 use crate::model::forward::WeightFormat;
 use crate::speculate::SpecParams;
 use crate::store::{Layered, Snapshot};
@@ -297,6 +301,18 @@ pub(super) struct GenerateArgs {
     /// Stop before this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// Subtract this from the logit of every token the answer already holds (−2 to 2;
+    /// OpenAI's `presence_penalty`).
+    #[arg(long, default_value_t = 0.0, value_parser = additive_penalty)]
+    presence_penalty: f32,
+    /// Subtract this from a token's logit once for each time the answer holds it (−2 to
+    /// 2; OpenAI's `frequency_penalty`).
+    #[arg(long, default_value_t = 0.0, value_parser = additive_penalty)]
+    frequency_penalty: f32,
+    /// Divide the positive logits (multiply the negative) of the prompt's and the
+    /// answer's tokens by this (0.01 to 10; 1: none; vLLM's `repetition_penalty`).
+    #[arg(long, default_value_t = 1.0, value_parser = repetition_penalty)]
+    repetition_penalty: f32,
     /// Draft from this snapshot (a store directory or file) as well as the prompt.
     #[arg(long)]
     snapshot: Option<PathBuf>,
@@ -308,6 +324,27 @@ pub(super) struct GenerateArgs {
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     json: bool,
+}
+
+/// A presence or frequency penalty from the command line, inside its range.
+fn additive_penalty(text: &str) -> Result<f32, String> {
+    number_within(text, ADDITIVE_PENALTY_RANGE)
+}
+
+/// A repetition penalty from the command line, inside its range.
+fn repetition_penalty(text: &str) -> Result<f32, String> {
+    number_within(text, REPETITION_PENALTY_RANGE)
+}
+
+fn number_within(text: &str, range: RangeInclusive<f32>) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(v) if range.contains(&v) => Ok(v),
+        _ => Err(format!(
+            "give a number from {} to {}",
+            range.start(),
+            range.end()
+        )),
+    }
 }
 
 pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
@@ -343,6 +380,12 @@ pub(super) fn run_generate(a: GenerateArgs) -> anyhow::Result<()> {
         stop: a.stop.clone(),
         speculate: !a.no_spec,
         namespace: a.namespace.clone(),
+        penalties: Penalties {
+            presence: a.presence_penalty,
+            frequency: a.frequency_penalty,
+            repetition: a.repetition_penalty,
+            bias: Vec::new(),
+        },
         ..GenerateOptions::default()
     };
     let empty = GlobalTree::new(params.max_depth)?;

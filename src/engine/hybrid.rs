@@ -39,6 +39,7 @@ use crate::speculate::{Draft, DraftSource};
 
 use super::calibration::Calibration;
 use super::cost::CostCurve;
+use super::penalties::Seen;
 use super::sampling::{TokenLogprob, sample};
 use super::{Engine, Plan, Sequence, StepReport, chain_parents};
 use crate::model::forward::{BatchEntry, KvCache, LogitRows, Model, ModelError, argmax};
@@ -424,6 +425,11 @@ struct Drafting<'a> {
     limit: usize,
     /// The tokens its cache runs to catch up with the context.
     catch_up: Vec<u32>,
+    /// With penalties: what the answer and the draft so far hold, so that each draft
+    /// token is chosen from the row the target will adjust the same way (a draft from
+    /// the unadjusted row is still exact, but rejected wherever a penalty moves the
+    /// choice).
+    seen: Option<Seen>,
 }
 
 impl<'a> Drafting<'a> {
@@ -454,6 +460,7 @@ impl<'a> Drafting<'a> {
         } else {
             seq.context[state.synced..].to_vec()
         };
+        let seen = seq.seen.clone();
         Some(Drafting {
             seq,
             draft: Draft {
@@ -465,6 +472,7 @@ impl<'a> Drafting<'a> {
             last: 1.0,
             limit,
             catch_up,
+            seen,
         })
     }
 
@@ -474,9 +482,20 @@ impl<'a> Drafting<'a> {
     }
 
     /// Take the next draft token from the draft model's `row` of logits, as the
-    /// sequence's sampling would (greedy: the argmax; else drawn from q with the
-    /// position's uniform number), and add its calibrated worth. Returns the token.
+    /// sequence's sampling would (its penalties applied; greedy: the argmax; else drawn
+    /// from q with the position's uniform number), and add its calibrated worth. Returns
+    /// the token.
     fn take_next(&mut self, row: &[f32], calibration: &Calibration) -> u32 {
+        let adjusted;
+        let row = match &self.seen {
+            Some(seen) => {
+                let mut copy = row.to_vec();
+                self.seq.opts.penalties.apply(&mut copy, seen);
+                adjusted = copy;
+                &adjusted[..]
+            }
+            None => row,
+        };
         let sampling = self.seq.opts.sampling;
         let (token, p) = if sampling.temperature <= 0.0 {
             let token = argmax(row);
@@ -492,6 +511,9 @@ impl<'a> Drafting<'a> {
         };
         let k = self.draft.len();
         let cumulative = self.draft.probs.last().copied().unwrap_or(1.0) * p;
+        if let Some(seen) = self.seen.as_mut() {
+            seen.add(token);
+        }
         self.draft.tokens.push(token);
         self.draft.parents.push(k as i32 - 1);
         self.draft.probs.push(cumulative);

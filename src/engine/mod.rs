@@ -49,7 +49,9 @@ use cost::CostCurve;
 pub use drafter::{Drafter, NoDrafts};
 use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError};
 pub use hybrid::{DEFAULT_TAU, DraftSources, SourceCounts};
-pub use penalties::Penalties;
+pub use penalties::{
+    ADDITIVE_PENALTY_RANGE, LOGIT_BIAS_RANGE, Penalties, REPETITION_PENALTY_RANGE,
+};
 use prefix::PrefixCache;
 use sampling::Draws;
 pub use sampling::{MAX_TOP_LOGPROBS, Sampling, TokenLogprob};

@@ -9,7 +9,18 @@
 //! and without speculation.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::RangeInclusive;
 use std::sync::Arc;
+
+/// The values `presence` and `frequency` may take (OpenAI's range).
+pub const ADDITIVE_PENALTY_RANGE: RangeInclusive<f32> = -2.0..=2.0;
+
+/// The values `repetition` may take: vLLM takes any above 0, but dividing a logit by
+/// 1e-38 overflows f32 and leaves the distribution NaN.
+pub const REPETITION_PENALTY_RANGE: RangeInclusive<f32> = 0.01..=10.0;
+
+/// The values one token's bias may take (OpenAI's range).
+pub const LOGIT_BIAS_RANGE: RangeInclusive<f32> = -100.0..=100.0;
 
 /// The adjustments one request asks for; the default changes nothing.
 #[derive(Clone, Debug, PartialEq)]

@@ -6,7 +6,9 @@ use serde::Deserialize;
 use super::ApiError;
 use super::tools;
 use crate::chat::ChatMessage;
-use crate::engine::{MAX_TOP_LOGPROBS, Penalties};
+use crate::engine::{
+    ADDITIVE_PENALTY_RANGE, LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, Penalties, REPETITION_PENALTY_RANGE,
+};
 
 /// The most tokens one `logit_bias` may name: a bound on what each row's adjustment
 /// costs, far above what a client biases in practice.
@@ -225,7 +227,12 @@ fn logit_bias(
                     ))
                 })?;
             match bias.as_f64() {
-                Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                Some(b)
+                    if (f64::from(*LOGIT_BIAS_RANGE.start())..=f64::from(*LOGIT_BIAS_RANGE.end()))
+                        .contains(&b) =>
+                {
+                    Ok((id, b as f32))
+                }
                 _ => Err(refused(format!(
                     "gives token {token} the bias {bias}; a bias is a number from -100 to 100"
                 ))),
@@ -335,9 +342,21 @@ impl GenerationRequest {
                     _ => Ok(value),
                 }
             };
-        let presence = within("presence_penalty", self.presence_penalty, -2.0..=2.0)?;
-        let frequency = within("frequency_penalty", self.frequency_penalty, -2.0..=2.0)?;
-        let repetition = within("repetition_penalty", self.repetition_penalty, 0.01..=10.0)?;
+        let presence = within(
+            "presence_penalty",
+            self.presence_penalty,
+            ADDITIVE_PENALTY_RANGE,
+        )?;
+        let frequency = within(
+            "frequency_penalty",
+            self.frequency_penalty,
+            ADDITIVE_PENALTY_RANGE,
+        )?;
+        let repetition = within(
+            "repetition_penalty",
+            self.repetition_penalty,
+            REPETITION_PENALTY_RANGE,
+        )?;
         Ok(Penalties {
             presence: presence.unwrap_or(0.0),
             frequency: frequency.unwrap_or(0.0),
