@@ -152,7 +152,8 @@ pub(super) struct ServeArgs {
     #[arg(long)]
     drain_delay_s: Option<u64>,
     /// Most requests waiting for the model thread beyond those it decodes; more get 429
-    /// with `Retry-After` [default: 256].
+    /// with `Retry-After`, except for a namespace holding less than its share (this over
+    /// the namespaces waiting), up to twice this [default: 256].
     #[arg(long, env = "SUFFIXD_MAX_QUEUED")]
     max_queued: Option<usize>,
     /// Seconds the model thread may go without finishing a step (or, when idle, a

@@ -3,9 +3,9 @@
 //! first-come-first-served would put behind all of them. Within a namespace the order
 //! is arrival's; with one namespace this is first-come-first-served.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Items waiting, by namespace, each namespace's oldest first; namespaces take turns.
 pub struct FairQueue<T> {
@@ -59,6 +59,60 @@ impl<T> FairQueue<T> {
     }
 }
 
+/// How many requests each namespace has waiting for the model thread, for the handlers'
+/// admission: a full queue still takes a request from a namespace holding less than its
+/// share of it, so one tenant filling the queue does not lock the others out.
+#[derive(Debug, Default)]
+pub struct WaitingCounts {
+    by_namespace: Mutex<HashMap<String, usize>>,
+}
+
+impl WaitingCounts {
+    /// Count one more request of `namespace` until the ticket is dropped (when its job
+    /// gets a slot in the batch, or is dropped unserved).
+    pub fn ticket(self: &Arc<Self>, namespace: &str) -> WaitingTicket {
+        *self.counts().entry(namespace.to_string()).or_default() += 1;
+        WaitingTicket {
+            counts: Arc::clone(self),
+            namespace: namespace.to_string(),
+        }
+    }
+
+    /// How many `namespace` has waiting, and how many namespaces would share the queue
+    /// with one more request of it (those waiting, and it).
+    pub fn share_of(&self, namespace: &str) -> (usize, usize) {
+        let counts = self.counts();
+        let mine = counts.get(namespace).copied().unwrap_or(0);
+        (mine, counts.len() + usize::from(mine == 0))
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        // A count is whole after every statement: a panic elsewhere leaves it usable.
+        self.by_namespace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One waiting request's place in [`WaitingCounts`], given back when dropped.
+#[derive(Debug)]
+pub struct WaitingTicket {
+    counts: Arc<WaitingCounts>,
+    namespace: String,
+}
+
+impl Drop for WaitingTicket {
+    fn drop(&mut self) {
+        let mut counts = self.counts.counts();
+        if let Some(n) = counts.get_mut(&self.namespace) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.namespace);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +144,26 @@ mod tests {
         assert!(queue.is_empty());
         assert_eq!(waiting.load(Ordering::Relaxed), 0);
         assert_eq!(queue.pop(), None);
+    }
+
+    #[test]
+    fn tickets_count_each_namespace_until_dropped() {
+        let counts = Arc::new(WaitingCounts::default());
+        assert_eq!(counts.share_of("busy"), (0, 1));
+        let busy: Vec<_> = (0..3).map(|_| counts.ticket("busy")).collect();
+        assert_eq!(counts.share_of("busy"), (3, 1));
+        // A namespace with nothing waiting would be the second to share the queue.
+        assert_eq!(counts.share_of("quiet"), (0, 2));
+        let quiet = counts.ticket("quiet");
+        assert_eq!(counts.share_of("quiet"), (1, 2));
+        drop(busy);
+        assert_eq!(counts.share_of("busy"), (0, 2));
+        drop(quiet);
+        assert_eq!(counts.share_of("quiet"), (0, 1));
+        assert!(
+            counts.counts().is_empty(),
+            "namespaces with nothing waiting are forgotten"
+        );
     }
 
     #[test]

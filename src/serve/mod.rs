@@ -95,7 +95,8 @@ pub struct ServeConfig {
     /// Seconds between a shutdown signal and closing the listener, with `/ready`
     /// answering 503 meanwhile.
     pub drain_delay_s: u64,
-    /// Most requests waiting for the model thread; more get 429.
+    /// Most requests waiting for the model thread; more get 429, except for a namespace
+    /// under its share of it (up to twice it).
     pub max_queued: usize,
     /// Seconds the model thread may go without a sign of progress before `/health`
     /// reports it stalled.
@@ -163,6 +164,8 @@ pub struct AppState {
     pub jobs: crossbeam::channel::Sender<worker::Job>,
     /// Jobs the model thread took off `jobs` that wait for a slot in its batch.
     pub waiting: Arc<AtomicUsize>,
+    /// Jobs waiting for a slot (on `jobs` or taken off it), by namespace.
+    pub waiting_by_namespace: Arc<fair::WaitingCounts>,
     /// The store.
     pub store: Arc<Store>,
     /// Serving metrics.
@@ -432,6 +435,7 @@ pub fn serve(
         context_len,
         jobs: tx,
         waiting,
+        waiting_by_namespace: Default::default(),
         store: store.clone(),
         metrics,
         jobs_status: Mutex::default(),

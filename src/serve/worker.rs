@@ -21,7 +21,7 @@ use crate::model::forward::ModelError;
 use crate::speculate::SpecParams;
 use crate::store::live::Store;
 
-use super::fair::FairQueue;
+use super::fair::{FairQueue, WaitingTicket};
 use super::metrics::Metrics;
 use crate::drafting::{CacheDrafter, NamespaceSource};
 
@@ -39,6 +39,9 @@ pub struct Job {
     pub tokens: mpsc::UnboundedSender<Delta>,
     /// The result.
     pub done: oneshot::Sender<Result<Generation, JobError>>,
+    /// Its place among its namespace's waiting requests, given back when it gets a
+    /// slot in the batch.
+    pub waiting: Option<WaitingTicket>,
 }
 
 /// What a running job's answer gained in one step: the text of the tokens accepted
@@ -179,8 +182,9 @@ fn admit<'a>(
     engine: &mut Engine,
     store: &'a Store,
     params: SpecParams,
-    job: Job,
+    mut job: Job,
 ) -> Option<Slot<'a>> {
+    job.waiting = None;
     match engine.start(&job.prompt, &job.opts) {
         Ok(seq) => {
             let source = NamespaceSource {

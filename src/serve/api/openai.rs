@@ -207,7 +207,7 @@ pub(super) async fn enqueue_request(
         Some(text) => tokenize_prediction(app, &text, opts.max_tokens)?,
         None => Arc::from([]),
     };
-    refuse_when_queue_full(app)?;
+    refuse_when_queue_full(app, &opts.namespace)?;
     opts.grammar = grammar_of(app, format, tool_plan.as_ref(), thinking).await?;
     // Calls are read from the answer when the model may make them.
     let reads_calls = tool_plan
@@ -228,10 +228,18 @@ pub(super) async fn enqueue_request(
 
 /// Refuse a request while the queue is full, asking the client to come back: a bounded
 /// queue (the count is read without a lock, and a request's choices go in together, so
-/// the queue may pass the bound by a few).
-fn refuse_when_queue_full(app: &AppState) -> Result<(), ApiError> {
-    let queued = app.queued();
-    if queued < app.cfg.max_queued {
+/// the queue may pass the bound by a few). A full queue still takes a request of a
+/// namespace holding less than its share of `--max-queued` (the bound over the
+/// namespaces waiting, this one counted), up to twice the bound: one tenant filling
+/// the queue leaves the others their turns, which the model thread takes in rotation.
+fn refuse_when_queue_full(app: &AppState, namespace: &str) -> Result<(), ApiError> {
+    let (queued, bound) = (app.queued(), app.cfg.max_queued);
+    if queued < bound {
+        return Ok(());
+    }
+    let (mine, namespaces) = app.waiting_by_namespace.share_of(namespace);
+    let share = (bound / namespaces).max(1);
+    if mine < share && queued < 2 * bound {
         return Ok(());
     }
     app.metrics.record_error();
@@ -239,8 +247,8 @@ fn refuse_when_queue_full(app: &AppState) -> Result<(), ApiError> {
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limit_error",
         format!(
-            "{queued} requests are waiting for the model (--max-queued {}); retry shortly",
-            app.cfg.max_queued
+            "{queued} requests are waiting for the model (--max-queued {bound}), {mine} of \
+             them from namespace {namespace:?} (its share: {share}); retry shortly"
         ),
     );
     busy.retry_after_s = Some(1);
@@ -268,12 +276,14 @@ fn enqueue(
         opts.sampling.seed = opts.sampling.seed.wrapping_add(u64::from(i));
         let (tok_tx, tok_rx) = mpsc::unbounded_channel();
         let (done_tx, done_rx) = oneshot::channel();
+        let waiting = Some(app.waiting_by_namespace.ticket(&opts.namespace));
         let job = Job {
             prompt: prompt.clone(),
             opts,
             prediction: Arc::clone(prediction),
             tokens: tok_tx,
             done: done_tx,
+            waiting,
         };
         app.jobs.send(job).map_err(|_| {
             ApiError::new(

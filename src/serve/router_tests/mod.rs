@@ -6,6 +6,7 @@
 
 mod keys;
 mod penalties;
+mod queue;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -177,6 +178,7 @@ impl TestServer {
             context_len: 1024,
             jobs,
             waiting: Default::default(),
+            waiting_by_namespace: Default::default(),
             store: Arc::new(store),
             metrics: Default::default(),
             jobs_status: Mutex::default(),
