@@ -145,6 +145,23 @@ fn openai_api_admin_bad_inputs_concurrency_and_restart() {
         })
         .unwrap_or_else(|| panic!("no prefix cache counter: {metrics}"));
     assert!(reused > cached_prompt(&second), "{reused}");
+    // Each tenant's use, by namespace: four requests of the default one, and tenant-b's
+    // one completion as its usage reported it.
+    let usage = |name: &str, namespace: &str| -> u64 {
+        let prefix = format!("suffixd_namespace_{name}_total{{namespace=\"{namespace}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix}: {metrics}"))
+    };
+    assert_eq!(usage("requests", "default"), 4);
+    assert_eq!(usage("requests", "tenant-b"), 1);
+    assert_eq!(
+        usage("generated_tokens", "tenant-b"),
+        elsewhere["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(usage("prompt_tokens", "tenant-b"), prompt_tokens);
+    assert!(usage("cached_prompt_tokens", "default") >= cached_prompt(&second));
     assert_eq!(stats["serving"]["prefix_cache"]["hits"], 2, "{stats}");
     // Drafting and verifying were timed at every step.
     for name in [

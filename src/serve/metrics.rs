@@ -19,6 +19,15 @@ const VERIFY_BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 /// completed request, and the append (WAL write, fsync, budget evictions) itself.
 const STORE_BUCKETS: [f64; 10] = [1e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.25];
 /// Upper bounds of the batch-size histogram (sequences per forward pass).
+/// Namespaces given series of their own in the usage counters; later ones (clients name
+/// namespaces, through `user`) count together under [`OTHER_NAMESPACES`], so that the
+/// exposition stays bounded.
+const MAX_NAMESPACE_SERIES: usize = 1000;
+
+/// The label of the namespaces past [`MAX_NAMESPACE_SERIES`] (not a valid namespace name:
+/// it has a space).
+const OTHER_NAMESPACES: &str = "other namespaces";
+
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 #[derive(Default, Clone)]
@@ -89,6 +98,18 @@ struct Inner {
     /// Where the verified steps' drafts came from (hybrid mode: suffix trees or the
     /// draft model), and the draft model's time.
     sources: DraftSources,
+    /// Each tenant's use, by namespace.
+    usage: std::collections::BTreeMap<String, NamespaceUsage>,
+}
+
+/// What one namespace's finished generations used: per-tenant accounting.
+#[derive(Clone, Copy, Debug, Default)]
+struct NamespaceUsage {
+    requests: u64,
+    prompt_tokens: u64,
+    cached_prompt_tokens: u64,
+    generated_tokens: u64,
+    accepted: u64,
 }
 
 /// Serving metrics, shared by the handlers and the model thread.
@@ -98,9 +119,20 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Count a finished generation.
-    pub fn record_generation(&self, g: &Generation) {
+    /// Count a finished generation of `namespace`.
+    pub fn record_generation(&self, namespace: &str, g: &Generation) {
         let mut m = self.inner.lock().expect("metrics");
+        let series = if m.usage.contains_key(namespace) || m.usage.len() < MAX_NAMESPACE_SERIES {
+            namespace
+        } else {
+            OTHER_NAMESPACES
+        };
+        let usage = m.usage.entry(series.to_string()).or_default();
+        usage.requests += 1;
+        usage.prompt_tokens += g.prompt_tokens as u64;
+        usage.cached_prompt_tokens += g.cached_prompt_tokens as u64;
+        usage.generated_tokens += g.tokens.len() as u64;
+        usage.accepted += g.accepted_tokens as u64;
         m.requests += 1;
         m.prompt_tokens += g.prompt_tokens as u64;
         m.generated_tokens += g.tokens.len() as u64;
@@ -232,6 +264,7 @@ impl Metrics {
             evicted,
             snapshots,
         );
+        render_usage(&m.usage, &mut out);
         m.accepted_per_step.render(
             &mut out,
             "suffixd_accepted_tokens_per_step",
@@ -331,6 +364,53 @@ fn render_sources(s: &DraftSources, out: &mut String) {
         "# HELP {name} Time spent running the draft model (hybrid mode).\n# TYPE {name} counter\n{name} {}",
         s.model_draft_s
     );
+}
+
+/// Each namespace's usage counters, one series per namespace (label values escaped as
+/// the exposition format asks: a namespace may hold `"` and `\`).
+fn render_usage(usage: &std::collections::BTreeMap<String, NamespaceUsage>, out: &mut String) {
+    type Family = (&'static str, &'static str, fn(&NamespaceUsage) -> u64);
+    let families: [Family; 5] = [
+        (
+            "suffixd_namespace_requests_total",
+            "Completed generation requests",
+            |u| u.requests,
+        ),
+        (
+            "suffixd_namespace_prompt_tokens_total",
+            "Prompt tokens",
+            |u| u.prompt_tokens,
+        ),
+        (
+            "suffixd_namespace_cached_prompt_tokens_total",
+            "Prompt tokens reused from the prefix cache",
+            |u| u.cached_prompt_tokens,
+        ),
+        (
+            "suffixd_namespace_generated_tokens_total",
+            "Tokens generated",
+            |u| u.generated_tokens,
+        ),
+        (
+            "suffixd_namespace_accepted_tokens_total",
+            "Draft tokens accepted",
+            |u| u.accepted,
+        ),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}, by namespace (past {MAX_NAMESPACE_SERIES} namespaces, the \
+             rest together as \"{OTHER_NAMESPACES}\").\n# TYPE {name} counter"
+        );
+        for (namespace, u) in usage {
+            let label = namespace
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            let _ = writeln!(out, "{name}{{namespace=\"{label}\"}} {}", value(u));
+        }
+    }
 }
 
 /// The counters and gauges of the Prometheus exposition.
@@ -447,4 +527,76 @@ fn render_totals(
         "# HELP suffixd_prefix_cache_budget_bytes The prefix cache's byte budget (0: off).\n# TYPE suffixd_prefix_cache_budget_bytes gauge\nsuffixd_prefix_cache_budget_bytes {}",
         p.budget_bytes
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::FinishReason;
+
+    fn generation(
+        prompt_tokens: usize,
+        cached: usize,
+        tokens: usize,
+        accepted: usize,
+    ) -> Generation {
+        Generation {
+            tokens: vec![7; tokens],
+            text: String::new(),
+            prompt_tokens,
+            cached_prompt_tokens: cached,
+            steps: tokens - accepted,
+            drafted_tokens: accepted + 1,
+            accepted_tokens: accepted,
+            verify_cost: 1.0,
+            finish_reason: FinishReason::Stop,
+            prefill_s: 0.0,
+            decode_s: 0.0,
+            tokens_per_s: 0.0,
+            logprobs: None,
+            grammar_failure: None,
+            sources: Default::default(),
+        }
+    }
+
+    /// One series per namespace, each its own sums; a namespace's odd characters are
+    /// escaped; past the bound, the rest count together.
+    #[test]
+    fn usage_is_counted_by_namespace_and_bounded() {
+        let metrics = Metrics::default();
+        metrics.record_generation("tenant-a", &generation(10, 4, 5, 2));
+        metrics.record_generation("tenant-a", &generation(20, 0, 6, 3));
+        metrics.record_generation("odd\"ns\\", &generation(1, 0, 1, 0));
+        let text = metrics.render(0, 0, 0, 0);
+        for line in [
+            "suffixd_namespace_requests_total{namespace=\"tenant-a\"} 2",
+            "suffixd_namespace_prompt_tokens_total{namespace=\"tenant-a\"} 30",
+            "suffixd_namespace_cached_prompt_tokens_total{namespace=\"tenant-a\"} 4",
+            "suffixd_namespace_generated_tokens_total{namespace=\"tenant-a\"} 11",
+            "suffixd_namespace_accepted_tokens_total{namespace=\"tenant-a\"} 5",
+            "suffixd_namespace_requests_total{namespace=\"odd\\\"ns\\\\\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+        for i in 0..MAX_NAMESPACE_SERIES + 5 {
+            metrics.record_generation(&format!("n{i}"), &generation(1, 0, 1, 0));
+        }
+        let text = metrics.render(0, 0, 0, 0);
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("suffixd_namespace_requests_total{"))
+            .count();
+        assert_eq!(
+            series,
+            MAX_NAMESPACE_SERIES + 1,
+            "the bound and the rest's series"
+        );
+        // Two namespaces were counted before; the last 7 new ones share one series.
+        let rest = "suffixd_namespace_requests_total{namespace=\"other namespaces\"} 7";
+        assert!(text.lines().any(|l| l == rest), "{text}");
+        // A namespace with a series of its own keeps it.
+        metrics.record_generation("tenant-a", &generation(1, 0, 1, 0));
+        let text = metrics.render(0, 0, 0, 0);
+        assert!(text.contains("suffixd_namespace_requests_total{namespace=\"tenant-a\"} 3"));
+    }
 }

@@ -429,7 +429,7 @@ fn store_completed(store: &Store, metrics: &Metrics, c: Completed) {
         generation: g,
         done,
     } = c;
-    metrics.record_generation(&g);
+    metrics.record_generation(&namespace, &g);
     if !g.tokens.is_empty() && g.finish_reason != crate::engine::FinishReason::Cancelled {
         let t = Instant::now();
         if let Err(e) = store.append(&namespace, &g.tokens) {
