@@ -1,11 +1,50 @@
-//! The queue's bound by namespace: a tenant that fills the queue is refused, and the
-//! others still get in.
+//! The queue's bound: a full queue answers 429, and a tenant that fills it is refused
+//! while the others still get in.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use super::TestServer;
+
+/// The queue holds `max_queued` (4 here) requests waiting for the model thread; the
+/// next gets 429 with `Retry-After`.
+#[test]
+fn a_full_queue_answers_429_with_retry_after() {
+    let server = Arc::new(TestServer::start());
+    // The scripted model sleeps on SLOW prompts: the first holds it, four more queue.
+    let waiting: Vec<_> = (0..5)
+        .map(|i| {
+            let server = server.clone();
+            let handle = std::thread::spawn(move || {
+                server
+                    .post(
+                        "/v1/completions",
+                        json!({"prompt": format!("SLOW {i}"), "max_tokens": 1}),
+                    )
+                    .0
+            });
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            handle
+        })
+        .collect();
+    let response = ureq::post(&format!("{}/v1/completions", server.base))
+        .set("Content-Type", "application/json")
+        .send_string(&json!({"prompt": "hi"}).to_string());
+    let Err(ureq::Error::Status(429, r)) = response else {
+        panic!("a full queue answered {response:?}");
+    };
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let body: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    for handle in waiting {
+        assert_eq!(
+            handle.join().unwrap(),
+            200,
+            "the queued requests are served"
+        );
+    }
+}
 
 /// With the queue full of one namespace's requests (the scripted model holds the first
 /// of them, `max_queued` 4 wait), another namespace's request still gets in and is
