@@ -110,6 +110,23 @@ struct NamespaceUsage {
     cached_prompt_tokens: u64,
     generated_tokens: u64,
     accepted: u64,
+    /// Requests refused with 429 because the queue was full and this namespace held its
+    /// share of it.
+    queue_refusals: u64,
+}
+
+impl Inner {
+    /// The usage series of `namespace`: its own while fewer than
+    /// [`MAX_NAMESPACE_SERIES`] namespaces have one, else the rest's.
+    fn usage_of(&mut self, namespace: &str) -> &mut NamespaceUsage {
+        let series =
+            if self.usage.contains_key(namespace) || self.usage.len() < MAX_NAMESPACE_SERIES {
+                namespace
+            } else {
+                OTHER_NAMESPACES
+            };
+        self.usage.entry(series.to_string()).or_default()
+    }
 }
 
 /// Serving metrics, shared by the handlers and the model thread.
@@ -119,15 +136,17 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Count a request of `namespace` refused because the queue was full (and an error).
+    pub fn record_queue_refusal(&self, namespace: &str) {
+        let mut m = self.inner.lock().expect("metrics");
+        m.errors += 1;
+        m.usage_of(namespace).queue_refusals += 1;
+    }
+
     /// Count a finished generation of `namespace`.
     pub fn record_generation(&self, namespace: &str, g: &Generation) {
         let mut m = self.inner.lock().expect("metrics");
-        let series = if m.usage.contains_key(namespace) || m.usage.len() < MAX_NAMESPACE_SERIES {
-            namespace
-        } else {
-            OTHER_NAMESPACES
-        };
-        let usage = m.usage.entry(series.to_string()).or_default();
+        let usage = m.usage_of(namespace);
         usage.requests += 1;
         usage.prompt_tokens += g.prompt_tokens as u64;
         usage.cached_prompt_tokens += g.cached_prompt_tokens as u64;
@@ -370,7 +389,7 @@ fn render_sources(s: &DraftSources, out: &mut String) {
 /// the exposition format asks: a namespace may hold `"` and `\`).
 fn render_usage(usage: &std::collections::BTreeMap<String, NamespaceUsage>, out: &mut String) {
     type Family = (&'static str, &'static str, fn(&NamespaceUsage) -> u64);
-    let families: [Family; 5] = [
+    let families: [Family; 6] = [
         (
             "suffixd_namespace_requests_total",
             "Completed generation requests",
@@ -395,6 +414,11 @@ fn render_usage(usage: &std::collections::BTreeMap<String, NamespaceUsage>, out:
             "suffixd_namespace_accepted_tokens_total",
             "Draft tokens accepted",
             |u| u.accepted,
+        ),
+        (
+            "suffixd_namespace_queue_refusals_total",
+            "Requests refused with 429 while the queue was full and the namespace held its share",
+            |u| u.queue_refusals,
         ),
     ];
     for (name, help, value) in families {
@@ -567,6 +591,7 @@ mod tests {
         metrics.record_generation("tenant-a", &generation(10, 4, 5, 2));
         metrics.record_generation("tenant-a", &generation(20, 0, 6, 3));
         metrics.record_generation("odd\"ns\\", &generation(1, 0, 1, 0));
+        metrics.record_queue_refusal("tenant-a");
         let text = metrics.render(0, 0, 0, 0);
         for line in [
             "suffixd_namespace_requests_total{namespace=\"tenant-a\"} 2",
@@ -574,6 +599,9 @@ mod tests {
             "suffixd_namespace_cached_prompt_tokens_total{namespace=\"tenant-a\"} 4",
             "suffixd_namespace_generated_tokens_total{namespace=\"tenant-a\"} 11",
             "suffixd_namespace_accepted_tokens_total{namespace=\"tenant-a\"} 5",
+            "suffixd_namespace_queue_refusals_total{namespace=\"tenant-a\"} 1",
+            "suffixd_namespace_queue_refusals_total{namespace=\"odd\\\"ns\\\\\"} 0",
+            "suffixd_request_errors_total 1",
             "suffixd_namespace_requests_total{namespace=\"odd\\\"ns\\\\\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");

@@ -242,7 +242,7 @@ fn refuse_when_queue_full(app: &AppState, namespace: &str) -> Result<(), ApiErro
     if mine < share && queued < 2 * bound {
         return Ok(());
     }
-    app.metrics.record_error();
+    app.metrics.record_queue_refusal(namespace);
     let mut busy = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limit_error",

@@ -103,4 +103,17 @@ fn a_namespace_filling_the_queue_leaves_room_for_the_others() {
         counts.share_of("busy") == (0, 1) && counts.share_of("quiet") == (0, 1)
     });
     assert!(drained, "{counts:?}");
+    // Each refusal is counted against its namespace.
+    let metrics = ureq::get(&format!("{}/metrics", server.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    for namespace in ["busy", "quiet"] {
+        let line = format!("suffixd_namespace_queue_refusals_total{{namespace=\"{namespace}\"}} 1");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
 }
