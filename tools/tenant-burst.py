@@ -17,6 +17,7 @@ first's.
 """
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -127,8 +128,9 @@ for r in range(args.rounds):
               flush=True)
 first = None
 for b in args.bin:
-    quiet = statistics.median(q for q, *_ in results[b] if q == q) if any(
-        q == q for q, *_ in results[b]) else float("nan")
+    # Rounds whose quiet requests were all refused have no latency (NaN).
+    served_rounds = [q for q, *_ in results[b] if not math.isnan(q)]
+    quiet = statistics.median(served_rounds) if served_rounds else float("nan")
     burst = statistics.median(t for _, t, *_ in results[b])
     refused = [sum(r[i] for r in results[b]) for i in (2, 3)]
     line = (f"{b}: quiet request median {quiet:.2f} s, burst {burst:.2f} s; refused in all "

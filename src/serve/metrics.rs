@@ -18,7 +18,6 @@ const VERIFY_BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 /// Upper bounds (seconds) of the store histograms: the model thread's handover of a
 /// completed request, and the append (WAL write, fsync, budget evictions) itself.
 const STORE_BUCKETS: [f64; 10] = [1e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.25];
-/// Upper bounds of the batch-size histogram (sequences per forward pass).
 /// Namespaces given series of their own in the usage counters; later ones (clients name
 /// namespaces, through `user`) count together under [`OTHER_NAMESPACES`], so that the
 /// exposition stays bounded.
@@ -28,6 +27,7 @@ const MAX_NAMESPACE_SERIES: usize = 1000;
 /// it has a space).
 const OTHER_NAMESPACES: &str = "other namespaces";
 
+/// Upper bounds of the batch-size histogram (sequences per forward pass).
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 #[derive(Default, Clone)]
@@ -421,17 +421,24 @@ fn render_usage(usage: &std::collections::BTreeMap<String, NamespaceUsage>, out:
             |u| u.queue_refusals,
         ),
     ];
+    // Each namespace's label, escaped once for all the families.
+    let labels: Vec<(String, &NamespaceUsage)> = usage
+        .iter()
+        .map(|(namespace, u)| {
+            let label = namespace
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            (label, u)
+        })
+        .collect();
     for (name, help, value) in families {
         let _ = writeln!(
             out,
             "# HELP {name} {help}, by namespace (past {MAX_NAMESPACE_SERIES} namespaces, the \
              rest together as \"{OTHER_NAMESPACES}\").\n# TYPE {name} counter"
         );
-        for (namespace, u) in usage {
-            let label = namespace
-                .replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('\n', "\\n");
+        for (label, u) in &labels {
             let _ = writeln!(out, "{name}{{namespace=\"{label}\"}} {}", value(u));
         }
     }

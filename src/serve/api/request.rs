@@ -234,7 +234,9 @@ fn logit_bias(
                     Ok((id, b as f32))
                 }
                 _ => Err(refused(format!(
-                    "gives token {token} the bias {bias}; a bias is a number from -100 to 100"
+                    "gives token {token} the bias {bias}; a bias is a number from {} to {}",
+                    LOGIT_BIAS_RANGE.start(),
+                    LOGIT_BIAS_RANGE.end()
                 ))),
             }
         })
